@@ -1,0 +1,81 @@
+//! The command line: global options, subcommand dispatch and the process exit code.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::runtime::{self, LogFormat};
+
+/// Zero-5xx node drains and rollouts for Kubernetes.
+#[derive(Debug, Parser)]
+#[command(name = "graceful-drain", version, about, propagate_version = true)]
+pub struct Cli {
+    /// Log format.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t,
+        env = "GRACEFUL_DRAIN_LOG_FORMAT"
+    )]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the admission webhook (HTTPS) with the deferred deleter and the admin port.
+    Webhook(crate::webhook::Args),
+    /// Run the node agent: kubelet SLM plugin, drain engine, optional lifecycle reconciler.
+    NodeAgent(crate::agent::Args),
+    /// Drain a node through a LifecycleEvent and follow it until it ends.
+    Drain(crate::ctl::DrainArgs),
+    /// Return a drained node to service (the maintenance-complete transition).
+    Uncordon(crate::ctl::UncordonArgs),
+    /// Show LifecycleEvents and node transition conditions.
+    Status(crate::ctl::StatusArgs),
+    /// Run the simulated cluster: the default scenario, or `--serve` to keep it up.
+    Simulate(crate::sim::Args),
+    /// Print the lifecycle.k8s.io CustomResourceDefinitions as YAML.
+    Crds(crate::lifecycle::crds::Args),
+    /// Generate a local CA and webhook serving certificate.
+    Certs(crate::certs::Args),
+}
+
+/// Parses the command line, runs the subcommand on a multi-threaded runtime and maps
+/// the outcome to an exit code. Errors print with their full cause chain.
+pub fn main() -> ExitCode {
+    runtime::install_crypto_provider();
+    let cli = Cli::parse();
+    runtime::init_tracing(cli.log_format);
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(error) => {
+            eprintln!("error: start async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(dispatch(cli.command)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn dispatch(command: Command) -> anyhow::Result<()> {
+    let shutdown = runtime::shutdown_on_signal();
+    match command {
+        Command::Webhook(args) => crate::webhook::run(args, shutdown).await,
+        Command::NodeAgent(args) => crate::agent::run(args, shutdown).await,
+        Command::Drain(args) => crate::ctl::drain(args, shutdown).await,
+        Command::Uncordon(args) => crate::ctl::uncordon(args, shutdown).await,
+        Command::Status(args) => crate::ctl::status(args, shutdown).await,
+        Command::Simulate(args) => crate::sim::run(args, shutdown).await,
+        Command::Crds(args) => crate::lifecycle::crds::run(args, shutdown).await,
+        Command::Certs(args) => crate::certs::run(args, shutdown).await,
+    }
+}

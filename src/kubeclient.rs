@@ -1,0 +1,72 @@
+//! Building a `kube::Client` the way kubectl finds its cluster: `--kubeconfig`, else the
+//! `KUBECONFIG` variable (a list of files, merged), else `~/.kube/config`, else the
+//! in-cluster service account; `--context` picks a context.
+
+use std::path::PathBuf;
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+/// Errors while locating or loading cluster credentials.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The kubeconfig file named by `--kubeconfig` could not be read or parsed.
+    #[error("read kubeconfig {path}: {source}")]
+    ReadKubeconfig {
+        path: PathBuf,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// The kubeconfig was read but does not yield a usable configuration.
+    #[error("load kubeconfig: {0}")]
+    Kubeconfig(#[source] kube::config::KubeconfigError),
+    /// Neither a kubeconfig nor in-cluster credentials were found.
+    #[error("find cluster credentials: {0}")]
+    Infer(#[source] kube::config::InferConfigError),
+    /// The client could not be built from the configuration.
+    #[error("build client: {0}")]
+    Client(#[source] kube::Error),
+}
+
+/// `--kubeconfig` and `--context`, shared by every subcommand that talks to a cluster.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct KubeArgs {
+    /// Path to the kubeconfig file (defaults like kubectl: $KUBECONFIG, ~/.kube/config,
+    /// then in-cluster credentials).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use.
+    #[arg(long, global = true, value_name = "NAME")]
+    pub context: Option<String>,
+}
+
+impl KubeArgs {
+    /// Resolves the configuration as kubectl would.
+    pub async fn config(&self) -> Result<kube::Config, Error> {
+        let options = KubeConfigOptions {
+            context: self.context.clone(),
+            ..KubeConfigOptions::default()
+        };
+        if let Some(path) = &self.kubeconfig {
+            let kubeconfig =
+                Kubeconfig::read_from(path).map_err(|source| Error::ReadKubeconfig {
+                    path: path.clone(),
+                    source,
+                })?;
+            return kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+                .await
+                .map_err(Error::Kubeconfig);
+        }
+        if self.context.is_some() {
+            return kube::Config::from_kubeconfig(&options)
+                .await
+                .map_err(Error::Kubeconfig);
+        }
+        kube::Config::infer().await.map_err(Error::Infer)
+    }
+
+    /// Builds a client from [`KubeArgs::config`].
+    pub async fn client(&self) -> Result<kube::Client, Error> {
+        let config = self.config().await?;
+        kube::Client::try_from(config).map_err(Error::Client)
+    }
+}

@@ -1,0 +1,23 @@
+//! Names of the labels, annotations and other well-known strings shared across
+//! components. Everything we own carries the `graceful-drain.io/` prefix.
+
+/// Label added to a pod once the webhook has isolated it from its ReplicaSet and
+/// Services. Its presence is how every component recognises a draining pod; the deferred
+/// deleter watches only pods carrying it.
+pub const DRAINING_LABEL: &str = "graceful-drain.io/draining";
+/// Annotation holding the JSON map of the labels removed at isolation.
+pub const ORIGINAL_LABELS_ANNOTATION: &str = "graceful-drain.io/original-labels";
+/// Annotation holding the RFC3339 time after which the deferred deleter may delete the pod.
+pub const DELETE_AT_ANNOTATION: &str = "graceful-drain.io/delete-at";
+/// Annotation holding the grace period (seconds) the original caller asked for.
+pub const GRACE_PERIOD_ANNOTATION: &str = "graceful-drain.io/grace-period-seconds";
+/// Pod or namespace annotation overriding the deregistration delay (a duration like `45s`).
+pub const DELAY_ANNOTATION: &str = "graceful-drain.io/deregistration-delay";
+/// Pod or namespace label opting out of graceful-drain (`"true"`).
+pub const OPT_OUT_LABEL: &str = "graceful-drain.io/exclude";
+/// Node label that makes cloud controllers take the node out of external load balancers.
+pub const EXCLUDE_FROM_LB_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
+/// Field manager and user-agent we present to the API server.
+pub const FIELD_MANAGER: &str = "graceful-drain";
+/// Mirror-pod annotation set by the kubelet on static pods.
+pub const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";

@@ -1,0 +1,25 @@
+//! graceful-drain: zero-5xx node drains and rollouts for Kubernetes.
+//!
+//! Layout: pure domain logic lives beside the module that owns it; `kube` glue and
+//! runtime wiring sit above it. Each subcommand has its own module with
+//! `run(args, shutdown)`:
+//!
+//! * [`webhook`] — HTTPS admission server, deferred deleter, admin port.
+//! * [`agent`] — the node agent: kubelet plugin registration, SLM gRPC, drain engine,
+//!   and (optionally) the lifecycle reconciler from [`lifecycle`].
+//! * [`ctl`] — the `drain`, `uncordon` and `status` CLI.
+//! * [`sim`] — the simulated cluster used by `simulate`, the end-to-end tests and benches.
+//! * [`certs`] — local CA and serving certificates for development.
+
+pub mod admin;
+pub mod agent;
+pub mod certs;
+pub mod cli;
+pub mod ctl;
+pub mod kubeclient;
+pub mod labels;
+pub mod lifecycle;
+pub mod proto;
+pub mod runtime;
+pub mod sim;
+pub mod webhook;

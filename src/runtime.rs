@@ -1,0 +1,108 @@
+//! Process runtime shared by every subcommand: logging, the single shutdown signal,
+//! and owned tasks.
+//!
+//! Every long-lived task is started through [`spawn_owned`], which names it, runs it in
+//! a tracing span, and turns an early error or a panic into a process-wide shutdown, so
+//! no task dies unnoticed.
+
+use std::future::Future;
+
+use futures::FutureExt;
+use tokio::task::JoinHandle;
+pub use tokio_util::sync::CancellationToken as Shutdown;
+use tracing::Instrument;
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line, for log pipelines.
+    Json,
+}
+
+/// Installs the tracing subscriber. The filter comes from `RUST_LOG`, defaulting to `info`
+/// for our crate and `warn` for dependencies. Safe to call more than once (tests).
+pub fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,graceful_drain=info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+/// Installs the ring crypto provider as the process default for rustls. Idempotent.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// A shutdown token cancelled on SIGINT or SIGTERM.
+pub fn shutdown_on_signal() -> Shutdown {
+    let token = Shutdown::new();
+    let child = token.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutdown signal received");
+        child.cancel();
+    });
+    token
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Spawns a named task that belongs to the process: it runs inside a span named after
+/// it, and if it returns an error or panics, `shutdown` is cancelled so the whole process
+/// stops instead of limping on without it. A task returning `Ok` after shutdown began is
+/// the normal way to finish.
+pub fn spawn_owned<F, E>(name: &'static str, shutdown: Shutdown, fut: F) -> JoinHandle<()>
+where
+    F: Future<Output = Result<(), E>> + Send + 'static,
+    E: std::fmt::Display + Send + 'static,
+{
+    let span = tracing::info_span!("task", task = name);
+    tokio::spawn(
+        async move {
+            match std::panic::AssertUnwindSafe(fut).catch_unwind().await {
+                Ok(Ok(())) => {
+                    if !shutdown.is_cancelled() {
+                        tracing::debug!("task finished");
+                    }
+                }
+                Ok(Err(error)) => {
+                    tracing::error!(%error, "task failed; shutting down");
+                    shutdown.cancel();
+                }
+                Err(_) => {
+                    tracing::error!("task panicked; shutting down");
+                    shutdown.cancel();
+                }
+            }
+        }
+        .instrument(span),
+    )
+}

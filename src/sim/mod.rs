@@ -1,0 +1,10 @@
+//! `graceful-drain simulate`: the simulated cluster (DESIGN §7).
+
+/// Arguments of `graceful-drain simulate`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct Args {}
+
+/// Runs the default scenario, or serves the cluster with `--serve`.
+pub async fn run(_args: Args, _shutdown: crate::runtime::Shutdown) -> anyhow::Result<()> {
+    anyhow::bail!("simulate: not implemented yet")
+}
