@@ -3,6 +3,7 @@
 //! reconciler that plays the kubelet's SLM role on clusters whose kubelet lacks it.
 
 pub mod crds;
+pub mod reconciler;
 pub mod types;
 
 pub use types::{

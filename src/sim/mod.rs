@@ -1,5 +1,7 @@
 //! `graceful-drain simulate`: the simulated cluster (DESIGN §7).
 
+pub mod apiserver;
+
 /// Arguments of `graceful-drain simulate`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct Args {}
