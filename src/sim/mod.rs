@@ -1,6 +1,9 @@
 //! `graceful-drain simulate`: the simulated cluster (DESIGN §7).
 
 pub mod apiserver;
+pub mod controllers;
+pub mod lb;
+pub mod traffic;
 
 /// Arguments of `graceful-drain simulate`.
 #[derive(Clone, Debug, clap::Args)]
