@@ -1,6 +1,7 @@
 //! `graceful-drain simulate`: the simulated cluster (DESIGN §7).
 
 pub mod apiserver;
+pub mod cluster;
 pub mod controllers;
 pub mod lb;
 pub mod traffic;

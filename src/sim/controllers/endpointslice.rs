@@ -156,6 +156,27 @@ struct Controller {
     services: Store<Service>,
     pods: Store<Pod>,
     slices: Store<EndpointSlice>,
+    /// The slices as we last wrote them: fresher than the cache right after a write.
+    written: std::collections::HashMap<(Option<String>, Option<String>), EndpointSlice>,
+}
+
+/// The fresher of two versions of one slice (resourceVersions are numbers here, as in
+/// etcd; anything else prefers the cache).
+fn fresher<'a>(
+    cached: Option<&'a EndpointSlice>,
+    written: Option<&'a EndpointSlice>,
+) -> Option<&'a EndpointSlice> {
+    let rv = |s: &EndpointSlice| {
+        s.metadata
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    match (cached, written) {
+        (Some(c), Some(w)) if rv(w) > rv(c) => Some(w),
+        (Some(c), _) => Some(c),
+        (None, _) => None,
+    }
 }
 
 impl Controller {
@@ -204,7 +225,12 @@ impl Controller {
         None
     }
 
-    async fn write(&self, have: Option<&EndpointSlice>, mut want: EndpointSlice) -> Result<()> {
+    /// Creates or updates the slice; returns what was written, if anything.
+    async fn write(
+        &self,
+        have: Option<&EndpointSlice>,
+        mut want: EndpointSlice,
+    ) -> Result<Option<EndpointSlice>> {
         let ns = want.metadata.namespace.clone().unwrap_or_default();
         let name = want.metadata.name.clone().unwrap_or_default();
         let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &ns);
