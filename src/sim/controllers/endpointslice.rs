@@ -236,17 +236,19 @@ impl Controller {
         let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &ns);
         let object = format!("endpointslice {ns}/{name}");
         match have {
-            Some(have) if same_content(have, &want) => Ok(()),
+            Some(have) if same_content(have, &want) => Ok(None),
             Some(have) => {
                 want.metadata.resource_version = have.metadata.resource_version.clone();
-                api.replace(&name, &PostParams::default(), &want)
+                let written = api
+                    .replace(&name, &PostParams::default(), &want)
                     .await
                     .map_err(api_err("update", object))?;
-                Ok(())
+                Ok(Some(written))
             }
             None => match api.create(&PostParams::default(), &want).await {
+                Ok(written) => Ok(Some(written)),
                 Err(e) if status_code(&e) != Some(409) => Err(api_err("create", object)(e)),
-                _ => Ok(()),
+                Err(_) => Ok(None),
             },
         }
     }
@@ -285,6 +287,7 @@ pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
         services,
         pods,
         slices,
+        written: Default::default(),
     };
     loop {
         let next = ctl.pass().await;
