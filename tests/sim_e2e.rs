@@ -245,3 +245,126 @@ async fn rollout_replaces_every_pod() {
     );
     assert_eq!(status.observed_generation, d.metadata.generation);
 }
+
+/// The `simulate --serve` process, killed when dropped.
+struct Served(std::process::Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn kubectl(kubeconfig: &std::path::Path, args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new("/usr/bin/kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_kubectl_against_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let kc = dir.path().join("kubeconfig");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_graceful-drain"))
+        .args(["simulate", "--serve", "--kubeconfig-out"])
+        .arg(&kc)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let _served = Served(child);
+    wait_for("kubeconfig written", Duration::from_secs(60), || async {
+        kc.exists()
+    })
+    .await
+    .unwrap();
+
+    let (ok, nodes) = kubectl(&kc, &["get", "nodes"]);
+    assert!(
+        ok && nodes.contains("worker-1") && nodes.contains("worker-2"),
+        "{nodes}"
+    );
+    let (ok, pods) = kubectl(
+        &kc,
+        &["get", "pods", "-o", "jsonpath={.items[*].status.phase}"],
+    );
+    assert!(ok && pods.matches("Running").count() == 4, "{pods}");
+
+    let (ok, out) = kubectl(&kc, &["cordon", "worker-1"]);
+    assert!(ok && out.contains("cordoned"), "{out}");
+    let (ok, node) = kubectl(
+        &kc,
+        &[
+            "get",
+            "node",
+            "worker-1",
+            "-o",
+            "jsonpath={.spec.unschedulable}",
+        ],
+    );
+    assert!(ok && node == "true", "{node}");
+
+    let manifest = dir.path().join("cm.yaml");
+    std::fs::write(
+        &manifest,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: probe\ndata:\n  a: b\n",
+    )
+    .unwrap();
+    let (ok, out) = kubectl(
+        &kc,
+        &[
+            "apply",
+            "--validate=false",
+            "-f",
+            manifest.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{out}");
+    let (ok, out) = kubectl(&kc, &["delete", "configmap", "probe"]);
+    assert!(ok && out.contains("deleted"), "{out}");
+
+    let (ok, out) = kubectl(
+        &kc,
+        &["drain", "worker-1", "--ignore-daemonsets", "--timeout=60s"],
+    );
+    assert!(ok && out.contains("drained"), "{out}");
+    let (ok, left) = kubectl(
+        &kc,
+        &[
+            "get",
+            "pods",
+            "--field-selector",
+            "spec.nodeName=worker-1",
+            "-o",
+            "name",
+        ],
+    );
+    assert!(
+        ok && left.trim().is_empty(),
+        "pods left on worker-1: {left}"
+    );
+    // The Deployment is whole again on the other nodes.
+    let (ok, ready) = kubectl(
+        &kc,
+        &[
+            "get",
+            "deployment",
+            "web",
+            "-o",
+            "jsonpath={.status.availableReplicas}",
+        ],
+    );
+    assert!(ok, "{ready}");
+    let (ok, out) = kubectl(&kc, &["uncordon", "worker-1"]);
+    assert!(ok && out.contains("uncordoned"), "{out}");
+}

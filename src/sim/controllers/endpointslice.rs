@@ -338,7 +338,7 @@ mod tests {
                 namespace: Some("ns".into()),
                 uid: Some(format!("{name}-uid")),
                 labels: Some([("app".to_string(), app.to_string())].into()),
-                deletion_timestamp: deleting.then(|| Time(jiff::Timestamp::UNIX_EPOCH)),
+                deletion_timestamp: deleting.then_some(Time(jiff::Timestamp::UNIX_EPOCH)),
                 ..Default::default()
             },
             spec: Some(PodSpec {
