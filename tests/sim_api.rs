@@ -1,0 +1,407 @@
+//! The simulated API server driven through kube-rs: CRUD, selectors, pagination,
+//! watches (resume, bookmarks, 410 Gone), patch kinds, optimistic concurrency, the
+//! delete lifecycle, CRDs, eviction rules and admission webhooks.
+
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use graceful_drain::runtime::Shutdown;
+use graceful_drain::sim::apiserver::{ApiServer, Config};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::api::{
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions, WatchEvent,
+    WatchParams,
+};
+use kube::core::Status;
+use serde_json::{Value, json};
+
+async fn server(config: Config) -> (ApiServer, Shutdown) {
+    let shutdown = Shutdown::new();
+    let api = ApiServer::start(config, shutdown.clone()).await.unwrap();
+    (api, shutdown)
+}
+
+fn api_error(err: kube::Error) -> Status {
+    match err {
+        kube::Error::Api(resp) => *resp,
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+fn pod_json(name: &str, node: Option<&str>, labels: Value) -> Value {
+    let mut pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"containers": [{"name": "app", "image": "web:1"}]},
+    });
+    if let Some(node) = node {
+        pod["spec"]["nodeName"] = json!(node);
+    }
+    pod
+}
+
+fn pod(name: &str, node: Option<&str>, labels: Value) -> Pod {
+    serde_json::from_value(pod_json(name, node, labels)).unwrap()
+}
+
+/// Polls `check` until it holds or five seconds pass.
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while tokio::time::Instant::now() < deadline {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[tokio::test]
+async fn create_get_list_with_selectors_and_pagination() {
+    let (api, _shutdown) = server(Config::default()).await;
+    let client = api.client("admin");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+
+    // Unknown fields vanish like on a real API server; server-set metadata appears.
+    let mut body = pod_json("web-1", Some("node-a"), json!({"app": "web", "tier": "front"}));
+    body["spec"]["nodeNmae"] = json!("typo");
+    let raw: Pod = serde_json::from_value(body.clone()).unwrap();
+    let created = pods.create(&PostParams::default(), &raw).await.unwrap();
+    let meta = &created.metadata;
+    assert!(meta.uid.as_deref().is_some_and(|u| !u.is_empty()));
+    assert!(meta.creation_timestamp.is_some());
+    assert_eq!(meta.generation, Some(1));
+    assert_eq!(created.status.unwrap().phase.as_deref(), Some("Pending"));
+    let stored = client
+        .request::<Value>(
+            http::Request::get("/api/v1/namespaces/default/pods/web-1")
+                .body(Vec::new())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert!(stored.pointer("/spec/nodeNmae").is_none(), "{stored}");
+
+    let mut generated = pod("", Some("node-b"), json!({"app": "web", "tier": "back"}));
+    generated.metadata.generate_name = Some("web-".into());
+    let generated = pods.create(&PostParams::default(), &generated).await.unwrap();
+    let generated_name = generated.metadata.name.unwrap();
+    assert!(generated_name.starts_with("web-") && generated_name.len() == 9);
+    pods.create(&PostParams::default(), &pod("db-1", Some("node-a"), json!({"app": "db"})))
+        .await
+        .unwrap();
+
+    let dup = pods
+        .create(&PostParams::default(), &pod("db-1", None, json!({})))
+        .await
+        .unwrap_err();
+    let dup = api_error(dup);
+    assert_eq!((dup.code, dup.reason.as_str()), (409, "AlreadyExists"));
+
+    let names = |list: kube::core::ObjectList<Pod>| -> Vec<String> {
+        list.items.into_iter().map(|p| p.metadata.name.unwrap()).collect()
+    };
+    let web = pods.list(&ListParams::default().labels("app=web")).await.unwrap();
+    assert_eq!(names(web).len(), 2);
+    let front = pods
+        .list(&ListParams::default().labels("app in (web,db),tier notin (back)"))
+        .await
+        .unwrap();
+    assert_eq!(names(front), vec!["db-1", "web-1"]);
+    let on_a = pods
+        .list(&ListParams::default().fields("spec.nodeName=node-a,metadata.name!=db-1"))
+        .await
+        .unwrap();
+    assert_eq!(names(on_a), vec!["web-1"]);
+    let bad = api_error(
+        pods.list(&ListParams::default().fields("spec.bogus=1"))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(bad.code, 400);
+
+    // limit/continue pagination walks every pod once.
+    let first = pods.list(&ListParams::default().limit(2)).await.unwrap();
+    assert_eq!(first.items.len(), 2);
+    let token = first.metadata.continue_.clone().unwrap();
+    let rest = pods
+        .list(&ListParams::default().limit(2).continue_token(&token))
+        .await
+        .unwrap();
+    assert_eq!(rest.items.len(), 1);
+    assert!(rest.metadata.continue_.as_deref().unwrap_or("").is_empty());
+
+    // Namespaced objects need their namespace.
+    let elsewhere: Api<Pod> = Api::namespaced(client.clone(), "missing");
+    let err = api_error(
+        elsewhere
+            .create(&PostParams::default(), &pod("x", None, json!({})))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((err.code, err.reason.as_str()), (404, "NotFound"));
+    let missing = api_error(pods.get("nope").await.unwrap_err());
+    assert_eq!(missing.code, 404);
+    assert_eq!(missing.message, "pods \"nope\" not found");
+
+    let stats = api.stats();
+    assert!(stats.count("create", "pods") >= 4);
+    assert!(stats.count("list", "pods") >= 4);
+}
+
+#[tokio::test]
+async fn updates_conflict_on_stale_resource_version_and_patch_kinds_apply() {
+    let (api, _shutdown) = server(Config::default()).await;
+    let client = api.client("admin");
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node: Node = serde_json::from_value(json!({"metadata": {"name": "n1", "labels": {"a": "1"}}}))
+        .unwrap();
+    let created = nodes.create(&PostParams::default(), &node).await.unwrap();
+
+    let mut first = created.clone();
+    first.metadata.labels.as_mut().unwrap().insert("b".into(), "2".into());
+    let updated = nodes.replace("n1", &PostParams::default(), &first).await.unwrap();
+    assert_ne!(updated.metadata.resource_version, created.metadata.resource_version);
+    // A writer holding the old resourceVersion loses.
+    let stale = api_error(
+        nodes
+            .replace("n1", &PostParams::default(), &created)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((stale.code, stale.reason.as_str()), (409, "Conflict"));
+
+    // Strategic merge (cordon), merge and JSON patch with a test op.
+    let cordoned = nodes
+        .patch("n1", &PatchParams::default(), &Patch::Strategic(json!({"spec": {"unschedulable": true}})))
+        .await
+        .unwrap();
+    assert_eq!(cordoned.spec.unwrap().unschedulable, Some(true));
+    assert_eq!(cordoned.metadata.generation, Some(2));
+    let cordoned_list = nodes
+        .list(&ListParams::default().fields("spec.unschedulable=true"))
+        .await
+        .unwrap();
+    assert_eq!(cordoned_list.items.len(), 1);
+    let merged = nodes
+        .patch("n1", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"a": null}}})))
+        .await
+        .unwrap();
+    assert!(!merged.metadata.labels.unwrap().contains_key("a"));
+    let ops: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/labels/b", "value": "2"},
+        {"op": "add", "path": "/metadata/labels/c", "value": "3"},
+    ]))
+    .unwrap();
+    let patched = nodes
+        .patch("n1", &PatchParams::default(), &Patch::<()>::Json(ops))
+        .await
+        .unwrap();
+    assert_eq!(patched.metadata.labels.unwrap()["c"], "3");
+    let failing: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/labels/b", "value": "not-2"},
+        {"op": "remove", "path": "/metadata/labels/b"},
+    ]))
+    .unwrap();
+    let err = api_error(
+        nodes
+            .patch("n1", &PatchParams::default(), &Patch::<()>::Json(failing))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.code, 422);
+    assert_eq!(nodes.get("n1").await.unwrap().metadata.labels.unwrap()["b"], "2");
+
+    // Status goes through the status subresource only.
+    let status_patch = Patch::Merge(json!({"status": {"phase": "Running"}}));
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    pods.create(&PostParams::default(), &pod("p", Some("n1"), json!({})))
+        .await
+        .unwrap();
+    let ignored = pods.patch("p", &PatchParams::default(), &status_patch).await.unwrap();
+    assert_eq!(ignored.status.unwrap().phase.as_deref(), Some("Pending"));
+    let applied = pods
+        .patch_status("p", &PatchParams::default(), &status_patch)
+        .await
+        .unwrap();
+    assert_eq!(applied.status.unwrap().phase.as_deref(), Some("Running"));
+
+    // Dry run validates but stores nothing.
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    pods.create(&dry, &pod("ghost", None, json!({}))).await.unwrap();
+    assert_eq!(api_error(pods.get("ghost").await.unwrap_err()).code, 404);
+    let err = api_error(
+        pods.patch("p", &PatchParams::default(), &Patch::Apply(json!({})))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.code, 415);
+}
+
+#[tokio::test]
+async fn delete_lifecycle_grace_periods_preconditions_and_finalizers() {
+    let (api, _shutdown) = server(Config::default()).await;
+    let client = api.client("admin");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let bound = pods
+        .create(&PostParams::default(), &pod("bound", Some("n1"), json!({})))
+        .await
+        .unwrap();
+
+    // A UID precondition naming another object is a conflict and deletes nothing.
+    let wrong = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some("00000000-0000-0000-0000-000000000000".into()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    let err = api_error(pods.delete("bound", &wrong).await.unwrap_err());
+    assert_eq!((err.code, err.reason.as_str()), (409, "Conflict"));
+    assert!(err.message.contains("Precondition failed"), "{}", err.message);
+
+    // A pod bound to a node gets a deletionTimestamp and stays until deleted with grace 0.
+    let graceful = DeleteParams {
+        grace_period_seconds: Some(20),
+        preconditions: Some(Preconditions {
+            uid: bound.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    pods.delete("bound", &graceful).await.unwrap();
+    let terminating = pods.get("bound").await.unwrap();
+    assert!(terminating.metadata.deletion_timestamp.is_some());
+    assert_eq!(terminating.metadata.deletion_grace_period_seconds, Some(20));
+    pods.delete("bound", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    assert_eq!(api_error(pods.get("bound").await.unwrap_err()).code, 404);
+
+    // An unbound pod goes at once.
+    pods.create(&PostParams::default(), &pod("loose", None, json!({})))
+        .await
+        .unwrap();
+    pods.delete("loose", &DeleteParams::default()).await.unwrap();
+    assert_eq!(api_error(pods.get("loose").await.unwrap_err()).code, 404);
+
+    // Finalizers hold an object until they are emptied.
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let mut held = pod("held", None, json!({}));
+    held.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+    pods.create(&PostParams::default(), &held).await.unwrap();
+    pods.delete("held", &DeleteParams::default()).await.unwrap();
+    assert!(pods.get("held").await.unwrap().metadata.deletion_timestamp.is_some());
+    pods.patch(
+        "held",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(api_error(pods.get("held").await.unwrap_err()).code, 404);
+
+    // Deleting a namespace removes its contents.
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "scratch"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let scratch: Api<Pod> = Api::namespaced(client.clone(), "scratch");
+    scratch
+        .create(&PostParams::default(), &pod("tmp", None, json!({})))
+        .await
+        .unwrap();
+    namespaces.delete("scratch", &DeleteParams::default()).await.unwrap();
+    assert_eq!(api_error(scratch.get("tmp").await.unwrap_err()).code, 404);
+}
+
+#[tokio::test]
+async fn watch_resumes_sends_bookmarks_and_expires_old_versions() {
+    let config = Config {
+        watch_history: 4,
+        bookmark_interval: Duration::from_millis(50),
+        ..Config::default()
+    };
+    let (api, _shutdown) = server(config).await;
+    let client = api.client("admin");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let first = pods
+        .create(&PostParams::default(), &pod("w1", Some("n1"), json!({"app": "web"})))
+        .await
+        .unwrap();
+    let rv = first.metadata.resource_version.clone().unwrap();
+    pods.create(&PostParams::default(), &pod("w2", Some("n2"), json!({"app": "web"})))
+        .await
+        .unwrap();
+    pods.patch(
+        "w1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"app": "other"}}})),
+    )
+    .await
+    .unwrap();
+
+    // Resuming after w1's creation replays the later changes; the relabelled pod
+    // leaves the selector and so is seen as DELETED.
+    let params = WatchParams::default().labels("app=web");
+    let mut stream = pods.watch(&params, &rv).await.unwrap().boxed();
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        match stream.try_next().await.unwrap().unwrap() {
+            WatchEvent::Added(p) => seen.push(format!("ADDED {}", p.metadata.name.unwrap())),
+            WatchEvent::Deleted(p) => seen.push(format!("DELETED {}", p.metadata.name.unwrap())),
+            WatchEvent::Modified(p) => seen.push(format!("MODIFIED {}", p.metadata.name.unwrap())),
+            WatchEvent::Bookmark(_) => seen.push("BOOKMARK".into()),
+            WatchEvent::Error(e) => panic!("{e:?}"),
+        }
+    }
+    assert_eq!(&seen[..2], ["ADDED w2", "DELETED w1"]);
+    assert_eq!(seen[2], "BOOKMARK");
+
+    // Push the first version out of the kept history: resuming from it is 410 Gone.
+    for i in 0..6 {
+        pods.patch(
+            "w2",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"i": i.to_string()}}})),
+        )
+        .await
+        .unwrap();
+    }
+    let mut stream = pods.watch(&WatchParams::default(), &rv).await.unwrap().boxed();
+    match stream.try_next().await.unwrap().unwrap() {
+        WatchEvent::Error(e) => assert_eq!((e.code, e.reason.as_str()), (410, "Expired")),
+        other => panic!("expected 410, got {other:?}"),
+    }
+
+    // kube-runtime's watcher copes with all of it and sees new pods.
+    let watcher = kube::runtime::watcher(pods.clone(), kube::runtime::watcher::Config::default());
+    let mut objects = Box::pin(kube::runtime::WatchStreamExt::applied_objects(watcher));
+    let creator = pods.clone();
+    tokio::spawn(async move {
+        creator
+            .create(&PostParams::default(), &pod("w3", None, json!({})))
+            .await
+            .unwrap();
+    });
+    let mut names = Vec::new();
+    while !names.contains(&"w3".to_string()) {
+        let p = tokio::time::timeout(Duration::from_secs(5), objects.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        names.push(p.metadata.name.unwrap());
+    }
+    assert!(api.stats().count("watch", "pods") >= 2);
+}
