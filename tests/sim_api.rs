@@ -67,7 +67,11 @@ async fn create_get_list_with_selectors_and_pagination() {
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
 
     // Unknown fields vanish like on a real API server; server-set metadata appears.
-    let mut body = pod_json("web-1", Some("node-a"), json!({"app": "web", "tier": "front"}));
+    let mut body = pod_json(
+        "web-1",
+        Some("node-a"),
+        json!({"app": "web", "tier": "front"}),
+    );
     body["spec"]["nodeNmae"] = json!("typo");
     let raw: Pod = serde_json::from_value(body.clone()).unwrap();
     let created = pods.create(&PostParams::default(), &raw).await.unwrap();
@@ -88,12 +92,18 @@ async fn create_get_list_with_selectors_and_pagination() {
 
     let mut generated = pod("", Some("node-b"), json!({"app": "web", "tier": "back"}));
     generated.metadata.generate_name = Some("web-".into());
-    let generated = pods.create(&PostParams::default(), &generated).await.unwrap();
-    let generated_name = generated.metadata.name.unwrap();
-    assert!(generated_name.starts_with("web-") && generated_name.len() == 9);
-    pods.create(&PostParams::default(), &pod("db-1", Some("node-a"), json!({"app": "db"})))
+    let generated = pods
+        .create(&PostParams::default(), &generated)
         .await
         .unwrap();
+    let generated_name = generated.metadata.name.unwrap();
+    assert!(generated_name.starts_with("web-") && generated_name.len() == 9);
+    pods.create(
+        &PostParams::default(),
+        &pod("db-1", Some("node-a"), json!({"app": "db"})),
+    )
+    .await
+    .unwrap();
 
     let dup = pods
         .create(&PostParams::default(), &pod("db-1", None, json!({})))
@@ -103,9 +113,15 @@ async fn create_get_list_with_selectors_and_pagination() {
     assert_eq!((dup.code, dup.reason.as_str()), (409, "AlreadyExists"));
 
     let names = |list: kube::core::ObjectList<Pod>| -> Vec<String> {
-        list.items.into_iter().map(|p| p.metadata.name.unwrap()).collect()
+        list.items
+            .into_iter()
+            .map(|p| p.metadata.name.unwrap())
+            .collect()
     };
-    let web = pods.list(&ListParams::default().labels("app=web")).await.unwrap();
+    let web = pods
+        .list(&ListParams::default().labels("app=web"))
+        .await
+        .unwrap();
     assert_eq!(names(web).len(), 2);
     let front = pods
         .list(&ListParams::default().labels("app in (web,db),tier notin (back)"))
@@ -158,14 +174,25 @@ async fn updates_conflict_on_stale_resource_version_and_patch_kinds_apply() {
     let (api, _shutdown) = server(Config::default()).await;
     let client = api.client("admin");
     let nodes: Api<Node> = Api::all(client.clone());
-    let node: Node = serde_json::from_value(json!({"metadata": {"name": "n1", "labels": {"a": "1"}}}))
-        .unwrap();
+    let node: Node =
+        serde_json::from_value(json!({"metadata": {"name": "n1", "labels": {"a": "1"}}})).unwrap();
     let created = nodes.create(&PostParams::default(), &node).await.unwrap();
 
     let mut first = created.clone();
-    first.metadata.labels.as_mut().unwrap().insert("b".into(), "2".into());
-    let updated = nodes.replace("n1", &PostParams::default(), &first).await.unwrap();
-    assert_ne!(updated.metadata.resource_version, created.metadata.resource_version);
+    first
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert("b".into(), "2".into());
+    let updated = nodes
+        .replace("n1", &PostParams::default(), &first)
+        .await
+        .unwrap();
+    assert_ne!(
+        updated.metadata.resource_version,
+        created.metadata.resource_version
+    );
     // A writer holding the old resourceVersion loses.
     let stale = api_error(
         nodes
@@ -177,7 +204,11 @@ async fn updates_conflict_on_stale_resource_version_and_patch_kinds_apply() {
 
     // Strategic merge (cordon), merge and JSON patch with a test op.
     let cordoned = nodes
-        .patch("n1", &PatchParams::default(), &Patch::Strategic(json!({"spec": {"unschedulable": true}})))
+        .patch(
+            "n1",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"spec": {"unschedulable": true}})),
+        )
         .await
         .unwrap();
     assert_eq!(cordoned.spec.unwrap().unschedulable, Some(true));
@@ -188,7 +219,11 @@ async fn updates_conflict_on_stale_resource_version_and_patch_kinds_apply() {
         .unwrap();
     assert_eq!(cordoned_list.items.len(), 1);
     let merged = nodes
-        .patch("n1", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"a": null}}})))
+        .patch(
+            "n1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"a": null}}})),
+        )
         .await
         .unwrap();
     assert!(!merged.metadata.labels.unwrap().contains_key("a"));
@@ -214,7 +249,10 @@ async fn updates_conflict_on_stale_resource_version_and_patch_kinds_apply() {
             .unwrap_err(),
     );
     assert_eq!(err.code, 422);
-    assert_eq!(nodes.get("n1").await.unwrap().metadata.labels.unwrap()["b"], "2");
+    assert_eq!(
+        nodes.get("n1").await.unwrap().metadata.labels.unwrap()["b"],
+        "2"
+    );
 
     // Status goes through the status subresource only.
     let status_patch = Patch::Merge(json!({"status": {"phase": "Running"}}));
@@ -222,7 +260,10 @@ async fn updates_conflict_on_stale_resource_version_and_patch_kinds_apply() {
     pods.create(&PostParams::default(), &pod("p", Some("n1"), json!({})))
         .await
         .unwrap();
-    let ignored = pods.patch("p", &PatchParams::default(), &status_patch).await.unwrap();
+    let ignored = pods
+        .patch("p", &PatchParams::default(), &status_patch)
+        .await
+        .unwrap();
     assert_eq!(ignored.status.unwrap().phase.as_deref(), Some("Pending"));
     let applied = pods
         .patch_status("p", &PatchParams::default(), &status_patch)
@@ -235,7 +276,9 @@ async fn updates_conflict_on_stale_resource_version_and_patch_kinds_apply() {
         dry_run: true,
         ..PostParams::default()
     };
-    pods.create(&dry, &pod("ghost", None, json!({}))).await.unwrap();
+    pods.create(&dry, &pod("ghost", None, json!({})))
+        .await
+        .unwrap();
     assert_eq!(api_error(pods.get("ghost").await.unwrap_err()).code, 404);
     let err = api_error(
         pods.patch("p", &PatchParams::default(), &Patch::Apply(json!({})))
@@ -265,7 +308,11 @@ async fn delete_lifecycle_grace_periods_preconditions_and_finalizers() {
     };
     let err = api_error(pods.delete("bound", &wrong).await.unwrap_err());
     assert_eq!((err.code, err.reason.as_str()), (409, "Conflict"));
-    assert!(err.message.contains("Precondition failed"), "{}", err.message);
+    assert!(
+        err.message.contains("Precondition failed"),
+        "{}",
+        err.message
+    );
 
     // A pod bound to a node gets a deletionTimestamp and stays until deleted with grace 0.
     let graceful = DeleteParams {
@@ -289,7 +336,9 @@ async fn delete_lifecycle_grace_periods_preconditions_and_finalizers() {
     pods.create(&PostParams::default(), &pod("loose", None, json!({})))
         .await
         .unwrap();
-    pods.delete("loose", &DeleteParams::default()).await.unwrap();
+    pods.delete("loose", &DeleteParams::default())
+        .await
+        .unwrap();
     assert_eq!(api_error(pods.get("loose").await.unwrap_err()).code, 404);
 
     // Finalizers hold an object until they are emptied.
@@ -298,7 +347,14 @@ async fn delete_lifecycle_grace_periods_preconditions_and_finalizers() {
     held.metadata.finalizers = Some(vec!["example.com/hold".into()]);
     pods.create(&PostParams::default(), &held).await.unwrap();
     pods.delete("held", &DeleteParams::default()).await.unwrap();
-    assert!(pods.get("held").await.unwrap().metadata.deletion_timestamp.is_some());
+    assert!(
+        pods.get("held")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_some()
+    );
     pods.patch(
         "held",
         &PatchParams::default(),
@@ -321,7 +377,10 @@ async fn delete_lifecycle_grace_periods_preconditions_and_finalizers() {
         .create(&PostParams::default(), &pod("tmp", None, json!({})))
         .await
         .unwrap();
-    namespaces.delete("scratch", &DeleteParams::default()).await.unwrap();
+    namespaces
+        .delete("scratch", &DeleteParams::default())
+        .await
+        .unwrap();
     assert_eq!(api_error(scratch.get("tmp").await.unwrap_err()).code, 404);
 }
 
@@ -336,13 +395,19 @@ async fn watch_resumes_sends_bookmarks_and_expires_old_versions() {
     let client = api.client("admin");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let first = pods
-        .create(&PostParams::default(), &pod("w1", Some("n1"), json!({"app": "web"})))
+        .create(
+            &PostParams::default(),
+            &pod("w1", Some("n1"), json!({"app": "web"})),
+        )
         .await
         .unwrap();
     let rv = first.metadata.resource_version.clone().unwrap();
-    pods.create(&PostParams::default(), &pod("w2", Some("n2"), json!({"app": "web"})))
-        .await
-        .unwrap();
+    pods.create(
+        &PostParams::default(),
+        &pod("w2", Some("n2"), json!({"app": "web"})),
+    )
+    .await
+    .unwrap();
     pods.patch(
         "w1",
         &PatchParams::default(),
@@ -378,7 +443,11 @@ async fn watch_resumes_sends_bookmarks_and_expires_old_versions() {
         .await
         .unwrap();
     }
-    let mut stream = pods.watch(&WatchParams::default(), &rv).await.unwrap().boxed();
+    let mut stream = pods
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .unwrap()
+        .boxed();
     match stream.try_next().await.unwrap().unwrap() {
         WatchEvent::Error(e) => assert_eq!((e.code, e.reason.as_str()), (410, "Expired")),
         other => panic!("expected 410, got {other:?}"),
