@@ -301,7 +301,7 @@ pub(crate) async fn create(
         None,
         options,
     );
-    admission::admit(ctx, attrs).await?;
+    let admitted = admission::admit(ctx, attrs).await?;
     if let Some(mutated) = admitted.object {
         obj = fix_immutable(&obj, prepare_body(def, mutated)?);
     }
@@ -426,7 +426,7 @@ async fn commit_update(
         Some(old.clone()),
         options,
     );
-    admission::admit(ctx, attrs).await?;
+    let admitted = admission::admit(ctx, attrs).await?;
     let mut new = new;
     if let Some(mutated) = admitted.object {
         let mutated = prepare_body(def, mutated)?;
