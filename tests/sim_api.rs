@@ -474,3 +474,193 @@ async fn watch_resumes_sends_bookmarks_and_expires_old_versions() {
     }
     assert!(api.stats().count("watch", "pods") >= 2);
 }
+
+// ---------------------------------------------------------------------------------
+// Eviction
+
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+
+/// A raw POST returning status, Retry-After and the JSON body.
+async fn post_raw(api: &ApiServer, path: &str, body: Value) -> (u16, Option<String>, Value) {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let request = http::Request::post(format!("{}{path}", api.url()))
+        .header("authorization", "Bearer admin")
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            body.to_string(),
+        )))
+        .unwrap();
+    let response = client.request(request).await.unwrap();
+    let status = response.status().as_u16();
+    let retry = response
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_string());
+    let bytes = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    (
+        status,
+        retry,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+fn eviction(name: &str, options: Value) -> Value {
+    json!({"apiVersion": "policy/v1", "kind": "Eviction",
+           "metadata": {"name": name, "namespace": "default"}, "deleteOptions": options})
+}
+
+async fn running_pod(pods: &Api<Pod>, name: &str, labels: Value) -> Pod {
+    let created = pods
+        .create(&PostParams::default(), &pod(name, Some("n1"), labels))
+        .await
+        .unwrap();
+    let status = json!({"status": {"phase": "Running",
+                                   "conditions": [{"type": "Ready", "status": "True"}]}});
+    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+        .await
+        .unwrap();
+    created
+}
+
+async fn pdb(client: &kube::Client, name: &str, app: &str, observed: bool, allowed: i32) {
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), "default");
+    let body = json!({"metadata": {"name": name},
+                      "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": app}}}});
+    pdbs.create(
+        &PostParams::default(),
+        &serde_json::from_value(body).unwrap(),
+    )
+    .await
+    .unwrap();
+    let status = json!({"status": {"observedGeneration": if observed { 1 } else { 0 },
+        "disruptionsAllowed": allowed, "currentHealthy": 2, "desiredHealthy": 1, "expectedPods": 2}});
+    pdbs.patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+        .await
+        .unwrap();
+}
+
+fn evict_path(name: &str) -> String {
+    format!("/api/v1/namespaces/default/pods/{name}/eviction")
+}
+
+#[tokio::test]
+async fn eviction_follows_the_upstream_disruption_budget_rules() {
+    let (api, _shutdown) = server(Config::default()).await;
+    let client = api.client("admin");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), "default");
+
+    // Gone → 404.
+    let (code, _, body) = post_raw(&api, &evict_path("ghost"), eviction("ghost", json!({}))).await;
+    assert_eq!((code, body["reason"].as_str()), (404, Some("NotFound")));
+
+    // No PDB: deleted with the eviction's grace period; a wrong UID precondition is 409.
+    let free = running_pod(&pods, "free", json!({"app": "free"})).await;
+    let wrong = json!({"preconditions": {"uid": "not-the-uid"}});
+    let (code, _, _) = post_raw(&api, &evict_path("free"), eviction("free", wrong)).await;
+    assert_eq!(code, 409);
+    let right = json!({"gracePeriodSeconds": 7, "preconditions": {"uid": free.metadata.uid}});
+    let (code, _, _) = post_raw(&api, &evict_path("free"), eviction("free", right)).await;
+    assert_eq!(code, 201);
+    let evicted = pods.get("free").await.unwrap();
+    assert_eq!(evicted.metadata.deletion_grace_period_seconds, Some(7));
+    let conditions = evicted.status.unwrap().conditions.unwrap();
+    assert!(conditions.iter().any(|c| c.type_ == "DisruptionTarget"));
+
+    // PDB not observed yet → 429 with Retry-After 10.
+    running_pod(&pods, "new-1", json!({"app": "new"})).await;
+    pdb(&client, "new-pdb", "new", false, 1).await;
+    let (code, retry, body) =
+        post_raw(&api, &evict_path("new-1"), eviction("new-1", json!({}))).await;
+    assert_eq!((code, retry.as_deref()), (429, Some("10")));
+    assert_eq!(body["reason"], "TooManyRequests");
+
+    // One disruption allowed: the first eviction is recorded in the PDB, the second
+    // is refused with Retry-After 0 and a message naming the budget.
+    running_pod(&pods, "web-1", json!({"app": "web"})).await;
+    running_pod(&pods, "web-2", json!({"app": "web"})).await;
+    pdb(&client, "web-pdb", "web", true, 1).await;
+    let dry = json!({"dryRun": ["All"]});
+    let (code, _, _) = post_raw(&api, &evict_path("web-1"), eviction("web-1", dry)).await;
+    assert_eq!(code, 201);
+    assert!(
+        pods.get("web-1")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_none()
+    );
+    assert_eq!(
+        pdbs.get("web-pdb")
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .disruptions_allowed,
+        1
+    );
+    let (code, _, _) = post_raw(&api, &evict_path("web-1"), eviction("web-1", json!({}))).await;
+    assert_eq!(code, 201);
+    let status = pdbs.get("web-pdb").await.unwrap().status.unwrap();
+    assert_eq!(status.disruptions_allowed, 0);
+    assert!(status.disrupted_pods.unwrap().contains_key("web-1"));
+    let (code, retry, body) =
+        post_raw(&api, &evict_path("web-2"), eviction("web-2", json!({}))).await;
+    assert_eq!((code, retry.as_deref()), (429, Some("0")));
+    assert_eq!(
+        body["message"],
+        "Cannot evict pod as it would violate the pod's disruption budget."
+    );
+    assert!(
+        body["details"]["causes"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("web-pdb")
+    );
+    assert!(
+        pods.get("web-2")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_none()
+    );
+
+    // A terminating pod skips the budget check.
+    let (code, _, _) = post_raw(&api, &evict_path("web-1"), eviction("web-1", json!({}))).await;
+    assert_eq!(code, 201);
+
+    // Two budgets selecting one pod → 500.
+    pdb(&client, "web-pdb-2", "web", true, 5).await;
+    let (code, _, _) = post_raw(&api, &evict_path("web-2"), eviction("web-2", json!({}))).await;
+    assert_eq!(code, 500);
+}
+
+#[tokio::test]
+async fn eviction_options_under_a_misspelled_key_are_dropped() {
+    // kube-core's Api::evict sends `delete_options` and no apiVersion/kind: a real API
+    // server drops the unknown key, so the grace period and preconditions are lost.
+    let (api, _shutdown) = server(Config::default()).await;
+    let client = api.client("admin");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    running_pod(&pods, "victim", json!({"app": "x"})).await;
+    let params = kube::api::EvictParams {
+        delete_options: Some(DeleteParams {
+            grace_period_seconds: Some(3),
+            preconditions: Some(Preconditions {
+                uid: Some("some-other-pod".into()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        }),
+        ..kube::api::EvictParams::default()
+    };
+    pods.evict("victim", &params).await.unwrap();
+    let victim = pods.get("victim").await.unwrap();
+    assert_eq!(victim.metadata.deletion_grace_period_seconds, Some(30));
+}
