@@ -664,3 +664,304 @@ async fn eviction_options_under_a_misspelled_key_are_dropped() {
     let victim = pods.get("victim").await.unwrap();
     assert_eq!(victim.metadata.deletion_grace_period_seconds, Some(30));
 }
+
+// ---------------------------------------------------------------------------------
+// Admission
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use base64::Engine;
+
+/// What the test webhook received: (path and query, AdmissionReview).
+type Seen = Arc<Mutex<Vec<(String, Value)>>>;
+
+/// Answers by path: `/mutate` dry-runs evictions, `/deny` denies, `/bad` answers
+/// without apiVersion/kind, `/slow` never answers in time, anything else allows.
+async fn webhook_answer(seen: Seen, uri: http::Uri, body: axum::body::Bytes) -> axum::Json<Value> {
+    let review: Value = serde_json::from_slice(&body).unwrap();
+    seen.lock().unwrap().push((uri.to_string(), review.clone()));
+    let uid = review["request"]["uid"].clone();
+    let mut response = json!({"uid": uid, "allowed": true});
+    match uri.path() {
+        "/mutate" => {
+            let patch =
+                json!([{"op": "add", "path": "/deleteOptions", "value": {"dryRun": ["All"]}}]);
+            response["patchType"] = json!("JSONPatch");
+            response["patch"] =
+                json!(base64::engine::general_purpose::STANDARD.encode(patch.to_string()));
+        }
+        "/deny" => {
+            response["allowed"] = json!(false);
+            response["status"] = json!({"code": 403, "message": "not today"});
+            response["result"] = response["status"].clone();
+        }
+        "/bad" => return axum::Json(json!({"response": response})),
+        "/slow" => tokio::time::sleep(Duration::from_secs(5)).await,
+        _ => {}
+    }
+    axum::Json(
+        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}),
+    )
+}
+
+/// A tiny HTTPS webhook on loopback; returns its address, CA (PEM) and request log.
+async fn webhook_server(shutdown: Shutdown) -> (SocketAddr, String, Seen) {
+    graceful_drain::runtime::install_crypto_provider();
+    let dns = vec!["localhost".to_string(), "hooks.default.svc".to_string()];
+    let bundle =
+        graceful_drain::certs::generate("hooks", &dns, &["127.0.0.1".parse().unwrap()]).unwrap();
+    let certs = rustls::pki_types::CertificateDer::pem_slice_iter(bundle.cert.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(bundle.key.as_bytes()).unwrap();
+    let tls = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen: Seen = Arc::default();
+    let log = seen.clone();
+    let app = axum::Router::new().fallback(move |uri: http::Uri, body: axum::body::Bytes| {
+        webhook_answer(log.clone(), uri, body)
+    });
+    tokio::spawn(async move {
+        loop {
+            let (tcp, _) = tokio::select! {
+                accepted = listener.accept() => accepted.unwrap(),
+                _ = shutdown.cancelled() => return,
+            };
+            let (acceptor, app) = (acceptor.clone(), app.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let service = hyper_util::service::TowerToHyperService::new(app);
+                let _ = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                .await;
+            });
+        }
+    });
+    (addr, bundle.ca_cert, seen)
+}
+
+use rustls::pki_types::pem::PemObject;
+
+fn webhook_config(
+    kind: &str,
+    name: &str,
+    client: Value,
+    rule: Value,
+    policy: &str,
+    timeout: u64,
+) -> Value {
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": kind,
+        "metadata": {"name": name},
+        "webhooks": [{
+            "name": name, "clientConfig": client, "rules": [rule],
+            "failurePolicy": policy, "sideEffects": "None", "timeoutSeconds": timeout,
+            "admissionReviewVersions": ["v1"],
+            "namespaceSelector": {"matchExpressions": [{"key": "skip", "operator": "DoesNotExist"}]},
+        }],
+    })
+}
+
+async fn post_object(client: &kube::Client, path: &str, body: &Value) {
+    let request = http::Request::post(path)
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(body).unwrap())
+        .unwrap();
+    client.request::<Value>(request).await.unwrap();
+}
+
+async fn delete_object(client: &kube::Client, path: &str) {
+    let request = http::Request::delete(path).body(Vec::new()).unwrap();
+    client.request::<Value>(request).await.unwrap();
+}
+
+#[tokio::test]
+async fn admission_webhooks_mutate_deny_and_fail_like_the_api_server() {
+    let (api, shutdown) = server(Config::default()).await;
+    let (hook_addr, ca, seen) = webhook_server(shutdown.clone()).await;
+    let ca_bundle = base64::engine::general_purpose::STANDARD.encode(&ca);
+    let client = api.client("admin");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    running_pod(&pods, "web-1", json!({"app": "web"})).await;
+    running_pod(&pods, "web-2", json!({"app": "web"})).await;
+    const MUTATING: &str = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations";
+    const VALIDATING: &str =
+        "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations";
+
+    // Mutating eviction webhook by URL: the eviction becomes a dry run.
+    let eviction_rule = json!({"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                               "resources": ["pods/eviction"], "scope": "Namespaced"});
+    let by_url = json!({"url": format!("https://127.0.0.1:{}/mutate", hook_addr.port()), "caBundle": ca_bundle});
+    post_object(
+        &client,
+        MUTATING,
+        &webhook_config(
+            "MutatingWebhookConfiguration",
+            "evict.example.com",
+            by_url,
+            eviction_rule,
+            "Fail",
+            7,
+        ),
+    )
+    .await;
+    let (code, _, _) = post_raw(&api, &evict_path("web-1"), eviction("web-1", json!({}))).await;
+    assert_eq!(code, 201);
+    assert!(
+        pods.get("web-1")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_none()
+    );
+    let (path, review) = seen.lock().unwrap()[0].clone();
+    assert_eq!(path, "/mutate?timeout=7s");
+    assert_eq!(review["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(review["kind"], "AdmissionReview");
+    let request = &review["request"];
+    assert!(!request["uid"].as_str().unwrap().is_empty());
+    assert_eq!(
+        request["kind"],
+        json!({"group": "policy", "version": "v1", "kind": "Eviction"})
+    );
+    assert_eq!(
+        request["resource"],
+        json!({"group": "", "version": "v1", "resource": "pods"})
+    );
+    assert_eq!(request["requestKind"], request["kind"]);
+    assert_eq!(request["requestResource"], request["resource"]);
+    assert_eq!(request["subResource"], "eviction");
+    assert_eq!(
+        (request["name"].as_str(), request["namespace"].as_str()),
+        (Some("web-1"), Some("default"))
+    );
+    assert_eq!(request["operation"], "CREATE");
+    assert_eq!(request["userInfo"]["username"], "admin");
+    assert!(
+        request["userInfo"]["groups"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("system:masters"))
+    );
+    assert_eq!(request["object"]["kind"], "Eviction");
+    assert_eq!(request["options"]["kind"], "CreateOptions");
+    assert_eq!(request["dryRun"], false);
+
+    // Validating DELETE webhook through a Service route: denials surface verbatim.
+    api.route_service("default", "hooks", hook_addr);
+    let delete_rule = json!({"operations": ["DELETE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]});
+    let by_service = json!({"service": {"namespace": "default", "name": "hooks", "path": "/deny", "port": 443},
+                            "caBundle": ca_bundle});
+    post_object(
+        &client,
+        VALIDATING,
+        &webhook_config(
+            "ValidatingWebhookConfiguration",
+            "deny.example.com",
+            by_service,
+            delete_rule.clone(),
+            "Fail",
+            5,
+        ),
+    )
+    .await;
+    let denied = api_error(
+        pods.delete("web-2", &DeleteParams::default())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(denied.code, 403);
+    assert_eq!(
+        denied.message,
+        "admission webhook \"deny.example.com\" denied the request: not today"
+    );
+    let (_, review) = seen.lock().unwrap().last().unwrap().clone();
+    assert_eq!(review["request"]["operation"], "DELETE");
+    assert_eq!(review["request"]["oldObject"]["metadata"]["name"], "web-2");
+    assert_eq!(review["request"]["options"]["kind"], "DeleteOptions");
+    delete_object(&client, &format!("{VALIDATING}/deny.example.com")).await;
+
+    // A response without apiVersion/kind is a failed call: Ignore passes silently,
+    // Fail rejects with the API server's wording.
+    let bad = |path: &str| json!({"url": format!("https://localhost:{}{path}", hook_addr.port()), "caBundle": ca_bundle});
+    post_object(
+        &client,
+        VALIDATING,
+        &webhook_config(
+            "ValidatingWebhookConfiguration",
+            "bad-ignore.example.com",
+            bad("/bad"),
+            delete_rule.clone(),
+            "Ignore",
+            5,
+        ),
+    )
+    .await;
+    pods.delete("web-2", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    assert_eq!(api_error(pods.get("web-2").await.unwrap_err()).code, 404);
+    post_object(
+        &client,
+        VALIDATING,
+        &webhook_config(
+            "ValidatingWebhookConfiguration",
+            "bad-fail.example.com",
+            bad("/bad"),
+            delete_rule.clone(),
+            "Fail",
+            5,
+        ),
+    )
+    .await;
+    let failed = api_error(
+        pods.delete("web-1", &DeleteParams::default())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(failed.code, 500);
+    assert!(
+        failed.message.contains("failed calling webhook \"bad-fail.example.com\": expected webhook response of admission.k8s.io/v1, Kind=AdmissionReview, got /, Kind="),
+        "{}",
+        failed.message
+    );
+    delete_object(&client, &format!("{VALIDATING}/bad-fail.example.com")).await;
+
+    // A webhook slower than its timeout fails the call.
+    post_object(
+        &client,
+        VALIDATING,
+        &webhook_config(
+            "ValidatingWebhookConfiguration",
+            "slow.example.com",
+            bad("/slow"),
+            delete_rule,
+            "Fail",
+            1,
+        ),
+    )
+    .await;
+    let slow = api_error(
+        pods.delete("web-1", &DeleteParams::default())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(slow.code, 500);
+    assert!(slow.message.contains("deadline"), "{}", slow.message);
+
+    let stats = api.stats();
+    assert_eq!(stats.admission_calls["evict.example.com"], 1);
+    assert!(stats.admission_failures["bad-ignore.example.com"] >= 1);
+    assert_eq!(stats.admission_failures["slow.example.com"], 1);
+}
