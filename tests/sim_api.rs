@@ -1,6 +1,7 @@
 //! The simulated API server driven through kube-rs: CRUD, selectors, pagination,
 //! watches (resume, bookmarks, 410 Gone), patch kinds, optimistic concurrency, the
 //! delete lifecycle, CRDs, eviction rules and admission webhooks.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
 
@@ -42,22 +43,6 @@ fn pod_json(name: &str, node: Option<&str>, labels: Value) -> Value {
 
 fn pod(name: &str, node: Option<&str>, labels: Value) -> Pod {
     serde_json::from_value(pod_json(name, node, labels)).unwrap()
-}
-
-/// Polls `check` until it holds or five seconds pass.
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while tokio::time::Instant::now() < deadline {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("timed out waiting for {what}");
 }
 
 #[tokio::test]

@@ -1,6 +1,7 @@
 //! The real `kubectl` (v1.32, `/usr/bin/kubectl`) against the simulated API server:
 //! get, create, apply (twice, to take the patch path), delete, cordon, uncordon and
 //! drain, with a stand-in kubelet that removes terminating pods.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
 

@@ -171,12 +171,7 @@ fn budget_error(pdb_name: &str, retry: u64, cause: String) -> ApiError {
     )
     .with_retry(retry);
     error.causes.push(("DisruptionBudget".into(), cause));
-    error.details = Some((
-        "policy".into(),
-        "poddisruptionbudgets".into(),
-        pdb_name.into(),
-    ));
-    error
+    error.with_details("policy", "poddisruptionbudgets", pdb_name)
 }
 
 /// Checks the PDB and, unless dry-run, records the disruption; `Ok(false)` when the

@@ -12,7 +12,7 @@ pub(crate) struct ApiError {
     pub reason: String,
     pub message: String,
     /// (group, kind/resource, name) for `details`.
-    pub details: Option<(String, String, String)>,
+    pub details: Option<Box<(String, String, String)>>,
     /// Seconds for the `Retry-After` header and `details.retryAfterSeconds`.
     pub retry_after: Option<u64>,
     /// (reason, message) pairs for `details.causes`.
@@ -40,7 +40,7 @@ impl ApiError {
     }
 
     pub(crate) fn with_details(mut self, group: &str, kind: &str, name: &str) -> Self {
-        self.details = Some((group.into(), kind.into(), name.into()));
+        self.details = Some(Box::new((group.into(), kind.into(), name.into())));
         self
     }
 
@@ -117,7 +117,7 @@ impl ApiError {
         });
         if self.details.is_some() || self.retry_after.is_some() || !self.causes.is_empty() {
             let mut details = serde_json::Map::new();
-            if let Some((group, kind, name)) = &self.details {
+            if let Some((group, kind, name)) = self.details.as_deref() {
                 details.insert("name".into(), json!(name));
                 if !group.is_empty() {
                     details.insert("group".into(), json!(group));
