@@ -305,7 +305,7 @@ pub(crate) async fn create(
     if let Some(mutated) = admitted.object {
         obj = fix_immutable(&obj, prepare_body(def, mutated)?);
     }
-    if req.dry_run() || admitted.dry_run {
+    if req.dry_run() {
         return Ok((StatusCode::CREATED, obj));
     }
     let key = def.key(&target.namespace, &name);
@@ -432,7 +432,7 @@ async fn commit_update(
         let mutated = prepare_body(def, mutated)?;
         new = merge_for_update(def, target.sub.as_deref(), old, mutated);
     }
-    if req.dry_run() || admitted.dry_run {
+    if req.dry_run() {
         return Ok(new);
     }
     let key = def.key(&target.namespace, &name);
@@ -633,8 +633,8 @@ pub(crate) async fn delete(
             opts.raw.clone(),
         )
     };
-    let admitted = admission::admit(ctx, attrs).await?;
-    if opts.dry_run || admitted.dry_run {
+    admission::admit(ctx, attrs).await?;
+    if opts.dry_run {
         return Ok((StatusCode::OK, old));
     }
     delete_object(ctx, &target.def, &target.namespace, &name, &opts).map(|v| (StatusCode::OK, v))
@@ -827,8 +827,8 @@ pub(crate) async fn delete_collection(
                 opts.raw.clone(),
             )
         };
-        let admitted = admission::admit(ctx, attrs).await?;
-        if opts.dry_run || admitted.dry_run {
+        admission::admit(ctx, attrs).await?;
+        if opts.dry_run {
             deleted.push(obj);
             continue;
         }
