@@ -103,8 +103,10 @@ impl LoadBalancers {
                 }
             }
         }
+        let ready_uids: std::collections::HashSet<&str> =
+            ready.iter().map(|e| e.uid.as_str()).collect();
         lb.targets.retain(|uid, t| {
-            if t.removed.is_some() || ready.iter().any(|e| &e.uid == uid) {
+            if t.removed.is_some() || ready_uids.contains(uid.as_str()) {
                 return t.removed.is_none_or(|r| now < r + cfg.deregistration_lag);
             }
             self.timeline
