@@ -121,10 +121,12 @@ impl fmt::Display for Refusal {
             Self::LocalStorage => f.write_str(
                 "cannot delete Pods with local storage (use --delete-emptydir-data to override)",
             ),
-            Self::Unreplicated => {
-                f.write_str("cannot delete Pods that declare no controller (use --force to override)")
+            Self::Unreplicated => f.write_str(
+                "cannot delete Pods that declare no controller (use --force to override)",
+            ),
+            Self::DaemonSetLookup(error) => {
+                write!(f, "cannot look up the Pods' DaemonSet ({error})")
             }
-            Self::DaemonSetLookup(error) => write!(f, "cannot look up the Pods' DaemonSet ({error})"),
         }
     }
 }
@@ -404,25 +406,141 @@ mod tests {
         let strict = opts(false, false, false);
         let lax = opts(true, true, true);
         let cases: Vec<(&str, Pod, FilterOptions, DaemonSetLookup, Verdict)> = vec![
-            ("replicated pod", pod("a").owned_by("ReplicaSet"), strict.clone(), DaemonSetLookup::Exists, Evict(None)),
-            ("DaemonSet pod refused", pod("a").owned_by("DaemonSet"), strict.clone(), DaemonSetLookup::Exists, Refuse(Refusal::DaemonSet)),
-            ("DaemonSet pod skipped", pod("a").owned_by("DaemonSet"), lax.clone(), DaemonSetLookup::Exists, Skip(super::Skip::DaemonSet)),
-            ("orphaned DaemonSet pod with force", pod("a").owned_by("DaemonSet"), lax.clone(), DaemonSetLookup::NotFound, Evict(Some(Warning::OrphanedDaemonSetPod))),
-            ("orphaned DaemonSet pod without force", pod("a").owned_by("DaemonSet"), strict.clone(), DaemonSetLookup::NotFound, Refuse(Refusal::DaemonSetLookup("daemonsets.apps \"owner\" not found".into()))),
-            ("DaemonSet lookup failure", pod("a").owned_by("DaemonSet"), lax.clone(), DaemonSetLookup::Failed("boom".into()), Refuse(Refusal::DaemonSetLookup("boom".into()))),
-            ("finished DaemonSet pod passes", pod("a").owned_by("DaemonSet").phase("Succeeded"), strict.clone(), DaemonSetLookup::Failed("not asked".into()), Evict(None)),
-            ("DaemonSet filter before mirror", pod("a").owned_by("DaemonSet").mirror(), strict.clone(), DaemonSetLookup::Exists, Refuse(Refusal::DaemonSet)),
-            ("mirror pod skipped", pod("a").mirror(), strict.clone(), DaemonSetLookup::Exists, Skip(super::Skip::Mirror)),
-            ("mirror before emptyDir", pod("a").mirror().empty_dir(), strict.clone(), DaemonSetLookup::Exists, Skip(super::Skip::Mirror)),
-            ("finished mirror pod still skipped", pod("a").mirror().phase("Failed"), strict.clone(), DaemonSetLookup::Exists, Skip(super::Skip::Mirror)),
-            ("emptyDir refused", pod("a").owned_by("ReplicaSet").empty_dir(), strict.clone(), DaemonSetLookup::Exists, Refuse(Refusal::LocalStorage)),
-            ("emptyDir allowed", pod("a").owned_by("ReplicaSet").empty_dir(), lax.clone(), DaemonSetLookup::Exists, Evict(Some(Warning::LocalStorage))),
-            ("emptyDir before unreplicated", pod("a").empty_dir(), strict.clone(), DaemonSetLookup::Exists, Refuse(Refusal::LocalStorage)),
-            ("finished emptyDir pod passes", pod("a").owned_by("Job").empty_dir().phase("Failed"), strict.clone(), DaemonSetLookup::Exists, Evict(None)),
-            ("bare pod refused", pod("a"), strict.clone(), DaemonSetLookup::Exists, Refuse(Refusal::Unreplicated)),
-            ("bare pod forced", pod("a"), lax.clone(), DaemonSetLookup::Exists, Evict(Some(Warning::Unreplicated))),
-            ("finished bare pod passes", pod("a").phase("Succeeded"), strict.clone(), DaemonSetLookup::Exists, Evict(None)),
-            ("terminating pod still evicted without skip timeout", pod("a").owned_by("ReplicaSet").deleted_secs_ago(3600), strict.clone(), DaemonSetLookup::Exists, Evict(None)),
+            (
+                "replicated pod",
+                pod("a").owned_by("ReplicaSet"),
+                strict.clone(),
+                DaemonSetLookup::Exists,
+                Evict(None),
+            ),
+            (
+                "DaemonSet pod refused",
+                pod("a").owned_by("DaemonSet"),
+                strict.clone(),
+                DaemonSetLookup::Exists,
+                Refuse(Refusal::DaemonSet),
+            ),
+            (
+                "DaemonSet pod skipped",
+                pod("a").owned_by("DaemonSet"),
+                lax.clone(),
+                DaemonSetLookup::Exists,
+                Skip(super::Skip::DaemonSet),
+            ),
+            (
+                "orphaned DaemonSet pod with force",
+                pod("a").owned_by("DaemonSet"),
+                lax.clone(),
+                DaemonSetLookup::NotFound,
+                Evict(Some(Warning::OrphanedDaemonSetPod)),
+            ),
+            (
+                "orphaned DaemonSet pod without force",
+                pod("a").owned_by("DaemonSet"),
+                strict.clone(),
+                DaemonSetLookup::NotFound,
+                Refuse(Refusal::DaemonSetLookup(
+                    "daemonsets.apps \"owner\" not found".into(),
+                )),
+            ),
+            (
+                "DaemonSet lookup failure",
+                pod("a").owned_by("DaemonSet"),
+                lax.clone(),
+                DaemonSetLookup::Failed("boom".into()),
+                Refuse(Refusal::DaemonSetLookup("boom".into())),
+            ),
+            (
+                "finished DaemonSet pod passes",
+                pod("a").owned_by("DaemonSet").phase("Succeeded"),
+                strict.clone(),
+                DaemonSetLookup::Failed("not asked".into()),
+                Evict(None),
+            ),
+            (
+                "DaemonSet filter before mirror",
+                pod("a").owned_by("DaemonSet").mirror(),
+                strict.clone(),
+                DaemonSetLookup::Exists,
+                Refuse(Refusal::DaemonSet),
+            ),
+            (
+                "mirror pod skipped",
+                pod("a").mirror(),
+                strict.clone(),
+                DaemonSetLookup::Exists,
+                Skip(super::Skip::Mirror),
+            ),
+            (
+                "mirror before emptyDir",
+                pod("a").mirror().empty_dir(),
+                strict.clone(),
+                DaemonSetLookup::Exists,
+                Skip(super::Skip::Mirror),
+            ),
+            (
+                "finished mirror pod still skipped",
+                pod("a").mirror().phase("Failed"),
+                strict.clone(),
+                DaemonSetLookup::Exists,
+                Skip(super::Skip::Mirror),
+            ),
+            (
+                "emptyDir refused",
+                pod("a").owned_by("ReplicaSet").empty_dir(),
+                strict.clone(),
+                DaemonSetLookup::Exists,
+                Refuse(Refusal::LocalStorage),
+            ),
+            (
+                "emptyDir allowed",
+                pod("a").owned_by("ReplicaSet").empty_dir(),
+                lax.clone(),
+                DaemonSetLookup::Exists,
+                Evict(Some(Warning::LocalStorage)),
+            ),
+            (
+                "emptyDir before unreplicated",
+                pod("a").empty_dir(),
+                strict.clone(),
+                DaemonSetLookup::Exists,
+                Refuse(Refusal::LocalStorage),
+            ),
+            (
+                "finished emptyDir pod passes",
+                pod("a").owned_by("Job").empty_dir().phase("Failed"),
+                strict.clone(),
+                DaemonSetLookup::Exists,
+                Evict(None),
+            ),
+            (
+                "bare pod refused",
+                pod("a"),
+                strict.clone(),
+                DaemonSetLookup::Exists,
+                Refuse(Refusal::Unreplicated),
+            ),
+            (
+                "bare pod forced",
+                pod("a"),
+                lax.clone(),
+                DaemonSetLookup::Exists,
+                Evict(Some(Warning::Unreplicated)),
+            ),
+            (
+                "finished bare pod passes",
+                pod("a").phase("Succeeded"),
+                strict.clone(),
+                DaemonSetLookup::Exists,
+                Evict(None),
+            ),
+            (
+                "terminating pod still evicted without skip timeout",
+                pod("a").owned_by("ReplicaSet").deleted_secs_ago(3600),
+                strict.clone(),
+                DaemonSetLookup::Exists,
+                Evict(None),
+            ),
         ];
         for (name, pod, opts, lookup, want) in cases {
             let got = classify(&pod, &opts, now(), |_| lookup.clone());
@@ -439,7 +557,10 @@ mod tests {
         let bare_recent = pod("bare").deleted_secs_ago(30);
         let lookup = |_: &OwnerReference| DaemonSetLookup::Exists;
         // The skip filter runs first: an old terminating bare pod does not refuse the drain.
-        assert_eq!(classify(&old, &o, now(), lookup), Verdict::Skip(Skip::LongTerminating));
+        assert_eq!(
+            classify(&old, &o, now(), lookup),
+            Verdict::Skip(Skip::LongTerminating)
+        );
         assert_eq!(classify(&recent, &o, now(), lookup), Verdict::Evict(None));
         assert_eq!(
             classify(&bare_recent, &o, now(), lookup),
@@ -462,8 +583,10 @@ mod tests {
             pod("bare-2"),
             pod("agent").owned_by("DaemonSet"),
         ];
-        let refused = plan(&pods, &FilterOptions::default(), now(), |_, _| DaemonSetLookup::Exists)
-            .unwrap_err();
+        let refused = plan(&pods, &FilterOptions::default(), now(), |_, _| {
+            DaemonSetLookup::Exists
+        })
+        .unwrap_err();
         assert_eq!(
             refused.to_string(),
             "cannot delete Pods with local storage (use --delete-emptydir-data to override): \
@@ -487,12 +610,27 @@ mod tests {
             DaemonSetLookup::Exists
         })
         .unwrap();
-        let evicted: Vec<_> = got.evict.iter().map(|p| PodKey::of(p).to_string()).collect();
+        let evicted: Vec<_> = got
+            .evict
+            .iter()
+            .map(|p| PodKey::of(p).to_string())
+            .collect();
         assert_eq!(evicted, ["default/web", "default/cache", "default/bare"]);
-        let skipped: Vec<_> = got.skipped.iter().map(|(k, s)| (k.name.as_str(), *s)).collect();
-        assert_eq!(skipped, [("agent", Skip::DaemonSet), ("static", Skip::Mirror)]);
+        let skipped: Vec<_> = got
+            .skipped
+            .iter()
+            .map(|(k, s)| (k.name.as_str(), *s))
+            .collect();
+        assert_eq!(
+            skipped,
+            [("agent", Skip::DaemonSet), ("static", Skip::Mirror)]
+        );
         assert_eq!(got.warnings.len(), 2);
-        assert_eq!(asked, ["default/owner"], "only DaemonSet pods are looked up");
+        assert_eq!(
+            asked,
+            ["default/owner"],
+            "only DaemonSet pods are looked up"
+        );
     }
 
     #[test]

@@ -188,7 +188,12 @@ pub async fn cordon(client: &kube::Client, node: &Node, exclude_from_lb: bool) -
     let name = node.metadata.name.as_deref().unwrap_or_default();
     let api: Api<Node> = Api::all(client.clone());
     let patch = Patch::Merge(cordon_patch(node, exclude_from_lb));
-    bounded("cordon", name, api.patch(name, &PatchParams::default(), &patch)).await
+    bounded(
+        "cordon",
+        name,
+        api.patch(name, &PatchParams::default(), &patch),
+    )
+    .await
 }
 
 /// Uncordons the node (see [`uncordon_patch`]); returns the patched Node.
@@ -196,7 +201,12 @@ pub async fn uncordon(client: &kube::Client, node: &Node) -> Result<Node> {
     let name = node.metadata.name.as_deref().unwrap_or_default();
     let api: Api<Node> = Api::all(client.clone());
     let patch = Patch::Merge(uncordon_patch(node));
-    bounded("uncordon", name, api.patch(name, &PatchParams::default(), &patch)).await
+    bounded(
+        "uncordon",
+        name,
+        api.patch(name, &PatchParams::default(), &patch),
+    )
+    .await
 }
 
 /// Sets `conditions` on the node's status; returns the patched Node.
@@ -212,7 +222,12 @@ pub async fn set_conditions(
         field_manager: Some(FIELD_MANAGER.to_string()),
         ..PatchParams::default()
     };
-    bounded("set conditions on", name, api.patch_status(name, &params, &patch)).await
+    bounded(
+        "set conditions on",
+        name,
+        api.patch_status(name, &params, &patch),
+    )
+    .await
 }
 
 #[cfg(test)]
@@ -250,19 +265,31 @@ mod tests {
     fn a_label_set_by_the_operator_survives_cordon_and_uncordon() {
         let mut n = node();
         n.metadata.labels = Some([(EXCLUDE_FROM_LB_LABEL.to_string(), "true".to_string())].into());
-        assert_eq!(cordon_patch(&n, true), json!({"spec": {"unschedulable": true}}));
-        assert_eq!(uncordon_patch(&n), json!({"spec": {"unschedulable": false}}));
+        assert_eq!(
+            cordon_patch(&n, true),
+            json!({"spec": {"unschedulable": true}})
+        );
+        assert_eq!(
+            uncordon_patch(&n),
+            json!({"spec": {"unschedulable": false}})
+        );
         n.metadata.annotations = Some(
-            [(EXCLUDE_FROM_LB_OWNED_ANNOTATION.to_string(), "true".to_string())].into(),
+            [(
+                EXCLUDE_FROM_LB_OWNED_ANNOTATION.to_string(),
+                "true".to_string(),
+            )]
+            .into(),
         );
         assert_eq!(
             uncordon_patch(&n)["metadata"]["labels"][EXCLUDE_FROM_LB_LABEL],
             Value::Null
         );
-        assert!(uncordon_patch(&n)["metadata"]["labels"]
-            .as_object()
-            .unwrap()
-            .contains_key(EXCLUDE_FROM_LB_LABEL));
+        assert!(
+            uncordon_patch(&n)["metadata"]["labels"]
+                .as_object()
+                .unwrap()
+                .contains_key(EXCLUDE_FROM_LB_LABEL)
+        );
     }
 
     #[test]
@@ -292,7 +319,10 @@ mod tests {
         assert_eq!(item["type"], DRAIN_IN_PROGRESS);
         assert_eq!(item["message"], "2 pods remaining: 2 evicting");
         let flipped = conditions_patch(&n, &[cond(false)], now);
-        assert_eq!(flipped["status"]["conditions"][0]["lastTransitionTime"], now.to_string());
+        assert_eq!(
+            flipped["status"]["conditions"][0]["lastTransitionTime"],
+            now.to_string()
+        );
         assert_eq!(flipped["status"]["conditions"][0]["status"], "False");
     }
 
