@@ -104,8 +104,12 @@ fn event_crd() -> Result<(&'static str, Value), Error> {
     node(&mut crd, NAME, VERSION)?["selectableFields"] = json!([{"jsonPath": ".spec.bindingNode"}]);
     node(&mut crd, NAME, SCHEMA)?["description"] =
         json!("A request to run one LifecycleTransition on one node (KEP-5683).");
-    node(&mut crd, NAME, SPEC)?["x-kubernetes-validations"] =
+    let spec = node(&mut crd, NAME, SPEC)?;
+    spec["x-kubernetes-validations"] =
         json!([{"rule": "self == oldSelf", "message": "spec is immutable"}]);
+    for field in ["transitionName", "bindingNode"] {
+        spec["properties"][field]["minLength"] = json!(1);
+    }
     let status = node(&mut crd, NAME, STATUS)?;
     // Reading an event without status yields `claimStatus: Pending`, as the built-in
     // API's create strategy would set it.
