@@ -151,6 +151,9 @@ for bad in "${bad_values[@]}"; do
 done
 say "${#bad_values[@]} bad values rejected by template and lint: ok"
 
+echo "chart: docs/install.md documents every value"
+say "$($PY "$CHECKS/assert.py" docs "$CHART/values.yaml" docs/install.md)"
+
 echo "chart: Dockerfile"
 hadolint Dockerfile || die "hadolint Dockerfile"
 grep -q '^ENTRYPOINT \["/usr/local/bin/graceful-drain"\]' Dockerfile || die "Dockerfile ENTRYPOINT"

@@ -2,6 +2,7 @@
 
 Usage: assert.py split RENDERED OUTDIR      -> OUTDIR/core.yaml, OUTDIR/cert-manager.json, counts
        assert.py check MODE RENDERED [CA_BUNDLE]
+       assert.py docs VALUES_YAML DOC_MD          -> every value is in the doc's table
 MODE is cert-manager, self-signed or secret. Exits non-zero with one line per failure.
 """
 
@@ -235,8 +236,39 @@ def check(mode, rendered, ca_bundle=None):
         sys.exit(1)
 
 
+# Values documented as one row although they are maps (their keys are free-form).
+WHOLE_VALUES = {"webhook.resources", "agent.resources", "agent.updateStrategy"}
+
+
+def leaf_values(values, prefix=""):
+    for key, value in values.items():
+        path = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, dict) and value and path not in WHOLE_VALUES:
+            yield from leaf_values(value, path)
+        else:
+            yield path
+
+
+def docs(values_yaml, doc_md):
+    with open(values_yaml, encoding="utf-8") as f:
+        values = yaml.safe_load(f)
+    with open(doc_md, encoding="utf-8") as f:
+        rows = {line.split("|")[1].strip().strip("`") for line in f if line.startswith("| `")}
+    wanted = set(leaf_values(values))
+    missing, stale = sorted(wanted - rows), sorted(rows - wanted)
+    for key in missing:
+        print(f"FAIL {doc_md}: value {key} is not in the values table")
+    for key in stale:
+        print(f"FAIL {doc_md}: values table lists {key}, which values.yaml does not have")
+    if missing or stale:
+        sys.exit(1)
+    print(f"{len(wanted)} values documented")
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "split":
+    if sys.argv[1] == "docs":
+        docs(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "split":
         split(sys.argv[2], sys.argv[3])
     else:
         check(sys.argv[2], sys.argv[3], *sys.argv[4:5])
