@@ -73,4 +73,6 @@ install_cert_manager_models
 if [ "${1:-}" = "--print-env" ]; then
   echo "export PATH=\"$TOOLS/bin:$TOOLS/venv/bin:\$PATH\""
   echo "export GRACEFUL_DRAIN_NODE_MODULES=\"$TOOLS/node/node_modules\""
+  # Keep helm's cache and config out of the user's home.
+  for d in CACHE CONFIG DATA; do echo "export HELM_${d}_HOME=\"$TOOLS/helm/${d,,}\""; done
 fi

@@ -48,6 +48,9 @@ metadata:
   name: $NS
   labels:
     app.kubernetes.io/name: graceful-drain
+    # The node agent mounts two kubelet folders (hostPath) and runs as uid 0 without
+    # capabilities, which the baseline and restricted Pod Security levels refuse.
+    pod-security.kubernetes.io/enforce: privileged
 HEADER
   helm template graceful-drain "$CHART" --namespace "$NS" --kube-version 1.33.0 \
     --set certificates.mode=cert-manager
