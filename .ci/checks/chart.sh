@@ -137,6 +137,7 @@ bad_values=(
   "webhook.failurePolicy=Maybe"             # bad enum
   "certificates.mode=vault"                 # bad enum
   "agent.lifecycleReconciler=sometimes"     # bad enum
+  "webhook.exposure=everything"             # bad enum
   "agent.sla=soon"                          # not a duration
   "webhook.bogus=1"                         # unknown key
   "unknownTopLevel=1"                       # unknown key
