@@ -738,3 +738,212 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
         None => futures::future::pending().await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Response;
+    use kube::client::Body;
+    use serde_json::Value;
+
+    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+    fn mock() -> (kube::Client, Handle) {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        (kube::Client::new(service, "default"), handle)
+    }
+
+    fn key() -> PodKey {
+        PodKey {
+            namespace: "shop".into(),
+            name: "web-1".into(),
+        }
+    }
+
+    async fn body_json(request: Request<Body>) -> (http::request::Parts, Value) {
+        let (parts, body) = request.into_parts();
+        let bytes = body.collect_bytes().await.unwrap();
+        (parts, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    fn status_body(code: u16, message: &str) -> Body {
+        let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "message": message, "code": code});
+        Body::from(status.to_string().into_bytes())
+    }
+
+    #[tokio::test]
+    async fn eviction_is_a_complete_policy_v1_body_with_uid_precondition() {
+        let (client, mut handle) = mock();
+        let request = eviction_request(&key(), "uid-123", Some(30), true).unwrap();
+        let call = tokio::spawn(async move { send(&client, request).await });
+        let (request, respond) = handle.next_request().await.unwrap();
+        let (parts, body) = body_json(request).await;
+        assert_eq!(parts.method, Method::POST);
+        assert_eq!(
+            parts.uri.path(),
+            "/api/v1/namespaces/shop/pods/web-1/eviction"
+        );
+        assert_eq!(
+            body,
+            json!({
+                "apiVersion": "policy/v1",
+                "kind": "Eviction",
+                "metadata": {"name": "web-1", "namespace": "shop"},
+                "deleteOptions": {
+                    "gracePeriodSeconds": 30,
+                    "preconditions": {"uid": "uid-123"},
+                    "dryRun": ["All"],
+                },
+            })
+        );
+        let response = Response::builder()
+            .status(429)
+            .header("Retry-After", "10")
+            .body(status_body(
+                429,
+                "Cannot evict pod as it would violate the pod's disruption budget.",
+            ))
+            .unwrap();
+        respond.send_response(response);
+        let answer = call.await.unwrap();
+        assert_eq!(
+            answer,
+            Answer::Blocked {
+                outcome: EvictionOutcome::BlockedPdb,
+                blocker: Blocker::Pdb(String::new()),
+                retry_after: Some(Duration::from_secs(10)),
+                message: "Cannot evict pod as it would violate the pod's disruption budget.".into(),
+            }
+        );
+    }
+
+    #[test]
+    fn eviction_without_grace_period_or_dry_run_omits_them() {
+        let request = eviction_request(&key(), "u", None, false).unwrap();
+        let body: Value = serde_json::from_slice(request.body()).unwrap();
+        assert_eq!(
+            body["deleteOptions"],
+            json!({"preconditions": {"uid": "u"}})
+        );
+    }
+
+    #[tokio::test]
+    async fn disable_eviction_deletes_with_the_uid_precondition() {
+        let (client, mut handle) = mock();
+        let request = delete_request(&key(), "uid-9", Some(0)).unwrap();
+        let call = tokio::spawn(async move { send(&client, request).await });
+        let (request, respond) = handle.next_request().await.unwrap();
+        let (parts, body) = body_json(request).await;
+        assert_eq!(parts.method, Method::DELETE);
+        assert_eq!(parts.uri.path(), "/api/v1/namespaces/shop/pods/web-1");
+        assert_eq!(body["preconditions"], json!({"uid": "uid-9"}));
+        assert_eq!(body["gracePeriodSeconds"], 0);
+        assert_eq!(body["kind"], "DeleteOptions");
+        respond.send_response(
+            Response::builder()
+                .status(200)
+                .body(Body::from(b"{}".to_vec()))
+                .unwrap(),
+        );
+        assert_eq!(call.await.unwrap(), Answer::Done(EvictionOutcome::Deleted));
+    }
+
+    #[test]
+    fn answers_are_classified_like_the_eviction_rest_code() {
+        let answer = |code: u16, message: &str| {
+            let body = json!({"kind": "Status", "message": message}).to_string();
+            classify_answer(StatusCode::from_u16(code).unwrap(), None, body.as_bytes())
+        };
+        assert_eq!(answer(201, ""), Answer::Done(EvictionOutcome::Evicted));
+        assert_eq!(
+            answer(404, "not found"),
+            Answer::Done(EvictionOutcome::Gone)
+        );
+        assert_eq!(
+            answer(409, "Precondition failed: UID"),
+            Answer::Done(EvictionOutcome::Conflict)
+        );
+        let blocker = |a: Answer| match a {
+            Answer::Blocked {
+                outcome, blocker, ..
+            } => (outcome, blocker),
+            Answer::Done(o) => panic!("expected a block, got {o:?}"),
+        };
+        assert_eq!(
+            blocker(answer(
+                500,
+                "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."
+            )),
+            (EvictionOutcome::MultiplePdbs, Blocker::MultiplePdbs(vec![]))
+        );
+        assert_eq!(
+            blocker(answer(
+                400,
+                "admission webhook \"deny.example.com\" denied the request: no"
+            )),
+            (
+                EvictionOutcome::DeniedWebhook,
+                Blocker::Webhook("deny.example.com".into())
+            )
+        );
+        assert_eq!(
+            blocker(answer(503, "etcd down")),
+            (
+                EvictionOutcome::Error,
+                Blocker::Other("HTTP 503: etcd down".into())
+            )
+        );
+        let plain = classify_answer(StatusCode::BAD_GATEWAY, None, b"upstream reset");
+        assert_eq!(
+            blocker(plain).1,
+            Blocker::Other("HTTP 502: upstream reset".into())
+        );
+    }
+
+    #[test]
+    fn retry_delay_backs_off_capped_jittered_and_honours_retry_after() {
+        assert_eq!(retry_delay(0, None, 1.0), RETRY_BASE);
+        assert_eq!(retry_delay(0, None, 0.0), RETRY_BASE / 2);
+        assert_eq!(retry_delay(3, None, 1.0), Duration::from_secs(8));
+        assert_eq!(retry_delay(30, None, 1.0), RETRY_CAP);
+        assert!(retry_delay(30, None, 0.0) >= RETRY_CAP / 2);
+        assert_eq!(
+            retry_delay(0, Some(Duration::from_secs(10)), 0.0),
+            Duration::from_secs(10)
+        );
+        assert_eq!(
+            retry_delay(0, Some(Duration::from_secs(3600)), 0.0),
+            RETRY_AFTER_CAP
+        );
+        assert_eq!(retry_delay(5, Some(Duration::ZERO), 1.0), RETRY_CAP);
+    }
+
+    #[tokio::test]
+    async fn the_pdb_blocking_a_pod_is_found_by_its_selector() {
+        let (client, mut handle) = mock();
+        let mut pod = Pod::default();
+        pod.metadata.name = Some("web-1".into());
+        pod.metadata.namespace = Some("shop".into());
+        pod.metadata.labels = Some([("app".to_string(), "web".to_string())].into());
+        let call = tokio::spawn(async move { selecting_pdbs(&client, &pod).await });
+        let (request, respond) = handle.next_request().await.unwrap();
+        assert_eq!(
+            request.uri().path(),
+            "/apis/policy/v1/namespaces/shop/poddisruptionbudgets"
+        );
+        let list = json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudgetList",
+            "metadata": {"resourceVersion": "1"}, "items": [
+            {"metadata": {"name": "web-pdb", "namespace": "shop"},
+             "spec": {"selector": {"matchLabels": {"app": "web"}}}},
+            {"metadata": {"name": "db-pdb", "namespace": "shop"},
+             "spec": {"selector": {"matchLabels": {"app": "db"}}}},
+            {"metadata": {"name": "nil-selector", "namespace": "shop"}, "spec": {}},
+        ]});
+        respond.send_response(Response::new(Body::from(list.to_string().into_bytes())));
+        assert_eq!(
+            call.await.unwrap().unwrap(),
+            vec!["shop/web-pdb".to_string()]
+        );
+    }
+}

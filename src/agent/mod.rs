@@ -345,3 +345,90 @@ async fn publish_until_done(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn parse(flags: &[&str]) -> Args {
+        let argv = ["node-agent", "--node-name", "n1"].iter().chain(flags);
+        Cli::try_parse_from(argv).unwrap().args
+    }
+
+    #[test]
+    fn defaults_are_production_defaults() {
+        let args = parse(&[]);
+        let config = args.drain.config();
+        assert!(
+            config.filters.ignore_daemonsets,
+            "DaemonSet pods are skipped by default"
+        );
+        assert!(!config.filters.delete_emptydir_data && !config.filters.force);
+        assert_eq!(config.grace_period, None, "each pod's own grace period");
+        assert_eq!(config.timeout, None);
+        assert!(!config.disable_eviction);
+        assert!(args.drain.exclude_from_lb_label);
+        assert_eq!(args.sla, Duration::from_secs(900));
+        assert_eq!(args.driver_name, "graceful-drain.io");
+        assert_eq!(args.reconciler.mode, Mode::Auto);
+        assert_eq!(
+            registration::service_socket(&args.plugins_dir, &args.driver_name),
+            PathBuf::from("/var/lib/kubelet/plugins/graceful-drain.io/slm.sock")
+        );
+        assert_eq!(
+            registration::registration_socket(&args.registry_dir, &args.driver_name),
+            PathBuf::from("/var/lib/kubelet/plugins_registry/graceful-drain.io-reg.sock")
+        );
+    }
+
+    #[test]
+    fn kubectl_style_flags_map_onto_the_drain_config() {
+        let args = parse(&[
+            "--ignore-daemonsets=false",
+            "--delete-emptydir-data",
+            "--force",
+            "--disable-eviction",
+            "--grace-period",
+            "0",
+            "--pod-selector",
+            "app=web",
+            "--skip-wait-for-delete-timeout",
+            "60",
+            "--drain-timeout",
+            "5m",
+            "--exclude-from-lb-label=false",
+            "--lifecycle-reconciler",
+            "off",
+        ]);
+        let config = args.drain.config();
+        assert!(!config.filters.ignore_daemonsets);
+        assert!(config.filters.delete_emptydir_data && config.filters.force);
+        assert!(config.disable_eviction);
+        assert_eq!(config.grace_period, Some(0));
+        assert_eq!(config.pod_selector.as_deref(), Some("app=web"));
+        assert_eq!(
+            config.filters.skip_wait_for_delete_timeout,
+            Some(Duration::from_secs(60))
+        );
+        assert_eq!(config.timeout, Some(Duration::from_secs(300)));
+        assert!(!args.drain.exclude_from_lb_label);
+        assert_eq!(args.reconciler.mode, Mode::Off);
+        assert_eq!(
+            parse(&["--grace-period", "-1"]).drain.config().grace_period,
+            None
+        );
+    }
+
+    #[test]
+    fn node_name_is_required() {
+        let error = Cli::try_parse_from(["node-agent"]).err().unwrap();
+        assert!(error.to_string().contains("--node-name"), "{error}");
+    }
+}
