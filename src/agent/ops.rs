@@ -182,7 +182,7 @@ impl Agent {
             phase: phase_tx,
             progress: progress_tx,
         };
-        let span = tracing::info_span!("operation", node = %self.inner.node, ?kind);
+        let span = tracing::info_span!(parent: None, "operation", node = %self.inner.node, ?kind);
         let handle = tokio::spawn(tracing::Instrument::instrument(
             async move {
                 if let Some(previous) = previous {
