@@ -4,6 +4,8 @@
 //! reported, filter refusals fail the transition, a restarted agent resumes a drain, and
 //! the RPCs answer even when the API server hangs.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
+
 use std::collections::{BTreeMap, HashSet};
 use std::convert::Infallible;
 use std::path::{Path, PathBuf};
@@ -605,24 +607,25 @@ async fn kubelet_drives_a_drain_to_completion_and_back_to_service() {
             format!("uid-{name}")
         );
     }
-    let st = fake.state.lock().unwrap();
-    let left: Vec<&str> = st.pods.keys().map(|(_, n)| n.as_str()).collect();
-    assert_eq!(left, ["etcd-n1", "proxy-1"]);
-    // The block was reported on the Node, naming the pod and its PDB.
-    let blocked: Vec<&Value> = st
-        .events
-        .iter()
-        .filter(|e| e["reason"] == "EvictionBlocked")
-        .collect();
-    assert_eq!(blocked.len(), 1, "repeats are rate-limited: {blocked:?}");
-    let message = blocked[0]["message"].as_str().unwrap();
-    assert!(
-        message.contains("shop/web-2") && message.contains("PDB shop/web-pdb"),
-        "{message}"
-    );
-    assert_eq!(blocked[0]["involvedObject"]["kind"], "Node");
-    assert_eq!(blocked[0]["involvedObject"]["name"], NODE);
-    drop(st);
+    {
+        let st = fake.state.lock().unwrap();
+        let left: Vec<&str> = st.pods.keys().map(|(_, n)| n.as_str()).collect();
+        assert_eq!(left, ["etcd-n1", "proxy-1"]);
+        // The block was reported on the Node, naming the pod and its PDB.
+        let blocked: Vec<&Value> = st
+            .events
+            .iter()
+            .filter(|e| e["reason"] == "EvictionBlocked")
+            .collect();
+        assert_eq!(blocked.len(), 1, "repeats are rate-limited: {blocked:?}");
+        let message = blocked[0]["message"].as_str().unwrap();
+        assert!(
+            message.contains("shop/web-2") && message.contains("PDB shop/web-pdb"),
+            "{message}"
+        );
+        assert_eq!(blocked[0]["involvedObject"]["kind"], "Node");
+        assert_eq!(blocked[0]["involvedObject"]["name"], NODE);
+    }
     let snapshot = agent_state.snapshot();
     assert_eq!(snapshot.message, "0 pods remaining: 2 evicted, 2 skipped");
 
