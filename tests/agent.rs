@@ -491,12 +491,15 @@ fn evictions(fake: &Fake) -> Vec<(String, Value)> {
 }
 
 async fn readyz(addr: std::net::SocketAddr) -> (u16, String) {
+    get(addr, "/readyz").await
+}
+
+/// A plain HTTP/1.1 GET on the admin port: (status, whole response).
+async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    stream
-        .write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
     let mut text = String::new();
     stream.read_to_string(&mut text).await.unwrap();
     let code = text[9..12].parse().unwrap();
@@ -628,6 +631,21 @@ async fn kubelet_drives_a_drain_to_completion_and_back_to_service() {
     }
     let snapshot = agent_state.snapshot();
     assert_eq!(snapshot.message, "0 pods remaining: 2 evicted, 2 skipped");
+    let (code, status) = get(admin, "/status").await;
+    assert_eq!(code, 200);
+    let status: Value = serde_json::from_str(status.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(status["operation"], "drain");
+    assert_eq!(status["phase"]["phase"], "complete");
+    assert_eq!(status["progress"]["done"], 2);
+    let (_, metrics) = get(admin, "/metrics").await;
+    assert!(
+        metrics.contains("graceful_drain_evictions_total{outcome=\"blocked_pdb\"} 2"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("graceful_drain_evictions_total{outcome=\"evicted\"} 2"),
+        "{metrics}"
+    );
 
     // Back to service.
     let answer = kubelet.start("graceful-maintenance-complete", NODE).await;

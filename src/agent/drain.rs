@@ -288,7 +288,6 @@ struct TaskCtx {
     config: Arc<DrainConfig>,
     metrics: Metrics,
     events: NodeEvents,
-    node_uid: Option<String>,
     permits: Semaphore,
     updates: mpsc::UnboundedSender<Update>,
 }
@@ -386,7 +385,6 @@ async fn report_block(
             EventType::Warning,
             reason::EVICTION_BLOCKED,
             &key.to_string(),
-            ctx.node_uid.as_deref(),
             text,
         )
         .await;
@@ -511,7 +509,6 @@ async fn daemonset_lookups<'a>(
 pub struct Engine {
     pub client: kube::Client,
     pub node: String,
-    pub node_uid: Option<String>,
     pub config: Arc<DrainConfig>,
     pub metrics: Metrics,
     pub events: NodeEvents,
@@ -579,7 +576,6 @@ impl Engine {
             config: self.config.clone(),
             metrics: self.metrics.clone(),
             events: self.events.clone(),
-            node_uid: self.node_uid.clone(),
             permits: Semaphore::new(self.config.concurrency.max(1)),
             updates: tx,
         });
@@ -689,7 +685,6 @@ impl Engine {
                         EventType::Warning,
                         reason::EVICTION_BLOCKED,
                         &key.to_string(),
-                        self.node_uid.as_deref(),
                         message,
                     )
                     .await;

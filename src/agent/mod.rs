@@ -219,18 +219,9 @@ pub async fn start(args: Args, client: kube::Client, shutdown: Shutdown) -> Resu
     } = args;
     let mut registry = Registry::default();
     let metrics = report::Metrics::register(&mut registry);
+    let registry = Arc::new(registry);
     let readiness = Readiness::default();
     readiness.register(TRANSITIONS_CHECK, "publishing LifecycleTransitions");
-    let (admin_addr, admin) = admin::bind(
-        admin_listen,
-        readiness.clone(),
-        Arc::new(registry),
-        shutdown.clone(),
-    )
-    .await?;
-    tracing::info!(%admin_addr, node = %node_name, "node agent admin port listening");
-    spawn_owned("admin", shutdown.clone(), admin);
-
     let service_socket = registration::service_socket(&plugins_dir, &driver_name);
     let registration_socket = registration::registration_socket(&registry_dir, &driver_name);
     let slm_listener = registration::bind(&service_socket)?;
@@ -245,6 +236,8 @@ pub async fn start(args: Args, client: kube::Client, shutdown: Shutdown) -> Resu
         events: report::NodeEvents::new(client.clone(), node_name.clone()),
         shutdown: shutdown.clone(),
     });
+    let admin_addr = serve_admin(admin_listen, &readiness, registry, &agent, &shutdown).await?;
+    tracing::info!(%admin_addr, node = %node_name, "node agent admin port listening");
     let names = TransitionNames {
         drain: drain_transition,
         maintenance: maintenance_transition,
@@ -320,6 +313,38 @@ pub async fn start(args: Args, client: kube::Client, shutdown: Shutdown) -> Resu
         servers,
         shutdown,
     })
+}
+
+/// Serves the shared admin router (`/livez`, `/readyz`, `/metrics`) plus `/status`, the
+/// agent's [`Snapshot`] as JSON (what `graceful-drain status` or a person with curl reads).
+async fn serve_admin(
+    addr: SocketAddr,
+    readiness: &Readiness,
+    registry: Arc<Registry>,
+    agent: &Agent,
+    shutdown: &Shutdown,
+) -> Result<SocketAddr, Error> {
+    let bind_error = |source| Error::Admin(admin::Error::Bind { addr, source });
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(bind_error)?;
+    let local = listener.local_addr().map_err(bind_error)?;
+    let agent = agent.clone();
+    let app = admin::router(readiness.clone(), registry).route(
+        "/status",
+        axum::routing::get(move || {
+            let snapshot = agent.snapshot();
+            async move { axum::Json(snapshot) }
+        }),
+    );
+    let token = shutdown.clone();
+    spawn_owned("admin", shutdown.clone(), async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(token.cancelled_owned())
+            .await
+            .map_err(admin::Error::Serve)
+    });
+    Ok(local)
 }
 
 /// Publishes every transition, retrying failures (the API server may be unreachable for a
