@@ -47,6 +47,11 @@ const RETRY_CAP: Duration = Duration::from_secs(15);
 /// status refresh takes (the API server sends 0 or 10).
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(60);
 
+/// An accepted eviction shows on the pod within a second (a deletionTimestamp, or our
+/// webhook's draining label); if neither appeared after this long the eviction was lost
+/// (e.g. another webhook turned it into a dry run), so it is sent again.
+const REEVICT_AFTER: Duration = Duration::from_secs(30);
+
 /// Options of a drain (the kubectl flags, see `node-agent --help`).
 #[derive(Clone, Debug)]
 pub struct DrainConfig {
@@ -395,6 +400,8 @@ async fn report_block(
 struct Tracked {
     uid: String,
     blocked: Option<Blocker>,
+    /// When the API server accepted the eviction (cleared when it is sent again).
+    accepted_at: Option<tokio::time::Instant>,
 }
 
 /// The engine's view of the node.
@@ -592,6 +599,8 @@ impl Engine {
             track(&mut state, &mut tasks, &ctx, pod);
         }
         let deadline = self.config.timeout.map(|t| started + t);
+        let mut recheck = tokio::time::interval(REEVICT_AFTER / 3);
+        recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let current = state.progress(&self.config.filters);
             self.metrics.set_remaining(current.remaining.len());
@@ -606,6 +615,7 @@ impl Engine {
                     Err(error) => tracing::warn!(node = %self.node, %error, "watch pods"),
                 },
                 Some(update) = updates.recv() => apply_update(&mut state, update),
+                _ = recheck.tick() => evict_lost(&mut state, &mut tasks, &ctx),
                 Some(joined) = tasks.join_next() => {
                     if let Err(error) = joined {
                         tracing::error!(%error, "eviction task failed");
@@ -699,8 +709,41 @@ fn track(state: &mut State, tasks: &mut JoinSet<()>, ctx: &Arc<TaskCtx>, pod: Po
     state.seen.insert(uid.clone());
     state.planned += 1;
     let span = tracing::info_span!("evict", pod = %key);
-    state.tracked.insert(key, Tracked { uid, blocked: None });
+    let tracked = Tracked {
+        uid,
+        blocked: None,
+        accepted_at: None,
+    };
+    state.tracked.insert(key, tracked);
     tasks.spawn(evict_pod(ctx.clone(), pod).instrument(span));
+}
+
+/// Sends the eviction again for pods whose accepted eviction left no trace after
+/// [`REEVICT_AFTER`]: still there, same UID, neither terminating nor isolated.
+fn evict_lost(state: &mut State, tasks: &mut JoinSet<()>, ctx: &Arc<TaskCtx>) {
+    let now = tokio::time::Instant::now();
+    let lost: Vec<Pod> = state
+        .tracked
+        .iter_mut()
+        .filter(|(_, t)| {
+            t.accepted_at
+                .is_some_and(|at| now.duration_since(at) >= REEVICT_AFTER)
+        })
+        .filter_map(|(key, t)| {
+            let pod = state.pods.get(key)?;
+            if pod_state(Some(pod), t) != PodState::Evicting {
+                return None;
+            }
+            t.accepted_at = None;
+            Some(pod.clone())
+        })
+        .collect();
+    for pod in lost {
+        let key = PodKey::of(&pod);
+        tracing::warn!(pod = %key, "eviction was accepted but the pod is still running; evicting again");
+        let span = tracing::info_span!("evict", pod = %key);
+        tasks.spawn(evict_pod(ctx.clone(), pod).instrument(span));
+    }
 }
 
 fn apply_update(state: &mut State, update: Update) {
@@ -713,6 +756,7 @@ fn apply_update(state: &mut State, update: Update) {
         Update::Accepted(key) => {
             if let Some(t) = state.tracked.get_mut(&key) {
                 t.blocked = None;
+                t.accepted_at = Some(tokio::time::Instant::now());
             }
         }
     }
@@ -940,5 +984,62 @@ mod tests {
             call.await.unwrap().unwrap(),
             vec!["shop/web-pdb".to_string()]
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_accepted_eviction_that_left_no_trace_is_sent_again() {
+        let (client, mut handle) = mock();
+        let mut registry = prometheus_client::registry::Registry::default();
+        let (tx, mut updates) = mpsc::unbounded_channel();
+        let ctx = Arc::new(TaskCtx {
+            client: client.clone(),
+            config: Arc::new(DrainConfig::default()),
+            metrics: Metrics::register(&mut registry),
+            events: NodeEvents::new(client, "n1"),
+            permits: Semaphore::new(1),
+            updates: tx,
+        });
+        let mut pod = Pod::default();
+        pod.metadata.name = Some("web-1".into());
+        pod.metadata.namespace = Some("shop".into());
+        pod.metadata.uid = Some("u1".into());
+        let mut state = State::default();
+        state.pods.insert(key(), pod.clone());
+        let mut isolated = pod.clone();
+        isolated.metadata.name = Some("web-2".into());
+        isolated.metadata.labels = Some([(DRAINING_LABEL.to_string(), "true".to_string())].into());
+        let isolated_key = PodKey::of(&isolated);
+        state.pods.insert(isolated_key.clone(), isolated);
+        let mut tasks = JoinSet::new();
+        for k in [key(), isolated_key] {
+            let accepted_at = Some(tokio::time::Instant::now());
+            let tracked = Tracked {
+                uid: "u1".into(),
+                blocked: None,
+                accepted_at,
+            };
+            state.tracked.insert(k, tracked);
+        }
+        evict_lost(&mut state, &mut tasks, &ctx);
+        assert!(tasks.is_empty(), "too early to call an eviction lost");
+        tokio::time::advance(REEVICT_AFTER).await;
+        evict_lost(&mut state, &mut tasks, &ctx);
+        assert_eq!(
+            tasks.len(),
+            1,
+            "only the pod that is neither isolated nor terminating"
+        );
+        let (request, respond) = handle.next_request().await.unwrap();
+        assert_eq!(
+            request.uri().path(),
+            "/api/v1/namespaces/shop/pods/web-1/eviction"
+        );
+        respond.send_response(
+            Response::builder()
+                .status(201)
+                .body(Body::from(b"{}".to_vec()))
+                .unwrap(),
+        );
+        assert!(matches!(updates.recv().await, Some(Update::Accepted(k)) if k == key()));
     }
 }
