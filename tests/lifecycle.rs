@@ -2,6 +2,8 @@
 //! and an in-memory API: every branch of DESIGN §3, SLA expiry, driver errors, missing
 //! registration, restarts, racing reconcilers and the stale-condition case.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "lifecycle_support/fake_api.rs"]
 mod fake_api;
 #[path = "lifecycle_support/plugin.rs"]

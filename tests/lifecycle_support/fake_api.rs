@@ -5,6 +5,8 @@
 //! from a resourceVersion. It is a `tower::Service`, so `kube::Client::new` talks to it
 //! without a socket.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
