@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::{StreamExt, stream::BoxStream};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Event, Node};
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{ListParams, WatchEvent, WatchParams};
 use kube::{Api, ResourceExt};
 use tokio::time::Instant;
@@ -24,6 +24,9 @@ use crate::lifecycle::{
 pub const DRAIN_IN_PROGRESS: &str = "DrainInProgress";
 /// Node condition set once a drain finished (KEP-5683 condition type).
 pub const DRAINED: &str = "Drained";
+/// Pods named in a failure message; the rest are counted (the condition and
+/// `kubectl get pods --field-selector spec.nodeName=NODE` have them all).
+const MAX_PODS_NAMED: usize = 10;
 
 /// What the follower knows about the event.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -220,7 +223,13 @@ impl Follower<'_> {
                 () = shutdown.cancelled() => {
                     return Err(Error::Interrupted { event: self.name.clone() });
                 }
-                () = sleep_until(deadline) => return Err(self.timed_out(started.elapsed())),
+                () = sleep_until(deadline) => {
+                    let mut error = self.timed_out(started.elapsed());
+                    if let Error::TimedOut { reason, .. } = &mut error {
+                        *reason = self.with_pods_left(std::mem::take(reason)).await;
+                    }
+                    return Err(error);
+                }
                 _ = tick.tick() => {
                     self.refresh_node(display).await;
                     if watch.is_none() {
@@ -241,6 +250,7 @@ impl Follower<'_> {
                 }
                 Verdict::Succeeded => return Ok(()),
                 Verdict::Ended { status, reason } => {
+                    let reason = self.with_pods_left(reason).await;
                     return Err(Error::Ended {
                         verb: self.request.verb,
                         node: self.request.node.clone(),
@@ -296,7 +306,7 @@ impl Follower<'_> {
             Some(Ok(WatchEvent::Deleted(e))) => {
                 self.seen.update(&e);
                 self.seen.deleted = true;
-                self.node = self.read_node().await.unwrap_or_else(|| self.node.clone());
+                self.reload_node().await;
                 true
             }
             Some(Ok(WatchEvent::Bookmark(b))) => {
@@ -320,16 +330,71 @@ impl Follower<'_> {
             }
             Ok(None) => {
                 self.seen.deleted = true;
-                self.node = self.read_node().await.unwrap_or_else(|| self.node.clone());
+                self.reload_node().await;
             }
             Err(error) => tracing::debug!(%error, "get lifecycleevent"),
         }
     }
 
-    async fn refresh_node(&mut self, display: &mut Display) {
-        if let Some(node) = self.read_node().await {
+    /// Re-reads the node; the last `DrainInProgress` message seen is kept when the
+    /// condition turns False (the agent stops a drain at SLA expiry), so a failure can
+    /// still say what blocked it.
+    async fn reload_node(&mut self) {
+        if let Some(mut node) = self.read_node().await {
+            if node.drain_in_progress.is_none() {
+                node.drain_in_progress = self.node.drain_in_progress.take();
+            }
             self.node = node;
         }
+    }
+
+    /// Pods still bound to the node that a drain would evict (not DaemonSet-owned, not
+    /// mirror pods, not finished), as `ns/name`, for failure messages.
+    async fn pods_left(&self) -> Vec<String> {
+        let pods: Api<Pod> = Api::all(self.nodes.clone().into_client());
+        let params = ListParams::default().fields(&format!("spec.nodeName={}", self.request.node));
+        let Ok(list) = pods.list(&params).await else {
+            return Vec::new();
+        };
+        list.items
+            .iter()
+            .filter(|p| {
+                let daemon = p.owner_references().iter().any(|o| o.kind == "DaemonSet");
+                let mirror = p
+                    .annotations()
+                    .contains_key(crate::labels::MIRROR_POD_ANNOTATION);
+                let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+                !daemon && !mirror && !matches!(phase, Some("Succeeded" | "Failed"))
+            })
+            .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
+            .collect()
+    }
+
+    /// Adds the pods left on the node to a failure reason.
+    async fn with_pods_left(&self, reason: String) -> String {
+        let pods = self.pods_left().await;
+        if pods.is_empty() || self.request.verb != "drain" {
+            return reason;
+        }
+        let shown: Vec<&str> = pods
+            .iter()
+            .take(MAX_PODS_NAMED)
+            .map(String::as_str)
+            .collect();
+        let more = pods.len().saturating_sub(MAX_PODS_NAMED);
+        let tail = if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        };
+        format!(
+            "{reason}; pods left on the node: {}{tail}",
+            shown.join(", ")
+        )
+    }
+
+    async fn refresh_node(&mut self, display: &mut Display) {
+        self.reload_node().await;
         let params = ListParams::default().fields(&format!(
             "involvedObject.kind=Node,involvedObject.name={}",
             self.request.node
