@@ -158,6 +158,8 @@ struct Follower<'a> {
     printed_events: std::collections::HashSet<String>,
     since: Timestamp,
     news: Option<String>,
+    /// The latest Warning Event on the node (an eviction refused, for instance).
+    last_warning: Option<String>,
 }
 
 /// Follows `event` until it ends, the timeout passes or `shutdown`.
@@ -182,6 +184,7 @@ pub async fn follow(
         since: Timestamp::from_second(Timestamp::now().as_second())
             .unwrap_or_else(|_| Timestamp::now()),
         news: None,
+        last_warning: None,
     };
     f.seen.update(&event);
     let mut display = Display::detect();
@@ -370,8 +373,11 @@ impl Follower<'_> {
             .collect()
     }
 
-    /// Adds the pods left on the node to a failure reason.
-    async fn with_pods_left(&self, reason: String) -> String {
+    /// Adds the last warning on the node and the pods left on it to a failure reason.
+    async fn with_pods_left(&self, mut reason: String) -> String {
+        if let Some(warning) = &self.last_warning {
+            reason.push_str(&format!("; last warning on the node: {warning}"));
+        }
         let pods = self.pods_left().await;
         if pods.is_empty() || self.request.verb != "drain" {
             return reason;
@@ -418,6 +424,9 @@ impl Follower<'_> {
                     e.message.as_deref().unwrap_or_default()
                 );
                 display.note(&format!("  node event: {text}"));
+                if e.type_.as_deref() == Some("Warning") {
+                    self.last_warning = Some(text.clone());
+                }
                 self.news = Some(text);
             }
         }
