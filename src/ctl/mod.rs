@@ -101,7 +101,7 @@ pub struct DrainArgs {
     /// Node to drain.
     pub node: String,
     /// Follow the drain until it ends (the default); `--wait=false` only creates the event.
-    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    #[arg(long, default_value_t = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub wait: bool,
     /// Give up following after this long (e.g. `10m`); the drain continues server-side.
     #[arg(long, value_parser = humantime::parse_duration)]
@@ -116,7 +116,7 @@ pub struct UncordonArgs {
     /// Node to return to service.
     pub node: String,
     /// Follow until the node is back in service (the default); `--wait=false` only creates the event.
-    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    #[arg(long, default_value_t = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub wait: bool,
     /// Give up following after this long; the transition continues server-side.
     #[arg(long, value_parser = humantime::parse_duration)]
@@ -280,5 +280,32 @@ async fn create_event(client: &kube::Client, request: &Request) -> Result<Lifecy
             format!("create lifecycleevent for node {}", request.node),
             e,
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        drain: DrainArgs,
+    }
+
+    #[test]
+    fn wait_is_the_default_and_takes_an_explicit_false() {
+        let parse = |args: &[&str]| Cli::try_parse_from(args).unwrap().drain;
+        let d = parse(&["x", "worker-1"]);
+        assert!(d.wait);
+        assert_eq!(d.timeout, None);
+        let d = parse(&["x", "--wait", "worker-1", "--timeout", "90s"]);
+        assert!(d.wait);
+        assert_eq!(d.node, "worker-1");
+        assert_eq!(d.timeout, Some(Duration::from_secs(90)));
+        assert!(!parse(&["x", "worker-1", "--wait=false"]).wait);
+        assert!(Cli::try_parse_from(["x", "worker-1", "--timeout", "soon"]).is_err());
     }
 }
