@@ -372,3 +372,280 @@ pub async fn record_event(
         tracing::warn!(pod = %pod_ref(pod), reason, %error, "record event");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use http::Method;
+    use serde_json::json;
+
+    use super::*;
+    use crate::webhook::decide::{PdbFacts, ServiceFacts, ServiceType};
+    use crate::webhook::mock::{self, expect};
+
+    fn now() -> Timestamp {
+        "2026-01-01T00:00:00Z".parse().unwrap()
+    }
+
+    fn pod() -> PodFacts {
+        PodFacts {
+            namespace: "web".into(),
+            name: "web-1".into(),
+            uid: "uid-1".into(),
+            resource_version: "41".into(),
+            labels: [("app", "web"), ("pod-template-hash", "abc"), ("team", "a")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            annotations: [("note".to_string(), "x".to_string())].into(),
+            running: true,
+            ready: true,
+            terminating: false,
+            owner: Some((OwnerKind::ReplicaSet, "web-abc".into())),
+        }
+    }
+
+    fn pdb_json(rv: &str, allowed: i32) -> Value {
+        json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "web", "namespace": "web", "resourceVersion": rv, "generation": 1},
+            "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}},
+            "status": {"observedGeneration": 1, "disruptionsAllowed": allowed, "currentHealthy": 3,
+                       "desiredHealthy": 2, "expectedPods": 3}
+        })
+    }
+
+    fn snapshot() -> Snapshot {
+        Snapshot {
+            services: vec![ServiceFacts {
+                name: "web".into(),
+                service_type: ServiceType::LoadBalancer,
+                selector: [("app".to_string(), "web".to_string())].into(),
+            }],
+            pdbs: vec![PdbFacts {
+                name: "web".into(),
+                disruptions_allowed: 1,
+                observed: true,
+                lists_pod: false,
+                selector_keys: ["app".to_string()].into(),
+            }],
+            ..Snapshot::default()
+        }
+    }
+
+    fn context(client: kube::Client) -> Context {
+        let cache = Arc::new(Cache::default());
+        cache.apply_pdb(&serde_json::from_value(pdb_json("1", 1)).unwrap());
+        Context {
+            client,
+            cache,
+            identity: "webhook-0".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn isolation_sends_pdb_update_then_guarded_patch_then_event() {
+        let (client, mut api) = mock::client();
+        let ctx = context(client);
+        let delete_at: Timestamp = "2026-01-01T00:01:00Z".parse().unwrap();
+        let task = tokio::spawn(async move {
+            isolate(&ctx, &pod(), &snapshot(), delete_at, Some(20), now()).await
+        });
+        let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": "web-abc", "namespace": "web"},
+            "spec": {"selector": {"matchLabels": {"app": "web", "pod-template-hash": "abc"}}}});
+        expect(
+            &mut api,
+            Method::GET,
+            "/apis/apps/v1/namespaces/web/replicasets/web-abc",
+            200,
+            rs,
+        )
+        .await;
+        // The cached PDB is stale: the first update conflicts, we re-read and retry.
+        let pdb_path = "/apis/policy/v1/namespaces/web/poddisruptionbudgets/web";
+        let status_path = format!("{pdb_path}/status");
+        let first = expect(
+            &mut api,
+            Method::PUT,
+            &status_path,
+            409,
+            mock::status(409, "Conflict"),
+        )
+        .await;
+        assert_eq!(first.body["metadata"]["resourceVersion"], "1");
+        expect(&mut api, Method::GET, pdb_path, 200, pdb_json("2", 1)).await;
+        let update = expect(&mut api, Method::PUT, &status_path, 200, pdb_json("3", 0)).await;
+        assert_eq!(update.body["metadata"]["resourceVersion"], "2");
+        assert_eq!(update.body["status"]["disruptionsAllowed"], 0);
+        assert_eq!(
+            update.body["status"]["disruptedPods"]["web-1"],
+            "2026-01-01T00:00:00Z"
+        );
+
+        let patch = expect(
+            &mut api,
+            Method::PATCH,
+            "/api/v1/namespaces/web/pods/web-1",
+            200,
+            json!({}),
+        )
+        .await;
+        assert_eq!(patch.content_type, "application/json-patch+json");
+        assert_eq!(
+            patch.body,
+            json!([
+                {"op": "test", "path": "/metadata/resourceVersion", "value": "41"},
+                {"op": "test", "path": "/metadata/labels",
+                 "value": {"app": "web", "pod-template-hash": "abc", "team": "a"}},
+                {"op": "remove", "path": "/metadata/labels/app"},
+                {"op": "remove", "path": "/metadata/labels/pod-template-hash"},
+                {"op": "add", "path": "/metadata/labels/graceful-drain.io~1draining", "value": "true"},
+                {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1delete-at",
+                 "value": "2026-01-01T00:01:00Z"},
+                {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1grace-period-seconds",
+                 "value": "20"},
+                {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1original-labels",
+                 "value": "{\"app\":\"web\",\"pod-template-hash\":\"abc\"}"},
+            ])
+        );
+        let event = expect(
+            &mut api,
+            Method::POST,
+            "/api/v1/namespaces/web/events",
+            201,
+            json!({}),
+        )
+        .await;
+        assert_eq!(event.body["reason"], REASON_ISOLATED);
+        assert_eq!(event.body["involvedObject"]["uid"], "uid-1");
+        let outcome = task.await.unwrap().unwrap();
+        assert_eq!(
+            outcome,
+            Outcome::Isolated {
+                removed: [("app", "web"), ("pod-template-hash", "abc")]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect()
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn exhausted_pdb_after_reread_leaves_the_pod_alone() {
+        let (client, mut api) = mock::client();
+        let ctx = context(client);
+        let task =
+            tokio::spawn(
+                async move { isolate(&ctx, &pod(), &snapshot(), now(), None, now()).await },
+            );
+        let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": "web-abc", "namespace": "web"}, "spec": {"selector": {}}});
+        expect(
+            &mut api,
+            Method::GET,
+            "/apis/apps/v1/namespaces/web/replicasets/web-abc",
+            200,
+            rs,
+        )
+        .await;
+        let status_path = "/apis/policy/v1/namespaces/web/poddisruptionbudgets/web/status";
+        expect(
+            &mut api,
+            Method::PUT,
+            status_path,
+            409,
+            mock::status(409, "Conflict"),
+        )
+        .await;
+        // Another replica took the last disruption in between.
+        expect(
+            &mut api,
+            Method::GET,
+            "/apis/policy/v1/namespaces/web/poddisruptionbudgets/web",
+            200,
+            pdb_json("2", 0),
+        )
+        .await;
+        let outcome = task.await.unwrap().unwrap();
+        assert_eq!(
+            outcome,
+            Outcome::Refused(Budget::Exhausted {
+                pdb: "web/web".into()
+            })
+        );
+    }
+
+    #[tokio::test]
+    async fn failed_test_op_is_a_conflict() {
+        let (client, mut api) = mock::client();
+        let ctx = context(client);
+        let mut bare = pod();
+        bare.owner = None;
+        let snap = Snapshot {
+            pdbs: Vec::new(),
+            ..snapshot()
+        };
+        let task =
+            tokio::spawn(async move { isolate(&ctx, &bare, &snap, now(), None, now()).await });
+        expect(
+            &mut api,
+            Method::PATCH,
+            "/api/v1/namespaces/web/pods/web-1",
+            422,
+            mock::status(422, "Invalid"),
+        )
+        .await;
+        assert!(matches!(task.await.unwrap(), Err(Error::Conflict { .. })));
+    }
+
+    #[test]
+    fn charging_a_pdb_follows_the_eviction_rules() {
+        let pdb = |v: Value| serde_json::from_value::<PodDisruptionBudget>(v).unwrap();
+        let next = charge(&pdb(pdb_json("5", 2)), "web-1", now())
+            .unwrap()
+            .unwrap();
+        let status = next.status.unwrap();
+        assert_eq!(status.disruptions_allowed, 1);
+        assert!(status.disrupted_pods.unwrap().contains_key("web-1"));
+        assert_eq!(next.metadata.resource_version.as_deref(), Some("5"));
+
+        assert_eq!(
+            charge(&pdb(pdb_json("5", 0)), "web-1", now()).unwrap_err(),
+            Budget::Exhausted {
+                pdb: "web/web".into()
+            }
+        );
+        let mut listed = pdb_json("5", 0);
+        listed["status"]["disruptedPods"] = json!({"web-1": "2026-01-01T00:00:00Z"});
+        assert_eq!(charge(&pdb(listed), "web-1", now()), Ok(None));
+        let mut unobserved = pdb_json("5", 3);
+        unobserved["metadata"]["generation"] = json!(2);
+        assert_eq!(
+            charge(&pdb(unobserved), "web-1", now()).unwrap_err(),
+            Budget::NotObserved {
+                pdb: "web/web".into()
+            }
+        );
+    }
+
+    #[test]
+    fn patch_for_a_pod_without_labels_or_annotations_creates_both_maps() {
+        let mut bare = pod();
+        bare.labels.clear();
+        bare.annotations.clear();
+        let patch =
+            serde_json::to_value(isolation_patch(&bare, &BTreeMap::new(), now(), None)).unwrap();
+        assert_eq!(
+            patch,
+            json!([
+                {"op": "test", "path": "/metadata/resourceVersion", "value": "41"},
+                {"op": "add", "path": "/metadata/labels", "value": {"graceful-drain.io/draining": "true"}},
+                {"op": "add", "path": "/metadata/annotations", "value": {
+                    "graceful-drain.io/delete-at": "2026-01-01T00:00:00Z",
+                    "graceful-drain.io/original-labels": "{}"}},
+            ])
+        );
+    }
+}
