@@ -444,3 +444,44 @@ fn is_transient(error: &std::io::Error) -> bool {
         ConnectionAborted | ConnectionReset | Interrupted | WouldBlock | TimedOut
     ) || error.raw_os_error() == Some(24) // EMFILE: too many open files, retry later
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_durations_from_the_api_server() {
+        let cases = [
+            ("10s", Some(10.0)),
+            ("30s", Some(30.0)),
+            ("1m30s", Some(90.0)),
+            ("1m0s", Some(60.0)),
+            ("500ms", Some(0.5)),
+            ("1.5s", Some(1.5)),
+            ("", None),
+            ("10", None),
+            ("ten seconds", None),
+            ("5d", None),
+        ];
+        for (text, want) in cases {
+            assert_eq!(
+                parse_go_duration(text).map(|d| d.as_secs_f64()),
+                want,
+                "{text:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn holds_end_before_the_api_server_gives_up() {
+        let start = Instant::now();
+        assert_eq!(
+            hold_deadline(start, Duration::from_secs(10)),
+            start + Duration::from_secs(8)
+        );
+        assert_eq!(
+            hold_deadline(start, Duration::from_secs(1)),
+            start + Duration::from_millis(500)
+        );
+    }
+}
