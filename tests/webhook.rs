@@ -2,6 +2,8 @@
 //! ALPN, certificate rotation through a kubelet-style symlink swap, client-CA
 //! enforcement, bad input, and held DELETEs (including the ReplicaSet refusal mode).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -20,7 +20,6 @@ pub fn client() -> (kube::Client, Handle) {
 pub struct Seen {
     pub method: Method,
     pub path: String,
-    pub query: String,
     pub content_type: String,
     pub body: Value,
 }
@@ -42,7 +41,6 @@ pub async fn expect(
     let seen = Seen {
         method: parts.method.clone(),
         path: parts.uri.path().to_string(),
-        query: parts.uri.query().unwrap_or_default().to_string(),
         content_type: parts
             .headers
             .get(http::header::CONTENT_TYPE)
