@@ -357,12 +357,15 @@ pub fn delete_at_of(pod: &PodFacts) -> Option<Timestamp> {
         .and_then(|v| v.parse::<Timestamp>().ok())
 }
 
-/// `now + delay`, saturating at the largest representable time.
+/// `now + delay` rounded up to a whole second (annotations stay readable and a pod is
+/// never deleted early), saturating at the largest representable time.
 pub fn add(now: Timestamp, delay: Duration) -> Timestamp {
-    jiff::SignedDuration::try_from(delay)
+    let exact = jiff::SignedDuration::try_from(delay)
         .ok()
         .and_then(|d| now.checked_add(d).ok())
-        .unwrap_or(Timestamp::MAX)
+        .unwrap_or(Timestamp::MAX);
+    let whole = exact.as_second() + i64::from(exact.subsec_nanosecond() > 0);
+    Timestamp::from_second(whole).unwrap_or(exact)
 }
 
 /// Which controller labels the relabelling prefers to keep, by owner kind, and whether the
@@ -850,6 +853,10 @@ mod tests {
         assert_eq!(
             add(now(), Duration::from_secs(90)).to_string(),
             "2026-01-01T00:01:30Z"
+        );
+        assert_eq!(
+            add(now(), Duration::from_millis(1500)).to_string(),
+            "2026-01-01T00:00:02Z"
         );
     }
 }

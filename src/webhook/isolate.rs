@@ -648,4 +648,148 @@ mod tests {
             ])
         );
     }
+
+    /// A tiny in-memory API server with real resourceVersion semantics for the PDB
+    /// status and JSON-patch `test` ops on pods, shared by several webhook "replicas".
+    #[derive(Default)]
+    struct Fake {
+        pdb: Value,
+        pods: std::collections::HashMap<String, Value>,
+        isolated: usize,
+        fewest_serving: usize,
+    }
+
+    const PODS: usize = 6;
+    const MIN_AVAILABLE: usize = 4;
+
+    fn fake_pod(i: usize) -> Value {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": format!("web-{i}"), "namespace": "web", "uid": format!("uid-{i}"),
+                            "resourceVersion": "1", "labels": {"app": "web"}}})
+    }
+
+    async fn serve_fake(
+        fake: Arc<std::sync::Mutex<Fake>>,
+        req: http::Request<kube::client::Body>,
+    ) -> Result<http::Response<kube::client::Body>, std::convert::Infallible> {
+        use http_body_util::BodyExt;
+        let (parts, body) = req.into_parts();
+        let body: Value = serde_json::from_slice(&body.collect().await.unwrap().to_bytes())
+            .unwrap_or(Value::Null);
+        let path = parts.uri.path().to_string();
+        let (code, reply) = {
+            let mut f = fake.lock().unwrap();
+            let pdb_path = "/apis/policy/v1/namespaces/web/poddisruptionbudgets/web";
+            match parts.method {
+                Method::GET if path == pdb_path => (200, f.pdb.clone()),
+                Method::PUT if path == format!("{pdb_path}/status") => {
+                    let current = f.pdb["metadata"]["resourceVersion"]
+                        .as_str()
+                        .unwrap()
+                        .parse::<u64>()
+                        .unwrap();
+                    if body["metadata"]["resourceVersion"] != json!(current.to_string()) {
+                        (409, mock::status(409, "Conflict"))
+                    } else {
+                        let mut next = body.clone();
+                        next["metadata"]["resourceVersion"] = json!((current + 1).to_string());
+                        f.pdb = next.clone();
+                        (200, next)
+                    }
+                }
+                Method::PATCH => {
+                    let name = path.rsplit('/').next().unwrap().to_string();
+                    let patch: json_patch::Patch = serde_json::from_value(body).unwrap();
+                    let mut pod = f.pods[&name].clone();
+                    match json_patch::patch(&mut pod, &patch) {
+                        Err(_) => (422, mock::status(422, "Invalid")),
+                        Ok(()) => {
+                            let rv: u64 = pod["metadata"]["resourceVersion"]
+                                .as_str()
+                                .unwrap()
+                                .parse()
+                                .unwrap();
+                            pod["metadata"]["resourceVersion"] = json!((rv + 1).to_string());
+                            f.pods.insert(name, pod.clone());
+                            f.isolated += 1;
+                            f.fewest_serving = f.fewest_serving.min(PODS - f.isolated);
+                            (200, pod)
+                        }
+                    }
+                }
+                Method::POST => (201, json!({})),
+                _ => (404, mock::status(404, "NotFound")),
+            }
+        };
+        Ok(http::Response::builder()
+            .status(code)
+            .body(kube::client::Body::from(
+                serde_json::to_vec(&reply).unwrap(),
+            ))
+            .unwrap())
+    }
+
+    /// Three replicas with stale caches race to isolate six pods behind a PDB with
+    /// minAvailable 4: exactly two are isolated and at no moment do fewer than four serve.
+    #[tokio::test]
+    async fn concurrent_isolations_never_break_min_available() {
+        let mut pdb = pdb_json("1", 2);
+        pdb["spec"]["minAvailable"] = json!(MIN_AVAILABLE);
+        let fake = Arc::new(std::sync::Mutex::new(Fake {
+            pdb: pdb.clone(),
+            pods: (0..PODS)
+                .map(|i| (format!("web-{i}"), fake_pod(i)))
+                .collect(),
+            fewest_serving: PODS,
+            ..Fake::default()
+        }));
+        let replicas: Vec<Context> = (0..3)
+            .map(|r| {
+                let fake = fake.clone();
+                let service = tower::service_fn(move |req| serve_fake(fake.clone(), req));
+                let cache = Arc::new(Cache::default());
+                cache.apply_pdb(&serde_json::from_value(pdb.clone()).unwrap());
+                Context {
+                    client: kube::Client::new(service, "default"),
+                    cache,
+                    identity: format!("w{r}"),
+                }
+            })
+            .collect();
+        let mut tasks = Vec::new();
+        for i in 0..PODS {
+            let ctx = replicas[i % 3].clone();
+            tasks.push(tokio::spawn(async move {
+                let mut facts = pod();
+                facts.name = format!("web-{i}");
+                facts.uid = format!("uid-{i}");
+                facts.resource_version = "1".into();
+                facts.labels = [("app".to_string(), "web".to_string())].into();
+                facts.owner = None;
+                facts.annotations.clear();
+                isolate(&ctx, &facts, &snapshot(), now(), None, now()).await
+            }));
+        }
+        let mut isolated = 0;
+        for task in tasks {
+            match task.await.unwrap().unwrap() {
+                Outcome::Isolated { .. } => isolated += 1,
+                Outcome::Refused(Budget::Exhausted { .. }) => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        let f = fake.lock().unwrap();
+        assert_eq!(isolated, 2);
+        assert_eq!(f.isolated, 2);
+        assert!(
+            f.fewest_serving >= MIN_AVAILABLE,
+            "only {} served",
+            f.fewest_serving
+        );
+        assert_eq!(f.pdb["status"]["disruptionsAllowed"], 0);
+        assert_eq!(
+            f.pdb["status"]["disruptedPods"].as_object().unwrap().len(),
+            2
+        );
+    }
 }
