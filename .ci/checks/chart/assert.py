@@ -3,6 +3,7 @@
 Usage: assert.py split RENDERED OUTDIR      -> OUTDIR/core.yaml, OUTDIR/cert-manager.json, counts
        assert.py check MODE RENDERED [CA_BUNDLE]
        assert.py docs VALUES_YAML DOC_MD          -> every value is in the doc's table
+       assert.py cli BINARY RENDERED              -> the binary's CLI accepts each workload's args
 MODE is cert-manager, self-signed or secret. Exits non-zero with one line per failure.
 """
 
@@ -236,6 +237,47 @@ def check(mode, rendered, ca_bundle=None):
         sys.exit(1)
 
 
+# Stand-ins for the downward API when running a workload's command line outside a pod.
+FIELD_VALUES = {"metadata.namespace": "graceful-drain", "metadata.name": "pod-0",
+                "spec.nodeName": "node-1"}
+# clap exits with this code when it rejects the command line.
+CLAP_USAGE_ERROR = 2
+
+
+def cli(binary, rendered):
+    """Runs each workload's rendered command line against the real binary: clap must accept
+    it. The run then fails on purpose (no cluster, no certificate) or is stopped after a
+    few seconds; both mean the flags and environment parsed."""
+    failures = 0
+    for doc in load(rendered):
+        if doc["kind"] not in ("Deployment", "DaemonSet"):
+            continue
+        c = container(doc)
+        env = {"PATH": os.environ.get("PATH", ""), "KUBECONFIG": "/nonexistent/kubeconfig",
+               "HOME": tempfile.gettempdir()}
+        for e in c.get("env", []):
+            field = e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+            env[e["name"]] = FIELD_VALUES[field] if field else e["value"]
+        # Point the sockets' folders at a scratch directory, never at the real kubelet's.
+        with tempfile.TemporaryDirectory() as scratch:
+            args = [a.replace("=/var/lib/kubelet", f"={scratch}") for a in c["args"]]
+            try:
+                run = subprocess.run([binary, *args], env=env, capture_output=True, text=True,
+                                     timeout=5, check=False)
+                code, err = run.returncode, run.stderr
+            except subprocess.TimeoutExpired:
+                code, err = None, ""
+        if code == CLAP_USAGE_ERROR:
+            failures += 1
+            print(f"FAIL {doc['kind']} {doc['metadata']['name']}: the binary rejects its "
+                  f"command line {' '.join(c['args'])}:\n{err.strip()}")
+        else:
+            print(f"{doc['kind']} {doc['metadata']['name']}: command line accepted "
+                  f"({'still running after 5 s' if code is None else f'exit {code}'})")
+    if failures:
+        sys.exit(1)
+
+
 # Values documented as one row although they are maps (their keys are free-form).
 WHOLE_VALUES = {"webhook.resources", "agent.resources", "agent.updateStrategy"}
 
@@ -266,7 +308,9 @@ def docs(values_yaml, doc_md):
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "docs":
+    if sys.argv[1] == "cli":
+        cli(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "docs":
         docs(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "split":
         split(sys.argv[2], sys.argv[3])
