@@ -1,6 +1,10 @@
 //! `graceful-drain simulate`: the simulated cluster (DESIGN §7).
 
 pub mod apiserver;
+pub mod cluster;
+pub mod controllers;
+pub mod lb;
+pub mod traffic;
 
 /// Arguments of `graceful-drain simulate`.
 #[derive(Clone, Debug, clap::Args)]
