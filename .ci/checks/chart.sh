@@ -159,7 +159,7 @@ echo "chart: the binary accepts the rendered command lines"
 BIN="${GRACEFUL_DRAIN_BIN:-target/debug/graceful-drain}"
 # A subcommand still stubbed on this branch has only the shared flags (--kubeconfig,
 # --context, --log-format, --help, --version); its check waits for the real one.
-implemented() { [ "$("$BIN" "$1" --help 2>/dev/null | grep -c '^ *-.*--[a-z]')" -gt 5 ]; }
+implemented() { [ "$("$BIN" "$1" --help 2>/dev/null | grep -cE '^ *(-[a-zA-Z], )?--[a-z]')" -gt 5 ]; }
 if [ ! -x "$BIN" ]; then
   say "skipped: no $BIN (cargo build first)"
 elif implemented webhook && implemented node-agent; then
