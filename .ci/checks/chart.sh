@@ -175,12 +175,12 @@ echo "chart: kubectl apply to the simulated cluster"
 # render self-signed mode again against that cluster: `lookup` must find the Secret and
 # reuse its certificate (what keeps caBundle stable across `helm upgrade`).
 sim_apply() {
-  local kc="$WORK/sim.kubeconfig" log="$WORK/sim.log" pid i
+  local kc="$WORK/sim.kubeconfig" log="$WORK/sim.log" pid
   "$BIN" simulate --serve --nodes 1 --kubeconfig-out "$kc" >"$log" 2>&1 &
   pid=$!
   # shellcheck disable=SC2064
   trap "kill $pid 2>/dev/null; rm -rf '$WORK'" EXIT
-  for i in $(seq 1 150); do # up to 30 s
+  for _ in $(seq 1 150); do # up to 30 s
     [ -s "$kc" ] && kubectl --kubeconfig "$kc" get --raw /version >/dev/null 2>&1 && break
     kill -0 "$pid" 2>/dev/null || { cat "$log"; die "simulate --serve exited"; }
     sleep 0.2
