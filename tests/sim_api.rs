@@ -950,3 +950,206 @@ async fn admission_webhooks_mutate_deny_and_fail_like_the_api_server() {
     assert!(stats.admission_failures["bad-ignore.example.com"] >= 1);
     assert_eq!(stats.admission_failures["slow.example.com"], 1);
 }
+
+// ---------------------------------------------------------------------------------
+// CRDs, garbage collection, events, leases
+
+use graceful_drain::lifecycle::types::{LifecycleEvent, LifecycleEventSpec};
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+
+#[tokio::test]
+async fn crds_serve_cluster_scoped_lifecycle_events_with_status() {
+    let (api, _shutdown) = server(Config::default()).await;
+    let client = api.client("admin");
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(&PostParams::default(), &LifecycleEvent::crd())
+        .await
+        .unwrap();
+    let crd = crds.get("lifecycleevents.lifecycle.k8s.io").await.unwrap();
+    let conditions = crd.status.unwrap().conditions.unwrap();
+    assert!(
+        conditions
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True")
+    );
+
+    // Discovery lists the new group for kubectl and kube's dynamic APIs.
+    let discovery = kube::Discovery::new(client.clone()).run().await.unwrap();
+    assert!(discovery.has_group("lifecycle.k8s.io"));
+
+    let events: Api<LifecycleEvent> = Api::all(client.clone());
+    let mut event = LifecycleEvent::new(
+        "drain-n1",
+        LifecycleEventSpec {
+            transition_name: "drain".into(),
+            binding_node: "n1".into(),
+        },
+    );
+    event.status = Some(serde_json::from_value(json!({"claimStatus": "Claimed"})).unwrap());
+    let created = events.create(&PostParams::default(), &event).await.unwrap();
+    // Whatever the client sends, a new event starts Pending.
+    assert_eq!(
+        serde_json::to_value(created.status.unwrap()).unwrap()["claimStatus"],
+        "Pending"
+    );
+    let other = LifecycleEvent::new(
+        "drain-n2",
+        LifecycleEventSpec {
+            transition_name: "drain".into(),
+            binding_node: "n2".into(),
+        },
+    );
+    events.create(&PostParams::default(), &other).await.unwrap();
+    let on_n1 = events
+        .list(&ListParams::default().fields("spec.bindingNode=n1"))
+        .await
+        .unwrap();
+    assert_eq!(on_n1.items.len(), 1);
+    let claimed = events
+        .patch_status(
+            "drain-n1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"claimStatus": "Claimed"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        serde_json::to_value(claimed.status.unwrap()).unwrap()["claimStatus"],
+        "Claimed"
+    );
+    // Custom resources take merge patches but not strategic ones.
+    let strategic = events
+        .patch(
+            "drain-n1",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"metadata": {"labels": {"a": "b"}}})),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(api_error(strategic).code, 415);
+
+    // Deleting the CRD stops serving its resources.
+    crds.delete("lifecycleevents.lifecycle.k8s.io", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        api_error(events.list(&ListParams::default()).await.unwrap_err()).code,
+        404
+    );
+}
+
+#[tokio::test]
+async fn owners_cascade_events_record_and_leases_guard_updates() {
+    let (api, _shutdown) = server(Config::default()).await;
+    let client = api.client("admin");
+
+    // Deleting a Deployment removes its ReplicaSet, whose pods then start terminating.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "default");
+    let replicasets: Api<ReplicaSet> = Api::namespaced(client.clone(), "default");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let template = json!({"metadata": {"labels": {"app": "web"}},
+                          "spec": {"containers": [{"name": "app", "image": "web:1"}]}});
+    let deploy: Deployment = serde_json::from_value(json!({"metadata": {"name": "web"},
+        "spec": {"selector": {"matchLabels": {"app": "web"}}, "template": template}}))
+    .unwrap();
+    let deploy = deployments
+        .create(&PostParams::default(), &deploy)
+        .await
+        .unwrap();
+    assert_eq!(deploy.spec.as_ref().unwrap().replicas, Some(1));
+    let owner = |kind: &str, name: &str, uid: &Option<String>| json!([{"apiVersion": "apps/v1", "kind": kind, "name": name, "uid": uid, "controller": true}]);
+    let rs: ReplicaSet = serde_json::from_value(json!({"metadata": {"name": "web-1", "ownerReferences": owner("Deployment", "web", &deploy.metadata.uid)},
+        "spec": {"selector": {"matchLabels": {"app": "web"}}, "template": template}})).unwrap();
+    let rs = replicasets
+        .create(&PostParams::default(), &rs)
+        .await
+        .unwrap();
+    let mut owned = pod("web-1-a", Some("n1"), json!({"app": "web"}));
+    owned.metadata.owner_references =
+        serde_json::from_value(owner("ReplicaSet", "web-1", &rs.metadata.uid)).unwrap();
+    pods.create(&PostParams::default(), &owned).await.unwrap();
+    deployments
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert!(replicasets.get_opt("web-1").await.unwrap().is_none());
+    assert!(
+        pods.get("web-1-a")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_some()
+    );
+
+    // kube-runtime's event recorder creates events.k8s.io/v1 Events.
+    let recorder = kube::runtime::events::Recorder::new(
+        client.clone(),
+        kube::runtime::events::Reporter {
+            controller: "graceful-drain".into(),
+            instance: None,
+        },
+    );
+    let reference = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some("web-1-a".into()),
+        namespace: Some("default".into()),
+        ..Default::default()
+    };
+    let event = kube::runtime::events::Event {
+        type_: kube::runtime::events::EventType::Normal,
+        reason: "Isolated".into(),
+        note: Some("removed from endpoints".into()),
+        action: "Isolate".into(),
+        secondary: None,
+    };
+    recorder.publish(&event, &reference).await.unwrap();
+    recorder.publish(&event, &reference).await.unwrap();
+    let recorded: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), "default");
+    let items = recorded.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0].reason.as_deref(), Some("Isolated"));
+
+    // Two leader candidates racing on one Lease: the stale writer gets 409.
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), "default");
+    let lease = leases
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "leader"},
+            "spec": {"holderIdentity": "a", "leaseDurationSeconds": 15}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let mut first = lease.clone();
+    first.spec.as_mut().unwrap().holder_identity = Some("b".into());
+    leases
+        .replace("leader", &PostParams::default(), &first)
+        .await
+        .unwrap();
+    let mut second = lease;
+    second.spec.as_mut().unwrap().holder_identity = Some("c".into());
+    let lost = api_error(
+        leases
+            .replace("leader", &PostParams::default(), &second)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(lost.code, 409);
+    assert_eq!(
+        leases
+            .get("leader")
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .holder_identity
+            .as_deref(),
+        Some("b")
+    );
+}
