@@ -1,13 +1,326 @@
 //! `graceful-drain webhook`: HTTPS admission server, deferred deleter and admin port.
+//!
+//! Data flow: four metadata-sized watches fill [`cache::Cache`]; each AdmissionReview is
+//! parsed ([`review`]), decided as a pure function of the request and a cache snapshot
+//! ([`decide`]), acted on ([`isolate`]: PDB accounting, relabelling patch, Event) and
+//! answered ([`server`]). Isolated pods carry their own delete time; the deferred deleter
+//! ([`deleter`]) deletes them while this replica holds the Lease ([`lease`]).
 
-/// Arguments of `graceful-drain webhook`.
+pub mod cache;
+pub mod configurations;
+pub mod decide;
+pub mod deleter;
+pub mod isolate;
+pub mod lease;
+pub mod metrics;
+pub mod review;
+pub mod server;
+pub mod tls;
+
+#[cfg(test)]
+mod mock;
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+use kube::Api;
+use kube::api::PostParams;
+use prometheus_client::registry::Registry;
+
+pub use configurations::{ConfigurationsSpec, Target, webhook_configurations};
+pub use decide::Exposure;
+
+use crate::admin::Readiness;
+use crate::runtime::{Shutdown, spawn_owned};
+
+/// Default deregistration delay: ALBs were seen routing to draining targets for 15–19 s
+/// and kube-proxy needs about 1 s; 60 s covers that three times over. Operators with
+/// longer target-group deregistration delays raise it per namespace or pod.
+pub const DEFAULT_DEREGISTRATION_DELAY: &str = "60s";
+/// Default request body limit: a pod is at most ~1.5 MiB in etcd and a DELETE review
+/// carries it once (an eviction carries a tiny Eviction); 8 MiB leaves room for both
+/// objects of any review while bounding memory per connection.
+pub const DEFAULT_MAX_BODY: usize = 8 * 1024 * 1024;
+
+/// Arguments of `graceful-drain webhook`. Option groups are boxed so the CLI's
+/// subcommand enum stays small.
 #[derive(Clone, Debug, clap::Args)]
 pub struct Args {
+    /// HTTPS address of the admission endpoints (port 0 picks one; the bound address is logged).
+    #[arg(long, env = "GRACEFUL_DRAIN_LISTEN", default_value = "0.0.0.0:9443")]
+    pub listen: SocketAddr,
+    /// Plain-HTTP admin address (/livez, /readyz, /metrics).
+    #[arg(
+        long,
+        env = "GRACEFUL_DRAIN_ADMIN_LISTEN",
+        default_value = "0.0.0.0:9090"
+    )]
+    pub admin_listen: SocketAddr,
+    #[command(flatten)]
+    pub tls: Box<TlsArgs>,
+    /// The webhooks' timeoutSeconds; the budget of a held DELETE when the API server does
+    /// not send one.
+    #[arg(long, env = "GRACEFUL_DRAIN_WEBHOOK_TIMEOUT_SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u32).range(1..=30))]
+    pub timeout_seconds: u32,
+    /// Default time between isolation and deletion.
+    #[arg(long, env = "GRACEFUL_DRAIN_DEREGISTRATION_DELAY", default_value = DEFAULT_DEREGISTRATION_DELAY,
+          value_parser = humantime::parse_duration)]
+    pub deregistration_delay: Duration,
+    /// Namespace of the deleter's Lease.
+    #[arg(
+        long,
+        env = "GRACEFUL_DRAIN_NAMESPACE",
+        default_value = "graceful-drain"
+    )]
+    pub lease_namespace: String,
+    /// Name of the deleter's Lease.
+    #[arg(long, default_value = "graceful-drain-webhook")]
+    pub lease_name: String,
+    /// Holder identity in the Lease and Events (defaults to the hostname).
+    #[arg(long, env = "GRACEFUL_DRAIN_POD_NAME")]
+    pub identity: Option<String>,
+    #[command(flatten)]
+    pub policy: Box<PolicyArgs>,
     #[command(flatten)]
     pub kube: crate::kubeclient::KubeArgs,
 }
 
+/// Serving certificate options.
+#[derive(Clone, Debug, clap::Args)]
+pub struct TlsArgs {
+    /// Serving certificate (PEM); re-read when it changes.
+    #[arg(long, value_name = "FILE", default_value = "/tls/tls.crt")]
+    pub tls_cert: PathBuf,
+    /// Serving key (PEM); re-read when it changes.
+    #[arg(long, value_name = "FILE", default_value = "/tls/tls.key")]
+    pub tls_key: PathBuf,
+    /// Serve only callers presenting a client certificate signed by this CA (PEM).
+    #[arg(long, value_name = "FILE")]
+    pub client_ca: Option<PathBuf>,
+}
+
+/// What the webhook handles and how.
+#[derive(Clone, Debug, clap::Args)]
+pub struct PolicyArgs {
+    /// Which pods count as exposed to load balancers.
+    #[arg(long, value_enum, default_value_t, env = "GRACEFUL_DRAIN_EXPOSURE")]
+    pub exposure: Exposure,
+    /// Delete only once the pod has left every EndpointSlice plus this margin (and its
+    /// delete time has passed). Off by default.
+    #[arg(long, value_name = "MARGIN", value_parser = humantime::parse_duration)]
+    pub wait_for_endpoints: Option<Duration>,
+    /// Namespaces never handled (repeatable), in addition to namespaces labelled
+    /// `graceful-drain.io/exclude=true`.
+    #[arg(long = "exclude-namespace", value_name = "NS", default_values_t = ["kube-system".to_string()])]
+    pub exclude_namespaces: Vec<String>,
+    /// Refuse the ReplicaSet controller's DELETE of a pod once it is isolated, so rollouts
+    /// wait for the full delay. Never refuses any other caller.
+    #[arg(long, env = "GRACEFUL_DRAIN_REFUSE_REPLICASET_DELETES")]
+    pub refuse_replicaset_deletes: bool,
+    /// Our own username(s), whose requests pass through (repeatable). Discovered with a
+    /// SelfSubjectReview when not given.
+    #[arg(
+        long = "own-user",
+        value_name = "USER",
+        env = "GRACEFUL_DRAIN_OWN_USER",
+        value_delimiter = ','
+    )]
+    pub own_users: Vec<String>,
+    /// Largest accepted AdmissionReview body, in bytes.
+    #[arg(long, default_value_t = DEFAULT_MAX_BODY)]
+    pub max_body_bytes: usize,
+    /// After SIGTERM keep serving this long (not ready) so the Service stops routing to
+    /// us before we stop accepting.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub shutdown_delay: Duration,
+}
+
+fn default_identity() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| format!("graceful-drain-{}", uuid::Uuid::new_v4()))
+}
+
+/// Asks the API server who we are, so our own DELETEs pass through.
+async fn discover_own_user(client: &kube::Client) -> Option<String> {
+    let api = Api::<SelfSubjectReview>::all(client.clone());
+    match api
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await
+    {
+        Ok(review) => review.status?.user_info?.username,
+        Err(error) => {
+            tracing::warn!(%error, "SelfSubjectReview failed; pass --own-user so our own deletes pass through");
+            None
+        }
+    }
+}
+
+/// Marks readiness from the certificate and caches, and re-checks the certificate files
+/// even when no handshake happens (so a broken rotation shows on /readyz).
+async fn watch_readiness(
+    resolver: Arc<tls::ReloadingResolver>,
+    cache: Arc<cache::Cache>,
+    readiness: Readiness,
+    shutdown: Shutdown,
+) -> Result<(), std::convert::Infallible> {
+    let mut tick = tokio::time::interval(tls::RECHECK);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => {
+                readiness.not_ready("webhook", "shutting down");
+                return Ok(());
+            }
+            _ = tick.tick() => {}
+        }
+        resolver.maybe_reload();
+        if resolver.loaded() {
+            readiness.ready("certificate");
+        }
+        if cache.synced() {
+            readiness.ready("caches");
+        }
+    }
+}
+
 /// Runs the webhook until `shutdown`.
-pub async fn run(_args: Args, _shutdown: crate::runtime::Shutdown) -> anyhow::Result<()> {
-    anyhow::bail!("webhook: not implemented yet")
+pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
+    let Args {
+        listen,
+        admin_listen,
+        tls,
+        timeout_seconds,
+        deregistration_delay,
+        lease_namespace,
+        lease_name,
+        identity,
+        policy,
+        kube,
+    } = args;
+    let TlsArgs {
+        tls_cert,
+        tls_key,
+        client_ca,
+    } = *tls;
+    let PolicyArgs {
+        exposure,
+        wait_for_endpoints,
+        exclude_namespaces,
+        refuse_replicaset_deletes,
+        own_users,
+        max_body_bytes,
+        shutdown_delay,
+    } = *policy;
+    let client = kube.client().await?;
+    let identity = identity.unwrap_or_else(default_identity);
+    let mut own: BTreeSet<String> = own_users.into_iter().collect();
+    if own.is_empty() {
+        own.extend(discover_own_user(&client).await);
+    }
+    tracing::info!(%identity, own_users = ?own, "starting webhook");
+
+    let mut registry = Registry::default();
+    let metrics = Arc::new(metrics::Metrics::new(&mut registry));
+    let readiness = Readiness::default();
+    readiness.register("certificate", "serving certificate not loaded");
+    readiness.register("caches", "caches not synced");
+    readiness.ready("webhook");
+
+    let resolver = Arc::new(tls::ReloadingResolver::new(tls_cert, tls_key));
+    if let Err(error) = resolver.reload() {
+        tracing::warn!(%error, "serving certificate not available yet; retrying");
+    }
+    let tls_config = Arc::new(tls::server_config(resolver.clone(), client_ca.as_deref())?);
+    let cache = Arc::new(cache::Cache::new(exclude_namespaces));
+    let ctx = isolate::Context {
+        client: client.clone(),
+        cache: cache.clone(),
+        identity: identity.clone(),
+    };
+
+    spawn_owned(
+        "cache",
+        shutdown.clone(),
+        cache::run(cache.clone(), client.clone()),
+    );
+    spawn_owned(
+        "readiness",
+        shutdown.clone(),
+        watch_readiness(resolver, cache.clone(), readiness.clone(), shutdown.clone()),
+    );
+    let (leader_tx, leader_rx) = tokio::sync::watch::channel(false);
+    let elector = lease::Elector::new(client.clone(), &lease_namespace, &lease_name, &identity);
+    spawn_owned(
+        "lease",
+        shutdown.clone(),
+        elector.run(leader_tx, shutdown.clone()),
+    );
+    let deleter = deleter::Deleter::new(ctx.clone(), metrics.clone(), wait_for_endpoints);
+    spawn_owned(
+        "deleter",
+        shutdown.clone(),
+        deleter.run(leader_rx, shutdown.clone()),
+    );
+
+    let (admin_addr, admin) = crate::admin::bind(
+        admin_listen,
+        readiness.clone(),
+        Arc::new(registry),
+        shutdown.clone(),
+    )
+    .await?;
+    tracing::info!(%admin_addr, "admin port listening");
+    spawn_owned("admin", shutdown.clone(), admin);
+
+    let state = Arc::new(server::AppState {
+        ctx,
+        settings: decide::Settings {
+            default_delay: deregistration_delay,
+            exposure,
+            own_users: own,
+        },
+        metrics,
+        refuse_replicaset_deletes,
+        default_timeout: Duration::from_secs(u64::from(timeout_seconds)),
+        shutdown: Shutdown::new(),
+    });
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("bind webhook port {listen}"))?;
+    let bound = listener.local_addr().context("webhook local address")?;
+    tracing::info!(addr = %bound, "admission webhook listening (HTTPS)");
+
+    // Two-stage shutdown: stay up (not ready) for `shutdown_delay`, then stop accepting and
+    // answer held reviews at once.
+    let serving = Shutdown::new();
+    let stages = {
+        let (serving, holds, readiness) =
+            (serving.clone(), state.shutdown.clone(), readiness.clone());
+        let shutdown = shutdown.clone();
+        async move {
+            shutdown.cancelled().await;
+            readiness.not_ready("webhook", "shutting down");
+            tokio::time::sleep(shutdown_delay).await;
+            holds.cancel();
+            serving.cancel();
+        }
+    };
+    tokio::spawn(stages);
+    server::serve(
+        listener,
+        tls_config,
+        server::router(state, max_body_bytes),
+        serving,
+    )
+    .await?;
+    Ok(())
 }

@@ -1,0 +1,620 @@
+//! Small, indexed caches of the cluster state the decision needs.
+//!
+//! Four watches feed compact projections, never whole objects: EndpointSlices (only
+//! `service-name`, and per endpoint the pod name, UID and readiness, indexed by pod),
+//! Services (type and selector), Namespaces (metadata only: opt-out label and delay
+//! annotation) and PodDisruptionBudgets (kept whole: they are few and the status update
+//! needs them). No pod is cached here; the deferred deleter watches isolated pods only.
+//! Lookups are hash-map hits per pod, never a scan of all Services.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::Api;
+use kube::core::PartialObjectMeta;
+use kube::core::{Selector, SelectorExt};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+
+use super::decide::{
+    EndpointFacts, NamespaceFacts, PdbFacts, PodFacts, ServiceFacts, ServiceType, Snapshot,
+};
+use crate::labels::{DELAY_ANNOTATION, OPT_OUT_LABEL};
+
+/// Label EndpointSlice controllers put on a slice naming its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// Errors of the cache watches.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A watch stream ended, which only happens when the client is gone.
+    #[error("watch of {0} ended")]
+    Ended(&'static str),
+}
+
+type Key = (String, String);
+
+#[derive(Clone, Debug)]
+struct SliceEndpoint {
+    pod: Box<str>,
+    uid: Option<Box<str>>,
+    ready: bool,
+}
+
+#[derive(Clone, Debug, Default)]
+struct SliceEntry {
+    service: Option<Box<str>>,
+    endpoints: Vec<SliceEndpoint>,
+}
+
+/// EndpointSlices projected and indexed by the pods they name.
+#[derive(Debug, Default)]
+pub struct Slices {
+    by_slice: HashMap<Key, SliceEntry>,
+    by_pod: HashMap<Key, Vec<Box<str>>>,
+}
+
+impl Slices {
+    fn upsert(&mut self, slice: &EndpointSlice) {
+        let key = key_of(&slice.metadata);
+        self.remove(&key);
+        let service = slice
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(SERVICE_NAME_LABEL))
+            .map(|s| s.as_str().into());
+        let endpoints: Vec<SliceEndpoint> = slice
+            .endpoints
+            .iter()
+            .filter_map(|ep| {
+                let target = ep.target_ref.as_ref()?;
+                if target.kind.as_deref() != Some("Pod") {
+                    return None;
+                }
+                Some(SliceEndpoint {
+                    pod: target.name.as_deref()?.into(),
+                    uid: target.uid.as_deref().map(Into::into),
+                    ready: ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true),
+                })
+            })
+            .collect();
+        for ep in &endpoints {
+            let pods = self
+                .by_pod
+                .entry((key.0.clone(), ep.pod.to_string()))
+                .or_default();
+            if !pods.iter().any(|s| **s == *key.1) {
+                pods.push(key.1.as_str().into());
+            }
+        }
+        self.by_slice.insert(key, SliceEntry { service, endpoints });
+    }
+
+    fn remove(&mut self, key: &Key) {
+        let Some(old) = self.by_slice.remove(key) else {
+            return;
+        };
+        for ep in old.endpoints {
+            let pod_key = (key.0.clone(), ep.pod.to_string());
+            if let Some(slices) = self.by_pod.get_mut(&pod_key) {
+                slices.retain(|s| **s != *key.1);
+                if slices.is_empty() {
+                    self.by_pod.remove(&pod_key);
+                }
+            }
+        }
+    }
+
+    /// Every endpoint naming pod `namespace/name`.
+    pub fn endpoints_of(&self, namespace: &str, name: &str) -> Vec<EndpointFacts> {
+        let key = (namespace.to_string(), name.to_string());
+        let Some(slices) = self.by_pod.get(&key) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for slice in slices {
+            let Some(entry) = self.by_slice.get(&(key.0.clone(), slice.to_string())) else {
+                continue;
+            };
+            for ep in entry.endpoints.iter().filter(|ep| *ep.pod == *name) {
+                out.push(EndpointFacts {
+                    service: entry.service.as_deref().map(str::to_string),
+                    ready: ep.ready,
+                    uid: ep.uid.as_deref().map(str::to_string),
+                });
+            }
+        }
+        out
+    }
+
+    /// Number of slices and indexed pods (for tests and the benchmark).
+    pub fn len(&self) -> (usize, usize) {
+        (self.by_slice.len(), self.by_pod.len())
+    }
+}
+
+#[derive(Clone, Debug)]
+struct ServiceEntry {
+    service_type: ServiceType,
+    selector: Vec<(Box<str>, Box<str>)>,
+}
+
+/// The caches, shared by the admission handlers and the deleter.
+#[derive(Debug, Default)]
+pub struct Cache {
+    slices: RwLock<Slices>,
+    services: RwLock<HashMap<Key, ServiceEntry>>,
+    namespaces: RwLock<HashMap<String, NamespaceFacts>>,
+    pdbs: RwLock<HashMap<String, HashMap<String, Arc<PodDisruptionBudget>>>>,
+    /// Isolated pods and their delete time, fed by the deleter's watch.
+    isolated: RwLock<HashMap<Key, jiff::Timestamp>>,
+    excluded_namespaces: BTreeSet<String>,
+    synced: [AtomicBool; 4],
+}
+
+fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Key {
+    (
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Label keys whose removal makes `selector` stop matching: `matchLabels` keys and the
+/// keys of `In`/`Exists` expressions.
+pub fn selector_keys(selector: &LabelSelector) -> BTreeSet<String> {
+    let mut keys: BTreeSet<String> = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .map(|(k, _)| k.clone())
+        .collect();
+    for expr in selector.match_expressions.iter().flatten() {
+        if expr.operator == "In" || expr.operator == "Exists" {
+            keys.insert(expr.key.clone());
+        }
+    }
+    keys
+}
+
+/// Whether a PDB selects pods with `labels` (policy/v1: a null selector selects nothing,
+/// an empty one everything).
+fn pdb_selects(
+    pdb: &PodDisruptionBudget,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    let Some(selector) = pdb.spec.as_ref().and_then(|s| s.selector.clone()) else {
+        return false;
+    };
+    Selector::try_from(selector).is_ok_and(|s| s.matches(labels))
+}
+
+fn pdb_facts(pdb: &PodDisruptionBudget, pod: &str) -> PdbFacts {
+    let status = pdb.status.as_ref();
+    let generation = pdb.metadata.generation.unwrap_or(0);
+    PdbFacts {
+        name: pdb.metadata.name.clone().unwrap_or_default(),
+        disruptions_allowed: status.map_or(0, |s| s.disruptions_allowed),
+        observed: status
+            .and_then(|s| s.observed_generation)
+            .is_some_and(|g| g >= generation),
+        lists_pod: status
+            .and_then(|s| s.disrupted_pods.as_ref())
+            .is_some_and(|d| d.contains_key(pod)),
+        selector_keys: pdb
+            .spec
+            .as_ref()
+            .and_then(|s| s.selector.as_ref())
+            .map(selector_keys)
+            .unwrap_or_default(),
+    }
+}
+
+impl Cache {
+    /// An empty cache; namespaces in `excluded` are always opted out.
+    pub fn new(excluded: impl IntoIterator<Item = String>) -> Cache {
+        Cache {
+            excluded_namespaces: excluded.into_iter().collect(),
+            ..Cache::default()
+        }
+    }
+
+    /// Whether every watch has listed its objects once.
+    pub fn synced(&self) -> bool {
+        self.synced.iter().all(|s| s.load(Ordering::Acquire))
+    }
+
+    /// Fast path: does any slice name `namespace/pod` as a ready endpoint?
+    pub fn has_ready_endpoint(&self, namespace: &str, pod: &str) -> bool {
+        read(&self.slices)
+            .endpoints_of(namespace, pod)
+            .iter()
+            .any(|e| e.ready)
+    }
+
+    /// Every endpoint naming pod `namespace/pod`.
+    pub fn endpoints_of(&self, namespace: &str, pod: &str) -> Vec<EndpointFacts> {
+        read(&self.slices).endpoints_of(namespace, pod)
+    }
+
+    /// The delete time of pod `namespace/pod` if the deleter knows it as isolated. An
+    /// isolated pod may have left every slice already and still must not die early.
+    pub fn isolated(&self, namespace: &str, pod: &str) -> Option<jiff::Timestamp> {
+        read(&self.isolated)
+            .get(&(namespace.to_string(), pod.to_string()))
+            .copied()
+    }
+
+    /// Records (or with `None` forgets) an isolated pod.
+    pub fn set_isolated(&self, namespace: &str, pod: &str, delete_at: Option<jiff::Timestamp>) {
+        let key = (namespace.to_string(), pod.to_string());
+        let mut table = write(&self.isolated);
+        match delete_at {
+            Some(t) => table.insert(key, t),
+            None => table.remove(&key),
+        };
+    }
+
+    /// Namespace settings (flag exclusion, opt-out label, delay annotation).
+    pub fn namespace(&self, namespace: &str) -> NamespaceFacts {
+        let mut facts = read(&self.namespaces)
+            .get(namespace)
+            .cloned()
+            .unwrap_or_default();
+        facts.opted_out |= self.excluded_namespaces.contains(namespace);
+        facts
+    }
+
+    /// The current cached PDB `namespace/name`.
+    pub fn pdb(&self, namespace: &str, name: &str) -> Option<Arc<PodDisruptionBudget>> {
+        read(&self.pdbs).get(namespace)?.get(name).cloned()
+    }
+
+    /// Everything [`super::decide::decide`] needs about `pod`'s surroundings.
+    pub fn snapshot(&self, pod: &PodFacts) -> Snapshot {
+        let endpoints = self.endpoints_of(&pod.namespace, &pod.name);
+        let names: BTreeSet<&str> = endpoints
+            .iter()
+            .filter_map(|e| e.service.as_deref())
+            .collect();
+        let services = {
+            let table = read(&self.services);
+            names
+                .into_iter()
+                .filter_map(|name| {
+                    let entry = table.get(&(pod.namespace.clone(), name.to_string()))?;
+                    Some(ServiceFacts {
+                        name: name.to_string(),
+                        service_type: entry.service_type,
+                        selector: entry
+                            .selector
+                            .iter()
+                            .map(|(k, v)| (k.to_string(), v.to_string()))
+                            .collect(),
+                    })
+                })
+                .collect()
+        };
+        let pdbs = read(&self.pdbs)
+            .get(&pod.namespace)
+            .map(|m| {
+                m.values()
+                    .filter(|p| pdb_selects(p, &pod.labels))
+                    .map(|p| pdb_facts(p, &pod.name))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Snapshot {
+            endpoints,
+            services,
+            namespace: self.namespace(&pod.namespace),
+            pdbs,
+        }
+    }
+
+    /// Applies one EndpointSlice (tests and the benchmark fill the cache this way).
+    pub fn apply_slice(&self, slice: &EndpointSlice) {
+        write(&self.slices).upsert(slice);
+    }
+
+    /// Applies one Service.
+    pub fn apply_service(&self, svc: &Service) {
+        let spec = svc.spec.as_ref();
+        let entry = ServiceEntry {
+            service_type: ServiceType::parse(spec.and_then(|s| s.type_.as_deref())),
+            selector: spec
+                .and_then(|s| s.selector.as_ref())
+                .map(|m| {
+                    m.iter()
+                        .map(|(k, v)| (k.as_str().into(), v.as_str().into()))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        };
+        write(&self.services).insert(key_of(&svc.metadata), entry);
+    }
+
+    /// Applies one namespace's metadata.
+    pub fn apply_namespace(
+        &self,
+        meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    ) {
+        let facts = NamespaceFacts {
+            opted_out: meta
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(OPT_OUT_LABEL))
+                .is_some_and(|v| v == "true"),
+            delay: meta
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(DELAY_ANNOTATION))
+                .cloned(),
+        };
+        write(&self.namespaces).insert(meta.name.clone().unwrap_or_default(), facts);
+    }
+
+    /// Applies one PodDisruptionBudget (managed fields dropped).
+    pub fn apply_pdb(&self, pdb: &PodDisruptionBudget) {
+        let mut pdb = pdb.clone();
+        pdb.metadata.managed_fields = None;
+        let (ns, name) = key_of(&pdb.metadata);
+        write(&self.pdbs)
+            .entry(ns)
+            .or_default()
+            .insert(name, Arc::new(pdb));
+    }
+
+    fn remove(&self, kind: Kind, key: &Key) {
+        match kind {
+            Kind::Slices => write(&self.slices).remove(key),
+            Kind::Services => {
+                write(&self.services).remove(key);
+            }
+            Kind::Namespaces => {
+                write(&self.namespaces).remove(&key.1);
+            }
+            Kind::Pdbs => {
+                if let Some(m) = write(&self.pdbs).get_mut(&key.0) {
+                    m.remove(&key.1);
+                }
+            }
+        }
+    }
+
+    fn keys(&self, kind: Kind) -> Vec<Key> {
+        match kind {
+            Kind::Slices => read(&self.slices).by_slice.keys().cloned().collect(),
+            Kind::Services => read(&self.services).keys().cloned().collect(),
+            Kind::Namespaces => read(&self.namespaces)
+                .keys()
+                .map(|n| (String::new(), n.clone()))
+                .collect(),
+            Kind::Pdbs => read(&self.pdbs)
+                .iter()
+                .flat_map(|(ns, m)| m.keys().map(|n| (ns.clone(), n.clone())))
+                .collect(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Slices = 0,
+    Services = 1,
+    Namespaces = 2,
+    Pdbs = 3,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Slices => "endpointslices",
+            Kind::Services => "services",
+            Kind::Namespaces => "namespaces",
+            Kind::Pdbs => "poddisruptionbudgets",
+        }
+    }
+}
+
+/// Feeds `events` into the cache table `kind`; objects missing from a relist are removed.
+async fn drive<K, S>(
+    cache: Arc<Cache>,
+    kind: Kind,
+    events: S,
+    apply: impl Fn(&Cache, &K),
+    meta: impl Fn(&K) -> Key,
+) -> Result<(), Error>
+where
+    S: Stream<Item = Result<Event<K>, watcher::Error>>,
+{
+    let mut events = std::pin::pin!(events);
+    let mut seen: Option<HashSet<Key>> = None;
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(Event::Apply(obj)) => apply(&cache, &obj),
+            Ok(Event::Delete(obj)) => cache.remove(kind, &meta(&obj)),
+            Ok(Event::Init) => seen = Some(HashSet::new()),
+            Ok(Event::InitApply(obj)) => {
+                apply(&cache, &obj);
+                if let Some(seen) = seen.as_mut() {
+                    seen.insert(meta(&obj));
+                }
+            }
+            Ok(Event::InitDone) => {
+                if let Some(seen) = seen.take() {
+                    for key in cache.keys(kind).into_iter().filter(|k| !seen.contains(k)) {
+                        cache.remove(kind, &key);
+                    }
+                }
+                cache.synced[kind as usize].store(true, Ordering::Release);
+                tracing::debug!(kind = kind.name(), "cache synced");
+            }
+            Err(error) => tracing::warn!(kind = kind.name(), %error, "watch error; retrying"),
+        }
+    }
+    Err(Error::Ended(kind.name()))
+}
+
+/// Runs the four watches until one ends (owned tasks spawned by the caller).
+pub async fn run(cache: Arc<Cache>, client: kube::Client) -> Result<(), Error> {
+    let cfg = watcher::Config::default().any_semantic();
+    let slices =
+        watcher::watcher(Api::<EndpointSlice>::all(client.clone()), cfg.clone()).default_backoff();
+    let services =
+        watcher::watcher(Api::<Service>::all(client.clone()), cfg.clone()).default_backoff();
+    let namespaces = watcher::watcher(
+        Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+        cfg.clone(),
+    )
+    .default_backoff();
+    let pdbs = watcher::watcher(Api::<PodDisruptionBudget>::all(client), cfg).default_backoff();
+    let meta_key = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| key_of(m);
+    tokio::try_join!(
+        drive(
+            cache.clone(),
+            Kind::Slices,
+            slices,
+            Cache::apply_slice,
+            |o: &EndpointSlice| meta_key(&o.metadata)
+        ),
+        drive(
+            cache.clone(),
+            Kind::Services,
+            services,
+            Cache::apply_service,
+            |o: &Service| meta_key(&o.metadata)
+        ),
+        drive(
+            cache.clone(),
+            Kind::Namespaces,
+            namespaces,
+            |c, o| c.apply_namespace(&o.metadata),
+            |o| (String::new(), o.metadata.name.clone().unwrap_or_default())
+        ),
+        drive(
+            cache.clone(),
+            Kind::Pdbs,
+            pdbs,
+            Cache::apply_pdb,
+            |o: &PodDisruptionBudget| meta_key(&o.metadata)
+        ),
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn slice(name: &str, pods: &[(&str, &str, bool)]) -> EndpointSlice {
+        let endpoints: Vec<_> = pods
+            .iter()
+            .map(|(pod, uid, ready)| {
+                json!({"addresses": ["10.0.0.1"], "conditions": {"ready": ready},
+                "targetRef": {"kind": "Pod", "name": pod, "namespace": "web", "uid": uid}})
+            })
+            .collect();
+        serde_json::from_value(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+            "metadata": {"name": name, "namespace": "web", "labels": {SERVICE_NAME_LABEL: "web"}},
+            "endpoints": endpoints
+        }))
+        .unwrap()
+    }
+
+    fn pod(name: &str, labels: &[(&str, &str)]) -> PodFacts {
+        PodFacts {
+            namespace: "web".into(),
+            name: name.into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..PodFacts::default()
+        }
+    }
+
+    #[test]
+    fn slice_index_follows_updates_and_deletes() {
+        let cache = Cache::new(["kube-system".to_string()]);
+        cache.apply_slice(&slice("web-a", &[("p1", "u1", true), ("p2", "u2", false)]));
+        cache.apply_slice(&slice("web-b", &[("p1", "u1", true)]));
+        assert!(cache.has_ready_endpoint("web", "p1"));
+        assert!(
+            !cache.has_ready_endpoint("web", "p2"),
+            "listed but not ready"
+        );
+        assert_eq!(cache.endpoints_of("web", "p1").len(), 2);
+        // The slice drops p1 (the pod left the Service): only web-b still lists it.
+        cache.apply_slice(&slice("web-a", &[("p2", "u2", true)]));
+        assert_eq!(cache.endpoints_of("web", "p1").len(), 1);
+        assert!(cache.has_ready_endpoint("web", "p2"));
+        cache.remove(Kind::Slices, &("web".into(), "web-b".into()));
+        assert!(cache.endpoints_of("web", "p1").is_empty());
+        assert_eq!(read(&cache.slices).len(), (1, 1), "no stale index entries");
+        assert!(
+            !cache.has_ready_endpoint("other", "p2"),
+            "namespaced lookups"
+        );
+    }
+
+    #[test]
+    fn snapshot_collects_services_namespace_and_selecting_pdbs() {
+        let cache = Cache::new(["kube-system".to_string()]);
+        cache.apply_slice(&slice("web-a", &[("p1", "u1", true)]));
+        cache.apply_service(
+            &serde_json::from_value(json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "web", "namespace": "web"},
+            "spec": {"type": "NodePort", "selector": {"app": "web"}}}))
+            .unwrap(),
+        );
+        for (name, selector) in [
+            ("match", json!({"matchLabels": {"app": "web"}})),
+            (
+                "expr",
+                json!({"matchExpressions": [{"key": "tier", "operator": "In", "values": ["front"]}]}),
+            ),
+            ("other", json!({"matchLabels": {"app": "db"}})),
+        ] {
+            cache.apply_pdb(&serde_json::from_value(json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                "metadata": {"name": name, "namespace": "web", "generation": 1},
+                "spec": {"selector": selector},
+                "status": {"observedGeneration": 1, "disruptionsAllowed": 1, "currentHealthy": 1, "desiredHealthy": 1, "expectedPods": 1}})).unwrap());
+        }
+        cache.apply_namespace(
+            &serde_json::from_value(json!({"name": "web",
+            "annotations": {DELAY_ANNOTATION: "90s"}}))
+            .unwrap(),
+        );
+        let snap = cache.snapshot(&pod("p1", &[("app", "web"), ("tier", "front")]));
+        assert_eq!(snap.services.len(), 1);
+        assert_eq!(snap.services[0].service_type, ServiceType::NodePort);
+        let mut pdbs: Vec<&str> = snap.pdbs.iter().map(|p| p.name.as_str()).collect();
+        pdbs.sort();
+        assert_eq!(pdbs, ["expr", "match"]);
+        assert_eq!(snap.namespace.delay.as_deref(), Some("90s"));
+        assert!(!snap.namespace.opted_out);
+        assert!(cache.namespace("kube-system").opted_out, "excluded by flag");
+        cache.apply_namespace(
+            &serde_json::from_value(json!({"name": "web", "labels": {OPT_OUT_LABEL: "true"}}))
+                .unwrap(),
+        );
+        assert!(cache.namespace("web").opted_out, "opted out by label");
+    }
+}

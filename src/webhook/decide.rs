@@ -1,0 +1,862 @@
+//! The admission decision: a pure function of one parsed request, the pod it is about and
+//! a snapshot of what the caches know (EndpointSlices, Services, the namespace, PDBs).
+//!
+//! Nothing here does I/O or reads the clock: `now` is passed in, so every rule is covered
+//! by table tests. The order of the checks is the order of [`decide`] and is documented in
+//! `docs/webhook.md`; the first rule that applies wins.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use jiff::Timestamp;
+
+use crate::labels::{DELAY_ANNOTATION, DELETE_AT_ANNOTATION, DRAINING_LABEL, OPT_OUT_LABEL};
+
+/// Which admission path a request came through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// CREATE pods/eviction (mutating webhook).
+    Evict,
+    /// DELETE pods (validating webhook).
+    Delete,
+}
+
+impl Path {
+    /// Bounded metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Path::Evict => "evict",
+            Path::Delete => "delete",
+        }
+    }
+}
+
+/// What the request asks for, independent of the wire format.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub path: Path,
+    /// `request.dryRun` or a `dryRun` in the options.
+    pub dry_run: bool,
+    /// The grace period the caller asked for, if any.
+    pub grace_period: Option<i64>,
+    /// `request.userInfo.username`.
+    pub user: String,
+}
+
+/// The kind of the pod's controlling owner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OwnerKind {
+    ReplicaSet,
+    StatefulSet,
+    DaemonSet,
+    Job,
+    /// Any other controller (a custom resource); treated like a bare pod.
+    Other(String),
+}
+
+impl OwnerKind {
+    /// Maps an ownerReference kind (with its API group) to the kinds we know.
+    pub fn from_reference(api_version: &str, kind: &str) -> OwnerKind {
+        match (api_version, kind) {
+            ("apps/v1", "ReplicaSet") => OwnerKind::ReplicaSet,
+            ("apps/v1", "StatefulSet") => OwnerKind::StatefulSet,
+            ("apps/v1", "DaemonSet") => OwnerKind::DaemonSet,
+            ("batch/v1", "Job") => OwnerKind::Job,
+            _ => OwnerKind::Other(format!("{api_version}/{kind}")),
+        }
+    }
+}
+
+/// The facts about a pod the decision needs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodFacts {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub resource_version: String,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    /// `status.phase == Running`.
+    pub running: bool,
+    /// The `Ready` condition is `True`.
+    pub ready: bool,
+    /// `metadata.deletionTimestamp` is set.
+    pub terminating: bool,
+    /// The controlling owner: kind and name.
+    pub owner: Option<(OwnerKind, String)>,
+}
+
+/// Service types, for the narrower exposure modes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServiceType {
+    ClusterIp,
+    NodePort,
+    LoadBalancer,
+    ExternalName,
+}
+
+impl ServiceType {
+    /// Parses `spec.type` (absent means ClusterIP).
+    pub fn parse(value: Option<&str>) -> ServiceType {
+        match value {
+            Some("NodePort") => ServiceType::NodePort,
+            Some("LoadBalancer") => ServiceType::LoadBalancer,
+            Some("ExternalName") => ServiceType::ExternalName,
+            _ => ServiceType::ClusterIp,
+        }
+    }
+}
+
+/// Which pods count as exposed to load balancers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Exposure {
+    /// A ready endpoint of any EndpointSlice (any Service type, Ingress or Gateway backend).
+    #[default]
+    EndpointSlice,
+    /// A ready endpoint of a LoadBalancer or NodePort Service (traffic from outside the
+    /// cluster, where load balancers lag).
+    External,
+    /// A ready endpoint of a LoadBalancer Service only.
+    LoadBalancer,
+}
+
+/// One endpoint entry naming the pod, as the EndpointSlice cache sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointFacts {
+    /// The `kubernetes.io/service-name` of the slice, if any.
+    pub service: Option<String>,
+    /// The endpoint's `conditions.ready` (absent counts as ready, as the API documents).
+    pub ready: bool,
+    /// The targetRef UID, when the slice carries one.
+    pub uid: Option<String>,
+}
+
+/// A Service selecting the pod (found through its EndpointSlices).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceFacts {
+    pub name: String,
+    pub service_type: ServiceType,
+    /// `spec.selector`; empty for Services without a selector.
+    pub selector: BTreeMap<String, String>,
+}
+
+/// A PodDisruptionBudget whose selector matches the pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PdbFacts {
+    pub name: String,
+    /// `status.disruptionsAllowed`.
+    pub disruptions_allowed: i32,
+    /// `status.observedGeneration >= metadata.generation`.
+    pub observed: bool,
+    /// Whether the pod is already listed in `status.disruptedPods`.
+    pub lists_pod: bool,
+    /// Label keys whose removal makes the selector stop matching.
+    pub selector_keys: BTreeSet<String>,
+}
+
+/// Namespace-level settings.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NamespaceFacts {
+    /// Excluded by flag or by the opt-out label.
+    pub opted_out: bool,
+    /// The namespace's delay annotation, unparsed.
+    pub delay: Option<String>,
+}
+
+/// What the caches know about the pod's surroundings, taken under the cache locks.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    pub endpoints: Vec<EndpointFacts>,
+    pub services: Vec<ServiceFacts>,
+    pub namespace: NamespaceFacts,
+    pub pdbs: Vec<PdbFacts>,
+}
+
+/// Static decision settings from the command line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    pub default_delay: Duration,
+    pub exposure: Exposure,
+    /// Usernames whose requests are ours (the webhook's own service account).
+    pub own_users: BTreeSet<String>,
+}
+
+/// Why a request passes through unchanged. Also the `outcome` metric label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    DryRun,
+    OwnRequest,
+    OptedOut,
+    Terminating,
+    ForceDelete,
+    AlreadyDue,
+    NotRunning,
+    NotReady,
+    NotExposed,
+    PdbExhausted,
+    PdbNotObserved,
+    MultiplePdbs,
+}
+
+impl Pass {
+    /// Bounded metric label and log field.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pass::DryRun => "dry_run",
+            Pass::OwnRequest => "own_request",
+            Pass::OptedOut => "opted_out",
+            Pass::Terminating => "terminating",
+            Pass::ForceDelete => "force_delete",
+            Pass::AlreadyDue => "already_due",
+            Pass::NotRunning => "not_running",
+            Pass::NotReady => "not_ready",
+            Pass::NotExposed => "not_exposed",
+            Pass::PdbExhausted => "pdb_exhausted",
+            Pass::PdbNotObserved => "pdb_not_observed",
+            Pass::MultiplePdbs => "multiple_pdbs",
+        }
+    }
+}
+
+/// The outcome of [`decide`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Allow the request unchanged.
+    Pass(Pass),
+    /// Isolate the pod now; it may be deleted at `delete_at`.
+    Isolate {
+        delete_at: Timestamp,
+        grace_period: Option<i64>,
+    },
+    /// The pod is already isolated and waits for `delete_at`: no second isolation, but the
+    /// request must not delete it early either.
+    Pending { delete_at: Timestamp },
+}
+
+/// Decides what to do with `req` about `pod`. Pure; see the module docs for the order.
+pub fn decide(
+    req: &Request,
+    pod: &PodFacts,
+    snap: &Snapshot,
+    settings: &Settings,
+    now: Timestamp,
+) -> Decision {
+    if let Some(pass) = pass_for_request(req, settings) {
+        return Decision::Pass(pass);
+    }
+    if snap.namespace.opted_out || pod.labels.get(OPT_OUT_LABEL).is_some_and(|v| v == "true") {
+        return Decision::Pass(Pass::OptedOut);
+    }
+    if pod.terminating {
+        return Decision::Pass(Pass::Terminating);
+    }
+    if pod.labels.contains_key(DRAINING_LABEL) {
+        return match delete_at_of(pod) {
+            Some(delete_at) if delete_at > now => Decision::Pending { delete_at },
+            _ => Decision::Pass(Pass::AlreadyDue),
+        };
+    }
+    if let Some(pass) = pass_for_pod(pod, snap, settings) {
+        return Decision::Pass(pass);
+    }
+    if let Some(pass) = pass_for_budget(&snap.pdbs) {
+        return Decision::Pass(pass);
+    }
+    let delay = delay_for(pod, &snap.namespace, settings.default_delay);
+    Decision::Isolate {
+        delete_at: add(now, delay),
+        grace_period: req.grace_period,
+    }
+}
+
+fn pass_for_request(req: &Request, settings: &Settings) -> Option<Pass> {
+    if req.dry_run {
+        return Some(Pass::DryRun);
+    }
+    if settings.own_users.contains(&req.user) {
+        return Some(Pass::OwnRequest);
+    }
+    // An explicit zero grace period is a force delete: the caller wants the pod gone now.
+    if req.path == Path::Delete && req.grace_period == Some(0) {
+        return Some(Pass::ForceDelete);
+    }
+    None
+}
+
+fn pass_for_pod(pod: &PodFacts, snap: &Snapshot, settings: &Settings) -> Option<Pass> {
+    if !pod.running {
+        return Some(Pass::NotRunning);
+    }
+    if !pod.ready {
+        return Some(Pass::NotReady);
+    }
+    if !is_exposed(pod, snap, settings.exposure) {
+        return Some(Pass::NotExposed);
+    }
+    None
+}
+
+/// Same rules as the API server's eviction: several PDBs are an error there, an
+/// unobserved PDB or one without disruptions left refuses.
+fn pass_for_budget(pdbs: &[PdbFacts]) -> Option<Pass> {
+    match pdbs {
+        [] => None,
+        [pdb] if pdb.lists_pod => None,
+        [pdb] if !pdb.observed => Some(Pass::PdbNotObserved),
+        [pdb] if pdb.disruptions_allowed <= 0 => Some(Pass::PdbExhausted),
+        [_] => None,
+        _ => Some(Pass::MultiplePdbs),
+    }
+}
+
+/// Whether the pod is a ready endpoint of a slice that counts under `mode`.
+pub fn is_exposed(pod: &PodFacts, snap: &Snapshot, mode: Exposure) -> bool {
+    snap.endpoints.iter().any(|ep| {
+        ep.ready
+            && ep.uid.as_deref().is_none_or(|uid| uid == pod.uid)
+            && service_counts(ep.service.as_deref(), &snap.services, mode)
+    })
+}
+
+fn service_counts(service: Option<&str>, services: &[ServiceFacts], mode: Exposure) -> bool {
+    if mode == Exposure::EndpointSlice {
+        return true;
+    }
+    let Some(name) = service else { return false };
+    services
+        .iter()
+        .find(|s| s.name == name)
+        .is_some_and(|s| match mode {
+            Exposure::EndpointSlice => true,
+            Exposure::External => matches!(
+                s.service_type,
+                ServiceType::LoadBalancer | ServiceType::NodePort
+            ),
+            Exposure::LoadBalancer => s.service_type == ServiceType::LoadBalancer,
+        })
+}
+
+/// The deregistration delay for `pod`: pod annotation, else namespace annotation, else the
+/// default. An unparsable annotation is ignored (the default is the safe choice).
+pub fn delay_for(pod: &PodFacts, ns: &NamespaceFacts, default: Duration) -> Duration {
+    pod.annotations
+        .get(DELAY_ANNOTATION)
+        .and_then(|v| humantime::parse_duration(v.trim()).ok())
+        .or_else(|| {
+            ns.delay
+                .as_deref()
+                .and_then(|v| humantime::parse_duration(v.trim()).ok())
+        })
+        .unwrap_or(default)
+}
+
+/// The recorded delete time of an isolated pod.
+pub fn delete_at_of(pod: &PodFacts) -> Option<Timestamp> {
+    pod.annotations
+        .get(DELETE_AT_ANNOTATION)
+        .and_then(|v| v.parse::<Timestamp>().ok())
+}
+
+/// `now + delay` rounded up to a whole second (annotations stay readable and a pod is
+/// never deleted early), saturating at the largest representable time.
+pub fn add(now: Timestamp, delay: Duration) -> Timestamp {
+    let exact = jiff::SignedDuration::try_from(delay)
+        .ok()
+        .and_then(|d| now.checked_add(d).ok())
+        .unwrap_or(Timestamp::MAX);
+    let whole = exact.as_second() + i64::from(exact.subsec_nanosecond() > 0);
+    Timestamp::from_second(whole).unwrap_or(exact)
+}
+
+/// Which controller labels the relabelling prefers to keep, by owner kind, and whether the
+/// owner's selector must be left (see docs/webhook.md, "Relabelling").
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OwnerPolicy {
+    /// Label keys of selectors the pod must stop matching.
+    pub leave: Vec<BTreeSet<String>>,
+    /// Keys to keep unless a selector can only be left by removing them.
+    pub keep: BTreeSet<String>,
+}
+
+impl OwnerPolicy {
+    /// The policy for an owner of `kind` whose selector uses `selector_keys`.
+    pub fn for_owner(kind: &OwnerKind, selector_keys: BTreeSet<String>) -> OwnerPolicy {
+        match kind {
+            // Leave the ReplicaSet so it starts the replacement while this pod still serves.
+            OwnerKind::ReplicaSet => OwnerPolicy {
+                leave: vec![selector_keys],
+                keep: BTreeSet::new(),
+            },
+            // These controllers replace by name or per node: keep them owning the pod.
+            OwnerKind::StatefulSet | OwnerKind::DaemonSet | OwnerKind::Job => OwnerPolicy {
+                leave: Vec::new(),
+                keep: selector_keys,
+            },
+            OwnerKind::Other(_) => OwnerPolicy::default(),
+        }
+    }
+}
+
+/// The labels to remove so the pod stops matching every selector in `leave`: each
+/// selector's keys minus `keep`, or all its keys when every one of them is kept. Only
+/// labels the pod carries are returned, with their values.
+pub fn labels_to_remove(
+    labels: &BTreeMap<String, String>,
+    leave: &[BTreeSet<String>],
+    keep: &BTreeSet<String>,
+) -> BTreeMap<String, String> {
+    let mut remove = BTreeMap::new();
+    for keys in leave {
+        let present: Vec<&String> = keys.iter().filter(|k| labels.contains_key(*k)).collect();
+        let preferred: Vec<&String> = present
+            .iter()
+            .copied()
+            .filter(|k| !keep.contains(*k))
+            .collect();
+        let chosen = if preferred.is_empty() {
+            present
+        } else {
+            preferred
+        };
+        for key in chosen {
+            if let Some(value) = labels.get(key) {
+                remove.insert(key.clone(), value.clone());
+            }
+        }
+    }
+    remove
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn now() -> Timestamp {
+        "2026-01-01T00:00:00Z".parse().unwrap()
+    }
+
+    fn settings() -> Settings {
+        Settings {
+            default_delay: Duration::from_secs(60),
+            exposure: Exposure::EndpointSlice,
+            own_users: ["system:serviceaccount:gd:webhook".to_string()].into(),
+        }
+    }
+
+    fn req(path: Path) -> Request {
+        Request {
+            path,
+            dry_run: false,
+            grace_period: None,
+            user: "alice".into(),
+        }
+    }
+
+    fn pod() -> PodFacts {
+        PodFacts {
+            namespace: "web".into(),
+            name: "web-1".into(),
+            uid: "uid-1".into(),
+            resource_version: "7".into(),
+            labels: [("app".to_string(), "web".to_string())].into(),
+            annotations: BTreeMap::new(),
+            running: true,
+            ready: true,
+            terminating: false,
+            owner: Some((OwnerKind::ReplicaSet, "web-abc".into())),
+        }
+    }
+
+    fn exposed() -> Snapshot {
+        Snapshot {
+            endpoints: vec![EndpointFacts {
+                service: Some("web".into()),
+                ready: true,
+                uid: Some("uid-1".into()),
+            }],
+            services: vec![ServiceFacts {
+                name: "web".into(),
+                service_type: ServiceType::ClusterIp,
+                selector: [("app".to_string(), "web".to_string())].into(),
+            }],
+            ..Snapshot::default()
+        }
+    }
+
+    fn pdb(allowed: i32) -> PdbFacts {
+        PdbFacts {
+            name: "web".into(),
+            disruptions_allowed: allowed,
+            observed: true,
+            lists_pod: false,
+            selector_keys: ["app".to_string()].into(),
+        }
+    }
+
+    fn isolate_at(secs: i64) -> Decision {
+        Decision::Isolate {
+            delete_at: now() + jiff::SignedDuration::from_secs(secs),
+            grace_period: None,
+        }
+    }
+
+    #[test]
+    fn decision_table() {
+        type Case = (&'static str, Request, PodFacts, Snapshot, Decision);
+        let mut dry = req(Path::Evict);
+        dry.dry_run = true;
+        let mut own = req(Path::Delete);
+        own.user = "system:serviceaccount:gd:webhook".into();
+        let mut force = req(Path::Delete);
+        force.grace_period = Some(0);
+        let mut opted = pod();
+        opted.labels.insert(OPT_OUT_LABEL.into(), "true".into());
+        let mut ns_opted = exposed();
+        ns_opted.namespace.opted_out = true;
+        let mut terminating = pod();
+        terminating.terminating = true;
+        let mut pending = pod();
+        pending.labels.insert(DRAINING_LABEL.into(), "true".into());
+        pending
+            .annotations
+            .insert(DELETE_AT_ANNOTATION.into(), "2026-01-01T00:00:30Z".into());
+        let mut due = pending.clone();
+        due.annotations
+            .insert(DELETE_AT_ANNOTATION.into(), "2025-12-31T23:59:00Z".into());
+        let mut pending_phase = pod();
+        pending_phase.running = false;
+        let mut unready = pod();
+        unready.ready = false;
+        let mut not_ready_ep = exposed();
+        not_ready_ep.endpoints[0].ready = false;
+        let mut other_uid = exposed();
+        other_uid.endpoints[0].uid = Some("uid-old".into());
+        let with_pdb = |p: PdbFacts| {
+            let mut s = exposed();
+            s.pdbs = vec![p];
+            s
+        };
+        let mut unobserved = pdb(1);
+        unobserved.observed = false;
+        let mut listed = pdb(0);
+        listed.lists_pod = true;
+        let mut two = exposed();
+        two.pdbs = vec![pdb(1), pdb(1)];
+        let mut pod_delay = pod();
+        pod_delay
+            .annotations
+            .insert(DELAY_ANNOTATION.into(), "45s".into());
+        let mut ns_delay = exposed();
+        ns_delay.namespace.delay = Some("2m".into());
+        let mut bad_delay = pod();
+        bad_delay
+            .annotations
+            .insert(DELAY_ANNOTATION.into(), "soon".into());
+        let mut graceful = req(Path::Evict);
+        graceful.grace_period = Some(20);
+
+        let cases: Vec<Case> = vec![
+            (
+                "isolates an exposed ready pod",
+                req(Path::Evict),
+                pod(),
+                exposed(),
+                isolate_at(60),
+            ),
+            (
+                "delete isolates too",
+                req(Path::Delete),
+                pod(),
+                exposed(),
+                isolate_at(60),
+            ),
+            (
+                "dry run passes",
+                dry,
+                pod(),
+                exposed(),
+                Decision::Pass(Pass::DryRun),
+            ),
+            (
+                "own requests pass",
+                own,
+                pod(),
+                exposed(),
+                Decision::Pass(Pass::OwnRequest),
+            ),
+            (
+                "force delete passes",
+                force,
+                pod(),
+                exposed(),
+                Decision::Pass(Pass::ForceDelete),
+            ),
+            (
+                "pod opt-out",
+                req(Path::Evict),
+                opted,
+                exposed(),
+                Decision::Pass(Pass::OptedOut),
+            ),
+            (
+                "namespace opt-out",
+                req(Path::Evict),
+                pod(),
+                ns_opted,
+                Decision::Pass(Pass::OptedOut),
+            ),
+            (
+                "terminating",
+                req(Path::Delete),
+                terminating,
+                exposed(),
+                Decision::Pass(Pass::Terminating),
+            ),
+            (
+                "already isolated waits",
+                req(Path::Evict),
+                pending.clone(),
+                exposed(),
+                Decision::Pending {
+                    delete_at: "2026-01-01T00:00:30Z".parse().unwrap(),
+                },
+            ),
+            (
+                "already isolated and due",
+                req(Path::Delete),
+                due,
+                exposed(),
+                Decision::Pass(Pass::AlreadyDue),
+            ),
+            (
+                "not running",
+                req(Path::Evict),
+                pending_phase,
+                exposed(),
+                Decision::Pass(Pass::NotRunning),
+            ),
+            (
+                "not ready",
+                req(Path::Evict),
+                unready,
+                exposed(),
+                Decision::Pass(Pass::NotReady),
+            ),
+            (
+                "no slice",
+                req(Path::Evict),
+                pod(),
+                Snapshot::default(),
+                Decision::Pass(Pass::NotExposed),
+            ),
+            (
+                "unready endpoint",
+                req(Path::Evict),
+                pod(),
+                not_ready_ep,
+                Decision::Pass(Pass::NotExposed),
+            ),
+            (
+                "endpoint of a previous pod",
+                req(Path::Evict),
+                pod(),
+                other_uid,
+                Decision::Pass(Pass::NotExposed),
+            ),
+            (
+                "pdb with budget",
+                req(Path::Evict),
+                pod(),
+                with_pdb(pdb(1)),
+                isolate_at(60),
+            ),
+            (
+                "pdb exhausted",
+                req(Path::Evict),
+                pod(),
+                with_pdb(pdb(0)),
+                Decision::Pass(Pass::PdbExhausted),
+            ),
+            (
+                "pdb unobserved",
+                req(Path::Evict),
+                pod(),
+                with_pdb(unobserved),
+                Decision::Pass(Pass::PdbNotObserved),
+            ),
+            (
+                "pdb already lists the pod",
+                req(Path::Evict),
+                pod(),
+                with_pdb(listed),
+                isolate_at(60),
+            ),
+            (
+                "two pdbs",
+                req(Path::Evict),
+                pod(),
+                two,
+                Decision::Pass(Pass::MultiplePdbs),
+            ),
+            (
+                "pod delay annotation",
+                req(Path::Evict),
+                pod_delay,
+                exposed(),
+                isolate_at(45),
+            ),
+            (
+                "namespace delay annotation",
+                req(Path::Evict),
+                pod(),
+                ns_delay,
+                isolate_at(120),
+            ),
+            (
+                "bad delay falls back",
+                req(Path::Evict),
+                bad_delay,
+                exposed(),
+                isolate_at(60),
+            ),
+            (
+                "grace period recorded",
+                graceful,
+                pod(),
+                exposed(),
+                Decision::Isolate {
+                    delete_at: now() + jiff::SignedDuration::from_secs(60),
+                    grace_period: Some(20),
+                },
+            ),
+        ];
+        for (name, r, p, s, want) in cases {
+            assert_eq!(decide(&r, &p, &s, &settings(), now()), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn exposure_modes_filter_by_service_type() {
+        let mut snap = exposed();
+        let cases = [
+            (ServiceType::ClusterIp, Exposure::EndpointSlice, true),
+            (ServiceType::ClusterIp, Exposure::External, false),
+            (ServiceType::NodePort, Exposure::External, true),
+            (ServiceType::NodePort, Exposure::LoadBalancer, false),
+            (ServiceType::LoadBalancer, Exposure::LoadBalancer, true),
+            (ServiceType::LoadBalancer, Exposure::External, true),
+        ];
+        for (ty, mode, want) in cases {
+            snap.services[0].service_type = ty;
+            assert_eq!(
+                is_exposed(&pod(), &snap, mode),
+                want,
+                "{ty:?} under {mode:?}"
+            );
+        }
+        // A slice without a Service (e.g. a Gateway's own slice) counts only in the default mode.
+        snap.endpoints[0].service = None;
+        assert!(is_exposed(&pod(), &snap, Exposure::EndpointSlice));
+        assert!(!is_exposed(&pod(), &snap, Exposure::External));
+    }
+
+    fn keys(ks: &[&str]) -> BTreeSet<String> {
+        ks.iter().map(|k| k.to_string()).collect()
+    }
+
+    fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn relabelling_per_owner_kind() {
+        let service = keys(&["app"]);
+        type Case = (
+            &'static str,
+            OwnerKind,
+            BTreeSet<String>,
+            BTreeMap<String, String>,
+            Vec<&'static str>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "deployment: leave the ReplicaSet and the Service, keep the rest",
+                OwnerKind::ReplicaSet,
+                keys(&["app", "pod-template-hash"]),
+                labels(&[("app", "web"), ("pod-template-hash", "abc"), ("team", "a")]),
+                vec!["app", "pod-template-hash"],
+            ),
+            (
+                "statefulset: keep controller labels, drop only the Service's extra key",
+                OwnerKind::StatefulSet,
+                keys(&["app"]),
+                labels(&[("app", "db"), ("tier", "web")]),
+                vec!["tier"],
+            ),
+            (
+                "statefulset: a Service made only of controller keys still must be left",
+                OwnerKind::StatefulSet,
+                keys(&["app", "tier"]),
+                labels(&[("app", "db"), ("tier", "web")]),
+                vec!["app", "tier"],
+            ),
+            (
+                "job: keep the job's controller-uid",
+                OwnerKind::Job,
+                keys(&["batch.kubernetes.io/controller-uid"]),
+                labels(&[
+                    ("batch.kubernetes.io/controller-uid", "u"),
+                    ("app", "w"),
+                    ("tier", "web"),
+                ]),
+                vec!["app", "tier"],
+            ),
+            (
+                "daemonset: keep the DaemonSet selector so no second pod starts on the node",
+                OwnerKind::DaemonSet,
+                keys(&["name"]),
+                labels(&[("name", "agent"), ("app", "w"), ("tier", "web")]),
+                vec!["app", "tier"],
+            ),
+            (
+                "bare pod: only the Service's labels, others kept",
+                OwnerKind::Other("v1/None".into()),
+                BTreeSet::new(),
+                labels(&[("app", "w"), ("tier", "web"), ("version", "1")]),
+                vec!["app", "tier"],
+            ),
+        ];
+        for (name, kind, owner_keys, pod_labels, want) in cases {
+            let policy = OwnerPolicy::for_owner(&kind, owner_keys);
+            let mut leave = policy.leave.clone();
+            // The Service selects app+tier except in the deployment case (app only).
+            let svc = if kind == OwnerKind::ReplicaSet {
+                service.clone()
+            } else {
+                keys(&["app", "tier"])
+            };
+            leave.push(svc);
+            let removed = labels_to_remove(&pod_labels, &leave, &policy.keep);
+            let got: Vec<&str> = removed.keys().map(String::as_str).collect();
+            assert_eq!(got, want, "{name}");
+            for (k, v) in &removed {
+                assert_eq!(pod_labels.get(k), Some(v), "{name}: removed value recorded");
+            }
+        }
+    }
+
+    #[test]
+    fn delete_time_saturates_instead_of_overflowing() {
+        assert_eq!(add(Timestamp::MAX, Duration::from_secs(1)), Timestamp::MAX);
+        assert_eq!(
+            add(now(), Duration::from_secs(90)).to_string(),
+            "2026-01-01T00:01:30Z"
+        );
+        assert_eq!(
+            add(now(), Duration::from_millis(1500)).to_string(),
+            "2026-01-01T00:00:02Z"
+        );
+    }
+}

@@ -1,0 +1,490 @@
+//! The deferred deleter: deletes isolated pods once their recorded time has come.
+//!
+//! It watches only pods carrying the draining label (metadata only) and keeps what each
+//! pod's own annotations say: the delete time and the caller's grace period. So a
+//! restarted or failed-over replica resumes every pending deletion from the first list.
+//! It acts only while this replica holds the Lease ([`super::lease`]), deletes with a UID
+//! precondition (a same-name replacement is never touched), records an Event, and never
+//! deletes a pod that lacks our isolation annotations.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Api;
+use kube::api::{DeleteParams, Preconditions};
+use kube::core::PartialObjectMeta;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use tokio::sync::watch;
+
+use super::cache::Cache;
+use super::decide::PodFacts;
+use super::isolate::{self, REASON_DELETED};
+use super::metrics::Metrics;
+use crate::labels::{
+    DELETE_AT_ANNOTATION, DRAINING_LABEL, GRACE_PERIOD_ANNOTATION, ORIGINAL_LABELS_ANNOTATION,
+};
+use crate::runtime::Shutdown;
+
+/// Period of the due-pod scan. Delete times are whole seconds; one second keeps the
+/// deletion within a second of the recorded time at negligible cost.
+const TICK: Duration = Duration::from_secs(1);
+/// After a failed delete, wait this long before trying the same pod again.
+const RETRY_AFTER: Duration = Duration::from_secs(10);
+/// In wait-for-endpoints mode, give up waiting for the slices this long after the delete
+/// time: a Service selecting the draining label would otherwise keep the pod forever.
+pub const MAX_ENDPOINT_WAIT: Duration = Duration::from_secs(600);
+
+/// Deleter errors.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The watch of isolated pods ended.
+    #[error("watch of isolated pods ended")]
+    WatchEnded,
+}
+
+/// One isolated pod waiting for deletion, as recorded on the pod itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pending {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub delete_at: Timestamp,
+    pub grace_period: Option<i64>,
+    pub terminating: bool,
+}
+
+/// Reads a pending deletion from pod metadata; `None` unless we isolated the pod (the
+/// draining label, the original-labels annotation and a valid delete time).
+pub fn pending_from(meta: &ObjectMeta) -> Option<Pending> {
+    meta.labels.as_ref()?.get(DRAINING_LABEL)?;
+    let annotations = meta.annotations.as_ref()?;
+    annotations.get(ORIGINAL_LABELS_ANNOTATION)?;
+    let delete_at = annotations.get(DELETE_AT_ANNOTATION)?.parse().ok()?;
+    Some(Pending {
+        namespace: meta.namespace.clone()?,
+        name: meta.name.clone()?,
+        uid: meta.uid.clone()?,
+        delete_at,
+        grace_period: annotations
+            .get(GRACE_PERIOD_ANNOTATION)
+            .and_then(|g| g.parse().ok())
+            .filter(|g: &i64| *g >= 0),
+        terminating: meta.deletion_timestamp.is_some(),
+    })
+}
+
+/// Whether `pod` may be deleted at `now`. `left_slices_at` is when the pod was first seen
+/// in no EndpointSlice (wait-for-endpoints mode, with `margin`), `None` while it is listed.
+pub fn is_due(
+    pod: &Pending,
+    now: Timestamp,
+    wait_margin: Option<Duration>,
+    left_slices_at: Option<Timestamp>,
+) -> bool {
+    if pod.terminating || now < pod.delete_at {
+        return false;
+    }
+    let Some(margin) = wait_margin else {
+        return true;
+    };
+    if now >= super::decide::add(pod.delete_at, MAX_ENDPOINT_WAIT) {
+        return true;
+    }
+    left_slices_at.is_some_and(|t| now >= super::decide::add(t, margin))
+}
+
+/// The deleter and its state.
+pub struct Deleter {
+    pub ctx: isolate::Context,
+    pub metrics: Arc<Metrics>,
+    /// `Some(margin)` to wait until the pod left every EndpointSlice plus `margin`.
+    pub wait_for_endpoints: Option<Duration>,
+    pending: HashMap<String, Pending>,
+    left_slices: HashMap<String, Timestamp>,
+    attempted: HashMap<String, tokio::time::Instant>,
+}
+
+impl Deleter {
+    /// A deleter with no known pods.
+    pub fn new(ctx: isolate::Context, metrics: Arc<Metrics>, wait: Option<Duration>) -> Deleter {
+        Deleter {
+            ctx,
+            metrics,
+            wait_for_endpoints: wait,
+            pending: HashMap::new(),
+            left_slices: HashMap::new(),
+            attempted: HashMap::new(),
+        }
+    }
+
+    fn cache(&self) -> &Cache {
+        &self.ctx.cache
+    }
+
+    fn apply(&mut self, meta: &ObjectMeta) {
+        let uid = meta.uid.clone().unwrap_or_default();
+        match pending_from(meta) {
+            Some(p) => {
+                self.cache()
+                    .set_isolated(&p.namespace, &p.name, Some(p.delete_at));
+                self.pending.insert(uid, p);
+            }
+            None => self.forget(&uid),
+        }
+    }
+
+    fn forget(&mut self, uid: &str) {
+        if let Some(p) = self.pending.remove(uid) {
+            self.cache().set_isolated(&p.namespace, &p.name, None);
+        }
+        self.left_slices.remove(uid);
+        self.attempted.remove(uid);
+    }
+
+    fn update_gauge(&self) {
+        let count = self.pending.values().filter(|p| !p.terminating).count();
+        self.metrics
+            .pending_deletions
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    /// Tracks when each pending pod left every EndpointSlice.
+    fn observe_slices(&mut self, now: Timestamp) {
+        if self.wait_for_endpoints.is_none() {
+            return;
+        }
+        for (uid, pod) in &self.pending {
+            let listed = self
+                .cache()
+                .endpoints_of(&pod.namespace, &pod.name)
+                .iter()
+                .any(|e| e.uid.as_deref().is_none_or(|u| u == uid));
+            if listed {
+                self.left_slices.remove(uid);
+            } else {
+                self.left_slices.entry(uid.clone()).or_insert(now);
+            }
+        }
+    }
+
+    /// The pods to delete now.
+    pub fn due(&self, now: Timestamp) -> Vec<Pending> {
+        self.pending
+            .iter()
+            .filter(|(uid, _)| {
+                self.attempted
+                    .get(*uid)
+                    .is_none_or(|t| t.elapsed() >= RETRY_AFTER)
+            })
+            .filter(|(uid, p)| {
+                is_due(
+                    p,
+                    now,
+                    self.wait_for_endpoints,
+                    self.left_slices.get(*uid).copied(),
+                )
+            })
+            .map(|(_, p)| p.clone())
+            .collect()
+    }
+
+    async fn delete(&mut self, pod: Pending) {
+        self.attempted
+            .insert(pod.uid.clone(), tokio::time::Instant::now());
+        let api = Api::<Pod>::namespaced(self.ctx.client.clone(), &pod.namespace);
+        let params = DeleteParams {
+            grace_period_seconds: pod.grace_period.and_then(|g| u32::try_from(g).ok()),
+            preconditions: Some(Preconditions {
+                uid: Some(pod.uid.clone()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        let span = tracing::info_span!("delete", namespace = %pod.namespace, pod = %pod.name);
+        let _enter = span.enter();
+        match api.delete(&pod.name, &params).await {
+            Ok(_) => {
+                tracing::info!(delete_at = %pod.delete_at, "deleted isolated pod");
+                self.metrics.pods_deleted.inc();
+                let facts = PodFacts {
+                    namespace: pod.namespace.clone(),
+                    name: pod.name.clone(),
+                    uid: pod.uid.clone(),
+                    ..PodFacts::default()
+                };
+                let message = format!("Deleted after deregistration (due at {})", pod.delete_at);
+                isolate::record_event(
+                    &self.ctx,
+                    &facts,
+                    REASON_DELETED,
+                    &message,
+                    Timestamp::now(),
+                )
+                .await;
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
+                tracing::info!(code = s.code, "isolated pod already gone or replaced");
+                self.forget(&pod.uid);
+            }
+            Err(error) => tracing::warn!(%error, "delete isolated pod; will retry"),
+        }
+    }
+
+    /// One scan: delete every due pod when leading.
+    pub async fn tick(&mut self, leading: bool) {
+        let now = Timestamp::now();
+        self.observe_slices(now);
+        self.update_gauge();
+        if !leading {
+            return;
+        }
+        for pod in self.due(now) {
+            self.delete(pod).await;
+        }
+    }
+
+    /// Watches isolated pods and deletes them when due, while `leader` says so.
+    pub async fn run(
+        mut self,
+        leader: watch::Receiver<bool>,
+        shutdown: Shutdown,
+    ) -> Result<(), Error> {
+        let api = Api::<PartialObjectMeta<Pod>>::all(self.ctx.client.clone());
+        let config = watcher::Config::default()
+            .labels(DRAINING_LABEL)
+            .any_semantic();
+        let events = watcher::watcher(api, config).default_backoff();
+        let mut events = std::pin::pin!(events);
+        let mut tick = tokio::time::interval(TICK);
+        let mut relist: Option<Vec<ObjectMeta>> = None;
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                event = events.next() => match event {
+                    None => return Err(Error::WatchEnded),
+                    Some(Ok(Event::Apply(m) | Event::InitApply(m))) => {
+                        if let Some(list) = relist.as_mut() { list.push(m.metadata.clone()); }
+                        self.apply(&m.metadata);
+                    }
+                    Some(Ok(Event::Delete(m))) => self.forget(m.metadata.uid.as_deref().unwrap_or_default()),
+                    Some(Ok(Event::Init)) => relist = Some(Vec::new()),
+                    Some(Ok(Event::InitDone)) => self.finish_relist(relist.take()),
+                    Some(Err(error)) => tracing::warn!(%error, "watch isolated pods; retrying"),
+                },
+                _ = tick.tick() => {
+                    let leading = *leader.borrow();
+                    self.tick(leading).await;
+                }
+            }
+        }
+    }
+
+    fn finish_relist(&mut self, listed: Option<Vec<ObjectMeta>>) {
+        let Some(listed) = listed else { return };
+        let keep: std::collections::HashSet<String> =
+            listed.iter().filter_map(|m| m.uid.clone()).collect();
+        let gone: Vec<String> = self
+            .pending
+            .keys()
+            .filter(|u| !keep.contains(*u))
+            .cloned()
+            .collect();
+        for uid in gone {
+            self.forget(&uid);
+        }
+        tracing::info!(
+            pending = self.pending.len(),
+            "isolated pods listed; resuming deletions"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::webhook::metrics::Metrics;
+    use http::{Method, Response};
+    use http_body_util::BodyExt;
+    use kube::client::Body;
+    use serde_json::{Value, json};
+
+    fn at(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    fn meta(name: &str, uid: &str, delete_at: &str, ours: bool) -> Value {
+        let mut annotations =
+            json!({ DELETE_AT_ANNOTATION: delete_at, GRACE_PERIOD_ANNOTATION: "17" });
+        if ours {
+            annotations[ORIGINAL_LABELS_ANNOTATION] = json!("{\"app\":\"web\"}");
+        }
+        json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+               "metadata": {"name": name, "namespace": "web", "uid": uid, "resourceVersion": "3",
+                            "labels": {DRAINING_LABEL: "true"}, "annotations": annotations}})
+    }
+
+    #[test]
+    fn pending_is_read_only_from_pods_we_isolated() {
+        let ours: ObjectMeta = serde_json::from_value(
+            meta("a", "u-a", "2026-01-01T00:00:00Z", true)["metadata"].clone(),
+        )
+        .unwrap();
+        let pending = pending_from(&ours).unwrap();
+        assert_eq!(pending.grace_period, Some(17));
+        assert_eq!(pending.delete_at, at("2026-01-01T00:00:00Z"));
+        let foreign: ObjectMeta = serde_json::from_value(
+            meta("b", "u-b", "2026-01-01T00:00:00Z", false)["metadata"].clone(),
+        )
+        .unwrap();
+        assert_eq!(
+            pending_from(&foreign),
+            None,
+            "a draining label alone is not ours"
+        );
+        let garbled: ObjectMeta =
+            serde_json::from_value(meta("c", "u-c", "tomorrow", true)["metadata"].clone()).unwrap();
+        assert_eq!(pending_from(&garbled), None);
+    }
+
+    #[test]
+    fn due_rules_with_and_without_waiting_for_endpoints() {
+        let pod = Pending {
+            namespace: "web".into(),
+            name: "a".into(),
+            uid: "u".into(),
+            delete_at: at("2026-01-01T00:01:00Z"),
+            grace_period: None,
+            terminating: false,
+        };
+        let before = at("2026-01-01T00:00:59Z");
+        let after = at("2026-01-01T00:01:01Z");
+        assert!(!is_due(&pod, before, None, None));
+        assert!(is_due(&pod, after, None, None));
+        let margin = Some(Duration::from_secs(5));
+        assert!(!is_due(&pod, after, margin, None), "still in a slice");
+        assert!(
+            !is_due(&pod, after, margin, Some(at("2026-01-01T00:00:58Z"))),
+            "margin not over"
+        );
+        assert!(is_due(
+            &pod,
+            after,
+            margin,
+            Some(at("2026-01-01T00:00:50Z"))
+        ));
+        assert!(
+            is_due(&pod, at("2026-01-01T00:11:00Z"), margin, None),
+            "gives up after the cap"
+        );
+        let terminating = Pending {
+            terminating: true,
+            ..pod
+        };
+        assert!(!is_due(&terminating, after, None, None));
+    }
+
+    /// A restarted replica lists isolated pods and deletes the due one, with its UID
+    /// precondition and the recorded grace period, leaving future and foreign pods alone.
+    #[tokio::test]
+    async fn resumes_pending_deletions_after_restart() {
+        let (client, mut api) = crate::webhook::mock::client();
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = Arc::new(Metrics::new(&mut registry));
+        let cache = Arc::new(Cache::default());
+        let ctx = isolate::Context {
+            client,
+            cache: cache.clone(),
+            identity: "w".into(),
+        };
+        let deleter = Deleter::new(ctx, metrics.clone(), None);
+        let (_leader_tx, leader_rx) = watch::channel(true);
+        let shutdown = Shutdown::new();
+        let task = tokio::spawn(deleter.run(leader_rx, shutdown.clone()));
+
+        let mut held_watch = None;
+        let mut deleted = Vec::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while deleted.is_empty() {
+            let next = tokio::time::timeout_at(deadline, api.next_request())
+                .await
+                .expect("no delete within 20 s");
+            let (req, send) = next.expect("client gone");
+            let (parts, body) = req.into_parts();
+            let query = parts.uri.query().unwrap_or_default().to_string();
+            let body: Value = serde_json::from_slice(&body.collect().await.unwrap().to_bytes())
+                .unwrap_or(Value::Null);
+            let reply = |v: Value, code: u16| {
+                Response::builder()
+                    .status(code)
+                    .body(Body::from(serde_json::to_vec(&v).unwrap()))
+                    .unwrap()
+            };
+            match (parts.method.clone(), parts.uri.path()) {
+                (Method::GET, "/api/v1/pods") if query.contains("watch=true") => {
+                    assert!(
+                        query.contains("labelSelector=graceful-drain.io%2Fdraining"),
+                        "{query}"
+                    );
+                    held_watch = Some(send);
+                }
+                (Method::GET, "/api/v1/pods") => {
+                    assert!(
+                        query.contains("labelSelector=graceful-drain.io%2Fdraining"),
+                        "{query}"
+                    );
+                    send.send_response(reply(
+                        json!({
+                        "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
+                        "metadata": {"resourceVersion": "10"},
+                        "items": [
+                            meta("due", "u-due", "2020-01-01T00:00:00Z", true),
+                            meta("later", "u-later", "2999-01-01T00:00:00Z", true),
+                            meta("foreign", "u-foreign", "2020-01-01T00:00:00Z", false),
+                        ]}),
+                        200,
+                    ));
+                }
+                (Method::DELETE, path) => {
+                    deleted.push((path.to_string(), body.clone()));
+                    send.send_response(reply(
+                        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "due"}}),
+                        200,
+                    ));
+                }
+                (method, path) => panic!("unexpected {method} {path}"),
+            }
+        }
+        let events = tokio::time::timeout(Duration::from_secs(5), api.next_request())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(events.0.uri().path(), "/api/v1/namespaces/web/events");
+        events.1.send_response(
+            Response::builder()
+                .status(201)
+                .body(Body::from(b"{}".to_vec()))
+                .unwrap(),
+        );
+        shutdown.cancel();
+        task.await.unwrap().unwrap();
+        drop(held_watch);
+
+        assert_eq!(deleted.len(), 1, "{deleted:?}");
+        let (path, options) = &deleted[0];
+        assert_eq!(path, "/api/v1/namespaces/web/pods/due");
+        assert_eq!(options["preconditions"]["uid"], "u-due");
+        assert_eq!(options["gracePeriodSeconds"], 17);
+        assert_eq!(metrics.pods_deleted.get(), 1);
+        assert_eq!(
+            cache.isolated("web", "later"),
+            Some(at("2999-01-01T00:00:00Z"))
+        );
+        assert_eq!(cache.isolated("web", "foreign"), None);
+    }
+}

@@ -1,0 +1,795 @@
+//! Acting on a decision to isolate: PDB accounting, the relabelling patch and the Event.
+//!
+//! Order matters and follows the API server's eviction code: first the disruption is
+//! recorded in the PDB (`status.disruptedPods` + `disruptionsAllowed - 1` in one
+//! resourceVersion-guarded status update, re-read and retried on 409), then the pod is
+//! patched with a JSON patch whose `test` ops on `resourceVersion` and `labels` make a
+//! concurrent change fail instead of being overwritten. A failed test surfaces as
+//! [`Error::Conflict`] so the caller re-reads the pod and decides again.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use jiff::Timestamp;
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, TestOperation};
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, Time};
+use kube::Api;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PatchParams, PostParams};
+use serde_json::Value;
+
+use super::cache::{Cache, selector_keys};
+use super::decide::{OwnerKind, OwnerPolicy, PodFacts, Snapshot, labels_to_remove};
+use crate::labels::{
+    DELETE_AT_ANNOTATION, DRAINING_LABEL, FIELD_MANAGER, GRACE_PERIOD_ANNOTATION,
+    ORIGINAL_LABELS_ANNOTATION,
+};
+
+/// How often a PDB status update is retried after a 409 before giving up. Each retry
+/// re-reads the PDB; more than a handful means heavy contention and the caller should
+/// rather pass the request through than hold the API server's call.
+const PDB_ATTEMPTS: usize = 5;
+
+/// Event reason recorded on a pod when it is isolated.
+pub const REASON_ISOLATED: &str = "graceful-drain.io/Isolated";
+/// Event reason recorded on a pod when the deferred deleter deletes it.
+pub const REASON_DELETED: &str = "graceful-drain.io/Deleted";
+
+/// Errors while isolating a pod.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The pod changed under us (a `test` op failed or the resourceVersion moved).
+    #[error("isolate pod {pod}: changed concurrently")]
+    Conflict { pod: String },
+    /// An API call failed.
+    #[error("isolate pod {pod}: {action}: {source}")]
+    Api {
+        pod: String,
+        action: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The PDB kept changing under us.
+    #[error("isolate pod {pod}: PDB {pdb} kept conflicting after {PDB_ATTEMPTS} attempts")]
+    PdbContention { pod: String, pdb: String },
+}
+
+/// Result of the PDB accounting.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Budget {
+    /// The disruption was recorded (or the pod was already listed).
+    Consumed,
+    /// No disruption left.
+    Exhausted { pdb: String },
+    /// The disruption controller has not observed the PDB's latest generation.
+    NotObserved { pdb: String },
+}
+
+/// Result of [`isolate`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The pod is isolated; the labels removed are returned.
+    Isolated { removed: BTreeMap<String, String> },
+    /// A PDB refused.
+    Refused(Budget),
+}
+
+/// What [`isolate`] needs to reach the cluster.
+#[derive(Clone)]
+pub struct Context {
+    pub client: kube::Client,
+    pub cache: std::sync::Arc<Cache>,
+    /// Our identity, for Events (`reportingInstance`).
+    pub identity: String,
+}
+
+fn is_status(err: &kube::Error, codes: &[u16]) -> bool {
+    matches!(err, kube::Error::Api(s) if codes.contains(&s.code))
+}
+
+/// Isolates `pod`: PDB accounting, then the relabelling patch, then an Event.
+pub async fn isolate(
+    ctx: &Context,
+    pod: &PodFacts,
+    snap: &Snapshot,
+    delete_at: Timestamp,
+    grace_period: Option<i64>,
+    now: Timestamp,
+) -> Result<Outcome, Error> {
+    let policy = owner_policy(ctx, pod).await?;
+    let leave = leave_selectors(snap, policy.leave);
+    let removed = labels_to_remove(&pod.labels, &leave, &policy.keep);
+    if let [pdb] = snap.pdbs.as_slice() {
+        let budget = consume_disruption(ctx, &pod.namespace, &pdb.name, &pod.name, now).await?;
+        if budget != Budget::Consumed {
+            return Ok(Outcome::Refused(budget));
+        }
+    }
+    let patch = isolation_patch(pod, &removed, delete_at, grace_period);
+    let api = Api::<Pod>::namespaced(ctx.client.clone(), &pod.namespace);
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    };
+    match api
+        .patch(&pod.name, &params, &kube::api::Patch::Json::<()>(patch))
+        .await
+    {
+        Ok(_) => {}
+        // 409: resourceVersion moved; 422: a `test` op failed (how the API server reports it).
+        Err(e) if is_status(&e, &[409, 422]) => {
+            return Err(Error::Conflict { pod: pod_ref(pod) });
+        }
+        Err(source) => return Err(api_err(pod, "patch pod", source)),
+    }
+    let message = format!(
+        "Isolated from its Services and controller (removed labels: {}); deletion at {delete_at}",
+        removed.keys().cloned().collect::<Vec<_>>().join(", ")
+    );
+    record_event(ctx, pod, REASON_ISOLATED, &message, now).await;
+    Ok(Outcome::Isolated { removed })
+}
+
+fn pod_ref(pod: &PodFacts) -> String {
+    format!("{}/{}", pod.namespace, pod.name)
+}
+
+fn api_err(pod: &PodFacts, action: &str, source: kube::Error) -> Error {
+    Error::Api {
+        pod: pod_ref(pod),
+        action: action.to_string(),
+        source,
+    }
+}
+
+/// The selectors to leave: selecting Services (with a selector), selecting PDBs (so the
+/// isolated pod stops counting as healthy) and whatever the owner policy adds.
+pub fn leave_selectors(snap: &Snapshot, owner: Vec<BTreeSet<String>>) -> Vec<BTreeSet<String>> {
+    let mut leave = owner;
+    leave.extend(
+        snap.services
+            .iter()
+            .filter(|s| !s.selector.is_empty())
+            .map(|s| s.selector.keys().cloned().collect()),
+    );
+    leave.extend(
+        snap.pdbs
+            .iter()
+            .filter(|p| !p.selector_keys.is_empty())
+            .map(|p| p.selector_keys.clone()),
+    );
+    leave
+}
+
+/// Reads the controlling owner's selector and derives the relabelling policy. A missing
+/// owner (already deleted) is treated as a bare pod.
+async fn owner_policy(ctx: &Context, pod: &PodFacts) -> Result<OwnerPolicy, Error> {
+    let Some((kind, name)) = &pod.owner else {
+        return Ok(OwnerPolicy::default());
+    };
+    let gvk = match kind {
+        OwnerKind::ReplicaSet => GroupVersionKind::gvk("apps", "v1", "ReplicaSet"),
+        OwnerKind::StatefulSet => GroupVersionKind::gvk("apps", "v1", "StatefulSet"),
+        OwnerKind::DaemonSet => GroupVersionKind::gvk("apps", "v1", "DaemonSet"),
+        OwnerKind::Job => GroupVersionKind::gvk("batch", "v1", "Job"),
+        OwnerKind::Other(_) => return Ok(OwnerPolicy::default()),
+    };
+    let resource = ApiResource::from_gvk(&gvk);
+    let api = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &pod.namespace, &resource);
+    let owner = match api.get_opt(name).await {
+        Ok(Some(owner)) => owner,
+        Ok(None) => return Ok(OwnerPolicy::default()),
+        Err(source) => return Err(api_err(pod, &format!("get {} {name}", gvk.kind), source)),
+    };
+    let keys = owner
+        .data
+        .pointer("/spec/selector")
+        .cloned()
+        .and_then(|v| serde_json::from_value::<LabelSelector>(v).ok())
+        .map(|s| selector_keys(&s))
+        .unwrap_or_default();
+    Ok(OwnerPolicy::for_owner(kind, keys))
+}
+
+fn ptr(tokens: &[&str]) -> PointerBuf {
+    PointerBuf::from_tokens(tokens.iter().copied())
+}
+
+/// The JSON patch isolating `pod`: tests on resourceVersion and labels, removal of
+/// `removed`, the draining label and the annotations the deleter resumes from.
+pub fn isolation_patch(
+    pod: &PodFacts,
+    removed: &BTreeMap<String, String>,
+    delete_at: Timestamp,
+    grace_period: Option<i64>,
+) -> Patch {
+    let mut ops = vec![PatchOperation::Test(TestOperation {
+        path: ptr(&["metadata", "resourceVersion"]),
+        value: Value::from(pod.resource_version.clone()),
+    })];
+    let add = |path: PointerBuf, value: Value| PatchOperation::Add(AddOperation { path, value });
+    if pod.labels.is_empty() {
+        let labels = serde_json::json!({ DRAINING_LABEL: "true" });
+        ops.push(add(ptr(&["metadata", "labels"]), labels));
+    } else {
+        ops.push(PatchOperation::Test(TestOperation {
+            path: ptr(&["metadata", "labels"]),
+            value: serde_json::to_value(&pod.labels).unwrap_or(Value::Null),
+        }));
+        for key in removed.keys() {
+            ops.push(PatchOperation::Remove(RemoveOperation {
+                path: ptr(&["metadata", "labels", key]),
+            }));
+        }
+        ops.push(add(
+            ptr(&["metadata", "labels", DRAINING_LABEL]),
+            "true".into(),
+        ));
+    }
+    let mut annotations = BTreeMap::new();
+    annotations.insert(
+        ORIGINAL_LABELS_ANNOTATION,
+        serde_json::to_string(removed).unwrap_or_else(|_| "{}".into()),
+    );
+    annotations.insert(DELETE_AT_ANNOTATION, delete_at.to_string());
+    if let Some(grace) = grace_period {
+        annotations.insert(GRACE_PERIOD_ANNOTATION, grace.to_string());
+    }
+    if pod.annotations.is_empty() {
+        let value = serde_json::to_value(&annotations).unwrap_or(Value::Null);
+        ops.push(add(ptr(&["metadata", "annotations"]), value));
+    } else {
+        for (key, value) in annotations {
+            ops.push(add(ptr(&["metadata", "annotations", key]), value.into()));
+        }
+    }
+    Patch(ops)
+}
+
+/// Records the disruption of `pod` in PDB `namespace/name`, serialised by resourceVersion.
+pub async fn consume_disruption(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+    pod: &str,
+    now: Timestamp,
+) -> Result<Budget, Error> {
+    let api = Api::<PodDisruptionBudget>::namespaced(ctx.client.clone(), namespace);
+    let pod_name = format!("{namespace}/{pod}");
+    let err = |action: &str, source| Error::Api {
+        pod: pod_name.clone(),
+        action: format!("{action} PDB {namespace}/{name}"),
+        source,
+    };
+    let mut current = match ctx.cache.pdb(namespace, name) {
+        Some(pdb) => (*pdb).clone(),
+        None => api.get(name).await.map_err(|e| err("get", e))?,
+    };
+    for _ in 0..PDB_ATTEMPTS {
+        let next = match charge(&current, pod, now) {
+            Ok(next) => next,
+            Err(budget) => return Ok(budget),
+        };
+        let Some(next) = next else {
+            return Ok(Budget::Consumed);
+        };
+        match api
+            .replace_status(name, &PostParams::default(), &next)
+            .await
+        {
+            Ok(updated) => {
+                ctx.cache.apply_pdb(&updated);
+                return Ok(Budget::Consumed);
+            }
+            Err(e) if is_status(&e, &[409]) => {
+                current = api.get(name).await.map_err(|e| err("get", e))?;
+            }
+            Err(e) => return Err(err("update status of", e)),
+        }
+    }
+    Err(Error::PdbContention {
+        pod: pod_name,
+        pdb: format!("{namespace}/{name}"),
+    })
+}
+
+/// The PDB with `pod` charged as disrupted: `Ok(None)` when already listed, `Err` when
+/// the budget refuses. Pure, so the accounting rules are table-tested.
+pub fn charge(
+    pdb: &PodDisruptionBudget,
+    pod: &str,
+    now: Timestamp,
+) -> Result<Option<PodDisruptionBudget>, Budget> {
+    let name = format!(
+        "{}/{}",
+        pdb.metadata.namespace.as_deref().unwrap_or_default(),
+        pdb.metadata.name.as_deref().unwrap_or_default()
+    );
+    let status = pdb.status.clone().unwrap_or_default();
+    if status.observed_generation.unwrap_or(-1) < pdb.metadata.generation.unwrap_or(0) {
+        return Err(Budget::NotObserved { pdb: name });
+    }
+    if status
+        .disrupted_pods
+        .as_ref()
+        .is_some_and(|d| d.contains_key(pod))
+    {
+        return Ok(None);
+    }
+    if status.disruptions_allowed <= 0 {
+        return Err(Budget::Exhausted { pdb: name });
+    }
+    let mut next = pdb.clone();
+    let mut status = status;
+    status.disruptions_allowed -= 1;
+    status
+        .disrupted_pods
+        .get_or_insert_with(BTreeMap::new)
+        .insert(pod.to_string(), Time(now));
+    next.status = Some(status);
+    Ok(Some(next))
+}
+
+/// Records a core/v1 Event on `pod`; failures are logged, never fatal.
+pub async fn record_event(
+    ctx: &Context,
+    pod: &PodFacts,
+    reason: &str,
+    message: &str,
+    now: Timestamp,
+) {
+    let event = Event {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{}.", pod.name)),
+            namespace: Some(pod.namespace.clone()),
+            ..ObjectMeta::default()
+        },
+        involved_object: ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(pod.name.clone()),
+            namespace: Some(pod.namespace.clone()),
+            uid: Some(pod.uid.clone()).filter(|u| !u.is_empty()),
+            ..ObjectReference::default()
+        },
+        reason: Some(reason.to_string()),
+        message: Some(message.to_string()),
+        type_: Some("Normal".into()),
+        source: Some(EventSource {
+            component: Some("graceful-drain-webhook".into()),
+            host: None,
+        }),
+        first_timestamp: Some(Time(now)),
+        last_timestamp: Some(Time(now)),
+        count: Some(1),
+        reporting_component: Some("graceful-drain.io/webhook".into()),
+        reporting_instance: Some(ctx.identity.clone()),
+        ..Event::default()
+    };
+    let api = Api::<Event>::namespaced(ctx.client.clone(), &pod.namespace);
+    if let Err(error) = api.create(&PostParams::default(), &event).await {
+        tracing::warn!(pod = %pod_ref(pod), reason, %error, "record event");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use http::Method;
+    use serde_json::json;
+
+    use super::*;
+    use crate::webhook::decide::{PdbFacts, ServiceFacts, ServiceType};
+    use crate::webhook::mock::{self, expect};
+
+    fn now() -> Timestamp {
+        "2026-01-01T00:00:00Z".parse().unwrap()
+    }
+
+    fn pod() -> PodFacts {
+        PodFacts {
+            namespace: "web".into(),
+            name: "web-1".into(),
+            uid: "uid-1".into(),
+            resource_version: "41".into(),
+            labels: [("app", "web"), ("pod-template-hash", "abc"), ("team", "a")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            annotations: [("note".to_string(), "x".to_string())].into(),
+            running: true,
+            ready: true,
+            terminating: false,
+            owner: Some((OwnerKind::ReplicaSet, "web-abc".into())),
+        }
+    }
+
+    fn pdb_json(rv: &str, allowed: i32) -> Value {
+        json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "web", "namespace": "web", "resourceVersion": rv, "generation": 1},
+            "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}},
+            "status": {"observedGeneration": 1, "disruptionsAllowed": allowed, "currentHealthy": 3,
+                       "desiredHealthy": 2, "expectedPods": 3}
+        })
+    }
+
+    fn snapshot() -> Snapshot {
+        Snapshot {
+            services: vec![ServiceFacts {
+                name: "web".into(),
+                service_type: ServiceType::LoadBalancer,
+                selector: [("app".to_string(), "web".to_string())].into(),
+            }],
+            pdbs: vec![PdbFacts {
+                name: "web".into(),
+                disruptions_allowed: 1,
+                observed: true,
+                lists_pod: false,
+                selector_keys: ["app".to_string()].into(),
+            }],
+            ..Snapshot::default()
+        }
+    }
+
+    fn context(client: kube::Client) -> Context {
+        let cache = Arc::new(Cache::default());
+        cache.apply_pdb(&serde_json::from_value(pdb_json("1", 1)).unwrap());
+        Context {
+            client,
+            cache,
+            identity: "webhook-0".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn isolation_sends_pdb_update_then_guarded_patch_then_event() {
+        let (client, mut api) = mock::client();
+        let ctx = context(client);
+        let delete_at: Timestamp = "2026-01-01T00:01:00Z".parse().unwrap();
+        let task = tokio::spawn(async move {
+            isolate(&ctx, &pod(), &snapshot(), delete_at, Some(20), now()).await
+        });
+        let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": "web-abc", "namespace": "web"},
+            "spec": {"selector": {"matchLabels": {"app": "web", "pod-template-hash": "abc"}}}});
+        expect(
+            &mut api,
+            Method::GET,
+            "/apis/apps/v1/namespaces/web/replicasets/web-abc",
+            200,
+            rs,
+        )
+        .await;
+        // The cached PDB is stale: the first update conflicts, we re-read and retry.
+        let pdb_path = "/apis/policy/v1/namespaces/web/poddisruptionbudgets/web";
+        let status_path = format!("{pdb_path}/status");
+        let first = expect(
+            &mut api,
+            Method::PUT,
+            &status_path,
+            409,
+            mock::status(409, "Conflict"),
+        )
+        .await;
+        assert_eq!(first.body["metadata"]["resourceVersion"], "1");
+        expect(&mut api, Method::GET, pdb_path, 200, pdb_json("2", 1)).await;
+        let update = expect(&mut api, Method::PUT, &status_path, 200, pdb_json("3", 0)).await;
+        assert_eq!(update.body["metadata"]["resourceVersion"], "2");
+        assert_eq!(update.body["status"]["disruptionsAllowed"], 0);
+        assert_eq!(
+            update.body["status"]["disruptedPods"]["web-1"],
+            "2026-01-01T00:00:00Z"
+        );
+
+        let patch = expect(
+            &mut api,
+            Method::PATCH,
+            "/api/v1/namespaces/web/pods/web-1",
+            200,
+            json!({}),
+        )
+        .await;
+        assert_eq!(patch.content_type, "application/json-patch+json");
+        assert_eq!(
+            patch.body,
+            json!([
+                {"op": "test", "path": "/metadata/resourceVersion", "value": "41"},
+                {"op": "test", "path": "/metadata/labels",
+                 "value": {"app": "web", "pod-template-hash": "abc", "team": "a"}},
+                {"op": "remove", "path": "/metadata/labels/app"},
+                {"op": "remove", "path": "/metadata/labels/pod-template-hash"},
+                {"op": "add", "path": "/metadata/labels/graceful-drain.io~1draining", "value": "true"},
+                {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1delete-at",
+                 "value": "2026-01-01T00:01:00Z"},
+                {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1grace-period-seconds",
+                 "value": "20"},
+                {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1original-labels",
+                 "value": "{\"app\":\"web\",\"pod-template-hash\":\"abc\"}"},
+            ])
+        );
+        let event = expect(
+            &mut api,
+            Method::POST,
+            "/api/v1/namespaces/web/events",
+            201,
+            json!({}),
+        )
+        .await;
+        assert_eq!(event.body["reason"], REASON_ISOLATED);
+        assert_eq!(event.body["involvedObject"]["uid"], "uid-1");
+        let outcome = task.await.unwrap().unwrap();
+        assert_eq!(
+            outcome,
+            Outcome::Isolated {
+                removed: [("app", "web"), ("pod-template-hash", "abc")]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect()
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn exhausted_pdb_after_reread_leaves_the_pod_alone() {
+        let (client, mut api) = mock::client();
+        let ctx = context(client);
+        let task =
+            tokio::spawn(
+                async move { isolate(&ctx, &pod(), &snapshot(), now(), None, now()).await },
+            );
+        let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": "web-abc", "namespace": "web"}, "spec": {"selector": {}}});
+        expect(
+            &mut api,
+            Method::GET,
+            "/apis/apps/v1/namespaces/web/replicasets/web-abc",
+            200,
+            rs,
+        )
+        .await;
+        let status_path = "/apis/policy/v1/namespaces/web/poddisruptionbudgets/web/status";
+        expect(
+            &mut api,
+            Method::PUT,
+            status_path,
+            409,
+            mock::status(409, "Conflict"),
+        )
+        .await;
+        // Another replica took the last disruption in between.
+        expect(
+            &mut api,
+            Method::GET,
+            "/apis/policy/v1/namespaces/web/poddisruptionbudgets/web",
+            200,
+            pdb_json("2", 0),
+        )
+        .await;
+        let outcome = task.await.unwrap().unwrap();
+        assert_eq!(
+            outcome,
+            Outcome::Refused(Budget::Exhausted {
+                pdb: "web/web".into()
+            })
+        );
+    }
+
+    #[tokio::test]
+    async fn failed_test_op_is_a_conflict() {
+        let (client, mut api) = mock::client();
+        let ctx = context(client);
+        let mut bare = pod();
+        bare.owner = None;
+        let snap = Snapshot {
+            pdbs: Vec::new(),
+            ..snapshot()
+        };
+        let task =
+            tokio::spawn(async move { isolate(&ctx, &bare, &snap, now(), None, now()).await });
+        expect(
+            &mut api,
+            Method::PATCH,
+            "/api/v1/namespaces/web/pods/web-1",
+            422,
+            mock::status(422, "Invalid"),
+        )
+        .await;
+        assert!(matches!(task.await.unwrap(), Err(Error::Conflict { .. })));
+    }
+
+    #[test]
+    fn charging_a_pdb_follows_the_eviction_rules() {
+        let pdb = |v: Value| serde_json::from_value::<PodDisruptionBudget>(v).unwrap();
+        let next = charge(&pdb(pdb_json("5", 2)), "web-1", now())
+            .unwrap()
+            .unwrap();
+        let status = next.status.unwrap();
+        assert_eq!(status.disruptions_allowed, 1);
+        assert!(status.disrupted_pods.unwrap().contains_key("web-1"));
+        assert_eq!(next.metadata.resource_version.as_deref(), Some("5"));
+
+        assert_eq!(
+            charge(&pdb(pdb_json("5", 0)), "web-1", now()).unwrap_err(),
+            Budget::Exhausted {
+                pdb: "web/web".into()
+            }
+        );
+        let mut listed = pdb_json("5", 0);
+        listed["status"]["disruptedPods"] = json!({"web-1": "2026-01-01T00:00:00Z"});
+        assert_eq!(charge(&pdb(listed), "web-1", now()), Ok(None));
+        let mut unobserved = pdb_json("5", 3);
+        unobserved["metadata"]["generation"] = json!(2);
+        assert_eq!(
+            charge(&pdb(unobserved), "web-1", now()).unwrap_err(),
+            Budget::NotObserved {
+                pdb: "web/web".into()
+            }
+        );
+    }
+
+    #[test]
+    fn patch_for_a_pod_without_labels_or_annotations_creates_both_maps() {
+        let mut bare = pod();
+        bare.labels.clear();
+        bare.annotations.clear();
+        let patch =
+            serde_json::to_value(isolation_patch(&bare, &BTreeMap::new(), now(), None)).unwrap();
+        assert_eq!(
+            patch,
+            json!([
+                {"op": "test", "path": "/metadata/resourceVersion", "value": "41"},
+                {"op": "add", "path": "/metadata/labels", "value": {"graceful-drain.io/draining": "true"}},
+                {"op": "add", "path": "/metadata/annotations", "value": {
+                    "graceful-drain.io/delete-at": "2026-01-01T00:00:00Z",
+                    "graceful-drain.io/original-labels": "{}"}},
+            ])
+        );
+    }
+
+    /// A tiny in-memory API server with real resourceVersion semantics for the PDB
+    /// status and JSON-patch `test` ops on pods, shared by several webhook "replicas".
+    #[derive(Default)]
+    struct Fake {
+        pdb: Value,
+        pods: std::collections::HashMap<String, Value>,
+        isolated: usize,
+        fewest_serving: usize,
+    }
+
+    const PODS: usize = 6;
+    const MIN_AVAILABLE: usize = 4;
+
+    fn fake_pod(i: usize) -> Value {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": format!("web-{i}"), "namespace": "web", "uid": format!("uid-{i}"),
+                            "resourceVersion": "1", "labels": {"app": "web"}}})
+    }
+
+    async fn serve_fake(
+        fake: Arc<std::sync::Mutex<Fake>>,
+        req: http::Request<kube::client::Body>,
+    ) -> Result<http::Response<kube::client::Body>, std::convert::Infallible> {
+        use http_body_util::BodyExt;
+        let (parts, body) = req.into_parts();
+        let body: Value = serde_json::from_slice(&body.collect().await.unwrap().to_bytes())
+            .unwrap_or(Value::Null);
+        let path = parts.uri.path().to_string();
+        let (code, reply) = {
+            let mut f = fake.lock().unwrap();
+            let pdb_path = "/apis/policy/v1/namespaces/web/poddisruptionbudgets/web";
+            match parts.method {
+                Method::GET if path == pdb_path => (200, f.pdb.clone()),
+                Method::PUT if path == format!("{pdb_path}/status") => {
+                    let current = f.pdb["metadata"]["resourceVersion"]
+                        .as_str()
+                        .unwrap()
+                        .parse::<u64>()
+                        .unwrap();
+                    if body["metadata"]["resourceVersion"] != json!(current.to_string()) {
+                        (409, mock::status(409, "Conflict"))
+                    } else {
+                        let mut next = body.clone();
+                        next["metadata"]["resourceVersion"] = json!((current + 1).to_string());
+                        f.pdb = next.clone();
+                        (200, next)
+                    }
+                }
+                Method::PATCH => {
+                    let name = path.rsplit('/').next().unwrap().to_string();
+                    let patch: json_patch::Patch = serde_json::from_value(body).unwrap();
+                    let mut pod = f.pods[&name].clone();
+                    match json_patch::patch(&mut pod, &patch) {
+                        Err(_) => (422, mock::status(422, "Invalid")),
+                        Ok(()) => {
+                            let rv: u64 = pod["metadata"]["resourceVersion"]
+                                .as_str()
+                                .unwrap()
+                                .parse()
+                                .unwrap();
+                            pod["metadata"]["resourceVersion"] = json!((rv + 1).to_string());
+                            f.pods.insert(name, pod.clone());
+                            f.isolated += 1;
+                            f.fewest_serving = f.fewest_serving.min(PODS - f.isolated);
+                            (200, pod)
+                        }
+                    }
+                }
+                Method::POST => (201, json!({})),
+                _ => (404, mock::status(404, "NotFound")),
+            }
+        };
+        Ok(http::Response::builder()
+            .status(code)
+            .body(kube::client::Body::from(
+                serde_json::to_vec(&reply).unwrap(),
+            ))
+            .unwrap())
+    }
+
+    /// Three replicas with stale caches race to isolate six pods behind a PDB with
+    /// minAvailable 4: exactly two are isolated and at no moment do fewer than four serve.
+    #[tokio::test]
+    async fn concurrent_isolations_never_break_min_available() {
+        let mut pdb = pdb_json("1", 2);
+        pdb["spec"]["minAvailable"] = json!(MIN_AVAILABLE);
+        let fake = Arc::new(std::sync::Mutex::new(Fake {
+            pdb: pdb.clone(),
+            pods: (0..PODS)
+                .map(|i| (format!("web-{i}"), fake_pod(i)))
+                .collect(),
+            fewest_serving: PODS,
+            ..Fake::default()
+        }));
+        let replicas: Vec<Context> = (0..3)
+            .map(|r| {
+                let fake = fake.clone();
+                let service = tower::service_fn(move |req| serve_fake(fake.clone(), req));
+                let cache = Arc::new(Cache::default());
+                cache.apply_pdb(&serde_json::from_value(pdb.clone()).unwrap());
+                Context {
+                    client: kube::Client::new(service, "default"),
+                    cache,
+                    identity: format!("w{r}"),
+                }
+            })
+            .collect();
+        let mut tasks = Vec::new();
+        for i in 0..PODS {
+            let ctx = replicas[i % 3].clone();
+            tasks.push(tokio::spawn(async move {
+                let mut facts = pod();
+                facts.name = format!("web-{i}");
+                facts.uid = format!("uid-{i}");
+                facts.resource_version = "1".into();
+                facts.labels = [("app".to_string(), "web".to_string())].into();
+                facts.owner = None;
+                facts.annotations.clear();
+                isolate(&ctx, &facts, &snapshot(), now(), None, now()).await
+            }));
+        }
+        let mut isolated = 0;
+        for task in tasks {
+            match task.await.unwrap().unwrap() {
+                Outcome::Isolated { .. } => isolated += 1,
+                Outcome::Refused(Budget::Exhausted { .. }) => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        let f = fake.lock().unwrap();
+        assert_eq!(isolated, 2);
+        assert_eq!(f.isolated, 2);
+        assert!(
+            f.fewest_serving >= MIN_AVAILABLE,
+            "only {} served",
+            f.fewest_serving
+        );
+        assert_eq!(f.pdb["status"]["disruptionsAllowed"], 0);
+        assert_eq!(
+            f.pdb["status"]["disruptedPods"].as_object().unwrap().len(),
+            2
+        );
+    }
+}

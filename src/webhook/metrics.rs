@@ -1,0 +1,106 @@
+//! Prometheus metrics of the webhook (prefix `graceful_drain_webhook_`), with bounded
+//! labels only: the admission path and a fixed set of outcomes, never a pod name.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Labels of the review counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReviewLabels {
+    /// `evict` or `delete`.
+    pub operation: &'static str,
+    /// `isolated`, `pending`, `refused`, `error`, `not_ours` or a pass-through reason.
+    pub outcome: &'static str,
+}
+
+/// Labels of the latency histogram.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationLabels {
+    pub operation: &'static str,
+}
+
+/// Every webhook metric.
+#[derive(Debug)]
+pub struct Metrics {
+    pub reviews: Family<ReviewLabels, Counter>,
+    pub latency: Family<OperationLabels, Histogram, fn() -> Histogram>,
+    pub pods_isolated: Counter,
+    pub pods_deleted: Counter,
+    pub pending_deletions: Gauge,
+    pub holds_in_flight: Gauge,
+    pub leader: Gauge,
+}
+
+/// Review latency buckets (seconds): sub-millisecond pass-through up to the 30 s maximum
+/// webhook timeout, since held DELETEs last seconds.
+fn latency_histogram() -> Histogram {
+    Histogram::new([
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    ])
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them under `graceful_drain_webhook`.
+    pub fn new(registry: &mut Registry) -> Metrics {
+        let metrics = Metrics {
+            reviews: Family::default(),
+            latency: Family::new_with_constructor(latency_histogram),
+            pods_isolated: Counter::default(),
+            pods_deleted: Counter::default(),
+            pending_deletions: Gauge::default(),
+            holds_in_flight: Gauge::default(),
+            leader: Gauge::default(),
+        };
+        let reg = registry.sub_registry_with_prefix("graceful_drain_webhook");
+        reg.register(
+            "reviews",
+            "Admission reviews by operation and outcome",
+            metrics.reviews.clone(),
+        );
+        reg.register(
+            "review_duration_seconds",
+            "Time to answer an admission review, holds included",
+            metrics.latency.clone(),
+        );
+        reg.register(
+            "pods_isolated",
+            "Pods isolated from their Services and controller",
+            metrics.pods_isolated.clone(),
+        );
+        reg.register(
+            "pods_deleted",
+            "Isolated pods deleted by the deferred deleter",
+            metrics.pods_deleted.clone(),
+        );
+        reg.register(
+            "pending_deletions",
+            "Isolated pods waiting for deletion",
+            metrics.pending_deletions.clone(),
+        );
+        reg.register(
+            "holds_in_flight",
+            "DELETE reviews currently held",
+            metrics.holds_in_flight.clone(),
+        );
+        reg.register(
+            "leader",
+            "1 while this replica holds the deleter Lease",
+            metrics.leader.clone(),
+        );
+        metrics
+    }
+
+    /// Counts one review.
+    pub fn review(&self, operation: &'static str, outcome: &'static str, seconds: f64) {
+        self.reviews
+            .get_or_create(&ReviewLabels { operation, outcome })
+            .inc();
+        self.latency
+            .get_or_create(&OperationLabels { operation })
+            .observe(seconds);
+    }
+}
