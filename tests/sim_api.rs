@@ -952,10 +952,10 @@ async fn admission_webhooks_mutate_deny_and_fail_like_the_api_server() {
 }
 
 // ---------------------------------------------------------------------------------
-// CRDs, garbage collection, events, leases
+// CRDs, defaults, events, leases
 
 use graceful_drain::lifecycle::types::{LifecycleEvent, LifecycleEventSpec};
-use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
@@ -1041,14 +1041,12 @@ async fn crds_serve_cluster_scoped_lifecycle_events_with_status() {
 }
 
 #[tokio::test]
-async fn owners_cascade_events_record_and_leases_guard_updates() {
+async fn defaults_apply_events_record_and_leases_guard_updates() {
     let (api, _shutdown) = server(Config::default()).await;
     let client = api.client("admin");
 
-    // Deleting a Deployment removes its ReplicaSet, whose pods then start terminating.
+    // Workloads get the API server's defaults.
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), "default");
-    let replicasets: Api<ReplicaSet> = Api::namespaced(client.clone(), "default");
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let template = json!({"metadata": {"labels": {"app": "web"}},
                           "spec": {"containers": [{"name": "app", "image": "web:1"}]}});
     let deploy: Deployment = serde_json::from_value(json!({"metadata": {"name": "web"},
@@ -1058,30 +1056,16 @@ async fn owners_cascade_events_record_and_leases_guard_updates() {
         .create(&PostParams::default(), &deploy)
         .await
         .unwrap();
-    assert_eq!(deploy.spec.as_ref().unwrap().replicas, Some(1));
-    let owner = |kind: &str, name: &str, uid: &Option<String>| json!([{"apiVersion": "apps/v1", "kind": kind, "name": name, "uid": uid, "controller": true}]);
-    let rs: ReplicaSet = serde_json::from_value(json!({"metadata": {"name": "web-1", "ownerReferences": owner("Deployment", "web", &deploy.metadata.uid)},
-        "spec": {"selector": {"matchLabels": {"app": "web"}}, "template": template}})).unwrap();
-    let rs = replicasets
-        .create(&PostParams::default(), &rs)
-        .await
-        .unwrap();
-    let mut owned = pod("web-1-a", Some("n1"), json!({"app": "web"}));
-    owned.metadata.owner_references =
-        serde_json::from_value(owner("ReplicaSet", "web-1", &rs.metadata.uid)).unwrap();
-    pods.create(&PostParams::default(), &owned).await.unwrap();
-    deployments
-        .delete("web", &DeleteParams::default())
-        .await
-        .unwrap();
-    assert!(replicasets.get_opt("web-1").await.unwrap().is_none());
-    assert!(
-        pods.get("web-1-a")
-            .await
-            .unwrap()
-            .metadata
-            .deletion_timestamp
-            .is_some()
+    let spec = deploy.spec.unwrap();
+    assert_eq!(spec.replicas, Some(1));
+    let rolling = spec.strategy.unwrap().rolling_update.unwrap();
+    assert_eq!(
+        rolling.max_surge,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("25%".into()))
+    );
+    assert_eq!(
+        spec.template.spec.unwrap().termination_grace_period_seconds,
+        Some(30)
     );
 
     // kube-runtime's event recorder creates events.k8s.io/v1 Events.
@@ -1095,7 +1079,7 @@ async fn owners_cascade_events_record_and_leases_guard_updates() {
     let reference = k8s_openapi::api::core::v1::ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Pod".into()),
-        name: Some("web-1-a".into()),
+        name: Some("web-1".into()),
         namespace: Some("default".into()),
         ..Default::default()
     };

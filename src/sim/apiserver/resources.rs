@@ -384,11 +384,6 @@ impl Registry {
             .find(|d| d.group == group && d.version == version && d.plural == plural)
     }
 
-    /// Finds the resource stored in a table (first served version).
-    pub(crate) fn find_table(&self, table: &str) -> Option<Arc<ResourceDef>> {
-        self.read().into_iter().find(|d| d.table() == table)
-    }
-
     /// Served group/versions, in registration order, without duplicates.
     pub(crate) fn group_versions(&self) -> Vec<(String, String)> {
         let mut out: Vec<(String, String)> = Vec::new();
