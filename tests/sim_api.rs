@@ -1137,3 +1137,56 @@ async fn defaults_apply_events_record_and_leases_guard_updates() {
         Some("b")
     );
 }
+
+#[tokio::test]
+async fn binding_assigns_a_pod_once_and_pod_specs_stay_immutable() {
+    let (api, _shutdown) = server(Config::default()).await;
+    let client = api.client("system:kube-scheduler");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    pods.create(&PostParams::default(), &pod("p", None, json!({})))
+        .await
+        .unwrap();
+    let binding = |node: &str| {
+        json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "p"},
+               "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
+    };
+    let path = "/api/v1/namespaces/default/pods/p/binding";
+    let (code, _, _) = post_raw(&api, path, binding("n1")).await;
+    assert_eq!(code, 201);
+    assert_eq!(
+        pods.get("p")
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .node_name
+            .as_deref(),
+        Some("n1")
+    );
+    let (code, _, body) = post_raw(&api, path, binding("n2")).await;
+    assert_eq!(code, 409, "{body}");
+
+    // Moving a pod by patching its spec is refused like upstream; images may change.
+    let moved = pods
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"nodeName": "n2"}})),
+        )
+        .await
+        .unwrap_err();
+    let moved = api_error(moved);
+    assert_eq!((moved.code, moved.reason.as_str()), (422, "Invalid"));
+    let image = json!({"spec": {"containers": [{"name": "app", "image": "web:2"}]}});
+    let patched = pods
+        .patch("p", &PatchParams::default(), &Patch::Strategic(image))
+        .await
+        .unwrap();
+    assert_eq!(
+        patched.spec.unwrap().containers[0].image.as_deref(),
+        Some("web:2")
+    );
+    let stats = api.stats();
+    assert_eq!(stats.by_user["system:kube-scheduler"], 4);
+    assert_eq!(stats.count("create", "pods/binding"), 2);
+}

@@ -170,6 +170,27 @@ fn valid_name(name: &str) -> bool {
         && name.ends_with(|c: char| c.is_ascii_alphanumeric())
 }
 
+/// The name of a new object: given, or generated from `generateName`.
+fn resolve_name(def: &ResourceDef, meta: &Map<String, Value>) -> ApiResult<String> {
+    let field = |k: &str| {
+        meta.get(k)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    let (name, generate) = (field("name"), field("generateName"));
+    match (name.is_empty(), generate.is_empty()) {
+        (false, _) => Ok(name),
+        (true, false) => Ok(format!("{generate}{}", random_suffix())),
+        (true, true) => Err(ApiError::invalid(
+            &def.group,
+            &def.kind,
+            "",
+            "metadata.name: Required value: name or generateName is required",
+        )),
+    }
+}
+
 /// Server-set metadata of a new object.
 fn init_metadata(ctx: &Ctx, target: &Target, obj: &mut Value) -> ApiResult<()> {
     let def = &target.def;
@@ -185,28 +206,7 @@ fn init_metadata(ctx: &Ctx, target: &Target, obj: &mut Value) -> ApiResult<()> {
     } else {
         meta.remove("namespace");
     }
-    let name = meta
-        .get("name")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
-    let generate = meta
-        .get("generateName")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
-    let name = match (name.is_empty(), generate.is_empty()) {
-        (false, _) => name,
-        (true, false) => format!("{generate}{}", random_suffix()),
-        (true, true) => {
-            return Err(ApiError::invalid(
-                &def.group,
-                &def.kind,
-                "",
-                "metadata.name: Required value: name or generateName is required",
-            ));
-        }
-    };
+    let name = resolve_name(def, meta)?;
     if !valid_name(&name) {
         return Err(ApiError::invalid(
             &def.group,
@@ -897,6 +897,20 @@ pub(crate) async fn bind(
         .filter(|n| !n.is_empty())
         .ok_or_else(|| ApiError::invalid("", "Binding", &name, "target.name: Required value"))?
         .to_string();
+    let options = json!({"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"});
+    let attrs = Attributes {
+        kind: Some((String::new(), "v1".into(), "Binding".into())),
+        ..admission_attrs(
+            target,
+            req,
+            Operation::Create,
+            &name,
+            Some(body.clone()),
+            None,
+            options,
+        )
+    };
+    admission::admit(ctx, attrs).await?;
     for _ in 0..MAX_RACE_RETRIES {
         let old = get(ctx, target)?;
         let current = old
