@@ -1289,3 +1289,30 @@ async fn binding_assigns_a_pod_once_and_pod_specs_stay_immutable() {
     assert_eq!(stats.by_user["system:kube-scheduler"], 4);
     assert_eq!(stats.count("create", "pods/binding"), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_evictions_serialise_on_the_disruption_budget() {
+    let (api, _shutdown) = server(Config::default()).await;
+    let client = api.client("admin");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    for i in 0..6 {
+        running_pod(&pods, &format!("web-{i}"), json!({"app": "web"})).await;
+    }
+    pdb(&client, "web-pdb", "web", true, 2).await;
+    let attempts = (0..6).map(|i| {
+        let api = api.clone();
+        async move {
+            let name = format!("web-{i}");
+            post_raw(&api, &evict_path(&name), eviction(&name, json!({})))
+                .await
+                .0
+        }
+    });
+    let mut codes = futures::future::join_all(attempts).await;
+    codes.sort_unstable();
+    assert_eq!(codes, vec![201, 201, 429, 429, 429, 429]);
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), "default");
+    let status = pdbs.get("web-pdb").await.unwrap().status.unwrap();
+    assert_eq!(status.disruptions_allowed, 0);
+    assert_eq!(status.disrupted_pods.unwrap().len(), 2);
+}
