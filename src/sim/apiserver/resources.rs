@@ -9,7 +9,7 @@ use std::sync::{Arc, RwLock};
 use k8s_openapi::api::{
     admissionregistration::v1 as admv1, apps::v1 as apps, batch::v1 as batch,
     coordination::v1 as coord, core::v1 as core, discovery::v1 as disc, events::v1 as events,
-    policy::v1 as policy,
+    networking::v1 as net, policy::v1 as policy, rbac::v1 as rbac,
 };
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiext;
 use serde::Serialize;
@@ -150,6 +150,12 @@ fn builtins() -> Vec<Builtin> {
         builtin!("coordination.k8s.io", "v1", "leases", coord::Lease, true, &[], &[], &[]),
         builtin!(ADM, "v1", "mutatingwebhookconfigurations", admv1::MutatingWebhookConfiguration, false, &[], &[], &[]),
         builtin!(ADM, "v1", "validatingwebhookconfigurations", admv1::ValidatingWebhookConfiguration, false, &[], &[], &[]),
+        builtin!("rbac.authorization.k8s.io", "v1", "roles", rbac::Role, true, &[], &[], &[]),
+        builtin!("rbac.authorization.k8s.io", "v1", "rolebindings", rbac::RoleBinding, true, &[], &[], &[]),
+        builtin!("rbac.authorization.k8s.io", "v1", "clusterroles", rbac::ClusterRole, false, &[], &[], &[]),
+        builtin!("rbac.authorization.k8s.io", "v1", "clusterrolebindings", rbac::ClusterRoleBinding, false, &[], &[], &[]),
+        builtin!("networking.k8s.io", "v1", "networkpolicies", net::NetworkPolicy, true, &["netpol"], &[], &[]),
+        builtin!("networking.k8s.io", "v1", "ingresses", net::Ingress, true, &["ing"], ST, &[]),
         builtin!("apiextensions.k8s.io", "v1", "customresourcedefinitions", apiext::CustomResourceDefinition, false, &["crd", "crds"], ST, &[]),
     ]
 }
