@@ -84,6 +84,8 @@ impl Drop for TempDir {
 pub struct Components {
     tasks: Vec<(String, JoinHandle<anyhow::Result<()>>)>,
     stop: Shutdown,
+    /// Stops the webhook alone (a child of `stop`).
+    webhook_stop: Shutdown,
     _dir: TempDir,
 }
 
@@ -148,14 +150,31 @@ impl Components {
                 })?;
             }
         }
+        let stop = cluster.shutdown().child_token();
         let mut this = Components {
             tasks: Vec::new(),
-            stop: cluster.shutdown().child_token(),
+            webhook_stop: stop.child_token(),
+            stop,
             _dir: dir,
         };
         this.start_webhook(cluster, cfg).await?;
         this.start_agents(cluster).await?;
         Ok(this)
+    }
+
+    /// Stops the webhook and waits until it has exited (an outage: the API server's
+    /// calls then fail and failurePolicy decides). Returns the webhook's outcome.
+    pub async fn stop_webhook(&mut self) -> Result<(), Error> {
+        self.webhook_stop.cancel();
+        let Some(index) = self.tasks.iter().position(|(name, _)| name == "webhook") else {
+            return Ok(());
+        };
+        let (name, task) = self.tasks.remove(index);
+        match task.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(component_err(&name)(format!("{e:#}"))),
+            Err(e) => Err(component_err(&name)(format!("panicked: {e}"))),
+        }
     }
 
     fn dir(&self) -> &Path {
@@ -247,6 +266,8 @@ impl Components {
             NAMESPACE,
             "--identity",
             "sim-webhook-0",
+            "--own-user",
+            WEBHOOK_USER,
             "--kubeconfig",
             &kubeconfig.display().to_string(),
         ]
@@ -259,7 +280,7 @@ impl Components {
                 e.to_string().lines().next().unwrap_or_default()
             ))
         })?;
-        let stop = self.stop.clone();
+        let stop = self.webhook_stop.clone();
         self.spawn("webhook".into(), crate::webhook::run(cli.args, stop));
         self.await_ready("webhook", || ready_http(admin)).await?;
         create_configurations(cluster, listen, &bundle.ca_cert, cfg.timeout_seconds).await
