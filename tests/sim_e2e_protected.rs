@@ -1,6 +1,9 @@
 //! End-to-end scenarios with graceful-drain's real webhook and node agents running
 //! in-process against the simulated cluster, started from their documented flags.
 
+// Helpers outside #[test] functions unwrap too: a failed step fails the test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::{Duration, Instant};
 
 use graceful_drain::runtime::Shutdown;
