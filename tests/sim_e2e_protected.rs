@@ -23,10 +23,14 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 /// Load-balancer lags short enough for tests; the webhook's delay covers the
 /// deregistration lag with a second to spare.
 fn config() -> ClusterConfig {
+    config_with_lag(Duration::from_secs(2))
+}
+
+fn config_with_lag(deregistration_lag: Duration) -> ClusterConfig {
     ClusterConfig {
         lb: LbConfig {
             registration_lag: Duration::from_millis(300),
-            deregistration_lag: Duration::from_secs(2),
+            deregistration_lag,
         },
         ..ClusterConfig::default()
     }
@@ -117,9 +121,12 @@ async fn rollout_with_a_lag_beyond_the_delay_shows_5xx() {
     // The same rollout, but the load balancer keeps routing to removed pods for 6 s
     // while the webhook only waits 3 s: the measurement must see the difference.
     let spec = WebSpec::default();
-    let (cluster, mut components) = protected_with(&spec, config_with_lag(Duration::from_secs(6))).await;
+    let (cluster, mut components) =
+        protected_with(&spec, config_with_lag(Duration::from_secs(6))).await;
     let traffic = cluster.traffic(&spec, traffic());
-    actions::rollout(&cluster.client(), &spec, TIMEOUT).await.unwrap();
+    actions::rollout(&cluster.client(), &spec, TIMEOUT)
+        .await
+        .unwrap();
     let report = settle(&cluster, &spec, traffic).await;
     components.check().await.unwrap();
     assert!(report.errors_5xx > 0, "{}", describe(&report));
