@@ -317,6 +317,7 @@ pub(crate) fn get(ctx: &Ctx, target: &Target) -> ApiResult<Value> {
     let def = &target.def;
     ctx.store
         .get(&def.table(), &def.key(&target.namespace, name))
+        .map(|v| def.view.served(v))
         .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))
 }
 
@@ -369,6 +370,7 @@ fn list(ctx: &Ctx, target: &Target, req: &Req) -> ApiResult<Value> {
         .unwrap_or(usize::MAX);
     let mut matching = items
         .into_iter()
+        .map(|(key, obj)| (key, def.view.served(obj)))
         .filter(|(key, _)| after.as_ref().is_none_or(|a| key > a))
         .filter(|(_, obj)| filter.matches(obj));
     let page: Vec<(String, Value)> = matching.by_ref().take(limit).collect();

@@ -9,6 +9,7 @@
 //! Every request is counted in [`Stats`].
 
 mod admission;
+mod convert;
 mod defaults;
 mod eviction;
 mod handler;

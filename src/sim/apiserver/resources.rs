@@ -16,6 +16,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
+pub(crate) use super::convert::View;
+
 /// Round-trips a JSON object through a typed representation (drops unknown fields).
 pub(crate) type Normalize = fn(Value) -> Result<Value, serde_json::Error>;
 
@@ -41,6 +43,8 @@ pub(crate) struct ResourceDef {
     pub normalize: Option<Normalize>,
     /// Defined by a CustomResourceDefinition (no strategic merge patch).
     pub custom: bool,
+    /// How the served form maps to the stored one.
+    pub view: View,
 }
 
 impl ResourceDef {
@@ -53,9 +57,13 @@ impl ResourceDef {
         }
     }
 
-    /// Storage table key shared by every version of the resource.
+    /// Storage table key shared by every version of the resource (events.k8s.io
+    /// Events live with core Events).
     pub(crate) fn table(&self) -> String {
-        format!("{}/{}", self.group, self.plural)
+        match self.view {
+            View::EventsV1 => "/events".to_string(),
+            View::Native => format!("{}/{}", self.group, self.plural),
+        }
     }
 
     pub(crate) fn has_status(&self) -> bool {
@@ -108,6 +116,16 @@ const EVENT_FIELDS: &[&str] = &[
     "type",
 ];
 
+const EVENTS_V1_FIELDS: &[&str] = &[
+    "regarding.kind",
+    "regarding.namespace",
+    "regarding.name",
+    "regarding.uid",
+    "reason",
+    "reportingController",
+    "type",
+];
+
 macro_rules! builtin {
     ($g:expr, $v:expr, $p:expr, $ty:ty, $ns:expr, $short:expr, $subs:expr, $fields:expr) => {
         Builtin {
@@ -138,7 +156,7 @@ fn builtins() -> Vec<Builtin> {
         builtin!("", "v1", "secrets", core::Secret, true, &[], &[], &["type"]),
         builtin!("", "v1", "serviceaccounts", core::ServiceAccount, true, &["sa"], &[], &[]),
         builtin!("", "v1", "endpoints", core::Endpoints, true, &["ep"], &[], &[]),
-        builtin!("events.k8s.io", "v1", "events", events::Event, true, &["ev"], &[], &[]),
+        builtin!("events.k8s.io", "v1", "events", events::Event, true, &["ev"], &[], EVENTS_V1_FIELDS),
         builtin!("discovery.k8s.io", "v1", "endpointslices", disc::EndpointSlice, true, &[], &[], &[]),
         builtin!("apps", "v1", "replicasets", apps::ReplicaSet, true, &["rs"], ST, &[]),
         builtin!("apps", "v1", "deployments", apps::Deployment, true, &["deploy"], ST, &[]),
@@ -183,6 +201,11 @@ impl Default for Registry {
                     selectable_fields: b.fields.iter().map(|s| s.to_string()).collect(),
                     normalize: Some(b.normalize),
                     custom: false,
+                    view: if b.group == "events.k8s.io" {
+                        View::EventsV1
+                    } else {
+                        View::Native
+                    },
                 })
             })
             .collect();
@@ -486,6 +509,7 @@ fn crd_defs(crd: &Value) -> Vec<ResourceDef> {
                 selectable_fields: fields,
                 normalize: None,
                 custom: true,
+                view: View::Native,
             })
         })
         .collect()

@@ -72,8 +72,13 @@ impl Plan {
         if change.table != self.def.table() {
             return None;
         }
-        let now = self.matches(&change.object);
-        let before = change.old.as_ref().is_some_and(|o| self.matches(o));
+        let view = self.def.view;
+        let object = view.from_storage(&change.object);
+        let now = self.matches(&object);
+        let before = change
+            .old
+            .as_ref()
+            .is_some_and(|o| self.matches(&view.from_storage(o)));
         let kind = match (change.kind, before, now) {
             (EventType::Added, _, true) => EventType::Added,
             (EventType::Deleted, true, _) => EventType::Deleted,
@@ -82,7 +87,7 @@ impl Plan {
             (EventType::Modified, true, false) => EventType::Deleted,
             _ => return None,
         };
-        Some(line(kind.as_str(), &change.object))
+        Some(line(kind.as_str(), &object))
     }
 }
 
@@ -112,9 +117,10 @@ pub(crate) fn watch(ctx: Arc<Ctx>, target: &Target, req: &Req) -> Response {
         let (items, rv, live) = ctx.store.snapshot_and_subscribe(&table);
         first.extend(
             items
-                .iter()
+                .into_iter()
+                .map(|o| plan.def.view.served(o))
                 .filter(|o| plan.matches(o))
-                .map(|o| line("ADDED", o)),
+                .map(|o| line("ADDED", &o)),
         );
         if initial {
             first.push(bookmark(&plan.def, rv, true));
