@@ -60,14 +60,14 @@ impl View {
     }
 
     /// The served form of a stored object.
-    pub(crate) fn from_storage(self, obj: &Value) -> Cow<'_, Value> {
+    pub(crate) fn served_ref(self, obj: &Value) -> Cow<'_, Value> {
         match self {
             Self::Native => Cow::Borrowed(obj),
             Self::EventsV1 => Cow::Owned(remap(obj, "events.k8s.io/v1", true)),
         }
     }
 
-    /// [`View::from_storage`] for an owned object.
+    /// [`View::served_ref`] for an owned object.
     pub(crate) fn served(self, obj: Value) -> Value {
         match self {
             Self::Native => obj,

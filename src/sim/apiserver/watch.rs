@@ -73,12 +73,12 @@ impl Plan {
             return None;
         }
         let view = self.def.view;
-        let object = view.from_storage(&change.object);
+        let object = view.served_ref(&change.object);
         let now = self.matches(&object);
         let before = change
             .old
             .as_ref()
-            .is_some_and(|o| self.matches(&view.from_storage(o)));
+            .is_some_and(|o| self.matches(&view.served_ref(o)));
         let kind = match (change.kind, before, now) {
             (EventType::Added, _, true) => EventType::Added,
             (EventType::Deleted, true, _) => EventType::Deleted,
