@@ -18,6 +18,7 @@ mod resources;
 mod selector;
 mod status;
 mod store;
+mod table;
 mod watch;
 mod write;
 

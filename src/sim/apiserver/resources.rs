@@ -45,6 +45,8 @@ pub(crate) struct ResourceDef {
     pub custom: bool,
     /// How the served form maps to the stored one.
     pub view: View,
+    /// (name, type, jsonPath) Table columns of a custom resource.
+    pub printer_columns: Vec<(String, String, String)>,
 }
 
 impl ResourceDef {
@@ -206,6 +208,7 @@ impl Default for Registry {
                     } else {
                         View::Native
                     },
+                    printer_columns: Vec::new(),
                 })
             })
             .collect();
@@ -398,6 +401,7 @@ impl Registry {
                 "kind": d.kind,
                 "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
                 "shortNames": d.short_names,
+                "categories": categories(d),
             }));
             for sub in &d.subresources {
                 resources.push(subresource_entry(d, sub));
@@ -415,6 +419,20 @@ impl Registry {
             "resources": resources,
         }))
     }
+}
+
+/// `kubectl get all` expands the `all` category.
+fn categories(d: &ResourceDef) -> Vec<&'static str> {
+    let all = matches!(
+        (d.group.as_str(), d.plural.as_str()),
+        ("", "pods" | "services")
+            | (
+                "apps",
+                "deployments" | "replicasets" | "daemonsets" | "statefulsets"
+            )
+            | ("batch", "jobs")
+    );
+    if all { vec!["all"] } else { Vec::new() }
 }
 
 fn subresource_entry(d: &ResourceDef, sub: &str) -> Value {
@@ -444,6 +462,27 @@ fn selectable_fields(version: &Value) -> Vec<String> {
             a.iter()
                 .filter_map(|f| f.get("jsonPath")?.as_str())
                 .map(|p| p.trim_start_matches('.').to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A CRD version's `additionalPrinterColumns` as (name, type, jsonPath).
+fn printer_columns(version: &Value) -> Vec<(String, String, String)> {
+    let columns = version
+        .get("additionalPrinterColumns")
+        .and_then(Value::as_array);
+    columns
+        .map(|cs| {
+            cs.iter()
+                .filter_map(|c| {
+                    let field = |k: &str| c.get(k).and_then(Value::as_str).map(String::from);
+                    Some((
+                        field("name")?,
+                        field("type").unwrap_or_default(),
+                        field("jsonPath")?,
+                    ))
+                })
                 .collect()
         })
         .unwrap_or_default()
@@ -510,6 +549,7 @@ fn crd_defs(crd: &Value) -> Vec<ResourceDef> {
                 normalize: None,
                 custom: true,
                 view: View::Native,
+                printer_columns: printer_columns(v),
             })
         })
         .collect()
