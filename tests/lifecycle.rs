@@ -2,6 +2,8 @@
 //! and an in-memory API: every branch of DESIGN §3, SLA expiry, driver errors, missing
 //! registration, restarts, racing reconcilers and the stale-condition case.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "lifecycle_support/fake_api.rs"]
 mod fake_api;
 #[path = "lifecycle_support/plugin.rs"]
@@ -523,4 +525,209 @@ async fn auto_stays_off_when_the_api_is_built_in_and_off_returns_at_once() {
         json!({"metadata": {"name": "something-else.example.com"}}),
     );
     assert!(!reconciler::auto_enabled(&h.api.client()).await.unwrap());
+}
+
+// ---- CLI: `drain` / `uncordon` follow the event the reconciler drives ----
+
+use graceful_drain::ctl::{self, Request};
+
+fn request(verb: &'static str, transition: &str, timeout: Duration) -> Request {
+    Request {
+        verb,
+        node: NODE.into(),
+        transition: transition.into(),
+        wait: true,
+        timeout: Some(timeout),
+        poll: Duration::from_millis(50),
+    }
+}
+
+/// Runs the reconciler loop in the background, as the node agent does.
+fn spawn_reconciler(h: &Harness) -> CancellationToken {
+    let args = ReconcilerArgs {
+        mode: Mode::On,
+        tick: Duration::from_millis(50),
+        call_timeout: Duration::from_secs(5),
+    };
+    let shutdown = CancellationToken::new();
+    let (ctx, token) = (h.context(), shutdown.clone());
+    tokio::spawn(async move { reconciler::run(&args, ctx, token).await.unwrap() });
+    shutdown
+}
+
+#[tokio::test]
+async fn cli_drain_follows_the_event_to_success() {
+    let h = Harness::new();
+    let driver = h.driver();
+    driver.set_script(plugin::draining(3));
+    let stop = spawn_reconciler(&h);
+    let client = h.api.client();
+    let name = ctl::execute(
+        &client,
+        &request("drain", "graceful-drain", Duration::from_secs(20)),
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    assert!(name.starts_with("worker-1-drain-"), "{name}");
+    assert!(h.event(&name).is_none());
+    assert_eq!(h.statuses(&name), ["Pending", "Claimed", "Succeeded"]);
+    assert_eq!(h.condition().unwrap()["reason"], "drain-complete");
+
+    // uncordon runs the maintenance-complete transition the same way.
+    driver.set_script(|call, _| match call {
+        Call::Start { .. } => Reply::Condition("uncordoning"),
+        Call::End { .. } => Reply::Condition("maintenance-complete"),
+    });
+    let name = ctl::execute(
+        &client,
+        &request(
+            "uncordon",
+            "graceful-maintenance-complete",
+            Duration::from_secs(20),
+        ),
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    assert!(name.starts_with("worker-1-uncordon-"), "{name}");
+    assert_eq!(h.condition().unwrap()["reason"], "maintenance-complete");
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn cli_drain_past_its_sla_fails_naming_the_blocking_pods() {
+    let h = Harness::new();
+    h.api.put(
+        "lifecycletransitions",
+        transition("graceful-drain", "drain-started", "drain-complete", "1s"),
+    );
+    let driver = h.driver();
+    driver.set_script(plugin::draining(usize::MAX));
+    let mut node = h.api.get("nodes", NODE).unwrap();
+    node["status"]["conditions"] = json!([{"type": "DrainInProgress", "status": "True", "reason": "PodsBlocked",
+        "message": "1 pod left: shop/web-0 blocked by PodDisruptionBudget shop/web"}]);
+    h.api.put("nodes", node);
+    let stop = spawn_reconciler(&h);
+    let err = ctl::execute(
+        &h.api.client(),
+        &request("drain", "graceful-drain", Duration::from_secs(20)),
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("ended SlaExpired"), "{text}");
+    assert!(
+        text.contains("shop/web-0 blocked by PodDisruptionBudget shop/web"),
+        "{text}"
+    );
+    assert!(driver.calls().iter().any(|c| matches!(
+        c,
+        Call::End {
+            sla_expired: true,
+            ..
+        }
+    )));
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn cli_reports_missing_node_transition_and_crds() {
+    let h = Harness::new();
+    let client = h.api.client();
+    let none = CancellationToken::new();
+    let mut r = request("drain", "graceful-drain", Duration::from_secs(1));
+    r.node = "no-such-node".into();
+    let err = ctl::execute(&client, &r, &none).await.unwrap_err();
+    assert_eq!(err.to_string(), "node no-such-node not found");
+
+    let err = ctl::execute(
+        &client,
+        &request("drain", "no-such-transition", Duration::from_secs(1)),
+        &none,
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("lifecycletransition no-such-transition not found"),
+        "{err}"
+    );
+
+    h.api.remove_lifecycle_api();
+    let err = ctl::execute(
+        &client,
+        &request("drain", "graceful-drain", Duration::from_secs(1)),
+        &none,
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("lifecycle.k8s.io CRDs not installed"),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("graceful-drain crds | kubectl apply -f -"),
+        "{err}"
+    );
+    assert!(h.api.list("lifecycleevents").is_empty(), "nothing created");
+}
+
+#[tokio::test]
+async fn cli_timeout_without_a_driver_says_the_event_was_never_claimed() {
+    let h = Harness::new();
+    let err = ctl::execute(
+        &h.api.client(),
+        &request("drain", "graceful-drain", Duration::from_millis(300)),
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("not finished after"), "{text}");
+    assert!(text.contains("never claimed"), "{text}");
+    assert_eq!(
+        h.api.list("lifecycleevents").len(),
+        1,
+        "the event stays for the agent"
+    );
+}
+
+#[tokio::test]
+async fn cli_without_wait_creates_once_and_joins_a_running_drain() {
+    let h = Harness::new();
+    let mut r = request("drain", "graceful-drain", Duration::from_secs(1));
+    r.wait = false;
+    let client = h.api.client();
+    let first = ctl::execute(&client, &r, &CancellationToken::new())
+        .await
+        .unwrap();
+    let again = ctl::execute(&client, &r, &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(first, again, "a second drain joins the running one");
+    assert_eq!(h.api.list("lifecycleevents").len(), 1);
+}
+
+#[tokio::test]
+async fn status_lists_events_and_node_conditions() {
+    let h = Harness::new();
+    h.set_condition("drain-complete", Timestamp::now());
+    let name = h.create_event("graceful-drain").await;
+    let text = ctl::status::render(&h.api.client(), Some(NODE), Timestamp::now())
+        .await
+        .unwrap();
+    let event_row = text.lines().find(|l| l.starts_with(&name)).unwrap();
+    assert!(
+        event_row.contains("graceful-drain") && event_row.contains("Pending"),
+        "{text}"
+    );
+    let node_row = text
+        .lines()
+        .find(|l| l.starts_with(&format!("{NODE} ")))
+        .unwrap();
+    assert!(node_row.contains("drain-complete"), "{text}");
 }

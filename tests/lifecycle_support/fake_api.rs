@@ -5,6 +5,8 @@
 //! from a resourceVersion. It is a `tower::Service`, so `kube::Client::new` talks to it
 //! without a socket.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -40,6 +42,7 @@ struct State {
 #[derive(Clone)]
 pub struct FakeApi {
     state: Arc<Mutex<State>>,
+    no_lifecycle_api: Arc<std::sync::atomic::AtomicBool>,
     tx: broadcast::Sender<(u64, String, &'static str, Value)>,
 }
 
@@ -82,6 +85,7 @@ impl FakeApi {
         let (tx, _) = broadcast::channel(1024);
         Self {
             state: Arc::default(),
+            no_lifecycle_api: Arc::default(),
             tx,
         }
     }
@@ -125,6 +129,12 @@ impl FakeApi {
             .filter(|((r, _), _)| r == resource)
             .map(|(_, v)| v.clone())
             .collect()
+    }
+
+    /// Stops serving lifecycle.k8s.io, as a cluster without the CRDs.
+    pub fn remove_lifecycle_api(&self) {
+        self.no_lifecycle_api
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     pub fn writes(&self) -> Vec<Write> {
@@ -185,6 +195,20 @@ impl FakeApi {
         let query: HashMap<String, String> =
             serde_urlencoded::from_str(parts.uri.query().unwrap_or("")).unwrap_or_default();
         let path = parts.uri.path().to_string();
+        if path.contains("/lifecycle.k8s.io/")
+            && self
+                .no_lifecycle_api
+                .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return reply(
+                404,
+                status(
+                    404,
+                    "NotFound",
+                    "the server could not find the requested resource",
+                ),
+            );
+        }
         if path == "/apis/lifecycle.k8s.io/v1alpha1" {
             return self.discovery();
         }

@@ -2,6 +2,8 @@
 //! a temporary directory laid out like the kubelet's (`<registry>/<driver>-reg.sock`,
 //! `<plugins>/<driver>/slm.sock`). Each call is recorded and answered by a script.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
