@@ -15,7 +15,7 @@ use graceful_drain::agent::{self, Args};
 use graceful_drain::lifecycle::{LifecycleEvent, LifecycleEventSpec};
 use graceful_drain::runtime::Shutdown;
 use graceful_drain::sim::cluster::{Cluster, ClusterConfig, WebSpec, wait_for};
-use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec};
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{Event, Node, Pod, PodSpec, PodTemplateSpec};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
