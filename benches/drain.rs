@@ -145,6 +145,7 @@ async fn drain(pods: usize) -> Row {
 
 fn main() {
     graceful_drain::runtime::install_crypto_provider();
+    graceful_drain::runtime::init_tracing(graceful_drain::runtime::LogFormat::Text);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -155,10 +156,10 @@ fn main() {
         .collect();
     println!();
     println!(
-        "| pods | drain wall time | lower bound | ratio | agent API requests | per pod | evictions |"
+        "| pods | drain wall time | all evictions answered | lower bound | ratio | agent API requests | per pod | evictions |"
     );
     println!(
-        "|-----:|----------------:|------------:|------:|-------------------:|--------:|----------:|"
+        "|-----:|----------------:|-----------------------:|------------:|------:|-------------------:|--------:|----------:|"
     );
     for r in &rows {
         println!(
