@@ -172,8 +172,7 @@ fn statuses(seen: &Seen, name: &str, from: usize) -> Vec<String> {
     out
 }
 
-/// Runs the real kubectl. `apply` needs `--validate=false` here: the simulated API server
-/// serves no OpenAPI document to validate against.
+/// Runs the real kubectl.
 fn kubectl(kubeconfig: &Path, args: &[&str]) -> Output {
     std::process::Command::new("/usr/bin/kubectl")
         .arg("--kubeconfig")
@@ -239,7 +238,7 @@ async fn kubectl_applied_event_drains_and_a_later_one_drains_again() {
 
     let out = kubectl(
         &env.kubeconfig,
-        &["apply", "--validate=false", "-f", example],
+        &["apply", "-f", example],
     );
     assert!(
         out.status.success(),
@@ -273,7 +272,7 @@ async fn kubectl_applied_event_drains_and_a_later_one_drains_again() {
     let mark = seen.lock().unwrap().len();
     let out = kubectl(
         &env.kubeconfig,
-        &["apply", "--validate=false", "-f", example],
+        &["apply", "-f", example],
     );
     assert!(
         out.status.success(),
