@@ -236,10 +236,7 @@ async fn kubectl_applied_event_drains_and_a_later_one_drains_again() {
         "/deploy/examples/drain-event.yaml"
     );
 
-    let out = kubectl(
-        &env.kubeconfig,
-        &["apply", "-f", example],
-    );
+    let out = kubectl(&env.kubeconfig, &["apply", "-f", example]);
     assert!(
         out.status.success(),
         "kubectl apply: {}",
@@ -270,10 +267,7 @@ async fn kubectl_applied_event_drains_and_a_later_one_drains_again() {
     // The same file applied later runs the drain again (Start is called although the
     // node still shows drain-complete).
     let mark = seen.lock().unwrap().len();
-    let out = kubectl(
-        &env.kubeconfig,
-        &["apply", "-f", example],
-    );
+    let out = kubectl(&env.kubeconfig, &["apply", "-f", example]);
     assert!(
         out.status.success(),
         "kubectl apply: {}",
