@@ -47,6 +47,11 @@ const RETRY_CAP: Duration = Duration::from_secs(15);
 /// status refresh takes (the API server sends 0 or 10).
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(60);
 
+/// An accepted eviction shows on the pod within a second (a deletionTimestamp, or our
+/// webhook's draining label); if neither appeared after this long the eviction was lost
+/// (e.g. another webhook turned it into a dry run), so it is sent again.
+const REEVICT_AFTER: Duration = Duration::from_secs(30);
+
 /// Options of a drain (the kubectl flags, see `node-agent --help`).
 #[derive(Clone, Debug)]
 pub struct DrainConfig {
@@ -288,7 +293,6 @@ struct TaskCtx {
     config: Arc<DrainConfig>,
     metrics: Metrics,
     events: NodeEvents,
-    node_uid: Option<String>,
     permits: Semaphore,
     updates: mpsc::UnboundedSender<Update>,
 }
@@ -386,7 +390,6 @@ async fn report_block(
             EventType::Warning,
             reason::EVICTION_BLOCKED,
             &key.to_string(),
-            ctx.node_uid.as_deref(),
             text,
         )
         .await;
@@ -397,6 +400,8 @@ async fn report_block(
 struct Tracked {
     uid: String,
     blocked: Option<Blocker>,
+    /// When the API server accepted the eviction (cleared when it is sent again).
+    accepted_at: Option<tokio::time::Instant>,
 }
 
 /// The engine's view of the node.
@@ -511,7 +516,6 @@ async fn daemonset_lookups<'a>(
 pub struct Engine {
     pub client: kube::Client,
     pub node: String,
-    pub node_uid: Option<String>,
     pub config: Arc<DrainConfig>,
     pub metrics: Metrics,
     pub events: NodeEvents,
@@ -579,7 +583,6 @@ impl Engine {
             config: self.config.clone(),
             metrics: self.metrics.clone(),
             events: self.events.clone(),
-            node_uid: self.node_uid.clone(),
             permits: Semaphore::new(self.config.concurrency.max(1)),
             updates: tx,
         });
@@ -596,6 +599,8 @@ impl Engine {
             track(&mut state, &mut tasks, &ctx, pod);
         }
         let deadline = self.config.timeout.map(|t| started + t);
+        let mut recheck = tokio::time::interval(REEVICT_AFTER / 3);
+        recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let current = state.progress(&self.config.filters);
             self.metrics.set_remaining(current.remaining.len());
@@ -610,6 +615,7 @@ impl Engine {
                     Err(error) => tracing::warn!(node = %self.node, %error, "watch pods"),
                 },
                 Some(update) = updates.recv() => apply_update(&mut state, update),
+                _ = recheck.tick() => evict_lost(&mut state, &mut tasks, &ctx),
                 Some(joined) = tasks.join_next() => {
                     if let Err(error) = joined {
                         tracing::error!(%error, "eviction task failed");
@@ -689,7 +695,6 @@ impl Engine {
                         EventType::Warning,
                         reason::EVICTION_BLOCKED,
                         &key.to_string(),
-                        self.node_uid.as_deref(),
                         message,
                     )
                     .await;
@@ -704,8 +709,41 @@ fn track(state: &mut State, tasks: &mut JoinSet<()>, ctx: &Arc<TaskCtx>, pod: Po
     state.seen.insert(uid.clone());
     state.planned += 1;
     let span = tracing::info_span!("evict", pod = %key);
-    state.tracked.insert(key, Tracked { uid, blocked: None });
+    let tracked = Tracked {
+        uid,
+        blocked: None,
+        accepted_at: None,
+    };
+    state.tracked.insert(key, tracked);
     tasks.spawn(evict_pod(ctx.clone(), pod).instrument(span));
+}
+
+/// Sends the eviction again for pods whose accepted eviction left no trace after
+/// [`REEVICT_AFTER`]: still there, same UID, neither terminating nor isolated.
+fn evict_lost(state: &mut State, tasks: &mut JoinSet<()>, ctx: &Arc<TaskCtx>) {
+    let now = tokio::time::Instant::now();
+    let lost: Vec<Pod> = state
+        .tracked
+        .iter_mut()
+        .filter(|(_, t)| {
+            t.accepted_at
+                .is_some_and(|at| now.duration_since(at) >= REEVICT_AFTER)
+        })
+        .filter_map(|(key, t)| {
+            let pod = state.pods.get(key)?;
+            if pod_state(Some(pod), t) != PodState::Evicting {
+                return None;
+            }
+            t.accepted_at = None;
+            Some(pod.clone())
+        })
+        .collect();
+    for pod in lost {
+        let key = PodKey::of(&pod);
+        tracing::warn!(pod = %key, "eviction was accepted but the pod is still running; evicting again");
+        let span = tracing::info_span!("evict", pod = %key);
+        tasks.spawn(evict_pod(ctx.clone(), pod).instrument(span));
+    }
 }
 
 fn apply_update(state: &mut State, update: Update) {
@@ -718,6 +756,7 @@ fn apply_update(state: &mut State, update: Update) {
         Update::Accepted(key) => {
             if let Some(t) = state.tracked.get_mut(&key) {
                 t.blocked = None;
+                t.accepted_at = Some(tokio::time::Instant::now());
             }
         }
     }
@@ -736,5 +775,271 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(at) => tokio::time::sleep_until(at).await,
         None => futures::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Response;
+    use kube::client::Body;
+    use serde_json::Value;
+
+    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+    fn mock() -> (kube::Client, Handle) {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        (kube::Client::new(service, "default"), handle)
+    }
+
+    fn key() -> PodKey {
+        PodKey {
+            namespace: "shop".into(),
+            name: "web-1".into(),
+        }
+    }
+
+    async fn body_json(request: Request<Body>) -> (http::request::Parts, Value) {
+        let (parts, body) = request.into_parts();
+        let bytes = body.collect_bytes().await.unwrap();
+        (parts, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    fn status_body(code: u16, message: &str) -> Body {
+        let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "message": message, "code": code});
+        Body::from(status.to_string().into_bytes())
+    }
+
+    #[tokio::test]
+    async fn eviction_is_a_complete_policy_v1_body_with_uid_precondition() {
+        let (client, mut handle) = mock();
+        let request = eviction_request(&key(), "uid-123", Some(30), true).unwrap();
+        let call = tokio::spawn(async move { send(&client, request).await });
+        let (request, respond) = handle.next_request().await.unwrap();
+        let (parts, body) = body_json(request).await;
+        assert_eq!(parts.method, Method::POST);
+        assert_eq!(
+            parts.uri.path(),
+            "/api/v1/namespaces/shop/pods/web-1/eviction"
+        );
+        assert_eq!(
+            body,
+            json!({
+                "apiVersion": "policy/v1",
+                "kind": "Eviction",
+                "metadata": {"name": "web-1", "namespace": "shop"},
+                "deleteOptions": {
+                    "gracePeriodSeconds": 30,
+                    "preconditions": {"uid": "uid-123"},
+                    "dryRun": ["All"],
+                },
+            })
+        );
+        let response = Response::builder()
+            .status(429)
+            .header("Retry-After", "10")
+            .body(status_body(
+                429,
+                "Cannot evict pod as it would violate the pod's disruption budget.",
+            ))
+            .unwrap();
+        respond.send_response(response);
+        let answer = call.await.unwrap();
+        assert_eq!(
+            answer,
+            Answer::Blocked {
+                outcome: EvictionOutcome::BlockedPdb,
+                blocker: Blocker::Pdb(String::new()),
+                retry_after: Some(Duration::from_secs(10)),
+                message: "Cannot evict pod as it would violate the pod's disruption budget.".into(),
+            }
+        );
+    }
+
+    #[test]
+    fn eviction_without_grace_period_or_dry_run_omits_them() {
+        let request = eviction_request(&key(), "u", None, false).unwrap();
+        let body: Value = serde_json::from_slice(request.body()).unwrap();
+        assert_eq!(
+            body["deleteOptions"],
+            json!({"preconditions": {"uid": "u"}})
+        );
+    }
+
+    #[tokio::test]
+    async fn disable_eviction_deletes_with_the_uid_precondition() {
+        let (client, mut handle) = mock();
+        let request = delete_request(&key(), "uid-9", Some(0)).unwrap();
+        let call = tokio::spawn(async move { send(&client, request).await });
+        let (request, respond) = handle.next_request().await.unwrap();
+        let (parts, body) = body_json(request).await;
+        assert_eq!(parts.method, Method::DELETE);
+        assert_eq!(parts.uri.path(), "/api/v1/namespaces/shop/pods/web-1");
+        assert_eq!(body["preconditions"], json!({"uid": "uid-9"}));
+        assert_eq!(body["gracePeriodSeconds"], 0);
+        assert_eq!(body["kind"], "DeleteOptions");
+        respond.send_response(
+            Response::builder()
+                .status(200)
+                .body(Body::from(b"{}".to_vec()))
+                .unwrap(),
+        );
+        assert_eq!(call.await.unwrap(), Answer::Done(EvictionOutcome::Deleted));
+    }
+
+    #[test]
+    fn answers_are_classified_like_the_eviction_rest_code() {
+        let answer = |code: u16, message: &str| {
+            let body = json!({"kind": "Status", "message": message}).to_string();
+            classify_answer(StatusCode::from_u16(code).unwrap(), None, body.as_bytes())
+        };
+        assert_eq!(answer(201, ""), Answer::Done(EvictionOutcome::Evicted));
+        assert_eq!(
+            answer(404, "not found"),
+            Answer::Done(EvictionOutcome::Gone)
+        );
+        assert_eq!(
+            answer(409, "Precondition failed: UID"),
+            Answer::Done(EvictionOutcome::Conflict)
+        );
+        let blocker = |a: Answer| match a {
+            Answer::Blocked {
+                outcome, blocker, ..
+            } => (outcome, blocker),
+            Answer::Done(o) => panic!("expected a block, got {o:?}"),
+        };
+        assert_eq!(
+            blocker(answer(
+                500,
+                "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."
+            )),
+            (EvictionOutcome::MultiplePdbs, Blocker::MultiplePdbs(vec![]))
+        );
+        assert_eq!(
+            blocker(answer(
+                400,
+                "admission webhook \"deny.example.com\" denied the request: no"
+            )),
+            (
+                EvictionOutcome::DeniedWebhook,
+                Blocker::Webhook("deny.example.com".into())
+            )
+        );
+        assert_eq!(
+            blocker(answer(503, "etcd down")),
+            (
+                EvictionOutcome::Error,
+                Blocker::Other("HTTP 503: etcd down".into())
+            )
+        );
+        let plain = classify_answer(StatusCode::BAD_GATEWAY, None, b"upstream reset");
+        assert_eq!(
+            blocker(plain).1,
+            Blocker::Other("HTTP 502: upstream reset".into())
+        );
+    }
+
+    #[test]
+    fn retry_delay_backs_off_capped_jittered_and_honours_retry_after() {
+        assert_eq!(retry_delay(0, None, 1.0), RETRY_BASE);
+        assert_eq!(retry_delay(0, None, 0.0), RETRY_BASE / 2);
+        assert_eq!(retry_delay(3, None, 1.0), Duration::from_secs(8));
+        assert_eq!(retry_delay(30, None, 1.0), RETRY_CAP);
+        assert!(retry_delay(30, None, 0.0) >= RETRY_CAP / 2);
+        assert_eq!(
+            retry_delay(0, Some(Duration::from_secs(10)), 0.0),
+            Duration::from_secs(10)
+        );
+        assert_eq!(
+            retry_delay(0, Some(Duration::from_secs(3600)), 0.0),
+            RETRY_AFTER_CAP
+        );
+        assert_eq!(retry_delay(5, Some(Duration::ZERO), 1.0), RETRY_CAP);
+    }
+
+    #[tokio::test]
+    async fn the_pdb_blocking_a_pod_is_found_by_its_selector() {
+        let (client, mut handle) = mock();
+        let mut pod = Pod::default();
+        pod.metadata.name = Some("web-1".into());
+        pod.metadata.namespace = Some("shop".into());
+        pod.metadata.labels = Some([("app".to_string(), "web".to_string())].into());
+        let call = tokio::spawn(async move { selecting_pdbs(&client, &pod).await });
+        let (request, respond) = handle.next_request().await.unwrap();
+        assert_eq!(
+            request.uri().path(),
+            "/apis/policy/v1/namespaces/shop/poddisruptionbudgets"
+        );
+        let list = json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudgetList",
+            "metadata": {"resourceVersion": "1"}, "items": [
+            {"metadata": {"name": "web-pdb", "namespace": "shop"},
+             "spec": {"selector": {"matchLabels": {"app": "web"}}}},
+            {"metadata": {"name": "db-pdb", "namespace": "shop"},
+             "spec": {"selector": {"matchLabels": {"app": "db"}}}},
+            {"metadata": {"name": "nil-selector", "namespace": "shop"}, "spec": {}},
+        ]});
+        respond.send_response(Response::new(Body::from(list.to_string().into_bytes())));
+        assert_eq!(
+            call.await.unwrap().unwrap(),
+            vec!["shop/web-pdb".to_string()]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_accepted_eviction_that_left_no_trace_is_sent_again() {
+        let (client, mut handle) = mock();
+        let mut registry = prometheus_client::registry::Registry::default();
+        let (tx, mut updates) = mpsc::unbounded_channel();
+        let ctx = Arc::new(TaskCtx {
+            client: client.clone(),
+            config: Arc::new(DrainConfig::default()),
+            metrics: Metrics::register(&mut registry),
+            events: NodeEvents::new(client, "n1"),
+            permits: Semaphore::new(1),
+            updates: tx,
+        });
+        let mut pod = Pod::default();
+        pod.metadata.name = Some("web-1".into());
+        pod.metadata.namespace = Some("shop".into());
+        pod.metadata.uid = Some("u1".into());
+        let mut state = State::default();
+        state.pods.insert(key(), pod.clone());
+        let mut isolated = pod.clone();
+        isolated.metadata.name = Some("web-2".into());
+        isolated.metadata.labels = Some([(DRAINING_LABEL.to_string(), "true".to_string())].into());
+        let isolated_key = PodKey::of(&isolated);
+        state.pods.insert(isolated_key.clone(), isolated);
+        let mut tasks = JoinSet::new();
+        for k in [key(), isolated_key] {
+            let accepted_at = Some(tokio::time::Instant::now());
+            let tracked = Tracked {
+                uid: "u1".into(),
+                blocked: None,
+                accepted_at,
+            };
+            state.tracked.insert(k, tracked);
+        }
+        evict_lost(&mut state, &mut tasks, &ctx);
+        assert!(tasks.is_empty(), "too early to call an eviction lost");
+        tokio::time::advance(REEVICT_AFTER).await;
+        evict_lost(&mut state, &mut tasks, &ctx);
+        assert_eq!(
+            tasks.len(),
+            1,
+            "only the pod that is neither isolated nor terminating"
+        );
+        let (request, respond) = handle.next_request().await.unwrap();
+        assert_eq!(
+            request.uri().path(),
+            "/api/v1/namespaces/shop/pods/web-1/eviction"
+        );
+        respond.send_response(
+            Response::builder()
+                .status(201)
+                .body(Body::from(b"{}".to_vec()))
+                .unwrap(),
+        );
+        assert!(matches!(updates.recv().await, Some(Update::Accepted(k)) if k == key()));
     }
 }

@@ -632,12 +632,4 @@ mod tests {
             "only DaemonSet pods are looked up"
         );
     }
-
-    #[test]
-    fn default_options_are_the_production_defaults() {
-        let o = FilterOptions::default();
-        assert!(o.ignore_daemonsets);
-        assert!(!o.delete_emptydir_data && !o.force);
-        assert_eq!(o.skip_wait_for_delete_timeout, None);
-    }
 }

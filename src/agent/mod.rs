@@ -219,18 +219,9 @@ pub async fn start(args: Args, client: kube::Client, shutdown: Shutdown) -> Resu
     } = args;
     let mut registry = Registry::default();
     let metrics = report::Metrics::register(&mut registry);
+    let registry = Arc::new(registry);
     let readiness = Readiness::default();
     readiness.register(TRANSITIONS_CHECK, "publishing LifecycleTransitions");
-    let (admin_addr, admin) = admin::bind(
-        admin_listen,
-        readiness.clone(),
-        Arc::new(registry),
-        shutdown.clone(),
-    )
-    .await?;
-    tracing::info!(%admin_addr, node = %node_name, "node agent admin port listening");
-    spawn_owned("admin", shutdown.clone(), admin);
-
     let service_socket = registration::service_socket(&plugins_dir, &driver_name);
     let registration_socket = registration::registration_socket(&registry_dir, &driver_name);
     let slm_listener = registration::bind(&service_socket)?;
@@ -245,6 +236,8 @@ pub async fn start(args: Args, client: kube::Client, shutdown: Shutdown) -> Resu
         events: report::NodeEvents::new(client.clone(), node_name.clone()),
         shutdown: shutdown.clone(),
     });
+    let admin_addr = serve_admin(admin_listen, &readiness, registry, &agent, &shutdown).await?;
+    tracing::info!(%admin_addr, node = %node_name, "node agent admin port listening");
     let names = TransitionNames {
         drain: drain_transition,
         maintenance: maintenance_transition,
@@ -322,6 +315,38 @@ pub async fn start(args: Args, client: kube::Client, shutdown: Shutdown) -> Resu
     })
 }
 
+/// Serves the shared admin router (`/livez`, `/readyz`, `/metrics`) plus `/status`, the
+/// agent's [`Snapshot`] as JSON (what `graceful-drain status` or a person with curl reads).
+async fn serve_admin(
+    addr: SocketAddr,
+    readiness: &Readiness,
+    registry: Arc<Registry>,
+    agent: &Agent,
+    shutdown: &Shutdown,
+) -> Result<SocketAddr, Error> {
+    let bind_error = |source| Error::Admin(admin::Error::Bind { addr, source });
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(bind_error)?;
+    let local = listener.local_addr().map_err(bind_error)?;
+    let agent = agent.clone();
+    let app = admin::router(readiness.clone(), registry).route(
+        "/status",
+        axum::routing::get(move || {
+            let snapshot = agent.snapshot();
+            async move { axum::Json(snapshot) }
+        }),
+    );
+    let token = shutdown.clone();
+    spawn_owned("admin", shutdown.clone(), async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(token.cancelled_owned())
+            .await
+            .map_err(admin::Error::Serve)
+    });
+    Ok(local)
+}
+
 /// Publishes every transition, retrying failures (the API server may be unreachable for a
 /// while at node start-up) until done or shutdown.
 async fn publish_until_done(
@@ -343,5 +368,92 @@ async fn publish_until_done(
             // Capped at 30 s: often enough to publish soon after the API server recovers.
             delay = (delay * 2).min(Duration::from_secs(30));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn parse(flags: &[&str]) -> Args {
+        let argv = ["node-agent", "--node-name", "n1"].iter().chain(flags);
+        Cli::try_parse_from(argv).unwrap().args
+    }
+
+    #[test]
+    fn defaults_are_production_defaults() {
+        let args = parse(&[]);
+        let config = args.drain.config();
+        assert!(
+            config.filters.ignore_daemonsets,
+            "DaemonSet pods are skipped by default"
+        );
+        assert!(!config.filters.delete_emptydir_data && !config.filters.force);
+        assert_eq!(config.grace_period, None, "each pod's own grace period");
+        assert_eq!(config.timeout, None);
+        assert!(!config.disable_eviction);
+        assert!(args.drain.exclude_from_lb_label);
+        assert_eq!(args.sla, Duration::from_secs(900));
+        assert_eq!(args.driver_name, "graceful-drain.io");
+        assert_eq!(args.reconciler.mode, Mode::Auto);
+        assert_eq!(
+            registration::service_socket(&args.plugins_dir, &args.driver_name),
+            PathBuf::from("/var/lib/kubelet/plugins/graceful-drain.io/slm.sock")
+        );
+        assert_eq!(
+            registration::registration_socket(&args.registry_dir, &args.driver_name),
+            PathBuf::from("/var/lib/kubelet/plugins_registry/graceful-drain.io-reg.sock")
+        );
+    }
+
+    #[test]
+    fn kubectl_style_flags_map_onto_the_drain_config() {
+        let args = parse(&[
+            "--ignore-daemonsets=false",
+            "--delete-emptydir-data",
+            "--force",
+            "--disable-eviction",
+            "--grace-period",
+            "0",
+            "--pod-selector",
+            "app=web",
+            "--skip-wait-for-delete-timeout",
+            "60",
+            "--drain-timeout",
+            "5m",
+            "--exclude-from-lb-label=false",
+            "--lifecycle-reconciler",
+            "off",
+        ]);
+        let config = args.drain.config();
+        assert!(!config.filters.ignore_daemonsets);
+        assert!(config.filters.delete_emptydir_data && config.filters.force);
+        assert!(config.disable_eviction);
+        assert_eq!(config.grace_period, Some(0));
+        assert_eq!(config.pod_selector.as_deref(), Some("app=web"));
+        assert_eq!(
+            config.filters.skip_wait_for_delete_timeout,
+            Some(Duration::from_secs(60))
+        );
+        assert_eq!(config.timeout, Some(Duration::from_secs(300)));
+        assert!(!args.drain.exclude_from_lb_label);
+        assert_eq!(args.reconciler.mode, Mode::Off);
+        assert_eq!(
+            parse(&["--grace-period", "-1"]).drain.config().grace_period,
+            None
+        );
+    }
+
+    #[test]
+    fn node_name_is_required() {
+        let error = Cli::try_parse_from(["node-agent"]).err().unwrap();
+        assert!(error.to_string().contains("--node-name"), "{error}");
     }
 }

@@ -346,3 +346,63 @@ mod tests {
         assert!(drain_was_running(&n));
     }
 }
+
+#[cfg(test)]
+mod api_tests {
+    use super::*;
+    use http::{Request, Response};
+    use kube::client::Body;
+
+    #[tokio::test]
+    async fn cordon_is_a_merge_patch_of_spec_unschedulable() {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(service, "default");
+        let mut n = Node::default();
+        n.metadata.name = Some("n1".into());
+        let call = tokio::spawn(async move { cordon(&client, &n, true).await });
+        let (request, respond) = handle.next_request().await.unwrap();
+        assert_eq!(request.method(), http::Method::PATCH);
+        assert_eq!(request.uri().path(), "/api/v1/nodes/n1");
+        assert_eq!(
+            request.headers()[http::header::CONTENT_TYPE],
+            "application/merge-patch+json"
+        );
+        let body = request.into_body().collect_bytes().await.unwrap();
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["spec"], json!({"unschedulable": true}));
+        assert_eq!(body["metadata"]["labels"][EXCLUDE_FROM_LB_LABEL], "true");
+        let node = json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "n1"}, "spec": {"unschedulable": true}});
+        respond.send_response(Response::new(Body::from(node.to_string().into_bytes())));
+        assert!(is_cordoned(&call.await.unwrap().unwrap()));
+    }
+
+    #[tokio::test]
+    async fn conditions_are_a_strategic_merge_patch_of_node_status() {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(service, "default");
+        let mut n = Node::default();
+        n.metadata.name = Some("n1".into());
+        let cond = Condition {
+            type_: DRAINED,
+            status: true,
+            reason: reason::DRAINED,
+            message: "done".into(),
+        };
+        let call = tokio::spawn(async move { set_conditions(&client, &n, &[cond]).await });
+        let (request, respond) = handle.next_request().await.unwrap();
+        assert_eq!(request.uri().path(), "/api/v1/nodes/n1/status");
+        assert_eq!(
+            request.headers()[http::header::CONTENT_TYPE],
+            "application/strategic-merge-patch+json"
+        );
+        let body = request.into_body().collect_bytes().await.unwrap();
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["status"]["conditions"][0]["type"], "Drained");
+        assert_eq!(body["status"]["conditions"][0]["status"], "True");
+        respond.send_response(Response::new(Body::from(
+            json!({"metadata": {"name": "n1"}}).to_string().into_bytes(),
+        )));
+        call.await.unwrap().unwrap();
+    }
+}

@@ -12,7 +12,6 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Node;
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -182,7 +181,7 @@ impl Agent {
             phase: phase_tx,
             progress: progress_tx,
         };
-        let span = tracing::info_span!("operation", node = %self.inner.node, ?kind);
+        let span = tracing::info_span!(parent: None, "operation", node = %self.inner.node, ?kind);
         let handle = tokio::spawn(tracing::Instrument::instrument(
             async move {
                 if let Some(previous) = previous {
@@ -282,18 +281,17 @@ impl Run {
         });
         let ended = match prepared.await {
             None => self.ended_by_token(),
-            Some(node) => {
+            Some(()) => {
                 let engine = Engine {
                     client: inner.client.clone(),
                     node: inner.node.clone(),
-                    node_uid: node.metadata.uid.clone(),
                     config: inner.config.clone(),
                     metrics: inner.metrics.clone(),
                     events: inner.events.clone(),
                 };
                 tokio::select! {
                     result = engine.run(&self.progress) => Ended::Done(result),
-                    () = self.publish_progress(node.metadata.uid.clone()) => Ended::Shutdown,
+                    () = self.publish_progress() => Ended::Shutdown,
                     () = self.token.cancelled() => self.ended_by_token(),
                 }
             }
@@ -302,7 +300,7 @@ impl Run {
     }
 
     /// Cordons and labels the node and marks the drain in progress.
-    async fn prepare(&self) -> Result<Node, node::Error> {
+    async fn prepare(&self) -> Result<(), node::Error> {
         let inner = &self.inner;
         let current = node::get(&inner.client, &inner.node).await?;
         let cordoned = node::cordon(&inner.client, &current, inner.exclude_from_lb).await?;
@@ -313,18 +311,18 @@ impl Run {
             message: "listing pods".into(),
         };
         let node = node::set_conditions(&inner.client, &cordoned, &[condition]).await?;
-        let uid = node.metadata.uid.as_deref();
+        inner.events.set_node_uid(node.metadata.uid.clone());
         let message = "node cordoned; evicting its pods".to_string();
         inner
             .events
-            .post(EventType::Normal, ev::DRAIN_STARTED, "", uid, message)
+            .post(EventType::Normal, ev::DRAIN_STARTED, "", message)
             .await;
-        Ok(node)
+        Ok(())
     }
 
     /// Rewrites the DrainInProgress message as progress changes, at most every
     /// [`CONDITION_UPDATE_INTERVAL`]. Never returns while the drain runs.
-    async fn publish_progress(&self, _uid: Option<String>) {
+    async fn publish_progress(&self) {
         let mut changes = self.progress.subscribe();
         let mut written = String::new();
         loop {
@@ -420,7 +418,7 @@ impl Run {
             return;
         }
         let (type_, reason, message) = event;
-        inner.events.post(type_, reason, "", None, message).await;
+        inner.events.post(type_, reason, "", message).await;
         self.phase.send_replace(phase);
     }
 
@@ -434,7 +432,7 @@ impl Run {
                 let message = "node uncordoned and back in service".to_string();
                 inner
                     .events
-                    .post(EventType::Normal, ev::UNCORDONED, "", None, message)
+                    .post(EventType::Normal, ev::UNCORDONED, "", message)
                     .await;
                 self.phase.send_replace(Phase::Complete);
             }

@@ -196,6 +196,8 @@ pub enum EventType {
 pub struct NodeEvents {
     client: kube::Client,
     node: String,
+    /// The Node's UID once known (`kubectl describe node` matches Events on it).
+    uid: Arc<Mutex<Option<String>>>,
     /// Last time each (reason, key) was posted, for rate-limiting repeats.
     recent: Arc<Mutex<HashMap<(String, String), Instant>>>,
 }
@@ -206,25 +208,27 @@ impl NodeEvents {
         Self {
             client,
             node: node.into(),
+            uid: Arc::default(),
             recent: Arc::default(),
         }
     }
 
-    /// Posts an Event unless one with the same `reason` and `key` was posted within
-    /// [`EVENT_REPEAT_INTERVAL`]. Failures are logged, never fatal: an Event is a report,
-    /// not part of the drain.
-    pub async fn post(
-        &self,
-        type_: EventType,
-        reason: &str,
-        key: &str,
-        node_uid: Option<&str>,
-        message: String,
-    ) {
-        if !self.first_in_interval(reason, key) {
+    /// Records the Node's UID for the Events' `involvedObject`.
+    pub fn set_node_uid(&self, uid: Option<String>) {
+        if uid.is_some() {
+            *self.uid.lock().unwrap_or_else(|e| e.into_inner()) = uid;
+        }
+    }
+
+    /// Posts an Event unless one with the same `reason` and non-empty `key` was posted
+    /// within [`EVENT_REPEAT_INTERVAL`] (an empty key is never rate-limited). Failures are
+    /// logged, never fatal: an Event is a report, not part of the drain.
+    pub async fn post(&self, type_: EventType, reason: &str, key: &str, message: String) {
+        if !key.is_empty() && !self.first_in_interval(reason, key) {
             return;
         }
-        let event = self.build(type_, reason, node_uid, message);
+        let uid = self.uid.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let event = self.build(type_, reason, uid.as_deref(), message);
         let api: Api<Event> = Api::namespaced(self.client.clone(), NODE_EVENT_NAMESPACE);
         match tokio::time::timeout(API_TIMEOUT, api.create(&PostParams::default(), &event)).await {
             Ok(Ok(_)) => {}

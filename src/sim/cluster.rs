@@ -405,7 +405,10 @@ impl Cluster {
                     && s.updated_replicas == Some(replicas)
                     && s.available_replicas == Some(replicas)
             });
-            let routable = self.lbs.routable(&spec.service_key(), Instant::now()).len();
+            let routable = self
+                .lbs
+                .registered(&spec.service_key(), Instant::now())
+                .len();
             rolled_out && routable == usize::try_from(replicas).unwrap_or(0)
         })
         .await

@@ -135,6 +135,22 @@ impl LoadBalancers {
             .unwrap_or_default()
     }
 
+    /// Pod UIDs registered in `service` at `now` and still in its slices (routable and
+    /// not being deregistered).
+    pub fn registered(&self, service: &str, now: Instant) -> Vec<String> {
+        let cfg = self.cfg;
+        self.lock()
+            .get(service)
+            .map(|lb| {
+                lb.targets
+                    .iter()
+                    .filter(|(_, t)| t.removed.is_none() && routable(t, cfg, now))
+                    .map(|(uid, _)| uid.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Picks the target of the next request to `service` (round robin), if any.
     pub fn route(&self, service: &str, now: Instant) -> Option<String> {
         let cfg = self.cfg;
@@ -260,6 +276,7 @@ mod tests {
         lbs.sync("ns/web", &[ep("b")], s(3));
         // `a` left the slice but still gets new requests for the deregistration lag.
         assert_eq!(lbs.routable("ns/web", s(12)), vec!["a", "b"]);
+        assert_eq!(lbs.registered("ns/web", s(12)), vec!["b"]);
         assert_eq!(lbs.routable("ns/web", s(13)), vec!["b"]);
         lbs.sync("ns/web", &[ep("b")], s(14));
         assert_eq!(lbs.route("ns/web", s(14)).as_deref(), Some("b"));

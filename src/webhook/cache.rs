@@ -516,3 +516,105 @@ pub async fn run(cache: Arc<Cache>, client: kube::Client) -> Result<(), Error> {
     )?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn slice(name: &str, pods: &[(&str, &str, bool)]) -> EndpointSlice {
+        let endpoints: Vec<_> = pods
+            .iter()
+            .map(|(pod, uid, ready)| {
+                json!({"addresses": ["10.0.0.1"], "conditions": {"ready": ready},
+                "targetRef": {"kind": "Pod", "name": pod, "namespace": "web", "uid": uid}})
+            })
+            .collect();
+        serde_json::from_value(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+            "metadata": {"name": name, "namespace": "web", "labels": {SERVICE_NAME_LABEL: "web"}},
+            "endpoints": endpoints
+        }))
+        .unwrap()
+    }
+
+    fn pod(name: &str, labels: &[(&str, &str)]) -> PodFacts {
+        PodFacts {
+            namespace: "web".into(),
+            name: name.into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..PodFacts::default()
+        }
+    }
+
+    #[test]
+    fn slice_index_follows_updates_and_deletes() {
+        let cache = Cache::new(["kube-system".to_string()]);
+        cache.apply_slice(&slice("web-a", &[("p1", "u1", true), ("p2", "u2", false)]));
+        cache.apply_slice(&slice("web-b", &[("p1", "u1", true)]));
+        assert!(cache.has_ready_endpoint("web", "p1"));
+        assert!(
+            !cache.has_ready_endpoint("web", "p2"),
+            "listed but not ready"
+        );
+        assert_eq!(cache.endpoints_of("web", "p1").len(), 2);
+        // The slice drops p1 (the pod left the Service): only web-b still lists it.
+        cache.apply_slice(&slice("web-a", &[("p2", "u2", true)]));
+        assert_eq!(cache.endpoints_of("web", "p1").len(), 1);
+        assert!(cache.has_ready_endpoint("web", "p2"));
+        cache.remove(Kind::Slices, &("web".into(), "web-b".into()));
+        assert!(cache.endpoints_of("web", "p1").is_empty());
+        assert_eq!(read(&cache.slices).len(), (1, 1), "no stale index entries");
+        assert!(
+            !cache.has_ready_endpoint("other", "p2"),
+            "namespaced lookups"
+        );
+    }
+
+    #[test]
+    fn snapshot_collects_services_namespace_and_selecting_pdbs() {
+        let cache = Cache::new(["kube-system".to_string()]);
+        cache.apply_slice(&slice("web-a", &[("p1", "u1", true)]));
+        cache.apply_service(
+            &serde_json::from_value(json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "web", "namespace": "web"},
+            "spec": {"type": "NodePort", "selector": {"app": "web"}}}))
+            .unwrap(),
+        );
+        for (name, selector) in [
+            ("match", json!({"matchLabels": {"app": "web"}})),
+            (
+                "expr",
+                json!({"matchExpressions": [{"key": "tier", "operator": "In", "values": ["front"]}]}),
+            ),
+            ("other", json!({"matchLabels": {"app": "db"}})),
+        ] {
+            cache.apply_pdb(&serde_json::from_value(json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                "metadata": {"name": name, "namespace": "web", "generation": 1},
+                "spec": {"selector": selector},
+                "status": {"observedGeneration": 1, "disruptionsAllowed": 1, "currentHealthy": 1, "desiredHealthy": 1, "expectedPods": 1}})).unwrap());
+        }
+        cache.apply_namespace(
+            &serde_json::from_value(json!({"name": "web",
+            "annotations": {DELAY_ANNOTATION: "90s"}}))
+            .unwrap(),
+        );
+        let snap = cache.snapshot(&pod("p1", &[("app", "web"), ("tier", "front")]));
+        assert_eq!(snap.services.len(), 1);
+        assert_eq!(snap.services[0].service_type, ServiceType::NodePort);
+        let mut pdbs: Vec<&str> = snap.pdbs.iter().map(|p| p.name.as_str()).collect();
+        pdbs.sort();
+        assert_eq!(pdbs, ["expr", "match"]);
+        assert_eq!(snap.namespace.delay.as_deref(), Some("90s"));
+        assert!(!snap.namespace.opted_out);
+        assert!(cache.namespace("kube-system").opted_out, "excluded by flag");
+        cache.apply_namespace(
+            &serde_json::from_value(json!({"name": "web", "labels": {OPT_OUT_LABEL: "true"}}))
+                .unwrap(),
+        );
+        assert!(cache.namespace("web").opted_out, "opted out by label");
+    }
+}

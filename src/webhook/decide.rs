@@ -357,12 +357,15 @@ pub fn delete_at_of(pod: &PodFacts) -> Option<Timestamp> {
         .and_then(|v| v.parse::<Timestamp>().ok())
 }
 
-/// `now + delay`, saturating at the largest representable time.
+/// `now + delay` rounded up to a whole second (annotations stay readable and a pod is
+/// never deleted early), saturating at the largest representable time.
 pub fn add(now: Timestamp, delay: Duration) -> Timestamp {
-    jiff::SignedDuration::try_from(delay)
+    let exact = jiff::SignedDuration::try_from(delay)
         .ok()
         .and_then(|d| now.checked_add(d).ok())
-        .unwrap_or(Timestamp::MAX)
+        .unwrap_or(Timestamp::MAX);
+    let whole = exact.as_second() + i64::from(exact.subsec_nanosecond() > 0);
+    Timestamp::from_second(whole).unwrap_or(exact)
 }
 
 /// Which controller labels the relabelling prefers to keep, by owner kind, and whether the
@@ -422,4 +425,438 @@ pub fn labels_to_remove(
         }
     }
     remove
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn now() -> Timestamp {
+        "2026-01-01T00:00:00Z".parse().unwrap()
+    }
+
+    fn settings() -> Settings {
+        Settings {
+            default_delay: Duration::from_secs(60),
+            exposure: Exposure::EndpointSlice,
+            own_users: ["system:serviceaccount:gd:webhook".to_string()].into(),
+        }
+    }
+
+    fn req(path: Path) -> Request {
+        Request {
+            path,
+            dry_run: false,
+            grace_period: None,
+            user: "alice".into(),
+        }
+    }
+
+    fn pod() -> PodFacts {
+        PodFacts {
+            namespace: "web".into(),
+            name: "web-1".into(),
+            uid: "uid-1".into(),
+            resource_version: "7".into(),
+            labels: [("app".to_string(), "web".to_string())].into(),
+            annotations: BTreeMap::new(),
+            running: true,
+            ready: true,
+            terminating: false,
+            owner: Some((OwnerKind::ReplicaSet, "web-abc".into())),
+        }
+    }
+
+    fn exposed() -> Snapshot {
+        Snapshot {
+            endpoints: vec![EndpointFacts {
+                service: Some("web".into()),
+                ready: true,
+                uid: Some("uid-1".into()),
+            }],
+            services: vec![ServiceFacts {
+                name: "web".into(),
+                service_type: ServiceType::ClusterIp,
+                selector: [("app".to_string(), "web".to_string())].into(),
+            }],
+            ..Snapshot::default()
+        }
+    }
+
+    fn pdb(allowed: i32) -> PdbFacts {
+        PdbFacts {
+            name: "web".into(),
+            disruptions_allowed: allowed,
+            observed: true,
+            lists_pod: false,
+            selector_keys: ["app".to_string()].into(),
+        }
+    }
+
+    fn isolate_at(secs: i64) -> Decision {
+        Decision::Isolate {
+            delete_at: now() + jiff::SignedDuration::from_secs(secs),
+            grace_period: None,
+        }
+    }
+
+    #[test]
+    fn decision_table() {
+        type Case = (&'static str, Request, PodFacts, Snapshot, Decision);
+        let mut dry = req(Path::Evict);
+        dry.dry_run = true;
+        let mut own = req(Path::Delete);
+        own.user = "system:serviceaccount:gd:webhook".into();
+        let mut force = req(Path::Delete);
+        force.grace_period = Some(0);
+        let mut opted = pod();
+        opted.labels.insert(OPT_OUT_LABEL.into(), "true".into());
+        let mut ns_opted = exposed();
+        ns_opted.namespace.opted_out = true;
+        let mut terminating = pod();
+        terminating.terminating = true;
+        let mut pending = pod();
+        pending.labels.insert(DRAINING_LABEL.into(), "true".into());
+        pending
+            .annotations
+            .insert(DELETE_AT_ANNOTATION.into(), "2026-01-01T00:00:30Z".into());
+        let mut due = pending.clone();
+        due.annotations
+            .insert(DELETE_AT_ANNOTATION.into(), "2025-12-31T23:59:00Z".into());
+        let mut pending_phase = pod();
+        pending_phase.running = false;
+        let mut unready = pod();
+        unready.ready = false;
+        let mut not_ready_ep = exposed();
+        not_ready_ep.endpoints[0].ready = false;
+        let mut other_uid = exposed();
+        other_uid.endpoints[0].uid = Some("uid-old".into());
+        let with_pdb = |p: PdbFacts| {
+            let mut s = exposed();
+            s.pdbs = vec![p];
+            s
+        };
+        let mut unobserved = pdb(1);
+        unobserved.observed = false;
+        let mut listed = pdb(0);
+        listed.lists_pod = true;
+        let mut two = exposed();
+        two.pdbs = vec![pdb(1), pdb(1)];
+        let mut pod_delay = pod();
+        pod_delay
+            .annotations
+            .insert(DELAY_ANNOTATION.into(), "45s".into());
+        let mut ns_delay = exposed();
+        ns_delay.namespace.delay = Some("2m".into());
+        let mut bad_delay = pod();
+        bad_delay
+            .annotations
+            .insert(DELAY_ANNOTATION.into(), "soon".into());
+        let mut graceful = req(Path::Evict);
+        graceful.grace_period = Some(20);
+
+        let cases: Vec<Case> = vec![
+            (
+                "isolates an exposed ready pod",
+                req(Path::Evict),
+                pod(),
+                exposed(),
+                isolate_at(60),
+            ),
+            (
+                "delete isolates too",
+                req(Path::Delete),
+                pod(),
+                exposed(),
+                isolate_at(60),
+            ),
+            (
+                "dry run passes",
+                dry,
+                pod(),
+                exposed(),
+                Decision::Pass(Pass::DryRun),
+            ),
+            (
+                "own requests pass",
+                own,
+                pod(),
+                exposed(),
+                Decision::Pass(Pass::OwnRequest),
+            ),
+            (
+                "force delete passes",
+                force,
+                pod(),
+                exposed(),
+                Decision::Pass(Pass::ForceDelete),
+            ),
+            (
+                "pod opt-out",
+                req(Path::Evict),
+                opted,
+                exposed(),
+                Decision::Pass(Pass::OptedOut),
+            ),
+            (
+                "namespace opt-out",
+                req(Path::Evict),
+                pod(),
+                ns_opted,
+                Decision::Pass(Pass::OptedOut),
+            ),
+            (
+                "terminating",
+                req(Path::Delete),
+                terminating,
+                exposed(),
+                Decision::Pass(Pass::Terminating),
+            ),
+            (
+                "already isolated waits",
+                req(Path::Evict),
+                pending.clone(),
+                exposed(),
+                Decision::Pending {
+                    delete_at: "2026-01-01T00:00:30Z".parse().unwrap(),
+                },
+            ),
+            (
+                "already isolated and due",
+                req(Path::Delete),
+                due,
+                exposed(),
+                Decision::Pass(Pass::AlreadyDue),
+            ),
+            (
+                "not running",
+                req(Path::Evict),
+                pending_phase,
+                exposed(),
+                Decision::Pass(Pass::NotRunning),
+            ),
+            (
+                "not ready",
+                req(Path::Evict),
+                unready,
+                exposed(),
+                Decision::Pass(Pass::NotReady),
+            ),
+            (
+                "no slice",
+                req(Path::Evict),
+                pod(),
+                Snapshot::default(),
+                Decision::Pass(Pass::NotExposed),
+            ),
+            (
+                "unready endpoint",
+                req(Path::Evict),
+                pod(),
+                not_ready_ep,
+                Decision::Pass(Pass::NotExposed),
+            ),
+            (
+                "endpoint of a previous pod",
+                req(Path::Evict),
+                pod(),
+                other_uid,
+                Decision::Pass(Pass::NotExposed),
+            ),
+            (
+                "pdb with budget",
+                req(Path::Evict),
+                pod(),
+                with_pdb(pdb(1)),
+                isolate_at(60),
+            ),
+            (
+                "pdb exhausted",
+                req(Path::Evict),
+                pod(),
+                with_pdb(pdb(0)),
+                Decision::Pass(Pass::PdbExhausted),
+            ),
+            (
+                "pdb unobserved",
+                req(Path::Evict),
+                pod(),
+                with_pdb(unobserved),
+                Decision::Pass(Pass::PdbNotObserved),
+            ),
+            (
+                "pdb already lists the pod",
+                req(Path::Evict),
+                pod(),
+                with_pdb(listed),
+                isolate_at(60),
+            ),
+            (
+                "two pdbs",
+                req(Path::Evict),
+                pod(),
+                two,
+                Decision::Pass(Pass::MultiplePdbs),
+            ),
+            (
+                "pod delay annotation",
+                req(Path::Evict),
+                pod_delay,
+                exposed(),
+                isolate_at(45),
+            ),
+            (
+                "namespace delay annotation",
+                req(Path::Evict),
+                pod(),
+                ns_delay,
+                isolate_at(120),
+            ),
+            (
+                "bad delay falls back",
+                req(Path::Evict),
+                bad_delay,
+                exposed(),
+                isolate_at(60),
+            ),
+            (
+                "grace period recorded",
+                graceful,
+                pod(),
+                exposed(),
+                Decision::Isolate {
+                    delete_at: now() + jiff::SignedDuration::from_secs(60),
+                    grace_period: Some(20),
+                },
+            ),
+        ];
+        for (name, r, p, s, want) in cases {
+            assert_eq!(decide(&r, &p, &s, &settings(), now()), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn exposure_modes_filter_by_service_type() {
+        let mut snap = exposed();
+        let cases = [
+            (ServiceType::ClusterIp, Exposure::EndpointSlice, true),
+            (ServiceType::ClusterIp, Exposure::External, false),
+            (ServiceType::NodePort, Exposure::External, true),
+            (ServiceType::NodePort, Exposure::LoadBalancer, false),
+            (ServiceType::LoadBalancer, Exposure::LoadBalancer, true),
+            (ServiceType::LoadBalancer, Exposure::External, true),
+        ];
+        for (ty, mode, want) in cases {
+            snap.services[0].service_type = ty;
+            assert_eq!(
+                is_exposed(&pod(), &snap, mode),
+                want,
+                "{ty:?} under {mode:?}"
+            );
+        }
+        // A slice without a Service (e.g. a Gateway's own slice) counts only in the default mode.
+        snap.endpoints[0].service = None;
+        assert!(is_exposed(&pod(), &snap, Exposure::EndpointSlice));
+        assert!(!is_exposed(&pod(), &snap, Exposure::External));
+    }
+
+    fn keys(ks: &[&str]) -> BTreeSet<String> {
+        ks.iter().map(|k| k.to_string()).collect()
+    }
+
+    fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn relabelling_per_owner_kind() {
+        let service = keys(&["app"]);
+        type Case = (
+            &'static str,
+            OwnerKind,
+            BTreeSet<String>,
+            BTreeMap<String, String>,
+            Vec<&'static str>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "deployment: leave the ReplicaSet and the Service, keep the rest",
+                OwnerKind::ReplicaSet,
+                keys(&["app", "pod-template-hash"]),
+                labels(&[("app", "web"), ("pod-template-hash", "abc"), ("team", "a")]),
+                vec!["app", "pod-template-hash"],
+            ),
+            (
+                "statefulset: keep controller labels, drop only the Service's extra key",
+                OwnerKind::StatefulSet,
+                keys(&["app"]),
+                labels(&[("app", "db"), ("tier", "web")]),
+                vec!["tier"],
+            ),
+            (
+                "statefulset: a Service made only of controller keys still must be left",
+                OwnerKind::StatefulSet,
+                keys(&["app", "tier"]),
+                labels(&[("app", "db"), ("tier", "web")]),
+                vec!["app", "tier"],
+            ),
+            (
+                "job: keep the job's controller-uid",
+                OwnerKind::Job,
+                keys(&["batch.kubernetes.io/controller-uid"]),
+                labels(&[
+                    ("batch.kubernetes.io/controller-uid", "u"),
+                    ("app", "w"),
+                    ("tier", "web"),
+                ]),
+                vec!["app", "tier"],
+            ),
+            (
+                "daemonset: keep the DaemonSet selector so no second pod starts on the node",
+                OwnerKind::DaemonSet,
+                keys(&["name"]),
+                labels(&[("name", "agent"), ("app", "w"), ("tier", "web")]),
+                vec!["app", "tier"],
+            ),
+            (
+                "bare pod: only the Service's labels, others kept",
+                OwnerKind::Other("v1/None".into()),
+                BTreeSet::new(),
+                labels(&[("app", "w"), ("tier", "web"), ("version", "1")]),
+                vec!["app", "tier"],
+            ),
+        ];
+        for (name, kind, owner_keys, pod_labels, want) in cases {
+            let policy = OwnerPolicy::for_owner(&kind, owner_keys);
+            let mut leave = policy.leave.clone();
+            // The Service selects app+tier except in the deployment case (app only).
+            let svc = if kind == OwnerKind::ReplicaSet {
+                service.clone()
+            } else {
+                keys(&["app", "tier"])
+            };
+            leave.push(svc);
+            let removed = labels_to_remove(&pod_labels, &leave, &policy.keep);
+            let got: Vec<&str> = removed.keys().map(String::as_str).collect();
+            assert_eq!(got, want, "{name}");
+            for (k, v) in &removed {
+                assert_eq!(pod_labels.get(k), Some(v), "{name}: removed value recorded");
+            }
+        }
+    }
+
+    #[test]
+    fn delete_time_saturates_instead_of_overflowing() {
+        assert_eq!(add(Timestamp::MAX, Duration::from_secs(1)), Timestamp::MAX);
+        assert_eq!(
+            add(now(), Duration::from_secs(90)).to_string(),
+            "2026-01-01T00:01:30Z"
+        );
+        assert_eq!(
+            add(now(), Duration::from_millis(1500)).to_string(),
+            "2026-01-01T00:00:02Z"
+        );
+    }
 }

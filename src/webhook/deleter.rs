@@ -304,3 +304,187 @@ impl Deleter {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::webhook::metrics::Metrics;
+    use http::{Method, Response};
+    use http_body_util::BodyExt;
+    use kube::client::Body;
+    use serde_json::{Value, json};
+
+    fn at(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    fn meta(name: &str, uid: &str, delete_at: &str, ours: bool) -> Value {
+        let mut annotations =
+            json!({ DELETE_AT_ANNOTATION: delete_at, GRACE_PERIOD_ANNOTATION: "17" });
+        if ours {
+            annotations[ORIGINAL_LABELS_ANNOTATION] = json!("{\"app\":\"web\"}");
+        }
+        json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+               "metadata": {"name": name, "namespace": "web", "uid": uid, "resourceVersion": "3",
+                            "labels": {DRAINING_LABEL: "true"}, "annotations": annotations}})
+    }
+
+    #[test]
+    fn pending_is_read_only_from_pods_we_isolated() {
+        let ours: ObjectMeta = serde_json::from_value(
+            meta("a", "u-a", "2026-01-01T00:00:00Z", true)["metadata"].clone(),
+        )
+        .unwrap();
+        let pending = pending_from(&ours).unwrap();
+        assert_eq!(pending.grace_period, Some(17));
+        assert_eq!(pending.delete_at, at("2026-01-01T00:00:00Z"));
+        let foreign: ObjectMeta = serde_json::from_value(
+            meta("b", "u-b", "2026-01-01T00:00:00Z", false)["metadata"].clone(),
+        )
+        .unwrap();
+        assert_eq!(
+            pending_from(&foreign),
+            None,
+            "a draining label alone is not ours"
+        );
+        let garbled: ObjectMeta =
+            serde_json::from_value(meta("c", "u-c", "tomorrow", true)["metadata"].clone()).unwrap();
+        assert_eq!(pending_from(&garbled), None);
+    }
+
+    #[test]
+    fn due_rules_with_and_without_waiting_for_endpoints() {
+        let pod = Pending {
+            namespace: "web".into(),
+            name: "a".into(),
+            uid: "u".into(),
+            delete_at: at("2026-01-01T00:01:00Z"),
+            grace_period: None,
+            terminating: false,
+        };
+        let before = at("2026-01-01T00:00:59Z");
+        let after = at("2026-01-01T00:01:01Z");
+        assert!(!is_due(&pod, before, None, None));
+        assert!(is_due(&pod, after, None, None));
+        let margin = Some(Duration::from_secs(5));
+        assert!(!is_due(&pod, after, margin, None), "still in a slice");
+        assert!(
+            !is_due(&pod, after, margin, Some(at("2026-01-01T00:00:58Z"))),
+            "margin not over"
+        );
+        assert!(is_due(
+            &pod,
+            after,
+            margin,
+            Some(at("2026-01-01T00:00:50Z"))
+        ));
+        assert!(
+            is_due(&pod, at("2026-01-01T00:11:00Z"), margin, None),
+            "gives up after the cap"
+        );
+        let terminating = Pending {
+            terminating: true,
+            ..pod
+        };
+        assert!(!is_due(&terminating, after, None, None));
+    }
+
+    /// A restarted replica lists isolated pods and deletes the due one, with its UID
+    /// precondition and the recorded grace period, leaving future and foreign pods alone.
+    #[tokio::test]
+    async fn resumes_pending_deletions_after_restart() {
+        let (client, mut api) = crate::webhook::mock::client();
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = Arc::new(Metrics::new(&mut registry));
+        let cache = Arc::new(Cache::default());
+        let ctx = isolate::Context {
+            client,
+            cache: cache.clone(),
+            identity: "w".into(),
+        };
+        let deleter = Deleter::new(ctx, metrics.clone(), None);
+        let (_leader_tx, leader_rx) = watch::channel(true);
+        let shutdown = Shutdown::new();
+        let task = tokio::spawn(deleter.run(leader_rx, shutdown.clone()));
+
+        let mut held_watch = None;
+        let mut deleted = Vec::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while deleted.is_empty() {
+            let next = tokio::time::timeout_at(deadline, api.next_request())
+                .await
+                .expect("no delete within 20 s");
+            let (req, send) = next.expect("client gone");
+            let (parts, body) = req.into_parts();
+            let query = parts.uri.query().unwrap_or_default().to_string();
+            let body: Value = serde_json::from_slice(&body.collect().await.unwrap().to_bytes())
+                .unwrap_or(Value::Null);
+            let reply = |v: Value, code: u16| {
+                Response::builder()
+                    .status(code)
+                    .body(Body::from(serde_json::to_vec(&v).unwrap()))
+                    .unwrap()
+            };
+            match (parts.method.clone(), parts.uri.path()) {
+                (Method::GET, "/api/v1/pods") if query.contains("watch=true") => {
+                    assert!(
+                        query.contains("labelSelector=graceful-drain.io%2Fdraining"),
+                        "{query}"
+                    );
+                    held_watch = Some(send);
+                }
+                (Method::GET, "/api/v1/pods") => {
+                    assert!(
+                        query.contains("labelSelector=graceful-drain.io%2Fdraining"),
+                        "{query}"
+                    );
+                    send.send_response(reply(
+                        json!({
+                        "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
+                        "metadata": {"resourceVersion": "10"},
+                        "items": [
+                            meta("due", "u-due", "2020-01-01T00:00:00Z", true),
+                            meta("later", "u-later", "2999-01-01T00:00:00Z", true),
+                            meta("foreign", "u-foreign", "2020-01-01T00:00:00Z", false),
+                        ]}),
+                        200,
+                    ));
+                }
+                (Method::DELETE, path) => {
+                    deleted.push((path.to_string(), body.clone()));
+                    send.send_response(reply(
+                        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "due"}}),
+                        200,
+                    ));
+                }
+                (method, path) => panic!("unexpected {method} {path}"),
+            }
+        }
+        let events = tokio::time::timeout(Duration::from_secs(5), api.next_request())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(events.0.uri().path(), "/api/v1/namespaces/web/events");
+        events.1.send_response(
+            Response::builder()
+                .status(201)
+                .body(Body::from(b"{}".to_vec()))
+                .unwrap(),
+        );
+        shutdown.cancel();
+        task.await.unwrap().unwrap();
+        drop(held_watch);
+
+        assert_eq!(deleted.len(), 1, "{deleted:?}");
+        let (path, options) = &deleted[0];
+        assert_eq!(path, "/api/v1/namespaces/web/pods/due");
+        assert_eq!(options["preconditions"]["uid"], "u-due");
+        assert_eq!(options["gracePeriodSeconds"], 17);
+        assert_eq!(metrics.pods_deleted.get(), 1);
+        assert_eq!(
+            cache.isolated("web", "later"),
+            Some(at("2999-01-01T00:00:00Z"))
+        );
+        assert_eq!(cache.isolated("web", "foreign"), None);
+    }
+}

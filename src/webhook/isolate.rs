@@ -372,3 +372,424 @@ pub async fn record_event(
         tracing::warn!(pod = %pod_ref(pod), reason, %error, "record event");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use http::Method;
+    use serde_json::json;
+
+    use super::*;
+    use crate::webhook::decide::{PdbFacts, ServiceFacts, ServiceType};
+    use crate::webhook::mock::{self, expect};
+
+    fn now() -> Timestamp {
+        "2026-01-01T00:00:00Z".parse().unwrap()
+    }
+
+    fn pod() -> PodFacts {
+        PodFacts {
+            namespace: "web".into(),
+            name: "web-1".into(),
+            uid: "uid-1".into(),
+            resource_version: "41".into(),
+            labels: [("app", "web"), ("pod-template-hash", "abc"), ("team", "a")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            annotations: [("note".to_string(), "x".to_string())].into(),
+            running: true,
+            ready: true,
+            terminating: false,
+            owner: Some((OwnerKind::ReplicaSet, "web-abc".into())),
+        }
+    }
+
+    fn pdb_json(rv: &str, allowed: i32) -> Value {
+        json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "web", "namespace": "web", "resourceVersion": rv, "generation": 1},
+            "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}},
+            "status": {"observedGeneration": 1, "disruptionsAllowed": allowed, "currentHealthy": 3,
+                       "desiredHealthy": 2, "expectedPods": 3}
+        })
+    }
+
+    fn snapshot() -> Snapshot {
+        Snapshot {
+            services: vec![ServiceFacts {
+                name: "web".into(),
+                service_type: ServiceType::LoadBalancer,
+                selector: [("app".to_string(), "web".to_string())].into(),
+            }],
+            pdbs: vec![PdbFacts {
+                name: "web".into(),
+                disruptions_allowed: 1,
+                observed: true,
+                lists_pod: false,
+                selector_keys: ["app".to_string()].into(),
+            }],
+            ..Snapshot::default()
+        }
+    }
+
+    fn context(client: kube::Client) -> Context {
+        let cache = Arc::new(Cache::default());
+        cache.apply_pdb(&serde_json::from_value(pdb_json("1", 1)).unwrap());
+        Context {
+            client,
+            cache,
+            identity: "webhook-0".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn isolation_sends_pdb_update_then_guarded_patch_then_event() {
+        let (client, mut api) = mock::client();
+        let ctx = context(client);
+        let delete_at: Timestamp = "2026-01-01T00:01:00Z".parse().unwrap();
+        let task = tokio::spawn(async move {
+            isolate(&ctx, &pod(), &snapshot(), delete_at, Some(20), now()).await
+        });
+        let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": "web-abc", "namespace": "web"},
+            "spec": {"selector": {"matchLabels": {"app": "web", "pod-template-hash": "abc"}}}});
+        expect(
+            &mut api,
+            Method::GET,
+            "/apis/apps/v1/namespaces/web/replicasets/web-abc",
+            200,
+            rs,
+        )
+        .await;
+        // The cached PDB is stale: the first update conflicts, we re-read and retry.
+        let pdb_path = "/apis/policy/v1/namespaces/web/poddisruptionbudgets/web";
+        let status_path = format!("{pdb_path}/status");
+        let first = expect(
+            &mut api,
+            Method::PUT,
+            &status_path,
+            409,
+            mock::status(409, "Conflict"),
+        )
+        .await;
+        assert_eq!(first.body["metadata"]["resourceVersion"], "1");
+        expect(&mut api, Method::GET, pdb_path, 200, pdb_json("2", 1)).await;
+        let update = expect(&mut api, Method::PUT, &status_path, 200, pdb_json("3", 0)).await;
+        assert_eq!(update.body["metadata"]["resourceVersion"], "2");
+        assert_eq!(update.body["status"]["disruptionsAllowed"], 0);
+        assert_eq!(
+            update.body["status"]["disruptedPods"]["web-1"],
+            "2026-01-01T00:00:00Z"
+        );
+
+        let patch = expect(
+            &mut api,
+            Method::PATCH,
+            "/api/v1/namespaces/web/pods/web-1",
+            200,
+            json!({}),
+        )
+        .await;
+        assert_eq!(patch.content_type, "application/json-patch+json");
+        assert_eq!(
+            patch.body,
+            json!([
+                {"op": "test", "path": "/metadata/resourceVersion", "value": "41"},
+                {"op": "test", "path": "/metadata/labels",
+                 "value": {"app": "web", "pod-template-hash": "abc", "team": "a"}},
+                {"op": "remove", "path": "/metadata/labels/app"},
+                {"op": "remove", "path": "/metadata/labels/pod-template-hash"},
+                {"op": "add", "path": "/metadata/labels/graceful-drain.io~1draining", "value": "true"},
+                {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1delete-at",
+                 "value": "2026-01-01T00:01:00Z"},
+                {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1grace-period-seconds",
+                 "value": "20"},
+                {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1original-labels",
+                 "value": "{\"app\":\"web\",\"pod-template-hash\":\"abc\"}"},
+            ])
+        );
+        let event = expect(
+            &mut api,
+            Method::POST,
+            "/api/v1/namespaces/web/events",
+            201,
+            json!({}),
+        )
+        .await;
+        assert_eq!(event.body["reason"], REASON_ISOLATED);
+        assert_eq!(event.body["involvedObject"]["uid"], "uid-1");
+        let outcome = task.await.unwrap().unwrap();
+        assert_eq!(
+            outcome,
+            Outcome::Isolated {
+                removed: [("app", "web"), ("pod-template-hash", "abc")]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect()
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn exhausted_pdb_after_reread_leaves_the_pod_alone() {
+        let (client, mut api) = mock::client();
+        let ctx = context(client);
+        let task =
+            tokio::spawn(
+                async move { isolate(&ctx, &pod(), &snapshot(), now(), None, now()).await },
+            );
+        let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": "web-abc", "namespace": "web"}, "spec": {"selector": {}}});
+        expect(
+            &mut api,
+            Method::GET,
+            "/apis/apps/v1/namespaces/web/replicasets/web-abc",
+            200,
+            rs,
+        )
+        .await;
+        let status_path = "/apis/policy/v1/namespaces/web/poddisruptionbudgets/web/status";
+        expect(
+            &mut api,
+            Method::PUT,
+            status_path,
+            409,
+            mock::status(409, "Conflict"),
+        )
+        .await;
+        // Another replica took the last disruption in between.
+        expect(
+            &mut api,
+            Method::GET,
+            "/apis/policy/v1/namespaces/web/poddisruptionbudgets/web",
+            200,
+            pdb_json("2", 0),
+        )
+        .await;
+        let outcome = task.await.unwrap().unwrap();
+        assert_eq!(
+            outcome,
+            Outcome::Refused(Budget::Exhausted {
+                pdb: "web/web".into()
+            })
+        );
+    }
+
+    #[tokio::test]
+    async fn failed_test_op_is_a_conflict() {
+        let (client, mut api) = mock::client();
+        let ctx = context(client);
+        let mut bare = pod();
+        bare.owner = None;
+        let snap = Snapshot {
+            pdbs: Vec::new(),
+            ..snapshot()
+        };
+        let task =
+            tokio::spawn(async move { isolate(&ctx, &bare, &snap, now(), None, now()).await });
+        expect(
+            &mut api,
+            Method::PATCH,
+            "/api/v1/namespaces/web/pods/web-1",
+            422,
+            mock::status(422, "Invalid"),
+        )
+        .await;
+        assert!(matches!(task.await.unwrap(), Err(Error::Conflict { .. })));
+    }
+
+    #[test]
+    fn charging_a_pdb_follows_the_eviction_rules() {
+        let pdb = |v: Value| serde_json::from_value::<PodDisruptionBudget>(v).unwrap();
+        let next = charge(&pdb(pdb_json("5", 2)), "web-1", now())
+            .unwrap()
+            .unwrap();
+        let status = next.status.unwrap();
+        assert_eq!(status.disruptions_allowed, 1);
+        assert!(status.disrupted_pods.unwrap().contains_key("web-1"));
+        assert_eq!(next.metadata.resource_version.as_deref(), Some("5"));
+
+        assert_eq!(
+            charge(&pdb(pdb_json("5", 0)), "web-1", now()).unwrap_err(),
+            Budget::Exhausted {
+                pdb: "web/web".into()
+            }
+        );
+        let mut listed = pdb_json("5", 0);
+        listed["status"]["disruptedPods"] = json!({"web-1": "2026-01-01T00:00:00Z"});
+        assert_eq!(charge(&pdb(listed), "web-1", now()), Ok(None));
+        let mut unobserved = pdb_json("5", 3);
+        unobserved["metadata"]["generation"] = json!(2);
+        assert_eq!(
+            charge(&pdb(unobserved), "web-1", now()).unwrap_err(),
+            Budget::NotObserved {
+                pdb: "web/web".into()
+            }
+        );
+    }
+
+    #[test]
+    fn patch_for_a_pod_without_labels_or_annotations_creates_both_maps() {
+        let mut bare = pod();
+        bare.labels.clear();
+        bare.annotations.clear();
+        let patch =
+            serde_json::to_value(isolation_patch(&bare, &BTreeMap::new(), now(), None)).unwrap();
+        assert_eq!(
+            patch,
+            json!([
+                {"op": "test", "path": "/metadata/resourceVersion", "value": "41"},
+                {"op": "add", "path": "/metadata/labels", "value": {"graceful-drain.io/draining": "true"}},
+                {"op": "add", "path": "/metadata/annotations", "value": {
+                    "graceful-drain.io/delete-at": "2026-01-01T00:00:00Z",
+                    "graceful-drain.io/original-labels": "{}"}},
+            ])
+        );
+    }
+
+    /// A tiny in-memory API server with real resourceVersion semantics for the PDB
+    /// status and JSON-patch `test` ops on pods, shared by several webhook "replicas".
+    #[derive(Default)]
+    struct Fake {
+        pdb: Value,
+        pods: std::collections::HashMap<String, Value>,
+        isolated: usize,
+        fewest_serving: usize,
+    }
+
+    const PODS: usize = 6;
+    const MIN_AVAILABLE: usize = 4;
+
+    fn fake_pod(i: usize) -> Value {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": format!("web-{i}"), "namespace": "web", "uid": format!("uid-{i}"),
+                            "resourceVersion": "1", "labels": {"app": "web"}}})
+    }
+
+    async fn serve_fake(
+        fake: Arc<std::sync::Mutex<Fake>>,
+        req: http::Request<kube::client::Body>,
+    ) -> Result<http::Response<kube::client::Body>, std::convert::Infallible> {
+        use http_body_util::BodyExt;
+        let (parts, body) = req.into_parts();
+        let body: Value = serde_json::from_slice(&body.collect().await.unwrap().to_bytes())
+            .unwrap_or(Value::Null);
+        let path = parts.uri.path().to_string();
+        let (code, reply) = {
+            let mut f = fake.lock().unwrap();
+            let pdb_path = "/apis/policy/v1/namespaces/web/poddisruptionbudgets/web";
+            match parts.method {
+                Method::GET if path == pdb_path => (200, f.pdb.clone()),
+                Method::PUT if path == format!("{pdb_path}/status") => {
+                    let current = f.pdb["metadata"]["resourceVersion"]
+                        .as_str()
+                        .unwrap()
+                        .parse::<u64>()
+                        .unwrap();
+                    if body["metadata"]["resourceVersion"] != json!(current.to_string()) {
+                        (409, mock::status(409, "Conflict"))
+                    } else {
+                        let mut next = body.clone();
+                        next["metadata"]["resourceVersion"] = json!((current + 1).to_string());
+                        f.pdb = next.clone();
+                        (200, next)
+                    }
+                }
+                Method::PATCH => {
+                    let name = path.rsplit('/').next().unwrap().to_string();
+                    let patch: json_patch::Patch = serde_json::from_value(body).unwrap();
+                    let mut pod = f.pods[&name].clone();
+                    match json_patch::patch(&mut pod, &patch) {
+                        Err(_) => (422, mock::status(422, "Invalid")),
+                        Ok(()) => {
+                            let rv: u64 = pod["metadata"]["resourceVersion"]
+                                .as_str()
+                                .unwrap()
+                                .parse()
+                                .unwrap();
+                            pod["metadata"]["resourceVersion"] = json!((rv + 1).to_string());
+                            f.pods.insert(name, pod.clone());
+                            f.isolated += 1;
+                            f.fewest_serving = f.fewest_serving.min(PODS - f.isolated);
+                            (200, pod)
+                        }
+                    }
+                }
+                Method::POST => (201, json!({})),
+                _ => (404, mock::status(404, "NotFound")),
+            }
+        };
+        Ok(http::Response::builder()
+            .status(code)
+            .body(kube::client::Body::from(
+                serde_json::to_vec(&reply).unwrap(),
+            ))
+            .unwrap())
+    }
+
+    /// Three replicas with stale caches race to isolate six pods behind a PDB with
+    /// minAvailable 4: exactly two are isolated and at no moment do fewer than four serve.
+    #[tokio::test]
+    async fn concurrent_isolations_never_break_min_available() {
+        let mut pdb = pdb_json("1", 2);
+        pdb["spec"]["minAvailable"] = json!(MIN_AVAILABLE);
+        let fake = Arc::new(std::sync::Mutex::new(Fake {
+            pdb: pdb.clone(),
+            pods: (0..PODS)
+                .map(|i| (format!("web-{i}"), fake_pod(i)))
+                .collect(),
+            fewest_serving: PODS,
+            ..Fake::default()
+        }));
+        let replicas: Vec<Context> = (0..3)
+            .map(|r| {
+                let fake = fake.clone();
+                let service = tower::service_fn(move |req| serve_fake(fake.clone(), req));
+                let cache = Arc::new(Cache::default());
+                cache.apply_pdb(&serde_json::from_value(pdb.clone()).unwrap());
+                Context {
+                    client: kube::Client::new(service, "default"),
+                    cache,
+                    identity: format!("w{r}"),
+                }
+            })
+            .collect();
+        let mut tasks = Vec::new();
+        for i in 0..PODS {
+            let ctx = replicas[i % 3].clone();
+            tasks.push(tokio::spawn(async move {
+                let mut facts = pod();
+                facts.name = format!("web-{i}");
+                facts.uid = format!("uid-{i}");
+                facts.resource_version = "1".into();
+                facts.labels = [("app".to_string(), "web".to_string())].into();
+                facts.owner = None;
+                facts.annotations.clear();
+                isolate(&ctx, &facts, &snapshot(), now(), None, now()).await
+            }));
+        }
+        let mut isolated = 0;
+        for task in tasks {
+            match task.await.unwrap().unwrap() {
+                Outcome::Isolated { .. } => isolated += 1,
+                Outcome::Refused(Budget::Exhausted { .. }) => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        let f = fake.lock().unwrap();
+        assert_eq!(isolated, 2);
+        assert_eq!(f.isolated, 2);
+        assert!(
+            f.fewest_serving >= MIN_AVAILABLE,
+            "only {} served",
+            f.fewest_serving
+        );
+        assert_eq!(f.pdb["status"]["disruptionsAllowed"], 0);
+        assert_eq!(
+            f.pdb["status"]["disruptedPods"].as_object().unwrap().len(),
+            2
+        );
+    }
+}

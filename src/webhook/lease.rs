@@ -220,3 +220,95 @@ impl Elector {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::webhook::mock::{self, expect};
+    use http::Method;
+    use serde_json::json;
+
+    fn at(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    fn lease(holder: Option<&str>, renewed: &str) -> Lease {
+        serde_json::from_value(json!({
+            "metadata": {"name": "gd", "namespace": "ns", "resourceVersion": "7"},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15,
+                     "renewTime": format!("{renewed}.000000Z"), "leaseTransitions": 3}
+        }))
+        .unwrap()
+    }
+
+    fn holder(step: &Step) -> Option<String> {
+        match step {
+            Step::Create(l) | Step::Replace(l) => l.spec.as_ref()?.holder_identity.clone(),
+            Step::Wait => None,
+        }
+    }
+
+    #[test]
+    fn acquire_renew_and_takeover_rules() {
+        let now = at("2026-01-01T00:00:20Z");
+        let create = next_step(None, "gd", "a", now);
+        assert!(matches!(create, Step::Create(_)));
+        assert_eq!(holder(&create).as_deref(), Some("a"));
+
+        let live = lease(Some("b"), "2026-01-01T00:00:10");
+        assert_eq!(next_step(Some(&live), "gd", "a", now), Step::Wait);
+
+        let renew = next_step(Some(&live), "gd", "b", now);
+        let Step::Replace(renewed) = &renew else {
+            panic!("{renew:?}")
+        };
+        let spec = renewed.spec.as_ref().unwrap();
+        assert_eq!(spec.renew_time.as_ref().unwrap().0, now);
+        assert_eq!(
+            spec.lease_transitions,
+            Some(3),
+            "renewal is not a transition"
+        );
+        assert_eq!(
+            renewed.metadata.resource_version.as_deref(),
+            Some("7"),
+            "guarded by the read version"
+        );
+
+        let expired = lease(Some("b"), "2026-01-01T00:00:04");
+        let takeover = next_step(Some(&expired), "gd", "a", now);
+        let Step::Replace(taken) = &takeover else {
+            panic!("{takeover:?}")
+        };
+        let spec = taken.spec.as_ref().unwrap();
+        assert_eq!(spec.holder_identity.as_deref(), Some("a"));
+        assert_eq!(spec.lease_transitions, Some(4));
+
+        let released = lease(None, "2026-01-01T00:00:19");
+        assert_eq!(
+            holder(&next_step(Some(&released), "gd", "a", now)).as_deref(),
+            Some("a")
+        );
+    }
+
+    #[tokio::test]
+    async fn losing_the_race_for_an_expired_lease_is_not_an_error() {
+        let (client, mut api) = mock::client();
+        let elector = Elector::new(client, "ns", "gd", "a");
+        let task = tokio::spawn(async move { elector.try_acquire().await });
+        let path = "/apis/coordination.k8s.io/v1/namespaces/ns/leases/gd";
+        let current = serde_json::to_value(lease(Some("b"), "2020-01-01T00:00:00")).unwrap();
+        expect(&mut api, Method::GET, path, 200, current).await;
+        let put = expect(
+            &mut api,
+            Method::PUT,
+            path,
+            409,
+            mock::status(409, "Conflict"),
+        )
+        .await;
+        assert_eq!(put.body["metadata"]["resourceVersion"], "7");
+        assert_eq!(put.body["spec"]["holderIdentity"], "a");
+        assert!(!task.await.unwrap().unwrap());
+    }
+}

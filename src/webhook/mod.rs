@@ -17,6 +17,9 @@ pub mod review;
 pub mod server;
 pub mod tls;
 
+#[cfg(test)]
+mod mock;
+
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -44,7 +47,8 @@ pub const DEFAULT_DEREGISTRATION_DELAY: &str = "60s";
 /// objects of any review while bounding memory per connection.
 pub const DEFAULT_MAX_BODY: usize = 8 * 1024 * 1024;
 
-/// Arguments of `graceful-drain webhook`.
+/// Arguments of `graceful-drain webhook`. Option groups are boxed so the CLI's
+/// subcommand enum stays small.
 #[derive(Clone, Debug, clap::Args)]
 pub struct Args {
     /// HTTPS address of the admission endpoints (port 0 picks one; the bound address is logged).
@@ -57,15 +61,8 @@ pub struct Args {
         default_value = "0.0.0.0:9090"
     )]
     pub admin_listen: SocketAddr,
-    /// Serving certificate (PEM); re-read when it changes.
-    #[arg(long, value_name = "FILE", default_value = "/tls/tls.crt")]
-    pub tls_cert: PathBuf,
-    /// Serving key (PEM); re-read when it changes.
-    #[arg(long, value_name = "FILE", default_value = "/tls/tls.key")]
-    pub tls_key: PathBuf,
-    /// Serve only callers presenting a client certificate signed by this CA (PEM).
-    #[arg(long, value_name = "FILE")]
-    pub client_ca: Option<PathBuf>,
+    #[command(flatten)]
+    pub tls: Box<TlsArgs>,
     /// The webhooks' timeoutSeconds; the budget of a held DELETE when the API server does
     /// not send one.
     #[arg(long, env = "GRACEFUL_DRAIN_WEBHOOK_TIMEOUT_SECONDS", default_value_t = 10,
@@ -88,6 +85,29 @@ pub struct Args {
     /// Holder identity in the Lease and Events (defaults to the hostname).
     #[arg(long, env = "GRACEFUL_DRAIN_POD_NAME")]
     pub identity: Option<String>,
+    #[command(flatten)]
+    pub policy: Box<PolicyArgs>,
+    #[command(flatten)]
+    pub kube: crate::kubeclient::KubeArgs,
+}
+
+/// Serving certificate options.
+#[derive(Clone, Debug, clap::Args)]
+pub struct TlsArgs {
+    /// Serving certificate (PEM); re-read when it changes.
+    #[arg(long, value_name = "FILE", default_value = "/tls/tls.crt")]
+    pub tls_cert: PathBuf,
+    /// Serving key (PEM); re-read when it changes.
+    #[arg(long, value_name = "FILE", default_value = "/tls/tls.key")]
+    pub tls_key: PathBuf,
+    /// Serve only callers presenting a client certificate signed by this CA (PEM).
+    #[arg(long, value_name = "FILE")]
+    pub client_ca: Option<PathBuf>,
+}
+
+/// What the webhook handles and how.
+#[derive(Clone, Debug, clap::Args)]
+pub struct PolicyArgs {
     /// Which pods count as exposed to load balancers.
     #[arg(long, value_enum, default_value_t, env = "GRACEFUL_DRAIN_EXPOSURE")]
     pub exposure: Exposure,
@@ -119,8 +139,6 @@ pub struct Args {
     /// us before we stop accepting.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     pub shutdown_delay: Duration,
-    #[command(flatten)]
-    pub kube: crate::kubeclient::KubeArgs,
 }
 
 fn default_identity() -> String {
@@ -179,14 +197,21 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
     let Args {
         listen,
         admin_listen,
-        tls_cert,
-        tls_key,
-        client_ca,
+        tls,
         timeout_seconds,
         deregistration_delay,
         lease_namespace,
         lease_name,
         identity,
+        policy,
+        kube,
+    } = args;
+    let TlsArgs {
+        tls_cert,
+        tls_key,
+        client_ca,
+    } = *tls;
+    let PolicyArgs {
         exposure,
         wait_for_endpoints,
         exclude_namespaces,
@@ -194,8 +219,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         own_users,
         max_body_bytes,
         shutdown_delay,
-        kube,
-    } = args;
+    } = *policy;
     let client = kube.client().await?;
     let identity = identity.unwrap_or_else(default_identity);
     let mut own: BTreeSet<String> = own_users.into_iter().collect();

@@ -444,3 +444,199 @@ fn is_transient(error: &std::io::Error) -> bool {
         ConnectionAborted | ConnectionReset | Interrupted | WouldBlock | TimedOut
     ) || error.raw_os_error() == Some(24) // EMFILE: too many open files, retry later
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_durations_from_the_api_server() {
+        let cases = [
+            ("10s", Some(10.0)),
+            ("30s", Some(30.0)),
+            ("1m30s", Some(90.0)),
+            ("1m0s", Some(60.0)),
+            ("500ms", Some(0.5)),
+            ("1.5s", Some(1.5)),
+            ("", None),
+            ("10", None),
+            ("ten seconds", None),
+            ("5d", None),
+        ];
+        for (text, want) in cases {
+            assert_eq!(
+                parse_go_duration(text).map(|d| d.as_secs_f64()),
+                want,
+                "{text:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn holds_end_before_the_api_server_gives_up() {
+        let start = Instant::now();
+        assert_eq!(
+            hold_deadline(start, Duration::from_secs(10)),
+            start + Duration::from_secs(8)
+        );
+        assert_eq!(
+            hold_deadline(start, Duration::from_secs(1)),
+            start + Duration::from_millis(500)
+        );
+    }
+
+    use crate::webhook::cache::Cache;
+    use crate::webhook::mock::{self, expect};
+    use http::Method;
+    use http_body_util::BodyExt;
+    use serde_json::{Value, json};
+    use tower::ServiceExt;
+
+    fn state(client: kube::Client) -> Arc<AppState> {
+        let cache = Arc::new(Cache::new([]));
+        cache.apply_slice(&serde_json::from_value(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+            "metadata": {"name": "web-x1", "namespace": "web", "labels": {"kubernetes.io/service-name": "web"}},
+            "endpoints": [{"addresses": ["10.0.0.1"], "conditions": {"ready": true},
+                           "targetRef": {"kind": "Pod", "name": "web-1", "namespace": "web", "uid": "uid-1"}}]
+        })).unwrap());
+        cache.apply_service(&serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "web"},
+            "spec": {"type": "LoadBalancer", "selector": {"app": "web"}}
+        })).unwrap());
+        let mut registry = prometheus_client::registry::Registry::default();
+        Arc::new(AppState {
+            ctx: isolate::Context {
+                client,
+                cache,
+                identity: "w".into(),
+            },
+            settings: Settings {
+                default_delay: Duration::from_secs(30),
+                exposure: decide::Exposure::EndpointSlice,
+                own_users: Default::default(),
+            },
+            metrics: Arc::new(Metrics::new(&mut registry)),
+            refuse_replicaset_deletes: false,
+            default_timeout: Duration::from_secs(10),
+            shutdown: Shutdown::new(),
+        })
+    }
+
+    fn eviction_body(pod: &str) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "ev-1",
+                "kind": {"group": "policy", "version": "v1", "kind": "Eviction"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "subResource": "eviction", "name": pod, "namespace": "web", "operation": "CREATE",
+                "userInfo": {"username": "system:node:n1"},
+                "object": {"apiVersion": "policy/v1", "kind": "Eviction",
+                           "metadata": {"name": pod, "namespace": "web"},
+                           "deleteOptions": {"gracePeriodSeconds": 15}}}
+        }))
+        .unwrap()
+    }
+
+    async fn call(state: Arc<AppState>, uri: &str, body: Vec<u8>) -> (u16, Value) {
+        let req = http::Request::post(uri)
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(body))
+            .unwrap();
+        let resp = router(state, 1 << 20).oneshot(req).await.unwrap();
+        let status = resp.status().as_u16();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
+
+    #[tokio::test]
+    async fn eviction_of_an_exposed_pod_isolates_it_and_becomes_a_dry_run() {
+        let (client, mut api) = mock::client();
+        let st = state(client);
+        let metrics_state = st.clone();
+        let call = tokio::spawn(call(
+            st,
+            "/mutate/eviction?timeout=10s",
+            eviction_body("web-1"),
+        ));
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web-1", "namespace": "web", "uid": "uid-1", "resourceVersion": "12",
+                         "labels": {"app": "web", "pod-template-hash": "h"}},
+            "spec": {"containers": [{"name": "c"}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}});
+        expect(
+            &mut api,
+            Method::GET,
+            "/api/v1/namespaces/web/pods/web-1",
+            200,
+            pod,
+        )
+        .await;
+        let patch = expect(
+            &mut api,
+            Method::PATCH,
+            "/api/v1/namespaces/web/pods/web-1",
+            200,
+            json!({}),
+        )
+        .await;
+        assert_eq!(patch.body[1]["path"], "/metadata/labels");
+        assert_eq!(
+            patch.body[2],
+            json!({"op": "remove", "path": "/metadata/labels/app"})
+        );
+        let annotations = &patch.body[4]["value"];
+        assert_eq!(
+            annotations["graceful-drain.io/grace-period-seconds"], "15",
+            "{}",
+            patch.body
+        );
+        let delete_at: Timestamp = annotations["graceful-drain.io/delete-at"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let delay = Timestamp::now().duration_until(delete_at).as_secs_f64();
+        assert!(
+            (28.0..=31.0).contains(&delay),
+            "deletion scheduled {delay}s ahead"
+        );
+        expect(
+            &mut api,
+            Method::POST,
+            "/api/v1/namespaces/web/events",
+            201,
+            json!({}),
+        )
+        .await;
+        let (status, review) = call.await.unwrap();
+        assert_eq!(status, 200);
+        assert_eq!(review["apiVersion"], "admission.k8s.io/v1");
+        assert_eq!(review["response"]["uid"], "ev-1");
+        assert_eq!(review["response"]["allowed"], true);
+        assert_eq!(review["response"]["patchType"], "JSONPatch");
+        let patch: Vec<u8> = serde_json::from_value(review["response"]["patch"].clone()).unwrap();
+        let patch: Value = serde_json::from_slice(&patch).unwrap();
+        assert_eq!(patch[0]["value"]["dryRun"], json!(["All"]));
+        assert!(
+            review["response"]["warnings"][0]
+                .as_str()
+                .unwrap()
+                .contains("web/web-1")
+        );
+        assert_eq!(metrics_state.metrics.pods_isolated.get(), 1);
+    }
+
+    #[tokio::test]
+    async fn eviction_of_a_pod_in_no_slice_needs_no_api_call() {
+        let (client, _api) = mock::client();
+        let (status, review) =
+            call(state(client), "/mutate/eviction", eviction_body("batch-7")).await;
+        assert_eq!(status, 200);
+        assert_eq!(review["response"]["allowed"], true);
+        assert!(review["response"].get("patch").is_none());
+    }
+}

@@ -177,3 +177,41 @@ pub fn server_config(
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(config)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn served(resolver: &ReloadingResolver) -> Vec<u8> {
+        resolver.lock().current.as_ref().unwrap().cert[0].to_vec()
+    }
+
+    #[test]
+    fn a_broken_rotation_keeps_the_last_good_pair() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = crate::certs::generate("t", &["localhost".into()], &[]).unwrap();
+        let paths = crate::certs::write(&first, dir.path()).unwrap();
+        let resolver = ReloadingResolver::new(paths.cert.clone(), paths.key.clone());
+        assert!(!resolver.loaded());
+        assert!(resolver.reload().unwrap());
+        assert!(
+            !resolver.reload().unwrap(),
+            "unchanged files are not reloaded"
+        );
+        let good = served(&resolver);
+
+        let second = crate::certs::generate("t", &["localhost".into()], &[]).unwrap();
+        // Half-written rotation: new certificate, old key.
+        std::fs::write(&paths.cert, &second.cert).unwrap();
+        let err = resolver.reload().unwrap_err();
+        assert!(err.to_string().contains("tls.key"), "{err}");
+        assert_eq!(served(&resolver), good);
+        std::fs::write(&paths.key, &second.key).unwrap();
+        assert!(resolver.reload().unwrap());
+        assert_ne!(served(&resolver), good);
+
+        std::fs::remove_file(&paths.cert).unwrap();
+        assert!(matches!(resolver.reload(), Err(Error::Read { .. })));
+        assert!(resolver.loaded());
+    }
+}

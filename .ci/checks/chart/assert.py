@@ -3,6 +3,9 @@
 Usage: assert.py split RENDERED OUTDIR      -> OUTDIR/core.yaml, OUTDIR/cert-manager.json, counts
        assert.py check MODE RENDERED [CA_BUNDLE]
        assert.py docs VALUES_YAML DOC_MD          -> every value is in the doc's table
+       assert.py cli BINARY RENDERED              -> the binary's CLI accepts each workload's args
+       assert.py served RENDERED API_RESOURCES OUT -> OUT: the documents a cluster serves
+       assert.py applied MODE RENDERED OBJECTS_JSON -> the cluster returns the configurations
 MODE is cert-manager, self-signed or secret. Exits non-zero with one line per failure.
 """
 
@@ -236,6 +239,94 @@ def check(mode, rendered, ca_bundle=None):
         sys.exit(1)
 
 
+# Stand-ins for the downward API when running a workload's command line outside a pod.
+FIELD_VALUES = {"metadata.namespace": "graceful-drain", "metadata.name": "pod-0",
+                "spec.nodeName": "node-1"}
+# clap exits with this code when it rejects the command line.
+CLAP_USAGE_ERROR = 2
+
+
+def cli(binary, rendered):
+    """Runs each workload's rendered command line against the real binary: clap must accept
+    it. The run then fails on purpose (no cluster, no certificate) or is stopped after a
+    few seconds; both mean the flags and environment parsed."""
+    failures = 0
+    for doc in load(rendered):
+        if doc["kind"] not in ("Deployment", "DaemonSet"):
+            continue
+        c = container(doc)
+        env = {"PATH": os.environ.get("PATH", ""), "KUBECONFIG": "/nonexistent/kubeconfig",
+               "HOME": tempfile.gettempdir()}
+        for e in c.get("env", []):
+            field = e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+            env[e["name"]] = FIELD_VALUES[field] if field else e["value"]
+        # Point the sockets' folders at a scratch directory, never at the real kubelet's.
+        with tempfile.TemporaryDirectory() as scratch:
+            args = [a.replace("=/var/lib/kubelet", f"={scratch}") for a in c["args"]]
+            try:
+                run = subprocess.run([binary, *args], env=env, capture_output=True, text=True,
+                                     timeout=5, check=False)
+                code, err = run.returncode, run.stderr
+            except subprocess.TimeoutExpired:
+                code, err = None, ""
+        if code == CLAP_USAGE_ERROR:
+            failures += 1
+            print(f"FAIL {doc['kind']} {doc['metadata']['name']}: the binary rejects its "
+                  f"command line {' '.join(c['args'])}:\n{err.strip()}")
+        else:
+            print(f"{doc['kind']} {doc['metadata']['name']}: command line accepted "
+                  f"({'still running after 5 s' if code is None else f'exit {code}'})")
+    if failures:
+        sys.exit(1)
+
+
+def served(rendered, api_resources, out):
+    """Keeps the documents whose kind `kubectl api-resources --no-headers` lists."""
+    kinds = set()
+    with open(api_resources, encoding="utf-8") as f:
+        for line in f:
+            cols = line.split()
+            if len(cols) >= 4:
+                kinds.add((cols[-3], cols[-1]))
+    docs = load(rendered)
+    keep = [d for d in docs if (d["apiVersion"], d["kind"]) in kinds]
+    with open(out, "w", encoding="utf-8") as f:
+        yaml.safe_dump_all(keep, f, sort_keys=False)
+    skipped = sorted({d["kind"] for d in docs if d not in keep})
+    print(f"{len(keep)} objects served, skipped kinds: {', '.join(skipped) or '-'}")
+
+
+def applied(mode, rendered, objects_json):
+    """Compares the webhook configurations the cluster returns with the rendered ones."""
+    ck = Checker(load(rendered))
+    with open(objects_json, encoding="utf-8") as f:
+        items = json.load(f)["items"]
+    for kind in WEBHOOK_KINDS:
+        want = ck.one(kind)
+        got = [i for i in items if i["kind"] == kind and i["metadata"]["name"] == want["metadata"]["name"]]
+        if len(got) != 1:
+            ck.fail(f"cluster does not return {kind} {want['metadata']['name']}")
+            continue
+        got = got[0]
+        annotation = "cert-manager.io/inject-ca-from"
+        ck.expect(got["metadata"].get("annotations", {}).get(annotation)
+                  == want["metadata"].get("annotations", {}).get(annotation),
+                  f"{kind}: {annotation} not served back")
+        for w_got, w_want in zip(got["webhooks"], want["webhooks"]):
+            for key in ("caBundle", "service"):
+                ck.expect(w_got["clientConfig"].get(key) == w_want["clientConfig"].get(key),
+                          f"{kind}: clientConfig.{key} served back differs")
+            for key in ("timeoutSeconds", "failurePolicy", "namespaceSelector", "objectSelector", "rules"):
+                ck.expect(w_got.get(key) == w_want.get(key), f"{kind}: {key} served back differs")
+        if mode != "cert-manager":
+            ck.expect(all(w["clientConfig"].get("caBundle") for w in got["webhooks"]),
+                      f"{kind}: no caBundle in mode {mode}")
+    for msg in ck.failures:
+        print(f"FAIL {rendered} applied: {msg}")
+    if ck.failures:
+        sys.exit(1)
+
+
 # Values documented as one row although they are maps (their keys are free-form).
 WHOLE_VALUES = {"webhook.resources", "agent.resources", "agent.updateStrategy"}
 
@@ -266,7 +357,13 @@ def docs(values_yaml, doc_md):
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "docs":
+    if sys.argv[1] == "served":
+        served(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif sys.argv[1] == "applied":
+        applied(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif sys.argv[1] == "cli":
+        cli(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "docs":
         docs(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "split":
         split(sys.argv[2], sys.argv[3])

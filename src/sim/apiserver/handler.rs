@@ -183,6 +183,15 @@ fn discovery(ctx: &Ctx, method: &Method, path: &str) -> Option<Response> {
         "/api" => Some(reg.api_versions(ctx.url.trim_start_matches("http://"))),
         "/apis" => Some(reg.api_group_list()),
         "/api/v1" => reg.api_resource_list("", "v1"),
+        "/openapi/v3" => Some(reg.openapi_root()),
+        "/openapi/v3/api/v1" => reg.openapi_group_version("", "v1"),
+        _ if path.starts_with("/openapi/v3/apis/") => {
+            let rest = path.trim_start_matches("/openapi/v3/apis/");
+            match rest.split_once('/') {
+                Some((group, version)) => reg.openapi_group_version(group, version),
+                None => None,
+            }
+        }
         _ => {
             let rest = path.strip_prefix("/apis/")?;
             let segs: Vec<&str> = rest.split('/').collect();

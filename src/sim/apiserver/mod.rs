@@ -9,6 +9,7 @@
 //! Every request is counted in [`Stats`].
 
 mod admission;
+mod defaults;
 mod eviction;
 mod handler;
 mod patch;

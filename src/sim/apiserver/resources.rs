@@ -389,13 +389,6 @@ impl Registry {
         self.read().into_iter().find(|d| d.table() == table)
     }
 
-    /// Finds a resource by group and kind (any version), for admission rules and GC.
-    pub(crate) fn find_kind(&self, group: &str, kind: &str) -> Option<Arc<ResourceDef>> {
-        self.read()
-            .into_iter()
-            .find(|d| d.group == group && d.kind == kind)
-    }
-
     /// Served group/versions, in registration order, without duplicates.
     pub(crate) fn group_versions(&self) -> Vec<(String, String)> {
         let mut out: Vec<(String, String)> = Vec::new();
@@ -475,6 +468,68 @@ impl Registry {
             "name": group,
             "versions": versions,
             "preferredVersion": preferred,
+        }))
+    }
+
+    /// `GET /openapi/v3`: one entry per served group/version.
+    pub(crate) fn openapi_root(&self) -> Value {
+        let mut paths = serde_json::Map::new();
+        for (group, version) in self.group_versions() {
+            let path = if group.is_empty() {
+                format!("api/{version}")
+            } else {
+                format!("apis/{group}/{version}")
+            };
+            let url = format!("/openapi/v3/{path}?hash=0");
+            paths.insert(path, json!({"serverRelativeURL": url}));
+        }
+        json!({"paths": paths})
+    }
+
+    /// `GET /openapi/v3/{api/v1 | apis/g/v}`: a minimal document declaring, for each
+    /// kind, the PATCH operation with its `fieldValidation` parameter, which is what
+    /// kubectl checks before relying on server-side field validation.
+    pub(crate) fn openapi_group_version(&self, group: &str, version: &str) -> Option<Value> {
+        let defs: Vec<Arc<ResourceDef>> = self
+            .read()
+            .into_iter()
+            .filter(|d| d.group == group && d.version == version)
+            .collect();
+        if defs.is_empty() {
+            return None;
+        }
+        let mut paths = serde_json::Map::new();
+        for d in defs {
+            let prefix = if group.is_empty() {
+                format!("/api/{version}")
+            } else {
+                format!("/apis/{group}/{version}")
+            };
+            let path = if d.namespaced {
+                format!("{prefix}/namespaces/{{namespace}}/{}/{{name}}", d.plural)
+            } else {
+                format!("{prefix}/{}/{{name}}", d.plural)
+            };
+            let gvk = json!({"group": group, "version": version, "kind": d.kind});
+            let params = json!([
+                {"name": "dryRun", "in": "query", "schema": {"type": "string"}},
+                {"name": "fieldValidation", "in": "query", "schema": {"type": "string"}},
+            ]);
+            let op = |verb: &str| {
+                json!({"operationId": format!("{verb}{}", d.kind), "parameters": params,
+                       "x-kubernetes-action": verb, "x-kubernetes-group-version-kind": gvk,
+                       "responses": {"200": {"description": "OK"}}})
+            };
+            paths.insert(
+                path,
+                json!({"get": op("get"), "put": op("put"), "patch": op("patch")}),
+            );
+        }
+        Some(json!({
+            "openapi": "3.0.0",
+            "info": {"title": "Kubernetes", "version": "v1.33.0"},
+            "paths": paths,
+            "components": {"schemas": {}},
         }))
     }
 

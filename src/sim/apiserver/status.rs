@@ -9,30 +9,38 @@ use serde_json::{Value, json};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct ApiError {
     pub code: u16,
-    pub reason: &'static str,
+    pub reason: String,
     pub message: String,
     /// (group, kind/resource, name) for `details`.
-    pub details: Option<(String, String, String)>,
+    pub details: Option<Box<(String, String, String)>>,
     /// Seconds for the `Retry-After` header and `details.retryAfterSeconds`.
     pub retry_after: Option<u64>,
+    /// (reason, message) pairs for `details.causes`.
+    pub causes: Vec<(String, String)>,
 }
 
 /// Result type of request handling.
 pub(crate) type ApiResult<T> = std::result::Result<T, ApiError>;
 
 impl ApiError {
-    pub(crate) fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(code: u16, reason: &str, message: impl Into<String>) -> Self {
         Self {
             code,
-            reason,
+            reason: reason.to_string(),
             message: message.into(),
             details: None,
             retry_after: None,
+            causes: Vec::new(),
         }
     }
 
+    pub(crate) fn with_retry(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds);
+        self
+    }
+
     pub(crate) fn with_details(mut self, group: &str, kind: &str, name: &str) -> Self {
-        self.details = Some((group.into(), kind.into(), name.into()));
+        self.details = Some(Box::new((group.into(), kind.into(), name.into())));
         self
     }
 
@@ -107,9 +115,9 @@ impl ApiError {
             "reason": self.reason,
             "code": self.code,
         });
-        if self.details.is_some() || self.retry_after.is_some() {
+        if self.details.is_some() || self.retry_after.is_some() || !self.causes.is_empty() {
             let mut details = serde_json::Map::new();
-            if let Some((group, kind, name)) = &self.details {
+            if let Some((group, kind, name)) = self.details.as_deref() {
                 details.insert("name".into(), json!(name));
                 if !group.is_empty() {
                     details.insert("group".into(), json!(group));
@@ -118,6 +126,14 @@ impl ApiError {
             }
             if let Some(secs) = self.retry_after {
                 details.insert("retryAfterSeconds".into(), json!(secs));
+            }
+            if !self.causes.is_empty() {
+                let causes: Vec<Value> = self
+                    .causes
+                    .iter()
+                    .map(|(reason, message)| json!({"reason": reason, "message": message}))
+                    .collect();
+                details.insert("causes".into(), Value::Array(causes));
             }
             status["details"] = Value::Object(details);
         }

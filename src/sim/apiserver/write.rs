@@ -13,6 +13,7 @@ use serde_json::{Map, Value, json};
 
 use super::Ctx;
 use super::admission::{self, Attributes, Operation};
+use super::defaults;
 use super::handler::{Req, Target, UserInfo, filter_of, get, prefix_of};
 use super::patch::{self, PatchKind};
 use super::resources::ResourceDef;
@@ -70,8 +71,53 @@ fn no_metadata() -> ApiError {
     ApiError::bad_request("the object has no metadata")
 }
 
-/// Sets apiVersion/kind and drops unknown fields of built-in kinds.
-pub(crate) fn prepare_body(def: &ResourceDef, body: Value) -> ApiResult<Value> {
+/// How the request wants unknown fields treated (`fieldValidation`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fields {
+    /// Drop them silently (kube-rs's default, and mutated objects).
+    Drop,
+    /// Reject the write naming them (`fieldValidation=Strict`, kubectl's default).
+    Strict,
+}
+
+impl Fields {
+    pub(crate) fn of(req: &Req) -> Self {
+        match req.param("fieldValidation") {
+            Some("Strict") => Self::Strict,
+            _ => Self::Drop,
+        }
+    }
+}
+
+/// Paths present (non-null) in `input` but gone from `output`.
+fn dropped_fields(input: &Value, output: &Value, path: &str, out: &mut Vec<String>) {
+    match (input, output) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (key, value) in a {
+                let child = if path.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{path}.{key}")
+                };
+                match b.get(key) {
+                    None if !value.is_null() => out.push(child),
+                    Some(other) => dropped_fields(value, other, &child, out),
+                    None => {}
+                }
+            }
+        }
+        (Value::Array(a), Value::Array(b)) => {
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                dropped_fields(x, y, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Sets apiVersion/kind, drops unknown fields of built-in kinds (or rejects them in
+/// strict mode) and applies server-side defaults.
+pub(crate) fn prepare_body(def: &ResourceDef, body: Value, fields: Fields) -> ApiResult<Value> {
     let Value::Object(mut map) = body else {
         return Err(ApiError::bad_request(
             "the request body must be a JSON object",
@@ -81,8 +127,24 @@ pub(crate) fn prepare_body(def: &ResourceDef, body: Value) -> ApiResult<Value> {
     map.insert("kind".into(), json!(def.kind));
     let mut obj = Value::Object(map);
     if let Some(normalize) = def.normalize {
+        let input = (fields == Fields::Strict).then(|| obj.clone());
         obj = normalize(obj)
             .map_err(|e| ApiError::bad_request(format!("decode {} body: {e}", def.kind)))?;
+        let mut unknown = Vec::new();
+        if let Some(input) = input {
+            dropped_fields(&input, &obj, "", &mut unknown);
+        }
+        if !unknown.is_empty() {
+            let list: Vec<String> = unknown
+                .iter()
+                .map(|f| format!("unknown field \"{f}\""))
+                .collect();
+            return Err(ApiError::bad_request(format!(
+                "strict decoding error: {}",
+                list.join(", ")
+            )));
+        }
+        defaults::apply(def, &mut obj);
     }
     meta_mut(&mut obj)
         .ok_or_else(no_metadata)?
@@ -246,7 +308,7 @@ pub(crate) fn bootstrap_namespace(ctx: &Ctx, name: &str) -> ApiResult<()> {
         name: None,
         sub: None,
     };
-    let mut obj = prepare_body(&def, json!({"metadata": {"name": name}}))?;
+    let mut obj = prepare_body(&def, json!({"metadata": {"name": name}}), Fields::Drop)?;
     init_metadata(ctx, &target, &mut obj)?;
     prepare_for_create(&def, &mut obj);
     match ctx.store.create(&def.table(), name, obj) {
@@ -287,7 +349,7 @@ pub(crate) async fn create(
         .json()?
         .ok_or_else(|| ApiError::bad_request("the request body is empty"))?;
     let def = &target.def;
-    let mut obj = prepare_body(def, body)?;
+    let mut obj = prepare_body(def, body, Fields::of(req))?;
     init_metadata(ctx, target, &mut obj)?;
     prepare_for_create(def, &mut obj);
     let name = meta_str(&obj, "name").to_string();
@@ -303,9 +365,9 @@ pub(crate) async fn create(
     );
     let admitted = admission::admit(ctx, attrs).await?;
     if let Some(mutated) = admitted.object {
-        obj = fix_immutable(&obj, prepare_body(def, mutated)?);
+        obj = fix_immutable(&obj, prepare_body(def, mutated, Fields::Drop)?);
     }
-    if req.dry_run() || admitted.dry_run {
+    if req.dry_run() {
         return Ok((StatusCode::CREATED, obj));
     }
     let key = def.key(&target.namespace, &name);
@@ -429,10 +491,14 @@ async fn commit_update(
     let admitted = admission::admit(ctx, attrs).await?;
     let mut new = new;
     if let Some(mutated) = admitted.object {
-        let mutated = prepare_body(def, mutated)?;
+        let mutated = prepare_body(def, mutated, Fields::Drop)?;
         new = merge_for_update(def, target.sub.as_deref(), old, mutated);
     }
-    if req.dry_run() || admitted.dry_run {
+    if def.group.is_empty() && def.plural == "pods" && target.sub.is_none() {
+        defaults::check_pod_update(old, &new)
+            .map_err(|m| ApiError::invalid(&def.group, &def.kind, &name, m))?;
+    }
+    if req.dry_run() {
         return Ok(new);
     }
     let key = def.key(&target.namespace, &name);
@@ -471,7 +537,7 @@ pub(crate) async fn update(
     let body = req
         .json()?
         .ok_or_else(|| ApiError::bad_request("the request body is empty"))?;
-    let body = prepare_body(def, body)?;
+    let body = prepare_body(def, body, Fields::of(req))?;
     let body_name = meta_str(&body, "name");
     if !body_name.is_empty() && body_name != name {
         return Err(ApiError::bad_request(format!(
@@ -519,7 +585,7 @@ pub(crate) async fn patch(
         if !patched_rv.is_empty() && patched_rv != meta_str(&old, "resourceVersion") {
             return Err(ApiError::stale(&def.group, &def.plural, &name));
         }
-        let patched = prepare_body(def, patched)?;
+        let patched = prepare_body(def, patched, Fields::of(req))?;
         let new = merge_for_update(def, target.sub.as_deref(), &old, patched);
         match commit_update(ctx, target, req, &old, new).await {
             Ok(v) => return Ok((StatusCode::OK, v)),
@@ -633,8 +699,8 @@ pub(crate) async fn delete(
             opts.raw.clone(),
         )
     };
-    let admitted = admission::admit(ctx, attrs).await?;
-    if opts.dry_run || admitted.dry_run {
+    admission::admit(ctx, attrs).await?;
+    if opts.dry_run {
         return Ok((StatusCode::OK, old));
     }
     delete_object(ctx, &target.def, &target.namespace, &name, &opts).map(|v| (StatusCode::OK, v))
@@ -767,8 +833,7 @@ fn after_remove(ctx: &Arc<Ctx>, def: &ResourceDef, obj: &Value, orphan: Option<b
     }
     let uid = meta_str(obj, "uid").to_string();
     let orphan = orphan.unwrap_or(false);
-    let ctx2 = ctx.clone();
-    tokio::spawn(async move { collect_dependents(&ctx2, &uid, orphan) });
+    collect_dependents(ctx, &uid, orphan);
 }
 
 /// Deletes (or orphans) the objects whose ownerReferences name `uid`.
@@ -827,8 +892,8 @@ pub(crate) async fn delete_collection(
                 opts.raw.clone(),
             )
         };
-        let admitted = admission::admit(ctx, attrs).await?;
-        if opts.dry_run || admitted.dry_run {
+        admission::admit(ctx, attrs).await?;
+        if opts.dry_run {
             deleted.push(obj);
             continue;
         }

@@ -199,21 +199,28 @@ impl Controller {
                 continue;
             };
             wanted.push((want.metadata.namespace.clone(), want.metadata.name.clone()));
-            let have = slices.iter().find(|s| {
-                s.metadata.namespace == want.metadata.namespace
-                    && s.metadata.name == want.metadata.name
-            });
-            if let Err(error) = self.write(have.map(|s| &**s), want).await {
-                tracing::info!(%error, "endpointslice write failed; will retry");
+            let id = (want.metadata.namespace.clone(), want.metadata.name.clone());
+            let cached = slices
+                .iter()
+                .find(|s| s.metadata.namespace == id.0 && s.metadata.name == id.1);
+            let have = fresher(cached.map(|s| &**s), self.written.get(&id)).cloned();
+            match self.write(have.as_ref(), want).await {
+                Ok(Some(written)) => {
+                    self.written.insert(id, written);
+                }
+                Ok(None) => {}
+                Err(error) => tracing::debug!(%error, "endpointslice write failed; will retry"),
             }
         }
         for slice in &slices {
-            if wanted.contains(&(
+            let id = (
                 slice.metadata.namespace.clone(),
                 slice.metadata.name.clone(),
-            )) {
+            );
+            if wanted.contains(&id) {
                 continue;
             }
+            self.written.remove(&id);
             let (ns, name) = ns_name(&**slice);
             let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &ns);
             if let Err(error) = api.delete(&name, &DeleteParams::default()).await
@@ -331,7 +338,7 @@ mod tests {
                 namespace: Some("ns".into()),
                 uid: Some(format!("{name}-uid")),
                 labels: Some([("app".to_string(), app.to_string())].into()),
-                deletion_timestamp: deleting.then(|| Time(jiff::Timestamp::UNIX_EPOCH)),
+                deletion_timestamp: deleting.then_some(Time(jiff::Timestamp::UNIX_EPOCH)),
                 ..Default::default()
             },
             spec: Some(PodSpec {

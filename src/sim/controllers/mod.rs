@@ -68,6 +68,13 @@ pub enum Error {
     Invalid { object: String, reason: String },
 }
 
+impl Error {
+    /// Whether the API server refused a write made from a stale cache (409).
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Error::Api { source, .. } if status_code(source) == Some(409))
+    }
+}
+
 /// Result of the controllers.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -187,8 +194,12 @@ impl Workers {
     {
         let wake = self.wake.clone();
         let handle = tokio::spawn(async move {
-            if let Err(error) = work.await {
-                tracing::info!(%error, "controller work failed; will retry");
+            match work.await {
+                Err(error) if error.is_conflict() => {
+                    tracing::debug!(%error, "stale cache; will retry");
+                }
+                Err(error) => tracing::info!(%error, "controller work failed; will retry"),
+                Ok(()) => {}
             }
             wake.notify_one();
         });
