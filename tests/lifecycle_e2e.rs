@@ -80,8 +80,10 @@ async fn env(spec: &WebSpec, sla: &str) -> Env {
             "127.0.0.1:0",
             "--sla",
             sla,
+            // auto: the simulated cluster serves lifecycleevents from a CRD, so no
+            // kubelet implements SLM and the reconciler must turn itself on.
             "--lifecycle-reconciler",
-            "on",
+            "auto",
             "--lifecycle-tick",
             "200ms",
         ];
