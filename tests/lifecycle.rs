@@ -230,6 +230,13 @@ async fn unregistered_or_foreign_plugin_leaves_event_pending() {
         )]
     );
 
+    // A stale socket nobody listens on (a crashed driver): GetInfo fails.
+    let stale = h.dirs.registry.join(format!("{DRIVER}-reg.sock"));
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    assert!(stale.exists());
+    settle(&r, Timestamp::now()).await;
+    assert!(h.event(&name).unwrap()["status"].is_null(), "still Pending");
+
     // A socket answering as another plugin type is not an SLM driver.
     let other = plugin::serve(&h.dirs, DRIVER, "CSIPlugin", h.stop.clone());
     settle(&r, Timestamp::now()).await;

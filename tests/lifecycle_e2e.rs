@@ -344,7 +344,7 @@ async fn drain_blocked_past_its_sla_fails_and_names_the_blocking_pods() {
         ..WebSpec::default()
     };
     // Long enough for the first eviction to be refused by the PDB before the deadline.
-    let env = env(&spec, "6s").await;
+    let env = env(&spec, "8s").await;
     let client = env.cluster.client();
     let on_worker_1 = pods_on(&client, "worker-1", "web").await;
     let node = if on_worker_1 > 0 {
