@@ -64,6 +64,17 @@ async fn env(spec: &WebSpec, sla: &str) -> Env {
         .api()
         .write_kubeconfig(&kubeconfig, "admin")
         .unwrap();
+    // The committed CRDs (what the chart installs) replace the simulator's defaults.
+    let crds = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/charts/graceful-drain/files/lifecycle-crds.yaml"
+    );
+    let out = kubectl(&kubeconfig, &["apply", "-f", crds]);
+    assert!(
+        out.status.success(),
+        "kubectl apply crds: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stop = Shutdown::new();
     for node in cluster.nodes() {
         let root = dir.path().join(node);
