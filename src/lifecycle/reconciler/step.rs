@@ -339,6 +339,12 @@ impl Reconciler {
                     .conclude(event, ClaimStatus::Failed, Some(message))
                     .await;
             }
+            Err(error) if error.is_transient() => {
+                // The kubelet fails the event here; a driver restarting during a
+                // DaemonSet rollout must not fail a drain, so retry (the SLA bounds it).
+                tracing::warn!(%error, "driver unreachable; retrying");
+                return Ok(false);
+            }
             Err(error) => {
                 let message = error.to_string();
                 return self
