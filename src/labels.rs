@@ -21,3 +21,6 @@ pub const EXCLUDE_FROM_LB_LABEL: &str = "node.kubernetes.io/exclude-from-externa
 pub const FIELD_MANAGER: &str = "graceful-drain";
 /// Mirror-pod annotation set by the kubelet on static pods.
 pub const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
+/// Node annotation recording that the node agent added [`EXCLUDE_FROM_LB_LABEL`] (so
+/// uncordoning removes only a label we added, never one an operator set).
+pub const EXCLUDE_FROM_LB_OWNED_ANNOTATION: &str = "graceful-drain.io/excluded-from-lb";

@@ -1,13 +1,52 @@
 //! The lifecycle reconciler: plays the kubelet's SLM role (DESIGN §3) on clusters whose
 //! kubelet lacks it. Runs inside the node agent, one per node, and talks to the driver
-//! over the same unix-socket gRPC the kubelet would use. (Owned by the lifecycle work.)
+//! over the same unix-socket gRPC the kubelet would use.
+//!
+//! Data flow: a watch on LifecycleEvents bound to this node (plus a periodic tick)
+//! triggers a [`Reconciler::step`]; a step lists the node's events, reads the Node's
+//! `LifecycleTransition` condition, asks [`decide::decide`] (a pure function) what to do
+//! with each event and applies the answer ([`step`]): claim, call Start/End, patch the
+//! Node condition, conclude, finalize. Every write is guarded by the object's
+//! resourceVersion, so two reconcilers on one node (a restart overlapping its
+//! predecessor, or the kubelet's own SLM) never both claim an event.
+//!
+//! `--lifecycle-reconciler=auto` runs the reconciler when `lifecycleevents.lifecycle.k8s.io`
+//! is served by a CustomResourceDefinition (the API is not built into this cluster, so no
+//! kubelet implements SLM), and stays off when the API is built in (the kubelet's SLM
+//! reconciler owns the events). See docs/lifecycle.md.
+
+pub mod decide;
+pub mod plugin;
+pub mod step;
+pub mod target;
 
 use std::path::PathBuf;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+
+pub use step::{Reconciler, StepReport};
+
+use super::LifecycleEvent;
+
+/// Name of the CRD whose presence makes `auto` turn the reconciler on.
+const EVENT_CRD: &str = "lifecycleevents.lifecycle.k8s.io";
+/// The kubelet's SLM reconciler tick (DESIGN §3).
+const DEFAULT_TICK: &str = "10s";
+/// The kubelet's per-call timeout (DESIGN §3): drivers must answer well within it.
+const DEFAULT_CALL_TIMEOUT: &str = "45s";
+/// Back-to-back steps after progress (claim, condition change) before waiting for the
+/// tick; bounds a misbehaving driver that flips conditions on every call.
+const MAX_IMMEDIATE_STEPS: usize = 8;
 
 /// When the reconciler runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Mode {
-    /// Decide at start-up (see the module documentation).
+    /// On when LifecycleEvents are served by a CustomResourceDefinition, off when the
+    /// API is built into the cluster (the kubelet then implements SLM).
     #[default]
     Auto,
     /// Always run.
@@ -27,6 +66,32 @@ pub struct ReconcilerArgs {
         env = "GRACEFUL_DRAIN_LIFECYCLE_RECONCILER"
     )]
     pub mode: Mode,
+    /// How often the reconciler re-examines the node's events without a watch event.
+    #[arg(
+        long = "lifecycle-tick",
+        value_parser = humantime::parse_duration,
+        default_value = DEFAULT_TICK,
+        env = "GRACEFUL_DRAIN_LIFECYCLE_TICK"
+    )]
+    pub tick: Duration,
+    /// Timeout of each gRPC call to a driver (GetInfo, Start, End).
+    #[arg(
+        long = "lifecycle-call-timeout",
+        value_parser = humantime::parse_duration,
+        default_value = DEFAULT_CALL_TIMEOUT,
+        env = "GRACEFUL_DRAIN_LIFECYCLE_CALL_TIMEOUT"
+    )]
+    pub call_timeout: Duration,
+}
+
+impl Default for ReconcilerArgs {
+    fn default() -> Self {
+        Self {
+            mode: Mode::Auto,
+            tick: Duration::from_secs(10),
+            call_timeout: Duration::from_secs(45),
+        }
+    }
 }
 
 /// What the node agent hands the reconciler.
@@ -35,7 +100,8 @@ pub struct Context {
     pub client: kube::Client,
     /// The node this reconciler serves.
     pub node_name: String,
-    /// The driver name to look for.
+    /// The driver name of the hosting agent (used in logs; events of any registered
+    /// driver are driven, as the kubelet would).
     pub driver_name: String,
     /// Folder holding `<driver>-reg.sock` registration sockets.
     pub registry_dir: PathBuf,
@@ -46,9 +112,96 @@ pub struct Context {
 /// Errors of the reconciler.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// Placeholder until the reconciler lands.
-    #[error("lifecycle reconciler not implemented yet")]
-    NotImplemented,
+    /// Reading the API failed.
+    #[error("{what}: {source}")]
+    Kube {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Another writer changed the object first (resourceVersion conflict).
+    #[error("{what}: changed concurrently, retrying")]
+    Conflict { what: String },
+    /// The event watch stream ended, which a watcher never does on its own.
+    #[error("watch on lifecycleevents for node {node} ended")]
+    WatchEnded { node: String },
+}
+
+/// Result alias of this module.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn kube(what: impl Into<String>, source: kube::Error) -> Self {
+        let what = what.into();
+        match &source {
+            kube::Error::Api(status) if status.code == 409 => Self::Conflict { what },
+            _ => Self::Kube { what, source },
+        }
+    }
+}
+
+/// Parses a Go `time.Duration` string (`15m0s`, `1h30m`, `1.5s`, `300ms`).
+pub fn parse_go_duration(s: &str) -> Option<Duration> {
+    let mut rest = s;
+    let mut total = 0f64;
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let number: f64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let seconds = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return None,
+        };
+        rest = &rest[unit_len..];
+        total += number * seconds;
+    }
+    Duration::try_from_secs_f64(total).ok()
+}
+
+/// Decides whether `auto` means on: on when the event API is served by a CRD, off when
+/// it is served without one (built in), on (waiting for the CRDs) when not served at all.
+pub async fn auto_enabled(client: &kube::Client) -> Result<bool> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    match crds.get_opt(EVENT_CRD).await {
+        Ok(Some(_)) => return Ok(true),
+        Ok(None) => {}
+        Err(kube::Error::Api(status)) if status.code == 403 => {
+            tracing::warn!(
+                "may not read CustomResourceDefinitions; assuming no built-in SLM API \
+                 (grant get on customresourcedefinitions or set --lifecycle-reconciler)"
+            );
+            return Ok(true);
+        }
+        Err(source) => return Err(Error::kube(format!("get crd {EVENT_CRD}"), source)),
+    }
+    match client
+        .list_api_group_resources("lifecycle.k8s.io/v1alpha1")
+        .await
+    {
+        Ok(list) if list.resources.iter().any(|r| r.name == "lifecycleevents") => Ok(false),
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 404 => {
+            tracing::warn!(
+                "lifecycle.k8s.io CRDs not installed; the reconciler waits for them \
+                 (graceful-drain crds | kubectl apply -f -)"
+            );
+            Ok(true)
+        }
+        Err(source) => Err(Error::kube("discover lifecycle.k8s.io/v1alpha1", source)),
+    }
 }
 
 /// Runs the reconciler for `ctx.node_name` until `shutdown`, if `args.mode` (after the
@@ -58,6 +211,104 @@ pub async fn run(
     ctx: Context,
     shutdown: crate::runtime::Shutdown,
 ) -> Result<(), Error> {
-    let _ = (args, ctx, shutdown);
-    Err(Error::NotImplemented)
+    let enabled = match args.mode {
+        Mode::On => true,
+        Mode::Off => false,
+        Mode::Auto => auto_enabled(&ctx.client).await?,
+    };
+    tracing::info!(node = %ctx.node_name, mode = ?args.mode, enabled, "lifecycle reconciler");
+    if !enabled {
+        return Ok(());
+    }
+    let reconciler = Reconciler::new(ctx, args.call_timeout).await;
+    let node = reconciler.node_name().to_string();
+    let api: Api<LifecycleEvent> = Api::all(reconciler.client().clone());
+    let mut config = watcher::Config::default();
+    if let Some(selector) = reconciler.field_selector() {
+        config = config.fields(&selector);
+    }
+    let mut events = watcher(api, config).default_backoff().boxed();
+    let mut tick = tokio::time::interval(args.tick);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            _ = tick.tick() => {}
+            item = events.next() => match item {
+                None => return Err(Error::WatchEnded { node }),
+                Some(Err(error)) => {
+                    tracing::warn!(%error, "lifecycleevent watch failed; retrying");
+                    continue;
+                }
+                Some(Ok(watcher::Event::Init | watcher::Event::InitApply(_))) => continue,
+                Some(Ok(_)) => {}
+            },
+        }
+        run_steps(&reconciler, &shutdown).await;
+    }
+}
+
+/// Runs steps back to back while they make progress, up to [`MAX_IMMEDIATE_STEPS`].
+async fn run_steps(reconciler: &Reconciler, shutdown: &crate::runtime::Shutdown) {
+    for _ in 0..MAX_IMMEDIATE_STEPS {
+        if shutdown.is_cancelled() {
+            return;
+        }
+        match reconciler.step(jiff::Timestamp::now()).await {
+            Ok(report) if report.progressed => continue,
+            Ok(_) => return,
+            Err(error) => {
+                tracing::warn!(%error, "lifecycle reconcile failed; retrying at next tick");
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_durations_parse_like_go() {
+        let ok = [
+            ("15m0s", 900.0),
+            ("1h30m", 5400.0),
+            ("300ms", 0.3),
+            ("1.5s", 1.5),
+            ("2h0m0s", 7200.0),
+            ("10us", 0.00001),
+        ];
+        for (s, secs) in ok {
+            let got = parse_go_duration(s).unwrap().as_secs_f64();
+            assert!((got - secs).abs() < 1e-9, "{s}: {got}");
+        }
+        for s in ["", "15", "m", "15 minutes", "1x", "-5s", "1..5s"] {
+            assert_eq!(parse_go_duration(s), None, "{s}");
+        }
+    }
+
+    #[test]
+    fn flags_default_to_the_kubelet_timings() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            r: ReconcilerArgs,
+        }
+        let cli = Cli::try_parse_from(["x"]).unwrap();
+        assert_eq!(cli.r.mode, Mode::Auto);
+        assert_eq!(cli.r.tick, Duration::from_secs(10));
+        assert_eq!(cli.r.call_timeout, Duration::from_secs(45));
+        let cli = Cli::try_parse_from([
+            "x",
+            "--lifecycle-reconciler",
+            "off",
+            "--lifecycle-tick",
+            "2s",
+        ])
+        .unwrap();
+        assert_eq!(cli.r.mode, Mode::Off);
+        assert_eq!(cli.r.tick, Duration::from_secs(2));
+    }
 }

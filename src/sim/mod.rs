@@ -1,12 +1,222 @@
 //! `graceful-drain simulate`: the simulated cluster (DESIGN §7).
+//!
+//! [`apiserver`] speaks the Kubernetes REST API; [`controllers`] are the scheduler,
+//! kubelets and controllers talking to it over HTTP; [`lb`] models cloud load balancers
+//! and [`traffic`] sends requests through them, counting 5xx; [`cluster`] wires these
+//! together; [`scenario`] runs the drain and rollout scenarios with and without
+//! graceful-drain. `simulate` runs the scenarios and prints a table, or with `--serve`
+//! keeps a cluster up for `kubectl` and separately started components.
 
 pub mod apiserver;
+pub mod cluster;
+pub mod controllers;
+pub mod lb;
+pub mod scenario;
+pub mod traffic;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use self::cluster::{Cluster, ClusterConfig, WebSpec};
+use self::controllers::kubelet::KubeletConfig;
+use self::lb::LbConfig;
+use self::scenario::ScenarioConfig;
+use self::scenario::components::ComponentsConfig;
+use self::traffic::TrafficConfig;
+use crate::runtime::Shutdown;
+
+/// How often `--serve` prints the traffic counters.
+const SERVE_REPORT_EVERY: Duration = Duration::from_secs(10);
+/// Upper bound of a `--serve` session's traffic (the generator is always bounded).
+const SERVE_MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 
 /// Arguments of `graceful-drain simulate`.
 #[derive(Clone, Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Keep the default cluster (nodes, the Deployment, its Service and PDB, traffic) up
+    /// without any graceful-drain component, until interrupted; print the kubeconfig path.
+    #[arg(long)]
+    pub serve: bool,
+    /// With --serve: where to write the admin kubeconfig (default: a file in the
+    /// temporary directory).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig_out: Option<PathBuf>,
+    /// Address of the simulated API server (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:0", value_name = "ADDR")]
+    pub listen: SocketAddr,
+    /// Worker nodes.
+    #[arg(long, default_value_t = 3)]
+    pub nodes: usize,
+    /// Replicas of the Deployment.
+    #[arg(long, default_value_t = 4)]
+    pub replicas: i32,
+    /// minAvailable of the PodDisruptionBudget (default: replicas - 1).
+    #[arg(long)]
+    pub min_available: Option<i32>,
+    /// terminationGracePeriodSeconds of the pods.
+    #[arg(long, default_value_t = 30)]
+    pub grace_period_seconds: i64,
+    /// Time from a pod's binding to its app serving and the pod being Ready.
+    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub start_delay: Duration,
+    /// How long an app keeps accepting new requests after SIGTERM.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    pub accept_after_sigterm: Duration,
+    /// How long after SIGTERM an app exits.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub exit_after_sigterm: Duration,
+    /// From "ready in the EndpointSlice" to "receives requests from the load balancer".
+    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub registration_lag: Duration,
+    /// How long the load balancer keeps sending new requests to a removed target.
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    pub deregistration_lag: Duration,
+    /// graceful-drain webhook's --deregistration-delay.
+    #[arg(long, default_value = "4s", value_parser = humantime::parse_duration)]
+    pub deregistration_delay: Duration,
+    /// graceful-drain webhook's --timeout-seconds (and the configurations' timeoutSeconds).
+    #[arg(long, default_value_t = 10)]
+    pub webhook_timeout_seconds: u32,
+    /// Requests per second through the load balancer.
+    #[arg(long, default_value_t = 100.0)]
+    pub rate: f64,
+    /// How long each request takes.
+    #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
+    pub request_duration: Duration,
+    /// Bound of each phase (deploy, drain, rollout).
+    #[arg(long, default_value = "40s", value_parser = humantime::parse_duration)]
+    pub phase_timeout: Duration,
+    /// Print the timeline of every run after the table.
+    #[arg(long)]
+    pub timeline: bool,
+}
+
+impl Args {
+    /// The scenario configuration these flags describe.
+    pub fn scenario(&self) -> ScenarioConfig {
+        let api = apiserver::Config {
+            addr: self.listen,
+            ..apiserver::Config::default()
+        };
+        let cluster = ClusterConfig {
+            nodes: self.nodes,
+            kubelet: KubeletConfig {
+                start_delay: self.start_delay,
+                accept_after_sigterm: self.accept_after_sigterm,
+                exit_after_sigterm: self.exit_after_sigterm,
+            },
+            lb: LbConfig {
+                registration_lag: self.registration_lag,
+                deregistration_lag: self.deregistration_lag,
+            },
+            api,
+        };
+        let web = WebSpec {
+            replicas: self.replicas,
+            min_available: self.min_available.unwrap_or(self.replicas - 1),
+            grace_period_seconds: self.grace_period_seconds,
+            max_surge: IntOrString::String("25%".into()),
+            max_unavailable: IntOrString::String("25%".into()),
+            ..WebSpec::default()
+        };
+        let traffic = TrafficConfig {
+            rate: self.rate,
+            request_duration: self.request_duration,
+            // Enough for a phase at full rate plus settling; the duration bound is the real one.
+            max_requests: (self.rate * (self.phase_timeout.as_secs_f64() * 2.0 + 60.0)) as u64,
+            max_duration: self.phase_timeout * 2 + Duration::from_secs(60),
+        };
+        let components = ComponentsConfig {
+            deregistration_delay: self.deregistration_delay,
+            timeout_seconds: self.webhook_timeout_seconds,
+        };
+        ScenarioConfig {
+            cluster,
+            web,
+            traffic,
+            components,
+            phase_timeout: self.phase_timeout,
+        }
+    }
+}
 
 /// Runs the default scenario, or serves the cluster with `--serve`.
-pub async fn run(_args: Args, _shutdown: crate::runtime::Shutdown) -> anyhow::Result<()> {
-    anyhow::bail!("simulate: not implemented yet")
+pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
+    if args.serve {
+        return serve(&args, shutdown).await;
+    }
+    let cfg = args.scenario();
+    let rows = scenario::run_all(&cfg, &shutdown).await;
+    print!("{}", scenario::table(&rows));
+    if args.timeline {
+        for row in &rows {
+            println!("\n{} / {}:", row.scenario, row.protection);
+            for event in row
+                .result
+                .as_ref()
+                .map(|m| m.timeline.as_slice())
+                .unwrap_or_default()
+            {
+                println!("  {event}");
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn serve(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> {
+    let cfg = args.scenario();
+    let cluster = Cluster::start(cfg.cluster.clone(), shutdown.clone()).await?;
+    cluster.deploy_web(&cfg.web, cfg.phase_timeout).await?;
+    let path = args
+        .kubeconfig_out
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join("graceful-drain-sim.kubeconfig"));
+    // Written under a temporary name and renamed, so whoever waits for the file never
+    // reads half of it.
+    let partial = path.with_extension("partial");
+    cluster
+        .api()
+        .write_kubeconfig(&partial, "admin")
+        .with_context(|| format!("write kubeconfig {}", partial.display()))?;
+    std::fs::rename(&partial, &path)
+        .with_context(|| format!("write kubeconfig {}", path.display()))?;
+    let traffic_cfg = TrafficConfig {
+        max_duration: SERVE_MAX_DURATION,
+        max_requests: (args.rate * SERVE_MAX_DURATION.as_secs_f64()) as u64,
+        ..cfg.traffic
+    };
+    let traffic = cluster.traffic(&cfg.web, traffic_cfg);
+    println!("simulated cluster serving at {}", cluster.api().url());
+    println!("kubeconfig: {}", path.display());
+    println!(
+        "nodes: {}; workload: deployment, service (LoadBalancer) and pdb {}",
+        cluster.nodes().join(", "),
+        cfg.web.service_key()
+    );
+    println!(
+        "try: KUBECONFIG={} kubectl get pods -o wide",
+        path.display()
+    );
+    let mut ticker = tokio::time::interval(SERVE_REPORT_EVERY);
+    ticker.tick().await;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = ticker.tick() => {
+                let c = traffic.counts();
+                println!("traffic: {} requests, {} 5xx", c.requests, c.errors_5xx);
+            }
+        }
+    }
+    let report = traffic.stop().await;
+    println!(
+        "stopped: {} requests, {} 5xx",
+        report.requests, report.errors_5xx
+    );
+    Ok(())
 }

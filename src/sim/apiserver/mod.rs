@@ -1,2 +1,290 @@
-//! The simulated cluster's API server: an in-process HTTP server speaking the Kubernetes
-//! REST API (DESIGN §7). (Owned by the simulated-cluster API work; placeholder until then.)
+//! The simulated cluster's API server: an in-process HTTP server on loopback speaking
+//! the Kubernetes REST API well enough for kube-rs and the real `kubectl` (DESIGN §7).
+//!
+//! Data flow: [`handler`] parses each request into a verb on a resource of the
+//! [`resources`] registry; reads come from the [`store`]; writes are prepared
+//! (defaults, dropped unknown fields), sent through [`admission`] webhooks, then stored
+//! with resourceVersion compare-and-swap; [`watch`] streams the store's change feed.
+//! [`eviction`] implements `pods/eviction` with the upstream PodDisruptionBudget rules.
+//! Every request is counted in [`Stats`].
+
+mod admission;
+mod defaults;
+mod eviction;
+mod handler;
+mod patch;
+mod resources;
+mod selector;
+mod status;
+mod store;
+mod watch;
+mod write;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use http::{Request, Uri};
+use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::rt::TokioExecutor;
+use kube::config::{
+    AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext,
+};
+
+use crate::runtime::Shutdown;
+
+/// Errors starting the simulated API server.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The listening socket could not be bound.
+    #[error("bind simulated API server on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The built-in namespaces could not be created.
+    #[error("create namespace {name}: {message}")]
+    Bootstrap { name: String, message: String },
+}
+
+/// Result type of this module.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Settings of the simulated API server.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Where to listen (loopback; port 0 picks a free port).
+    pub addr: SocketAddr,
+    /// Changes kept per resource for watch resumption; older resourceVersions get 410 Gone.
+    pub watch_history: usize,
+    /// How often watches that allow bookmarks receive one.
+    pub bookmark_interval: Duration,
+    /// Namespaces that exist from the start.
+    pub namespaces: Vec<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            // Large enough that no watcher of a simulated run falls behind, small enough to
+            // bound memory; tests lower it to provoke 410 Gone.
+            watch_history: 10_000,
+            // Real API servers send bookmarks about once a minute; a second keeps simulated
+            // runs, which last seconds, exercising the bookmark path.
+            bookmark_interval: Duration::from_secs(1),
+            namespaces: ["default", "kube-system", "kube-public", "kube-node-lease"]
+                .map(String::from)
+                .to_vec(),
+        }
+    }
+}
+
+/// Request and admission counters, for "API requests per drained pod" figures.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Requests by (verb, resource[/subresource]), e.g. `("create", "pods/eviction")`.
+    pub requests: BTreeMap<(String, String), u64>,
+    /// Requests by authenticated user name.
+    pub by_user: BTreeMap<String, u64>,
+    /// Admission webhook calls by webhook name.
+    pub admission_calls: BTreeMap<String, u64>,
+    /// Failed admission webhook calls (transport, timeout, malformed response) by name.
+    pub admission_failures: BTreeMap<String, u64>,
+}
+
+impl Stats {
+    /// Requests with this verb on this resource (`pods`, `pods/eviction`, ...).
+    pub fn count(&self, verb: &str, resource: &str) -> u64 {
+        self.requests
+            .get(&(verb.to_string(), resource.to_string()))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// All requests.
+    pub fn total(&self) -> u64 {
+        self.requests.values().sum()
+    }
+
+    /// All admission webhook calls.
+    pub fn admission_total(&self) -> u64 {
+        self.admission_calls.values().sum()
+    }
+}
+
+/// State shared by every request.
+pub(crate) struct Ctx {
+    pub store: store::Store,
+    pub registry: resources::Registry,
+    pub stats: Mutex<Stats>,
+    pub routes: Mutex<HashMap<(String, String), SocketAddr>>,
+    pub url: String,
+    pub config: Config,
+    pub shutdown: Shutdown,
+}
+
+impl Ctx {
+    pub(crate) fn stats(&self) -> MutexGuard<'_, Stats> {
+        match self.stats.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    pub(crate) fn route(&self, namespace: &str, name: &str) -> Option<SocketAddr> {
+        let routes = match self.routes.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        routes
+            .get(&(namespace.to_string(), name.to_string()))
+            .copied()
+    }
+}
+
+/// A running simulated API server. Cloning shares it.
+#[derive(Clone)]
+pub struct ApiServer {
+    ctx: Arc<Ctx>,
+}
+
+impl std::fmt::Debug for ApiServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiServer")
+            .field("url", &self.ctx.url)
+            .finish()
+    }
+}
+
+impl ApiServer {
+    /// Binds the listener, creates the built-in namespaces and serves until `shutdown`.
+    pub async fn start(config: Config, shutdown: Shutdown) -> Result<ApiServer> {
+        let listener = tokio::net::TcpListener::bind(config.addr)
+            .await
+            .map_err(|source| Error::Bind {
+                addr: config.addr,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| Error::Bind {
+            addr: config.addr,
+            source,
+        })?;
+        let ctx = Arc::new(Ctx {
+            store: store::Store::new(config.watch_history),
+            registry: resources::Registry::default(),
+            stats: Mutex::new(Stats::default()),
+            routes: Mutex::new(HashMap::new()),
+            url: format!("http://{addr}"),
+            config: config.clone(),
+            shutdown: shutdown.clone(),
+        });
+        for name in &config.namespaces {
+            write::bootstrap_namespace(&ctx, name).map_err(|e| Error::Bootstrap {
+                name: name.clone(),
+                message: e.to_string(),
+            })?;
+        }
+        let router = handler::router(ctx.clone());
+        let stop = shutdown.clone();
+        crate::runtime::spawn_owned("sim-apiserver", shutdown, async move {
+            axum::serve(listener, router)
+                .with_graceful_shutdown(async move { stop.cancelled().await })
+                .await
+        });
+        tracing::info!(url = %ctx.url, "simulated API server listening");
+        Ok(ApiServer { ctx })
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        self.ctx.url.clone()
+    }
+
+    /// A client authenticating as `user` (the bearer token is the user name).
+    pub fn client(&self, user: &str) -> kube::Client {
+        let base: Uri = self.ctx.url.parse().unwrap_or_default();
+        let authorization = format!("Bearer {user}");
+        let http = HyperClient::builder(TokioExecutor::new()).build_http();
+        let service = tower::ServiceBuilder::new()
+            .map_request(move |mut req: Request<kube::client::Body>| {
+                let path = req
+                    .uri()
+                    .path_and_query()
+                    .map(|p| p.as_str().to_string())
+                    .unwrap_or_else(|| "/".into());
+                let mut parts = base.clone().into_parts();
+                parts.path_and_query = path.parse().ok();
+                if let Ok(uri) = Uri::from_parts(parts) {
+                    *req.uri_mut() = uri;
+                }
+                if let Ok(value) = authorization.parse() {
+                    req.headers_mut().insert(http::header::AUTHORIZATION, value);
+                }
+                req
+            })
+            .service(http);
+        kube::Client::new(service, "default")
+    }
+
+    /// A kubeconfig with one context for `user` (token authentication over plain HTTP).
+    pub fn kubeconfig(&self, user: &str) -> Kubeconfig {
+        let name = "graceful-drain-sim".to_string();
+        Kubeconfig {
+            clusters: vec![NamedCluster {
+                name: name.clone(),
+                cluster: Some(Cluster {
+                    server: Some(self.url()),
+                    ..Cluster::default()
+                }),
+                ..NamedCluster::default()
+            }],
+            auth_infos: vec![NamedAuthInfo {
+                name: user.to_string(),
+                auth_info: Some(AuthInfo {
+                    token: Some(user.to_string().into()),
+                    ..AuthInfo::default()
+                }),
+                ..NamedAuthInfo::default()
+            }],
+            contexts: vec![NamedContext {
+                name: name.clone(),
+                context: Some(Context {
+                    cluster: name.clone(),
+                    user: Some(user.to_string()),
+                    namespace: Some("default".into()),
+                    ..Context::default()
+                }),
+                ..NamedContext::default()
+            }],
+            current_context: Some(name),
+            kind: Some("Config".into()),
+            api_version: Some("v1".into()),
+            ..Kubeconfig::default()
+        }
+    }
+
+    /// Writes [`ApiServer::kubeconfig`] to `path` (JSON, which kubectl reads as YAML).
+    pub fn write_kubeconfig(&self, path: &Path, user: &str) -> std::io::Result<()> {
+        let text = serde_json::to_string_pretty(&self.kubeconfig(user))
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+        std::fs::write(path, text)
+    }
+
+    /// Routes webhook calls for Service `namespace/name` to `addr` (any service port).
+    pub fn route_service(&self, namespace: &str, name: &str, addr: SocketAddr) {
+        let mut routes = match self.ctx.routes.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        routes.insert((namespace.to_string(), name.to_string()), addr);
+    }
+
+    /// A snapshot of the request counters.
+    pub fn stats(&self) -> Stats {
+        self.ctx.stats().clone()
+    }
+}

@@ -1,0 +1,371 @@
+"""Checks on rendered chart output that schema validation cannot see.
+
+Usage: assert.py split RENDERED OUTDIR      -> OUTDIR/core.yaml, OUTDIR/cert-manager.json, counts
+       assert.py check MODE RENDERED [CA_BUNDLE]
+       assert.py docs VALUES_YAML DOC_MD          -> every value is in the doc's table
+       assert.py cli BINARY RENDERED              -> the binary's CLI accepts each workload's args
+       assert.py served RENDERED API_RESOURCES OUT -> OUT: the documents a cluster serves
+       assert.py applied MODE RENDERED OBJECTS_JSON -> the cluster returns the configurations
+MODE is cert-manager, self-signed or secret. Exits non-zero with one line per failure.
+"""
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import yaml
+
+# API groups the Kubernetes JSON schemas cover; everything else is CRD-backed.
+CORE_GROUPS = {
+    "", "apps", "policy", "rbac.authorization.k8s.io", "admissionregistration.k8s.io",
+    "networking.k8s.io", "apiextensions.k8s.io", "coordination.k8s.io", "discovery.k8s.io",
+}
+WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+PATHS = {"MutatingWebhookConfiguration": "/mutate/eviction",
+         "ValidatingWebhookConfiguration": "/validate/delete"}
+
+
+def load(path):
+    with open(path, encoding="utf-8") as f:
+        return [d for d in yaml.safe_load_all(f) if d]
+
+
+def group(doc):
+    api = doc.get("apiVersion", "")
+    return api.split("/")[0] if "/" in api else ""
+
+
+def split(rendered, outdir):
+    docs = load(rendered)
+    core = [d for d in docs if group(d) in CORE_GROUPS]
+    cm = [d for d in docs if group(d) == "cert-manager.io"]
+    other = [d for d in docs if d not in core and d not in cm]
+    with open(os.path.join(outdir, "core.yaml"), "w", encoding="utf-8") as f:
+        yaml.safe_dump_all(core, f, sort_keys=False)
+    with open(os.path.join(outdir, "cert-manager.json"), "w", encoding="utf-8") as f:
+        json.dump(cm, f)
+    kinds = sorted({f"{d['apiVersion']} {d['kind']}" for d in other})
+    print(f"{len(core)} core, {len(cm)} cert-manager, {len(other)} other ({', '.join(kinds) or '-'})")
+
+
+class Checker:
+    def __init__(self, docs):
+        self.docs = docs
+        self.failures = []
+
+    def one(self, kind, name=None):
+        found = [d for d in self.docs if d["kind"] == kind
+                 and (name is None or d["metadata"]["name"] == name)]
+        if len(found) != 1:
+            self.fail(f"expected one {kind} {name or ''}, found {len(found)}")
+            return {}
+        return found[0]
+
+    def fail(self, msg):
+        self.failures.append(msg)
+
+    def expect(self, cond, msg):
+        if not cond:
+            self.fail(msg)
+
+
+def container(workload):
+    return workload["spec"]["template"]["spec"]["containers"][0]
+
+
+def env_of(c):
+    return {e["name"]: e for e in c.get("env", [])}
+
+
+def check_webhook_deployment(ck):
+    dep = ck.one("Deployment")
+    if not dep:
+        return dep
+    pod = dep["spec"]["template"]["spec"]
+    c = container(dep)
+    env = env_of(c)
+    ck.expect(dep["spec"]["replicas"] >= 2, "webhook: fewer than 2 replicas")
+    ck.expect("podAntiAffinity" in pod.get("affinity", {}), "webhook: no pod anti-affinity")
+    ck.expect(pod["securityContext"].get("runAsNonRoot") is True, "webhook: not runAsNonRoot")
+    sc = c["securityContext"]
+    ck.expect(sc.get("readOnlyRootFilesystem") is True, "webhook: root filesystem writable")
+    ck.expect(sc.get("capabilities", {}).get("drop") == ["ALL"], "webhook: capabilities kept")
+    ck.expect(sc.get("seccompProfile", {}).get("type") == "RuntimeDefault", "webhook: no seccomp")
+    for probe, path in (("livenessProbe", "/livez"), ("readinessProbe", "/readyz")):
+        got = c.get(probe, {}).get("httpGet", {})
+        ck.expect(got.get("path") == path and got.get("port") == "admin",
+                  f"webhook: {probe} is not {path} on the admin port")
+    for name, field in (("GRACEFUL_DRAIN_NAMESPACE", "metadata.namespace"),
+                        ("GRACEFUL_DRAIN_POD_NAME", "metadata.name")):
+        got = env.get(name, {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+        ck.expect(got == field, f"webhook: {name} not from the downward API {field}")
+    timeout = int(env.get("GRACEFUL_DRAIN_WEBHOOK_TIMEOUT_SECONDS", {}).get("value", "0"))
+    ck.expect(timeout > 0, "webhook: GRACEFUL_DRAIN_WEBHOOK_TIMEOUT_SECONDS missing")
+    ck.expect(pod["terminationGracePeriodSeconds"] > timeout,
+              "webhook: terminationGracePeriodSeconds not longer than the webhook hold")
+    for d in ck.docs:
+        if d["kind"] in WEBHOOK_KINDS:
+            for w in d["webhooks"]:
+                ck.expect(w["timeoutSeconds"] == timeout,
+                          f"{d['kind']}: timeoutSeconds {w['timeoutSeconds']} != server's {timeout}")
+    return dep
+
+
+def tls_secret_name(dep):
+    vols = dep["spec"]["template"]["spec"]["volumes"]
+    return next(v["secret"]["secretName"] for v in vols if "secret" in v)
+
+
+def check_webhook_configurations(ck, dep):
+    svc = ck.one("Service", dep["metadata"]["name"])
+    ns = dep["metadata"]["namespace"]
+    for kind in WEBHOOK_KINDS:
+        cfg = ck.one(kind)
+        for w in cfg.get("webhooks", []):
+            ck.expect(w["failurePolicy"] == "Ignore", f"{kind}: failurePolicy not Ignore by default")
+            ck.expect(w["sideEffects"] == "NoneOnDryRun", f"{kind}: sideEffects")
+            ck.expect(w["admissionReviewVersions"] == ["v1"], f"{kind}: admissionReviewVersions")
+            ref = w["clientConfig"]["service"]
+            ck.expect(ref["path"] == PATHS[kind], f"{kind}: path {ref['path']}")
+            ck.expect((ref["name"], ref["namespace"]) == (svc["metadata"]["name"], ns),
+                      f"{kind}: clientConfig does not name the webhook Service")
+            ck.expect(ref["port"] in [p["port"] for p in svc["spec"]["ports"]],
+                      f"{kind}: clientConfig port not served by the Service")
+            excluded = w["namespaceSelector"]["matchExpressions"][0]
+            ck.expect(excluded["key"] == "kubernetes.io/metadata.name"
+                      and excluded["operator"] == "NotIn"
+                      and {ns, "kube-system"} <= set(excluded["values"]),
+                      f"{kind}: namespaceSelector does not exclude {ns} and kube-system")
+            opt_out = w["objectSelector"]["matchExpressions"][0]
+            ck.expect(opt_out == {"key": "graceful-drain.io/exclude", "operator": "NotIn",
+                                  "values": ["true"]}, f"{kind}: objectSelector opt-out")
+        rule = cfg["webhooks"][0]["rules"][0]
+        want = (["CREATE"], ["pods/eviction"]) if kind.startswith("Mutating") else (["DELETE"], ["pods"])
+        ck.expect((rule["operations"], rule["resources"]) == want, f"{kind}: rules {rule}")
+
+
+def check_agent(ck):
+    ds = ck.one("DaemonSet")
+    if not ds:
+        return
+    pod = ds["spec"]["template"]["spec"]
+    c = container(ds)
+    args = c["args"]
+    flag = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in args if "=" in a}
+    driver, plugins, registry = flag["--driver-name"], flag["--plugins-dir"], flag["--registry-dir"]
+    host = {v["name"]: v["hostPath"] for v in pod["volumes"] if "hostPath" in v}
+    ck.expect(sorted(h["path"] for h in host.values()) == sorted([f"{plugins}/{driver}", registry]),
+              f"agent: hostPath mounts {host} are not exactly the two socket folders")
+    ck.expect(host.get("plugin-dir", {}).get("type") == "DirectoryOrCreate",
+              "agent: driver folder is not DirectoryOrCreate")
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    ck.expect(all(mounts.get(n) == h["path"] for n, h in host.items()),
+              "agent: sockets not mounted at their host paths")
+    got = env_of(c).get("GRACEFUL_DRAIN_NODE_NAME", {}).get("valueFrom", {})
+    ck.expect(got.get("fieldRef", {}).get("fieldPath") == "spec.nodeName",
+              "agent: GRACEFUL_DRAIN_NODE_NAME not from spec.nodeName")
+    ck.expect({"operator": "Exists"} in pod.get("tolerations", []), "agent: does not tolerate every taint")
+    ck.expect(pod.get("priorityClassName") == "system-node-critical", "agent: priorityClassName")
+    ck.expect(flag.get("--lifecycle-reconciler") in ("auto", "on", "off"), "agent: reconciler switch")
+    ck.expect(c["securityContext"].get("readOnlyRootFilesystem") is True, "agent: root fs writable")
+    ck.expect(c["securityContext"].get("privileged") is not True, "agent: privileged")
+
+
+def check_rbac(ck):
+    for role in (d for d in ck.docs if d["kind"] in ("ClusterRole", "Role")):
+        for rule in role["rules"]:
+            ck.expect("secrets" not in rule.get("resources", []),
+                      f"{role['kind']} {role['metadata']['name']}: grants Secrets")
+            ck.expect("*" not in rule.get("verbs", []) + rule.get("resources", []),
+                      f"{role['kind']} {role['metadata']['name']}: wildcard")
+
+
+def verify_chain(ck, ca_pem, crt_pem, dns_name):
+    with tempfile.TemporaryDirectory() as tmp:
+        ca, crt = os.path.join(tmp, "ca.crt"), os.path.join(tmp, "tls.crt")
+        for path, data in ((ca, ca_pem), (crt, crt_pem)):
+            with open(path, "wb") as f:
+                f.write(data)
+        run = subprocess.run(["openssl", "verify", "-CAfile", ca, "-verify_hostname", dns_name, crt],
+                             capture_output=True, text=True, check=False)
+        ck.expect(run.returncode == 0, f"serving certificate does not verify for {dns_name}: "
+                  f"{run.stdout.strip()} {run.stderr.strip()}")
+
+
+def check_certificates(ck, mode, dep, ca_bundle):
+    ns = dep["metadata"]["namespace"]
+    secret_name = tls_secret_name(dep)
+    dns_name = f"{dep['metadata']['name']}.{ns}.svc"
+    cfgs = [d for d in ck.docs if d["kind"] in WEBHOOK_KINDS]
+    bundles = {w["clientConfig"].get("caBundle") for c in cfgs for w in c["webhooks"]}
+    inject = {c["metadata"].get("annotations", {}).get("cert-manager.io/inject-ca-from") for c in cfgs}
+    secrets = [d for d in ck.docs if d["kind"] == "Secret"]
+    if mode == "cert-manager":
+        cert = ck.one("Certificate", dep["metadata"]["name"])
+        ck.expect(inject == {f"{ns}/{cert.get('metadata', {}).get('name')}"},
+                  f"cert-manager: inject-ca-from {inject}")
+        ck.expect(bundles == {None}, "cert-manager: caBundle set next to inject-ca-from")
+        ck.expect(cert.get("spec", {}).get("secretName") == secret_name,
+                  "cert-manager: Certificate secretName is not the mounted Secret")
+        ck.expect(dns_name in cert.get("spec", {}).get("dnsNames", []),
+                  f"cert-manager: {dns_name} not in dnsNames")
+        ck.expect(not secrets, "cert-manager: chart renders a Secret")
+    elif mode == "self-signed":
+        secret = ck.one("Secret", secret_name)
+        data = secret.get("data", {})
+        ck.expect(inject == {None}, "self-signed: inject-ca-from annotation present")
+        ck.expect(bundles == {data.get("ca.crt")}, "self-signed: caBundle differs from the Secret's ca.crt")
+        verify_chain(ck, base64.b64decode(data["ca.crt"]), base64.b64decode(data["tls.crt"]), dns_name)
+    else:
+        ck.expect(bundles == {ca_bundle}, "secret: caBundle is not the given value")
+        ck.expect(inject == {None}, "secret: inject-ca-from annotation present")
+        ck.expect(not secrets, "secret: chart renders a Secret")
+
+
+def check(mode, rendered, ca_bundle=None):
+    ck = Checker(load(rendered))
+    dep = check_webhook_deployment(ck)
+    if dep:
+        check_webhook_configurations(ck, dep)
+        check_certificates(ck, mode, dep, ca_bundle)
+    check_agent(ck)
+    check_rbac(ck)
+    for msg in ck.failures:
+        print(f"FAIL {rendered}: {msg}")
+    if ck.failures:
+        sys.exit(1)
+
+
+# Stand-ins for the downward API when running a workload's command line outside a pod.
+FIELD_VALUES = {"metadata.namespace": "graceful-drain", "metadata.name": "pod-0",
+                "spec.nodeName": "node-1"}
+# clap exits with this code when it rejects the command line.
+CLAP_USAGE_ERROR = 2
+
+
+def cli(binary, rendered):
+    """Runs each workload's rendered command line against the real binary: clap must accept
+    it. The run then fails on purpose (no cluster, no certificate) or is stopped after a
+    few seconds; both mean the flags and environment parsed."""
+    failures = 0
+    for doc in load(rendered):
+        if doc["kind"] not in ("Deployment", "DaemonSet"):
+            continue
+        c = container(doc)
+        env = {"PATH": os.environ.get("PATH", ""), "KUBECONFIG": "/nonexistent/kubeconfig",
+               "HOME": tempfile.gettempdir()}
+        for e in c.get("env", []):
+            field = e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+            env[e["name"]] = FIELD_VALUES[field] if field else e["value"]
+        # Point the sockets' folders at a scratch directory, never at the real kubelet's.
+        with tempfile.TemporaryDirectory() as scratch:
+            args = [a.replace("=/var/lib/kubelet", f"={scratch}") for a in c["args"]]
+            try:
+                run = subprocess.run([binary, *args], env=env, capture_output=True, text=True,
+                                     timeout=5, check=False)
+                code, err = run.returncode, run.stderr
+            except subprocess.TimeoutExpired:
+                code, err = None, ""
+        if code == CLAP_USAGE_ERROR:
+            failures += 1
+            print(f"FAIL {doc['kind']} {doc['metadata']['name']}: the binary rejects its "
+                  f"command line {' '.join(c['args'])}:\n{err.strip()}")
+        else:
+            print(f"{doc['kind']} {doc['metadata']['name']}: command line accepted "
+                  f"({'still running after 5 s' if code is None else f'exit {code}'})")
+    if failures:
+        sys.exit(1)
+
+
+def served(rendered, api_resources, out):
+    """Keeps the documents whose kind `kubectl api-resources --no-headers` lists."""
+    kinds = set()
+    with open(api_resources, encoding="utf-8") as f:
+        for line in f:
+            cols = line.split()
+            if len(cols) >= 4:
+                kinds.add((cols[-3], cols[-1]))
+    docs = load(rendered)
+    keep = [d for d in docs if (d["apiVersion"], d["kind"]) in kinds]
+    with open(out, "w", encoding="utf-8") as f:
+        yaml.safe_dump_all(keep, f, sort_keys=False)
+    skipped = sorted({d["kind"] for d in docs if d not in keep})
+    print(f"{len(keep)} objects served, skipped kinds: {', '.join(skipped) or '-'}")
+
+
+def applied(mode, rendered, objects_json):
+    """Compares the webhook configurations the cluster returns with the rendered ones."""
+    ck = Checker(load(rendered))
+    with open(objects_json, encoding="utf-8") as f:
+        items = json.load(f)["items"]
+    for kind in WEBHOOK_KINDS:
+        want = ck.one(kind)
+        got = [i for i in items if i["kind"] == kind and i["metadata"]["name"] == want["metadata"]["name"]]
+        if len(got) != 1:
+            ck.fail(f"cluster does not return {kind} {want['metadata']['name']}")
+            continue
+        got = got[0]
+        annotation = "cert-manager.io/inject-ca-from"
+        ck.expect(got["metadata"].get("annotations", {}).get(annotation)
+                  == want["metadata"].get("annotations", {}).get(annotation),
+                  f"{kind}: {annotation} not served back")
+        for w_got, w_want in zip(got["webhooks"], want["webhooks"]):
+            for key in ("caBundle", "service"):
+                ck.expect(w_got["clientConfig"].get(key) == w_want["clientConfig"].get(key),
+                          f"{kind}: clientConfig.{key} served back differs")
+            for key in ("timeoutSeconds", "failurePolicy", "namespaceSelector", "objectSelector", "rules"):
+                ck.expect(w_got.get(key) == w_want.get(key), f"{kind}: {key} served back differs")
+        if mode != "cert-manager":
+            ck.expect(all(w["clientConfig"].get("caBundle") for w in got["webhooks"]),
+                      f"{kind}: no caBundle in mode {mode}")
+    for msg in ck.failures:
+        print(f"FAIL {rendered} applied: {msg}")
+    if ck.failures:
+        sys.exit(1)
+
+
+# Values documented as one row although they are maps (their keys are free-form).
+WHOLE_VALUES = {"webhook.resources", "agent.resources", "agent.updateStrategy"}
+
+
+def leaf_values(values, prefix=""):
+    for key, value in values.items():
+        path = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, dict) and value and path not in WHOLE_VALUES:
+            yield from leaf_values(value, path)
+        else:
+            yield path
+
+
+def docs(values_yaml, doc_md):
+    with open(values_yaml, encoding="utf-8") as f:
+        values = yaml.safe_load(f)
+    with open(doc_md, encoding="utf-8") as f:
+        rows = {line.split("|")[1].strip().strip("`") for line in f if line.startswith("| `")}
+    wanted = set(leaf_values(values))
+    missing, stale = sorted(wanted - rows), sorted(rows - wanted)
+    for key in missing:
+        print(f"FAIL {doc_md}: value {key} is not in the values table")
+    for key in stale:
+        print(f"FAIL {doc_md}: values table lists {key}, which values.yaml does not have")
+    if missing or stale:
+        sys.exit(1)
+    print(f"{len(wanted)} values documented")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "served":
+        served(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif sys.argv[1] == "applied":
+        applied(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif sys.argv[1] == "cli":
+        cli(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "docs":
+        docs(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "split":
+        split(sys.argv[2], sys.argv[3])
+    else:
+        check(sys.argv[2], sys.argv[3], *sys.argv[4:5])

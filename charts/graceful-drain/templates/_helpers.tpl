@@ -1,0 +1,106 @@
+{{/* Names, labels and shared fragments of the graceful-drain chart. */}}
+
+{{- define "graceful-drain.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Resource name prefix; kept at 48 characters so suffixes like "-webhook-tls" fit in 63. */}}
+{{- define "graceful-drain.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 48 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 48 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 48 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "graceful-drain.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "graceful-drain.labels" -}}
+helm.sh/chart: {{ include "graceful-drain.chart" . }}
+app.kubernetes.io/name: {{ include "graceful-drain.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Selector labels of one component: include with (list $ "webhook"). */}}
+{{- define "graceful-drain.selectorLabels" -}}
+{{- $root := index . 0 -}}
+app.kubernetes.io/name: {{ include "graceful-drain.name" $root }}
+app.kubernetes.io/instance: {{ $root.Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end -}}
+
+{{- define "graceful-drain.componentLabels" -}}
+{{ include "graceful-drain.labels" (index . 0) }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end -}}
+
+{{- define "graceful-drain.webhook.name" -}}
+{{- printf "%s-webhook" (include "graceful-drain.fullname" .) -}}
+{{- end -}}
+
+{{- define "graceful-drain.agent.name" -}}
+{{- printf "%s-agent" (include "graceful-drain.fullname" .) -}}
+{{- end -}}
+
+{{- define "graceful-drain.webhook.serviceAccountName" -}}
+{{- if .Values.webhook.serviceAccount.create -}}
+{{- default (include "graceful-drain.webhook.name" .) .Values.webhook.serviceAccount.name -}}
+{{- else -}}
+{{- required "webhook.serviceAccount.name is required when webhook.serviceAccount.create is false" .Values.webhook.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "graceful-drain.agent.serviceAccountName" -}}
+{{- if .Values.agent.serviceAccount.create -}}
+{{- default (include "graceful-drain.agent.name" .) .Values.agent.serviceAccount.name -}}
+{{- else -}}
+{{- required "agent.serviceAccount.name is required when agent.serviceAccount.create is false" .Values.agent.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "graceful-drain.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Name of the Secret holding the webhook's serving certificate. */}}
+{{- define "graceful-drain.tlsSecretName" -}}
+{{- if eq .Values.certificates.mode "secret" -}}
+{{- required "certificates.secret.name is required when certificates.mode is secret" .Values.certificates.secret.name -}}
+{{- else -}}
+{{- printf "%s-tls" (include "graceful-drain.webhook.name" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The DNS names under which the API server reaches the webhook Service. */}}
+{{- define "graceful-drain.webhook.dnsNames" -}}
+{{- $svc := include "graceful-drain.webhook.name" . -}}
+{{- $ns := .Release.Namespace -}}
+{{- list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns) | toJson -}}
+{{- end -}}
+
+{{/* The restricted-profile security context shared by both containers. */}}
+{{- define "graceful-drain.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop:
+    - ALL
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}

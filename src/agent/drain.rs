@@ -1,0 +1,1045 @@
+//! The drain engine: evicts a node's pods like `kubectl drain` (DESIGN §4) and waits until
+//! every one of them is really gone, retrying refused evictions and saying why they are
+//! refused instead of giving up.
+//!
+//! Data flow: one watch on the node's pods (`spec.nodeName=<node>`) keeps a map of what is
+//! on the node. The first complete list is run through [`filters::plan`]; a refusal ends
+//! the drain before any eviction. Each planned pod gets a task that POSTs a `policy/v1`
+//! Eviction (built here, with the pod's UID as precondition) and retries refusals with a
+//! capped, jittered exponential backoff that honours `Retry-After`; at most
+//! `concurrency` requests are in flight. A pod counts as gone when the watch no longer has
+//! it or has a new pod (new UID) under its name. Pods isolated by our webhook or still
+//! terminating count as remaining. Progress is published on a `watch` channel after every
+//! change.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use http::{Method, Request, StatusCode};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, ListParams};
+use kube::core::{Selector, SelectorExt};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher;
+use rand::Rng;
+use serde_json::json;
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::task::JoinSet;
+use tracing::Instrument;
+
+use super::filters::{self, DaemonSetLookup, FilterOptions, PodKey, Refused};
+use super::node::API_TIMEOUT;
+use super::progress::{Blocker, PodState, Progress};
+use super::report::{EventType, EvictionOutcome, Metrics, NodeEvents, reason};
+use crate::labels::DRAINING_LABEL;
+
+/// First retry delay of a refused eviction.
+const RETRY_BASE: Duration = Duration::from_secs(1);
+/// Longest delay between retries of a refused eviction: a PDB usually frees a disruption
+/// seconds after a replacement pod turns ready, so waiting longer only slows the drain,
+/// while 15 s keeps a blocked pod at four requests a minute.
+const RETRY_CAP: Duration = Duration::from_secs(15);
+/// Longest `Retry-After` we honour; a larger value would stall the drain past what a PDB
+/// status refresh takes (the API server sends 0 or 10).
+const RETRY_AFTER_CAP: Duration = Duration::from_secs(60);
+
+/// An accepted eviction shows on the pod within a second (a deletionTimestamp, or our
+/// webhook's draining label); if neither appeared after this long the eviction was lost
+/// (e.g. another webhook turned it into a dry run), so it is sent again.
+const REEVICT_AFTER: Duration = Duration::from_secs(30);
+
+/// Options of a drain (the kubectl flags, see `node-agent --help`).
+#[derive(Clone, Debug)]
+pub struct DrainConfig {
+    /// Which pods may be evicted.
+    pub filters: FilterOptions,
+    /// Grace period for the evicted pods; `None` keeps each pod's own.
+    pub grace_period: Option<i64>,
+    /// Label selector restricting the drained pods (on the list, not a filter).
+    pub pod_selector: Option<String>,
+    /// DELETE pods instead of evicting them (bypasses PDBs).
+    pub disable_eviction: bool,
+    /// Give up after this long; `None` waits until done or stopped.
+    pub timeout: Option<Duration>,
+    /// Eviction requests in flight at once.
+    pub concurrency: usize,
+}
+
+impl Default for DrainConfig {
+    fn default() -> Self {
+        Self {
+            filters: FilterOptions::default(),
+            grace_period: None,
+            pod_selector: None,
+            disable_eviction: false,
+            timeout: None,
+            concurrency: 16,
+        }
+    }
+}
+
+/// Errors of a drain.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The filters refused some pods; nothing was evicted.
+    #[error("drain node {node}: {refused}")]
+    Refused { node: String, refused: Refused },
+    /// The drain timeout passed.
+    #[error("drain node {node}: timed out after {after:?} with {message}")]
+    TimedOut {
+        node: String,
+        after: Duration,
+        message: String,
+    },
+    /// The watch on the node's pods ended (it retries on its own, so this is a bug).
+    #[error("drain node {node}: the watch on its pods ended")]
+    WatchEnded { node: String },
+}
+
+/// What an eviction (or delete) request got back, classified.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// The pod is (being) removed or already gone: stop sending requests for it.
+    Done(EvictionOutcome),
+    /// Refused; retry after the delay, telling people what blocks it.
+    Blocked {
+        outcome: EvictionOutcome,
+        blocker: Blocker,
+        retry_after: Option<Duration>,
+        message: String,
+    },
+}
+
+/// The `policy/v1` Eviction request for one pod: POST
+/// `/api/v1/namespaces/{ns}/pods/{name}/eviction` with a complete Eviction body (apiVersion,
+/// kind, metadata, `deleteOptions` with the UID precondition, grace period and dry run).
+pub fn eviction_request(
+    key: &PodKey,
+    uid: &str,
+    grace_period: Option<i64>,
+    dry_run: bool,
+) -> Result<Request<Vec<u8>>, http::Error> {
+    let mut delete_options = json!({ "preconditions": { "uid": uid } });
+    if let Some(grace) = grace_period {
+        delete_options["gracePeriodSeconds"] = json!(grace);
+    }
+    if dry_run {
+        delete_options["dryRun"] = json!(["All"]);
+    }
+    let body = json!({
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": { "name": key.name, "namespace": key.namespace },
+        "deleteOptions": delete_options,
+    });
+    Request::builder()
+        .method(Method::POST)
+        .uri(format!(
+            "/api/v1/namespaces/{}/pods/{}/eviction",
+            key.namespace, key.name
+        ))
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(body.to_string().into_bytes())
+}
+
+/// The DELETE request of `--disable-eviction`, with the same UID precondition.
+pub fn delete_request(
+    key: &PodKey,
+    uid: &str,
+    grace_period: Option<i64>,
+) -> Result<Request<Vec<u8>>, http::Error> {
+    let mut body = json!({
+        "apiVersion": "v1",
+        "kind": "DeleteOptions",
+        "preconditions": { "uid": uid },
+    });
+    if let Some(grace) = grace_period {
+        body["gracePeriodSeconds"] = json!(grace);
+    }
+    Request::builder()
+        .method(Method::DELETE)
+        .uri(format!(
+            "/api/v1/namespaces/{}/pods/{}",
+            key.namespace, key.name
+        ))
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(body.to_string().into_bytes())
+}
+
+/// The name of the webhook in an API server denial message
+/// (`admission webhook "name" denied the request: ...`).
+fn webhook_name(message: &str) -> Option<&str> {
+    let rest = message.split("admission webhook \"").nth(1)?;
+    rest.split('"').next()
+}
+
+/// Classifies an answer to an eviction or delete request (DESIGN §4: 201 evicted, 404 gone,
+/// 409 precondition failed, 429 PDB, 500 several PDBs).
+pub fn classify_answer(status: StatusCode, retry_after: Option<Duration>, body: &[u8]) -> Answer {
+    let message = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| {
+            v.get("message")
+                .and_then(|m| m.as_str())
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
+    let blocked = |outcome, blocker| Answer::Blocked {
+        outcome,
+        blocker,
+        retry_after,
+        message: message.clone(),
+    };
+    match status {
+        StatusCode::CREATED => Answer::Done(EvictionOutcome::Evicted),
+        StatusCode::OK | StatusCode::ACCEPTED => Answer::Done(EvictionOutcome::Deleted),
+        StatusCode::NOT_FOUND => Answer::Done(EvictionOutcome::Gone),
+        StatusCode::CONFLICT => Answer::Done(EvictionOutcome::Conflict),
+        _ if webhook_name(&message).is_some() => {
+            let name = webhook_name(&message).unwrap_or_default().to_string();
+            blocked(EvictionOutcome::DeniedWebhook, Blocker::Webhook(name))
+        }
+        StatusCode::TOO_MANY_REQUESTS => {
+            blocked(EvictionOutcome::BlockedPdb, Blocker::Pdb(String::new()))
+        }
+        StatusCode::INTERNAL_SERVER_ERROR if message.contains("more than one") => blocked(
+            EvictionOutcome::MultiplePdbs,
+            Blocker::MultiplePdbs(Vec::new()),
+        ),
+        _ => blocked(
+            EvictionOutcome::Error,
+            Blocker::Other(format!("HTTP {}: {message}", status.as_u16())),
+        ),
+    }
+}
+
+/// Delay before retry number `attempt` (0-based): exponential from [`RETRY_BASE`], capped
+/// at [`RETRY_CAP`], with `jitter` in [0, 1) spreading it over its upper half so pods
+/// blocked by the same PDB do not retry in lockstep; never shorter than `Retry-After`.
+pub fn retry_delay(attempt: u32, retry_after: Option<Duration>, jitter: f64) -> Duration {
+    let exp = RETRY_BASE.saturating_mul(2u32.saturating_pow(attempt.min(16)));
+    let capped = exp.min(RETRY_CAP);
+    let jittered = capped.mul_f64(0.5 + 0.5 * jitter.clamp(0.0, 1.0));
+    jittered.max(retry_after.unwrap_or_default().min(RETRY_AFTER_CAP))
+}
+
+fn parse_retry_after(headers: &http::HeaderMap) -> Option<Duration> {
+    let value = headers.get(http::header::RETRY_AFTER)?.to_str().ok()?;
+    value.trim().parse::<u64>().ok().map(Duration::from_secs)
+}
+
+/// Sends one eviction (or delete) request and classifies the answer. Transport failures
+/// and timeouts come back as [`Answer::Blocked`] so they are retried like refusals.
+pub async fn send(client: &kube::Client, request: Request<Vec<u8>>) -> Answer {
+    let transport = |message: String| Answer::Blocked {
+        outcome: EvictionOutcome::Error,
+        blocker: Blocker::Other(message.clone()),
+        retry_after: None,
+        message,
+    };
+    let exchange = async {
+        let response = client.send(request.map(kube::client::Body::from)).await?;
+        let status = response.status();
+        let retry_after = parse_retry_after(response.headers());
+        let body = response.into_body().collect_bytes().await?;
+        Ok::<_, kube::Error>(classify_answer(status, retry_after, &body))
+    };
+    match tokio::time::timeout(API_TIMEOUT, exchange).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(error)) => transport(error.to_string()),
+        Err(_) => transport(format!("no answer within {API_TIMEOUT:?}")),
+    }
+}
+
+/// `namespace/name` of every PDB in the pod's namespace whose selector matches it.
+pub async fn selecting_pdbs(client: &kube::Client, pod: &Pod) -> Result<Vec<String>, String> {
+    let key = PodKey::of(pod);
+    let api: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &key.namespace);
+    let list = tokio::time::timeout(API_TIMEOUT, api.list(&ListParams::default()))
+        .await
+        .map_err(|_| "list PDBs: timed out".to_string())?
+        .map_err(|e| format!("list PDBs: {e}"))?;
+    let labels = pod.metadata.labels.clone().unwrap_or_default();
+    Ok(list
+        .items
+        .iter()
+        .filter(|pdb| {
+            let selector = pdb.spec.as_ref().and_then(|s| s.selector.clone());
+            selector
+                .and_then(|s| Selector::try_from(s).ok())
+                .is_some_and(|s| s.matches(&labels))
+        })
+        .map(|pdb| {
+            let name = pdb.metadata.name.as_deref().unwrap_or_default();
+            format!("{}/{name}", key.namespace)
+        })
+        .collect())
+}
+
+/// What an eviction task reports to the engine.
+#[derive(Debug)]
+enum Update {
+    Blocked(PodKey, Blocker),
+    Accepted(PodKey),
+}
+
+/// Everything an eviction task needs.
+struct TaskCtx {
+    client: kube::Client,
+    config: Arc<DrainConfig>,
+    metrics: Metrics,
+    events: NodeEvents,
+    permits: Semaphore,
+    updates: mpsc::UnboundedSender<Update>,
+}
+
+impl TaskCtx {
+    fn request(&self, key: &PodKey, uid: &str) -> Result<Request<Vec<u8>>, http::Error> {
+        if self.config.disable_eviction {
+            delete_request(key, uid, self.config.grace_period)
+        } else {
+            eviction_request(key, uid, self.config.grace_period, false)
+        }
+    }
+
+    /// Names the PDB(s) behind a 429 or 500 (one API list per new block).
+    async fn resolve(&self, pod: &Pod, blocker: Blocker) -> Blocker {
+        match blocker {
+            Blocker::Pdb(_) => match selecting_pdbs(&self.client, pod).await {
+                Ok(names) if names.len() == 1 => Blocker::Pdb(names.join("")),
+                Ok(names) if names.len() > 1 => Blocker::MultiplePdbs(names),
+                Ok(_) => Blocker::Pdb("(unknown)".into()),
+                Err(error) => Blocker::Pdb(format!("(unknown: {error})")),
+            },
+            Blocker::MultiplePdbs(_) => match selecting_pdbs(&self.client, pod).await {
+                Ok(names) => Blocker::MultiplePdbs(names),
+                Err(_) => Blocker::MultiplePdbs(Vec::new()),
+            },
+            other => other,
+        }
+    }
+}
+
+/// Evicts one pod until the API server accepts it (or says it is gone).
+async fn evict_pod(ctx: Arc<TaskCtx>, pod: Pod) {
+    let key = PodKey::of(&pod);
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let mut last: Option<Blocker> = None;
+    for attempt in 0u32.. {
+        let answer = {
+            let Ok(_permit) = ctx.permits.acquire().await else {
+                return;
+            };
+            match ctx.request(&key, &uid) {
+                Ok(request) => send(&ctx.client, request).await,
+                Err(error) => {
+                    tracing::error!(pod = %key, %error, "build eviction request");
+                    return;
+                }
+            }
+        };
+        match answer {
+            Answer::Done(outcome) => {
+                ctx.metrics.eviction(outcome);
+                tracing::info!(pod = %key, outcome = outcome.as_str(), "eviction accepted");
+                ctx.events.forget(&key.to_string());
+                let _ = ctx.updates.send(Update::Accepted(key));
+                return;
+            }
+            Answer::Blocked {
+                outcome,
+                blocker,
+                retry_after,
+                message,
+            } => {
+                ctx.metrics.eviction(outcome);
+                let same_kind = last
+                    .as_ref()
+                    .is_some_and(|l| std::mem::discriminant(l) == std::mem::discriminant(&blocker));
+                let blocker = match (&last, same_kind) {
+                    (Some(previous), true) => previous.clone(),
+                    _ => ctx.resolve(&pod, blocker).await,
+                };
+                let delay = retry_delay(attempt, retry_after, rand::rng().random());
+                report_block(&ctx, &key, &blocker, &message, delay).await;
+                last = Some(blocker);
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}
+
+async fn report_block(
+    ctx: &TaskCtx,
+    key: &PodKey,
+    blocker: &Blocker,
+    message: &str,
+    delay: Duration,
+) {
+    tracing::warn!(pod = %key, %blocker, message, retry_in = ?delay, "eviction refused");
+    let _ = ctx
+        .updates
+        .send(Update::Blocked(key.clone(), blocker.clone()));
+    let text = format!("evict pod {key}: blocked by {blocker}: {message} (retrying)");
+    ctx.events
+        .post(
+            EventType::Warning,
+            reason::EVICTION_BLOCKED,
+            &key.to_string(),
+            text,
+        )
+        .await;
+}
+
+/// A pod the drain waits for.
+#[derive(Clone, Debug)]
+struct Tracked {
+    uid: String,
+    blocked: Option<Blocker>,
+    /// When the API server accepted the eviction (cleared when it is sent again).
+    accepted_at: Option<tokio::time::Instant>,
+}
+
+/// The engine's view of the node.
+#[derive(Default)]
+struct State {
+    /// Pods on the node now, from the watch.
+    pods: BTreeMap<PodKey, Pod>,
+    /// Planned pods not yet gone.
+    tracked: BTreeMap<PodKey, Tracked>,
+    /// Pods classified so far (planned or skipped), by UID, so new pods are noticed.
+    seen: std::collections::HashSet<String>,
+    planned: usize,
+    skipped: usize,
+    done: usize,
+}
+
+impl State {
+    fn is_gone(
+        &self,
+        key: &PodKey,
+        t: &Tracked,
+        opts: &FilterOptions,
+        now: jiff::Timestamp,
+    ) -> bool {
+        match self.pods.get(key) {
+            None => true,
+            Some(pod) if pod.metadata.uid.as_deref() != Some(t.uid.as_str()) => true,
+            Some(pod) => {
+                matches!(
+                    filters::classify(pod, opts, now, |_| DaemonSetLookup::Exists),
+                    filters::Verdict::Skip(filters::Skip::LongTerminating)
+                )
+            }
+        }
+    }
+
+    /// Drops tracked pods that are gone and returns the progress.
+    fn progress(&mut self, opts: &FilterOptions) -> Progress {
+        let now = jiff::Timestamp::now();
+        let gone: Vec<PodKey> = self
+            .tracked
+            .iter()
+            .filter(|(k, t)| self.is_gone(k, t, opts, now))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in gone {
+            self.tracked.remove(&key);
+            self.done += 1;
+        }
+        let remaining = self
+            .tracked
+            .iter()
+            .map(|(key, t)| (key.clone(), pod_state(self.pods.get(key), t)))
+            .collect();
+        Progress {
+            planned: self.planned,
+            skipped: self.skipped,
+            done: self.done,
+            remaining,
+        }
+    }
+}
+
+fn pod_state(pod: Option<&Pod>, tracked: &Tracked) -> PodState {
+    let Some(pod) = pod else {
+        return PodState::Evicting;
+    };
+    if pod.metadata.deletion_timestamp.is_some() {
+        PodState::Terminating
+    } else if pod
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(DRAINING_LABEL))
+    {
+        PodState::Isolated
+    } else if let Some(blocker) = &tracked.blocked {
+        PodState::Blocked(blocker.clone())
+    } else {
+        PodState::Evicting
+    }
+}
+
+/// Looks up the DaemonSets controlling the given pods, once each.
+async fn daemonset_lookups<'a>(
+    client: &kube::Client,
+    pods: impl Iterator<Item = &'a Pod>,
+) -> HashMap<(String, String), DaemonSetLookup> {
+    let mut out = HashMap::new();
+    for pod in pods {
+        let Some(owner) = filters::controller_of(pod).filter(|o| o.kind == "DaemonSet") else {
+            continue;
+        };
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let entry = (ns.clone(), owner.name.clone());
+        if out.contains_key(&entry) {
+            continue;
+        }
+        let api: Api<DaemonSet> = Api::namespaced(client.clone(), &ns);
+        let lookup = match tokio::time::timeout(API_TIMEOUT, api.get_opt(&owner.name)).await {
+            Ok(Ok(Some(_))) => DaemonSetLookup::Exists,
+            Ok(Ok(None)) => DaemonSetLookup::NotFound,
+            Ok(Err(error)) => DaemonSetLookup::Failed(error.to_string()),
+            Err(_) => DaemonSetLookup::Failed("get DaemonSet: timed out".into()),
+        };
+        out.insert(entry, lookup);
+    }
+    out
+}
+
+/// One drain of one node.
+pub struct Engine {
+    pub client: kube::Client,
+    pub node: String,
+    pub config: Arc<DrainConfig>,
+    pub metrics: Metrics,
+    pub events: NodeEvents,
+}
+
+type PodStream = futures::stream::BoxStream<'static, Result<watcher::Event<Pod>, watcher::Error>>;
+
+impl Engine {
+    fn watch(&self) -> PodStream {
+        let api: Api<Pod> = Api::all(self.client.clone());
+        let mut config = watcher::Config::default().fields(&format!("spec.nodeName={}", self.node));
+        if let Some(selector) = &self.config.pod_selector {
+            config = config.labels(selector);
+        }
+        watcher(api, config).default_backoff().boxed()
+    }
+
+    /// Reads the watch until its first complete list.
+    async fn initial_list(&self, stream: &mut PodStream) -> Result<BTreeMap<PodKey, Pod>, Error> {
+        let mut pods = BTreeMap::new();
+        loop {
+            match stream.try_next().await {
+                Ok(Some(watcher::Event::Init)) => pods.clear(),
+                Ok(Some(watcher::Event::InitApply(pod) | watcher::Event::Apply(pod))) => {
+                    pods.insert(PodKey::of(&pod), pod);
+                }
+                Ok(Some(watcher::Event::Delete(pod))) => {
+                    pods.remove(&PodKey::of(&pod));
+                }
+                Ok(Some(watcher::Event::InitDone)) => return Ok(pods),
+                Ok(None) => {
+                    return Err(Error::WatchEnded {
+                        node: self.node.clone(),
+                    });
+                }
+                Err(error) => tracing::warn!(node = %self.node, %error, "watch pods"),
+            }
+        }
+    }
+
+    /// Runs the drain until nothing remains; publishes progress on `progress`. Dropping the
+    /// future stops it (and every eviction task).
+    pub async fn run(&self, progress: &watch::Sender<Progress>) -> Result<Progress, Error> {
+        let started = tokio::time::Instant::now();
+        let mut stream = self.watch();
+        let initial = self.initial_list(&mut stream).await?;
+        let lookups = daemonset_lookups(&self.client, initial.values()).await;
+        let now = jiff::Timestamp::now();
+        let plan = filters::plan(initial.values(), &self.config.filters, now, |ns, owner| {
+            lookups
+                .get(&(ns.to_string(), owner.name.clone()))
+                .cloned()
+                .unwrap_or(DaemonSetLookup::Exists)
+        })
+        .map_err(|refused| Error::Refused {
+            node: self.node.clone(),
+            refused,
+        })?;
+        for (key, warning) in &plan.warnings {
+            tracing::warn!(pod = %key, %warning, "evicting with a warning");
+        }
+        let (tx, mut updates) = mpsc::unbounded_channel();
+        let ctx = Arc::new(TaskCtx {
+            client: self.client.clone(),
+            config: self.config.clone(),
+            metrics: self.metrics.clone(),
+            events: self.events.clone(),
+            permits: Semaphore::new(self.config.concurrency.max(1)),
+            updates: tx,
+        });
+        let mut state = State {
+            pods: initial,
+            skipped: plan.skipped.len(),
+            ..State::default()
+        };
+        state
+            .seen
+            .extend(state.pods.values().filter_map(|p| p.metadata.uid.clone()));
+        let mut tasks = JoinSet::new();
+        for pod in plan.evict {
+            track(&mut state, &mut tasks, &ctx, pod);
+        }
+        let deadline = self.config.timeout.map(|t| started + t);
+        let mut recheck = tokio::time::interval(REEVICT_AFTER / 3);
+        recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let current = state.progress(&self.config.filters);
+            self.metrics.set_remaining(current.remaining.len());
+            progress.send_if_modified(|p| replace_if_changed(p, &current));
+            if current.remaining.is_empty() {
+                return Ok(current);
+            }
+            tokio::select! {
+                event = stream.try_next() => match event {
+                    Ok(Some(event)) => self.apply(&mut state, &mut tasks, &ctx, event).await,
+                    Ok(None) => return Err(Error::WatchEnded { node: self.node.clone() }),
+                    Err(error) => tracing::warn!(node = %self.node, %error, "watch pods"),
+                },
+                Some(update) = updates.recv() => apply_update(&mut state, update),
+                _ = recheck.tick() => evict_lost(&mut state, &mut tasks, &ctx),
+                Some(joined) = tasks.join_next() => {
+                    if let Err(error) = joined {
+                        tracing::error!(%error, "eviction task failed");
+                    }
+                }
+                () = sleep_until(deadline) => {
+                    return Err(Error::TimedOut {
+                        node: self.node.clone(),
+                        after: self.config.timeout.unwrap_or_default(),
+                        message: current.message(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Applies one watch event; pods that appear after the first list and pass the
+    /// filters are evicted too (a pod scheduled just before the cordon).
+    async fn apply(
+        &self,
+        state: &mut State,
+        tasks: &mut JoinSet<()>,
+        ctx: &Arc<TaskCtx>,
+        event: watcher::Event<Pod>,
+    ) {
+        match event {
+            watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
+                let new = pod
+                    .metadata
+                    .uid
+                    .as_ref()
+                    .is_some_and(|u| !state.seen.contains(u));
+                state.pods.insert(PodKey::of(&pod), pod.clone());
+                if new {
+                    self.consider_newcomer(state, tasks, ctx, pod).await;
+                }
+            }
+            watcher::Event::Delete(pod) => {
+                let key = PodKey::of(&pod);
+                if state.pods.get(&key).map(|p| &p.metadata.uid) == Some(&pod.metadata.uid) {
+                    state.pods.remove(&key);
+                }
+            }
+            watcher::Event::Init => state.pods.clear(),
+            watcher::Event::InitDone => {}
+        }
+    }
+
+    async fn consider_newcomer(
+        &self,
+        state: &mut State,
+        tasks: &mut JoinSet<()>,
+        ctx: &Arc<TaskCtx>,
+        pod: Pod,
+    ) {
+        if let Some(uid) = &pod.metadata.uid {
+            state.seen.insert(uid.clone());
+        }
+        let key = PodKey::of(&pod);
+        let lookups = daemonset_lookups(&self.client, std::iter::once(&pod)).await;
+        let lookup = |owner: &k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference| {
+            lookups
+                .get(&(key.namespace.clone(), owner.name.clone()))
+                .cloned()
+                .unwrap_or(DaemonSetLookup::Exists)
+        };
+        match filters::classify(&pod, &self.config.filters, jiff::Timestamp::now(), lookup) {
+            filters::Verdict::Evict(_) => track(state, tasks, ctx, pod),
+            filters::Verdict::Skip(_) => state.skipped += 1,
+            filters::Verdict::Refuse(refusal) => {
+                let message = format!(
+                    "pod {key} appeared during the drain and is left on the node: {refusal}"
+                );
+                tracing::warn!(pod = %key, %refusal, "new pod not evicted");
+                self.events
+                    .post(
+                        EventType::Warning,
+                        reason::EVICTION_BLOCKED,
+                        &key.to_string(),
+                        message,
+                    )
+                    .await;
+            }
+        }
+    }
+}
+
+fn track(state: &mut State, tasks: &mut JoinSet<()>, ctx: &Arc<TaskCtx>, pod: Pod) {
+    let key = PodKey::of(&pod);
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    state.seen.insert(uid.clone());
+    state.planned += 1;
+    let span = tracing::info_span!("evict", pod = %key);
+    let tracked = Tracked {
+        uid,
+        blocked: None,
+        accepted_at: None,
+    };
+    state.tracked.insert(key, tracked);
+    tasks.spawn(evict_pod(ctx.clone(), pod).instrument(span));
+}
+
+/// Sends the eviction again for pods whose accepted eviction left no trace after
+/// [`REEVICT_AFTER`]: still there, same UID, neither terminating nor isolated.
+fn evict_lost(state: &mut State, tasks: &mut JoinSet<()>, ctx: &Arc<TaskCtx>) {
+    let now = tokio::time::Instant::now();
+    let lost: Vec<Pod> = state
+        .tracked
+        .iter_mut()
+        .filter(|(_, t)| {
+            t.accepted_at
+                .is_some_and(|at| now.duration_since(at) >= REEVICT_AFTER)
+        })
+        .filter_map(|(key, t)| {
+            let pod = state.pods.get(key)?;
+            if pod_state(Some(pod), t) != PodState::Evicting {
+                return None;
+            }
+            t.accepted_at = None;
+            Some(pod.clone())
+        })
+        .collect();
+    for pod in lost {
+        let key = PodKey::of(&pod);
+        tracing::warn!(pod = %key, "eviction was accepted but the pod is still running; evicting again");
+        let span = tracing::info_span!("evict", pod = %key);
+        tasks.spawn(evict_pod(ctx.clone(), pod).instrument(span));
+    }
+}
+
+fn apply_update(state: &mut State, update: Update) {
+    match update {
+        Update::Blocked(key, blocker) => {
+            if let Some(t) = state.tracked.get_mut(&key) {
+                t.blocked = Some(blocker);
+            }
+        }
+        Update::Accepted(key) => {
+            if let Some(t) = state.tracked.get_mut(&key) {
+                t.blocked = None;
+                t.accepted_at = Some(tokio::time::Instant::now());
+            }
+        }
+    }
+}
+
+fn replace_if_changed(slot: &mut Progress, new: &Progress) -> bool {
+    if slot == new {
+        false
+    } else {
+        *slot = new.clone();
+        true
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => futures::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Response;
+    use kube::client::Body;
+    use serde_json::Value;
+
+    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+    fn mock() -> (kube::Client, Handle) {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        (kube::Client::new(service, "default"), handle)
+    }
+
+    fn key() -> PodKey {
+        PodKey {
+            namespace: "shop".into(),
+            name: "web-1".into(),
+        }
+    }
+
+    async fn body_json(request: Request<Body>) -> (http::request::Parts, Value) {
+        let (parts, body) = request.into_parts();
+        let bytes = body.collect_bytes().await.unwrap();
+        (parts, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    fn status_body(code: u16, message: &str) -> Body {
+        let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "message": message, "code": code});
+        Body::from(status.to_string().into_bytes())
+    }
+
+    #[tokio::test]
+    async fn eviction_is_a_complete_policy_v1_body_with_uid_precondition() {
+        let (client, mut handle) = mock();
+        let request = eviction_request(&key(), "uid-123", Some(30), true).unwrap();
+        let call = tokio::spawn(async move { send(&client, request).await });
+        let (request, respond) = handle.next_request().await.unwrap();
+        let (parts, body) = body_json(request).await;
+        assert_eq!(parts.method, Method::POST);
+        assert_eq!(
+            parts.uri.path(),
+            "/api/v1/namespaces/shop/pods/web-1/eviction"
+        );
+        assert_eq!(
+            body,
+            json!({
+                "apiVersion": "policy/v1",
+                "kind": "Eviction",
+                "metadata": {"name": "web-1", "namespace": "shop"},
+                "deleteOptions": {
+                    "gracePeriodSeconds": 30,
+                    "preconditions": {"uid": "uid-123"},
+                    "dryRun": ["All"],
+                },
+            })
+        );
+        let response = Response::builder()
+            .status(429)
+            .header("Retry-After", "10")
+            .body(status_body(
+                429,
+                "Cannot evict pod as it would violate the pod's disruption budget.",
+            ))
+            .unwrap();
+        respond.send_response(response);
+        let answer = call.await.unwrap();
+        assert_eq!(
+            answer,
+            Answer::Blocked {
+                outcome: EvictionOutcome::BlockedPdb,
+                blocker: Blocker::Pdb(String::new()),
+                retry_after: Some(Duration::from_secs(10)),
+                message: "Cannot evict pod as it would violate the pod's disruption budget.".into(),
+            }
+        );
+    }
+
+    #[test]
+    fn eviction_without_grace_period_or_dry_run_omits_them() {
+        let request = eviction_request(&key(), "u", None, false).unwrap();
+        let body: Value = serde_json::from_slice(request.body()).unwrap();
+        assert_eq!(
+            body["deleteOptions"],
+            json!({"preconditions": {"uid": "u"}})
+        );
+    }
+
+    #[tokio::test]
+    async fn disable_eviction_deletes_with_the_uid_precondition() {
+        let (client, mut handle) = mock();
+        let request = delete_request(&key(), "uid-9", Some(0)).unwrap();
+        let call = tokio::spawn(async move { send(&client, request).await });
+        let (request, respond) = handle.next_request().await.unwrap();
+        let (parts, body) = body_json(request).await;
+        assert_eq!(parts.method, Method::DELETE);
+        assert_eq!(parts.uri.path(), "/api/v1/namespaces/shop/pods/web-1");
+        assert_eq!(body["preconditions"], json!({"uid": "uid-9"}));
+        assert_eq!(body["gracePeriodSeconds"], 0);
+        assert_eq!(body["kind"], "DeleteOptions");
+        respond.send_response(
+            Response::builder()
+                .status(200)
+                .body(Body::from(b"{}".to_vec()))
+                .unwrap(),
+        );
+        assert_eq!(call.await.unwrap(), Answer::Done(EvictionOutcome::Deleted));
+    }
+
+    #[test]
+    fn answers_are_classified_like_the_eviction_rest_code() {
+        let answer = |code: u16, message: &str| {
+            let body = json!({"kind": "Status", "message": message}).to_string();
+            classify_answer(StatusCode::from_u16(code).unwrap(), None, body.as_bytes())
+        };
+        assert_eq!(answer(201, ""), Answer::Done(EvictionOutcome::Evicted));
+        assert_eq!(
+            answer(404, "not found"),
+            Answer::Done(EvictionOutcome::Gone)
+        );
+        assert_eq!(
+            answer(409, "Precondition failed: UID"),
+            Answer::Done(EvictionOutcome::Conflict)
+        );
+        let blocker = |a: Answer| match a {
+            Answer::Blocked {
+                outcome, blocker, ..
+            } => (outcome, blocker),
+            Answer::Done(o) => panic!("expected a block, got {o:?}"),
+        };
+        assert_eq!(
+            blocker(answer(
+                500,
+                "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."
+            )),
+            (EvictionOutcome::MultiplePdbs, Blocker::MultiplePdbs(vec![]))
+        );
+        assert_eq!(
+            blocker(answer(
+                400,
+                "admission webhook \"deny.example.com\" denied the request: no"
+            )),
+            (
+                EvictionOutcome::DeniedWebhook,
+                Blocker::Webhook("deny.example.com".into())
+            )
+        );
+        assert_eq!(
+            blocker(answer(503, "etcd down")),
+            (
+                EvictionOutcome::Error,
+                Blocker::Other("HTTP 503: etcd down".into())
+            )
+        );
+        let plain = classify_answer(StatusCode::BAD_GATEWAY, None, b"upstream reset");
+        assert_eq!(
+            blocker(plain).1,
+            Blocker::Other("HTTP 502: upstream reset".into())
+        );
+    }
+
+    #[test]
+    fn retry_delay_backs_off_capped_jittered_and_honours_retry_after() {
+        assert_eq!(retry_delay(0, None, 1.0), RETRY_BASE);
+        assert_eq!(retry_delay(0, None, 0.0), RETRY_BASE / 2);
+        assert_eq!(retry_delay(3, None, 1.0), Duration::from_secs(8));
+        assert_eq!(retry_delay(30, None, 1.0), RETRY_CAP);
+        assert!(retry_delay(30, None, 0.0) >= RETRY_CAP / 2);
+        assert_eq!(
+            retry_delay(0, Some(Duration::from_secs(10)), 0.0),
+            Duration::from_secs(10)
+        );
+        assert_eq!(
+            retry_delay(0, Some(Duration::from_secs(3600)), 0.0),
+            RETRY_AFTER_CAP
+        );
+        assert_eq!(retry_delay(5, Some(Duration::ZERO), 1.0), RETRY_CAP);
+    }
+
+    #[tokio::test]
+    async fn the_pdb_blocking_a_pod_is_found_by_its_selector() {
+        let (client, mut handle) = mock();
+        let mut pod = Pod::default();
+        pod.metadata.name = Some("web-1".into());
+        pod.metadata.namespace = Some("shop".into());
+        pod.metadata.labels = Some([("app".to_string(), "web".to_string())].into());
+        let call = tokio::spawn(async move { selecting_pdbs(&client, &pod).await });
+        let (request, respond) = handle.next_request().await.unwrap();
+        assert_eq!(
+            request.uri().path(),
+            "/apis/policy/v1/namespaces/shop/poddisruptionbudgets"
+        );
+        let list = json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudgetList",
+            "metadata": {"resourceVersion": "1"}, "items": [
+            {"metadata": {"name": "web-pdb", "namespace": "shop"},
+             "spec": {"selector": {"matchLabels": {"app": "web"}}}},
+            {"metadata": {"name": "db-pdb", "namespace": "shop"},
+             "spec": {"selector": {"matchLabels": {"app": "db"}}}},
+            {"metadata": {"name": "nil-selector", "namespace": "shop"}, "spec": {}},
+        ]});
+        respond.send_response(Response::new(Body::from(list.to_string().into_bytes())));
+        assert_eq!(
+            call.await.unwrap().unwrap(),
+            vec!["shop/web-pdb".to_string()]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_accepted_eviction_that_left_no_trace_is_sent_again() {
+        let (client, mut handle) = mock();
+        let mut registry = prometheus_client::registry::Registry::default();
+        let (tx, mut updates) = mpsc::unbounded_channel();
+        let ctx = Arc::new(TaskCtx {
+            client: client.clone(),
+            config: Arc::new(DrainConfig::default()),
+            metrics: Metrics::register(&mut registry),
+            events: NodeEvents::new(client, "n1"),
+            permits: Semaphore::new(1),
+            updates: tx,
+        });
+        let mut pod = Pod::default();
+        pod.metadata.name = Some("web-1".into());
+        pod.metadata.namespace = Some("shop".into());
+        pod.metadata.uid = Some("u1".into());
+        let mut state = State::default();
+        state.pods.insert(key(), pod.clone());
+        let mut isolated = pod.clone();
+        isolated.metadata.name = Some("web-2".into());
+        isolated.metadata.labels = Some([(DRAINING_LABEL.to_string(), "true".to_string())].into());
+        let isolated_key = PodKey::of(&isolated);
+        state.pods.insert(isolated_key.clone(), isolated);
+        let mut tasks = JoinSet::new();
+        for k in [key(), isolated_key] {
+            let accepted_at = Some(tokio::time::Instant::now());
+            let tracked = Tracked {
+                uid: "u1".into(),
+                blocked: None,
+                accepted_at,
+            };
+            state.tracked.insert(k, tracked);
+        }
+        evict_lost(&mut state, &mut tasks, &ctx);
+        assert!(tasks.is_empty(), "too early to call an eviction lost");
+        tokio::time::advance(REEVICT_AFTER).await;
+        evict_lost(&mut state, &mut tasks, &ctx);
+        assert_eq!(
+            tasks.len(),
+            1,
+            "only the pod that is neither isolated nor terminating"
+        );
+        let (request, respond) = handle.next_request().await.unwrap();
+        assert_eq!(
+            request.uri().path(),
+            "/api/v1/namespaces/shop/pods/web-1/eviction"
+        );
+        respond.send_response(
+            Response::builder()
+                .status(201)
+                .body(Body::from(b"{}".to_vec()))
+                .unwrap(),
+        );
+        assert!(matches!(updates.recv().await, Some(Update::Accepted(k)) if k == key()));
+    }
+}

@@ -1,0 +1,140 @@
+//! Kubelet plugin registration (the plugin watcher's `Registration` service, DESIGN §3)
+//! and the unix sockets both gRPC services listen on.
+//!
+//! The kubelet finds `<registry-dir>/<driver>-reg.sock`, calls `GetInfo` to learn our type
+//! (`SLMPlugin`), name and service socket, and reports its verdict with
+//! `NotifyRegistrationStatus`. A refusal is logged and, when the kubelet is the only thing
+//! that can drive our transitions (lifecycle reconciler off), fails `/readyz`.
+
+use std::path::{Path, PathBuf};
+
+use tokio::net::UnixListener;
+use tonic::{Request, Response, Status};
+
+use super::report::Metrics;
+use crate::admin::Readiness;
+use crate::proto::registration::registration_server::Registration;
+use crate::proto::registration::{
+    InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
+};
+use crate::proto::{SLM_PLUGIN_TYPE, SLM_SUPPORTED_VERSION};
+
+/// Readiness check name for the kubelet's registration verdict.
+pub const READINESS_CHECK: &str = "kubelet-registration";
+
+/// Errors while preparing a socket.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The socket's folder could not be created.
+    #[error("create socket folder {path}: {source}")]
+    CreateDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A stale socket could not be removed.
+    #[error("remove stale socket {path}: {source}")]
+    RemoveStale {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The socket could not be bound.
+    #[error("listen on {path}: {source}")]
+    Bind {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Binds a unix socket at `path`, creating its folder and removing a stale socket left by
+/// a previous run.
+pub fn bind(path: &Path) -> Result<UnixListener, Error> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|source| Error::CreateDir {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => tracing::info!(path = %path.display(), "removed stale socket"),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => {
+            return Err(Error::RemoveStale {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    }
+    UnixListener::bind(path).map_err(|source| Error::Bind {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Removes a socket file, logging (not failing) on error.
+pub fn remove(path: &Path) {
+    match std::fs::remove_file(path) {
+        Ok(()) => tracing::info!(path = %path.display(), "removed socket"),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => tracing::warn!(path = %path.display(), %error, "remove socket"),
+    }
+}
+
+/// The registration socket path of `driver`.
+pub fn registration_socket(registry_dir: &Path, driver: &str) -> PathBuf {
+    registry_dir.join(format!("{driver}-reg.sock"))
+}
+
+/// The SLM service socket path of `driver`.
+pub fn service_socket(plugins_dir: &Path, driver: &str) -> PathBuf {
+    plugins_dir.join(driver).join("slm.sock")
+}
+
+/// The Registration service.
+#[derive(Clone)]
+pub struct RegistrationService {
+    pub driver: String,
+    pub endpoint: PathBuf,
+    pub readiness: Readiness,
+    pub metrics: Metrics,
+    /// Whether a refusal makes the agent unready (no lifecycle reconciler to fall back on).
+    pub kubelet_required: bool,
+}
+
+#[tonic::async_trait]
+impl Registration for RegistrationService {
+    async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
+        tracing::info!(driver = %self.driver, "kubelet asked for plugin info");
+        Ok(Response::new(PluginInfo {
+            r#type: SLM_PLUGIN_TYPE.to_string(),
+            name: self.driver.clone(),
+            endpoint: self.endpoint.to_string_lossy().into_owned(),
+            supported_versions: vec![SLM_SUPPORTED_VERSION.to_string()],
+        }))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        request: Request<RegistrationStatus>,
+    ) -> Result<Response<RegistrationStatusResponse>, Status> {
+        let status = request.into_inner();
+        self.metrics.set_registered(status.plugin_registered);
+        if status.plugin_registered {
+            tracing::info!(driver = %self.driver, "kubelet registered the plugin");
+            self.readiness.ready(READINESS_CHECK);
+        } else if self.kubelet_required {
+            tracing::error!(driver = %self.driver, error = %status.error, "kubelet refused the plugin");
+            let reason = format!("kubelet refused plugin {}: {}", self.driver, status.error);
+            self.readiness.not_ready(READINESS_CHECK, reason);
+        } else {
+            tracing::warn!(
+                driver = %self.driver,
+                error = %status.error,
+                "kubelet refused the plugin (its SLM gate is probably off); the lifecycle reconciler drives transitions"
+            );
+        }
+        Ok(Response::new(RegistrationStatusResponse {}))
+    }
+}

@@ -1,0 +1,615 @@
+//! One reconcile pass over the node's LifecycleEvents: read (events, Node condition,
+//! transitions, plugin registrations), decide per event ([`super::decide`]), act. Every
+//! write carries the resourceVersion it was computed from; a conflict means another
+//! writer won, and the next pass starts from fresh reads.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Node, NodeCondition};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use tracing::Instrument;
+
+use super::decide::{self, Action, ConditionView, EventView, Input, TransitionView};
+use super::plugin::{self, Registered};
+use super::{Context, Error, Result, target};
+use crate::lifecycle::{
+    CLAIM_FINALIZER, ClaimStatus, LifecycleEvent, LifecycleEventStatus, LifecycleTransition,
+    LifecycleTransitionSpec, MESSAGE_ANNOTATION, STARTED_ANNOTATION, TRANSITION_CONDITION,
+};
+use crate::proto::slm::{
+    EndLifecycleTransitionRequest, LifecycleTransitionResponse, StartLifecycleTransitionRequest,
+};
+
+/// Attempts at the Node condition's read-modify-write before leaving it to the next pass.
+const CONDITION_ATTEMPTS: usize = 3;
+
+/// What one pass did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StepReport {
+    /// The decision taken for each event, in the order they were examined.
+    pub actions: Vec<(String, Action)>,
+    /// Something changed (or a write lost a race); another pass may act at once.
+    pub progressed: bool,
+}
+
+/// The transition of one event, resolved for this pass.
+struct Resolved {
+    name: String,
+    spec: LifecycleTransitionSpec,
+    view: TransitionView,
+    plugin: Option<Registered>,
+}
+
+/// The reconciler of one node.
+pub struct Reconciler {
+    ctx: Context,
+    call_timeout: Duration,
+    events: Api<LifecycleEvent>,
+    transitions: Api<LifecycleTransition>,
+    nodes: Api<Node>,
+    selector_supported: bool,
+}
+
+impl Reconciler {
+    /// Builds the reconciler and probes whether the API server can select events by
+    /// `spec.bindingNode` (a CRD selectable field, Kubernetes ≥ 1.30); without it, the
+    /// node's events are filtered client-side.
+    pub async fn new(ctx: Context, call_timeout: Duration) -> Self {
+        let client = ctx.client.clone();
+        let events: Api<LifecycleEvent> = Api::all(client.clone());
+        let probe = ListParams::default()
+            .fields(&format!("spec.bindingNode={}", ctx.node_name))
+            .limit(1);
+        let selector_supported = !matches!(
+            events.list(&probe).await,
+            Err(kube::Error::Api(status)) if status.code == 400
+        );
+        if !selector_supported {
+            tracing::warn!("spec.bindingNode is not a selectable field here; filtering events");
+        }
+        Self {
+            ctx,
+            call_timeout,
+            events,
+            transitions: Api::all(client.clone()),
+            nodes: Api::all(client),
+            selector_supported,
+        }
+    }
+
+    pub fn client(&self) -> &kube::Client {
+        &self.ctx.client
+    }
+
+    pub fn node_name(&self) -> &str {
+        &self.ctx.node_name
+    }
+
+    /// The field selector for this node's events, when the server supports it.
+    pub fn field_selector(&self) -> Option<String> {
+        self.selector_supported
+            .then(|| format!("spec.bindingNode={}", self.ctx.node_name))
+    }
+
+    /// One pass at time `now`.
+    pub async fn step(&self, now: Timestamp) -> Result<StepReport> {
+        let events = self.list_events().await?;
+        let node_name = &self.ctx.node_name;
+        let node = self
+            .nodes
+            .get(node_name)
+            .await
+            .map_err(|e| Error::kube(format!("get node {node_name}"), e))?;
+        let condition = condition_view(&node);
+        let mut claimed = events
+            .iter()
+            .find(|e| claim_of(e) == ClaimStatus::Claimed)
+            .map(|e| e.name_any());
+        let mut resolved: HashMap<String, Option<Resolved>> = HashMap::new();
+        let mut report = StepReport::default();
+        for event in &events {
+            let name = event.name_any();
+            let view = event_view(event);
+            let transition = if view.claim.is_terminal() {
+                None
+            } else {
+                let key = event.spec.transition_name.clone();
+                if !resolved.contains_key(&key) {
+                    let value = self.resolve(&key, &node).await;
+                    resolved.insert(key.clone(), value);
+                }
+                resolved.get(&key).and_then(Option::as_ref)
+            };
+            let action = decide::decide(&Input {
+                event: &view,
+                transition: transition.map(|t| &t.view),
+                condition: condition.as_ref(),
+                now,
+                plugin_registered: transition.is_some_and(|t| t.plugin.is_some()),
+                other_claimed: claimed.as_ref().is_some_and(|c| *c != name),
+            });
+            let span = tracing::info_span!("lifecycleevent", event = %name, node = %node_name);
+            let outcome = self
+                .apply(event, &action, transition, now)
+                .instrument(span)
+                .await;
+            match outcome {
+                Ok(progress) => {
+                    if progress && matches!(action, Action::Claim { .. }) {
+                        claimed = Some(name.clone());
+                    }
+                    report.progressed |= progress;
+                }
+                Err(Error::Conflict { what }) => {
+                    tracing::info!(event = %name, "{what}: lost a race to another writer");
+                    report.progressed = true;
+                }
+                Err(error) => tracing::warn!(event = %name, %error, "lifecycle action failed"),
+            }
+            report.actions.push((name, action));
+        }
+        Ok(report)
+    }
+
+    async fn list_events(&self) -> Result<Vec<LifecycleEvent>> {
+        let node = &self.ctx.node_name;
+        let params = match self.field_selector() {
+            Some(selector) => ListParams::default().fields(&selector),
+            None => ListParams::default(),
+        };
+        let mut events = match self.events.list(&params).await {
+            Ok(list) => list.items,
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                tracing::debug!("lifecycleevents not served (CRDs not installed)");
+                Vec::new()
+            }
+            Err(e) => return Err(Error::kube(format!("list lifecycleevents of {node}"), e)),
+        };
+        events.retain(|e| e.spec.binding_node == *node);
+        events.sort_by_key(|e| {
+            let created = e.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            (created, e.name_any())
+        });
+        Ok(events)
+    }
+
+    /// Reads the transition and looks its driver up; `None` when the transition is
+    /// missing or unusable (logged).
+    async fn resolve(&self, name: &str, node: &Node) -> Option<Resolved> {
+        let spec = match self.transitions.get_opt(name).await {
+            Ok(Some(t)) => t.spec,
+            Ok(None) => return None,
+            Err(error) => {
+                tracing::warn!(transition = name, %error, "read lifecycletransition");
+                return None;
+            }
+        };
+        let sla = match spec.sla.as_deref() {
+            None | Some("") => None,
+            Some(text) => match super::parse_go_duration(text) {
+                Some(d) => Some(d),
+                None => {
+                    tracing::warn!(transition = name, sla = text, "transition sla is invalid");
+                    return None;
+                }
+            },
+        };
+        let view = TransitionView {
+            start: spec.start.clone(),
+            end: spec.end.clone(),
+            sla,
+            targets_node: target::targets(&spec, node),
+        };
+        let ctx = &self.ctx;
+        let timeout = self.call_timeout;
+        let plugin = plugin::lookup(&ctx.registry_dir, &spec.driver, &ctx.plugins_dir, timeout)
+            .await
+            .unwrap_or_else(|error| {
+                tracing::warn!(driver = %spec.driver, %error, "driver registration check failed");
+                None
+            });
+        Some(Resolved {
+            name: name.to_string(),
+            spec,
+            view,
+            plugin,
+        })
+    }
+
+    async fn apply(
+        &self,
+        event: &LifecycleEvent,
+        action: &Action,
+        transition: Option<&Resolved>,
+        now: Timestamp,
+    ) -> Result<bool> {
+        match (action, transition) {
+            (Action::Wait(reason), _) => {
+                tracing::debug!(%reason, "event waits");
+                Ok(false)
+            }
+            (Action::Claim { sla }, Some(t)) => self.claim(event, t, *sla).await,
+            (Action::Start, Some(t)) => self.call(event, t, Call::Start, now).await,
+            (Action::End, Some(t)) => self.call(event, t, Call::End, now).await,
+            (Action::Expire, _) => {
+                self.stop_driver(event, transition, now).await;
+                let message = expiry_message(event);
+                self.conclude(event, ClaimStatus::SlaExpired, Some(message))
+                    .await
+            }
+            (Action::Cancel, _) => {
+                self.stop_driver(event, transition, now).await;
+                self.finalize(event).await
+            }
+            (Action::Conclude(status), _) => {
+                let message = (*status == ClaimStatus::Failed)
+                    .then(|| "the LifecycleTransition was deleted while claimed".to_string());
+                self.conclude(event, *status, message).await
+            }
+            (Action::Finalize, _) => self.finalize(event).await,
+            (_, None) => Ok(false),
+        }
+    }
+
+    /// Claim: finalizer first, then the status compare-and-swap to Claimed.
+    async fn claim(
+        &self,
+        event: &LifecycleEvent,
+        t: &Resolved,
+        sla: Option<Timestamp>,
+    ) -> Result<bool> {
+        let name = event.name_any();
+        let mut ev = event.clone();
+        if !ev.finalizers().iter().any(|f| f == CLAIM_FINALIZER) {
+            ev.finalizers_mut().push(CLAIM_FINALIZER.to_string());
+            ev = self
+                .events
+                .replace(&name, &PostParams::default(), &ev)
+                .await
+                .map_err(|e| Error::kube(format!("add finalizer to lifecycleevent {name}"), e))?;
+        }
+        ev.status = Some(LifecycleEventStatus {
+            claim_status: Some(ClaimStatus::Claimed),
+            driver: Some(t.spec.driver.clone()),
+            sla: sla.map(rfc3339),
+        });
+        self.events
+            .replace_status(&name, &PostParams::default(), &ev)
+            .await
+            .map_err(|e| Error::kube(format!("claim lifecycleevent {name}"), e))?;
+        tracing::info!(transition = %t.name, driver = %t.spec.driver, sla = ?sla, "claimed");
+        Ok(true)
+    }
+
+    /// Calls Start or End; patches the Node condition; records Start on the event.
+    async fn call(
+        &self,
+        event: &LifecycleEvent,
+        t: &Resolved,
+        call: Call,
+        now: Timestamp,
+    ) -> Result<bool> {
+        let Some(plugin) = &t.plugin else {
+            return Ok(false);
+        };
+        let response = self.grpc(event, t, plugin, call, false).await;
+        let response = match response {
+            Ok(r) if r.error.is_empty() => r,
+            Ok(r) => {
+                let message = format!("{} returned error: {}", call.method(), r.error);
+                return self
+                    .conclude(event, ClaimStatus::Failed, Some(message))
+                    .await;
+            }
+            Err(error) => {
+                let message = error.to_string();
+                return self
+                    .conclude(event, ClaimStatus::Failed, Some(message))
+                    .await;
+            }
+        };
+        tracing::info!(method = call.method(), condition = %response.lifecycle_condition, "driver answered");
+        let mut progressed = false;
+        if !response.lifecycle_condition.is_empty() {
+            let after_start = call == Call::Start;
+            progressed = self
+                .set_condition(&response.lifecycle_condition, &t.name, after_start, now)
+                .await?;
+        }
+        if call == Call::Start {
+            self.mark_started(event, now).await?;
+            progressed = true;
+        }
+        Ok(progressed)
+    }
+
+    async fn grpc(
+        &self,
+        event: &LifecycleEvent,
+        t: &Resolved,
+        plugin: &Registered,
+        call: Call,
+        sla_expired: bool,
+    ) -> Result<LifecycleTransitionResponse, plugin::Error> {
+        let (transition_name, event_name) = (t.name.clone(), event.name_any());
+        let node_name = self.ctx.node_name.clone();
+        let (start, end) = (t.spec.start.clone(), t.spec.end.clone());
+        match call {
+            Call::Start => {
+                let request = StartLifecycleTransitionRequest {
+                    transition_name,
+                    event_name,
+                    node_name,
+                    start,
+                    end,
+                };
+                plugin::start(plugin, request, self.call_timeout).await
+            }
+            Call::End => {
+                let request = EndLifecycleTransitionRequest {
+                    transition_name,
+                    event_name,
+                    node_name,
+                    start,
+                    end,
+                    sla_expired,
+                };
+                plugin::end(plugin, request, self.call_timeout).await
+            }
+        }
+    }
+
+    /// Tells the driver to stop (End with `sla_expired`); best effort, the event ends
+    /// either way.
+    async fn stop_driver(&self, event: &LifecycleEvent, t: Option<&Resolved>, now: Timestamp) {
+        let Some((t, plugin)) = t.and_then(|t| t.plugin.as_ref().map(|p| (t, p))) else {
+            return;
+        };
+        match self.grpc(event, t, plugin, Call::End, true).await {
+            Ok(r) if !r.lifecycle_condition.is_empty() => {
+                let set = self.set_condition(&r.lifecycle_condition, &t.name, false, now);
+                if let Err(error) = set.await {
+                    tracing::warn!(%error, "record condition after expiry");
+                }
+            }
+            Ok(_) => {}
+            Err(error) => tracing::warn!(%error, "tell driver the event ended"),
+        }
+    }
+
+    async fn mark_started(&self, event: &LifecycleEvent, now: Timestamp) -> Result<()> {
+        let name = event.name_any();
+        let mut ev = event.clone();
+        ev.annotations_mut()
+            .insert(STARTED_ANNOTATION.to_string(), rfc3339(now));
+        self.events
+            .replace(&name, &PostParams::default(), &ev)
+            .await
+            .map_err(|e| Error::kube(format!("record start on lifecycleevent {name}"), e))?;
+        Ok(())
+    }
+
+    /// Writes the terminal status (after the reason annotation), then finalizes.
+    async fn conclude(
+        &self,
+        event: &LifecycleEvent,
+        status: ClaimStatus,
+        message: Option<String>,
+    ) -> Result<bool> {
+        let name = event.name_any();
+        let mut ev = event.clone();
+        if let Some(message) = message {
+            tracing::warn!(%status, %message, "lifecycle event ends");
+            ev.annotations_mut()
+                .insert(MESSAGE_ANNOTATION.to_string(), message);
+            ev = self
+                .events
+                .replace(&name, &PostParams::default(), &ev)
+                .await
+                .map_err(|e| Error::kube(format!("annotate lifecycleevent {name}"), e))?;
+        } else {
+            tracing::info!(%status, "lifecycle event ends");
+        }
+        let mut new_status = ev.status.clone().unwrap_or_default();
+        new_status.claim_status = Some(status);
+        ev.status = Some(new_status);
+        let ev = self
+            .events
+            .replace_status(&name, &PostParams::default(), &ev)
+            .await
+            .map_err(|e| Error::kube(format!("set lifecycleevent {name} {status}"), e))?;
+        self.finalize(&ev).await
+    }
+
+    /// Removes the claim finalizer and deletes the event (UID-guarded).
+    async fn finalize(&self, event: &LifecycleEvent) -> Result<bool> {
+        let name = event.name_any();
+        let mut ev = event.clone();
+        if ev.finalizers().iter().any(|f| f == CLAIM_FINALIZER) {
+            ev.finalizers_mut().retain(|f| f != CLAIM_FINALIZER);
+            match self
+                .events
+                .replace(&name, &PostParams::default(), &ev)
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => return Ok(true),
+                Err(e) => return Err(Error::kube(format!("release lifecycleevent {name}"), e)),
+            }
+        }
+        if ev.metadata.deletion_timestamp.is_none() {
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: ev.metadata.uid.clone(),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match self.events.delete(&name, &params).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                Err(e) => return Err(Error::kube(format!("delete lifecycleevent {name}"), e)),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Read-modify-write of the Node's `LifecycleTransition` condition, guarded by the
+    /// Node's resourceVersion (a JSON patch `test`), retried on conflict. Returns whether
+    /// the condition changed. `after_start` moves lastTransitionTime even when the reason
+    /// is unchanged: the condition now belongs to the event just started.
+    async fn set_condition(
+        &self,
+        reason: &str,
+        transition: &str,
+        after_start: bool,
+        now: Timestamp,
+    ) -> Result<bool> {
+        let name = &self.ctx.node_name;
+        for _ in 0..CONDITION_ATTEMPTS {
+            let node = self
+                .nodes
+                .get(name)
+                .await
+                .map_err(|e| Error::kube(format!("get node {name}"), e))?;
+            let Some(patch) = condition_patch(&node, reason, transition, after_start, now) else {
+                return Ok(false);
+            };
+            let params = PatchParams::default();
+            match self
+                .nodes
+                .patch_status(name, &params, &Patch::Json::<()>(patch))
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(reason, "node condition {TRANSITION_CONDITION} set");
+                    return Ok(true);
+                }
+                // A failed `test` is 422 on a real API server; a stale write 409.
+                Err(kube::Error::Api(s)) if s.code == 409 || s.code == 422 => continue,
+                Err(e) => return Err(Error::kube(format!("patch node {name} status"), e)),
+            }
+        }
+        Err(Error::Conflict {
+            what: format!("set condition {TRANSITION_CONDITION} on node {name}"),
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Call {
+    Start,
+    End,
+}
+
+impl Call {
+    fn method(self) -> &'static str {
+        match self {
+            Self::Start => "StartLifecycleTransition",
+            Self::End => "EndLifecycleTransition",
+        }
+    }
+}
+
+/// The JSON patch setting the condition, or `None` when nothing would change.
+fn condition_patch(
+    node: &Node,
+    reason: &str,
+    transition: &str,
+    after_start: bool,
+    now: Timestamp,
+) -> Option<json_patch::Patch> {
+    let mut conditions = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default();
+    let existing = conditions
+        .iter()
+        .position(|c| c.type_ == TRANSITION_CONDITION);
+    let changed = existing.is_none_or(|i| {
+        let c = &conditions[i];
+        c.status != "True" || c.reason.as_deref() != Some(reason)
+    });
+    if !changed && !after_start {
+        return None;
+    }
+    let now = Time(Timestamp::from_second(now.as_second()).unwrap_or(now));
+    let condition = NodeCondition {
+        type_: TRANSITION_CONDITION.to_string(),
+        status: "True".to_string(),
+        reason: Some(reason.to_string()),
+        message: Some(format!("Lifecycle Transition '{transition}'")),
+        last_transition_time: Some(now.clone()),
+        last_heartbeat_time: Some(now),
+    };
+    match existing {
+        Some(i) => conditions[i] = condition,
+        None => conditions.push(condition),
+    }
+    let rv = node.resource_version().unwrap_or_default();
+    let set = if node.status.is_some() {
+        json!({"op": "add", "path": "/status/conditions", "value": conditions})
+    } else {
+        json!({"op": "add", "path": "/status", "value": {"conditions": conditions}})
+    };
+    let ops = json!([{"op": "test", "path": "/metadata/resourceVersion", "value": rv}, set]);
+    serde_json::from_value(ops).ok()
+}
+
+fn claim_of(event: &LifecycleEvent) -> ClaimStatus {
+    event
+        .status
+        .as_ref()
+        .and_then(|s| s.claim_status)
+        .unwrap_or(ClaimStatus::Pending)
+}
+
+fn event_view(event: &LifecycleEvent) -> EventView {
+    let parse = |s: &str| s.parse::<Timestamp>().ok();
+    EventView {
+        claim: claim_of(event),
+        sla_deadline: event
+            .status
+            .as_ref()
+            .and_then(|s| s.sla.as_deref())
+            .and_then(parse),
+        started_at: event
+            .annotations()
+            .get(STARTED_ANNOTATION)
+            .and_then(|s| parse(s)),
+        deleting: event.metadata.deletion_timestamp.is_some(),
+    }
+}
+
+fn condition_view(node: &Node) -> Option<ConditionView> {
+    let conditions = node.status.as_ref()?.conditions.as_ref()?;
+    let c = conditions
+        .iter()
+        .find(|c| c.type_ == TRANSITION_CONDITION)?;
+    Some(ConditionView {
+        reason: c.reason.clone().unwrap_or_default(),
+        last_transition: c.last_transition_time.as_ref().map(|t| t.0),
+    })
+}
+
+fn expiry_message(event: &LifecycleEvent) -> String {
+    let deadline = event
+        .status
+        .as_ref()
+        .and_then(|s| s.sla.clone())
+        .unwrap_or_default();
+    format!("the transition did not complete before its SLA deadline {deadline}")
+}
+
+/// RFC3339 with whole seconds, as Kubernetes writes times.
+pub(crate) fn rfc3339(t: Timestamp) -> String {
+    Timestamp::from_second(t.as_second())
+        .unwrap_or(t)
+        .to_string()
+}

@@ -1,0 +1,276 @@
+//! Label and field selectors as the API server parses them from `labelSelector` and
+//! `fieldSelector` query parameters, and their evaluation against stored objects.
+//!
+//! Label selectors support `=`, `==`, `!=`, `in (..)`, `notin (..)`, `key` and `!key`;
+//! field selectors support `=`, `==` and `!=` on the fields a resource declares.
+
+use serde_json::Value;
+
+/// One parsed label requirement.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum LabelReq {
+    Eq(String, String),
+    NotEq(String, String),
+    In(String, Vec<String>),
+    NotIn(String, Vec<String>),
+    Exists(String),
+    NotExists(String),
+}
+
+/// A parsed label selector (all requirements must hold).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct LabelSelector(pub Vec<LabelReq>);
+
+/// One parsed field requirement: path, expected value, and whether it is negated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct FieldReq {
+    pub path: String,
+    pub value: String,
+    pub negated: bool,
+}
+
+/// A parsed field selector (all requirements must hold).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct FieldSelector(pub Vec<FieldReq>);
+
+/// Splits on commas that are not inside parentheses.
+fn split_top_level(s: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let mut depth = 0usize;
+    let mut start = 0;
+    for (i, c) in s.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                parts.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&s[start..]);
+    parts
+}
+
+fn parse_set(rest: &str) -> Result<Vec<String>, String> {
+    let rest = rest.trim();
+    let inner = rest
+        .strip_prefix('(')
+        .and_then(|r| r.strip_suffix(')'))
+        .ok_or_else(|| format!("expected a parenthesised set, got {rest:?}"))?;
+    Ok(inner
+        .split(',')
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+        .collect())
+}
+
+fn valid_key(key: &str) -> Result<String, String> {
+    let key = key.trim();
+    if key.is_empty() || key.contains(char::is_whitespace) {
+        return Err(format!("invalid label key {key:?}"));
+    }
+    Ok(key.to_string())
+}
+
+fn parse_label_req(term: &str) -> Result<LabelReq, String> {
+    let term = term.trim();
+    if let Some(key) = term.strip_prefix('!') {
+        return Ok(LabelReq::NotExists(valid_key(key)?));
+    }
+    if let Some((key, value)) = term.split_once("!=") {
+        return Ok(LabelReq::NotEq(valid_key(key)?, value.trim().to_string()));
+    }
+    if let Some((key, value)) = term.split_once("==") {
+        return Ok(LabelReq::Eq(valid_key(key)?, value.trim().to_string()));
+    }
+    if let Some((key, value)) = term.split_once('=') {
+        return Ok(LabelReq::Eq(valid_key(key)?, value.trim().to_string()));
+    }
+    let mut words = term.splitn(2, char::is_whitespace);
+    let key = words.next().unwrap_or_default();
+    let rest = words.next().unwrap_or_default().trim_start();
+    if rest.is_empty() {
+        return Ok(LabelReq::Exists(valid_key(key)?));
+    }
+    if let Some(set) = rest.strip_prefix("notin") {
+        return Ok(LabelReq::NotIn(valid_key(key)?, parse_set(set)?));
+    }
+    if let Some(set) = rest.strip_prefix("in") {
+        return Ok(LabelReq::In(valid_key(key)?, parse_set(set)?));
+    }
+    Err(format!("unable to parse requirement {term:?}"))
+}
+
+impl LabelSelector {
+    /// Parses the `labelSelector` query syntax.
+    pub(crate) fn parse(s: &str) -> Result<Self, String> {
+        if s.trim().is_empty() {
+            return Ok(Self::default());
+        }
+        split_top_level(s)
+            .into_iter()
+            .map(parse_label_req)
+            .collect::<Result<Vec<_>, _>>()
+            .map(Self)
+    }
+
+    /// Whether the object's `metadata.labels` satisfy every requirement.
+    pub(crate) fn matches(&self, obj: &Value) -> bool {
+        let labels = obj.pointer("/metadata/labels");
+        let get = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
+        self.0.iter().all(|req| match req {
+            LabelReq::Eq(k, v) => get(k) == Some(v.as_str()),
+            LabelReq::NotEq(k, v) => get(k) != Some(v.as_str()),
+            LabelReq::In(k, vs) => get(k).is_some_and(|x| vs.iter().any(|v| v == x)),
+            LabelReq::NotIn(k, vs) => get(k).is_none_or(|x| !vs.iter().any(|v| v == x)),
+            LabelReq::Exists(k) => get(k).is_some(),
+            LabelReq::NotExists(k) => get(k).is_none(),
+        })
+    }
+}
+
+/// Matches a `metav1.LabelSelector` object (matchLabels + matchExpressions), as used by
+/// PodDisruptionBudgets and webhook namespace/object selectors. `None` selects everything;
+/// an empty selector selects everything too.
+pub(crate) fn selector_object_matches(selector: Option<&Value>, labels: Option<&Value>) -> bool {
+    let Some(selector) = selector.filter(|s| !s.is_null()) else {
+        return true;
+    };
+    let get = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
+    let labels_ok = selector
+        .get("matchLabels")
+        .and_then(Value::as_object)
+        .is_none_or(|m| m.iter().all(|(k, v)| get(k) == v.as_str()));
+    let exprs_ok = selector
+        .get("matchExpressions")
+        .and_then(Value::as_array)
+        .is_none_or(|exprs| exprs.iter().all(|e| expression_matches(e, &get)));
+    labels_ok && exprs_ok
+}
+
+fn expression_matches<'a>(expr: &Value, get: &impl Fn(&str) -> Option<&'a str>) -> bool {
+    let key = expr.get("key").and_then(Value::as_str).unwrap_or_default();
+    let values: Vec<&str> = expr
+        .get("values")
+        .and_then(Value::as_array)
+        .map(|vs| vs.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let actual = get(key);
+    match expr.get("operator").and_then(Value::as_str).unwrap_or("") {
+        "In" => actual.is_some_and(|a| values.contains(&a)),
+        "NotIn" => actual.is_none_or(|a| !values.contains(&a)),
+        "Exists" => actual.is_some(),
+        "DoesNotExist" => actual.is_none(),
+        _ => false,
+    }
+}
+
+impl FieldSelector {
+    /// Parses the `fieldSelector` query syntax, accepting only the paths in `allowed`
+    /// (plus `metadata.name` and `metadata.namespace`).
+    pub(crate) fn parse(s: &str, allowed: &[String]) -> Result<Self, String> {
+        if s.trim().is_empty() {
+            return Ok(Self::default());
+        }
+        let mut reqs = Vec::new();
+        for term in s.split(',') {
+            let (path, value, negated) = if let Some((p, v)) = term.split_once("!=") {
+                (p, v, true)
+            } else if let Some((p, v)) = term.split_once("==") {
+                (p, v, false)
+            } else if let Some((p, v)) = term.split_once('=') {
+                (p, v, false)
+            } else {
+                return Err(format!("invalid selector: {term:?}; can't understand"));
+            };
+            let path = path.trim();
+            let known = matches!(path, "metadata.name" | "metadata.namespace")
+                || allowed.iter().any(|a| a == path);
+            if !known {
+                return Err(format!("field label not supported: {path}"));
+            }
+            reqs.push(FieldReq {
+                path: path.to_string(),
+                value: value.trim().to_string(),
+                negated,
+            });
+        }
+        Ok(Self(reqs))
+    }
+
+    /// Whether the object satisfies every requirement.
+    pub(crate) fn matches(&self, obj: &Value) -> bool {
+        self.0
+            .iter()
+            .all(|r| (field_value(obj, &r.path) == r.value) != r.negated)
+    }
+}
+
+/// The string value of a field path the way the API server's field sets render it:
+/// missing strings are empty, missing booleans are `false`.
+pub(crate) fn field_value(obj: &Value, path: &str) -> String {
+    let pointer = format!("/{}", path.replace('.', "/"));
+    match obj.pointer(&pointer) {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Bool(b)) => b.to_string(),
+        Some(Value::Number(n)) => n.to_string(),
+        Some(_) => String::new(),
+        None if matches!(path, "spec.unschedulable" | "spec.hostNetwork") => "false".into(),
+        None => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(labels: Value) -> Value {
+        json!({"metadata": {"name": "p", "namespace": "ns", "labels": labels}, "spec": {"nodeName": "n1"}})
+    }
+
+    #[test]
+    fn label_selector_operators() {
+        let obj = pod(json!({"app": "web", "tier": "front"}));
+        let cases = [
+            ("app=web", true),
+            ("app==web", true),
+            ("app!=web", false),
+            ("app in (web, api)", true),
+            ("app notin (web)", false),
+            ("tier", true),
+            ("!tier", false),
+            ("!missing", true),
+            ("missing!=x", true),
+            ("app=web,tier in (front,back)", true),
+            ("app=web,tier=back", false),
+            ("", true),
+        ];
+        for (sel, want) in cases {
+            let parsed = LabelSelector::parse(sel).unwrap();
+            assert_eq!(parsed.matches(&obj), want, "selector {sel:?}");
+        }
+    }
+
+    #[test]
+    fn field_selector_rejects_unknown_fields() {
+        let allowed = vec!["spec.nodeName".to_string()];
+        let sel = FieldSelector::parse("spec.nodeName=n1,metadata.namespace!=x", &allowed).unwrap();
+        assert!(sel.matches(&pod(json!({}))));
+        let err = FieldSelector::parse("spec.bogus=1", &allowed).unwrap_err();
+        assert!(err.contains("spec.bogus"), "{err}");
+    }
+
+    #[test]
+    fn object_selector_expressions() {
+        let labels = json!({"a": "1"});
+        let sel = json!({"matchExpressions": [{"key": "a", "operator": "In", "values": ["1", "2"]},
+                                               {"key": "b", "operator": "DoesNotExist"}]});
+        assert!(selector_object_matches(Some(&sel), Some(&labels)));
+        let sel = json!({"matchLabels": {"a": "2"}});
+        assert!(!selector_object_matches(Some(&sel), Some(&labels)));
+        assert!(selector_object_matches(None, None));
+    }
+}

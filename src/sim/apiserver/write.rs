@@ -1,0 +1,975 @@
+//! The write verbs: create, update (PUT), patch, delete, deletecollection and
+//! `pods/binding`, with the upstream object lifecycle: server-set metadata (uid,
+//! creationTimestamp, generation, resourceVersion), status owned by the status
+//! subresource, optimistic concurrency, graceful pod deletion, finalizers, namespace
+//! cascade and background garbage collection of owned objects.
+
+use std::sync::Arc;
+
+use http::StatusCode;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::DeleteOptions;
+use rand::Rng;
+use serde_json::{Map, Value, json};
+
+use super::Ctx;
+use super::admission::{self, Attributes, Operation};
+use super::defaults;
+use super::handler::{Req, Target, UserInfo, filter_of, get, prefix_of};
+use super::patch::{self, PatchKind};
+use super::resources::ResourceDef;
+use super::status::{ApiError, ApiResult};
+use super::store::{StoreError, rv_of};
+
+/// How often a write retries after losing a resourceVersion race with another writer
+/// (patch and delete retry internally like upstream's GuaranteedUpdate).
+const MAX_RACE_RETRIES: usize = 16;
+
+/// A store write that lost a race, or a real failure.
+pub(crate) enum CommitError {
+    Race,
+    Api(ApiError),
+}
+
+impl From<ApiError> for CommitError {
+    fn from(e: ApiError) -> Self {
+        Self::Api(e)
+    }
+}
+
+pub(crate) fn now() -> String {
+    let now = jiff::Timestamp::now();
+    jiff::Timestamp::from_second(now.as_second())
+        .unwrap_or(now)
+        .to_string()
+}
+
+fn in_seconds(secs: i64) -> String {
+    let now = jiff::Timestamp::now().as_second().saturating_add(secs);
+    jiff::Timestamp::from_second(now)
+        .map(|t| t.to_string())
+        .unwrap_or_else(|_| self::now())
+}
+
+pub(crate) fn meta_str<'a>(obj: &'a Value, field: &str) -> &'a str {
+    obj.get("metadata")
+        .and_then(|m| m.get(field))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+
+/// The metadata map of an object, created when missing (`None` only for non-objects).
+fn meta_mut(obj: &mut Value) -> Option<&mut Map<String, Value>> {
+    let root = obj.as_object_mut()?;
+    let meta = root.entry("metadata").or_insert_with(|| json!({}));
+    if !meta.is_object() {
+        *meta = json!({});
+    }
+    meta.as_object_mut()
+}
+
+fn no_metadata() -> ApiError {
+    ApiError::bad_request("the object has no metadata")
+}
+
+/// How the request wants unknown fields treated (`fieldValidation`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fields {
+    /// Drop them silently (kube-rs's default, and mutated objects).
+    Drop,
+    /// Reject the write naming them (`fieldValidation=Strict`, kubectl's default).
+    Strict,
+}
+
+impl Fields {
+    pub(crate) fn of(req: &Req) -> Self {
+        match req.param("fieldValidation") {
+            Some("Strict") => Self::Strict,
+            _ => Self::Drop,
+        }
+    }
+}
+
+/// Paths present (non-null) in `input` but gone from `output`.
+fn dropped_fields(input: &Value, output: &Value, path: &str, out: &mut Vec<String>) {
+    match (input, output) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (key, value) in a {
+                let child = if path.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{path}.{key}")
+                };
+                match b.get(key) {
+                    None if !value.is_null() => out.push(child),
+                    Some(other) => dropped_fields(value, other, &child, out),
+                    None => {}
+                }
+            }
+        }
+        (Value::Array(a), Value::Array(b)) => {
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                dropped_fields(x, y, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Sets apiVersion/kind, drops unknown fields of built-in kinds (or rejects them in
+/// strict mode) and applies server-side defaults.
+pub(crate) fn prepare_body(def: &ResourceDef, body: Value, fields: Fields) -> ApiResult<Value> {
+    let Value::Object(mut map) = body else {
+        return Err(ApiError::bad_request(
+            "the request body must be a JSON object",
+        ));
+    };
+    map.insert("apiVersion".into(), json!(def.api_version()));
+    map.insert("kind".into(), json!(def.kind));
+    let mut obj = Value::Object(map);
+    if let Some(normalize) = def.normalize {
+        let input = (fields == Fields::Strict).then(|| obj.clone());
+        obj = normalize(obj)
+            .map_err(|e| ApiError::bad_request(format!("decode {} body: {e}", def.kind)))?;
+        let mut unknown = Vec::new();
+        if let Some(input) = input {
+            dropped_fields(&input, &obj, "", &mut unknown);
+        }
+        if !unknown.is_empty() {
+            let list: Vec<String> = unknown
+                .iter()
+                .map(|f| format!("unknown field \"{f}\""))
+                .collect();
+            return Err(ApiError::bad_request(format!(
+                "strict decoding error: {}",
+                list.join(", ")
+            )));
+        }
+        defaults::apply(def, &mut obj);
+    }
+    meta_mut(&mut obj)
+        .ok_or_else(no_metadata)?
+        .remove("managedFields");
+    Ok(obj)
+}
+
+fn random_suffix() -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut rng = rand::rng();
+    (0..5)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect()
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+}
+
+/// Server-set metadata of a new object.
+fn init_metadata(ctx: &Ctx, target: &Target, obj: &mut Value) -> ApiResult<()> {
+    let def = &target.def;
+    let body_ns = meta_str(obj, "namespace").to_string();
+    let meta = meta_mut(obj).ok_or_else(no_metadata)?;
+    if def.namespaced {
+        if !body_ns.is_empty() && body_ns != target.namespace {
+            return Err(ApiError::bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request",
+            ));
+        }
+        meta.insert("namespace".into(), json!(target.namespace));
+    } else {
+        meta.remove("namespace");
+    }
+    let name = meta
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let generate = meta
+        .get("generateName")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let name = match (name.is_empty(), generate.is_empty()) {
+        (false, _) => name,
+        (true, false) => format!("{generate}{}", random_suffix()),
+        (true, true) => {
+            return Err(ApiError::invalid(
+                &def.group,
+                &def.kind,
+                "",
+                "metadata.name: Required value: name or generateName is required",
+            ));
+        }
+    };
+    if !valid_name(&name) {
+        return Err(ApiError::invalid(
+            &def.group,
+            &def.kind,
+            &name,
+            format!(
+                "metadata.name: Invalid value: {name:?}: must be a lowercase RFC 1123 subdomain"
+            ),
+        ));
+    }
+    meta.insert("name".into(), json!(name));
+    meta.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
+    meta.insert("creationTimestamp".into(), json!(now()));
+    meta.insert("generation".into(), json!(1));
+    for field in [
+        "resourceVersion",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "selfLink",
+    ] {
+        meta.remove(field);
+    }
+    if def.namespaced {
+        let exists = ctx.store.get("/namespaces", &target.namespace).is_some();
+        if !exists {
+            return Err(ApiError::not_found("", "namespaces", &target.namespace));
+        }
+    }
+    Ok(())
+}
+
+/// Status a new object starts with (upstream strategies' PrepareForCreate).
+fn prepare_for_create(def: &ResourceDef, obj: &mut Value) {
+    let Some(map) = obj.as_object_mut() else {
+        return;
+    };
+    match (def.group.as_str(), def.plural.as_str()) {
+        ("", "pods") => {
+            map.insert("status".into(), json!({"phase": "Pending"}));
+        }
+        ("", "namespaces") => {
+            map.insert("status".into(), json!({"phase": "Active"}));
+        }
+        ("", "nodes") => {}
+        ("apiextensions.k8s.io", "customresourcedefinitions") => {
+            let names = map.get("spec").and_then(|s| s.get("names")).cloned();
+            map.insert(
+                "status".into(),
+                json!({
+                    "acceptedNames": names,
+                    "storedVersions": stored_versions(map.get("spec")),
+                    "conditions": [
+                        {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts",
+                         "message": "no conflicts found", "lastTransitionTime": now()},
+                        {"type": "Established", "status": "True", "reason": "InitialNamesAccepted",
+                         "message": "the initial names have been accepted", "lastTransitionTime": now()},
+                    ],
+                }),
+            );
+        }
+        ("lifecycle.k8s.io", "lifecycleevents") => {
+            map.insert("status".into(), json!({"claimStatus": "Pending"}));
+        }
+        _ if def.has_status() => {
+            map.remove("status");
+        }
+        _ => {}
+    }
+}
+
+fn stored_versions(spec: Option<&Value>) -> Vec<String> {
+    spec.and_then(|s| s.get("versions"))
+        .and_then(Value::as_array)
+        .map(|vs| {
+            vs.iter()
+                .filter(|v| v.get("storage").and_then(Value::as_bool) == Some(true))
+                .filter_map(|v| v.get("name").and_then(Value::as_str).map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Side effects of a stored object (CRDs start serving their resources).
+fn after_store(ctx: &Ctx, def: &ResourceDef, obj: &Value) {
+    if def.group == "apiextensions.k8s.io" && def.plural == "customresourcedefinitions" {
+        ctx.registry.install_crd(obj);
+    }
+}
+
+/// Creates a namespace at start-up (no admission).
+pub(crate) fn bootstrap_namespace(ctx: &Ctx, name: &str) -> ApiResult<()> {
+    let def = ctx
+        .registry
+        .find("", "v1", "namespaces")
+        .ok_or_else(|| ApiError::internal("namespaces are not served"))?;
+    let target = Target {
+        def: def.clone(),
+        namespace: String::new(),
+        name: None,
+        sub: None,
+    };
+    let mut obj = prepare_body(&def, json!({"metadata": {"name": name}}), Fields::Drop)?;
+    init_metadata(ctx, &target, &mut obj)?;
+    prepare_for_create(&def, &mut obj);
+    match ctx.store.create(&def.table(), name, obj) {
+        Ok(_) | Err(StoreError::AlreadyExists) => Ok(()),
+        Err(e) => Err(ApiError::internal(format!("{e:?}"))),
+    }
+}
+
+fn admission_attrs<'a>(
+    target: &'a Target,
+    req: &'a Req,
+    operation: Operation,
+    name: &str,
+    object: Option<Value>,
+    old_object: Option<Value>,
+    options: Value,
+) -> Attributes<'a> {
+    Attributes {
+        target,
+        user: &req.user,
+        operation,
+        name: name.to_string(),
+        object,
+        old_object,
+        options,
+        dry_run: req.dry_run(),
+        kind: None,
+    }
+}
+
+/// POST to a collection.
+pub(crate) async fn create(
+    ctx: &Arc<Ctx>,
+    target: &Target,
+    req: &Req,
+) -> ApiResult<(StatusCode, Value)> {
+    let body = req
+        .json()?
+        .ok_or_else(|| ApiError::bad_request("the request body is empty"))?;
+    let def = &target.def;
+    let mut obj = prepare_body(def, body, Fields::of(req))?;
+    init_metadata(ctx, target, &mut obj)?;
+    prepare_for_create(def, &mut obj);
+    let name = meta_str(&obj, "name").to_string();
+    let options = json!({"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"});
+    let attrs = admission_attrs(
+        target,
+        req,
+        Operation::Create,
+        &name,
+        Some(obj.clone()),
+        None,
+        options,
+    );
+    let admitted = admission::admit(ctx, attrs).await?;
+    if let Some(mutated) = admitted.object {
+        obj = fix_immutable(&obj, prepare_body(def, mutated, Fields::Drop)?);
+    }
+    if req.dry_run() {
+        return Ok((StatusCode::CREATED, obj));
+    }
+    let key = def.key(&target.namespace, &name);
+    let stored = ctx
+        .store
+        .create(&def.table(), &key, obj)
+        .map_err(|_| ApiError::already_exists(&def.group, &def.plural, &name))?;
+    after_store(ctx, def, &stored);
+    Ok((StatusCode::CREATED, stored))
+}
+
+/// Metadata fields clients and webhooks cannot change.
+const IMMUTABLE_META: &[&str] = &[
+    "uid",
+    "name",
+    "namespace",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "generation",
+    "resourceVersion",
+];
+
+fn fix_immutable(old: &Value, mut new: Value) -> Value {
+    let old_meta = old.get("metadata").cloned().unwrap_or_else(|| json!({}));
+    let Some(meta) = meta_mut(&mut new) else {
+        return new;
+    };
+    for field in IMMUTABLE_META {
+        match old_meta.get(*field) {
+            Some(v) => {
+                meta.insert((*field).to_string(), v.clone());
+            }
+            None => {
+                meta.remove(*field);
+            }
+        }
+    }
+    new
+}
+
+fn without_meta_and_status(obj: &Value) -> Value {
+    let mut copy = obj.clone();
+    if let Some(map) = copy.as_object_mut() {
+        map.remove("metadata");
+        map.remove("status");
+    }
+    copy
+}
+
+/// The object an update stores: status from the right place, immutable metadata kept,
+/// generation bumped when anything but metadata and status changed.
+fn merge_for_update(def: &ResourceDef, sub: Option<&str>, old: &Value, new: Value) -> Value {
+    if sub == Some("status") {
+        let mut out = old.clone();
+        if let Some(map) = out.as_object_mut() {
+            match new.get("status") {
+                Some(status) => map.insert("status".into(), status.clone()),
+                None => map.remove("status"),
+            };
+        }
+        return out;
+    }
+    let mut new = fix_immutable(old, new);
+    if def.has_status()
+        && let Some(map) = new.as_object_mut()
+    {
+        match old.get("status") {
+            Some(status) => map.insert("status".into(), status.clone()),
+            None => map.remove("status"),
+        };
+    }
+    if without_meta_and_status(old) != without_meta_and_status(&new) {
+        let generation = old
+            .pointer("/metadata/generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
+        if let Some(meta) = meta_mut(&mut new) {
+            meta.insert("generation".into(), json!(generation + 1));
+        }
+    }
+    new
+}
+
+fn finalizers_empty(obj: &Value) -> bool {
+    obj.pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .is_none_or(Vec::is_empty)
+}
+
+/// Whether an object being deleted can now go (no finalizers, no pending grace period).
+fn ready_to_remove(obj: &Value) -> bool {
+    obj.pointer("/metadata/deletionTimestamp").is_some()
+        && finalizers_empty(obj)
+        && obj
+            .pointer("/metadata/deletionGracePeriodSeconds")
+            .and_then(Value::as_i64)
+            .is_none_or(|g| g == 0)
+}
+
+/// Admits and stores an updated object (compare-and-swap on the old resourceVersion).
+async fn commit_update(
+    ctx: &Arc<Ctx>,
+    target: &Target,
+    req: &Req,
+    old: &Value,
+    new: Value,
+) -> Result<Value, CommitError> {
+    let def = &target.def;
+    let name = meta_str(old, "name").to_string();
+    let options = json!({"kind": "UpdateOptions", "apiVersion": "meta.k8s.io/v1"});
+    let attrs = admission_attrs(
+        target,
+        req,
+        Operation::Update,
+        &name,
+        Some(new.clone()),
+        Some(old.clone()),
+        options,
+    );
+    let admitted = admission::admit(ctx, attrs).await?;
+    let mut new = new;
+    if let Some(mutated) = admitted.object {
+        let mutated = prepare_body(def, mutated, Fields::Drop)?;
+        new = merge_for_update(def, target.sub.as_deref(), old, mutated);
+    }
+    if def.group.is_empty() && def.plural == "pods" && target.sub.is_none() {
+        defaults::check_pod_update(old, &new)
+            .map_err(|m| ApiError::invalid(&def.group, &def.kind, &name, m))?;
+    }
+    if req.dry_run() {
+        return Ok(new);
+    }
+    let key = def.key(&target.namespace, &name);
+    let expected = rv_of(old);
+    let result = if ready_to_remove(&new) {
+        ctx.store.remove(&def.table(), &key, expected, new)
+    } else {
+        ctx.store.update(&def.table(), &key, expected, new)
+    };
+    match result {
+        Ok(stored) => {
+            after_store(ctx, def, &stored);
+            if stored.pointer("/metadata/deletionTimestamp").is_some()
+                && ctx.store.get(&def.table(), &key).is_none()
+            {
+                after_remove(ctx, def, &stored, None);
+            }
+            Ok(stored)
+        }
+        Err(StoreError::Conflict) => Err(CommitError::Race),
+        Err(StoreError::NotFound) => {
+            Err(ApiError::not_found(&def.group, &def.plural, &name).into())
+        }
+        Err(StoreError::AlreadyExists) => Err(CommitError::Race),
+    }
+}
+
+/// PUT to an object or its status.
+pub(crate) async fn update(
+    ctx: &Arc<Ctx>,
+    target: &Target,
+    req: &Req,
+) -> ApiResult<(StatusCode, Value)> {
+    let def = &target.def;
+    let name = target.name.clone().unwrap_or_default();
+    let body = req
+        .json()?
+        .ok_or_else(|| ApiError::bad_request("the request body is empty"))?;
+    let body = prepare_body(def, body, Fields::of(req))?;
+    let body_name = meta_str(&body, "name");
+    if !body_name.is_empty() && body_name != name {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({body_name}) does not match the name on the URL ({name})"
+        )));
+    }
+    let old = get(ctx, target)?;
+    let body_rv = meta_str(&body, "resourceVersion");
+    if !body_rv.is_empty() && body_rv != meta_str(&old, "resourceVersion") {
+        return Err(ApiError::stale(&def.group, &def.plural, &name));
+    }
+    let new = merge_for_update(def, target.sub.as_deref(), &old, body);
+    match commit_update(ctx, target, req, &old, new).await {
+        Ok(v) => Ok((StatusCode::OK, v)),
+        Err(CommitError::Race) => Err(ApiError::stale(&def.group, &def.plural, &name)),
+        Err(CommitError::Api(e)) => Err(e),
+    }
+}
+
+/// PATCH of an object or its status.
+pub(crate) async fn patch(
+    ctx: &Arc<Ctx>,
+    target: &Target,
+    req: &Req,
+) -> ApiResult<(StatusCode, Value)> {
+    let def = &target.def;
+    let name = target.name.clone().unwrap_or_default();
+    let kind = PatchKind::from_content_type(&req.content_type)
+        .filter(|k| !(def.custom && *k == PatchKind::Strategic))
+        .ok_or_else(|| {
+            ApiError::new(
+                415,
+                "UnsupportedMediaType",
+                format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json{}",
+                    if def.custom { "" } else { ", application/strategic-merge-patch+json" }),
+            )
+        })?;
+    let body = req
+        .json()?
+        .ok_or_else(|| ApiError::bad_request("the request body is empty"))?;
+    for _ in 0..MAX_RACE_RETRIES {
+        let old = get(ctx, target)?;
+        let patched = patch::apply(kind, &old, &body)?;
+        let patched_rv = meta_str(&patched, "resourceVersion");
+        if !patched_rv.is_empty() && patched_rv != meta_str(&old, "resourceVersion") {
+            return Err(ApiError::stale(&def.group, &def.plural, &name));
+        }
+        let patched = prepare_body(def, patched, Fields::of(req))?;
+        let new = merge_for_update(def, target.sub.as_deref(), &old, patched);
+        match commit_update(ctx, target, req, &old, new).await {
+            Ok(v) => return Ok((StatusCode::OK, v)),
+            Err(CommitError::Race) => continue,
+            Err(CommitError::Api(e)) => return Err(e),
+        }
+    }
+    Err(ApiError::stale(&def.group, &def.plural, &name))
+}
+
+/// Parsed DeleteOptions (body and query).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct DeleteOpts {
+    pub grace: Option<i64>,
+    pub uid: Option<String>,
+    pub resource_version: Option<String>,
+    pub dry_run: bool,
+    pub orphan: bool,
+    /// The options as admission webhooks see them.
+    pub raw: Value,
+}
+
+/// DeleteOptions from a body (unknown fields dropped) plus query parameters.
+pub(crate) fn delete_options(body: Option<Value>, req: &Req) -> ApiResult<DeleteOpts> {
+    let mut options: DeleteOptions = match body {
+        Some(v) => serde_json::from_value(v)
+            .map_err(|e| ApiError::bad_request(format!("decode DeleteOptions: {e}")))?,
+        None => DeleteOptions::default(),
+    };
+    if let Some(grace) = req.param("gracePeriodSeconds").and_then(|g| g.parse().ok()) {
+        options.grace_period_seconds = Some(grace);
+    }
+    if req.dry_run() {
+        options.dry_run = Some(vec!["All".into()]);
+    }
+    if let Some(policy) = req.param("propagationPolicy") {
+        options.propagation_policy = Some(policy.to_string());
+    }
+    let preconditions = options.preconditions.clone().unwrap_or_default();
+    let mut raw = serde_json::to_value(&options).unwrap_or_else(|_| json!({}));
+    raw["kind"] = json!("DeleteOptions");
+    raw["apiVersion"] = json!("meta.k8s.io/v1");
+    Ok(DeleteOpts {
+        grace: options.grace_period_seconds,
+        uid: preconditions.uid,
+        resource_version: preconditions.resource_version,
+        dry_run: options
+            .dry_run
+            .is_some_and(|d| d.iter().any(|v| v == "All")),
+        orphan: options.propagation_policy.as_deref() == Some("Orphan")
+            || options.orphan_dependents == Some(true),
+        raw,
+    })
+}
+
+/// 409 when the DeleteOptions preconditions do not match the stored object.
+pub(crate) fn check_preconditions(
+    def: &ResourceDef,
+    obj: &Value,
+    opts: &DeleteOpts,
+) -> ApiResult<()> {
+    let name = meta_str(obj, "name");
+    if let Some(uid) = &opts.uid
+        && uid != meta_str(obj, "uid")
+    {
+        return Err(ApiError::conflict(
+            &def.group,
+            &def.plural,
+            name,
+            &format!(
+                "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                meta_str(obj, "uid")
+            ),
+        ));
+    }
+    if let Some(rv) = &opts.resource_version
+        && rv != meta_str(obj, "resourceVersion")
+    {
+        return Err(ApiError::conflict(
+            &def.group,
+            &def.plural,
+            name,
+            &format!(
+                "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                meta_str(obj, "resourceVersion")
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// DELETE of one object.
+pub(crate) async fn delete(
+    ctx: &Arc<Ctx>,
+    target: &Target,
+    req: &Req,
+) -> ApiResult<(StatusCode, Value)> {
+    let opts = delete_options(req.json()?, req)?;
+    let old = get(ctx, target)?;
+    check_preconditions(&target.def, &old, &opts)?;
+    let name = meta_str(&old, "name").to_string();
+    let attrs = Attributes {
+        dry_run: opts.dry_run,
+        ..admission_attrs(
+            target,
+            req,
+            Operation::Delete,
+            &name,
+            None,
+            Some(old.clone()),
+            opts.raw.clone(),
+        )
+    };
+    admission::admit(ctx, attrs).await?;
+    if opts.dry_run {
+        return Ok((StatusCode::OK, old));
+    }
+    delete_object(ctx, &target.def, &target.namespace, &name, &opts).map(|v| (StatusCode::OK, v))
+}
+
+/// The grace period a deletion gets: pods bound to a node and still running get one,
+/// everything else goes at once.
+fn effective_grace(def: &ResourceDef, obj: &Value, opts: &DeleteOpts) -> i64 {
+    if !(def.group.is_empty() && def.plural == "pods") {
+        return 0;
+    }
+    let node = obj
+        .pointer("/spec/nodeName")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let phase = obj
+        .pointer("/status/phase")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    if node.is_empty() || matches!(phase, "Succeeded" | "Failed") {
+        return 0;
+    }
+    let default = obj
+        .pointer("/spec/terminationGracePeriodSeconds")
+        .and_then(Value::as_i64)
+        .unwrap_or(30);
+    opts.grace.unwrap_or(default).max(0)
+}
+
+/// Deletes (or starts deleting) one stored object, without admission.
+pub(crate) fn delete_object(
+    ctx: &Arc<Ctx>,
+    def: &ResourceDef,
+    namespace: &str,
+    name: &str,
+    opts: &DeleteOpts,
+) -> ApiResult<Value> {
+    let table = def.table();
+    let key = def.key(namespace, name);
+    for _ in 0..MAX_RACE_RETRIES {
+        let old = ctx
+            .store
+            .get(&table, &key)
+            .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
+        check_preconditions(def, &old, opts)?;
+        match delete_step(ctx, def, &key, &old, opts) {
+            Ok(v) => return Ok(v),
+            Err(CommitError::Race) => continue,
+            Err(CommitError::Api(e)) => return Err(e),
+        }
+    }
+    Err(ApiError::stale(&def.group, &def.plural, name))
+}
+
+fn delete_step(
+    ctx: &Arc<Ctx>,
+    def: &ResourceDef,
+    key: &str,
+    old: &Value,
+    opts: &DeleteOpts,
+) -> Result<Value, CommitError> {
+    let table = def.table();
+    let grace = effective_grace(def, old, opts);
+    let current_grace = old
+        .pointer("/metadata/deletionGracePeriodSeconds")
+        .and_then(Value::as_i64);
+    let deleting = old.pointer("/metadata/deletionTimestamp").is_some();
+    let map_err = |e: StoreError| match e {
+        StoreError::NotFound => CommitError::Api(ApiError::not_found(
+            &def.group,
+            &def.plural,
+            meta_str(old, "name"),
+        )),
+        _ => CommitError::Race,
+    };
+    if grace > 0 || !finalizers_empty(old) {
+        // Graceful deletion only ever shortens a pending grace period.
+        if deleting && current_grace.is_some_and(|g| g <= grace) {
+            return Ok(old.clone());
+        }
+        let mut new = old.clone();
+        let generation = old
+            .pointer("/metadata/generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
+        let Some(meta) = meta_mut(&mut new) else {
+            return Err(CommitError::Api(no_metadata()));
+        };
+        let timestamp = if grace > 0 || !deleting {
+            in_seconds(grace)
+        } else {
+            meta_str(old, "deletionTimestamp").to_string()
+        };
+        meta.insert("deletionTimestamp".into(), json!(timestamp));
+        meta.insert("deletionGracePeriodSeconds".into(), json!(grace));
+        if !deleting {
+            meta.insert("generation".into(), json!(generation + 1));
+        }
+        return ctx
+            .store
+            .update(&table, key, rv_of(old), new)
+            .map_err(map_err);
+    }
+    let removed = ctx
+        .store
+        .remove(&table, key, rv_of(old), old.clone())
+        .map_err(map_err)?;
+    after_remove(ctx, def, &removed, Some(opts.orphan));
+    Ok(removed)
+}
+
+/// Consequences of an object leaving storage: namespace contents go, CRDs stop being
+/// served, and dependents are garbage-collected (or orphaned) in the background.
+fn after_remove(ctx: &Arc<Ctx>, def: &ResourceDef, obj: &Value, orphan: Option<bool>) {
+    let name = meta_str(obj, "name").to_string();
+    if def.group.is_empty() && def.plural == "namespaces" {
+        ctx.store.remove_namespace(&name);
+    }
+    if def.group == "apiextensions.k8s.io" && def.plural == "customresourcedefinitions" {
+        ctx.registry.remove_crd(obj);
+        let group = obj
+            .pointer("/spec/group")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let plural = obj
+            .pointer("/spec/names/plural")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        ctx.store.remove_table(&format!("{group}/{plural}"));
+    }
+    let uid = meta_str(obj, "uid").to_string();
+    let orphan = orphan.unwrap_or(false);
+    collect_dependents(ctx, &uid, orphan);
+}
+
+/// Deletes (or orphans) the objects whose ownerReferences name `uid`.
+fn collect_dependents(ctx: &Arc<Ctx>, uid: &str, orphan: bool) {
+    for (table, key, obj) in ctx.store.owned_by(uid) {
+        let Some(def) = ctx.registry.find_table(&table) else {
+            continue;
+        };
+        let namespace = meta_str(&obj, "namespace").to_string();
+        let name = meta_str(&obj, "name").to_string();
+        if orphan {
+            let mut new = obj.clone();
+            if let Some(Value::Array(refs)) =
+                meta_mut(&mut new).and_then(|m| m.get_mut("ownerReferences"))
+            {
+                refs.retain(|r| r.get("uid").and_then(Value::as_str) != Some(uid));
+            }
+            let _ = ctx.store.update(&table, &key, rv_of(&obj), new);
+            continue;
+        }
+        let opts = DeleteOpts::default();
+        if let Err(error) = delete_object(ctx, &def, &namespace, &name, &opts) {
+            tracing::debug!(%error, object = %key, "garbage collection");
+        }
+    }
+}
+
+/// DELETE of a collection (with selectors).
+pub(crate) async fn delete_collection(
+    ctx: &Arc<Ctx>,
+    target: &Target,
+    req: &Req,
+) -> ApiResult<(StatusCode, Value)> {
+    let filter = filter_of(target, req)?;
+    let opts = delete_options(req.json()?, req)?;
+    let def = &target.def;
+    let (items, rv) = ctx.store.list(&def.table(), &prefix_of(target));
+    let mut deleted = Vec::new();
+    for (_, obj) in items.into_iter().filter(|(_, o)| filter.matches(o)) {
+        let name = meta_str(&obj, "name").to_string();
+        let namespace = meta_str(&obj, "namespace").to_string();
+        let one = Target {
+            namespace: namespace.clone(),
+            name: Some(name.clone()),
+            ..target.clone()
+        };
+        let attrs = Attributes {
+            dry_run: opts.dry_run,
+            ..admission_attrs(
+                &one,
+                req,
+                Operation::Delete,
+                &name,
+                None,
+                Some(obj.clone()),
+                opts.raw.clone(),
+            )
+        };
+        admission::admit(ctx, attrs).await?;
+        if opts.dry_run {
+            deleted.push(obj);
+            continue;
+        }
+        match delete_object(ctx, def, &namespace, &name, &opts) {
+            Ok(v) => deleted.push(v),
+            Err(e) if e.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok((
+        StatusCode::OK,
+        json!({"kind": format!("{}List", def.kind), "apiVersion": def.api_version(),
+               "metadata": {"resourceVersion": rv.to_string()}, "items": deleted}),
+    ))
+}
+
+/// POST pods/{name}/binding: assigns the pod to a node once.
+pub(crate) async fn bind(
+    ctx: &Arc<Ctx>,
+    target: &Target,
+    req: &Req,
+) -> ApiResult<(StatusCode, Value)> {
+    let def = &target.def;
+    let name = target.name.clone().unwrap_or_default();
+    let body = req
+        .json()?
+        .ok_or_else(|| ApiError::bad_request("the request body is empty"))?;
+    let node = body
+        .pointer("/target/name")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| ApiError::invalid("", "Binding", &name, "target.name: Required value"))?
+        .to_string();
+    for _ in 0..MAX_RACE_RETRIES {
+        let old = get(ctx, target)?;
+        let current = old
+            .pointer("/spec/nodeName")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if !current.is_empty() {
+            return Err(ApiError::conflict(
+                &def.group,
+                &def.plural,
+                &name,
+                &format!("pod {name} is already assigned to node \"{current}\""),
+            ));
+        }
+        if old.pointer("/metadata/deletionTimestamp").is_some() {
+            return Err(ApiError::conflict(
+                &def.group,
+                &def.plural,
+                &name,
+                "pod is being deleted, cannot be assigned to a host",
+            ));
+        }
+        let mut new = old.clone();
+        new["spec"]["nodeName"] = json!(node);
+        if req.dry_run() {
+            return Ok((StatusCode::CREATED, success_status()));
+        }
+        let key = def.key(&target.namespace, &name);
+        match ctx.store.update(&def.table(), &key, rv_of(&old), new) {
+            Ok(_) => return Ok((StatusCode::CREATED, success_status())),
+            Err(StoreError::Conflict) => continue,
+            Err(_) => return Err(ApiError::not_found(&def.group, &def.plural, &name)),
+        }
+    }
+    Err(ApiError::stale(&def.group, &def.plural, &name))
+}
+
+pub(crate) fn success_status() -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
+}
+
+/// The user a request came from (for admission of internal writes).
+#[allow(dead_code)]
+pub(crate) fn internal_user(name: &str) -> UserInfo {
+    UserInfo::from_token(Some(name))
+}

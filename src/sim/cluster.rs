@@ -1,0 +1,482 @@
+//! A simulated cluster: the in-process API server plus the controllers, one kubelet per
+//! node, the load-balancer model and the app registry, all wired together and owned by
+//! one shutdown token. [`Cluster::deploy_web`] installs the standard workload (a
+//! Deployment behind a LoadBalancer Service with a PodDisruptionBudget) and waits until
+//! it serves; [`Cluster::traffic`] sends requests through its load balancer.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
+};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, Node, PodSpec, PodTemplateSpec, Service, ServicePort, ServiceSpec,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::PostParams;
+use kube::{Api, CustomResourceExt};
+
+use super::apiserver::{self, ApiServer};
+use super::controllers::{self, kubelet, users};
+use super::lb::{self, LbConfig, LoadBalancers};
+use super::traffic::apps::Apps;
+use super::traffic::timeline::{EventKind, Timeline};
+use super::traffic::{Target, Traffic, TrafficConfig};
+use crate::runtime::{Shutdown, spawn_owned};
+
+/// Errors of the simulated cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The API server did not start.
+    #[error("start simulated API server: {0}")]
+    ApiServer(#[source] apiserver::Error),
+    /// An API call made while setting up failed.
+    #[error("{action} {object}: {source}")]
+    Api {
+        action: &'static str,
+        object: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// A condition was not reached in time.
+    #[error("timed out after {after:?} waiting for {what}")]
+    Timeout { what: String, after: Duration },
+}
+
+/// Result of this module.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn api_err(action: &'static str, object: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+    let object = object.into();
+    move |source| Error::Api {
+        action,
+        object,
+        source,
+    }
+}
+
+/// Shape and timings of a simulated cluster.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// Number of worker nodes (`worker-1` ... `worker-N`).
+    pub nodes: usize,
+    /// Container timings.
+    pub kubelet: kubelet::KubeletConfig,
+    /// Load-balancer lags.
+    pub lb: LbConfig,
+    /// API server settings.
+    pub api: apiserver::Config,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            nodes: 3,
+            kubelet: kubelet::KubeletConfig {
+                start_delay: Duration::from_millis(500),
+                accept_after_sigterm: Duration::ZERO,
+                exit_after_sigterm: Duration::from_secs(1),
+            },
+            lb: LbConfig {
+                registration_lag: Duration::from_millis(500),
+                deregistration_lag: Duration::from_secs(3),
+            },
+            api: apiserver::Config::default(),
+        }
+    }
+}
+
+/// The standard workload: a Deployment behind a LoadBalancer Service, with a PDB.
+#[derive(Clone, Debug)]
+pub struct WebSpec {
+    pub namespace: String,
+    /// Name of the Deployment, Service and PDB; also the `app` label.
+    pub name: String,
+    pub replicas: i32,
+    /// The PDB's minAvailable.
+    pub min_available: i32,
+    /// terminationGracePeriodSeconds of the pods.
+    pub grace_period_seconds: i64,
+    pub max_surge: IntOrString,
+    pub max_unavailable: IntOrString,
+}
+
+impl Default for WebSpec {
+    fn default() -> Self {
+        Self {
+            namespace: "default".into(),
+            name: "web".into(),
+            replicas: 4,
+            min_available: 3,
+            grace_period_seconds: 30,
+            max_surge: IntOrString::Int(1),
+            max_unavailable: IntOrString::Int(0),
+        }
+    }
+}
+
+impl WebSpec {
+    /// `ns/name` of the Service, the key of its load balancer.
+    pub fn service_key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// The Deployment.
+    pub fn deployment(&self) -> Deployment {
+        let labels: BTreeMap<String, String> = [("app".to_string(), self.name.clone())].into();
+        let container = Container {
+            name: "web".into(),
+            image: Some("sim/web:1".into()),
+            ports: Some(vec![ContainerPort {
+                name: Some("http".into()),
+                container_port: 8080,
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        Deployment {
+            metadata: self.meta(),
+            spec: Some(DeploymentSpec {
+                replicas: Some(self.replicas),
+                selector: LabelSelector {
+                    match_labels: Some(labels.clone()),
+                    ..Default::default()
+                },
+                strategy: Some(DeploymentStrategy {
+                    type_: Some("RollingUpdate".into()),
+                    rolling_update: Some(RollingUpdateDeployment {
+                        max_surge: Some(self.max_surge.clone()),
+                        max_unavailable: Some(self.max_unavailable.clone()),
+                    }),
+                }),
+                template: PodTemplateSpec {
+                    metadata: Some(ObjectMeta {
+                        labels: Some(labels),
+                        ..Default::default()
+                    }),
+                    spec: Some(PodSpec {
+                        containers: vec![container],
+                        termination_grace_period_seconds: Some(self.grace_period_seconds),
+                        ..Default::default()
+                    }),
+                },
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+
+    /// The LoadBalancer Service.
+    pub fn service(&self) -> Service {
+        Service {
+            metadata: self.meta(),
+            spec: Some(ServiceSpec {
+                type_: Some("LoadBalancer".into()),
+                selector: Some([("app".to_string(), self.name.clone())].into()),
+                ports: Some(vec![ServicePort {
+                    name: Some("http".into()),
+                    port: 80,
+                    target_port: Some(IntOrString::String("http".into())),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+
+    /// The PodDisruptionBudget.
+    pub fn pdb(&self) -> PodDisruptionBudget {
+        PodDisruptionBudget {
+            metadata: self.meta(),
+            spec: Some(PodDisruptionBudgetSpec {
+                min_available: Some(IntOrString::Int(self.min_available)),
+                selector: Some(LabelSelector {
+                    match_labels: Some([("app".to_string(), self.name.clone())].into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+
+    fn meta(&self) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(self.name.clone()),
+            namespace: Some(self.namespace.clone()),
+            labels: Some([("app".to_string(), self.name.clone())].into()),
+            ..Default::default()
+        }
+    }
+}
+
+/// A running simulated cluster. Dropping it stops everything it started.
+pub struct Cluster {
+    api: ApiServer,
+    apps: Apps,
+    lbs: LoadBalancers,
+    timeline: Timeline,
+    nodes: Vec<String>,
+    shutdown: Shutdown,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+impl Cluster {
+    /// Starts the API server, registers the nodes and starts every controller, kubelet
+    /// and the load balancers. Stops when `shutdown` is cancelled or the cluster dropped.
+    pub async fn start(cfg: ClusterConfig, shutdown: Shutdown) -> Result<Cluster> {
+        let shutdown = shutdown.child_token();
+        let api = ApiServer::start(cfg.api.clone(), shutdown.clone())
+            .await
+            .map_err(Error::ApiServer)?;
+        let timeline = Timeline::new();
+        let apps = Apps::default();
+        let lbs = LoadBalancers::new(cfg.lb, timeline.clone());
+        let nodes: Vec<String> = (1..=cfg.nodes).map(|i| format!("worker-{i}")).collect();
+        for (index, node) in nodes.iter().enumerate() {
+            let client = api.client(&users::kubelet(node));
+            register_node(&client, node).await?;
+            let ctx = kubelet::Context {
+                client,
+                node: node.clone(),
+                node_index: index,
+                config: cfg.kubelet,
+                apps: apps.clone(),
+                timeline: timeline.clone(),
+            };
+            spawn_owned(
+                "kubelet",
+                shutdown.clone(),
+                kubelet::run(ctx, shutdown.clone()),
+            );
+        }
+        let s = &shutdown;
+        spawn_owned(
+            "scheduler",
+            s.clone(),
+            controllers::scheduler::run(api.client(users::SCHEDULER), s.clone()),
+        );
+        spawn_owned(
+            "replicaset-controller",
+            s.clone(),
+            controllers::replicaset::run(api.client(users::REPLICASET), s.clone()),
+        );
+        spawn_owned(
+            "deployment-controller",
+            s.clone(),
+            controllers::deployment::run(api.client(users::DEPLOYMENT), s.clone()),
+        );
+        spawn_owned(
+            "endpointslice-controller",
+            s.clone(),
+            controllers::endpointslice::run(api.client(users::ENDPOINTSLICE), s.clone()),
+        );
+        spawn_owned(
+            "disruption-controller",
+            s.clone(),
+            controllers::disruption::run(api.client(users::DISRUPTION), s.clone()),
+        );
+        spawn_owned(
+            "garbage-collector",
+            s.clone(),
+            controllers::gc::run(api.client(users::GARBAGE_COLLECTOR), s.clone()),
+        );
+        spawn_owned(
+            "load-balancers",
+            s.clone(),
+            lb::run(
+                api.client(users::SERVICE_CONTROLLER),
+                lbs.clone(),
+                s.clone(),
+            ),
+        );
+        let cluster = Cluster {
+            api,
+            apps,
+            lbs,
+            timeline,
+            nodes,
+            shutdown,
+        };
+        cluster.install_lifecycle_crds().await?;
+        Ok(cluster)
+    }
+
+    /// The API server.
+    pub fn api(&self) -> &ApiServer {
+        &self.api
+    }
+
+    /// A client authenticated as `admin`.
+    pub fn client(&self) -> kube::Client {
+        self.api.client("admin")
+    }
+
+    /// The worker node names.
+    pub fn nodes(&self) -> &[String] {
+        &self.nodes
+    }
+
+    /// The app registry.
+    pub fn apps(&self) -> &Apps {
+        &self.apps
+    }
+
+    /// The load balancers.
+    pub fn lbs(&self) -> &LoadBalancers {
+        &self.lbs
+    }
+
+    /// The timeline of the run.
+    pub fn timeline(&self) -> &Timeline {
+        &self.timeline
+    }
+
+    /// The token that stops this cluster (a child of the one it was started with).
+    pub fn shutdown(&self) -> &Shutdown {
+        &self.shutdown
+    }
+
+    /// Registers the `lifecycle.k8s.io` CustomResourceDefinitions.
+    async fn install_lifecycle_crds(&self) -> Result<()> {
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        let api: Api<CustomResourceDefinition> = Api::all(self.client());
+        for crd in [
+            crate::lifecycle::LifecycleEvent::crd(),
+            crate::lifecycle::LifecycleTransition::crd(),
+        ] {
+            let name = crd.metadata.name.clone().unwrap_or_default();
+            match api.create(&PostParams::default(), &crd).await {
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                r => {
+                    r.map_err(api_err(
+                        "create",
+                        format!("customresourcedefinition {name}"),
+                    ))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates the standard workload and waits (up to `timeout`) until every replica
+    /// is ready and registered in the load balancer.
+    pub async fn deploy_web(&self, spec: &WebSpec, timeout: Duration) -> Result<()> {
+        let client = self.client();
+        let ns = &spec.namespace;
+        let object = spec.service_key();
+        Api::<Service>::namespaced(client.clone(), ns)
+            .create(&PostParams::default(), &spec.service())
+            .await
+            .map_err(api_err("create service", object.clone()))?;
+        Api::<PodDisruptionBudget>::namespaced(client.clone(), ns)
+            .create(&PostParams::default(), &spec.pdb())
+            .await
+            .map_err(api_err("create pdb", object.clone()))?;
+        Api::<Deployment>::namespaced(client, ns)
+            .create(&PostParams::default(), &spec.deployment())
+            .await
+            .map_err(api_err("create deployment", object))?;
+        self.wait_web_ready(spec, timeout).await
+    }
+
+    /// Waits until the Deployment is fully rolled out and every replica is routable.
+    pub async fn wait_web_ready(&self, spec: &WebSpec, timeout: Duration) -> Result<()> {
+        let api: Api<Deployment> = Api::namespaced(self.client(), &spec.namespace);
+        let replicas = spec.replicas;
+        let what = format!(
+            "deployment {} ready behind its load balancer",
+            spec.service_key()
+        );
+        wait_for(&what, timeout, || async {
+            let d = api.get(&spec.name).await.ok();
+            let rolled_out = d.as_ref().and_then(|d| d.status.as_ref()).is_some_and(|s| {
+                s.replicas == Some(replicas)
+                    && s.updated_replicas == Some(replicas)
+                    && s.available_replicas == Some(replicas)
+            });
+            let routable = self
+                .lbs
+                .registered(&spec.service_key(), Instant::now())
+                .len();
+            rolled_out && routable == usize::try_from(replicas).unwrap_or(0)
+        })
+        .await
+    }
+
+    /// Starts traffic through the load balancer of `spec`'s Service.
+    pub fn traffic(&self, spec: &WebSpec, cfg: TrafficConfig) -> Traffic {
+        let target = Target {
+            service: spec.service_key(),
+            lbs: self.lbs.clone(),
+            apps: self.apps.clone(),
+            timeline: self.timeline.clone(),
+        };
+        Traffic::start(target, cfg, &self.shutdown)
+    }
+
+    /// Records a scenario step on the timeline.
+    pub fn step(&self, what: impl Into<String>) {
+        self.timeline.record(EventKind::Step, what);
+    }
+}
+
+/// Polls `check` every 50 ms until it holds or `timeout` passes.
+pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    // Polling period: quick enough for timings of a few hundred milliseconds, cheap
+    // enough for the API server.
+    const POLL: Duration = Duration::from_millis(50);
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check().await {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::Timeout {
+                what: what.to_string(),
+                after: timeout,
+            });
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+async fn register_node(client: &kube::Client, name: &str) -> Result<()> {
+    let labels: BTreeMap<String, String> = [
+        ("kubernetes.io/hostname".to_string(), name.to_string()),
+        ("kubernetes.io/os".to_string(), "linux".to_string()),
+        ("node-role.kubernetes.io/worker".to_string(), String::new()),
+    ]
+    .into();
+    let node = Node {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    match Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await
+    {
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        r => r
+            .map(|_| ())
+            .map_err(api_err("register", format!("node {name}"))),
+    }
+}

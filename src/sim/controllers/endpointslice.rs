@@ -1,0 +1,409 @@
+//! The simulated EndpointSlice controller, as
+//! `system:serviceaccount:kube-system:endpointslice-controller`.
+//!
+//! One slice per Service with a selector, named `<service>-<5 characters of its UID>`,
+//! labelled `kubernetes.io/service-name` and `endpointslice.kubernetes.io/managed-by`:
+//! an endpoint per pod matching the selector that has an IP, with conditions
+//! `ready` (Ready and not terminating), `serving` (Ready) and `terminating`, and a
+//! `targetRef` to the pod. Slices of Services that are gone are deleted.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::{DeleteParams, PostParams};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
+use tokio::sync::Notify;
+
+use super::{
+    Result, api_err, labels_of, map_selector_matches, next_pass, ns_name, pod_finished, pod_ready,
+    ready, reflect, status_code,
+};
+use crate::runtime::Shutdown;
+use crate::sim::lb::SERVICE_NAME_LABEL;
+
+/// Label naming the controller that manages a slice.
+pub const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
+/// Our value of [`MANAGED_BY_LABEL`] (the upstream controller's).
+pub const MANAGED_BY: &str = "endpointslice-controller.k8s.io";
+
+/// The name of the slice of `svc`.
+pub fn slice_name(svc: &Service) -> String {
+    let uid = svc.uid().unwrap_or_default();
+    let suffix: String = uid
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(5)
+        .collect();
+    format!("{}-{}", svc.name_any(), suffix.to_lowercase())
+}
+
+fn pod_ip(pod: &Pod) -> Option<String> {
+    pod.status
+        .as_ref()?
+        .pod_ip
+        .clone()
+        .filter(|ip| !ip.is_empty())
+}
+
+fn port_for(target: Option<&IntOrString>, port: i32, pods: &[&Pod]) -> Option<i32> {
+    match target {
+        None => Some(port),
+        Some(IntOrString::Int(n)) => Some(*n),
+        Some(IntOrString::String(name)) => pods.iter().find_map(|p| {
+            p.spec
+                .as_ref()?
+                .containers
+                .iter()
+                .flat_map(|c| c.ports.iter().flatten())
+                .find(|cp| cp.name.as_deref() == Some(name.as_str()))
+                .map(|cp| cp.container_port)
+        }),
+    }
+}
+
+/// The slice `svc` should have, given the pods of its namespace (`None` without selector).
+pub fn desired_slice(svc: &Service, pods: &[Arc<Pod>]) -> Option<EndpointSlice> {
+    let spec = svc.spec.as_ref()?;
+    let selector = spec.selector.as_ref().filter(|s| !s.is_empty())?;
+    let (ns, name) = ns_name(svc);
+    let mut members: Vec<&Pod> = pods
+        .iter()
+        .map(|p| &**p)
+        .filter(|p| {
+            !pod_finished(p)
+                && pod_ip(p).is_some()
+                && map_selector_matches(Some(selector), &labels_of(*p))
+        })
+        .collect();
+    members.sort_by_key(|p| p.name_any());
+    let endpoints = members
+        .iter()
+        .map(|p| {
+            let serving = pod_ready(p);
+            let terminating = p.metadata.deletion_timestamp.is_some();
+            Endpoint {
+                addresses: pod_ip(p).into_iter().collect(),
+                conditions: Some(EndpointConditions {
+                    ready: Some(serving && !terminating),
+                    serving: Some(serving),
+                    terminating: Some(terminating),
+                }),
+                node_name: p.spec.as_ref().and_then(|s| s.node_name.clone()),
+                target_ref: Some(ObjectReference {
+                    kind: Some("Pod".into()),
+                    name: Some(p.name_any()),
+                    namespace: Some(ns.clone()),
+                    uid: p.uid(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }
+        })
+        .collect();
+    let ports = spec
+        .ports
+        .iter()
+        .flatten()
+        .filter_map(|sp| {
+            Some(EndpointPort {
+                name: Some(sp.name.clone().unwrap_or_default()),
+                port: Some(port_for(sp.target_port.as_ref(), sp.port, &members)?),
+                protocol: Some(sp.protocol.clone().unwrap_or_else(|| "TCP".into())),
+                app_protocol: sp.app_protocol.clone(),
+            })
+        })
+        .collect();
+    let labels: BTreeMap<String, String> = [
+        (SERVICE_NAME_LABEL.to_string(), name.clone()),
+        (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
+    ]
+    .into();
+    Some(EndpointSlice {
+        address_type: "IPv4".into(),
+        endpoints,
+        ports: Some(ports),
+        metadata: ObjectMeta {
+            name: Some(slice_name(svc)),
+            namespace: Some(ns),
+            labels: Some(labels),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "v1".into(),
+                kind: "Service".into(),
+                name,
+                uid: svc.uid().unwrap_or_default(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            }]),
+            ..Default::default()
+        },
+    })
+}
+
+fn same_content(a: &EndpointSlice, b: &EndpointSlice) -> bool {
+    a.endpoints == b.endpoints && a.ports == b.ports && a.metadata.labels == b.metadata.labels
+}
+
+struct Controller {
+    client: kube::Client,
+    services: Store<Service>,
+    pods: Store<Pod>,
+    slices: Store<EndpointSlice>,
+    /// The slices as we last wrote them: fresher than the cache right after a write.
+    written: std::collections::HashMap<(Option<String>, Option<String>), EndpointSlice>,
+}
+
+/// The fresher of two versions of one slice (resourceVersions are numbers here, as in
+/// etcd; anything else prefers the cache).
+fn fresher<'a>(
+    cached: Option<&'a EndpointSlice>,
+    written: Option<&'a EndpointSlice>,
+) -> Option<&'a EndpointSlice> {
+    let rv = |s: &EndpointSlice| {
+        s.metadata
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    match (cached, written) {
+        (Some(c), Some(w)) if rv(w) > rv(c) => Some(w),
+        (Some(c), _) => Some(c),
+        (None, _) => None,
+    }
+}
+
+impl Controller {
+    async fn pass(&mut self) -> Option<Instant> {
+        let mut by_ns: BTreeMap<String, Vec<Arc<Pod>>> = BTreeMap::new();
+        for pod in self.pods.state() {
+            by_ns
+                .entry(pod.namespace().unwrap_or_default())
+                .or_default()
+                .push(pod);
+        }
+        let slices = self.slices.state();
+        let mut wanted = Vec::new();
+        for svc in self.services.state() {
+            let pods = by_ns
+                .get(&svc.namespace().unwrap_or_default())
+                .cloned()
+                .unwrap_or_default();
+            let Some(want) = desired_slice(&svc, &pods) else {
+                continue;
+            };
+            wanted.push((want.metadata.namespace.clone(), want.metadata.name.clone()));
+            let id = (want.metadata.namespace.clone(), want.metadata.name.clone());
+            let cached = slices
+                .iter()
+                .find(|s| s.metadata.namespace == id.0 && s.metadata.name == id.1);
+            let have = fresher(cached.map(|s| &**s), self.written.get(&id)).cloned();
+            match self.write(have.as_ref(), want).await {
+                Ok(Some(written)) => {
+                    self.written.insert(id, written);
+                }
+                Ok(None) => {}
+                Err(error) => tracing::debug!(%error, "endpointslice write failed; will retry"),
+            }
+        }
+        for slice in &slices {
+            let id = (
+                slice.metadata.namespace.clone(),
+                slice.metadata.name.clone(),
+            );
+            if wanted.contains(&id) {
+                continue;
+            }
+            self.written.remove(&id);
+            let (ns, name) = ns_name(&**slice);
+            let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &ns);
+            if let Err(error) = api.delete(&name, &DeleteParams::default()).await
+                && status_code(&error) != Some(404)
+            {
+                tracing::info!(slice = %format!("{ns}/{name}"), %error, "delete endpointslice failed");
+            }
+        }
+        None
+    }
+
+    /// Creates or updates the slice; returns what was written, if anything.
+    async fn write(
+        &self,
+        have: Option<&EndpointSlice>,
+        mut want: EndpointSlice,
+    ) -> Result<Option<EndpointSlice>> {
+        let ns = want.metadata.namespace.clone().unwrap_or_default();
+        let name = want.metadata.name.clone().unwrap_or_default();
+        let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &ns);
+        let object = format!("endpointslice {ns}/{name}");
+        match have {
+            Some(have) if same_content(have, &want) => Ok(None),
+            Some(have) => {
+                want.metadata.resource_version = have.metadata.resource_version.clone();
+                let written = api
+                    .replace(&name, &PostParams::default(), &want)
+                    .await
+                    .map_err(api_err("update", object))?;
+                Ok(Some(written))
+            }
+            None => match api.create(&PostParams::default(), &want).await {
+                Ok(written) => Ok(Some(written)),
+                Err(e) if status_code(&e) != Some(409) => Err(api_err("create", object)(e)),
+                Err(_) => Ok(None),
+            },
+        }
+    }
+}
+
+/// Runs the EndpointSlice controller until `shutdown`.
+pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
+    let wake = Arc::new(Notify::new());
+    let services = reflect(
+        Api::<Service>::all(client.clone()),
+        watcher::Config::default(),
+        wake.clone(),
+        shutdown.clone(),
+    );
+    let pods = reflect(
+        Api::<Pod>::all(client.clone()),
+        watcher::Config::default(),
+        wake.clone(),
+        shutdown.clone(),
+    );
+    let managed = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
+    let slices = reflect(
+        Api::<EndpointSlice>::all(client.clone()),
+        managed,
+        wake.clone(),
+        shutdown.clone(),
+    );
+    if !(ready(&services, &shutdown).await
+        && ready(&pods, &shutdown).await
+        && ready(&slices, &shutdown).await)
+    {
+        return Ok(());
+    }
+    let mut ctl = Controller {
+        client,
+        services,
+        pods,
+        slices,
+        written: Default::default(),
+    };
+    loop {
+        let next = ctl.pass().await;
+        if !next_pass(&wake, &shutdown, next).await {
+            return Ok(());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{PodCondition, PodSpec, PodStatus, ServicePort, ServiceSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn svc() -> Service {
+        Service {
+            metadata: ObjectMeta {
+                name: Some("web".into()),
+                namespace: Some("ns".into()),
+                uid: Some("ABCDEF-123".into()),
+                ..Default::default()
+            },
+            spec: Some(ServiceSpec {
+                selector: Some([("app".to_string(), "web".to_string())].into()),
+                ports: Some(vec![ServicePort {
+                    port: 80,
+                    target_port: Some(IntOrString::Int(8080)),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+
+    fn pod(name: &str, app: &str, ready: bool, deleting: bool) -> Arc<Pod> {
+        Arc::new(Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                uid: Some(format!("{name}-uid")),
+                labels: Some([("app".to_string(), app.to_string())].into()),
+                deletion_timestamp: deleting.then_some(Time(jiff::Timestamp::UNIX_EPOCH)),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some("n1".into()),
+                ..Default::default()
+            }),
+            status: Some(PodStatus {
+                pod_ip: Some(format!("10.0.0.{}", name.len())),
+                conditions: Some(vec![PodCondition {
+                    type_: "Ready".into(),
+                    status: if ready { "True" } else { "False" }.into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+        })
+    }
+
+    #[test]
+    fn slice_lists_matching_pods_with_conditions() {
+        let pods = vec![
+            pod("a", "web", true, false),
+            pod("bb", "web", true, true),
+            pod("ccc", "web", false, false),
+            pod("d", "other", true, false),
+        ];
+        let slice = desired_slice(&svc(), &pods).unwrap();
+        assert_eq!(slice.metadata.name.as_deref(), Some("web-abcde"));
+        let got: Vec<_> = slice
+            .endpoints
+            .iter()
+            .map(|e| {
+                let c = e.conditions.clone().unwrap();
+                (
+                    e.target_ref.as_ref().unwrap().name.clone().unwrap(),
+                    c.ready.unwrap(),
+                    c.serving.unwrap(),
+                    c.terminating.unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("a".into(), true, true, false),
+                ("bb".into(), false, true, true),
+                ("ccc".into(), false, false, false)
+            ]
+        );
+        assert_eq!(slice.ports.unwrap()[0].port, Some(8080));
+        assert_eq!(
+            slice.endpoints[0]
+                .target_ref
+                .as_ref()
+                .unwrap()
+                .uid
+                .as_deref(),
+            Some("a-uid")
+        );
+    }
+
+    #[test]
+    fn services_without_selector_get_no_slice() {
+        let mut s = svc();
+        s.spec.as_mut().unwrap().selector = None;
+        assert!(desired_slice(&s, &[]).is_none());
+    }
+}

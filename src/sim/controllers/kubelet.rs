@@ -1,0 +1,412 @@
+//! The simulated kubelet of one node, authenticated as `system:node:<node>`.
+//!
+//! For each pod bound to its node it plays the container's life on the shared
+//! [`Apps`] registry: the app starts, serves `start_delay` later (the pod gets an IP,
+//! phase Running and Ready=True); once the pod has a deletionTimestamp, SIGTERM is
+//! delivered, Ready goes False, the app keeps accepting for `accept_after_sigterm`,
+//! exits `exit_after_sigterm` after SIGTERM (or when the grace period ends, if sooner),
+//! and the kubelet deletes the pod object (grace 0, UID precondition). A pod object that
+//! disappears takes its app with it. Everything significant goes to the timeline.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
+use tokio::sync::Notify;
+
+use super::{Result, api_err, key, next_pass, ns_name, ready, reflect, status_code};
+use crate::labels::DRAINING_LABEL;
+use crate::runtime::Shutdown;
+use crate::sim::traffic::apps::Apps;
+use crate::sim::traffic::timeline::{EventKind, Timeline};
+
+/// Concurrent status patches and deletes of one kubelet.
+const CALL_CONCURRENCY: usize = 16;
+/// Grace period when the pod does not say (the Kubernetes default).
+const DEFAULT_GRACE: Duration = Duration::from_secs(30);
+
+/// Timings of the simulated containers.
+#[derive(Clone, Copy, Debug)]
+pub struct KubeletConfig {
+    /// From "bound to the node" to "serving and Ready".
+    pub start_delay: Duration,
+    /// How long the app keeps accepting new requests after SIGTERM.
+    pub accept_after_sigterm: Duration,
+    /// How long after SIGTERM the app exits (capped by the grace period).
+    pub exit_after_sigterm: Duration,
+}
+
+/// What the kubelet knows about one of its pods.
+#[derive(Debug)]
+struct Local {
+    pod: String,
+    ip: String,
+    seen: Instant,
+    ready_reported: bool,
+    isolated: bool,
+    sigterm: Option<Instant>,
+    not_ready_reported: bool,
+    stopped_accepting: bool,
+    exited: bool,
+    deleted: bool,
+}
+
+/// An API call the kubelet decided on.
+#[derive(Debug)]
+enum Call {
+    Ready {
+        ns: String,
+        name: String,
+        ip: String,
+        containers: Vec<String>,
+    },
+    NotReady {
+        ns: String,
+        name: String,
+    },
+    Delete {
+        ns: String,
+        name: String,
+        uid: String,
+    },
+}
+
+struct Kubelet {
+    client: kube::Client,
+    node: String,
+    node_index: usize,
+    cfg: KubeletConfig,
+    apps: Apps,
+    timeline: Timeline,
+    pods: Store<Pod>,
+    local: HashMap<String, Local>,
+    next_ip: u32,
+}
+
+impl Kubelet {
+    fn new_ip(&mut self) -> String {
+        let n = self.next_ip;
+        self.next_ip += 1;
+        format!(
+            "10.{}.{}.{}",
+            100 + self.node_index % 150,
+            n / 250,
+            n % 250 + 2
+        )
+    }
+
+    /// Advances one pod; returns the call to make and when to look again.
+    fn step(&mut self, pod: &Pod, now: Instant) -> (Option<Call>, Option<Instant>) {
+        let uid = pod.uid().unwrap_or_default();
+        if !self.local.contains_key(&uid) {
+            let ip = self.new_ip();
+            let pod_key = key(pod);
+            self.apps.start(&uid, &pod_key);
+            self.local.insert(
+                uid.clone(),
+                Local {
+                    pod: pod_key,
+                    ip,
+                    seen: now,
+                    ready_reported: false,
+                    isolated: false,
+                    sigterm: None,
+                    not_ready_reported: false,
+                    stopped_accepting: false,
+                    exited: false,
+                    deleted: false,
+                },
+            );
+        }
+        let cfg = self.cfg;
+        let (apps, timeline) = (&self.apps, &self.timeline);
+        let Some(st) = self.local.get_mut(&uid) else {
+            return (None, None);
+        };
+        let (ns, name) = ns_name(pod);
+        if !st.isolated && pod.labels().contains_key(DRAINING_LABEL) {
+            st.isolated = true;
+            timeline.record(EventKind::Isolated, &st.pod);
+        }
+        let Some(grace) = pod
+            .metadata
+            .deletion_timestamp
+            .as_ref()
+            .map(|_| grace_of(pod))
+        else {
+            let serve_at = st.seen + cfg.start_delay;
+            if now < serve_at {
+                return (None, Some(serve_at));
+            }
+            apps.serve(&uid);
+            if st.ready_reported {
+                return (None, None);
+            }
+            let containers = container_names(pod);
+            return (
+                Some(Call::Ready {
+                    ns,
+                    name,
+                    ip: st.ip.clone(),
+                    containers,
+                }),
+                None,
+            );
+        };
+        let sigterm = *st.sigterm.get_or_insert_with(|| {
+            apps.sigterm(&uid);
+            timeline.record(EventKind::Terminating, &st.pod);
+            now
+        });
+        let stop_at = sigterm + cfg.accept_after_sigterm;
+        let exit_at = sigterm + cfg.exit_after_sigterm.min(grace);
+        let never_served = !st.ready_reported;
+        if !st.stopped_accepting && (now >= stop_at || now >= exit_at || never_served) {
+            st.stopped_accepting = true;
+            apps.stop_accepting(&uid);
+            timeline.record(EventKind::StoppedAccepting, &st.pod);
+        }
+        if !st.exited && (now >= exit_at || never_served) {
+            st.exited = true;
+            apps.exit(&uid);
+        }
+        if st.exited && !st.deleted {
+            let uid = uid.clone();
+            return (Some(Call::Delete { ns, name, uid }), None);
+        }
+        if !st.not_ready_reported {
+            return (
+                Some(Call::NotReady { ns, name }),
+                Some(stop_at.min(exit_at)),
+            );
+        }
+        let next = if st.stopped_accepting {
+            exit_at
+        } else {
+            stop_at.min(exit_at)
+        };
+        (None, (!st.exited).then_some(next))
+    }
+
+    async fn pass(&mut self) -> Option<Instant> {
+        let now = Instant::now();
+        let pods = self.pods.state();
+        let mut calls = Vec::new();
+        let mut next: Option<Instant> = None;
+        for pod in &pods {
+            let (call, at) = self.step(pod, now);
+            calls.extend(call.map(|c| (pod.uid().unwrap_or_default(), c)));
+            next = match (next, at) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        self.forget_gone(&pods);
+        let (client, node) = (&self.client, &self.node);
+        let done: Vec<(String, Call)> = futures::stream::iter(calls)
+            .map(|(uid, call)| async move {
+                match make_call(client, &call).await {
+                    Ok(()) => Some((uid, call)),
+                    Err(error) => {
+                        tracing::info!(%node, %error, "kubelet call failed; will retry");
+                        None
+                    }
+                }
+            })
+            .buffer_unordered(CALL_CONCURRENCY)
+            .filter_map(|x| async move { x })
+            .collect()
+            .await;
+        for (uid, call) in done {
+            let Some(st) = self.local.get_mut(&uid) else {
+                continue;
+            };
+            match call {
+                Call::Ready { .. } => {
+                    st.ready_reported = true;
+                    self.timeline.record(EventKind::Ready, &st.pod);
+                }
+                Call::NotReady { .. } => st.not_ready_reported = true,
+                Call::Delete { .. } => st.deleted = true,
+            }
+        }
+        next
+    }
+
+    /// Pods gone from the cache: their apps go too.
+    fn forget_gone(&mut self, pods: &[Arc<Pod>]) {
+        let live: std::collections::HashSet<String> = pods.iter().filter_map(|p| p.uid()).collect();
+        let (apps, timeline) = (&self.apps, &self.timeline);
+        self.local.retain(|uid, st| {
+            if live.contains(uid) {
+                return true;
+            }
+            if apps.exit(uid) > 0 {
+                tracing::debug!(pod = %st.pod, "requests in flight cut by deletion");
+            }
+            apps.remove(uid);
+            timeline.record(EventKind::Deleted, &st.pod);
+            false
+        });
+    }
+}
+
+fn grace_of(pod: &Pod) -> Duration {
+    pod.metadata
+        .deletion_grace_period_seconds
+        .and_then(|s| u64::try_from(s).ok())
+        .map_or(DEFAULT_GRACE, Duration::from_secs)
+}
+
+fn container_names(pod: &Pod) -> Vec<String> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.containers.iter().map(|c| c.name.clone()))
+        .collect()
+}
+
+fn ready_status(ip: &str, containers: &[String], ready: bool) -> serde_json::Value {
+    let now = jiff::Timestamp::now().to_string();
+    let flag = if ready { "True" } else { "False" };
+    let statuses: Vec<serde_json::Value> = containers
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "name": c, "ready": ready, "started": true, "restartCount": 0,
+                "image": "sim", "imageID": "sim", "containerID": format!("sim://{c}"),
+                "state": {"running": {"startedAt": now}},
+            })
+        })
+        .collect();
+    let mut status = serde_json::json!({
+        "phase": "Running",
+        "conditions": [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+            {"type": "Initialized", "status": "True", "lastTransitionTime": now},
+            {"type": "ContainersReady", "status": flag, "lastTransitionTime": now},
+            {"type": "Ready", "status": flag, "lastTransitionTime": now},
+        ],
+    });
+    if ready {
+        status["podIP"] = ip.into();
+        status["podIPs"] = serde_json::json!([{"ip": ip}]);
+        status["startTime"] = now.clone().into();
+        status["containerStatuses"] = statuses.into();
+    }
+    serde_json::json!({ "status": status })
+}
+
+async fn make_call(client: &kube::Client, call: &Call) -> Result<()> {
+    let pp = PatchParams::default();
+    match call {
+        Call::Ready {
+            ns,
+            name,
+            ip,
+            containers,
+        } => {
+            let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+            let patch = Patch::Merge(ready_status(ip, containers, true));
+            match api.patch_status(name, &pp, &patch).await {
+                Err(e) if status_code(&e) != Some(404) => {
+                    Err(api_err("report ready", format!("pod {ns}/{name}"))(e))
+                }
+                _ => Ok(()),
+            }
+        }
+        Call::NotReady { ns, name } => {
+            let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+            let patch = Patch::Merge(ready_status("", &[], false));
+            match api.patch_status(name, &pp, &patch).await {
+                Err(e) if status_code(&e) != Some(404) => {
+                    Err(api_err("report not ready", format!("pod {ns}/{name}"))(e))
+                }
+                _ => Ok(()),
+            }
+        }
+        Call::Delete { ns, name, uid } => {
+            let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+            let dp = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: Some(Preconditions {
+                    uid: Some(uid.clone()),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match api.delete(name, &dp).await {
+                // 404: already gone; 409: a same-name replacement, not ours.
+                Err(e) if !matches!(status_code(&e), Some(404 | 409)) => {
+                    Err(api_err("delete", format!("pod {ns}/{name}"))(e))
+                }
+                _ => Ok(()),
+            }
+        }
+    }
+}
+
+/// Marks the node Ready, as a kubelet's first status report does.
+async fn report_node_ready(client: &kube::Client, node: &str) -> Result<()> {
+    let now = jiff::Timestamp::now().to_string();
+    let patch = serde_json::json!({"status": {"conditions": [{
+        "type": "Ready", "status": "True", "reason": "KubeletReady",
+        "message": "kubelet is posting ready status",
+        "lastHeartbeatTime": now, "lastTransitionTime": now,
+    }]}});
+    Api::<Node>::all(client.clone())
+        .patch_status(node, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .map_err(api_err("report ready", format!("node {node}")))?;
+    Ok(())
+}
+
+/// Everything one kubelet needs.
+pub struct Context {
+    /// Authenticated as `system:node:<node>`.
+    pub client: kube::Client,
+    pub node: String,
+    /// Distinguishes the pod IP ranges of nodes.
+    pub node_index: usize,
+    pub config: KubeletConfig,
+    pub apps: Apps,
+    pub timeline: Timeline,
+}
+
+/// Runs the kubelet of `ctx.node` until `shutdown`.
+pub async fn run(ctx: Context, shutdown: Shutdown) -> Result<()> {
+    report_node_ready(&ctx.client, &ctx.node).await?;
+    let wake = Arc::new(Notify::new());
+    let cfg = watcher::Config::default().fields(&format!("spec.nodeName={}", ctx.node));
+    let pods = reflect(
+        Api::<Pod>::all(ctx.client.clone()),
+        cfg,
+        wake.clone(),
+        shutdown.clone(),
+    );
+    if !ready(&pods, &shutdown).await {
+        return Ok(());
+    }
+    let mut kubelet = Kubelet {
+        client: ctx.client,
+        node: ctx.node,
+        node_index: ctx.node_index,
+        cfg: ctx.config,
+        apps: ctx.apps,
+        timeline: ctx.timeline,
+        pods,
+        local: HashMap::new(),
+        next_ip: 0,
+    };
+    loop {
+        let next = kubelet.pass().await;
+        if !next_pass(&wake, &shutdown, next).await {
+            return Ok(());
+        }
+    }
+}

@@ -1,0 +1,213 @@
+//! The simulated scheduler: binds pending pods without a node to a schedulable node
+//! (not cordoned, Ready, matching the pod's nodeSelector, NoSchedule/NoExecute taints
+//! tolerated), picking the least-loaded node (ties by name), through the `binding`
+//! subresource as `system:kube-scheduler`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod, Taint, Toleration};
+use kube::api::PostParams;
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
+use tokio::sync::Notify;
+
+use super::{Result, labels_of, next_pass, ns_name, pod_finished, ready, reflect, status_code};
+use crate::runtime::Shutdown;
+
+/// Concurrent binding calls; the API server handles them independently, and 16 keeps
+/// a 500-pod burst quick without flooding it.
+const BIND_CONCURRENCY: usize = 16;
+
+/// Whether `pod` tolerates `taint`.
+fn tolerates(tolerations: &[Toleration], taint: &Taint) -> bool {
+    tolerations.iter().any(|t| {
+        let key_ok = match t.key.as_deref() {
+            None | Some("") => t.operator.as_deref() == Some("Exists"),
+            Some(k) => k == taint.key,
+        };
+        let value_ok = match t.operator.as_deref() {
+            Some("Exists") => true,
+            _ => {
+                t.value.as_deref().unwrap_or_default() == taint.value.as_deref().unwrap_or_default()
+            }
+        };
+        let effect_ok = t
+            .effect
+            .as_deref()
+            .is_none_or(|e| e.is_empty() || e == taint.effect);
+        key_ok && value_ok && effect_ok
+    })
+}
+
+/// Whether `pod` may be placed on `node`.
+pub fn fits(pod: &Pod, node: &Node) -> bool {
+    let spec = node.spec.as_ref();
+    if spec.and_then(|s| s.unschedulable) == Some(true) {
+        return false;
+    }
+    let not_ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status != "True");
+    if not_ready {
+        return false;
+    }
+    let pod_spec = pod.spec.as_ref();
+    let node_labels = labels_of(node);
+    let selector_ok = pod_spec
+        .and_then(|s| s.node_selector.as_ref())
+        .into_iter()
+        .flatten()
+        .all(|(k, v)| node_labels.get(k) == Some(v));
+    let tolerations = pod_spec
+        .and_then(|s| s.tolerations.clone())
+        .unwrap_or_default();
+    let taints_ok = spec
+        .and_then(|s| s.taints.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+        .all(|t| tolerates(&tolerations, t));
+    selector_ok && taints_ok
+}
+
+/// The least-loaded node `pod` fits on (ties broken by name), given pods per node.
+pub fn pick_node<'a>(
+    pod: &Pod,
+    nodes: &'a [Arc<Node>],
+    load: &HashMap<String, usize>,
+) -> Option<&'a str> {
+    nodes
+        .iter()
+        .filter(|n| fits(pod, n))
+        .map(|n| n.metadata.name.as_deref().unwrap_or_default())
+        .min_by_key(|name| (load.get(*name).copied().unwrap_or(0), *name))
+}
+
+fn wants_scheduling(pod: &Pod) -> bool {
+    let spec = pod.spec.as_ref();
+    pod.metadata.deletion_timestamp.is_none()
+        && !pod_finished(pod)
+        && spec
+            .and_then(|s| s.node_name.as_deref())
+            .unwrap_or_default()
+            .is_empty()
+        && spec
+            .and_then(|s| s.scheduler_name.as_deref())
+            .is_none_or(|s| s == "default-scheduler")
+}
+
+struct Scheduler {
+    client: kube::Client,
+    pods: Store<Pod>,
+    nodes: Store<Node>,
+    /// Pods bound by us that the cache does not show bound yet: uid → node.
+    assumed: HashMap<String, String>,
+}
+
+impl Scheduler {
+    async fn pass(&mut self) -> Option<Instant> {
+        let pods = self.pods.state();
+        let nodes = self.nodes.state();
+        let mut load: HashMap<String, usize> = HashMap::new();
+        let mut present: BTreeMap<String, bool> = BTreeMap::new();
+        for pod in &pods {
+            let uid = pod.uid().unwrap_or_default();
+            let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+            present.insert(uid, node.is_some());
+            if let Some(node) = node.filter(|_| !pod_finished(pod)) {
+                *load.entry(node).or_default() += 1;
+            }
+        }
+        self.assumed
+            .retain(|uid, _| present.get(uid).is_some_and(|bound| !bound));
+        for node in self.assumed.values() {
+            *load.entry(node.clone()).or_default() += 1;
+        }
+        let mut bindings = Vec::new();
+        for pod in pods.iter().filter(|p| wants_scheduling(p)) {
+            let uid = pod.uid().unwrap_or_default();
+            if self.assumed.contains_key(&uid) {
+                continue;
+            }
+            let Some(node) = pick_node(pod, &nodes, &load) else {
+                continue;
+            };
+            *load.entry(node.to_string()).or_default() += 1;
+            self.assumed.insert(uid.clone(), node.to_string());
+            bindings.push((ns_name(&**pod), uid, node.to_string()));
+        }
+        let client = &self.client;
+        let failed: Vec<String> = futures::stream::iter(bindings)
+            .map(|((ns, name), uid, node)| async move {
+                match bind(client, &ns, &name, &node).await {
+                    Ok(()) => None,
+                    Err(error) if status_code(&error) == Some(404) => None,
+                    Err(error) => {
+                        tracing::info!(pod = %format!("{ns}/{name}"), %node, %error, "bind failed");
+                        Some(uid)
+                    }
+                }
+            })
+            .buffer_unordered(BIND_CONCURRENCY)
+            .filter_map(|x| async move { x })
+            .collect()
+            .await;
+        for uid in failed {
+            self.assumed.remove(&uid);
+        }
+        None
+    }
+}
+
+async fn bind(client: &kube::Client, ns: &str, name: &str, node: &str) -> Result<(), kube::Error> {
+    let body = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": name, "namespace": ns},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    });
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    api.create_subresource::<_, serde_json::Value>("binding", name, &PostParams::default(), &body)
+        .await?;
+    Ok(())
+}
+
+/// Runs the scheduler as `system:kube-scheduler` until `shutdown`.
+pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
+    let wake = Arc::new(Notify::new());
+    let pods = reflect(
+        Api::<Pod>::all(client.clone()),
+        watcher::Config::default(),
+        wake.clone(),
+        shutdown.clone(),
+    );
+    let nodes = reflect(
+        Api::<Node>::all(client.clone()),
+        watcher::Config::default(),
+        wake.clone(),
+        shutdown.clone(),
+    );
+    if !(ready(&pods, &shutdown).await && ready(&nodes, &shutdown).await) {
+        return Ok(());
+    }
+    let mut sched = Scheduler {
+        client,
+        pods,
+        nodes,
+        assumed: HashMap::new(),
+    };
+    loop {
+        let next = sched.pass().await;
+        if !next_pass(&wake, &shutdown, next).await {
+            return Ok(());
+        }
+    }
+}

@@ -1,0 +1,382 @@
+//! Starting graceful-drain's real components inside the simulator, the way a user
+//! would: each is given its documented command-line flags (parsed by clap, exactly as
+//! the binary parses them), a kubeconfig written by the simulated API server, a
+//! certificate from [`crate::certs::generate`] and temporary socket folders. The
+//! webhook configurations are created through the API with a `url` clientConfig.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use clap::Parser;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Api;
+use kube::api::PostParams;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::task::JoinHandle;
+
+use super::Error;
+use crate::runtime::Shutdown;
+use crate::sim::cluster::Cluster;
+
+/// Namespace of our components (the chart's default).
+pub const NAMESPACE: &str = "graceful-drain";
+/// User of the in-process webhook.
+pub const WEBHOOK_USER: &str = "system:serviceaccount:graceful-drain:graceful-drain-webhook";
+/// User of the in-process node agents.
+pub const AGENT_USER: &str = "system:serviceaccount:graceful-drain:graceful-drain-node-agent";
+/// How long a component may take to become ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How graceful-drain is configured in a scenario.
+#[derive(Clone, Debug)]
+pub struct ComponentsConfig {
+    /// The webhook's `--deregistration-delay`.
+    pub deregistration_delay: Duration,
+    /// The webhook's `--timeout-seconds` (also the configurations' timeoutSeconds).
+    pub timeout_seconds: u32,
+}
+
+#[derive(Parser)]
+#[command(name = "webhook")]
+struct WebhookCli {
+    #[command(flatten)]
+    args: crate::webhook::Args,
+}
+
+#[derive(Parser)]
+#[command(name = "node-agent")]
+struct AgentCli {
+    #[command(flatten)]
+    args: crate::agent::Args,
+}
+
+/// A folder under the system temporary directory, removed on drop.
+#[derive(Debug)]
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// Creates a fresh folder.
+    pub fn new(prefix: &str) -> std::io::Result<TempDir> {
+        let path = std::env::temp_dir().join(format!("{prefix}-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&path)?;
+        Ok(TempDir(path))
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The running components; dropping them stops them.
+pub struct Components {
+    tasks: Vec<(String, JoinHandle<anyhow::Result<()>>)>,
+    stop: Shutdown,
+    _dir: TempDir,
+}
+
+impl Drop for Components {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+fn component_err(name: &str) -> impl FnOnce(String) -> Error + '_ {
+    move |reason| Error::Component {
+        name: name.to_string(),
+        reason,
+    }
+}
+
+fn free_port() -> Result<SocketAddr, Error> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::Component {
+        name: "port".into(),
+        reason: e.to_string(),
+    })?;
+    listener.local_addr().map_err(|e| Error::Component {
+        name: "port".into(),
+        reason: e.to_string(),
+    })
+}
+
+async fn ready_http(addr: SocketAddr) -> bool {
+    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
+        return false;
+    };
+    let request = "GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.read_to_end(&mut answer)).await;
+    answer.starts_with(b"HTTP/1.1 200")
+}
+
+impl Components {
+    /// Starts the webhook and one node agent per node against `cluster`.
+    pub async fn start(cluster: &Cluster, cfg: &ComponentsConfig) -> Result<Components, Error> {
+        let dir = TempDir::new("graceful-drain-sim")
+            .map_err(|e| component_err("temp dir")(e.to_string()))?;
+        let ns = Namespace {
+            metadata: kube::api::ObjectMeta {
+                name: Some(NAMESPACE.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        match Api::<Namespace>::all(cluster.client())
+            .create(&PostParams::default(), &ns)
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            r => {
+                r.map_err(|source| Error::Api {
+                    action: "create",
+                    object: format!("namespace {NAMESPACE}"),
+                    source,
+                })?;
+            }
+        }
+        let mut this = Components {
+            tasks: Vec::new(),
+            stop: cluster.shutdown().child_token(),
+            _dir: dir,
+        };
+        this.start_webhook(cluster, cfg).await?;
+        this.start_agents(cluster).await?;
+        Ok(this)
+    }
+
+    fn dir(&self) -> &Path {
+        self._dir.path()
+    }
+
+    fn spawn(
+        &mut self,
+        name: String,
+        fut: impl std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+    ) {
+        self.tasks.push((name, tokio::spawn(fut)));
+    }
+
+    /// The error of a component that stopped on its own, if any.
+    pub async fn check(&mut self) -> Result<(), Error> {
+        for (name, task) in &mut self.tasks {
+            if task.is_finished() {
+                let outcome = task.await;
+                let reason = match outcome {
+                    Ok(Ok(())) => "exited".to_string(),
+                    Ok(Err(e)) => format!("{e:#}"),
+                    Err(e) => format!("panicked: {e}"),
+                };
+                return Err(Error::Component {
+                    name: name.clone(),
+                    reason,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Polls `ready` until it holds, a component fails, or [`READY_TIMEOUT`] passes.
+    async fn await_ready<F, Fut>(&mut self, name: &str, mut ready: F) -> Result<(), Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            self.check().await?;
+            if ready().await {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(component_err(name)(format!(
+                    "not ready after {READY_TIMEOUT:?}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn start_webhook(
+        &mut self,
+        cluster: &Cluster,
+        cfg: &ComponentsConfig,
+    ) -> Result<(), Error> {
+        let bundle = crate::certs::generate(
+            "graceful-drain webhook",
+            &["localhost".to_string()],
+            &[std::net::IpAddr::from([127, 0, 0, 1])],
+        )
+        .map_err(|e| component_err("webhook")(e.to_string()))?;
+        let tls = crate::certs::write(&bundle, &self.dir().join("tls"))
+            .map_err(|e| component_err("webhook")(e.to_string()))?;
+        let kubeconfig = self.dir().join("webhook.kubeconfig");
+        cluster
+            .api()
+            .write_kubeconfig(&kubeconfig, WEBHOOK_USER)
+            .map_err(|e| component_err("webhook")(e.to_string()))?;
+        let (listen, admin) = (free_port()?, free_port()?);
+        let argv: Vec<String> = [
+            "webhook",
+            "--listen",
+            &listen.to_string(),
+            "--admin-listen",
+            &admin.to_string(),
+            "--tls-cert",
+            &tls.cert.display().to_string(),
+            "--tls-key",
+            &tls.key.display().to_string(),
+            "--deregistration-delay",
+            &humantime::format_duration(cfg.deregistration_delay).to_string(),
+            "--timeout-seconds",
+            &cfg.timeout_seconds.to_string(),
+            "--lease-namespace",
+            NAMESPACE,
+            "--identity",
+            "sim-webhook-0",
+            "--kubeconfig",
+            &kubeconfig.display().to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let cli = WebhookCli::try_parse_from(&argv).map_err(|e| {
+            component_err("webhook")(format!(
+                "rejects its documented flags: {}",
+                e.to_string().lines().next().unwrap_or_default()
+            ))
+        })?;
+        let stop = self.stop.clone();
+        self.spawn("webhook".into(), crate::webhook::run(cli.args, stop));
+        self.await_ready("webhook", || ready_http(admin)).await?;
+        create_configurations(cluster, listen, &bundle.ca_cert, cfg.timeout_seconds).await
+    }
+
+    async fn start_agents(&mut self, cluster: &Cluster) -> Result<(), Error> {
+        let kubeconfig = self.dir().join("agent.kubeconfig");
+        cluster
+            .api()
+            .write_kubeconfig(&kubeconfig, AGENT_USER)
+            .map_err(|e| component_err("node-agent")(e.to_string()))?;
+        for node in cluster.nodes() {
+            let base = self.dir().join(node);
+            let (plugins, registry) = (base.join("plugins"), base.join("plugins_registry"));
+            for dir in [&plugins, &registry] {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| component_err("node-agent")(e.to_string()))?;
+            }
+            let admin = free_port()?;
+            let argv: Vec<String> = [
+                "node-agent",
+                "--node-name",
+                node,
+                "--plugins-dir",
+                &plugins.display().to_string(),
+                "--registry-dir",
+                &registry.display().to_string(),
+                "--admin-listen",
+                &admin.to_string(),
+                "--lifecycle-reconciler",
+                "on",
+                "--kubeconfig",
+                &kubeconfig.display().to_string(),
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            let cli = AgentCli::try_parse_from(&argv).map_err(|e| {
+                component_err("node-agent")(format!(
+                    "rejects its documented flags: {}",
+                    e.to_string().lines().next().unwrap_or_default()
+                ))
+            })?;
+            let stop = self.stop.clone();
+            self.spawn(
+                format!("node-agent {node}"),
+                crate::agent::run(cli.args, stop),
+            );
+        }
+        let transitions: Api<crate::lifecycle::LifecycleTransition> = Api::all(cluster.client());
+        self.await_ready("node-agent", || async {
+            transitions
+                .get_opt(crate::lifecycle::DRAIN_TRANSITION)
+                .await
+                .ok()
+                .flatten()
+                .is_some()
+        })
+        .await
+    }
+}
+
+fn rule(operation: &str, resource: &str) -> serde_json::Value {
+    serde_json::json!({"operations": [operation], "apiGroups": [""], "apiVersions": ["v1"], "resources": [resource], "scope": "Namespaced"})
+}
+
+/// Creates the two webhook configurations (url clientConfig, caBundle, failurePolicy
+/// Ignore, timeoutSeconds) pointing at the in-process webhook on `addr`.
+pub async fn create_configurations(
+    cluster: &Cluster,
+    addr: SocketAddr,
+    ca_pem: &str,
+    timeout_seconds: u32,
+) -> Result<(), Error> {
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    let hook = |name: &str, path: &str, rule: serde_json::Value| {
+        serde_json::json!({
+            "name": name,
+            "clientConfig": {"url": format!("https://127.0.0.1:{}{path}", addr.port()), "caBundle": ca},
+            "rules": [rule],
+            "failurePolicy": "Ignore",
+            "sideEffects": "NoneOnDryRun",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": timeout_seconds,
+        })
+    };
+    let mutating = serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "graceful-drain"},
+        "webhooks": [hook("eviction.graceful-drain.io", "/mutate/eviction", rule("CREATE", "pods/eviction"))],
+    });
+    let validating = serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "graceful-drain"},
+        "webhooks": [hook("delete.graceful-drain.io", "/validate/delete", rule("DELETE", "pods"))],
+    });
+    let invalid = |e: serde_json::Error| component_err("webhook configuration")(e.to_string());
+    let mutating: MutatingWebhookConfiguration =
+        serde_json::from_value(mutating).map_err(invalid)?;
+    let validating: ValidatingWebhookConfiguration =
+        serde_json::from_value(validating).map_err(invalid)?;
+    let pp = PostParams::default();
+    let err = |what: &str| {
+        let object = format!("{what} graceful-drain");
+        move |source| Error::Api {
+            action: "create",
+            object,
+            source,
+        }
+    };
+    Api::<MutatingWebhookConfiguration>::all(cluster.client())
+        .create(&pp, &mutating)
+        .await
+        .map_err(err("mutatingwebhookconfiguration"))?;
+    Api::<ValidatingWebhookConfiguration>::all(cluster.client())
+        .create(&pp, &validating)
+        .await
+        .map_err(err("validatingwebhookconfiguration"))?;
+    Ok(())
+}

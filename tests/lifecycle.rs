@@ -1,0 +1,733 @@
+//! The lifecycle reconciler against a scripted SLM driver (real gRPC over unix sockets)
+//! and an in-memory API: every branch of DESIGN §3, SLA expiry, driver errors, missing
+//! registration, restarts, racing reconcilers and the stale-condition case.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "lifecycle_support/fake_api.rs"]
+mod fake_api;
+#[path = "lifecycle_support/plugin.rs"]
+mod plugin;
+
+use std::time::Duration;
+
+use fake_api::FakeApi;
+use graceful_drain::lifecycle::reconciler::decide::Action;
+use graceful_drain::lifecycle::reconciler::{self, Context, Mode, Reconciler, ReconcilerArgs};
+use graceful_drain::lifecycle::{LifecycleEvent, LifecycleEventSpec};
+use jiff::{SignedDuration, Timestamp};
+use kube::Api;
+use kube::api::{ObjectMeta, PostParams};
+use plugin::{Call, Dirs, Reply};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+const NODE: &str = "worker-1";
+const DRIVER: &str = "graceful-drain.io";
+
+struct Harness {
+    api: FakeApi,
+    dirs: Dirs,
+    stop: CancellationToken,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+fn transition(name: &str, start: &str, end: &str, sla: &str) -> Value {
+    json!({"apiVersion": "lifecycle.k8s.io/v1alpha1", "kind": "LifecycleTransition",
+        "metadata": {"name": name},
+        "spec": {"start": start, "end": end, "allNodes": true, "sla": sla, "driver": DRIVER}})
+}
+
+impl Harness {
+    fn new() -> Self {
+        let api = FakeApi::new();
+        api.put("nodes", json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}, "status": {"conditions": []}}));
+        api.put(
+            "lifecycletransitions",
+            transition("graceful-drain", "drain-started", "drain-complete", "15m0s"),
+        );
+        api.put(
+            "lifecycletransitions",
+            transition(
+                "graceful-maintenance-complete",
+                "uncordoning",
+                "maintenance-complete",
+                "5m0s",
+            ),
+        );
+        Self {
+            api,
+            dirs: Dirs::new(),
+            stop: CancellationToken::new(),
+        }
+    }
+
+    fn driver(&self) -> plugin::Driver {
+        plugin::serve(&self.dirs, DRIVER, "SLMPlugin", self.stop.clone())
+    }
+
+    fn context(&self) -> Context {
+        Context {
+            client: self.api.client(),
+            node_name: NODE.into(),
+            driver_name: DRIVER.into(),
+            registry_dir: self.dirs.registry.clone(),
+            plugins_dir: self.dirs.plugins.clone(),
+        }
+    }
+
+    async fn reconciler(&self) -> Reconciler {
+        Reconciler::new(self.context(), Duration::from_secs(5)).await
+    }
+
+    async fn create_event(&self, transition: &str) -> String {
+        let api: Api<LifecycleEvent> = Api::all(self.api.client());
+        let mut event = LifecycleEvent::new(
+            "",
+            LifecycleEventSpec {
+                transition_name: transition.into(),
+                binding_node: NODE.into(),
+            },
+        );
+        event.metadata = ObjectMeta {
+            generate_name: Some(format!("{NODE}-drain-")),
+            ..ObjectMeta::default()
+        };
+        api.create(&PostParams::default(), &event)
+            .await
+            .unwrap()
+            .metadata
+            .name
+            .unwrap()
+    }
+
+    fn event(&self, name: &str) -> Option<Value> {
+        self.api.get("lifecycleevents", name)
+    }
+
+    /// The claim statuses an event went through, in order, without repeats.
+    fn statuses(&self, name: &str) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for (_, obj) in self.api.history("lifecycleevents", name) {
+            let s = obj["status"]["claimStatus"]
+                .as_str()
+                .unwrap_or("Pending")
+                .to_string();
+            if out.last() != Some(&s) {
+                out.push(s);
+            }
+        }
+        out
+    }
+
+    fn condition(&self) -> Option<Value> {
+        let node = self.api.get("nodes", NODE).unwrap();
+        node["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "LifecycleTransition")
+            .cloned()
+    }
+
+    fn set_condition(&self, reason: &str, at: Timestamp) {
+        let mut node = self.api.get("nodes", NODE).unwrap();
+        node["status"]["conditions"] = json!([{"type": "LifecycleTransition", "status": "True", "reason": reason,
+            "message": "Lifecycle Transition 'graceful-drain'", "lastTransitionTime": reconciler_time(at)}]);
+        self.api.put("nodes", node);
+    }
+}
+
+fn reconciler_time(t: Timestamp) -> String {
+    Timestamp::from_second(t.as_second()).unwrap().to_string()
+}
+
+/// Steps until a pass makes no progress (bounded), as the run loop does.
+async fn settle(r: &Reconciler, now: Timestamp) -> Vec<(String, Action)> {
+    let mut actions = Vec::new();
+    for _ in 0..20 {
+        let report = r.step(now).await.unwrap();
+        actions.extend(report.actions);
+        if !report.progressed {
+            return actions;
+        }
+    }
+    panic!("reconciler kept making progress: {actions:?}");
+}
+
+fn later(now: Timestamp, secs: i64) -> Timestamp {
+    now.checked_add(SignedDuration::from_secs(secs)).unwrap()
+}
+
+#[tokio::test]
+async fn drain_event_is_claimed_started_polled_and_succeeds() {
+    let h = Harness::new();
+    let driver = h.driver();
+    let r = h.reconciler().await;
+    let name = h.create_event("graceful-drain").await;
+    let now = Timestamp::now();
+
+    let report = r.step(now).await.unwrap();
+    assert!(matches!(report.actions[0].1, Action::Claim { .. }));
+    let ev = h.event(&name).unwrap();
+    assert_eq!(ev["status"]["claimStatus"], "Claimed");
+    assert_eq!(ev["status"]["driver"], DRIVER);
+    assert_eq!(ev["status"]["sla"], reconciler_time(later(now, 900)));
+    assert_eq!(
+        ev["metadata"]["finalizers"],
+        json!(["lifecycle.k8s.io/claim-protection"])
+    );
+
+    settle(&r, now).await;
+    assert_eq!(
+        driver.calls()[0],
+        Call::Start {
+            event: name.clone(),
+            node: NODE.into(),
+            transition: "graceful-drain".into(),
+            start: "drain-started".into(),
+            end: "drain-complete".into(),
+        }
+    );
+    let c = h.condition().unwrap();
+    assert_eq!(c["reason"], "drain-started");
+    assert_eq!(c["status"], "True");
+    assert_eq!(c["message"], "Lifecycle Transition 'graceful-drain'");
+    assert!(c["lastTransitionTime"].is_string());
+    assert!(h.event(&name).is_some(), "still draining");
+
+    settle(&r, later(now, 10)).await;
+    assert!(h.event(&name).is_none(), "deleted once succeeded");
+    assert_eq!(h.statuses(&name), ["Pending", "Claimed", "Succeeded"]);
+    assert_eq!(h.condition().unwrap()["reason"], "drain-complete");
+    let calls = driver.calls();
+    assert_eq!(calls.len(), 3, "{calls:?}");
+    assert!(matches!(
+        &calls[1],
+        Call::End {
+            sla_expired: false,
+            ..
+        }
+    ));
+}
+
+#[tokio::test]
+async fn unregistered_or_foreign_plugin_leaves_event_pending() {
+    let h = Harness::new();
+    let r = h.reconciler().await;
+    let name = h.create_event("graceful-drain").await;
+    let actions = settle(&r, Timestamp::now()).await;
+    assert_eq!(
+        actions,
+        [(
+            name.clone(),
+            Action::Wait(reconciler::decide::WaitReason::PluginNotRegistered)
+        )]
+    );
+
+    // A socket answering as another plugin type is not an SLM driver.
+    let other = plugin::serve(&h.dirs, DRIVER, "CSIPlugin", h.stop.clone());
+    settle(&r, Timestamp::now()).await;
+    assert!(h.event(&name).unwrap()["status"].is_null(), "still Pending");
+    assert!(other.calls().is_empty());
+    assert!(
+        h.api
+            .writes()
+            .iter()
+            .all(|w| !w.path.contains("lifecycleevents/")),
+        "no writes to a pending event"
+    );
+}
+
+#[tokio::test]
+async fn event_claims_once_the_driver_registers() {
+    let h = Harness::new();
+    let r = h.reconciler().await;
+    let name = h.create_event("graceful-drain").await;
+    settle(&r, Timestamp::now()).await;
+    let driver = h.driver();
+    settle(&r, Timestamp::now()).await;
+    assert_eq!(h.event(&name).unwrap()["status"]["claimStatus"], "Claimed");
+    assert_eq!(driver.starts(), 1);
+}
+
+#[tokio::test]
+async fn driver_error_or_grpc_failure_fails_the_event() {
+    for (reply, expect) in [
+        (
+            Reply::Error("node carries the control plane"),
+            "node carries the control plane",
+        ),
+        (Reply::Grpc(tonic::Code::Unavailable), "scripted failure"),
+    ] {
+        let h = Harness::new();
+        let driver = h.driver();
+        driver.set_script(move |_, _| reply.clone());
+        let r = h.reconciler().await;
+        let name = h.create_event("graceful-drain").await;
+        settle(&r, Timestamp::now()).await;
+        assert!(h.event(&name).is_none());
+        assert_eq!(h.statuses(&name), ["Pending", "Claimed", "Failed"]);
+        let history = h.api.history("lifecycleevents", &name);
+        let message = history
+            .iter()
+            .rev()
+            .find_map(|(_, o)| {
+                o["metadata"]["annotations"]["graceful-drain.io/lifecycle-message"]
+                    .as_str()
+                    .map(str::to_string)
+            })
+            .unwrap();
+        assert!(message.contains(expect), "{message}");
+        assert!(
+            h.condition().is_none(),
+            "a failed call does not touch the node"
+        );
+    }
+}
+
+#[tokio::test]
+async fn sla_expiry_stops_the_driver_and_ends_sla_expired() {
+    let h = Harness::new();
+    let driver = h.driver();
+    driver.set_script(plugin::draining(usize::MAX));
+    let r = h.reconciler().await;
+    let name = h.create_event("graceful-drain").await;
+    let now = Timestamp::now();
+    settle(&r, now).await;
+    settle(&r, later(now, 600)).await;
+    assert!(h.event(&name).is_some());
+    settle(&r, later(now, 901)).await;
+    assert!(h.event(&name).is_none());
+    assert_eq!(h.statuses(&name), ["Pending", "Claimed", "SlaExpired"]);
+    assert_eq!(
+        driver.calls().last(),
+        Some(&Call::End {
+            event: name.clone(),
+            sla_expired: true
+        })
+    );
+}
+
+#[tokio::test]
+async fn stale_end_reason_does_not_complete_a_new_event() {
+    let h = Harness::new();
+    let driver = h.driver();
+    let now = Timestamp::now();
+    h.set_condition("drain-complete", later(now, -3600));
+    let r = h.reconciler().await;
+    let name = h.create_event("graceful-drain").await;
+    settle(&r, now).await;
+    assert_eq!(driver.starts(), 1, "the drain really ran");
+    assert!(
+        h.event(&name).is_some(),
+        "not succeeded on the stale condition"
+    );
+    settle(&r, later(now, 10)).await;
+    assert_eq!(h.statuses(&name), ["Pending", "Claimed", "Succeeded"]);
+
+    // A second drain of the same node later runs again, although drain-complete shows.
+    driver.set_script(plugin::draining(2));
+    let second = h.create_event("graceful-drain").await;
+    settle(&r, later(now, 20)).await;
+    assert_eq!(driver.starts(), 2);
+    assert!(h.event(&second).is_some());
+    settle(&r, later(now, 30)).await;
+    settle(&r, later(now, 40)).await;
+    assert_eq!(h.statuses(&second), ["Pending", "Claimed", "Succeeded"]);
+}
+
+#[tokio::test]
+async fn restart_mid_transition_resumes_without_a_second_start() {
+    let h = Harness::new();
+    let driver = h.driver();
+    driver.set_script(plugin::draining(3));
+    let name = h.create_event("graceful-drain").await;
+    let now = Timestamp::now();
+    {
+        let first = h.reconciler().await;
+        settle(&first, now).await;
+    }
+    assert_eq!(driver.starts(), 1);
+    let ev = h.event(&name).unwrap();
+    assert!(ev["metadata"]["annotations"]["graceful-drain.io/lifecycle-started-at"].is_string());
+
+    let second = h.reconciler().await;
+    for i in 1..=4 {
+        settle(&second, later(now, 10 * i)).await;
+    }
+    assert_eq!(driver.starts(), 1, "{:?}", driver.calls());
+    assert!(h.event(&name).is_none());
+    assert_eq!(h.statuses(&name), ["Pending", "Claimed", "Succeeded"]);
+}
+
+#[tokio::test]
+async fn two_reconcilers_on_one_node_claim_once() {
+    let h = Harness::new();
+    let _driver = h.driver();
+    let name = h.create_event("graceful-drain").await;
+    let (a, b) = (h.reconciler().await, h.reconciler().await);
+    let now = Timestamp::now();
+    let (ra, rb) = tokio::join!(a.step(now), b.step(now));
+    ra.unwrap();
+    rb.unwrap();
+    let claims: Vec<_> = h
+        .api
+        .writes()
+        .into_iter()
+        .filter(|w| {
+            w.path.ends_with(&format!("{name}/status"))
+                && w.body["status"]["claimStatus"] == "Claimed"
+        })
+        .collect();
+    let won = claims.iter().filter(|w| w.code == 200).count();
+    assert_eq!(won, 1, "{claims:?}");
+    for i in 0..4 {
+        settle(&a, later(now, 10 * i)).await;
+        settle(&b, later(now, 10 * i)).await;
+    }
+    assert!(h.event(&name).is_none());
+    assert_eq!(h.statuses(&name), ["Pending", "Claimed", "Succeeded"]);
+}
+
+#[tokio::test]
+async fn one_claimed_event_per_node() {
+    let h = Harness::new();
+    let driver = h.driver();
+    driver.set_script(plugin::draining(usize::MAX));
+    let first = h.create_event("graceful-drain").await;
+    let second = h.create_event("graceful-maintenance-complete").await;
+    let r = h.reconciler().await;
+    let now = Timestamp::now();
+    settle(&r, now).await;
+    assert_eq!(h.event(&first).unwrap()["status"]["claimStatus"], "Claimed");
+    assert!(
+        h.event(&second).unwrap()["status"].is_null(),
+        "waits for the first"
+    );
+    let first_name = first.clone();
+    driver.set_script(move |call, _| match call {
+        Call::Start { .. } => Reply::Condition("uncordoning"),
+        Call::End { event, .. } if *event == first_name => Reply::Condition("drain-complete"),
+        Call::End { .. } => Reply::Condition("maintenance-complete"),
+    });
+    settle(&r, later(now, 10)).await;
+    settle(&r, later(now, 20)).await;
+    assert!(h.event(&first).is_none());
+    assert!(h.event(&second).is_none());
+    assert_eq!(h.statuses(&second), ["Pending", "Claimed", "Succeeded"]);
+    assert_eq!(h.condition().unwrap()["reason"], "maintenance-complete");
+}
+
+#[tokio::test]
+async fn deleting_a_claimed_event_stops_the_driver_and_releases_it() {
+    let h = Harness::new();
+    let driver = h.driver();
+    driver.set_script(plugin::draining(usize::MAX));
+    let r = h.reconciler().await;
+    let name = h.create_event("graceful-drain").await;
+    let now = Timestamp::now();
+    settle(&r, now).await;
+    h.api.delete("lifecycleevents", &name);
+    assert!(h.event(&name).is_some(), "held by the finalizer");
+    settle(&r, later(now, 1)).await;
+    assert!(h.event(&name).is_none());
+    assert_eq!(
+        driver.calls().last(),
+        Some(&Call::End {
+            event: name,
+            sla_expired: true
+        })
+    );
+}
+
+#[tokio::test]
+async fn writes_are_guarded_by_resource_version() {
+    let h = Harness::new();
+    let _driver = h.driver();
+    let r = h.reconciler().await;
+    let name = h.create_event("graceful-drain").await;
+    settle(&r, Timestamp::now()).await;
+    let writes = h.api.writes();
+    for w in writes.iter().filter(|w| w.method == http::Method::PUT) {
+        assert!(
+            w.body["metadata"]["resourceVersion"].is_string(),
+            "{} unguarded",
+            w.path
+        );
+    }
+    let node_patch = writes
+        .iter()
+        .find(|w| w.path == format!("/api/v1/nodes/{NODE}/status"))
+        .unwrap();
+    assert_eq!(node_patch.body[0]["op"], "test");
+    assert_eq!(node_patch.body[0]["path"], "/metadata/resourceVersion");
+    assert!(
+        writes
+            .iter()
+            .any(|w| w.path.ends_with(&format!("lifecycleevents/{name}/status")))
+    );
+}
+
+#[tokio::test]
+async fn run_drives_events_from_the_watch_until_shutdown() {
+    let h = Harness::new();
+    let _driver = h.driver();
+    // The CRD being served makes `auto` turn the reconciler on.
+    h.api.put("customresourcedefinitions", json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition", "metadata": {"name": "lifecycleevents.lifecycle.k8s.io"}}));
+    let args = ReconcilerArgs {
+        mode: Mode::Auto,
+        tick: Duration::from_millis(100),
+        call_timeout: Duration::from_secs(5),
+    };
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn({
+        let (ctx, shutdown) = (h.context(), shutdown.clone());
+        async move { reconciler::run(&args, ctx, shutdown).await }
+    });
+    let name = h.create_event("graceful-drain").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while h.event(&name).is_some() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "event not finished: {:?}",
+            h.event(&name)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(h.statuses(&name), ["Pending", "Claimed", "Succeeded"]);
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn auto_stays_off_when_the_api_is_built_in_and_off_returns_at_once() {
+    let h = Harness::new();
+    let off = ReconcilerArgs {
+        mode: Mode::Off,
+        ..ReconcilerArgs::default()
+    };
+    reconciler::run(&off, h.context(), CancellationToken::new())
+        .await
+        .unwrap();
+    assert!(
+        reconciler::auto_enabled(&h.api.client()).await.unwrap(),
+        "API not served: on, waiting for CRDs"
+    );
+    // Served without a CRD object behind it: the discovery says lifecycleevents exist.
+    h.api.put(
+        "customresourcedefinitions",
+        json!({"metadata": {"name": "something-else.example.com"}}),
+    );
+    assert!(!reconciler::auto_enabled(&h.api.client()).await.unwrap());
+}
+
+// ---- CLI: `drain` / `uncordon` follow the event the reconciler drives ----
+
+use graceful_drain::ctl::{self, Request};
+
+fn request(verb: &'static str, transition: &str, timeout: Duration) -> Request {
+    Request {
+        verb,
+        node: NODE.into(),
+        transition: transition.into(),
+        wait: true,
+        timeout: Some(timeout),
+        poll: Duration::from_millis(50),
+    }
+}
+
+/// Runs the reconciler loop in the background, as the node agent does.
+fn spawn_reconciler(h: &Harness) -> CancellationToken {
+    let args = ReconcilerArgs {
+        mode: Mode::On,
+        tick: Duration::from_millis(50),
+        call_timeout: Duration::from_secs(5),
+    };
+    let shutdown = CancellationToken::new();
+    let (ctx, token) = (h.context(), shutdown.clone());
+    tokio::spawn(async move { reconciler::run(&args, ctx, token).await.unwrap() });
+    shutdown
+}
+
+#[tokio::test]
+async fn cli_drain_follows_the_event_to_success() {
+    let h = Harness::new();
+    let driver = h.driver();
+    driver.set_script(plugin::draining(3));
+    let stop = spawn_reconciler(&h);
+    let client = h.api.client();
+    let name = ctl::execute(
+        &client,
+        &request("drain", "graceful-drain", Duration::from_secs(20)),
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    assert!(name.starts_with("worker-1-drain-"), "{name}");
+    assert!(h.event(&name).is_none());
+    assert_eq!(h.statuses(&name), ["Pending", "Claimed", "Succeeded"]);
+    assert_eq!(h.condition().unwrap()["reason"], "drain-complete");
+
+    // uncordon runs the maintenance-complete transition the same way.
+    driver.set_script(|call, _| match call {
+        Call::Start { .. } => Reply::Condition("uncordoning"),
+        Call::End { .. } => Reply::Condition("maintenance-complete"),
+    });
+    let name = ctl::execute(
+        &client,
+        &request(
+            "uncordon",
+            "graceful-maintenance-complete",
+            Duration::from_secs(20),
+        ),
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    assert!(name.starts_with("worker-1-uncordon-"), "{name}");
+    assert_eq!(h.condition().unwrap()["reason"], "maintenance-complete");
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn cli_drain_past_its_sla_fails_naming_the_blocking_pods() {
+    let h = Harness::new();
+    h.api.put(
+        "lifecycletransitions",
+        transition("graceful-drain", "drain-started", "drain-complete", "1s"),
+    );
+    let driver = h.driver();
+    driver.set_script(plugin::draining(usize::MAX));
+    let mut node = h.api.get("nodes", NODE).unwrap();
+    node["status"]["conditions"] = json!([{"type": "DrainInProgress", "status": "True", "reason": "PodsBlocked",
+        "message": "1 pod left: shop/web-0 blocked by PodDisruptionBudget shop/web"}]);
+    h.api.put("nodes", node);
+    let stop = spawn_reconciler(&h);
+    let err = ctl::execute(
+        &h.api.client(),
+        &request("drain", "graceful-drain", Duration::from_secs(20)),
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("ended SlaExpired"), "{text}");
+    assert!(
+        text.contains("shop/web-0 blocked by PodDisruptionBudget shop/web"),
+        "{text}"
+    );
+    assert!(driver.calls().iter().any(|c| matches!(
+        c,
+        Call::End {
+            sla_expired: true,
+            ..
+        }
+    )));
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn cli_reports_missing_node_transition_and_crds() {
+    let h = Harness::new();
+    let client = h.api.client();
+    let none = CancellationToken::new();
+    let mut r = request("drain", "graceful-drain", Duration::from_secs(1));
+    r.node = "no-such-node".into();
+    let err = ctl::execute(&client, &r, &none).await.unwrap_err();
+    assert_eq!(err.to_string(), "node no-such-node not found");
+
+    let err = ctl::execute(
+        &client,
+        &request("drain", "no-such-transition", Duration::from_secs(1)),
+        &none,
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("lifecycletransition no-such-transition not found"),
+        "{err}"
+    );
+
+    h.api.remove_lifecycle_api();
+    let err = ctl::execute(
+        &client,
+        &request("drain", "graceful-drain", Duration::from_secs(1)),
+        &none,
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("lifecycle.k8s.io CRDs not installed"),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("graceful-drain crds | kubectl apply -f -"),
+        "{err}"
+    );
+    assert!(h.api.list("lifecycleevents").is_empty(), "nothing created");
+}
+
+#[tokio::test]
+async fn cli_timeout_without_a_driver_says_the_event_was_never_claimed() {
+    let h = Harness::new();
+    let err = ctl::execute(
+        &h.api.client(),
+        &request("drain", "graceful-drain", Duration::from_millis(300)),
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("not finished after"), "{text}");
+    assert!(text.contains("never claimed"), "{text}");
+    assert_eq!(
+        h.api.list("lifecycleevents").len(),
+        1,
+        "the event stays for the agent"
+    );
+}
+
+#[tokio::test]
+async fn cli_without_wait_creates_once_and_joins_a_running_drain() {
+    let h = Harness::new();
+    let mut r = request("drain", "graceful-drain", Duration::from_secs(1));
+    r.wait = false;
+    let client = h.api.client();
+    let first = ctl::execute(&client, &r, &CancellationToken::new())
+        .await
+        .unwrap();
+    let again = ctl::execute(&client, &r, &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(first, again, "a second drain joins the running one");
+    assert_eq!(h.api.list("lifecycleevents").len(), 1);
+}
+
+#[tokio::test]
+async fn status_lists_events_and_node_conditions() {
+    let h = Harness::new();
+    h.set_condition("drain-complete", Timestamp::now());
+    let name = h.create_event("graceful-drain").await;
+    let text = ctl::status::render(&h.api.client(), Some(NODE), Timestamp::now())
+        .await
+        .unwrap();
+    let event_row = text.lines().find(|l| l.starts_with(&name)).unwrap();
+    assert!(
+        event_row.contains("graceful-drain") && event_row.contains("Pending"),
+        "{text}"
+    );
+    let node_row = text
+        .lines()
+        .find(|l| l.starts_with(&format!("{NODE} ")))
+        .unwrap();
+    assert!(node_row.contains("drain-complete"), "{text}");
+}

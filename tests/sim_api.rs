@@ -1,0 +1,952 @@
+//! The simulated API server driven through kube-rs: CRUD, selectors, pagination,
+//! watches (resume, bookmarks, 410 Gone), patch kinds, optimistic concurrency, the
+//! delete lifecycle, CRDs, eviction rules and admission webhooks.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use graceful_drain::runtime::Shutdown;
+use graceful_drain::sim::apiserver::{ApiServer, Config};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::api::{
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions, WatchEvent,
+    WatchParams,
+};
+use kube::core::Status;
+use serde_json::{Value, json};
+
+async fn server(config: Config) -> (ApiServer, Shutdown) {
+    let shutdown = Shutdown::new();
+    let api = ApiServer::start(config, shutdown.clone()).await.unwrap();
+    (api, shutdown)
+}
+
+fn api_error(err: kube::Error) -> Status {
+    match err {
+        kube::Error::Api(resp) => *resp,
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+fn pod_json(name: &str, node: Option<&str>, labels: Value) -> Value {
+    let mut pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"containers": [{"name": "app", "image": "web:1"}]},
+    });
+    if let Some(node) = node {
+        pod["spec"]["nodeName"] = json!(node);
+    }
+    pod
+}
+
+fn pod(name: &str, node: Option<&str>, labels: Value) -> Pod {
+    serde_json::from_value(pod_json(name, node, labels)).unwrap()
+}
+
+#[tokio::test]
+async fn create_get_list_with_selectors_and_pagination() {
+    let (api, _shutdown) = server(Config::default()).await;
+    let client = api.client("admin");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+
+    // Unknown fields vanish like on a real API server; server-set metadata appears.
+    let mut body = pod_json(
+        "web-1",
+        Some("node-a"),
+        json!({"app": "web", "tier": "front"}),
+    );
+    body["spec"]["nodeNmae"] = json!("typo");
+    let raw: Pod = serde_json::from_value(body.clone()).unwrap();
+    let created = pods.create(&PostParams::default(), &raw).await.unwrap();
+    let meta = &created.metadata;
+    assert!(meta.uid.as_deref().is_some_and(|u| !u.is_empty()));
+    assert!(meta.creation_timestamp.is_some());
+    assert_eq!(meta.generation, Some(1));
+    assert_eq!(created.status.unwrap().phase.as_deref(), Some("Pending"));
+    let stored = client
+        .request::<Value>(
+            http::Request::get("/api/v1/namespaces/default/pods/web-1")
+                .body(Vec::new())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert!(stored.pointer("/spec/nodeNmae").is_none(), "{stored}");
+
+    let mut generated = pod("", Some("node-b"), json!({"app": "web", "tier": "back"}));
+    generated.metadata.generate_name = Some("web-".into());
+    let generated = pods
+        .create(&PostParams::default(), &generated)
+        .await
+        .unwrap();
+    let generated_name = generated.metadata.name.unwrap();
+    assert!(generated_name.starts_with("web-") && generated_name.len() == 9);
+    pods.create(
+        &PostParams::default(),
+        &pod("db-1", Some("node-a"), json!({"app": "db"})),
+    )
+    .await
+    .unwrap();
+
+    let dup = pods
+        .create(&PostParams::default(), &pod("db-1", None, json!({})))
+        .await
+        .unwrap_err();
+    let dup = api_error(dup);
+    assert_eq!((dup.code, dup.reason.as_str()), (409, "AlreadyExists"));
+
+    let names = |list: kube::core::ObjectList<Pod>| -> Vec<String> {
+        list.items
+            .into_iter()
+            .map(|p| p.metadata.name.unwrap())
+            .collect()
+    };
+    let web = pods
+        .list(&ListParams::default().labels("app=web"))
+        .await
+        .unwrap();
+    assert_eq!(names(web).len(), 2);
+    let front = pods
+        .list(&ListParams::default().labels("app in (web,db),tier notin (back)"))
+        .await
+        .unwrap();
+    assert_eq!(names(front), vec!["db-1", "web-1"]);
+    let on_a = pods
+        .list(&ListParams::default().fields("spec.nodeName=node-a,metadata.name!=db-1"))
+        .await
+        .unwrap();
+    assert_eq!(names(on_a), vec!["web-1"]);
+    let bad = api_error(
+        pods.list(&ListParams::default().fields("spec.bogus=1"))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(bad.code, 400);
+
+    // limit/continue pagination walks every pod once.
+    let first = pods.list(&ListParams::default().limit(2)).await.unwrap();
+    assert_eq!(first.items.len(), 2);
+    let token = first.metadata.continue_.clone().unwrap();
+    let rest = pods
+        .list(&ListParams::default().limit(2).continue_token(&token))
+        .await
+        .unwrap();
+    assert_eq!(rest.items.len(), 1);
+    assert!(rest.metadata.continue_.as_deref().unwrap_or("").is_empty());
+
+    // Namespaced objects need their namespace.
+    let elsewhere: Api<Pod> = Api::namespaced(client.clone(), "missing");
+    let err = api_error(
+        elsewhere
+            .create(&PostParams::default(), &pod("x", None, json!({})))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((err.code, err.reason.as_str()), (404, "NotFound"));
+    let missing = api_error(pods.get("nope").await.unwrap_err());
+    assert_eq!(missing.code, 404);
+    assert_eq!(missing.message, "pods \"nope\" not found");
+
+    let stats = api.stats();
+    assert!(stats.count("create", "pods") >= 4);
+    assert!(stats.count("list", "pods") >= 4);
+}
+
+#[tokio::test]
+async fn updates_conflict_on_stale_resource_version_and_patch_kinds_apply() {
+    let (api, _shutdown) = server(Config::default()).await;
+    let client = api.client("admin");
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node: Node =
+        serde_json::from_value(json!({"metadata": {"name": "n1", "labels": {"a": "1"}}})).unwrap();
+    let created = nodes.create(&PostParams::default(), &node).await.unwrap();
+
+    let mut first = created.clone();
+    first
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert("b".into(), "2".into());
+    let updated = nodes
+        .replace("n1", &PostParams::default(), &first)
+        .await
+        .unwrap();
+    assert_ne!(
+        updated.metadata.resource_version,
+        created.metadata.resource_version
+    );
+    // A writer holding the old resourceVersion loses.
+    let stale = api_error(
+        nodes
+            .replace("n1", &PostParams::default(), &created)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((stale.code, stale.reason.as_str()), (409, "Conflict"));
+
+    // Strategic merge (cordon), merge and JSON patch with a test op.
+    let cordoned = nodes
+        .patch(
+            "n1",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"spec": {"unschedulable": true}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(cordoned.spec.unwrap().unschedulable, Some(true));
+    assert_eq!(cordoned.metadata.generation, Some(2));
+    let cordoned_list = nodes
+        .list(&ListParams::default().fields("spec.unschedulable=true"))
+        .await
+        .unwrap();
+    assert_eq!(cordoned_list.items.len(), 1);
+    let merged = nodes
+        .patch(
+            "n1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"a": null}}})),
+        )
+        .await
+        .unwrap();
+    assert!(!merged.metadata.labels.unwrap().contains_key("a"));
+    let ops: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/labels/b", "value": "2"},
+        {"op": "add", "path": "/metadata/labels/c", "value": "3"},
+    ]))
+    .unwrap();
+    let patched = nodes
+        .patch("n1", &PatchParams::default(), &Patch::<()>::Json(ops))
+        .await
+        .unwrap();
+    assert_eq!(patched.metadata.labels.unwrap()["c"], "3");
+    let failing: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/labels/b", "value": "not-2"},
+        {"op": "remove", "path": "/metadata/labels/b"},
+    ]))
+    .unwrap();
+    let err = api_error(
+        nodes
+            .patch("n1", &PatchParams::default(), &Patch::<()>::Json(failing))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.code, 422);
+    assert_eq!(
+        nodes.get("n1").await.unwrap().metadata.labels.unwrap()["b"],
+        "2"
+    );
+
+    // Status goes through the status subresource only.
+    let status_patch = Patch::Merge(json!({"status": {"phase": "Running"}}));
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    pods.create(&PostParams::default(), &pod("p", Some("n1"), json!({})))
+        .await
+        .unwrap();
+    let ignored = pods
+        .patch("p", &PatchParams::default(), &status_patch)
+        .await
+        .unwrap();
+    assert_eq!(ignored.status.unwrap().phase.as_deref(), Some("Pending"));
+    let applied = pods
+        .patch_status("p", &PatchParams::default(), &status_patch)
+        .await
+        .unwrap();
+    assert_eq!(applied.status.unwrap().phase.as_deref(), Some("Running"));
+
+    // Dry run validates but stores nothing.
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    pods.create(&dry, &pod("ghost", None, json!({})))
+        .await
+        .unwrap();
+    assert_eq!(api_error(pods.get("ghost").await.unwrap_err()).code, 404);
+    let err = api_error(
+        pods.patch("p", &PatchParams::default(), &Patch::Apply(json!({})))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.code, 415);
+}
+
+#[tokio::test]
+async fn delete_lifecycle_grace_periods_preconditions_and_finalizers() {
+    let (api, _shutdown) = server(Config::default()).await;
+    let client = api.client("admin");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let bound = pods
+        .create(&PostParams::default(), &pod("bound", Some("n1"), json!({})))
+        .await
+        .unwrap();
+
+    // A UID precondition naming another object is a conflict and deletes nothing.
+    let wrong = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some("00000000-0000-0000-0000-000000000000".into()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    let err = api_error(pods.delete("bound", &wrong).await.unwrap_err());
+    assert_eq!((err.code, err.reason.as_str()), (409, "Conflict"));
+    assert!(
+        err.message.contains("Precondition failed"),
+        "{}",
+        err.message
+    );
+
+    // A pod bound to a node gets a deletionTimestamp and stays until deleted with grace 0.
+    let graceful = DeleteParams {
+        grace_period_seconds: Some(20),
+        preconditions: Some(Preconditions {
+            uid: bound.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    pods.delete("bound", &graceful).await.unwrap();
+    let terminating = pods.get("bound").await.unwrap();
+    assert!(terminating.metadata.deletion_timestamp.is_some());
+    assert_eq!(terminating.metadata.deletion_grace_period_seconds, Some(20));
+    pods.delete("bound", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    assert_eq!(api_error(pods.get("bound").await.unwrap_err()).code, 404);
+
+    // An unbound pod goes at once.
+    pods.create(&PostParams::default(), &pod("loose", None, json!({})))
+        .await
+        .unwrap();
+    pods.delete("loose", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert_eq!(api_error(pods.get("loose").await.unwrap_err()).code, 404);
+
+    // Finalizers hold an object until they are emptied.
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let mut held = pod("held", None, json!({}));
+    held.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+    pods.create(&PostParams::default(), &held).await.unwrap();
+    pods.delete("held", &DeleteParams::default()).await.unwrap();
+    assert!(
+        pods.get("held")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_some()
+    );
+    pods.patch(
+        "held",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(api_error(pods.get("held").await.unwrap_err()).code, 404);
+
+    // Deleting a namespace removes its contents.
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "scratch"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let scratch: Api<Pod> = Api::namespaced(client.clone(), "scratch");
+    scratch
+        .create(&PostParams::default(), &pod("tmp", None, json!({})))
+        .await
+        .unwrap();
+    namespaces
+        .delete("scratch", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert_eq!(api_error(scratch.get("tmp").await.unwrap_err()).code, 404);
+}
+
+#[tokio::test]
+async fn watch_resumes_sends_bookmarks_and_expires_old_versions() {
+    let config = Config {
+        watch_history: 4,
+        bookmark_interval: Duration::from_millis(50),
+        ..Config::default()
+    };
+    let (api, _shutdown) = server(config).await;
+    let client = api.client("admin");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let first = pods
+        .create(
+            &PostParams::default(),
+            &pod("w1", Some("n1"), json!({"app": "web"})),
+        )
+        .await
+        .unwrap();
+    let rv = first.metadata.resource_version.clone().unwrap();
+    pods.create(
+        &PostParams::default(),
+        &pod("w2", Some("n2"), json!({"app": "web"})),
+    )
+    .await
+    .unwrap();
+    pods.patch(
+        "w1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"app": "other"}}})),
+    )
+    .await
+    .unwrap();
+
+    // Resuming after w1's creation replays the later changes; the relabelled pod
+    // leaves the selector and so is seen as DELETED.
+    let params = WatchParams::default().labels("app=web");
+    let mut stream = pods.watch(&params, &rv).await.unwrap().boxed();
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        match stream.try_next().await.unwrap().unwrap() {
+            WatchEvent::Added(p) => seen.push(format!("ADDED {}", p.metadata.name.unwrap())),
+            WatchEvent::Deleted(p) => seen.push(format!("DELETED {}", p.metadata.name.unwrap())),
+            WatchEvent::Modified(p) => seen.push(format!("MODIFIED {}", p.metadata.name.unwrap())),
+            WatchEvent::Bookmark(_) => seen.push("BOOKMARK".into()),
+            WatchEvent::Error(e) => panic!("{e:?}"),
+        }
+    }
+    assert_eq!(&seen[..2], ["ADDED w2", "DELETED w1"]);
+    assert_eq!(seen[2], "BOOKMARK");
+
+    // Push the first version out of the kept history: resuming from it is 410 Gone.
+    for i in 0..6 {
+        pods.patch(
+            "w2",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"i": i.to_string()}}})),
+        )
+        .await
+        .unwrap();
+    }
+    let mut stream = pods
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    match stream.try_next().await.unwrap().unwrap() {
+        WatchEvent::Error(e) => assert_eq!((e.code, e.reason.as_str()), (410, "Expired")),
+        other => panic!("expected 410, got {other:?}"),
+    }
+
+    // kube-runtime's watcher copes with all of it and sees new pods.
+    let watcher = kube::runtime::watcher(pods.clone(), kube::runtime::watcher::Config::default());
+    let mut objects = Box::pin(kube::runtime::WatchStreamExt::applied_objects(watcher));
+    let creator = pods.clone();
+    tokio::spawn(async move {
+        creator
+            .create(&PostParams::default(), &pod("w3", None, json!({})))
+            .await
+            .unwrap();
+    });
+    let mut names = Vec::new();
+    while !names.contains(&"w3".to_string()) {
+        let p = tokio::time::timeout(Duration::from_secs(5), objects.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        names.push(p.metadata.name.unwrap());
+    }
+    assert!(api.stats().count("watch", "pods") >= 2);
+}
+
+// ---------------------------------------------------------------------------------
+// Eviction
+
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+
+/// A raw POST returning status, Retry-After and the JSON body.
+async fn post_raw(api: &ApiServer, path: &str, body: Value) -> (u16, Option<String>, Value) {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let request = http::Request::post(format!("{}{path}", api.url()))
+        .header("authorization", "Bearer admin")
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            body.to_string(),
+        )))
+        .unwrap();
+    let response = client.request(request).await.unwrap();
+    let status = response.status().as_u16();
+    let retry = response
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_string());
+    let bytes = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    (
+        status,
+        retry,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+fn eviction(name: &str, options: Value) -> Value {
+    json!({"apiVersion": "policy/v1", "kind": "Eviction",
+           "metadata": {"name": name, "namespace": "default"}, "deleteOptions": options})
+}
+
+async fn running_pod(pods: &Api<Pod>, name: &str, labels: Value) -> Pod {
+    let created = pods
+        .create(&PostParams::default(), &pod(name, Some("n1"), labels))
+        .await
+        .unwrap();
+    let status = json!({"status": {"phase": "Running",
+                                   "conditions": [{"type": "Ready", "status": "True"}]}});
+    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+        .await
+        .unwrap();
+    created
+}
+
+async fn pdb(client: &kube::Client, name: &str, app: &str, observed: bool, allowed: i32) {
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), "default");
+    let body = json!({"metadata": {"name": name},
+                      "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": app}}}});
+    pdbs.create(
+        &PostParams::default(),
+        &serde_json::from_value(body).unwrap(),
+    )
+    .await
+    .unwrap();
+    let status = json!({"status": {"observedGeneration": if observed { 1 } else { 0 },
+        "disruptionsAllowed": allowed, "currentHealthy": 2, "desiredHealthy": 1, "expectedPods": 2}});
+    pdbs.patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+        .await
+        .unwrap();
+}
+
+fn evict_path(name: &str) -> String {
+    format!("/api/v1/namespaces/default/pods/{name}/eviction")
+}
+
+#[tokio::test]
+async fn eviction_follows_the_upstream_disruption_budget_rules() {
+    let (api, _shutdown) = server(Config::default()).await;
+    let client = api.client("admin");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), "default");
+
+    // Gone → 404.
+    let (code, _, body) = post_raw(&api, &evict_path("ghost"), eviction("ghost", json!({}))).await;
+    assert_eq!((code, body["reason"].as_str()), (404, Some("NotFound")));
+
+    // No PDB: deleted with the eviction's grace period; a wrong UID precondition is 409.
+    let free = running_pod(&pods, "free", json!({"app": "free"})).await;
+    let wrong = json!({"preconditions": {"uid": "not-the-uid"}});
+    let (code, _, _) = post_raw(&api, &evict_path("free"), eviction("free", wrong)).await;
+    assert_eq!(code, 409);
+    let right = json!({"gracePeriodSeconds": 7, "preconditions": {"uid": free.metadata.uid}});
+    let (code, _, _) = post_raw(&api, &evict_path("free"), eviction("free", right)).await;
+    assert_eq!(code, 201);
+    let evicted = pods.get("free").await.unwrap();
+    assert_eq!(evicted.metadata.deletion_grace_period_seconds, Some(7));
+    let conditions = evicted.status.unwrap().conditions.unwrap();
+    assert!(conditions.iter().any(|c| c.type_ == "DisruptionTarget"));
+
+    // PDB not observed yet → 429 with Retry-After 10.
+    running_pod(&pods, "new-1", json!({"app": "new"})).await;
+    pdb(&client, "new-pdb", "new", false, 1).await;
+    let (code, retry, body) =
+        post_raw(&api, &evict_path("new-1"), eviction("new-1", json!({}))).await;
+    assert_eq!((code, retry.as_deref()), (429, Some("10")));
+    assert_eq!(body["reason"], "TooManyRequests");
+
+    // One disruption allowed: the first eviction is recorded in the PDB, the second
+    // is refused with Retry-After 0 and a message naming the budget.
+    running_pod(&pods, "web-1", json!({"app": "web"})).await;
+    running_pod(&pods, "web-2", json!({"app": "web"})).await;
+    pdb(&client, "web-pdb", "web", true, 1).await;
+    let dry = json!({"dryRun": ["All"]});
+    let (code, _, _) = post_raw(&api, &evict_path("web-1"), eviction("web-1", dry)).await;
+    assert_eq!(code, 201);
+    assert!(
+        pods.get("web-1")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_none()
+    );
+    assert_eq!(
+        pdbs.get("web-pdb")
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .disruptions_allowed,
+        1
+    );
+    let (code, _, _) = post_raw(&api, &evict_path("web-1"), eviction("web-1", json!({}))).await;
+    assert_eq!(code, 201);
+    let status = pdbs.get("web-pdb").await.unwrap().status.unwrap();
+    assert_eq!(status.disruptions_allowed, 0);
+    assert!(status.disrupted_pods.unwrap().contains_key("web-1"));
+    let (code, retry, body) =
+        post_raw(&api, &evict_path("web-2"), eviction("web-2", json!({}))).await;
+    assert_eq!((code, retry.as_deref()), (429, Some("0")));
+    assert_eq!(
+        body["message"],
+        "Cannot evict pod as it would violate the pod's disruption budget."
+    );
+    assert!(
+        body["details"]["causes"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("web-pdb")
+    );
+    assert!(
+        pods.get("web-2")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_none()
+    );
+
+    // A terminating pod skips the budget check.
+    let (code, _, _) = post_raw(&api, &evict_path("web-1"), eviction("web-1", json!({}))).await;
+    assert_eq!(code, 201);
+
+    // Two budgets selecting one pod → 500.
+    pdb(&client, "web-pdb-2", "web", true, 5).await;
+    let (code, _, _) = post_raw(&api, &evict_path("web-2"), eviction("web-2", json!({}))).await;
+    assert_eq!(code, 500);
+}
+
+#[tokio::test]
+async fn eviction_options_under_a_misspelled_key_are_dropped() {
+    // kube-core's Api::evict sends `delete_options` and no apiVersion/kind: a real API
+    // server drops the unknown key, so the grace period and preconditions are lost.
+    let (api, _shutdown) = server(Config::default()).await;
+    let client = api.client("admin");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    running_pod(&pods, "victim", json!({"app": "x"})).await;
+    let params = kube::api::EvictParams {
+        delete_options: Some(DeleteParams {
+            grace_period_seconds: Some(3),
+            preconditions: Some(Preconditions {
+                uid: Some("some-other-pod".into()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        }),
+        ..kube::api::EvictParams::default()
+    };
+    pods.evict("victim", &params).await.unwrap();
+    let victim = pods.get("victim").await.unwrap();
+    assert_eq!(victim.metadata.deletion_grace_period_seconds, Some(30));
+}
+
+// ---------------------------------------------------------------------------------
+// Admission
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use base64::Engine;
+
+/// What the test webhook received: (path and query, AdmissionReview).
+type Seen = Arc<Mutex<Vec<(String, Value)>>>;
+
+/// Answers by path: `/mutate` dry-runs evictions, `/deny` denies, `/bad` answers
+/// without apiVersion/kind, `/slow` never answers in time, anything else allows.
+async fn webhook_answer(seen: Seen, uri: http::Uri, body: axum::body::Bytes) -> axum::Json<Value> {
+    let review: Value = serde_json::from_slice(&body).unwrap();
+    seen.lock().unwrap().push((uri.to_string(), review.clone()));
+    let uid = review["request"]["uid"].clone();
+    let mut response = json!({"uid": uid, "allowed": true});
+    match uri.path() {
+        "/mutate" => {
+            let patch =
+                json!([{"op": "add", "path": "/deleteOptions", "value": {"dryRun": ["All"]}}]);
+            response["patchType"] = json!("JSONPatch");
+            response["patch"] =
+                json!(base64::engine::general_purpose::STANDARD.encode(patch.to_string()));
+        }
+        "/deny" => {
+            response["allowed"] = json!(false);
+            response["status"] = json!({"code": 403, "message": "not today"});
+            response["result"] = response["status"].clone();
+        }
+        "/bad" => return axum::Json(json!({"response": response})),
+        "/slow" => tokio::time::sleep(Duration::from_secs(5)).await,
+        _ => {}
+    }
+    axum::Json(
+        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}),
+    )
+}
+
+/// A tiny HTTPS webhook on loopback; returns its address, CA (PEM) and request log.
+async fn webhook_server(shutdown: Shutdown) -> (SocketAddr, String, Seen) {
+    graceful_drain::runtime::install_crypto_provider();
+    let dns = vec!["localhost".to_string(), "hooks.default.svc".to_string()];
+    let bundle =
+        graceful_drain::certs::generate("hooks", &dns, &["127.0.0.1".parse().unwrap()]).unwrap();
+    let certs = rustls::pki_types::CertificateDer::pem_slice_iter(bundle.cert.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(bundle.key.as_bytes()).unwrap();
+    let tls = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen: Seen = Arc::default();
+    let log = seen.clone();
+    let app = axum::Router::new().fallback(move |uri: http::Uri, body: axum::body::Bytes| {
+        webhook_answer(log.clone(), uri, body)
+    });
+    tokio::spawn(async move {
+        loop {
+            let (tcp, _) = tokio::select! {
+                accepted = listener.accept() => accepted.unwrap(),
+                _ = shutdown.cancelled() => return,
+            };
+            let (acceptor, app) = (acceptor.clone(), app.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let service = hyper_util::service::TowerToHyperService::new(app);
+                let _ = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                .await;
+            });
+        }
+    });
+    (addr, bundle.ca_cert, seen)
+}
+
+use rustls::pki_types::pem::PemObject;
+
+fn webhook_config(
+    kind: &str,
+    name: &str,
+    client: Value,
+    rule: Value,
+    policy: &str,
+    timeout: u64,
+) -> Value {
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": kind,
+        "metadata": {"name": name},
+        "webhooks": [{
+            "name": name, "clientConfig": client, "rules": [rule],
+            "failurePolicy": policy, "sideEffects": "None", "timeoutSeconds": timeout,
+            "admissionReviewVersions": ["v1"],
+            "namespaceSelector": {"matchExpressions": [{"key": "skip", "operator": "DoesNotExist"}]},
+        }],
+    })
+}
+
+async fn post_object(client: &kube::Client, path: &str, body: &Value) {
+    let request = http::Request::post(path)
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(body).unwrap())
+        .unwrap();
+    client.request::<Value>(request).await.unwrap();
+}
+
+async fn delete_object(client: &kube::Client, path: &str) {
+    let request = http::Request::delete(path).body(Vec::new()).unwrap();
+    client.request::<Value>(request).await.unwrap();
+}
+
+#[tokio::test]
+async fn admission_webhooks_mutate_deny_and_fail_like_the_api_server() {
+    let (api, shutdown) = server(Config::default()).await;
+    let (hook_addr, ca, seen) = webhook_server(shutdown.clone()).await;
+    let ca_bundle = base64::engine::general_purpose::STANDARD.encode(&ca);
+    let client = api.client("admin");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    running_pod(&pods, "web-1", json!({"app": "web"})).await;
+    running_pod(&pods, "web-2", json!({"app": "web"})).await;
+    const MUTATING: &str = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations";
+    const VALIDATING: &str =
+        "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations";
+
+    // Mutating eviction webhook by URL: the eviction becomes a dry run.
+    let eviction_rule = json!({"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                               "resources": ["pods/eviction"], "scope": "Namespaced"});
+    let by_url = json!({"url": format!("https://127.0.0.1:{}/mutate", hook_addr.port()), "caBundle": ca_bundle});
+    post_object(
+        &client,
+        MUTATING,
+        &webhook_config(
+            "MutatingWebhookConfiguration",
+            "evict.example.com",
+            by_url,
+            eviction_rule,
+            "Fail",
+            7,
+        ),
+    )
+    .await;
+    let (code, _, _) = post_raw(&api, &evict_path("web-1"), eviction("web-1", json!({}))).await;
+    assert_eq!(code, 201);
+    assert!(
+        pods.get("web-1")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_none()
+    );
+    let (path, review) = seen.lock().unwrap()[0].clone();
+    assert_eq!(path, "/mutate?timeout=7s");
+    assert_eq!(review["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(review["kind"], "AdmissionReview");
+    let request = &review["request"];
+    assert!(!request["uid"].as_str().unwrap().is_empty());
+    assert_eq!(
+        request["kind"],
+        json!({"group": "policy", "version": "v1", "kind": "Eviction"})
+    );
+    assert_eq!(
+        request["resource"],
+        json!({"group": "", "version": "v1", "resource": "pods"})
+    );
+    assert_eq!(request["requestKind"], request["kind"]);
+    assert_eq!(request["requestResource"], request["resource"]);
+    assert_eq!(request["subResource"], "eviction");
+    assert_eq!(
+        (request["name"].as_str(), request["namespace"].as_str()),
+        (Some("web-1"), Some("default"))
+    );
+    assert_eq!(request["operation"], "CREATE");
+    assert_eq!(request["userInfo"]["username"], "admin");
+    assert!(
+        request["userInfo"]["groups"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("system:masters"))
+    );
+    assert_eq!(request["object"]["kind"], "Eviction");
+    assert_eq!(request["options"]["kind"], "CreateOptions");
+    assert_eq!(request["dryRun"], false);
+
+    // Validating DELETE webhook through a Service route: denials surface verbatim.
+    api.route_service("default", "hooks", hook_addr);
+    let delete_rule = json!({"operations": ["DELETE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]});
+    let by_service = json!({"service": {"namespace": "default", "name": "hooks", "path": "/deny", "port": 443},
+                            "caBundle": ca_bundle});
+    post_object(
+        &client,
+        VALIDATING,
+        &webhook_config(
+            "ValidatingWebhookConfiguration",
+            "deny.example.com",
+            by_service,
+            delete_rule.clone(),
+            "Fail",
+            5,
+        ),
+    )
+    .await;
+    let denied = api_error(
+        pods.delete("web-2", &DeleteParams::default())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(denied.code, 403);
+    assert_eq!(
+        denied.message,
+        "admission webhook \"deny.example.com\" denied the request: not today"
+    );
+    let (_, review) = seen.lock().unwrap().last().unwrap().clone();
+    assert_eq!(review["request"]["operation"], "DELETE");
+    assert_eq!(review["request"]["oldObject"]["metadata"]["name"], "web-2");
+    assert_eq!(review["request"]["options"]["kind"], "DeleteOptions");
+    delete_object(&client, &format!("{VALIDATING}/deny.example.com")).await;
+
+    // A response without apiVersion/kind is a failed call: Ignore passes silently,
+    // Fail rejects with the API server's wording.
+    let bad = |path: &str| json!({"url": format!("https://localhost:{}{path}", hook_addr.port()), "caBundle": ca_bundle});
+    post_object(
+        &client,
+        VALIDATING,
+        &webhook_config(
+            "ValidatingWebhookConfiguration",
+            "bad-ignore.example.com",
+            bad("/bad"),
+            delete_rule.clone(),
+            "Ignore",
+            5,
+        ),
+    )
+    .await;
+    pods.delete("web-2", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    assert_eq!(api_error(pods.get("web-2").await.unwrap_err()).code, 404);
+    post_object(
+        &client,
+        VALIDATING,
+        &webhook_config(
+            "ValidatingWebhookConfiguration",
+            "bad-fail.example.com",
+            bad("/bad"),
+            delete_rule.clone(),
+            "Fail",
+            5,
+        ),
+    )
+    .await;
+    let failed = api_error(
+        pods.delete("web-1", &DeleteParams::default())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(failed.code, 500);
+    assert!(
+        failed.message.contains("failed calling webhook \"bad-fail.example.com\": expected webhook response of admission.k8s.io/v1, Kind=AdmissionReview, got /, Kind="),
+        "{}",
+        failed.message
+    );
+    delete_object(&client, &format!("{VALIDATING}/bad-fail.example.com")).await;
+
+    // A webhook slower than its timeout fails the call.
+    post_object(
+        &client,
+        VALIDATING,
+        &webhook_config(
+            "ValidatingWebhookConfiguration",
+            "slow.example.com",
+            bad("/slow"),
+            delete_rule,
+            "Fail",
+            1,
+        ),
+    )
+    .await;
+    let slow = api_error(
+        pods.delete("web-1", &DeleteParams::default())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(slow.code, 500);
+    assert!(slow.message.contains("deadline"), "{}", slow.message);
+
+    let stats = api.stats();
+    assert_eq!(stats.admission_calls["evict.example.com"], 1);
+    assert!(stats.admission_failures["bad-ignore.example.com"] >= 1);
+    assert_eq!(stats.admission_failures["slow.example.com"], 1);
+}

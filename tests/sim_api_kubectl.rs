@@ -1,0 +1,245 @@
+//! The real `kubectl` (v1.32, `/usr/bin/kubectl`) against the simulated API server:
+//! get, create, apply (twice, to take the patch path), delete, cordon, uncordon and
+//! drain, with a stand-in kubelet that removes terminating pods.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+
+use futures::TryStreamExt;
+use graceful_drain::runtime::Shutdown;
+use graceful_drain::sim::apiserver::{ApiServer, Config};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use serde_json::json;
+
+struct Kubectl {
+    kubeconfig: PathBuf,
+    cache: PathBuf,
+}
+
+impl Kubectl {
+    /// Runs kubectl with `args`; returns (success, stdout + stderr).
+    async fn run(&self, args: &[&str]) -> (bool, String) {
+        let output = tokio::process::Command::new("/usr/bin/kubectl")
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--cache-dir")
+            .arg(&self.cache)
+            .args(args)
+            .output()
+            .await
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        (output.status.success(), text)
+    }
+
+    async fn ok(&self, args: &[&str]) -> String {
+        let (ok, text) = self.run(args).await;
+        assert!(ok, "kubectl {args:?} failed:\n{text}");
+        text
+    }
+}
+
+/// Stands in for the kubelets: pods marked for deletion are removed with grace 0.
+fn kubelet_stand_in(api: &ApiServer, shutdown: Shutdown) {
+    let client = api.client("system:node:n1");
+    let pods: Api<Pod> = Api::all(client.clone());
+    tokio::spawn(async move {
+        let watch = kube::runtime::watcher(pods, kube::runtime::watcher::Config::default());
+        let mut objects = Box::pin(kube::runtime::WatchStreamExt::applied_objects(watch));
+        loop {
+            let pod = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                next = objects.try_next() => match next { Ok(Some(pod)) => pod, _ => continue },
+            };
+            if pod.metadata.deletion_timestamp.is_none() {
+                continue;
+            }
+            let ns = pod.metadata.namespace.clone().unwrap_or_default();
+            let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            let _ = api
+                .delete(&name, &DeleteParams::default().grace_period(0))
+                .await;
+        }
+    });
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+const CLUSTER: &str = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: n1}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: n2}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: web-1
+  labels: {app: web}
+  ownerReferences: [{apiVersion: apps/v1, kind: ReplicaSet, name: web, uid: 6b1f7c9e-0000-4000-8000-000000000001, controller: true}]
+spec: {nodeName: n1, containers: [{name: app, image: web}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: bare, labels: {app: bare}}
+spec:
+  nodeName: n1
+  containers: [{name: app, image: web, volumeMounts: [{name: scratch, mountPath: /tmp}]}]
+  volumes: [{name: scratch, emptyDir: {}}]
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: agent-n1
+  labels: {app: agent}
+  ownerReferences: [{apiVersion: apps/v1, kind: DaemonSet, name: agent, uid: 6b1f7c9e-0000-4000-8000-000000000002, controller: true}]
+spec: {nodeName: n1, containers: [{name: agent, image: agent}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web-2, labels: {app: web}}
+spec: {nodeName: n2, containers: [{name: app, image: web}]}
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: agent}
+spec:
+  selector: {matchLabels: {app: agent}}
+  template:
+    metadata: {labels: {app: agent}}
+    spec: {containers: [{name: agent, image: agent}]}
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: web}
+spec:
+  maxUnavailable: 1
+  selector: {matchLabels: {app: web}}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_kubectl_gets_creates_applies_cordons_and_drains() {
+    let shutdown = Shutdown::new();
+    let api = ApiServer::start(Config::default(), shutdown.clone())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig, "admin").unwrap();
+    let kubectl = Kubectl {
+        kubeconfig,
+        cache: dir.path().join("cache"),
+    };
+    let client = api.client("admin");
+    let nodes: Api<Node> = Api::all(client.clone());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    kubelet_stand_in(&api, shutdown.clone());
+
+    let cluster = write(dir.path(), "cluster.yaml", CLUSTER);
+    kubectl.ok(&["create", "-f", &cluster]).await;
+    assert_eq!(pods.list(&Default::default()).await.unwrap().items.len(), 4);
+    let listed = kubectl.ok(&["get", "nodes"]).await;
+    assert!(listed.contains("n1") && listed.contains("n2"), "{listed}");
+    let wide = kubectl.ok(&["get", "pods", "-o", "name"]).await;
+    assert!(wide.contains("pod/web-1"), "{wide}");
+
+    // apply twice: create, then a strategic-merge patch from the last-applied state.
+    let cm = |value: &str| {
+        format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: settings}}\ndata: {{mode: {value}, keep: \"yes\"}}\n"
+        )
+    };
+    let settings = write(dir.path(), "cm.yaml", &cm("one"));
+    kubectl.ok(&["apply", "-f", &settings]).await;
+    write(dir.path(), "cm.yaml", &cm("two"));
+    let applied = kubectl.ok(&["apply", "-f", &settings]).await;
+    assert!(applied.contains("configured"), "{applied}");
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let settings_cm = configmaps.get("settings").await.unwrap();
+    assert_eq!(settings_cm.data.as_ref().unwrap()["mode"], "two");
+    assert!(
+        settings_cm
+            .metadata
+            .annotations
+            .unwrap()
+            .contains_key("kubectl.kubernetes.io/last-applied-configuration")
+    );
+    assert!(api.stats().count("patch", "configmaps") >= 1);
+    kubectl.ok(&["delete", "configmap", "settings"]).await;
+    assert!(configmaps.get_opt("settings").await.unwrap().is_none());
+
+    kubectl.ok(&["cordon", "n2"]).await;
+    assert_eq!(
+        nodes.get("n2").await.unwrap().spec.unwrap().unschedulable,
+        Some(true)
+    );
+    kubectl.ok(&["uncordon", "n2"]).await;
+    assert_ne!(
+        nodes.get("n2").await.unwrap().spec.unwrap().unschedulable,
+        Some(true)
+    );
+
+    // The PDB allows one disruption once "observed" (no disruption controller here).
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), "default");
+    let status = json!({"status": {"observedGeneration": 1, "disruptionsAllowed": 1,
+                                   "currentHealthy": 2, "desiredHealthy": 1, "expectedPods": 2}});
+    pdbs.patch_status("web", &PatchParams::default(), &Patch::Merge(status))
+        .await
+        .unwrap();
+    // Running, ready pods are the ones a budget protects (pending ones skip it).
+    let running = json!({"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}});
+    for name in ["web-1", "web-2"] {
+        pods.patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(running.clone()),
+        )
+        .await
+        .unwrap();
+    }
+
+    let drained = kubectl
+        .ok(&[
+            "drain",
+            "n1",
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--force",
+            "--timeout",
+            "20s",
+        ])
+        .await;
+    assert!(drained.contains("node/n1 drained"), "{drained}");
+    assert_eq!(
+        nodes.get("n1").await.unwrap().spec.unwrap().unschedulable,
+        Some(true)
+    );
+    let left: Vec<String> = pods
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|p| p.metadata.name.unwrap())
+        .collect();
+    assert_eq!(left, vec!["agent-n1", "web-2"]);
+    let pdb_status = pdbs.get("web").await.unwrap().status.unwrap();
+    assert_eq!(pdb_status.disruptions_allowed, 0);
+    assert!(pdb_status.disrupted_pods.unwrap().contains_key("web-1"));
+    let stats = api.stats();
+    assert_eq!(stats.count("create", "pods/eviction"), 2);
+}
