@@ -270,6 +270,7 @@ echo "chart: Dockerfile"
 hadolint Dockerfile || die "hadolint Dockerfile"
 grep -q '^ENTRYPOINT \["/usr/local/bin/graceful-drain"\]' Dockerfile || die "Dockerfile ENTRYPOINT"
 say "hadolint: ok"
+say "$($PY "$CHECKS/assert.py" docker-context)"
 
 echo "chart: deploy/ is up to date"
 render_deploy >"$WORK/deploy.yaml"

@@ -8,6 +8,7 @@ Usage: assert.py split RENDERED OUTDIR      -> OUTDIR/core.yaml, OUTDIR/cert-man
        assert.py applied MODE RENDERED OBJECTS_JSON -> the cluster returns the configurations
        assert.py helm-owned RENDERED RELEASE NAMESPACE OUT -> OUT: marked as a Helm release's
        assert.py same-ca RENDERED_A RENDERED_B   -> both renders carry one CA and caBundle
+       assert.py docker-context                  -> .dockerignore keeps what cargo build needs
 MODE is cert-manager, self-signed or secret. Exits non-zero with one line per failure.
 """
 
@@ -356,6 +357,30 @@ def same_ca(a, b):
     sys.exit(0 if same else 1)
 
 
+def docker_context():
+    """The build context must keep every file `cargo build --locked` reads: the manifest,
+    the lock file, build.rs, the protos, the sources and every target Cargo.toml names
+    (a missing [[bench]] file breaks the manifest). Checked against `git ls-files`."""
+    import fnmatch
+    with open(".dockerignore", encoding="utf-8") as f:
+        patterns = [l.strip().rstrip("/") for l in f if l.strip() and not l.startswith("#")]
+    files = subprocess.run(["git", "ls-files"], capture_output=True, text=True,
+                           check=True).stdout.split()
+    def ignored(path):
+        parts = path.split("/")
+        prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+        return any(fnmatch.fnmatch(p, pat) or fnmatch.fnmatch(parts[-1], pat)
+                   for p in prefixes for pat in patterns)
+    needed = [f for f in files if f in ("Cargo.toml", "Cargo.lock", "build.rs")
+              or f.split("/")[0] in ("src", "proto", "benches", "tests")]
+    missing = [f for f in needed if ignored(f)]
+    for f in missing:
+        print(f"FAIL .dockerignore leaves out {f}, which cargo build needs")
+    if missing or "src/main.rs" not in needed:
+        sys.exit(1)
+    print(f"docker context keeps the {len(needed)} files cargo build reads")
+
+
 # Values documented as one row although they are maps (their keys are free-form).
 WHOLE_VALUES = {"webhook.resources", "agent.resources", "agent.updateStrategy"}
 
@@ -386,7 +411,9 @@ def docs(values_yaml, doc_md):
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "helm-owned":
+    if sys.argv[1] == "docker-context":
+        docker_context()
+    elif sys.argv[1] == "helm-owned":
         helm_owned(*sys.argv[2:6])
     elif sys.argv[1] == "same-ca":
         same_ca(sys.argv[2], sys.argv[3])
