@@ -18,6 +18,7 @@ use base64::Engine;
 use graceful_drain::runtime::Shutdown;
 use graceful_drain::sim::cluster::{Cluster, ClusterConfig, WebSpec, wait_for};
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
@@ -278,6 +279,18 @@ async fn install(spec: &WebSpec) -> Installed {
         inject_ca(&admin, resource, &bundle.ca_cert);
     }
     cluster.deploy_web(spec, TIMEOUT).await.unwrap();
+    // The webhook refuses to isolate while the PDB's budget is not yet observed.
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(cluster.client(), &spec.namespace);
+    let budget = spec.replicas - spec.min_available;
+    wait_for("PDB budget observed", TIMEOUT, || {
+        let pdbs = pdbs.clone();
+        async move {
+            let pdb = pdbs.get(&spec.name).await.unwrap();
+            pdb.status.is_some_and(|s| s.disruptions_allowed >= budget)
+        }
+    })
+    .await
+    .unwrap();
 
     // The kubelet: the webhook as its ServiceAccount, reached through its Service.
     let rewrite = |arg: &str| match arg.split_once('=') {
