@@ -8,14 +8,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-eval "$(bash .ci/install-tools.sh --print-env)"
+# A failed install must stop here, not later as "helm: command not found".
+TOOLS_ENV="$(bash .ci/install-tools.sh --print-env)" || { echo "chart: FAIL .ci/install-tools.sh" >&2; exit 1; }
+eval "$TOOLS_ENV"
 CHART=charts/graceful-drain
 NS=graceful-drain
 KUBE_VERSIONS="1.33.0 1.34.0 1.35.0 1.36.0 1.37.0"
 WORK="$(mktemp -d)"
 trap '[ -n "${KEEP_WORK:-}" ] || rm -rf "$WORK"' EXIT
-PY="python3"
-command -v kubernetes-validate >/dev/null
 PY="$(dirname "$(command -v kubernetes-validate)")/python"
 CHECKS=.ci/checks/chart
 
