@@ -237,7 +237,6 @@ async fn concurrent_evictions_take_only_the_disruptions_the_pdb_allows() {
     };
     let (cluster, _webhook) = setup(&spec, Duration::from_secs(30), 10).await;
     let client = cluster.client();
-    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), "default");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let all = web_pods(&cluster, &spec).await;
     let evictions = all.iter().map(|pod| {
