@@ -8,33 +8,29 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::convert::Infallible;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
 use graceful_drain::agent::{self, Args};
+use graceful_drain::proto::registration::RegistrationStatus;
 use graceful_drain::proto::registration::registration_client::RegistrationClient;
-use graceful_drain::proto::registration::{InfoRequest, RegistrationStatus};
-use graceful_drain::proto::slm::slm_plugin_client::SlmPluginClient;
-use graceful_drain::proto::slm::{
-    EndLifecycleTransitionRequest, LifecycleTransitionResponse, StartLifecycleTransitionRequest,
-};
 use graceful_drain::runtime::Shutdown;
 use http::{Method, Request, Response};
 use http_body_util::BodyExt;
 use http_body_util::combinators::BoxBody;
 use hyper::body::Frame;
-use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
-use tokio::net::UnixStream;
 use tokio::sync::broadcast;
-use tonic::transport::{Channel, Endpoint, Uri};
 
 const NODE: &str = "n1";
-/// Every wait in these tests gives up after this long.
-const DEADLINE: Duration = Duration::from_secs(30);
+
+mod agent_support {
+    pub mod kubelet;
+}
+use agent_support::kubelet::{DEADLINE, Kubelet, connect};
 
 /// An in-process API server faking just what the agent uses.
 mod fake {
@@ -364,101 +360,6 @@ fn args(dir: &Path, flags: &[&str]) -> Args {
     Cli::try_parse_from(argv).unwrap().args
 }
 
-async fn connect(path: PathBuf) -> Channel {
-    Endpoint::from_static("http://[::]:50051")
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
-        }))
-        .await
-        .unwrap()
-}
-
-/// The kubelet's side: registration, then Start/End.
-struct Kubelet {
-    slm: SlmPluginClient<Channel>,
-}
-
-impl Kubelet {
-    /// Registers like the plugin watcher and returns the plugin's SLM client.
-    async fn register(registration_socket: &Path) -> Self {
-        let mut reg = RegistrationClient::new(connect(registration_socket.to_path_buf()).await);
-        let info = reg.get_info(InfoRequest {}).await.unwrap().into_inner();
-        assert_eq!(info.r#type, "SLMPlugin");
-        assert_eq!(info.name, "graceful-drain.io");
-        assert_eq!(info.supported_versions, ["v1alpha1.SLMPlugin"]);
-        assert!(
-            info.endpoint
-                .ends_with("plugins/graceful-drain.io/slm.sock"),
-            "{}",
-            info.endpoint
-        );
-        let status = RegistrationStatus {
-            plugin_registered: true,
-            error: String::new(),
-        };
-        reg.notify_registration_status(status).await.unwrap();
-        Self {
-            slm: SlmPluginClient::new(connect(PathBuf::from(info.endpoint)).await),
-        }
-    }
-
-    async fn start(&mut self, transition: &str, node: &str) -> LifecycleTransitionResponse {
-        let (start, end) = reasons(transition);
-        let req = StartLifecycleTransitionRequest {
-            transition_name: transition.into(),
-            event_name: "ev-1".into(),
-            node_name: node.into(),
-            start: start.into(),
-            end: end.into(),
-        };
-        // Bounded: the kubelet would give up after 45 s; a hang fails the test.
-        tokio::time::timeout(DEADLINE, self.slm.start_lifecycle_transition(req))
-            .await
-            .expect("Start answered")
-            .unwrap()
-            .into_inner()
-    }
-
-    async fn end(&mut self, transition: &str, sla_expired: bool) -> LifecycleTransitionResponse {
-        let (start, end) = reasons(transition);
-        let req = EndLifecycleTransitionRequest {
-            transition_name: transition.into(),
-            event_name: "ev-1".into(),
-            node_name: NODE.into(),
-            start: start.into(),
-            end: end.into(),
-            sla_expired,
-        };
-        tokio::time::timeout(DEADLINE, self.slm.end_lifecycle_transition(req))
-            .await
-            .expect("End answered")
-            .unwrap()
-            .into_inner()
-    }
-
-    /// Calls End until it answers `want` (or an error), within [`DEADLINE`].
-    async fn end_until(&mut self, transition: &str, want: &str) -> LifecycleTransitionResponse {
-        let deadline = tokio::time::Instant::now() + DEADLINE;
-        loop {
-            let answer = self.end(transition, false).await;
-            if answer.lifecycle_condition == want || !answer.error.is_empty() {
-                return answer;
-            }
-            assert!(tokio::time::Instant::now() < deadline, "still {answer:?}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
-
-fn reasons(transition: &str) -> (&'static str, &'static str) {
-    match transition {
-        "graceful-drain" => ("drain-started", "drain-complete"),
-        "graceful-maintenance-complete" => ("uncordoning", "maintenance-complete"),
-        _ => ("x-started", "x-done"),
-    }
-}
-
 /// Waits until `check` holds, within [`DEADLINE`].
 async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + DEADLINE;
@@ -536,7 +437,7 @@ async fn kubelet_drives_a_drain_to_completion_and_back_to_service() {
     let reg_socket = started.registration_socket.clone();
     let agent_state = started.agent.clone();
     let running = tokio::spawn(started.wait());
-    let mut kubelet = Kubelet::register(&reg_socket).await;
+    let mut kubelet = Kubelet::register(&reg_socket, NODE).await;
 
     // Both transitions are published for all nodes with our driver; /readyz follows.
     eventually("transitions published", || {
@@ -679,7 +580,7 @@ async fn bad_requests_get_a_clear_error_and_no_work() {
     let started = agent::start(args(dir.path(), &[]), fake.client(), shutdown.clone())
         .await
         .unwrap();
-    let mut kubelet = Kubelet::register(&started.registration_socket).await;
+    let mut kubelet = Kubelet::register(&started.registration_socket, NODE).await;
 
     let answer = kubelet.start("firmware-upgrade", NODE).await;
     assert_eq!(answer.lifecycle_condition, "");
@@ -742,7 +643,7 @@ async fn a_filter_refusal_fails_the_transition_before_any_eviction() {
     let started = agent::start(args(dir.path(), &[]), fake.client(), shutdown.clone())
         .await
         .unwrap();
-    let mut kubelet = Kubelet::register(&started.registration_socket).await;
+    let mut kubelet = Kubelet::register(&started.registration_socket, NODE).await;
     kubelet.start("graceful-drain", NODE).await;
     let answer = kubelet.end_until("graceful-drain", "drain-complete").await;
     assert!(
@@ -775,7 +676,7 @@ async fn a_restarted_agent_resumes_the_drain() {
         .unwrap();
     let reg_socket = started.registration_socket.clone();
     let running = tokio::spawn(started.wait());
-    let mut kubelet = Kubelet::register(&reg_socket).await;
+    let mut kubelet = Kubelet::register(&reg_socket, NODE).await;
     kubelet.start("graceful-drain", NODE).await;
     eventually("both evicted", || evictions(&fake).len() == 2).await;
     // The pods are terminating: the drain is not done.
@@ -806,7 +707,7 @@ async fn a_restarted_agent_resumes_the_drain() {
     })
     .await;
     fake.finish_terminating();
-    let mut kubelet = Kubelet::register(&started.registration_socket).await;
+    let mut kubelet = Kubelet::register(&started.registration_socket, NODE).await;
     let done = kubelet.end_until("graceful-drain", "drain-complete").await;
     assert_eq!(done.error, "");
     assert_eq!(done.lifecycle_condition, "drain-complete");
@@ -824,7 +725,7 @@ async fn rpcs_answer_while_the_api_server_hangs() {
     let started = agent::start(args(dir.path(), &[]), fake.client(), shutdown.clone())
         .await
         .unwrap();
-    let mut kubelet = Kubelet::register(&started.registration_socket).await;
+    let mut kubelet = Kubelet::register(&started.registration_socket, NODE).await;
     // Kubelet::start/end fail the test if no answer comes (bounded wait).
     assert_eq!(
         kubelet

@@ -152,6 +152,18 @@ async fn real_kubectl_gets_creates_applies_cordons_and_drains() {
     let cluster = write(dir.path(), "cluster.yaml", CLUSTER);
     kubectl.ok(&["create", "-f", &cluster]).await;
     assert_eq!(pods.list(&Default::default()).await.unwrap().items.len(), 4);
+    // kubectl asks for strict field validation: a misspelled field is refused.
+    let typo = write(
+        dir.path(),
+        "typo.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: typo}\nspec: {nodeNmae: n1, containers: [{name: a, image: b}]}\n",
+    );
+    let (ok, refused) = kubectl.run(&["create", "-f", &typo]).await;
+    assert!(
+        !ok && refused.contains("unknown field \"spec.nodeNmae\""),
+        "{refused}"
+    );
+    assert!(pods.get_opt("typo").await.unwrap().is_none());
     let listed = kubectl.ok(&["get", "nodes"]).await;
     assert!(listed.contains("n1") && listed.contains("n2"), "{listed}");
     let wide = kubectl.ok(&["get", "pods", "-o", "name"]).await;

@@ -244,7 +244,12 @@ pub async fn run(
                 Some(Ok(_)) => {}
             },
         }
-        run_steps(&reconciler, &shutdown).await;
+        // A step is abandoned at shutdown: every write in it is atomic and guarded, and
+        // the successor resumes from what the objects record.
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            () = run_steps(&reconciler, &shutdown) => {}
+        }
     }
 }
 

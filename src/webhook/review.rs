@@ -228,8 +228,23 @@ pub fn dry_run_patch(delete_options: &Value) -> json_patch::Patch {
 }
 
 /// Serialises `response` as a full AdmissionReview.
+///
+/// kube-core writes `response.patch` (Go `[]byte`) as a JSON array of numbers. The API
+/// server's decoder accepts that, but Go's canonical encoding — and what every other
+/// webhook sends — is a base64 string, so the patch is re-encoded that way.
 pub fn to_body(response: AdmissionResponse) -> Result<Vec<u8>, serde_json::Error> {
-    serde_json::to_vec(&response.into_review())
+    let review = response.into_review();
+    let patch = review.response.as_ref().and_then(|r| r.patch.as_ref());
+    let Some(patch) = patch else {
+        return serde_json::to_vec(&review);
+    };
+    use base64::Engine as _;
+    let encoded = base64::engine::general_purpose::STANDARD.encode(patch);
+    let mut value = serde_json::to_value(&review)?;
+    if let Some(slot) = value.pointer_mut("/response/patch") {
+        *slot = Value::String(encoded);
+    }
+    serde_json::to_vec(&value)
 }
 
 #[cfg(test)]
@@ -438,9 +453,10 @@ mod tests {
         assert_eq!(body["apiVersion"], "admission.k8s.io/v1");
         assert_eq!(body["response"]["uid"], "u-9");
         assert_eq!(body["response"]["patchType"], "JSONPatch");
-        // kube-core encodes the patch bytes as a JSON array of numbers, which the API
-        // server's decoder accepts for a []byte field just like base64.
-        let patch: Vec<u8> = serde_json::from_value(body["response"]["patch"].clone()).unwrap();
+        use base64::Engine as _;
+        let patch = base64::engine::general_purpose::STANDARD
+            .decode(body["response"]["patch"].as_str().expect("patch is a base64 string"))
+            .unwrap();
         let patch: Value = serde_json::from_slice(&patch).unwrap();
         assert_eq!(
             patch,

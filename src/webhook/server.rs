@@ -618,7 +618,10 @@ mod tests {
         assert_eq!(review["response"]["uid"], "ev-1");
         assert_eq!(review["response"]["allowed"], true);
         assert_eq!(review["response"]["patchType"], "JSONPatch");
-        let patch: Vec<u8> = serde_json::from_value(review["response"]["patch"].clone()).unwrap();
+        use base64::Engine as _;
+        let patch = base64::engine::general_purpose::STANDARD
+            .decode(review["response"]["patch"].as_str().unwrap())
+            .unwrap();
         let patch: Value = serde_json::from_slice(&patch).unwrap();
         assert_eq!(patch[0]["value"]["dryRun"], json!(["All"]));
         assert!(

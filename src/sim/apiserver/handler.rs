@@ -180,6 +180,15 @@ fn discovery(ctx: &Ctx, method: &Method, path: &str) -> Option<Response> {
         "/healthz" | "/livez" | "/readyz" => {
             return Some((StatusCode::OK, "ok").into_response());
         }
+        // kubectl fetches the OpenAPI v2 document (protobuf only) to validate kinds the
+        // v3 documents do not cover; an empty protobuf message is an empty document,
+        // under which it skips client-side validation and reports unknown kinds itself.
+        "/openapi/v2" => {
+            let content_type = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
+            return Some(
+                (StatusCode::OK, [(header::CONTENT_TYPE, content_type)], "").into_response(),
+            );
+        }
         "/api" => Some(reg.api_versions(ctx.url.trim_start_matches("http://"))),
         "/apis" => Some(reg.api_group_list()),
         "/api/v1" => reg.api_resource_list("", "v1"),

@@ -9,7 +9,7 @@ use std::sync::{Arc, RwLock};
 use k8s_openapi::api::{
     admissionregistration::v1 as admv1, apps::v1 as apps, batch::v1 as batch,
     coordination::v1 as coord, core::v1 as core, discovery::v1 as disc, events::v1 as events,
-    policy::v1 as policy,
+    networking::v1 as net, policy::v1 as policy, rbac::v1 as rbac,
 };
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiext;
 use serde::Serialize;
@@ -124,211 +124,39 @@ macro_rules! builtin {
     };
 }
 
+#[rustfmt::skip]
 fn builtins() -> Vec<Builtin> {
     const ST: &[&str] = &["status"];
+    const ADM: &str = "admissionregistration.k8s.io";
     vec![
-        builtin!(
-            "",
-            "v1",
-            "namespaces",
-            core::Namespace,
-            false,
-            &["ns"],
-            ST,
-            &["status.phase"]
-        ),
-        builtin!(
-            "",
-            "v1",
-            "nodes",
-            core::Node,
-            false,
-            &["no"],
-            ST,
-            &["spec.unschedulable"]
-        ),
-        builtin!(
-            "",
-            "v1",
-            "pods",
-            core::Pod,
-            true,
-            &["po"],
-            &["status", "eviction", "binding"],
-            POD_FIELDS
-        ),
+        builtin!("", "v1", "namespaces", core::Namespace, false, &["ns"], ST, &["status.phase"]),
+        builtin!("", "v1", "nodes", core::Node, false, &["no"], ST, &["spec.unschedulable"]),
+        builtin!("", "v1", "pods", core::Pod, true, &["po"], &["status", "eviction", "binding"], POD_FIELDS),
         builtin!("", "v1", "services", core::Service, true, &["svc"], ST, &[]),
-        builtin!(
-            "",
-            "v1",
-            "events",
-            core::Event,
-            true,
-            &["ev"],
-            &[],
-            EVENT_FIELDS
-        ),
-        builtin!(
-            "",
-            "v1",
-            "configmaps",
-            core::ConfigMap,
-            true,
-            &["cm"],
-            &[],
-            &[]
-        ),
+        builtin!("", "v1", "events", core::Event, true, &["ev"], &[], EVENT_FIELDS),
+        builtin!("", "v1", "configmaps", core::ConfigMap, true, &["cm"], &[], &[]),
         builtin!("", "v1", "secrets", core::Secret, true, &[], &[], &["type"]),
-        builtin!(
-            "",
-            "v1",
-            "serviceaccounts",
-            core::ServiceAccount,
-            true,
-            &["sa"],
-            &[],
-            &[]
-        ),
-        builtin!(
-            "",
-            "v1",
-            "endpoints",
-            core::Endpoints,
-            true,
-            &["ep"],
-            &[],
-            &[]
-        ),
-        builtin!(
-            "events.k8s.io",
-            "v1",
-            "events",
-            events::Event,
-            true,
-            &["ev"],
-            &[],
-            &[]
-        ),
-        builtin!(
-            "discovery.k8s.io",
-            "v1",
-            "endpointslices",
-            disc::EndpointSlice,
-            true,
-            &[],
-            &[],
-            &[]
-        ),
-        builtin!(
-            "apps",
-            "v1",
-            "replicasets",
-            apps::ReplicaSet,
-            true,
-            &["rs"],
-            ST,
-            &[]
-        ),
-        builtin!(
-            "apps",
-            "v1",
-            "deployments",
-            apps::Deployment,
-            true,
-            &["deploy"],
-            ST,
-            &[]
-        ),
-        builtin!(
-            "apps",
-            "v1",
-            "daemonsets",
-            apps::DaemonSet,
-            true,
-            &["ds"],
-            ST,
-            &[]
-        ),
-        builtin!(
-            "apps",
-            "v1",
-            "statefulsets",
-            apps::StatefulSet,
-            true,
-            &["sts"],
-            ST,
-            &[]
-        ),
-        builtin!(
-            "apps",
-            "v1",
-            "controllerrevisions",
-            apps::ControllerRevision,
-            true,
-            &[],
-            &[],
-            &[]
-        ),
-        builtin!(
-            "batch",
-            "v1",
-            "jobs",
-            batch::Job,
-            true,
-            &[],
-            ST,
-            &["status.successful"]
-        ),
-        builtin!(
-            "policy",
-            "v1",
-            "poddisruptionbudgets",
-            policy::PodDisruptionBudget,
-            true,
-            &["pdb"],
-            ST,
-            &[]
-        ),
-        builtin!(
-            "coordination.k8s.io",
-            "v1",
-            "leases",
-            coord::Lease,
-            true,
-            &[],
-            &[],
-            &[]
-        ),
-        builtin!(
-            "admissionregistration.k8s.io",
-            "v1",
-            "mutatingwebhookconfigurations",
-            admv1::MutatingWebhookConfiguration,
-            false,
-            &[],
-            &[],
-            &[]
-        ),
-        builtin!(
-            "admissionregistration.k8s.io",
-            "v1",
-            "validatingwebhookconfigurations",
-            admv1::ValidatingWebhookConfiguration,
-            false,
-            &[],
-            &[],
-            &[]
-        ),
-        builtin!(
-            "apiextensions.k8s.io",
-            "v1",
-            "customresourcedefinitions",
-            apiext::CustomResourceDefinition,
-            false,
-            &["crd", "crds"],
-            ST,
-            &[]
-        ),
+        builtin!("", "v1", "serviceaccounts", core::ServiceAccount, true, &["sa"], &[], &[]),
+        builtin!("", "v1", "endpoints", core::Endpoints, true, &["ep"], &[], &[]),
+        builtin!("events.k8s.io", "v1", "events", events::Event, true, &["ev"], &[], &[]),
+        builtin!("discovery.k8s.io", "v1", "endpointslices", disc::EndpointSlice, true, &[], &[], &[]),
+        builtin!("apps", "v1", "replicasets", apps::ReplicaSet, true, &["rs"], ST, &[]),
+        builtin!("apps", "v1", "deployments", apps::Deployment, true, &["deploy"], ST, &[]),
+        builtin!("apps", "v1", "daemonsets", apps::DaemonSet, true, &["ds"], ST, &[]),
+        builtin!("apps", "v1", "statefulsets", apps::StatefulSet, true, &["sts"], ST, &[]),
+        builtin!("apps", "v1", "controllerrevisions", apps::ControllerRevision, true, &[], &[], &[]),
+        builtin!("batch", "v1", "jobs", batch::Job, true, &[], ST, &["status.successful"]),
+        builtin!("policy", "v1", "poddisruptionbudgets", policy::PodDisruptionBudget, true, &["pdb"], ST, &[]),
+        builtin!("coordination.k8s.io", "v1", "leases", coord::Lease, true, &[], &[], &[]),
+        builtin!(ADM, "v1", "mutatingwebhookconfigurations", admv1::MutatingWebhookConfiguration, false, &[], &[], &[]),
+        builtin!(ADM, "v1", "validatingwebhookconfigurations", admv1::ValidatingWebhookConfiguration, false, &[], &[], &[]),
+        builtin!("rbac.authorization.k8s.io", "v1", "roles", rbac::Role, true, &[], &[], &[]),
+        builtin!("rbac.authorization.k8s.io", "v1", "rolebindings", rbac::RoleBinding, true, &[], &[], &[]),
+        builtin!("rbac.authorization.k8s.io", "v1", "clusterroles", rbac::ClusterRole, false, &[], &[], &[]),
+        builtin!("rbac.authorization.k8s.io", "v1", "clusterrolebindings", rbac::ClusterRoleBinding, false, &[], &[], &[]),
+        builtin!("networking.k8s.io", "v1", "networkpolicies", net::NetworkPolicy, true, &["netpol"], &[], &[]),
+        builtin!("networking.k8s.io", "v1", "ingresses", net::Ingress, true, &["ing"], ST, &[]),
+        builtin!("apiextensions.k8s.io", "v1", "customresourcedefinitions", apiext::CustomResourceDefinition, false, &["crd", "crds"], ST, &[]),
     ]
 }
 
@@ -382,11 +210,6 @@ impl Registry {
         self.read()
             .into_iter()
             .find(|d| d.group == group && d.version == version && d.plural == plural)
-    }
-
-    /// Finds the resource stored in a table (first served version).
-    pub(crate) fn find_table(&self, table: &str) -> Option<Arc<ResourceDef>> {
-        self.read().into_iter().find(|d| d.table() == table)
     }
 
     /// Served group/versions, in registration order, without duplicates.
@@ -589,6 +412,20 @@ fn subresource_entry(d: &ResourceDef, sub: &str) -> Value {
     }
 }
 
+/// A CRD version's `selectableFields` as field-selector paths.
+fn selectable_fields(version: &Value) -> Vec<String> {
+    version
+        .get("selectableFields")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| f.get("jsonPath")?.as_str())
+                .map(|p| p.trim_start_matches('.').to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The resource definitions a CRD object describes (one per served version).
 fn crd_defs(crd: &Value) -> Vec<ResourceDef> {
     let s = |p: &str| {
@@ -628,16 +465,7 @@ fn crd_defs(crd: &Value) -> Vec<ResourceDef> {
         .filter_map(|v| {
             let version = v.get("name")?.as_str()?.to_string();
             let status = v.pointer("/subresources/status").is_some();
-            let mut fields: Vec<String> = v
-                .get("selectableFields")
-                .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|f| f.get("jsonPath")?.as_str())
-                        .map(|p| p.trim_start_matches('.').to_string())
-                        .collect()
-                })
-                .unwrap_or_default();
+            let mut fields = selectable_fields(v);
             if group == "lifecycle.k8s.io" && plural == "lifecycleevents" {
                 fields.push("spec.bindingNode".into());
                 fields.push("spec.transitionName".into());
