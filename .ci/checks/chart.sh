@@ -177,32 +177,6 @@ echo "chart: kubectl apply to the simulated cluster"
 # --serve`, checks the webhook configurations come back as rendered, then asks helm to
 # render self-signed mode again against that cluster: `lookup` must find the Secret and
 # reuse its certificate (what keeps caBundle stable across `helm upgrade`).
-rbac_standins() {
-  local kind plural scope
-  for spec in ClusterRole:clusterroles:Cluster ClusterRoleBinding:clusterrolebindings:Cluster \
-    Role:roles:Namespaced RoleBinding:rolebindings:Namespaced; do
-    IFS=: read -r kind plural scope <<<"$spec"
-    cat <<CRD
----
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata:
-  name: $plural.rbac.authorization.k8s.io
-  annotations:
-    api-approved.kubernetes.io: "unapproved, simulator stand-in"
-spec:
-  group: rbac.authorization.k8s.io
-  scope: $scope
-  names: {kind: $kind, plural: $plural, singular: $(echo "$kind" | tr '[:upper:]' '[:lower:]')}
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      schema:
-        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
-CRD
-  done
-}
 sim_apply() {
   local kc="$WORK/sim.kubeconfig" log="$WORK/sim.log" pid
   "$BIN" simulate --serve --nodes 1 --kubeconfig-out "$kc" >"$log" 2>&1 &
@@ -216,16 +190,6 @@ sim_apply() {
   done
   [ -s "$kc" ] || { cat "$log"; die "simulate --serve wrote no kubeconfig in 30 s"; }
   local k=(kubectl --kubeconfig "$kc")
-  # The simulator has no RBAC API; stand-in CRDs let kubectl and helm map those kinds (the
-  # simulator authorizes everyone, so the objects are stored and served back, no more).
-  if ! "${k[@]}" api-resources --no-headers | grep -q ' ClusterRole$'; then
-    rbac_standins >"$WORK/rbac-crds.yaml"
-    "${k[@]}" apply -f "$WORK/rbac-crds.yaml" >/dev/null
-    for _ in $(seq 1 50); do
-      "${k[@]}" api-resources --no-headers | grep -q ' RoleBinding$' && break
-      sleep 0.2
-    done
-  fi
   "${k[@]}" api-resources --no-headers >"$WORK/api-resources.txt"
   # The raw manifests (deploy/, cert-manager mode), as a user without Helm applies them.
   say "deploy/: $($PY "$CHECKS/assert.py" served deploy/graceful-drain.yaml "$WORK/api-resources.txt" "$WORK/deploy.served.yaml")"

@@ -455,7 +455,11 @@ mod tests {
         assert_eq!(body["response"]["patchType"], "JSONPatch");
         use base64::Engine as _;
         let patch = base64::engine::general_purpose::STANDARD
-            .decode(body["response"]["patch"].as_str().expect("patch is a base64 string"))
+            .decode(
+                body["response"]["patch"]
+                    .as_str()
+                    .expect("patch is a base64 string"),
+            )
             .unwrap();
         let patch: Value = serde_json::from_slice(&patch).unwrap();
         assert_eq!(
