@@ -6,7 +6,13 @@
 //! reach the webhook through the rendered configurations and isolate the pod first, and
 //! the DaemonSet's node agent, started with its rendered command line, drains a node when
 //! `graceful-drain drain NODE` creates a LifecycleEvent.
+//! Every request the webhook and the agent make is also checked against the RBAC rules
+//! the manifests bind to their ServiceAccounts ([`rbac`]), so a missing permission shows
+//! here and not on the first real cluster.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "install_support/rbac.rs"]
+mod rbac;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -257,6 +263,7 @@ fn sa_kubeconfig(cluster: &Cluster, dir: &Path, sa: &str) -> PathBuf {
 /// from the first list) and waits until the webhook is ready.
 async fn install(spec: &WebSpec) -> Installed {
     graceful_drain::runtime::install_crypto_provider();
+    rbac::install();
     let cluster = Cluster::start(ClusterConfig::default(), Shutdown::new())
         .await
         .unwrap();
@@ -327,6 +334,24 @@ async fn web_pods(cluster: &Cluster, spec: &WebSpec) -> Vec<Pod> {
         .await
         .unwrap()
         .items
+}
+
+/// Asserts that each of `accounts` (ServiceAccount names in the release namespace) made
+/// requests, and that the manifests' RBAC allows every one of them.
+fn assert_rbac_allows(installed: &Installed, accounts: &[&str]) {
+    let requests = rbac::recorded();
+    for sa in accounts {
+        let user = format!("system:serviceaccount:{NAMESPACE}:{sa}");
+        let made = requests.iter().filter(|r| r.user == user).count();
+        assert!(made > 0, "no request recorded for {user}");
+        let denied = rbac::denied(&installed.docs, &user, &requests);
+        assert!(
+            denied.is_empty(),
+            "RBAC of {sa} refuses {} of its {made} requests:\n{}",
+            denied.len(),
+            denied.join("\n")
+        );
+    }
 }
 
 /// Budget for two disruptions out of four replicas: each isolation counts as one.
@@ -464,4 +489,5 @@ async fn node_agent_from_the_manifests_drains_a_node_through_a_lifecycle_event()
         cluster.api().stats().admission_total() >= evictions_before + on_node as u64,
         "each of the {on_node} evictions went through the webhook"
     );
+    assert_rbac_allows(&installed, &[NAME, agent_name]);
 }
