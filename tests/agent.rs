@@ -8,33 +8,29 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::convert::Infallible;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
 use graceful_drain::agent::{self, Args};
+use graceful_drain::proto::registration::RegistrationStatus;
 use graceful_drain::proto::registration::registration_client::RegistrationClient;
-use graceful_drain::proto::registration::{InfoRequest, RegistrationStatus};
-use graceful_drain::proto::slm::slm_plugin_client::SlmPluginClient;
-use graceful_drain::proto::slm::{
-    EndLifecycleTransitionRequest, LifecycleTransitionResponse, StartLifecycleTransitionRequest,
-};
 use graceful_drain::runtime::Shutdown;
 use http::{Method, Request, Response};
 use http_body_util::BodyExt;
 use http_body_util::combinators::BoxBody;
 use hyper::body::Frame;
-use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
-use tokio::net::UnixStream;
 use tokio::sync::broadcast;
-use tonic::transport::{Channel, Endpoint, Uri};
 
 const NODE: &str = "n1";
-/// Every wait in these tests gives up after this long.
-const DEADLINE: Duration = Duration::from_secs(30);
+
+mod agent_support {
+    pub mod kubelet;
+}
+use agent_support::kubelet::{DEADLINE, Kubelet, connect};
 
 /// An in-process API server faking just what the agent uses.
 mod fake {
@@ -254,6 +250,16 @@ mod fake {
                     st.transitions.insert(name, body.clone());
                     json_reply(201, &body)
                 }
+                (&Method::GET, ["apis", "lifecycle.k8s.io", "v1alpha1"]) => {
+                    // As on a cluster whose API server has the SLM API built in.
+                    json_reply(
+                        200,
+                        &json!({"kind": "APIResourceList", "apiVersion": "v1",
+                        "groupVersion": "lifecycle.k8s.io/v1alpha1", "resources": [
+                        {"name": "lifecycleevents", "singularName": "lifecycleevent",
+                         "namespaced": false, "kind": "LifecycleEvent", "verbs": ["get"]}]}),
+                    )
+                }
                 _ => status(
                     404,
                     &format!("fake API: no route for {} {path}", parts.method),
@@ -352,111 +358,17 @@ fn args(dir: &Path, flags: &[&str]) -> Args {
         NODE,
         "--admin-listen",
         "127.0.0.1:0",
-        "--lifecycle-reconciler",
-        "off",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
     argv.extend(["--plugins-dir".into(), plugins.display().to_string()]);
     argv.extend(["--registry-dir".into(), registry.display().to_string()]);
+    if !flags.contains(&"--lifecycle-reconciler") {
+        argv.extend(["--lifecycle-reconciler".into(), "off".into()]);
+    }
     argv.extend(flags.iter().map(|s| s.to_string()));
     Cli::try_parse_from(argv).unwrap().args
-}
-
-async fn connect(path: PathBuf) -> Channel {
-    Endpoint::from_static("http://[::]:50051")
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
-        }))
-        .await
-        .unwrap()
-}
-
-/// The kubelet's side: registration, then Start/End.
-struct Kubelet {
-    slm: SlmPluginClient<Channel>,
-}
-
-impl Kubelet {
-    /// Registers like the plugin watcher and returns the plugin's SLM client.
-    async fn register(registration_socket: &Path) -> Self {
-        let mut reg = RegistrationClient::new(connect(registration_socket.to_path_buf()).await);
-        let info = reg.get_info(InfoRequest {}).await.unwrap().into_inner();
-        assert_eq!(info.r#type, "SLMPlugin");
-        assert_eq!(info.name, "graceful-drain.io");
-        assert_eq!(info.supported_versions, ["v1alpha1.SLMPlugin"]);
-        assert!(
-            info.endpoint
-                .ends_with("plugins/graceful-drain.io/slm.sock"),
-            "{}",
-            info.endpoint
-        );
-        let status = RegistrationStatus {
-            plugin_registered: true,
-            error: String::new(),
-        };
-        reg.notify_registration_status(status).await.unwrap();
-        Self {
-            slm: SlmPluginClient::new(connect(PathBuf::from(info.endpoint)).await),
-        }
-    }
-
-    async fn start(&mut self, transition: &str, node: &str) -> LifecycleTransitionResponse {
-        let (start, end) = reasons(transition);
-        let req = StartLifecycleTransitionRequest {
-            transition_name: transition.into(),
-            event_name: "ev-1".into(),
-            node_name: node.into(),
-            start: start.into(),
-            end: end.into(),
-        };
-        // Bounded: the kubelet would give up after 45 s; a hang fails the test.
-        tokio::time::timeout(DEADLINE, self.slm.start_lifecycle_transition(req))
-            .await
-            .expect("Start answered")
-            .unwrap()
-            .into_inner()
-    }
-
-    async fn end(&mut self, transition: &str, sla_expired: bool) -> LifecycleTransitionResponse {
-        let (start, end) = reasons(transition);
-        let req = EndLifecycleTransitionRequest {
-            transition_name: transition.into(),
-            event_name: "ev-1".into(),
-            node_name: NODE.into(),
-            start: start.into(),
-            end: end.into(),
-            sla_expired,
-        };
-        tokio::time::timeout(DEADLINE, self.slm.end_lifecycle_transition(req))
-            .await
-            .expect("End answered")
-            .unwrap()
-            .into_inner()
-    }
-
-    /// Calls End until it answers `want` (or an error), within [`DEADLINE`].
-    async fn end_until(&mut self, transition: &str, want: &str) -> LifecycleTransitionResponse {
-        let deadline = tokio::time::Instant::now() + DEADLINE;
-        loop {
-            let answer = self.end(transition, false).await;
-            if answer.lifecycle_condition == want || !answer.error.is_empty() {
-                return answer;
-            }
-            assert!(tokio::time::Instant::now() < deadline, "still {answer:?}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
-
-fn reasons(transition: &str) -> (&'static str, &'static str) {
-    match transition {
-        "graceful-drain" => ("drain-started", "drain-complete"),
-        "graceful-maintenance-complete" => ("uncordoning", "maintenance-complete"),
-        _ => ("x-started", "x-done"),
-    }
 }
 
 /// Waits until `check` holds, within [`DEADLINE`].
@@ -536,7 +448,7 @@ async fn kubelet_drives_a_drain_to_completion_and_back_to_service() {
     let reg_socket = started.registration_socket.clone();
     let agent_state = started.agent.clone();
     let running = tokio::spawn(started.wait());
-    let mut kubelet = Kubelet::register(&reg_socket).await;
+    let mut kubelet = Kubelet::register(&reg_socket, NODE).await;
 
     // Both transitions are published for all nodes with our driver; /readyz follows.
     eventually("transitions published", || {
@@ -679,7 +591,7 @@ async fn bad_requests_get_a_clear_error_and_no_work() {
     let started = agent::start(args(dir.path(), &[]), fake.client(), shutdown.clone())
         .await
         .unwrap();
-    let mut kubelet = Kubelet::register(&started.registration_socket).await;
+    let mut kubelet = Kubelet::register(&started.registration_socket, NODE).await;
 
     let answer = kubelet.start("firmware-upgrade", NODE).await;
     assert_eq!(answer.lifecycle_condition, "");
@@ -742,7 +654,7 @@ async fn a_filter_refusal_fails_the_transition_before_any_eviction() {
     let started = agent::start(args(dir.path(), &[]), fake.client(), shutdown.clone())
         .await
         .unwrap();
-    let mut kubelet = Kubelet::register(&started.registration_socket).await;
+    let mut kubelet = Kubelet::register(&started.registration_socket, NODE).await;
     kubelet.start("graceful-drain", NODE).await;
     let answer = kubelet.end_until("graceful-drain", "drain-complete").await;
     assert!(
@@ -775,7 +687,7 @@ async fn a_restarted_agent_resumes_the_drain() {
         .unwrap();
     let reg_socket = started.registration_socket.clone();
     let running = tokio::spawn(started.wait());
-    let mut kubelet = Kubelet::register(&reg_socket).await;
+    let mut kubelet = Kubelet::register(&reg_socket, NODE).await;
     kubelet.start("graceful-drain", NODE).await;
     eventually("both evicted", || evictions(&fake).len() == 2).await;
     // The pods are terminating: the drain is not done.
@@ -806,7 +718,7 @@ async fn a_restarted_agent_resumes_the_drain() {
     })
     .await;
     fake.finish_terminating();
-    let mut kubelet = Kubelet::register(&started.registration_socket).await;
+    let mut kubelet = Kubelet::register(&started.registration_socket, NODE).await;
     let done = kubelet.end_until("graceful-drain", "drain-complete").await;
     assert_eq!(done.error, "");
     assert_eq!(done.lifecycle_condition, "drain-complete");
@@ -824,7 +736,7 @@ async fn rpcs_answer_while_the_api_server_hangs() {
     let started = agent::start(args(dir.path(), &[]), fake.client(), shutdown.clone())
         .await
         .unwrap();
-    let mut kubelet = Kubelet::register(&started.registration_socket).await;
+    let mut kubelet = Kubelet::register(&started.registration_socket, NODE).await;
     // Kubelet::start/end fail the test if no answer comes (bounded wait).
     assert_eq!(
         kubelet
@@ -878,5 +790,52 @@ async fn a_refused_registration_shows_on_readyz() {
         body.contains("kubelet refused plugin graceful-drain.io: no handler registered"),
         "{body}"
     );
+    shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_auto_reconciler_a_refusal_counts_when_the_kubelet_owns_the_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::new();
+    let shutdown = Shutdown::new();
+    // `auto` finds the SLM API built in (no CRD): the kubelet must drive us, so its
+    // refusal is a real problem.
+    let flags = ["--lifecycle-reconciler", "auto"];
+
+    let started = agent::start(args(dir.path(), &flags), fake.client(), shutdown.clone())
+        .await
+        .unwrap();
+    let admin = started.admin_addr;
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while readyz(admin).await.0 != 200 {
+        assert!(tokio::time::Instant::now() < deadline, "never ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut reg = RegistrationClient::new(connect(started.registration_socket.clone()).await);
+    let status = RegistrationStatus {
+        plugin_registered: false,
+        error: "plugin version not supported".into(),
+    };
+    reg.notify_registration_status(status).await.unwrap();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let (code, body) = readyz(admin).await;
+        if code == 503 {
+            assert!(body.contains("plugin version not supported"), "{body}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "refusal never showed on /readyz: {:?}",
+            fake.state
+                .lock()
+                .unwrap()
+                .requests
+                .iter()
+                .map(|(m, p, _)| format!("{m} {p}"))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     shutdown.cancel();
 }
