@@ -136,6 +136,17 @@ async fn create_get_list_with_selectors_and_pagination() {
     assert_eq!(rest.items.len(), 1);
     assert!(rest.metadata.continue_.as_deref().unwrap_or("").is_empty());
 
+    // RBAC objects accept the colon-separated names system roles use.
+    let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(client.clone());
+    let role = json!({"metadata": {"name": "system:controller:graceful-drain"}, "rules": []});
+    roles
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(role).unwrap(),
+        )
+        .await
+        .unwrap();
+
     // Namespaced objects need their namespace.
     let elsewhere: Api<Pod> = Api::namespaced(client.clone(), "missing");
     let err = api_error(
@@ -339,6 +350,19 @@ async fn delete_lifecycle_grace_periods_preconditions_and_finalizers() {
             .metadata
             .deletion_timestamp
             .is_some()
+    );
+    // No new finalizer may join an object being deleted.
+    let more = json!({"metadata": {"finalizers": ["example.com/hold", "example.com/late"]}});
+    let refused = api_error(
+        pods.patch("held", &PatchParams::default(), &Patch::Merge(more))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(refused.code, 422);
+    assert!(
+        refused.message.contains("example.com/late"),
+        "{}",
+        refused.message
     );
     pods.patch(
         "held",

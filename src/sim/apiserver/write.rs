@@ -160,7 +160,12 @@ fn random_suffix() -> String {
         .collect()
 }
 
-fn valid_name(name: &str) -> bool {
+/// Object name rules: RBAC objects only need a valid path segment (they carry names
+/// like `system:controller:x`); everything else here is a DNS subdomain.
+fn valid_name(def: &ResourceDef, name: &str) -> bool {
+    if def.group == "rbac.authorization.k8s.io" {
+        return !matches!(name, "" | "." | "..") && !name.contains(['/', '%']);
+    }
     !name.is_empty()
         && name.len() <= 253
         && name
@@ -207,7 +212,7 @@ fn init_metadata(ctx: &Ctx, target: &Target, obj: &mut Value) -> ApiResult<()> {
         meta.remove("namespace");
     }
     let name = resolve_name(def, meta)?;
-    if !valid_name(&name) {
+    if !valid_name(def, &name) {
         return Err(ApiError::invalid(
             &def.group,
             &def.kind,
@@ -469,6 +474,39 @@ fn ready_to_remove(obj: &Value) -> bool {
             .is_none_or(|g| g == 0)
 }
 
+/// Upstream refuses finalizers added to an object that is being deleted.
+fn check_new_finalizers(def: &ResourceDef, old: &Value, new: &Value) -> ApiResult<()> {
+    if old.pointer("/metadata/deletionTimestamp").is_none() {
+        return Ok(());
+    }
+    let list = |o: &Value| -> Vec<String> {
+        o.pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .map(|f| {
+                f.iter()
+                    .filter_map(|v| v.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let before = list(old);
+    let added: Vec<String> = list(new)
+        .into_iter()
+        .filter(|f| !before.contains(f))
+        .collect();
+    if added.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::invalid(
+        &def.group,
+        &def.kind,
+        meta_str(old, "name"),
+        format!(
+            "metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"
+        ),
+    ))
+}
+
 /// Admits and stores an updated object (compare-and-swap on the old resourceVersion).
 async fn commit_update(
     ctx: &Arc<Ctx>,
@@ -495,6 +533,7 @@ async fn commit_update(
         let mutated = prepare_body(def, mutated, Fields::Drop)?;
         new = merge_for_update(def, target.sub.as_deref(), old, mutated);
     }
+    check_new_finalizers(def, old, &new)?;
     if def.group.is_empty() && def.plural == "pods" && target.sub.is_none() {
         defaults::check_pod_update(old, &new)
             .map_err(|m| ApiError::invalid(&def.group, &def.kind, &name, m))?;
