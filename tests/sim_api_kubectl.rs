@@ -123,6 +123,16 @@ spec:
     metadata: {labels: {app: agent}}
     spec: {containers: [{name: agent, image: agent}]}
 ---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: api}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: api}}
+  template:
+    metadata: {labels: {app: api}}
+    spec: {containers: [{name: api, image: api}]}
+---
 apiVersion: policy/v1
 kind: PodDisruptionBudget
 metadata: {name: web}
@@ -207,6 +217,17 @@ async fn real_kubectl_gets_creates_applies_cordons_and_drains() {
     assert!(api.stats().count("patch", "configmaps") >= 1);
     kubectl.ok(&["delete", "configmap", "settings"]).await;
     assert!(configmaps.get_opt("settings").await.unwrap().is_none());
+
+    // kubectl scale goes through the scale subresource.
+    kubectl
+        .ok(&["scale", "deployment", "api", "--replicas=3"])
+        .await;
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(client.clone(), "default");
+    assert_eq!(
+        deployments.get("api").await.unwrap().spec.unwrap().replicas,
+        Some(3)
+    );
 
     kubectl.ok(&["cordon", "n2"]).await;
     assert_eq!(

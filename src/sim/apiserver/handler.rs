@@ -312,6 +312,11 @@ async fn dispatch(ctx: &Arc<Ctx>, method: Method, target: Target, req: Req) -> R
             }
             _ => (StatusCode::OK, v),
         }),
+        ("get", Some("scale")) => {
+            get(ctx, &target).map(|v| (StatusCode::OK, super::scale::scale_of(&v)))
+        }
+        ("update", Some("scale")) => super::scale::write(ctx, &target, &req, false).await,
+        ("patch", Some("scale")) => super::scale::write(ctx, &target, &req, true).await,
         ("create", Some("eviction")) => eviction::evict(ctx, &target, &req).await,
         ("create", Some("binding")) => write::bind(ctx, &target, &req).await,
         ("create", None) => write::create(ctx, &target, &req).await,

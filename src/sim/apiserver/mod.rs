@@ -15,6 +15,7 @@ mod eviction;
 mod handler;
 mod patch;
 mod resources;
+mod scale;
 mod selector;
 mod status;
 mod store;

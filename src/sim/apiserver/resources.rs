@@ -147,6 +147,7 @@ macro_rules! builtin {
 #[rustfmt::skip]
 fn builtins() -> Vec<Builtin> {
     const ST: &[&str] = &["status"];
+    const SCALE: &[&str] = &["status", "scale"];
     const ADM: &str = "admissionregistration.k8s.io";
     vec![
         builtin!("", "v1", "namespaces", core::Namespace, false, &["ns"], ST, &["status.phase"]),
@@ -160,10 +161,10 @@ fn builtins() -> Vec<Builtin> {
         builtin!("", "v1", "endpoints", core::Endpoints, true, &["ep"], &[], &[]),
         builtin!("events.k8s.io", "v1", "events", events::Event, true, &["ev"], &[], EVENTS_V1_FIELDS),
         builtin!("discovery.k8s.io", "v1", "endpointslices", disc::EndpointSlice, true, &[], &[], &[]),
-        builtin!("apps", "v1", "replicasets", apps::ReplicaSet, true, &["rs"], ST, &[]),
-        builtin!("apps", "v1", "deployments", apps::Deployment, true, &["deploy"], ST, &[]),
+        builtin!("apps", "v1", "replicasets", apps::ReplicaSet, true, &["rs"], SCALE, &[]),
+        builtin!("apps", "v1", "deployments", apps::Deployment, true, &["deploy"], SCALE, &[]),
         builtin!("apps", "v1", "daemonsets", apps::DaemonSet, true, &["ds"], ST, &[]),
-        builtin!("apps", "v1", "statefulsets", apps::StatefulSet, true, &["sts"], ST, &[]),
+        builtin!("apps", "v1", "statefulsets", apps::StatefulSet, true, &["sts"], SCALE, &[]),
         builtin!("apps", "v1", "controllerrevisions", apps::ControllerRevision, true, &[], &[], &[]),
         builtin!("batch", "v1", "jobs", batch::Job, true, &[], ST, &["status.successful"]),
         builtin!("policy", "v1", "poddisruptionbudgets", policy::PodDisruptionBudget, true, &["pdb"], ST, &[]),
@@ -441,6 +442,10 @@ fn subresource_entry(d: &ResourceDef, sub: &str) -> Value {
         "eviction" => json!({
             "name": name, "singularName": "", "namespaced": d.namespaced,
             "group": "policy", "version": "v1", "kind": "Eviction", "verbs": ["create"],
+        }),
+        "scale" => json!({
+            "name": name, "singularName": "", "namespaced": d.namespaced,
+            "group": "autoscaling", "version": "v1", "kind": "Scale", "verbs": ["get", "patch", "update"],
         }),
         "binding" => json!({
             "name": name, "singularName": "", "namespaced": d.namespaced,

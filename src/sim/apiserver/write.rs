@@ -426,7 +426,12 @@ fn without_meta_and_status(obj: &Value) -> Value {
 
 /// The object an update stores: status from the right place, immutable metadata kept,
 /// generation bumped when anything but metadata and status changed.
-fn merge_for_update(def: &ResourceDef, sub: Option<&str>, old: &Value, new: Value) -> Value {
+pub(crate) fn merge_for_update(
+    def: &ResourceDef,
+    sub: Option<&str>,
+    old: &Value,
+    new: Value,
+) -> Value {
     if sub == Some("status") {
         let mut out = old.clone();
         if let Some(map) = out.as_object_mut() {
@@ -508,7 +513,7 @@ fn check_new_finalizers(def: &ResourceDef, old: &Value, new: &Value) -> ApiResul
 }
 
 /// Admits and stores an updated object (compare-and-swap on the old resourceVersion).
-async fn commit_update(
+pub(crate) async fn commit_update(
     ctx: &Arc<Ctx>,
     target: &Target,
     req: &Req,
