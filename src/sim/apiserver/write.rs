@@ -170,6 +170,27 @@ fn valid_name(name: &str) -> bool {
         && name.ends_with(|c: char| c.is_ascii_alphanumeric())
 }
 
+/// The name of a new object: given, or generated from `generateName`.
+fn resolve_name(def: &ResourceDef, meta: &Map<String, Value>) -> ApiResult<String> {
+    let field = |k: &str| {
+        meta.get(k)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    let (name, generate) = (field("name"), field("generateName"));
+    match (name.is_empty(), generate.is_empty()) {
+        (false, _) => Ok(name),
+        (true, false) => Ok(format!("{generate}{}", random_suffix())),
+        (true, true) => Err(ApiError::invalid(
+            &def.group,
+            &def.kind,
+            "",
+            "metadata.name: Required value: name or generateName is required",
+        )),
+    }
+}
+
 /// Server-set metadata of a new object.
 fn init_metadata(ctx: &Ctx, target: &Target, obj: &mut Value) -> ApiResult<()> {
     let def = &target.def;
@@ -185,28 +206,7 @@ fn init_metadata(ctx: &Ctx, target: &Target, obj: &mut Value) -> ApiResult<()> {
     } else {
         meta.remove("namespace");
     }
-    let name = meta
-        .get("name")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
-    let generate = meta
-        .get("generateName")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
-    let name = match (name.is_empty(), generate.is_empty()) {
-        (false, _) => name,
-        (true, false) => format!("{generate}{}", random_suffix()),
-        (true, true) => {
-            return Err(ApiError::invalid(
-                &def.group,
-                &def.kind,
-                "",
-                "metadata.name: Required value: name or generateName is required",
-            ));
-        }
-    };
+    let name = resolve_name(def, meta)?;
     if !valid_name(&name) {
         return Err(ApiError::invalid(
             &def.group,
@@ -373,7 +373,8 @@ pub(crate) async fn create(
     let key = def.key(&target.namespace, &name);
     let stored = ctx
         .store
-        .create(&def.table(), &key, obj)
+        .create(&def.table(), &key, def.view.to_storage(obj))
+        .map(|v| def.view.served(v))
         .map_err(|_| ApiError::already_exists(&def.group, &def.plural, &name))?;
     after_store(ctx, def, &stored);
     Ok((StatusCode::CREATED, stored))
@@ -504,17 +505,20 @@ async fn commit_update(
     let key = def.key(&target.namespace, &name);
     let expected = rv_of(old);
     let result = if ready_to_remove(&new) {
-        ctx.store.remove(&def.table(), &key, expected, new)
+        ctx.store
+            .remove(&def.table(), &key, expected, def.view.to_storage(new))
     } else {
-        ctx.store.update(&def.table(), &key, expected, new)
-    };
+        ctx.store
+            .update(&def.table(), &key, expected, def.view.to_storage(new))
+    }
+    .map(|v| def.view.served(v));
     match result {
         Ok(stored) => {
             after_store(ctx, def, &stored);
             if stored.pointer("/metadata/deletionTimestamp").is_some()
                 && ctx.store.get(&def.table(), &key).is_none()
             {
-                after_remove(ctx, def, &stored, None);
+                after_remove(ctx, def, &stored);
             }
             Ok(stored)
         }
@@ -603,7 +607,6 @@ pub(crate) struct DeleteOpts {
     pub uid: Option<String>,
     pub resource_version: Option<String>,
     pub dry_run: bool,
-    pub orphan: bool,
     /// The options as admission webhooks see them.
     pub raw: Value,
 }
@@ -635,8 +638,6 @@ pub(crate) fn delete_options(body: Option<Value>, req: &Req) -> ApiResult<Delete
         dry_run: options
             .dry_run
             .is_some_and(|d| d.iter().any(|v| v == "All")),
-        orphan: options.propagation_policy.as_deref() == Some("Orphan")
-            || options.orphan_dependents == Some(true),
         raw,
     })
 }
@@ -744,6 +745,7 @@ pub(crate) fn delete_object(
         let old = ctx
             .store
             .get(&table, &key)
+            .map(|v| def.view.served(v))
             .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
         check_preconditions(def, &old, opts)?;
         match delete_step(ctx, def, &key, &old, opts) {
@@ -801,20 +803,23 @@ fn delete_step(
         }
         return ctx
             .store
-            .update(&table, key, rv_of(old), new)
+            .update(&table, key, rv_of(old), def.view.to_storage(new))
+            .map(|v| def.view.served(v))
             .map_err(map_err);
     }
     let removed = ctx
         .store
-        .remove(&table, key, rv_of(old), old.clone())
+        .remove(&table, key, rv_of(old), def.view.to_storage(old.clone()))
+        .map(|v| def.view.served(v))
         .map_err(map_err)?;
-    after_remove(ctx, def, &removed, Some(opts.orphan));
+    after_remove(ctx, def, &removed);
     Ok(removed)
 }
 
-/// Consequences of an object leaving storage: namespace contents go, CRDs stop being
-/// served, and dependents are garbage-collected (or orphaned) in the background.
-fn after_remove(ctx: &Arc<Ctx>, def: &ResourceDef, obj: &Value, orphan: Option<bool>) {
+/// Consequences of an object leaving storage: namespace contents go and CRDs stop being
+/// served. (Owner references are left to the simulated garbage collector controller,
+/// which deletes through the API like upstream's, so its deletions are admitted.)
+fn after_remove(ctx: &Arc<Ctx>, def: &ResourceDef, obj: &Value) {
     let name = meta_str(obj, "name").to_string();
     if def.group.is_empty() && def.plural == "namespaces" {
         ctx.store.remove_namespace(&name);
@@ -831,34 +836,6 @@ fn after_remove(ctx: &Arc<Ctx>, def: &ResourceDef, obj: &Value, orphan: Option<b
             .unwrap_or("");
         ctx.store.remove_table(&format!("{group}/{plural}"));
     }
-    let uid = meta_str(obj, "uid").to_string();
-    let orphan = orphan.unwrap_or(false);
-    collect_dependents(ctx, &uid, orphan);
-}
-
-/// Deletes (or orphans) the objects whose ownerReferences name `uid`.
-fn collect_dependents(ctx: &Arc<Ctx>, uid: &str, orphan: bool) {
-    for (table, key, obj) in ctx.store.owned_by(uid) {
-        let Some(def) = ctx.registry.find_table(&table) else {
-            continue;
-        };
-        let namespace = meta_str(&obj, "namespace").to_string();
-        let name = meta_str(&obj, "name").to_string();
-        if orphan {
-            let mut new = obj.clone();
-            if let Some(Value::Array(refs)) =
-                meta_mut(&mut new).and_then(|m| m.get_mut("ownerReferences"))
-            {
-                refs.retain(|r| r.get("uid").and_then(Value::as_str) != Some(uid));
-            }
-            let _ = ctx.store.update(&table, &key, rv_of(&obj), new);
-            continue;
-        }
-        let opts = DeleteOpts::default();
-        if let Err(error) = delete_object(ctx, &def, &namespace, &name, &opts) {
-            tracing::debug!(%error, object = %key, "garbage collection");
-        }
-    }
 }
 
 /// DELETE of a collection (with selectors).
@@ -872,7 +849,8 @@ pub(crate) async fn delete_collection(
     let def = &target.def;
     let (items, rv) = ctx.store.list(&def.table(), &prefix_of(target));
     let mut deleted = Vec::new();
-    for (_, obj) in items.into_iter().filter(|(_, o)| filter.matches(o)) {
+    let items = items.into_iter().map(|(_, o)| def.view.served(o));
+    for obj in items.filter(|o| filter.matches(o)) {
         let name = meta_str(&obj, "name").to_string();
         let namespace = meta_str(&obj, "namespace").to_string();
         let one = Target {
@@ -927,6 +905,20 @@ pub(crate) async fn bind(
         .filter(|n| !n.is_empty())
         .ok_or_else(|| ApiError::invalid("", "Binding", &name, "target.name: Required value"))?
         .to_string();
+    let options = json!({"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"});
+    let attrs = Attributes {
+        kind: Some((String::new(), "v1".into(), "Binding".into())),
+        ..admission_attrs(
+            target,
+            req,
+            Operation::Create,
+            &name,
+            Some(body.clone()),
+            None,
+            options,
+        )
+    };
+    admission::admit(ctx, attrs).await?;
     for _ in 0..MAX_RACE_RETRIES {
         let old = get(ctx, target)?;
         let current = old
