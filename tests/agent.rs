@@ -250,6 +250,16 @@ mod fake {
                     st.transitions.insert(name, body.clone());
                     json_reply(201, &body)
                 }
+                (&Method::GET, ["apis", "lifecycle.k8s.io", "v1alpha1"]) => {
+                    // As on a cluster whose API server has the SLM API built in.
+                    json_reply(
+                        200,
+                        &json!({"kind": "APIResourceList", "apiVersion": "v1",
+                        "groupVersion": "lifecycle.k8s.io/v1alpha1", "resources": [
+                        {"name": "lifecycleevents", "singularName": "lifecycleevent",
+                         "namespaced": false, "kind": "LifecycleEvent", "verbs": ["get"]}]}),
+                    )
+                }
                 _ => status(
                     404,
                     &format!("fake API: no route for {} {path}", parts.method),
@@ -348,14 +358,15 @@ fn args(dir: &Path, flags: &[&str]) -> Args {
         NODE,
         "--admin-listen",
         "127.0.0.1:0",
-        "--lifecycle-reconciler",
-        "off",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
     argv.extend(["--plugins-dir".into(), plugins.display().to_string()]);
     argv.extend(["--registry-dir".into(), registry.display().to_string()]);
+    if !flags.contains(&"--lifecycle-reconciler") {
+        argv.extend(["--lifecycle-reconciler".into(), "off".into()]);
+    }
     argv.extend(flags.iter().map(|s| s.to_string()));
     Cli::try_parse_from(argv).unwrap().args
 }
@@ -779,5 +790,52 @@ async fn a_refused_registration_shows_on_readyz() {
         body.contains("kubelet refused plugin graceful-drain.io: no handler registered"),
         "{body}"
     );
+    shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_auto_reconciler_a_refusal_counts_when_the_kubelet_owns_the_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::new();
+    let shutdown = Shutdown::new();
+    // `auto` finds the SLM API built in (no CRD): the kubelet must drive us, so its
+    // refusal is a real problem.
+    let flags = ["--lifecycle-reconciler", "auto"];
+
+    let started = agent::start(args(dir.path(), &flags), fake.client(), shutdown.clone())
+        .await
+        .unwrap();
+    let admin = started.admin_addr;
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while readyz(admin).await.0 != 200 {
+        assert!(tokio::time::Instant::now() < deadline, "never ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut reg = RegistrationClient::new(connect(started.registration_socket.clone()).await);
+    let status = RegistrationStatus {
+        plugin_registered: false,
+        error: "plugin version not supported".into(),
+    };
+    reg.notify_registration_status(status).await.unwrap();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let (code, body) = readyz(admin).await;
+        if code == 503 {
+            assert!(body.contains("plugin version not supported"), "{body}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "refusal never showed on /readyz: {:?}",
+            fake.state
+                .lock()
+                .unwrap()
+                .requests
+                .iter()
+                .map(|(m, p, _)| format!("{m} {p}"))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     shutdown.cancel();
 }

@@ -25,7 +25,9 @@ use serde_json::json;
 mod agent_support {
     pub mod kubelet;
 }
-use agent_support::kubelet::Kubelet;
+use agent_support::kubelet::{Kubelet, connect};
+use graceful_drain::proto::registration::RegistrationStatus;
+use graceful_drain::proto::registration::registration_client::RegistrationClient;
 
 /// Bound for any convergence in these tests.
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -194,6 +196,17 @@ fn kubectl_evictions(output: &str) -> BTreeSet<String> {
                 .to_string()
         })
         .collect()
+}
+
+/// A plain HTTP/1.1 GET on the admin port; the whole response.
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.unwrap();
+    text
 }
 
 fn condition_message(node: &Node, type_: &str) -> Option<String> {
@@ -398,10 +411,18 @@ async fn lifecycle_events_drain_and_return_the_node_through_the_reconciler() {
     let dir = tempfile::tempdir().unwrap();
     let client = cluster.api().client(AGENT_USER);
     let shutdown = Shutdown::new();
-    let flags = ["--lifecycle-reconciler", "on", "--lifecycle-tick", "1s"];
-    let _started = agent::start(args(dir.path(), &flags), client, shutdown.clone())
+    // `auto` sees the CRDs the simulator installs: the reconciler runs, so a kubelet that
+    // refuses SLM plugins (its gate is off) does not make the agent unready.
+    let flags = ["--lifecycle-reconciler", "auto", "--lifecycle-tick", "1s"];
+    let started = agent::start(args(dir.path(), &flags), client, shutdown.clone())
         .await
         .unwrap();
+    let mut reg = RegistrationClient::new(connect(started.registration_socket.clone()).await);
+    let refusal = RegistrationStatus {
+        plugin_registered: false,
+        error: "no handler registered for plugin type: SLMPlugin".into(),
+    };
+    reg.notify_registration_status(refusal).await.unwrap();
     let admin = cluster.client();
     let events: Api<LifecycleEvent> = Api::all(admin.clone());
     let nodes: Api<Node> = Api::all(admin.clone());
@@ -470,5 +491,7 @@ async fn lifecycle_events_drain_and_return_the_node_through_the_reconciler() {
         Some(true),
         "back in service"
     );
+    let ready = http_get(started.admin_addr, "/readyz").await;
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
     shutdown.cancel();
 }

@@ -771,11 +771,13 @@ async fn unreachable_driver_is_retried_not_failed() {
     drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
     settle(&r, later(now, 20)).await;
     assert_eq!(h.event(&name).unwrap()["status"]["claimStatus"], "Claimed");
-    let back = plugin::serve(&h.dirs, DRIVER, "SLMPlugin", CancellationToken::new());
+    let restarted = CancellationToken::new();
+    let back = plugin::serve(&h.dirs, DRIVER, "SLMPlugin", restarted.clone());
     for i in 3..6 {
         settle(&r, later(now, 10 * i)).await;
     }
     assert!(h.event(&name).is_none());
     assert_eq!(h.statuses(&name), ["Pending", "Claimed", "Succeeded"]);
     assert!(back.starts() >= 1);
+    restarted.cancel();
 }

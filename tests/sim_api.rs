@@ -1196,6 +1196,22 @@ async fn defaults_apply_events_record_and_leases_guard_updates() {
     let items = recorded.list(&ListParams::default()).await.unwrap().items;
     assert_eq!(items.len(), 1);
     assert_eq!(items[0].reason.as_deref(), Some("Isolated"));
+    // The same event through core/v1, the way `kubectl describe pod` looks it up.
+    let core: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), "default");
+    let described = core
+        .list(&ListParams::default().fields("involvedObject.name=web-1,involvedObject.kind=Pod"))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(described.len(), 1);
+    assert_eq!(
+        described[0].message.as_deref(),
+        Some("removed from endpoints")
+    );
+    assert_eq!(
+        described[0].reporting_component.as_deref(),
+        Some("graceful-drain")
+    );
 
     // Two leader candidates racing on one Lease: the stale writer gets 409.
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =

@@ -166,6 +166,20 @@ async fn real_kubectl_gets_creates_applies_cordons_and_drains() {
     assert!(pods.get_opt("typo").await.unwrap().is_none());
     let listed = kubectl.ok(&["get", "nodes"]).await;
     assert!(listed.contains("n1") && listed.contains("n2"), "{listed}");
+    // Server-side Tables give kubectl its usual columns.
+    let table = kubectl.ok(&["get", "pods", "-o", "wide"]).await;
+    let web_row = table
+        .lines()
+        .find(|l| l.starts_with("web-1 "))
+        .unwrap_or_default();
+    assert!(
+        table.starts_with("NAME") && table.contains("STATUS"),
+        "{table}"
+    );
+    assert!(
+        web_row.contains("Pending") && web_row.contains("n1"),
+        "{table}"
+    );
     let wide = kubectl.ok(&["get", "pods", "-o", "name"]).await;
     assert!(wide.contains("pod/web-1"), "{wide}");
 
@@ -199,6 +213,8 @@ async fn real_kubectl_gets_creates_applies_cordons_and_drains() {
         nodes.get("n2").await.unwrap().spec.unwrap().unschedulable,
         Some(true)
     );
+    let n2 = kubectl.ok(&["get", "node", "n2"]).await;
+    assert!(n2.contains("NotReady,SchedulingDisabled"), "{n2}");
     kubectl.ok(&["uncordon", "n2"]).await;
     assert_ne!(
         nodes.get("n2").await.unwrap().spec.unwrap().unschedulable,

@@ -1,6 +1,9 @@
 //! End-to-end scenarios on the simulated cluster: the controllers, kubelets and load
 //! balancers against the in-process API server, driven over HTTP like a real cluster.
 
+// Helpers outside #[test] functions unwrap too: a failed step fails the test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 

@@ -248,7 +248,11 @@ pub async fn start(args: Args, client: kube::Client, shutdown: Shutdown) -> Resu
         endpoint: service_socket.clone(),
         readiness: readiness.clone(),
         metrics,
-        kubelet_required: reconciler_args.mode == Mode::Off,
+        policy: match reconciler_args.mode {
+            Mode::Off => registration::KubeletPolicy::Required,
+            Mode::On => registration::KubeletPolicy::Optional,
+            Mode::Auto => registration::KubeletPolicy::Auto(client.clone()),
+        },
     });
     let servers = vec![
         spawn_owned("slm-server", shutdown.clone(), {

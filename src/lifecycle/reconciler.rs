@@ -216,7 +216,13 @@ pub async fn run(
         Mode::Off => false,
         Mode::Auto => auto_enabled(&ctx.client).await?,
     };
-    tracing::info!(node = %ctx.node_name, mode = ?args.mode, enabled, "lifecycle reconciler");
+    tracing::info!(
+        node = %ctx.node_name,
+        driver = %ctx.driver_name,
+        mode = ?args.mode,
+        enabled,
+        "lifecycle reconciler"
+    );
     if !enabled {
         return Ok(());
     }

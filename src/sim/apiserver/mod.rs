@@ -9,6 +9,7 @@
 //! Every request is counted in [`Stats`].
 
 mod admission;
+mod convert;
 mod defaults;
 mod eviction;
 mod handler;
@@ -17,6 +18,7 @@ mod resources;
 mod selector;
 mod status;
 mod store;
+mod table;
 mod watch;
 mod write;
 

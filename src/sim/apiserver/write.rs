@@ -373,7 +373,8 @@ pub(crate) async fn create(
     let key = def.key(&target.namespace, &name);
     let stored = ctx
         .store
-        .create(&def.table(), &key, obj)
+        .create(&def.table(), &key, def.view.to_storage(obj))
+        .map(|v| def.view.served(v))
         .map_err(|_| ApiError::already_exists(&def.group, &def.plural, &name))?;
     after_store(ctx, def, &stored);
     Ok((StatusCode::CREATED, stored))
@@ -504,10 +505,13 @@ async fn commit_update(
     let key = def.key(&target.namespace, &name);
     let expected = rv_of(old);
     let result = if ready_to_remove(&new) {
-        ctx.store.remove(&def.table(), &key, expected, new)
+        ctx.store
+            .remove(&def.table(), &key, expected, def.view.to_storage(new))
     } else {
-        ctx.store.update(&def.table(), &key, expected, new)
-    };
+        ctx.store
+            .update(&def.table(), &key, expected, def.view.to_storage(new))
+    }
+    .map(|v| def.view.served(v));
     match result {
         Ok(stored) => {
             after_store(ctx, def, &stored);
@@ -741,6 +745,7 @@ pub(crate) fn delete_object(
         let old = ctx
             .store
             .get(&table, &key)
+            .map(|v| def.view.served(v))
             .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
         check_preconditions(def, &old, opts)?;
         match delete_step(ctx, def, &key, &old, opts) {
@@ -798,12 +803,14 @@ fn delete_step(
         }
         return ctx
             .store
-            .update(&table, key, rv_of(old), new)
+            .update(&table, key, rv_of(old), def.view.to_storage(new))
+            .map(|v| def.view.served(v))
             .map_err(map_err);
     }
     let removed = ctx
         .store
-        .remove(&table, key, rv_of(old), old.clone())
+        .remove(&table, key, rv_of(old), def.view.to_storage(old.clone()))
+        .map(|v| def.view.served(v))
         .map_err(map_err)?;
     after_remove(ctx, def, &removed);
     Ok(removed)
@@ -842,7 +849,8 @@ pub(crate) async fn delete_collection(
     let def = &target.def;
     let (items, rv) = ctx.store.list(&def.table(), &prefix_of(target));
     let mut deleted = Vec::new();
-    for (_, obj) in items.into_iter().filter(|(_, o)| filter.matches(o)) {
+    let items = items.into_iter().map(|(_, o)| def.view.served(o));
+    for obj in items.filter(|o| filter.matches(o)) {
         let name = meta_str(&obj, "name").to_string();
         let namespace = meta_str(&obj, "namespace").to_string();
         let one = Target {
