@@ -3,7 +3,8 @@
 //! options as a real `kubectl drain --dry-run=client` against the same cluster, and each
 //! pod must be handled as kubectl would; a PDB that blocks evictions is retried and
 //! reported (Event + condition message) until it allows them. A second scenario drives
-//! the agent the production way: LifecycleEvents through the lifecycle reconciler.
+//! the agent the production way: LifecycleEvents through the lifecycle reconciler; a third
+//! runs it with the real webhook and checks isolated pods count as remaining.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
 
@@ -494,4 +495,57 @@ async fn lifecycle_events_drain_and_return_the_node_through_the_reconciler() {
     let ready = http_get(started.admin_addr, "/readyz").await;
     assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
     shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_isolated_by_the_webhook_count_as_remaining_until_deleted() {
+    use graceful_drain::sim::scenario::actions;
+    use graceful_drain::sim::scenario::components::{Components, ComponentsConfig};
+    let cluster = cluster().await;
+    // The webhook holds each evicted pod this long for the load balancers: long enough
+    // that the agent's progress (rewritten every 5 s) shows the pods isolated.
+    let delay = Duration::from_secs(8);
+    let cfg = ComponentsConfig {
+        deregistration_delay: delay,
+        timeout_seconds: 10,
+    };
+    let mut components = Components::start(&cluster, &cfg).await.unwrap();
+    let web = WebSpec {
+        replicas: 4,
+        min_available: 2,
+        grace_period_seconds: 5,
+        ..WebSpec::default()
+    };
+    cluster.deploy_web(&web, TIMEOUT).await.unwrap();
+    let admin = cluster.client();
+    let drain = tokio::spawn({
+        let admin = admin.clone();
+        async move { actions::lifecycle_drain(&admin, NODE, TIMEOUT).await }
+    });
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let mut messages = Vec::new();
+    while !drain.is_finished() {
+        let node = nodes.get(NODE).await.unwrap();
+        if let Some(message) = condition_message(&node, "DrainInProgress")
+            && messages.last() != Some(&message)
+        {
+            messages.push(message);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drain.await.unwrap().unwrap();
+    assert!(
+        messages.iter().any(|m| m.contains("isolated")),
+        "the condition showed isolated pods: {messages:?}"
+    );
+    let left: Vec<String> = pods_on_node(&admin)
+        .await
+        .into_iter()
+        .filter(|n| n.starts_with("web-"))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "drain-complete with web pods left: {left:?}"
+    );
+    components.check().await.unwrap();
 }

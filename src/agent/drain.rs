@@ -556,12 +556,8 @@ impl Engine {
         }
     }
 
-    /// Runs the drain until nothing remains; publishes progress on `progress`. Dropping the
-    /// future stops it (and every eviction task).
-    pub async fn run(&self, progress: &watch::Sender<Progress>) -> Result<Progress, Error> {
-        let started = tokio::time::Instant::now();
-        let mut stream = self.watch();
-        let initial = self.initial_list(&mut stream).await?;
+    /// Runs the filters on the first list (DaemonSets looked up once each).
+    async fn plan(&self, initial: &BTreeMap<PodKey, Pod>) -> Result<filters::Plan, Error> {
         let lookups = daemonset_lookups(&self.client, initial.values()).await;
         let now = jiff::Timestamp::now();
         let plan = filters::plan(initial.values(), &self.config.filters, now, |ns, owner| {
@@ -577,7 +573,11 @@ impl Engine {
         for (key, warning) in &plan.warnings {
             tracing::warn!(pod = %key, %warning, "evicting with a warning");
         }
-        let (tx, mut updates) = mpsc::unbounded_channel();
+        Ok(plan)
+    }
+
+    fn task_ctx(&self) -> (Arc<TaskCtx>, mpsc::UnboundedReceiver<Update>) {
+        let (tx, updates) = mpsc::unbounded_channel();
         let ctx = Arc::new(TaskCtx {
             client: self.client.clone(),
             config: self.config.clone(),
@@ -586,6 +586,17 @@ impl Engine {
             permits: Semaphore::new(self.config.concurrency.max(1)),
             updates: tx,
         });
+        (ctx, updates)
+    }
+
+    /// Runs the drain until nothing remains; publishes progress on `progress`. Dropping the
+    /// future stops it (and every eviction task).
+    pub async fn run(&self, progress: &watch::Sender<Progress>) -> Result<Progress, Error> {
+        let started = tokio::time::Instant::now();
+        let mut stream = self.watch();
+        let initial = self.initial_list(&mut stream).await?;
+        let plan = self.plan(&initial).await?;
+        let (ctx, mut updates) = self.task_ctx();
         let mut state = State {
             pods: initial,
             skipped: plan.skipped.len(),

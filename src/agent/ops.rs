@@ -356,70 +356,25 @@ impl Run {
     /// Writes the outcome on the Node (retrying), posts an Event and sets the phase.
     async fn finish_drain(self, ended: Ended, took: Duration) {
         let inner = self.inner.clone();
-        let (phase, outcome, conditions, event) = match ended {
-            Ended::Shutdown => return,
-            Ended::Done(Ok(progress)) => {
-                let summary = format!(
-                    "drained in {}s: {} pods evicted, {} skipped",
-                    took.as_secs(),
-                    progress.done,
-                    progress.skipped
-                );
-                let conditions = vec![
-                    condition(DRAINED, true, cond::DRAINED, summary.clone()),
-                    condition(DRAIN_IN_PROGRESS, false, cond::DRAINED, progress.message()),
-                ];
-                let event = (EventType::Normal, ev::DRAIN_COMPLETE, summary);
-                (Phase::Complete, DrainOutcome::Complete, conditions, event)
-            }
-            Ended::Done(Err(error)) => {
-                let message = error.to_string();
-                let conditions = vec![condition(
-                    DRAIN_IN_PROGRESS,
-                    false,
-                    cond::DRAIN_FAILED,
-                    message.clone(),
-                )];
-                let event = (EventType::Warning, ev::DRAIN_FAILED, message.clone());
-                (
-                    Phase::Failed(message),
-                    DrainOutcome::Failed,
-                    conditions,
-                    event,
-                )
-            }
-            Ended::Stopped(reason) => {
-                let message = format!("{reason}; {}", self.progress.borrow().message());
-                let conditions = vec![condition(
-                    DRAIN_IN_PROGRESS,
-                    false,
-                    cond::DRAIN_STOPPED,
-                    message.clone(),
-                )];
-                let event = (EventType::Warning, ev::DRAIN_STOPPED, message);
-                (
-                    Phase::Stopped(reason),
-                    DrainOutcome::Stopped,
-                    conditions,
-                    event,
-                )
-            }
+        let remaining = self.progress.borrow().message();
+        let Some(outcome) = drain_outcome(ended, took, &remaining) else {
+            return;
         };
-        inner.metrics.drain_finished(outcome, took);
+        inner.metrics.drain_finished(outcome.metric, took);
         inner
             .metrics
             .set_remaining(self.progress.borrow().remaining.len());
         // Written even when the operation was stopped, but never past process shutdown.
         let shutdown = inner.shutdown.clone();
         let written = retry("record drain outcome", &inner.node, &shutdown, || {
-            self.write_conditions(&conditions)
+            self.write_conditions(&outcome.conditions)
         });
         if written.await.is_none() {
             return;
         }
-        let (type_, reason, message) = event;
+        let (type_, reason, message) = outcome.event;
         inner.events.post(type_, reason, "", message).await;
-        self.phase.send_replace(phase);
+        self.phase.send_replace(outcome.phase);
     }
 
     async fn maintenance(self) {
@@ -475,6 +430,73 @@ impl Run {
             ));
         }
         Ok(())
+    }
+}
+
+/// How a drain ended, as written to the Node, the metrics and an Event.
+struct DrainEnd {
+    phase: Phase,
+    metric: DrainOutcome,
+    conditions: Vec<Condition>,
+    event: (EventType, &'static str, String),
+}
+
+/// The record of a drain that `ended` after `took`; `None` on process shutdown (the Node
+/// is left as it is, so the next agent resumes). `remaining` is the last progress message.
+fn drain_outcome(ended: Ended, took: Duration, remaining: &str) -> Option<DrainEnd> {
+    let stopped = |phase, metric, reason, message: String| DrainEnd {
+        phase,
+        metric,
+        conditions: vec![condition(DRAIN_IN_PROGRESS, false, reason, message.clone())],
+        event: (
+            EventType::Warning,
+            if metric == DrainOutcome::Failed {
+                ev::DRAIN_FAILED
+            } else {
+                ev::DRAIN_STOPPED
+            },
+            message,
+        ),
+    };
+    match ended {
+        Ended::Shutdown => None,
+        Ended::Done(Ok(progress)) => {
+            let summary = format!(
+                "drained in {}s: {} pods evicted, {} skipped",
+                took.as_secs(),
+                progress.done,
+                progress.skipped
+            );
+            Some(DrainEnd {
+                phase: Phase::Complete,
+                metric: DrainOutcome::Complete,
+                conditions: vec![
+                    condition(DRAINED, true, cond::DRAINED, summary.clone()),
+                    condition(DRAIN_IN_PROGRESS, false, cond::DRAINED, progress.message()),
+                ],
+                event: (EventType::Normal, ev::DRAIN_COMPLETE, summary),
+            })
+        }
+        Ended::Done(Err(error)) => {
+            let message = error.to_string();
+            let phase = Phase::Failed(message.clone());
+            Some(stopped(
+                phase,
+                DrainOutcome::Failed,
+                cond::DRAIN_FAILED,
+                message,
+            ))
+        }
+        Ended::Stopped(reason) => {
+            let message = format!("{reason}; {remaining}");
+            let phase = Phase::Stopped(reason);
+            Some(stopped(
+                phase,
+                DrainOutcome::Stopped,
+                cond::DRAIN_STOPPED,
+                message,
+            ))
+        }
     }
 }
 
