@@ -49,9 +49,13 @@ fn traffic() -> TrafficConfig {
 }
 
 async fn protected(spec: &WebSpec) -> (Cluster, Components) {
+    protected_with(spec, config()).await
+}
+
+async fn protected_with(spec: &WebSpec, config: ClusterConfig) -> (Cluster, Components) {
     graceful_drain::runtime::install_crypto_provider();
     graceful_drain::runtime::init_tracing(graceful_drain::runtime::LogFormat::Text);
-    let cluster = Cluster::start(config(), Shutdown::new()).await.unwrap();
+    let cluster = Cluster::start(config, Shutdown::new()).await.unwrap();
     let components = Components::start(&cluster, &components_config())
         .await
         .unwrap();
@@ -106,6 +110,19 @@ async fn rollout_through_the_delete_path_has_no_5xx() {
         calls.get("delete.graceful-drain.io").copied().unwrap_or(0) >= 4,
         "{calls:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollout_with_a_lag_beyond_the_delay_shows_5xx() {
+    // The same rollout, but the load balancer keeps routing to removed pods for 6 s
+    // while the webhook only waits 3 s: the measurement must see the difference.
+    let spec = WebSpec::default();
+    let (cluster, mut components) = protected_with(&spec, config_with_lag(Duration::from_secs(6))).await;
+    let traffic = cluster.traffic(&spec, traffic());
+    actions::rollout(&cluster.client(), &spec, TIMEOUT).await.unwrap();
+    let report = settle(&cluster, &spec, traffic).await;
+    components.check().await.unwrap();
+    assert!(report.errors_5xx > 0, "{}", describe(&report));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
