@@ -592,9 +592,20 @@ impl Engine {
                         node: self.node.clone(),
                     });
                 }
-                Err(error) => tracing::warn!(node = %self.node, %error, "watch pods"),
+                Err(error) => self.watch_failed(&error).await,
             }
         }
+    }
+
+    /// A failed watch retries on its own; say so in the log and (rate-limited) on the Node,
+    /// so a drain stuck on, say, missing permissions is not silent.
+    async fn watch_failed(&self, error: &watcher::Error) {
+        tracing::warn!(node = %self.node, %error, "watch pods");
+        let message = format!("watch pods on node {} (retrying): {error}", self.node);
+        let reason = reason::POD_WATCH_FAILED;
+        self.events
+            .post(EventType::Warning, reason, "watch", message)
+            .await;
     }
 
     /// Runs the filters on the first list (DaemonSets looked up once each).
@@ -664,7 +675,7 @@ impl Engine {
                 event = stream.try_next() => match event {
                     Ok(Some(event)) => self.apply(&mut state, &mut tasks, &ctx, event).await,
                     Ok(None) => return Err(Error::WatchEnded { node: self.node.clone() }),
-                    Err(error) => tracing::warn!(node = %self.node, %error, "watch pods"),
+                    Err(error) => self.watch_failed(&error).await,
                 },
                 Some(update) = updates.recv() => apply_update(&mut state, update),
                 _ = recheck.tick() => evict_lost(&mut state, &mut tasks, &ctx),
