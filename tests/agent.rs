@@ -879,3 +879,34 @@ async fn a_node_the_agent_may_not_patch_is_reported_not_silently_retried() {
     assert!(evictions(&fake).is_empty());
     shutdown.cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_sla_is_recorded_even_for_a_drain_this_agent_does_not_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::new();
+    // Left by an earlier agent: a drain marked in progress on an uncordoned node (so this
+    // agent does not resume it).
+    fake.state.lock().unwrap().node["status"]["conditions"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "DrainInProgress", "status": "True", "reason": "Draining"}));
+    let shutdown = Shutdown::new();
+    let started = agent::start(args(dir.path(), &[]), fake.client(), shutdown.clone())
+        .await
+        .unwrap();
+    let mut kubelet = Kubelet::register(&started.registration_socket, NODE).await;
+    let answer = kubelet.end("graceful-drain", true).await;
+    assert!(answer.error.contains("SLA"), "{}", answer.error);
+    eventually("DrainInProgress=False recorded", || {
+        let node = fake.state.lock().unwrap().node.clone();
+        condition(&node, "DrainInProgress")["status"] == "False"
+    })
+    .await;
+    let node = fake.state.lock().unwrap().node.clone();
+    assert_eq!(
+        condition(&node, "DrainInProgress")["reason"],
+        "DrainStopped"
+    );
+    assert!(evictions(&fake).is_empty());
+    shutdown.cancel();
+}

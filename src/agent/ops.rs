@@ -136,6 +136,15 @@ impl Agent {
         let current = self.current.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(op) = current.as_ref().filter(|op| op.kind == kind) {
             stop_op(op, reason);
+        } else if kind == OpKind::Drain {
+            // Not running here (a restarted agent): still record the stop on the Node, or
+            // the next restart would resume a drain whose SLA expired.
+            let inner = self.inner.clone();
+            let shutdown = inner.shutdown.clone();
+            crate::runtime::spawn_owned("record-drain-stop", shutdown, async move {
+                record_stop(&inner, reason).await;
+                Ok::<(), std::convert::Infallible>(())
+            });
         }
     }
 
@@ -202,6 +211,21 @@ impl Agent {
             progress,
             handle,
         }
+    }
+}
+
+/// Sets DrainInProgress=False (DrainStopped) if the Node says a drain is in progress.
+async fn record_stop(inner: &Inner, reason: String) {
+    let result = async {
+        let node = node::get(&inner.client, &inner.node).await?;
+        if node::condition_is_true(&node, DRAIN_IN_PROGRESS) {
+            let stopped = condition(DRAIN_IN_PROGRESS, false, cond::DRAIN_STOPPED, reason);
+            node::set_conditions(&inner.client, &node, &[stopped]).await?;
+        }
+        Ok::<(), node::Error>(())
+    };
+    if let Err(error) = result.await {
+        tracing::warn!(node = %inner.node, %error, "record the stopped drain");
     }
 }
 
