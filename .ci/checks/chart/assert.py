@@ -105,6 +105,15 @@ def check_webhook_deployment(ck):
                         ("GRACEFUL_DRAIN_POD_NAME", "metadata.name")):
         got = env.get(name, {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
         ck.expect(got == field, f"webhook: {name} not from the downward API {field}")
+    own = f"system:serviceaccount:{dep['metadata']['namespace']}:{pod['serviceAccountName']}"
+    ck.expect(env.get("GRACEFUL_DRAIN_OWN_USER", {}).get("value") == own,
+              f"webhook: GRACEFUL_DRAIN_OWN_USER is not its ServiceAccount {own}")
+    for d in ck.docs:
+        if d["kind"] in WEBHOOK_KINDS:
+            for w in d["webhooks"]:
+                exprs = [c["expression"] for c in w.get("matchConditions", [])]
+                ck.expect(any(f'"{own}"' in e for e in exprs),
+                          f"{d['kind']}: matchConditions do not skip {own}")
     timeout = int(env.get("GRACEFUL_DRAIN_WEBHOOK_TIMEOUT_SECONDS", {}).get("value", "0"))
     ck.expect(timeout > 0, "webhook: GRACEFUL_DRAIN_WEBHOOK_TIMEOUT_SECONDS missing")
     ck.expect(pod["terminationGracePeriodSeconds"] > timeout,

@@ -34,6 +34,9 @@ enum Cell {
     NodeStatus,
     NodeRoles,
     Replicas(&'static str, &'static str),
+    Date(String),
+    ServicePorts,
+    ExternalIp,
 }
 
 fn col(name: &str, kind: &'static str, priority: u8, cell: Cell) -> Column {
@@ -45,62 +48,71 @@ fn col(name: &str, kind: &'static str, priority: u8, cell: Cell) -> Column {
     }
 }
 
-fn columns(def: &ResourceDef) -> Vec<Column> {
-    let mut cols = vec![col("Name", "string", 0, Cell::Name)];
-    match (def.group.as_str(), def.plural.as_str()) {
-        ("", "pods") => {
-            cols.push(col("Ready", "string", 0, Cell::PodReady));
-            cols.push(col("Status", "string", 0, Cell::PodStatus));
-            cols.push(col("Restarts", "string", 0, Cell::PodRestarts));
-            cols.push(col("Age", "string", 0, Cell::Age));
-            cols.push(col("IP", "string", 1, Cell::Path("status.podIP".into())));
-            cols.push(col("Node", "string", 1, Cell::Path("spec.nodeName".into())));
-        }
-        ("", "nodes") => {
-            cols.push(col("Status", "string", 0, Cell::NodeStatus));
-            cols.push(col("Roles", "string", 0, Cell::NodeRoles));
-            cols.push(col("Age", "string", 0, Cell::Age));
-            cols.push(col(
-                "Version",
-                "string",
-                0,
-                Cell::Path("status.nodeInfo.kubeletVersion".into()),
-            ));
-        }
-        ("apps", "deployments" | "replicasets" | "statefulsets") => {
-            cols.push(col(
-                "Ready",
-                "string",
-                0,
-                Cell::Replicas("readyReplicas", "replicas"),
-            ));
-            cols.push(col(
-                "Available",
-                "integer",
-                0,
-                Cell::Path("status.availableReplicas".into()),
-            ));
-            cols.push(col("Age", "string", 0, Cell::Age));
-        }
-        _ => {
-            for (name, kind, path) in &def.printer_columns {
-                let kind = if kind == "integer" {
-                    "integer"
-                } else {
-                    "string"
-                };
-                cols.push(col(
-                    name,
-                    kind,
-                    0,
-                    Cell::Path(path.trim_start_matches('.').into()),
-                ));
+/// A string column shown by default.
+fn text(name: &str, cell: Cell) -> Column {
+    col(name, "string", 0, cell)
+}
+
+fn path(p: &str) -> Cell {
+    Cell::Path(p.to_string())
+}
+
+/// The columns upstream's printers show for built-in kinds.
+fn builtin_columns(def: &ResourceDef) -> Option<Vec<Column>> {
+    Some(match (def.group.as_str(), def.plural.as_str()) {
+        ("", "pods") => vec![
+            text("Ready", Cell::PodReady),
+            text("Status", Cell::PodStatus),
+            text("Restarts", Cell::PodRestarts),
+            text("Age", Cell::Age),
+            col("IP", "string", 1, path("status.podIP")),
+            col("Node", "string", 1, path("spec.nodeName")),
+        ],
+        ("", "nodes") => vec![
+            text("Status", Cell::NodeStatus),
+            text("Roles", Cell::NodeRoles),
+            text("Age", Cell::Age),
+            text("Version", path("status.nodeInfo.kubeletVersion")),
+        ],
+        ("", "services") => vec![
+            text("Type", path("spec.type")),
+            text("Cluster-IP", path("spec.clusterIP")),
+            text("External-IP", Cell::ExternalIp),
+            text("Port(s)", Cell::ServicePorts),
+            text("Age", Cell::Age),
+        ],
+        ("apps", "deployments" | "replicasets" | "statefulsets") => vec![
+            text("Ready", Cell::Replicas("readyReplicas", "replicas")),
+            col("Available", "integer", 0, path("status.availableReplicas")),
+            text("Age", Cell::Age),
+        ],
+        _ => return None,
+    })
+}
+
+/// A custom resource's `additionalPrinterColumns` (dates shown as ages), then Age.
+fn custom_columns(def: &ResourceDef) -> Vec<Column> {
+    let mut cols: Vec<Column> = def
+        .printer_columns
+        .iter()
+        .map(|(name, kind, json_path)| {
+            let p = json_path.trim_start_matches('.').to_string();
+            match kind.as_str() {
+                "date" => col(name, "string", 0, Cell::Date(p)),
+                "integer" => col(name, "integer", 0, Cell::Path(p)),
+                _ => col(name, "string", 0, Cell::Path(p)),
             }
-            if !def.printer_columns.iter().any(|(n, _, _)| n == "Age") {
-                cols.push(col("Age", "string", 0, Cell::Age));
-            }
-        }
+        })
+        .collect();
+    if !def.printer_columns.iter().any(|(n, _, _)| n == "Age") {
+        cols.push(text("Age", Cell::Age));
     }
+    cols
+}
+
+fn columns(def: &ResourceDef) -> Vec<Column> {
+    let mut cols = vec![text("Name", Cell::Name)];
+    cols.extend(builtin_columns(def).unwrap_or_else(|| custom_columns(def)));
     cols
 }
 
@@ -132,8 +144,11 @@ pub(crate) fn human_age(secs: i64) -> String {
 }
 
 fn age(obj: &Value) -> String {
-    let created = str_at(obj, "/metadata/creationTimestamp");
-    match created.parse::<jiff::Timestamp>() {
+    since(str_at(obj, "/metadata/creationTimestamp"))
+}
+
+fn since(timestamp: &str) -> String {
+    match timestamp.parse::<jiff::Timestamp>() {
         Ok(t) => human_age(jiff::Timestamp::now().as_second() - t.as_second()),
         Err(_) => "<unknown>".into(),
     }
@@ -155,76 +170,128 @@ fn render(cell: &Cell, obj: &Value) -> Value {
         Cell::Name => json!(str_at(obj, "/metadata/name")),
         Cell::Age => json!(age(obj)),
         Cell::Path(path) => path_value(obj, path),
-        Cell::PodReady => {
-            let total = obj
-                .pointer("/spec/containers")
-                .and_then(Value::as_array)
-                .map_or(0, Vec::len);
-            let ready = obj
-                .pointer("/status/containerStatuses")
-                .and_then(Value::as_array)
-                .map_or(0, |cs| {
-                    cs.iter()
-                        .filter(|c| c.get("ready") == Some(&json!(true)))
-                        .count()
-                });
-            json!(format!("{ready}/{total}"))
-        }
+        Cell::Date(path) => json!(since(str_at(obj, &format!("/{}", path.replace('.', "/"))))),
+        Cell::ServicePorts => json!(service_ports(obj)),
+        Cell::ExternalIp => json!(external_ip(obj)),
+        other => render_workload(other, obj),
+    }
+}
+
+fn render_workload(cell: &Cell, obj: &Value) -> Value {
+    match cell {
+        Cell::PodReady => json!(pod_ready(obj)),
         Cell::PodStatus if obj.pointer("/metadata/deletionTimestamp").is_some() => {
             json!("Terminating")
         }
         Cell::PodStatus => json!(str_at(obj, "/status/phase")),
-        Cell::PodRestarts => {
-            let restarts: i64 = obj
-                .pointer("/status/containerStatuses")
-                .and_then(Value::as_array)
-                .map_or(0, |cs| {
-                    cs.iter()
-                        .filter_map(|c| c.get("restartCount")?.as_i64())
-                        .sum()
-                });
-            json!(restarts.to_string())
-        }
-        Cell::NodeStatus => {
-            let mut status = if condition_true(obj, "Ready") {
-                "Ready"
-            } else {
-                "NotReady"
-            }
-            .to_string();
-            if obj.pointer("/spec/unschedulable") == Some(&json!(true)) {
-                status.push_str(",SchedulingDisabled");
-            }
-            json!(status)
-        }
-        Cell::NodeRoles => {
-            let roles: Vec<&str> = obj
-                .pointer("/metadata/labels")
-                .and_then(Value::as_object)
-                .map(|l| {
-                    l.keys()
-                        .filter_map(|k| k.strip_prefix("node-role.kubernetes.io/"))
-                        .collect()
-                })
-                .unwrap_or_default();
-            json!(if roles.is_empty() {
-                "<none>".to_string()
-            } else {
-                roles.join(",")
-            })
-        }
+        Cell::PodRestarts => json!(pod_restarts(obj).to_string()),
+        Cell::NodeStatus => json!(node_status(obj)),
+        Cell::NodeRoles => json!(node_roles(obj)),
         Cell::Replicas(have, want) => {
-            let n = |f: &str| {
-                obj.pointer(&format!("/status/{f}"))
-                    .and_then(Value::as_i64)
-                    .unwrap_or(0)
-            };
+            let have = obj
+                .pointer(&format!("/status/{have}"))
+                .and_then(Value::as_i64);
             let want = obj
                 .pointer(&format!("/spec/{want}"))
-                .and_then(Value::as_i64)
-                .unwrap_or(0);
-            json!(format!("{}/{want}", n(have)))
+                .and_then(Value::as_i64);
+            json!(format!("{}/{}", have.unwrap_or(0), want.unwrap_or(0)))
         }
+        _ => Value::Null,
+    }
+}
+
+fn container_statuses(obj: &Value) -> &[Value] {
+    obj.pointer("/status/containerStatuses")
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
+}
+
+fn pod_ready(obj: &Value) -> String {
+    let total = obj
+        .pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len);
+    let ready = container_statuses(obj)
+        .iter()
+        .filter(|c| c.get("ready") == Some(&json!(true)))
+        .count();
+    format!("{ready}/{total}")
+}
+
+fn pod_restarts(obj: &Value) -> i64 {
+    container_statuses(obj)
+        .iter()
+        .filter_map(|c| c.get("restartCount")?.as_i64())
+        .sum()
+}
+
+fn node_status(obj: &Value) -> String {
+    let ready = if condition_true(obj, "Ready") {
+        "Ready"
+    } else {
+        "NotReady"
+    };
+    if obj.pointer("/spec/unschedulable") == Some(&json!(true)) {
+        format!("{ready},SchedulingDisabled")
+    } else {
+        ready.to_string()
+    }
+}
+
+fn node_roles(obj: &Value) -> String {
+    let labels = obj.pointer("/metadata/labels").and_then(Value::as_object);
+    let roles: Vec<&str> = labels
+        .map(|l| {
+            l.keys()
+                .filter_map(|k| k.strip_prefix("node-role.kubernetes.io/"))
+                .collect()
+        })
+        .unwrap_or_default();
+    if roles.is_empty() {
+        "<none>".into()
+    } else {
+        roles.join(",")
+    }
+}
+
+fn external_ip(obj: &Value) -> String {
+    let ingress = obj
+        .pointer("/status/loadBalancer/ingress")
+        .and_then(Value::as_array);
+    let ips: Vec<&str> = ingress
+        .map(|i| {
+            i.iter()
+                .filter_map(|e| e.get("ip").or(e.get("hostname"))?.as_str())
+                .collect()
+        })
+        .unwrap_or_default();
+    match (ips.is_empty(), str_at(obj, "/spec/type") == "LoadBalancer") {
+        (false, _) => ips.join(","),
+        (true, true) => "<pending>".into(),
+        (true, false) => "<none>".into(),
+    }
+}
+
+fn service_ports(obj: &Value) -> String {
+    let ports = obj.pointer("/spec/ports").and_then(Value::as_array);
+    let rendered: Vec<String> = ports
+        .map(|ps| {
+            ps.iter()
+                .map(|p| {
+                    let port = p.get("port").and_then(Value::as_i64).unwrap_or(0);
+                    let proto = p.get("protocol").and_then(Value::as_str).unwrap_or("TCP");
+                    match p.get("nodePort").and_then(Value::as_i64) {
+                        Some(node) => format!("{port}:{node}/{proto}"),
+                        None => format!("{port}/{proto}"),
+                    }
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if rendered.is_empty() {
+        "<none>".into()
+    } else {
+        rendered.join(",")
     }
 }
 

@@ -888,6 +888,30 @@ pub(crate) async fn delete_collection(
     ))
 }
 
+/// Admission of a Binding (CREATE pods/binding, kind v1 Binding).
+async fn admit_binding(
+    ctx: &Ctx,
+    target: &Target,
+    req: &Req,
+    name: &str,
+    body: &Value,
+) -> ApiResult<()> {
+    let options = json!({"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"});
+    let attrs = Attributes {
+        kind: Some((String::new(), "v1".into(), "Binding".into())),
+        ..admission_attrs(
+            target,
+            req,
+            Operation::Create,
+            name,
+            Some(body.clone()),
+            None,
+            options,
+        )
+    };
+    admission::admit(ctx, attrs).await.map(|_| ())
+}
+
 /// POST pods/{name}/binding: assigns the pod to a node once.
 pub(crate) async fn bind(
     ctx: &Arc<Ctx>,
@@ -905,20 +929,7 @@ pub(crate) async fn bind(
         .filter(|n| !n.is_empty())
         .ok_or_else(|| ApiError::invalid("", "Binding", &name, "target.name: Required value"))?
         .to_string();
-    let options = json!({"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"});
-    let attrs = Attributes {
-        kind: Some((String::new(), "v1".into(), "Binding".into())),
-        ..admission_attrs(
-            target,
-            req,
-            Operation::Create,
-            &name,
-            Some(body.clone()),
-            None,
-            options,
-        )
-    };
-    admission::admit(ctx, attrs).await?;
+    admit_binding(ctx, target, req, &name, &body).await?;
     for _ in 0..MAX_RACE_RETRIES {
         let old = get(ctx, target)?;
         let current = old
