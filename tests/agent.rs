@@ -55,6 +55,8 @@ mod fake {
         pub hold_deletion: bool,
         /// Never answer anything (a hung API server).
         pub hang: bool,
+        /// Refuse Node patches (missing RBAC).
+        pub forbid_node_patch: bool,
         history: Vec<(u64, Value)>,
     }
 
@@ -75,6 +77,7 @@ mod fake {
 
     fn status(code: u16, message: &str) -> Reply {
         let reason = match code {
+            403 => "Forbidden",
             404 => "NotFound",
             409 => "Conflict",
             429 => "TooManyRequests",
@@ -174,6 +177,10 @@ mod fake {
             let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
             match (&parts.method, segments.as_slice()) {
                 (&Method::GET, ["api", "v1", "nodes", _]) => json_reply(200, &st.node),
+                (&Method::PATCH, ["api", "v1", "nodes", ..]) if st.forbid_node_patch => status(
+                    403,
+                    "nodes \"n1\" is forbidden: User cannot patch resource \"nodes\"",
+                ),
                 (&Method::PATCH, ["api", "v1", "nodes", _]) => {
                     json_patch::merge(&mut st.node, &body);
                     json_reply(200, &st.node)
@@ -837,5 +844,69 @@ async fn with_auto_reconciler_a_refusal_counts_when_the_kubelet_owns_the_api() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_the_agent_may_not_patch_is_reported_not_silently_retried() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::new();
+    fake.state.lock().unwrap().forbid_node_patch = true;
+    fake.add_pod(pod("shop", "web-1", Some("ReplicaSet")));
+    let shutdown = Shutdown::new();
+    let started = agent::start(args(dir.path(), &[]), fake.client(), shutdown.clone())
+        .await
+        .unwrap();
+    let mut kubelet = Kubelet::register(&started.registration_socket, NODE).await;
+    kubelet.start("graceful-drain", NODE).await;
+    eventually("a NodeUpdateFailed event", || {
+        fake.state.lock().unwrap().events.iter().any(|e| {
+            e["reason"] == "NodeUpdateFailed"
+                && e["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("prepare node for drain")
+                && e["message"].as_str().unwrap().contains("forbidden")
+        })
+    })
+    .await;
+    // Still retrying: End says "call me again", and nothing was evicted before the cordon.
+    let answer = kubelet.end("graceful-drain", false).await;
+    assert_eq!(
+        (answer.lifecycle_condition.as_str(), answer.error.as_str()),
+        ("drain-started", "")
+    );
+    assert!(evictions(&fake).is_empty());
+    shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_sla_is_recorded_even_for_a_drain_this_agent_does_not_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::new();
+    // Left by an earlier agent: a drain marked in progress on an uncordoned node (so this
+    // agent does not resume it).
+    fake.state.lock().unwrap().node["status"]["conditions"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "DrainInProgress", "status": "True", "reason": "Draining"}));
+    let shutdown = Shutdown::new();
+    let started = agent::start(args(dir.path(), &[]), fake.client(), shutdown.clone())
+        .await
+        .unwrap();
+    let mut kubelet = Kubelet::register(&started.registration_socket, NODE).await;
+    let answer = kubelet.end("graceful-drain", true).await;
+    assert!(answer.error.contains("SLA"), "{}", answer.error);
+    eventually("DrainInProgress=False recorded", || {
+        let node = fake.state.lock().unwrap().node.clone();
+        condition(&node, "DrainInProgress")["status"] == "False"
+    })
+    .await;
+    let node = fake.state.lock().unwrap().node.clone();
+    assert_eq!(
+        condition(&node, "DrainInProgress")["reason"],
+        "DrainStopped"
+    );
+    assert!(evictions(&fake).is_empty());
     shutdown.cancel();
 }
