@@ -136,6 +136,23 @@ async fn create_get_list_with_selectors_and_pagination() {
     assert_eq!(rest.items.len(), 1);
     assert!(rest.metadata.continue_.as_deref().unwrap_or("").is_empty());
 
+    // Re-creating an object from a fetched copy (resourceVersion set) is refused.
+    let mut copy = pods.get("db-1").await.unwrap();
+    copy.metadata.name = Some("db-2".into());
+    let refused = api_error(
+        pods.create(&PostParams::default(), &copy)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(refused.code, 500);
+    assert!(
+        refused
+            .message
+            .contains("resourceVersion should not be set"),
+        "{}",
+        refused.message
+    );
+
     // RBAC objects accept the colon-separated names system roles use.
     let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(client.clone());
     let role = json!({"metadata": {"name": "system:controller:graceful-drain"}, "rules": []});

@@ -222,6 +222,14 @@ fn init_metadata(ctx: &Ctx, target: &Target, obj: &mut Value) -> ApiResult<()> {
             ),
         ));
     }
+    let stale_rv = meta.get("resourceVersion").and_then(Value::as_str);
+    if stale_rv.is_some_and(|rv| !rv.is_empty()) {
+        // Upstream's storage refuses this with a 500; it catches objects re-created
+        // from a fetched copy.
+        return Err(ApiError::internal(
+            "resourceVersion should not be set on objects to be created",
+        ));
+    }
     meta.insert("name".into(), json!(name));
     meta.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
     meta.insert("creationTimestamp".into(), json!(now()));
