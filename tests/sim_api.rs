@@ -136,6 +136,17 @@ async fn create_get_list_with_selectors_and_pagination() {
     assert_eq!(rest.items.len(), 1);
     assert!(rest.metadata.continue_.as_deref().unwrap_or("").is_empty());
 
+    // RBAC objects accept the colon-separated names system roles use.
+    let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(client.clone());
+    let role = json!({"metadata": {"name": "system:controller:graceful-drain"}, "rules": []});
+    roles
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(role).unwrap(),
+        )
+        .await
+        .unwrap();
+
     // Namespaced objects need their namespace.
     let elsewhere: Api<Pod> = Api::namespaced(client.clone(), "missing");
     let err = api_error(
@@ -339,6 +350,19 @@ async fn delete_lifecycle_grace_periods_preconditions_and_finalizers() {
             .metadata
             .deletion_timestamp
             .is_some()
+    );
+    // No new finalizer may join an object being deleted.
+    let more = json!({"metadata": {"finalizers": ["example.com/hold", "example.com/late"]}});
+    let refused = api_error(
+        pods.patch("held", &PatchParams::default(), &Patch::Merge(more))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(refused.code, 422);
+    assert!(
+        refused.message.contains("example.com/late"),
+        "{}",
+        refused.message
     );
     pods.patch(
         "held",
@@ -770,47 +794,106 @@ async fn delete_object(client: &kube::Client, path: &str) {
     client.request::<Value>(request).await.unwrap();
 }
 
-#[tokio::test]
-async fn admission_webhooks_mutate_deny_and_fail_like_the_api_server() {
-    let (api, shutdown) = server(Config::default()).await;
-    let (hook_addr, ca, seen) = webhook_server(shutdown.clone()).await;
-    let ca_bundle = base64::engine::general_purpose::STANDARD.encode(&ca);
-    let client = api.client("admin");
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    running_pod(&pods, "web-1", json!({"app": "web"})).await;
-    running_pod(&pods, "web-2", json!({"app": "web"})).await;
-    const MUTATING: &str = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations";
-    const VALIDATING: &str =
-        "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations";
+const MUTATING: &str = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations";
+const VALIDATING: &str = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations";
 
-    // Mutating eviction webhook by URL: the eviction becomes a dry run.
-    let eviction_rule = json!({"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
-                               "resources": ["pods/eviction"], "scope": "Namespaced"});
-    let by_url = json!({"url": format!("https://127.0.0.1:{}/mutate", hook_addr.port()), "caBundle": ca_bundle});
-    post_object(
-        &client,
-        MUTATING,
-        &webhook_config(
-            "MutatingWebhookConfiguration",
-            "evict.example.com",
-            by_url,
-            eviction_rule,
-            "Fail",
-            7,
-        ),
+/// An API server, the test webhook, and two running pods `web-1`, `web-2`.
+struct AdmissionFixture {
+    api: ApiServer,
+    client: kube::Client,
+    pods: Api<Pod>,
+    hook_addr: SocketAddr,
+    ca_bundle: String,
+    seen: Seen,
+    _shutdown: Shutdown,
+}
+
+impl AdmissionFixture {
+    async fn start() -> Self {
+        let (api, shutdown) = server(Config::default()).await;
+        let (hook_addr, ca, seen) = webhook_server(shutdown.clone()).await;
+        let client = api.client("admin");
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+        running_pod(&pods, "web-1", json!({"app": "web"})).await;
+        running_pod(&pods, "web-2", json!({"app": "web"})).await;
+        Self {
+            api,
+            client,
+            pods,
+            hook_addr,
+            ca_bundle: base64::engine::general_purpose::STANDARD.encode(&ca),
+            seen,
+            _shutdown: shutdown,
+        }
+    }
+
+    /// A `url` clientConfig for `https://{host}:PORT{path}`.
+    fn url(&self, host: &str, path: &str) -> Value {
+        json!({"url": format!("https://{host}:{}{path}", self.hook_addr.port()), "caBundle": self.ca_bundle})
+    }
+
+    async fn register(
+        &self,
+        kind: &str,
+        name: &str,
+        client: Value,
+        rule: Value,
+        policy: &str,
+        timeout: u64,
+    ) {
+        let path = if kind.starts_with("Mutating") {
+            MUTATING
+        } else {
+            VALIDATING
+        };
+        post_object(
+            &self.client,
+            path,
+            &webhook_config(kind, name, client, rule, policy, timeout),
+        )
+        .await;
+    }
+
+    fn reviews(&self) -> Vec<(String, Value)> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+fn eviction_rule() -> Value {
+    json!({"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+           "resources": ["pods/eviction"], "scope": "Namespaced"})
+}
+
+fn delete_rule() -> Value {
+    json!({"operations": ["DELETE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]})
+}
+
+#[tokio::test]
+async fn mutating_eviction_webhook_gets_a_real_review_and_its_dry_run_takes_effect() {
+    let fx = AdmissionFixture::start().await;
+    let by_url = fx.url("127.0.0.1", "/mutate");
+    fx.register(
+        "MutatingWebhookConfiguration",
+        "evict.example.com",
+        by_url,
+        eviction_rule(),
+        "Fail",
+        7,
     )
     .await;
-    let (code, _, _) = post_raw(&api, &evict_path("web-1"), eviction("web-1", json!({}))).await;
+    let (code, _, _) = post_raw(&fx.api, &evict_path("web-1"), eviction("web-1", json!({}))).await;
     assert_eq!(code, 201);
     assert!(
-        pods.get("web-1")
+        fx.pods
+            .get("web-1")
             .await
             .unwrap()
             .metadata
             .deletion_timestamp
             .is_none()
     );
-    let (path, review) = seen.lock().unwrap()[0].clone();
+
+    let (path, review) = fx.reviews()[0].clone();
     assert_eq!(path, "/mutate?timeout=7s");
     assert_eq!(review["apiVersion"], "admission.k8s.io/v1");
     assert_eq!(review["kind"], "AdmissionReview");
@@ -827,10 +910,8 @@ async fn admission_webhooks_mutate_deny_and_fail_like_the_api_server() {
     assert_eq!(request["requestKind"], request["kind"]);
     assert_eq!(request["requestResource"], request["resource"]);
     assert_eq!(request["subResource"], "eviction");
-    assert_eq!(
-        (request["name"].as_str(), request["namespace"].as_str()),
-        (Some("web-1"), Some("default"))
-    );
+    assert_eq!(request["name"], "web-1");
+    assert_eq!(request["namespace"], "default");
     assert_eq!(request["operation"], "CREATE");
     assert_eq!(request["userInfo"]["username"], "admin");
     assert!(
@@ -840,29 +921,38 @@ async fn admission_webhooks_mutate_deny_and_fail_like_the_api_server() {
             .contains(&json!("system:masters"))
     );
     assert_eq!(request["object"]["kind"], "Eviction");
+    assert_eq!(request["object"]["metadata"]["name"], "web-1");
     assert_eq!(request["options"]["kind"], "CreateOptions");
     assert_eq!(request["dryRun"], false);
 
-    // Validating DELETE webhook through a Service route: denials surface verbatim.
-    api.route_service("default", "hooks", hook_addr);
-    let delete_rule = json!({"operations": ["DELETE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]});
+    // Admission runs before the budget check: a blocked eviction still reaches the
+    // webhook, and the dry run still answers 429 like upstream.
+    pdb(&fx.client, "web-pdb", "web", true, 0).await;
+    let (code, retry, _) =
+        post_raw(&fx.api, &evict_path("web-2"), eviction("web-2", json!({}))).await;
+    assert_eq!((code, retry.as_deref()), (429, Some("0")));
+    assert_eq!(fx.reviews().len(), 2);
+    assert_eq!(fx.api.stats().admission_calls["evict.example.com"], 2);
+}
+
+#[tokio::test]
+async fn validating_webhook_behind_a_service_denies_with_the_api_server_wording() {
+    let fx = AdmissionFixture::start().await;
+    fx.api.route_service("default", "hooks", fx.hook_addr);
     let by_service = json!({"service": {"namespace": "default", "name": "hooks", "path": "/deny", "port": 443},
-                            "caBundle": ca_bundle});
-    post_object(
-        &client,
-        VALIDATING,
-        &webhook_config(
-            "ValidatingWebhookConfiguration",
-            "deny.example.com",
-            by_service,
-            delete_rule.clone(),
-            "Fail",
-            5,
-        ),
+                            "caBundle": fx.ca_bundle});
+    fx.register(
+        "ValidatingWebhookConfiguration",
+        "deny.example.com",
+        by_service,
+        delete_rule(),
+        "Fail",
+        5,
     )
     .await;
     let denied = api_error(
-        pods.delete("web-2", &DeleteParams::default())
+        fx.pods
+            .delete("web-2", &DeleteParams::default())
             .await
             .unwrap_err(),
     );
@@ -871,82 +961,398 @@ async fn admission_webhooks_mutate_deny_and_fail_like_the_api_server() {
         denied.message,
         "admission webhook \"deny.example.com\" denied the request: not today"
     );
-    let (_, review) = seen.lock().unwrap().last().unwrap().clone();
+    assert!(
+        fx.pods
+            .get("web-2")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_none()
+    );
+    let (path, review) = fx.reviews().last().unwrap().clone();
+    assert_eq!(path, "/deny?timeout=5s");
     assert_eq!(review["request"]["operation"], "DELETE");
+    assert!(review["request"]["object"].is_null());
     assert_eq!(review["request"]["oldObject"]["metadata"]["name"], "web-2");
     assert_eq!(review["request"]["options"]["kind"], "DeleteOptions");
-    delete_object(&client, &format!("{VALIDATING}/deny.example.com")).await;
 
-    // A response without apiVersion/kind is a failed call: Ignore passes silently,
-    // Fail rejects with the API server's wording.
-    let bad = |path: &str| json!({"url": format!("https://localhost:{}{path}", hook_addr.port()), "caBundle": ca_bundle});
-    post_object(
-        &client,
-        VALIDATING,
-        &webhook_config(
-            "ValidatingWebhookConfiguration",
-            "bad-ignore.example.com",
-            bad("/bad"),
-            delete_rule.clone(),
-            "Ignore",
-            5,
-        ),
-    )
-    .await;
-    pods.delete("web-2", &DeleteParams::default().grace_period(0))
+    // Pods in a namespace the namespaceSelector excludes are not sent to the webhook.
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(fx.client.clone());
+    let skipped = json!({"metadata": {"name": "skipped", "labels": {"skip": "yes"}}});
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(skipped).unwrap(),
+        )
         .await
         .unwrap();
-    assert_eq!(api_error(pods.get("web-2").await.unwrap_err()).code, 404);
-    post_object(
-        &client,
-        VALIDATING,
-        &webhook_config(
-            "ValidatingWebhookConfiguration",
-            "bad-fail.example.com",
-            bad("/bad"),
-            delete_rule.clone(),
-            "Fail",
-            5,
-        ),
+    let other: Api<Pod> = Api::namespaced(fx.client.clone(), "skipped");
+    other
+        .create(&PostParams::default(), &pod("free", None, json!({})))
+        .await
+        .unwrap();
+    other
+        .delete("free", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert_eq!(fx.api.stats().admission_calls["deny.example.com"], 1);
+}
+
+#[tokio::test]
+async fn failed_webhook_calls_follow_the_failure_policy() {
+    let fx = AdmissionFixture::start().await;
+    // A response without apiVersion/kind is a failed call: Ignore passes silently,
+    // Fail rejects with the API server's wording.
+    fx.register(
+        "ValidatingWebhookConfiguration",
+        "bad-ignore.example.com",
+        fx.url("localhost", "/bad"),
+        delete_rule(),
+        "Ignore",
+        5,
+    )
+    .await;
+    fx.pods
+        .delete("web-2", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    assert_eq!(api_error(fx.pods.get("web-2").await.unwrap_err()).code, 404);
+    fx.register(
+        "ValidatingWebhookConfiguration",
+        "bad-fail.example.com",
+        fx.url("localhost", "/bad"),
+        delete_rule(),
+        "Fail",
+        5,
     )
     .await;
     let failed = api_error(
-        pods.delete("web-1", &DeleteParams::default())
+        fx.pods
+            .delete("web-1", &DeleteParams::default())
             .await
             .unwrap_err(),
     );
-    assert_eq!(failed.code, 500);
-    assert!(
-        failed.message.contains("failed calling webhook \"bad-fail.example.com\": expected webhook response of admission.k8s.io/v1, Kind=AdmissionReview, got /, Kind="),
-        "{}",
-        failed.message
+    assert_eq!(
+        (failed.code, failed.reason.as_str()),
+        (500, "InternalError")
     );
-    delete_object(&client, &format!("{VALIDATING}/bad-fail.example.com")).await;
+    let expected = "failed calling webhook \"bad-fail.example.com\": expected webhook response of admission.k8s.io/v1, Kind=AdmissionReview, got /, Kind=";
+    assert!(failed.message.contains(expected), "{}", failed.message);
+    delete_object(&fx.client, &format!("{VALIDATING}/bad-fail.example.com")).await;
 
     // A webhook slower than its timeout fails the call.
-    post_object(
-        &client,
-        VALIDATING,
-        &webhook_config(
-            "ValidatingWebhookConfiguration",
-            "slow.example.com",
-            bad("/slow"),
-            delete_rule,
-            "Fail",
-            1,
-        ),
+    fx.register(
+        "ValidatingWebhookConfiguration",
+        "slow.example.com",
+        fx.url("localhost", "/slow"),
+        delete_rule(),
+        "Fail",
+        1,
     )
     .await;
     let slow = api_error(
-        pods.delete("web-1", &DeleteParams::default())
+        fx.pods
+            .delete("web-1", &DeleteParams::default())
             .await
             .unwrap_err(),
     );
     assert_eq!(slow.code, 500);
     assert!(slow.message.contains("deadline"), "{}", slow.message);
+    assert!(
+        fx.pods
+            .get("web-1")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_none()
+    );
 
-    let stats = api.stats();
-    assert_eq!(stats.admission_calls["evict.example.com"], 1);
-    assert!(stats.admission_failures["bad-ignore.example.com"] >= 1);
+    let stats = fx.api.stats();
+    assert_eq!(stats.admission_failures["bad-ignore.example.com"], 3);
     assert_eq!(stats.admission_failures["slow.example.com"], 1);
+}
+
+// ---------------------------------------------------------------------------------
+// CRDs, defaults, events, leases
+
+use graceful_drain::lifecycle::types::{LifecycleEvent, LifecycleEventSpec};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+
+#[tokio::test]
+async fn crds_serve_cluster_scoped_lifecycle_events_with_status() {
+    let (api, _shutdown) = server(Config::default()).await;
+    let client = api.client("admin");
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(&PostParams::default(), &LifecycleEvent::crd())
+        .await
+        .unwrap();
+    let crd = crds.get("lifecycleevents.lifecycle.k8s.io").await.unwrap();
+    let conditions = crd.status.unwrap().conditions.unwrap();
+    assert!(
+        conditions
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True")
+    );
+
+    // Discovery lists the new group for kubectl and kube's dynamic APIs.
+    let discovery = kube::Discovery::new(client.clone()).run().await.unwrap();
+    assert!(discovery.has_group("lifecycle.k8s.io"));
+
+    let events: Api<LifecycleEvent> = Api::all(client.clone());
+    let mut event = LifecycleEvent::new(
+        "drain-n1",
+        LifecycleEventSpec {
+            transition_name: "drain".into(),
+            binding_node: "n1".into(),
+        },
+    );
+    event.status = Some(serde_json::from_value(json!({"claimStatus": "Claimed"})).unwrap());
+    let created = events.create(&PostParams::default(), &event).await.unwrap();
+    // Whatever the client sends, a new event starts Pending.
+    assert_eq!(
+        serde_json::to_value(created.status.unwrap()).unwrap()["claimStatus"],
+        "Pending"
+    );
+    let other = LifecycleEvent::new(
+        "drain-n2",
+        LifecycleEventSpec {
+            transition_name: "drain".into(),
+            binding_node: "n2".into(),
+        },
+    );
+    events.create(&PostParams::default(), &other).await.unwrap();
+    let on_n1 = events
+        .list(&ListParams::default().fields("spec.bindingNode=n1"))
+        .await
+        .unwrap();
+    assert_eq!(on_n1.items.len(), 1);
+    let claimed = events
+        .patch_status(
+            "drain-n1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"claimStatus": "Claimed"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        serde_json::to_value(claimed.status.unwrap()).unwrap()["claimStatus"],
+        "Claimed"
+    );
+    // Custom resources take merge patches but not strategic ones.
+    let strategic = events
+        .patch(
+            "drain-n1",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"metadata": {"labels": {"a": "b"}}})),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(api_error(strategic).code, 415);
+
+    // Deleting the CRD stops serving its resources.
+    crds.delete("lifecycleevents.lifecycle.k8s.io", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        api_error(events.list(&ListParams::default()).await.unwrap_err()).code,
+        404
+    );
+}
+
+#[tokio::test]
+async fn defaults_apply_events_record_and_leases_guard_updates() {
+    let (api, _shutdown) = server(Config::default()).await;
+    let client = api.client("admin");
+
+    // Workloads get the API server's defaults.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "default");
+    let template = json!({"metadata": {"labels": {"app": "web"}},
+                          "spec": {"containers": [{"name": "app", "image": "web:1"}]}});
+    let deploy: Deployment = serde_json::from_value(json!({"metadata": {"name": "web"},
+        "spec": {"selector": {"matchLabels": {"app": "web"}}, "template": template}}))
+    .unwrap();
+    let deploy = deployments
+        .create(&PostParams::default(), &deploy)
+        .await
+        .unwrap();
+    let spec = deploy.spec.unwrap();
+    assert_eq!(spec.replicas, Some(1));
+    let rolling = spec.strategy.unwrap().rolling_update.unwrap();
+    assert_eq!(
+        rolling.max_surge,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("25%".into()))
+    );
+    assert_eq!(
+        spec.template.spec.unwrap().termination_grace_period_seconds,
+        Some(30)
+    );
+
+    // kube-runtime's event recorder creates events.k8s.io/v1 Events.
+    let recorder = kube::runtime::events::Recorder::new(
+        client.clone(),
+        kube::runtime::events::Reporter {
+            controller: "graceful-drain".into(),
+            instance: None,
+        },
+    );
+    let reference = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some("web-1".into()),
+        namespace: Some("default".into()),
+        ..Default::default()
+    };
+    let event = kube::runtime::events::Event {
+        type_: kube::runtime::events::EventType::Normal,
+        reason: "Isolated".into(),
+        note: Some("removed from endpoints".into()),
+        action: "Isolate".into(),
+        secondary: None,
+    };
+    recorder.publish(&event, &reference).await.unwrap();
+    recorder.publish(&event, &reference).await.unwrap();
+    let recorded: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), "default");
+    let items = recorded.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0].reason.as_deref(), Some("Isolated"));
+    // The same event through core/v1, the way `kubectl describe pod` looks it up.
+    let core: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), "default");
+    let described = core
+        .list(&ListParams::default().fields("involvedObject.name=web-1,involvedObject.kind=Pod"))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(described.len(), 1);
+    assert_eq!(
+        described[0].message.as_deref(),
+        Some("removed from endpoints")
+    );
+    assert_eq!(
+        described[0].reporting_component.as_deref(),
+        Some("graceful-drain")
+    );
+
+    // Two leader candidates racing on one Lease: the stale writer gets 409.
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), "default");
+    let lease = leases
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "leader"},
+            "spec": {"holderIdentity": "a", "leaseDurationSeconds": 15}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let mut first = lease.clone();
+    first.spec.as_mut().unwrap().holder_identity = Some("b".into());
+    leases
+        .replace("leader", &PostParams::default(), &first)
+        .await
+        .unwrap();
+    let mut second = lease;
+    second.spec.as_mut().unwrap().holder_identity = Some("c".into());
+    let lost = api_error(
+        leases
+            .replace("leader", &PostParams::default(), &second)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(lost.code, 409);
+    assert_eq!(
+        leases
+            .get("leader")
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .holder_identity
+            .as_deref(),
+        Some("b")
+    );
+}
+
+#[tokio::test]
+async fn binding_assigns_a_pod_once_and_pod_specs_stay_immutable() {
+    let (api, _shutdown) = server(Config::default()).await;
+    let client = api.client("system:kube-scheduler");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    pods.create(&PostParams::default(), &pod("p", None, json!({})))
+        .await
+        .unwrap();
+    let binding = |node: &str| {
+        json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "p"},
+               "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
+    };
+    let path = "/api/v1/namespaces/default/pods/p/binding";
+    let (code, _, _) = post_raw(&api, path, binding("n1")).await;
+    assert_eq!(code, 201);
+    assert_eq!(
+        pods.get("p")
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .node_name
+            .as_deref(),
+        Some("n1")
+    );
+    let (code, _, body) = post_raw(&api, path, binding("n2")).await;
+    assert_eq!(code, 409, "{body}");
+
+    // Moving a pod by patching its spec is refused like upstream; images may change.
+    let moved = pods
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"nodeName": "n2"}})),
+        )
+        .await
+        .unwrap_err();
+    let moved = api_error(moved);
+    assert_eq!((moved.code, moved.reason.as_str()), (422, "Invalid"));
+    let image = json!({"spec": {"containers": [{"name": "app", "image": "web:2"}]}});
+    let patched = pods
+        .patch("p", &PatchParams::default(), &Patch::Strategic(image))
+        .await
+        .unwrap();
+    assert_eq!(
+        patched.spec.unwrap().containers[0].image.as_deref(),
+        Some("web:2")
+    );
+    let stats = api.stats();
+    assert_eq!(stats.by_user["system:kube-scheduler"], 4);
+    assert_eq!(stats.count("create", "pods/binding"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_evictions_serialise_on_the_disruption_budget() {
+    let (api, _shutdown) = server(Config::default()).await;
+    let client = api.client("admin");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    for i in 0..6 {
+        running_pod(&pods, &format!("web-{i}"), json!({"app": "web"})).await;
+    }
+    pdb(&client, "web-pdb", "web", true, 2).await;
+    let attempts = (0..6).map(|i| {
+        let api = api.clone();
+        async move {
+            let name = format!("web-{i}");
+            post_raw(&api, &evict_path(&name), eviction(&name, json!({})))
+                .await
+                .0
+        }
+    });
+    let mut codes = futures::future::join_all(attempts).await;
+    codes.sort_unstable();
+    assert_eq!(codes, vec![201, 201, 429, 429, 429, 429]);
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), "default");
+    let status = pdbs.get("web-pdb").await.unwrap().status.unwrap();
+    assert_eq!(status.disruptions_allowed, 0);
+    assert_eq!(status.disrupted_pods.unwrap().len(), 2);
 }

@@ -1,14 +1,20 @@
 //! End-to-end scenarios on the simulated cluster: the controllers, kubelets and load
 //! balancers against the in-process API server, driven over HTTP like a real cluster.
 
+// Helpers outside #[test] functions unwrap too: a failed step fails the test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use graceful_drain::runtime::Shutdown;
 use graceful_drain::sim::cluster::{Cluster, ClusterConfig, WebSpec, wait_for};
+use graceful_drain::sim::traffic::TrafficConfig;
+use graceful_drain::sim::traffic::timeline::EventKind;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 
@@ -367,4 +373,120 @@ async fn real_kubectl_against_serve() {
     assert!(ok, "{ready}");
     let (ok, out) = kubectl(&kc, &["uncordon", "worker-1"]);
     assert!(ok && out.contains("uncordoned"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_drain_under_deregistration_lag_yields_5xx() {
+    let cluster = cluster(ClusterConfig::default()).await;
+    let spec = WebSpec::default();
+    cluster.deploy_web(&spec, TIMEOUT).await.unwrap();
+    let node = cluster.nodes()[0].clone();
+    let client = cluster.client();
+    let before = graceful_drain::sim::scenario::actions::pods_on(&client, &node)
+        .await
+        .unwrap();
+    assert!(!before.is_empty(), "the first node runs some of the pods");
+    let traffic = cluster.traffic(
+        &spec,
+        TrafficConfig {
+            rate: 200.0,
+            request_duration: Duration::from_millis(5),
+            max_requests: 10_000,
+            max_duration: TIMEOUT,
+        },
+    );
+    graceful_drain::sim::scenario::actions::plain_drain(&client, &node, TIMEOUT)
+        .await
+        .unwrap();
+    assert!(
+        graceful_drain::sim::scenario::actions::pods_on(&client, &node)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // Requests keep reaching the evicted pods until the load balancer deregisters them.
+    wait_for("5xx to show", TIMEOUT, || async {
+        traffic.counts().errors_5xx > 0
+    })
+    .await
+    .unwrap();
+    cluster.wait_web_ready(&spec, TIMEOUT).await.unwrap();
+    let report = traffic.stop().await;
+    assert!(
+        report.errors_5xx > 0 && report.errors_5xx < report.requests,
+        "{} of {}",
+        report.errors_5xx,
+        report.requests
+    );
+    let evicted: BTreeSet<String> = before
+        .iter()
+        .map(|p| format!("default/{}", p.metadata.name.clone().unwrap()))
+        .collect();
+    let bursts: Vec<_> = report
+        .timeline
+        .iter()
+        .filter(|e| e.kind == EventKind::Burst5xx)
+        .collect();
+    assert!(!bursts.is_empty());
+    assert!(
+        bursts
+            .iter()
+            .all(|b| evicted.iter().any(|p| b.subject.contains(p.as_str()))),
+        "5xx come from the evicted pods: {bursts:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exhausted_pdb_makes_eviction_answer_429() {
+    let cluster = cluster(ClusterConfig::default()).await;
+    let spec = WebSpec {
+        replicas: 3,
+        min_available: 2,
+        ..WebSpec::default()
+    };
+    cluster.deploy_web(&spec, TIMEOUT).await.unwrap();
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(cluster.client(), "default");
+    let status = || async { pdbs.get("web").await.unwrap().status.unwrap_or_default() };
+    wait_for("pdb observed", TIMEOUT, || async {
+        status().await.disruptions_allowed == 1
+    })
+    .await
+    .unwrap();
+    let s = status().await;
+    assert_eq!(
+        (s.current_healthy, s.desired_healthy, s.expected_pods),
+        (3, 2, 3)
+    );
+    assert_eq!(
+        s.observed_generation,
+        pdbs.get("web").await.unwrap().metadata.generation
+    );
+    let pods = web_pods(&cluster, &spec).await;
+    let evict = |pod: &Pod| {
+        let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+        let name = pod.metadata.name.clone().unwrap();
+        let body = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": "default"}});
+        async move {
+            pods.create_subresource::<_, serde_json::Value>(
+                "eviction",
+                &name,
+                &Default::default(),
+                &body,
+            )
+            .await
+        }
+    };
+    evict(&pods[0]).await.unwrap();
+    match evict(&pods[1]).await {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 429, "{s:?}"),
+        other => panic!("second eviction should be refused: {other:?}"),
+    }
+    // Once the replacement is ready the budget allows one disruption again.
+    wait_for("budget back", TIMEOUT, || async {
+        status().await.disruptions_allowed == 1
+    })
+    .await
+    .unwrap();
+    assert_eq!(ready_count(&cluster, &spec).await, 3);
+    evict(&pods[1]).await.unwrap();
 }

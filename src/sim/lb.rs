@@ -103,8 +103,10 @@ impl LoadBalancers {
                 }
             }
         }
+        let ready_uids: std::collections::HashSet<&str> =
+            ready.iter().map(|e| e.uid.as_str()).collect();
         lb.targets.retain(|uid, t| {
-            if t.removed.is_some() || ready.iter().any(|e| &e.uid == uid) {
+            if t.removed.is_some() || ready_uids.contains(uid.as_str()) {
                 return t.removed.is_none_or(|r| now < r + cfg.deregistration_lag);
             }
             self.timeline
@@ -151,21 +153,22 @@ impl LoadBalancers {
             .unwrap_or_default()
     }
 
-    /// Picks the target of the next request to `service` (round robin), if any.
-    pub fn route(&self, service: &str, now: Instant) -> Option<String> {
+    /// Picks the target of the next request to `service` (round robin), if any:
+    /// `(pod UID, ns/name)`.
+    pub fn route(&self, service: &str, now: Instant) -> Option<(String, String)> {
         let cfg = self.cfg;
         let mut all = self.lock();
         let lb = all.get_mut(service)?;
-        let live: Vec<&String> = lb
+        let live: Vec<(&String, &Target)> = lb
             .targets
             .iter()
             .filter(|(_, t)| routable(t, cfg, now))
-            .map(|(uid, _)| uid)
             .collect();
         if live.is_empty() {
             return None;
         }
-        let pick = live[lb.next % live.len()].clone();
+        let (uid, target) = live[lb.next % live.len()];
+        let pick = (uid.clone(), target.pod.clone());
         lb.next = lb.next.wrapping_add(1);
         Some(pick)
     }
@@ -279,7 +282,10 @@ mod tests {
         assert_eq!(lbs.registered("ns/web", s(12)), vec!["b"]);
         assert_eq!(lbs.routable("ns/web", s(13)), vec!["b"]);
         lbs.sync("ns/web", &[ep("b")], s(14));
-        assert_eq!(lbs.route("ns/web", s(14)).as_deref(), Some("b"));
+        assert_eq!(
+            lbs.route("ns/web", s(14)),
+            Some(("b".into(), "ns/b".into()))
+        );
         assert_eq!(lbs.route("ns/other", s(14)), None);
     }
 
@@ -289,7 +295,9 @@ mod tests {
         let t0 = Instant::now();
         let s = |n| t0 + Duration::from_secs(n);
         lbs.sync("x", &[ep("a"), ep("b")], t0);
-        let picks: Vec<_> = (0..4).filter_map(|_| lbs.route("x", s(3))).collect();
+        let picks: Vec<_> = (0..4)
+            .filter_map(|_| lbs.route("x", s(3)).map(|r| r.0))
+            .collect();
         assert_eq!(picks, vec!["a", "b", "a", "b"]);
         lbs.sync("x", &[ep("a"), ep("b"), ep("c")], s(4));
         // `c` leaves before it was ever registered: it never receives traffic.

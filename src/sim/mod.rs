@@ -45,9 +45,14 @@ pub struct Args {
     /// temporary directory).
     #[arg(long, value_name = "FILE")]
     pub kubeconfig_out: Option<PathBuf>,
-    /// Address of the simulated API server (port 0 picks a free port).
+    /// With --serve: address of the simulated API server (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:0", value_name = "ADDR")]
     pub listen: SocketAddr,
+    /// With --serve: where the API server sends calls for a webhook Service, as
+    /// `NAMESPACE/NAME=ADDR` (repeatable), so service-based webhook configurations
+    /// reach a webhook started as a separate process.
+    #[arg(long = "route-service", value_name = "NS/NAME=ADDR", value_parser = parse_route)]
+    pub routes: Vec<(String, String, SocketAddr)>,
     /// Worker nodes.
     #[arg(long, default_value_t = 3)]
     pub nodes: usize,
@@ -149,7 +154,9 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
     if args.serve {
         return serve(&args, shutdown).await;
     }
-    let cfg = args.scenario();
+    let mut cfg = args.scenario();
+    // Two clusters run side by side: each API server takes a free port.
+    cfg.cluster.api.addr = apiserver::Config::default().addr;
     let rows = scenario::run_all(&cfg, &shutdown).await;
     print!("{}", scenario::table(&rows));
     if args.timeline {
@@ -168,9 +175,24 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Parses `NAMESPACE/NAME=ADDR`.
+fn parse_route(text: &str) -> Result<(String, String, SocketAddr), String> {
+    let bad = || format!("expected NAMESPACE/NAME=HOST:PORT, got {text:?}");
+    let (service, addr) = text.split_once('=').ok_or_else(bad)?;
+    let (ns, name) = service.split_once('/').ok_or_else(bad)?;
+    let addr: SocketAddr = addr.parse().map_err(|e| format!("{}: {e}", bad()))?;
+    if ns.is_empty() || name.is_empty() {
+        return Err(bad());
+    }
+    Ok((ns.to_string(), name.to_string(), addr))
+}
+
 async fn serve(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> {
     let cfg = args.scenario();
     let cluster = Cluster::start(cfg.cluster.clone(), shutdown.clone()).await?;
+    for (ns, name, addr) in &args.routes {
+        cluster.api().route_service(ns, name, *addr);
+    }
     cluster.deploy_web(&cfg.web, cfg.phase_timeout).await?;
     let path = args
         .kubeconfig_out
@@ -219,4 +241,37 @@ async fn serve(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> {
         report.requests, report.errors_5xx
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    #[test]
+    fn flags_shape_the_scenario() {
+        let cli = Cli::try_parse_from(["simulate", "--replicas", "6", "--deregistration-lag", "15s", "--rate", "50"]).unwrap();
+        let cfg = cli.args.scenario();
+        assert_eq!(cfg.web.replicas, 6);
+        assert_eq!(cfg.web.min_available, 5, "defaults to replicas - 1");
+        assert_eq!(cfg.cluster.lb.deregistration_lag, Duration::from_secs(15));
+        assert_eq!(cfg.traffic.rate, 50.0);
+        assert_eq!(cfg.components.deregistration_delay, Duration::from_secs(4));
+    }
+
+    #[test]
+    fn routes_parse_or_say_why_not() {
+        let route = parse_route("graceful-drain/graceful-drain-webhook=127.0.0.1:9443").unwrap();
+        assert_eq!(route.0, "graceful-drain");
+        assert_eq!(route.1, "graceful-drain-webhook");
+        assert_eq!(route.2, SocketAddr::from(([127, 0, 0, 1], 9443)));
+        assert!(parse_route("no-slash=127.0.0.1:1").unwrap_err().contains("NAMESPACE/NAME"));
+        assert!(parse_route("a/b=not-an-address").is_err());
+    }
 }

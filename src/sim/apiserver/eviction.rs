@@ -188,10 +188,6 @@ fn check_and_decrement(
         .pointer("/metadata/name")
         .and_then(Value::as_str)
         .unwrap_or("");
-    let namespace = pdb
-        .pointer("/metadata/namespace")
-        .and_then(Value::as_str)
-        .unwrap_or("");
     if int("/status/observedGeneration") < int("/metadata/generation") {
         let cause =
             format!("The disruption budget {pdb_name} is still being processed by the server.");
@@ -226,6 +222,20 @@ fn check_and_decrement(
     if dry_run {
         return Ok(true);
     }
+    record_disruption(ctx, pdb, pod_name, allowed)
+}
+
+/// Records the pod in `status.disruptedPods` and takes one disruption, guarded by the
+/// PDB's resourceVersion; `Ok(false)` when another writer got there first.
+fn record_disruption(ctx: &Ctx, pdb: &Value, pod_name: &str, allowed: i64) -> ApiResult<bool> {
+    let pdb_name = pdb
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let namespace = pdb
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or("");
     let mut updated = pdb.clone();
     updated["status"]["disruptionsAllowed"] = json!(allowed - 1);
     if !updated["status"]["disruptedPods"].is_object() {
@@ -247,7 +257,7 @@ fn check_and_decrement(
     }
 }
 
-/// Marks the pod as a disruption target and deletes it with the eviction's options.
+/// The pod with a `DisruptionTarget` condition (upstream marks evicted pods so).
 fn with_disruption_condition(pod: &Value) -> Value {
     let mut marked = pod.clone();
     let condition = json!({"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
@@ -262,6 +272,7 @@ fn with_disruption_condition(pod: &Value) -> Value {
     marked
 }
 
+/// Marks the pod as a disruption target and deletes it with the eviction's options.
 fn finish(
     ctx: &Arc<Ctx>,
     target: &Target,

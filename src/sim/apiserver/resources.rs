@@ -9,12 +9,14 @@ use std::sync::{Arc, RwLock};
 use k8s_openapi::api::{
     admissionregistration::v1 as admv1, apps::v1 as apps, batch::v1 as batch,
     coordination::v1 as coord, core::v1 as core, discovery::v1 as disc, events::v1 as events,
-    policy::v1 as policy,
+    networking::v1 as net, policy::v1 as policy, rbac::v1 as rbac,
 };
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiext;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+
+pub(crate) use super::convert::View;
 
 /// Round-trips a JSON object through a typed representation (drops unknown fields).
 pub(crate) type Normalize = fn(Value) -> Result<Value, serde_json::Error>;
@@ -41,6 +43,10 @@ pub(crate) struct ResourceDef {
     pub normalize: Option<Normalize>,
     /// Defined by a CustomResourceDefinition (no strategic merge patch).
     pub custom: bool,
+    /// How the served form maps to the stored one.
+    pub view: View,
+    /// (name, type, jsonPath) Table columns of a custom resource.
+    pub printer_columns: Vec<(String, String, String)>,
 }
 
 impl ResourceDef {
@@ -53,9 +59,13 @@ impl ResourceDef {
         }
     }
 
-    /// Storage table key shared by every version of the resource.
+    /// Storage table key shared by every version of the resource (events.k8s.io
+    /// Events live with core Events).
     pub(crate) fn table(&self) -> String {
-        format!("{}/{}", self.group, self.plural)
+        match self.view {
+            View::EventsV1 => "/events".to_string(),
+            View::Native => format!("{}/{}", self.group, self.plural),
+        }
     }
 
     pub(crate) fn has_status(&self) -> bool {
@@ -108,6 +118,16 @@ const EVENT_FIELDS: &[&str] = &[
     "type",
 ];
 
+const EVENTS_V1_FIELDS: &[&str] = &[
+    "regarding.kind",
+    "regarding.namespace",
+    "regarding.name",
+    "regarding.uid",
+    "reason",
+    "reportingController",
+    "type",
+];
+
 macro_rules! builtin {
     ($g:expr, $v:expr, $p:expr, $ty:ty, $ns:expr, $short:expr, $subs:expr, $fields:expr) => {
         Builtin {
@@ -124,211 +144,40 @@ macro_rules! builtin {
     };
 }
 
+#[rustfmt::skip]
 fn builtins() -> Vec<Builtin> {
     const ST: &[&str] = &["status"];
+    const SCALE: &[&str] = &["status", "scale"];
+    const ADM: &str = "admissionregistration.k8s.io";
     vec![
-        builtin!(
-            "",
-            "v1",
-            "namespaces",
-            core::Namespace,
-            false,
-            &["ns"],
-            ST,
-            &["status.phase"]
-        ),
-        builtin!(
-            "",
-            "v1",
-            "nodes",
-            core::Node,
-            false,
-            &["no"],
-            ST,
-            &["spec.unschedulable"]
-        ),
-        builtin!(
-            "",
-            "v1",
-            "pods",
-            core::Pod,
-            true,
-            &["po"],
-            &["status", "eviction", "binding"],
-            POD_FIELDS
-        ),
+        builtin!("", "v1", "namespaces", core::Namespace, false, &["ns"], ST, &["status.phase"]),
+        builtin!("", "v1", "nodes", core::Node, false, &["no"], ST, &["spec.unschedulable"]),
+        builtin!("", "v1", "pods", core::Pod, true, &["po"], &["status", "eviction", "binding"], POD_FIELDS),
         builtin!("", "v1", "services", core::Service, true, &["svc"], ST, &[]),
-        builtin!(
-            "",
-            "v1",
-            "events",
-            core::Event,
-            true,
-            &["ev"],
-            &[],
-            EVENT_FIELDS
-        ),
-        builtin!(
-            "",
-            "v1",
-            "configmaps",
-            core::ConfigMap,
-            true,
-            &["cm"],
-            &[],
-            &[]
-        ),
+        builtin!("", "v1", "events", core::Event, true, &["ev"], &[], EVENT_FIELDS),
+        builtin!("", "v1", "configmaps", core::ConfigMap, true, &["cm"], &[], &[]),
         builtin!("", "v1", "secrets", core::Secret, true, &[], &[], &["type"]),
-        builtin!(
-            "",
-            "v1",
-            "serviceaccounts",
-            core::ServiceAccount,
-            true,
-            &["sa"],
-            &[],
-            &[]
-        ),
-        builtin!(
-            "",
-            "v1",
-            "endpoints",
-            core::Endpoints,
-            true,
-            &["ep"],
-            &[],
-            &[]
-        ),
-        builtin!(
-            "events.k8s.io",
-            "v1",
-            "events",
-            events::Event,
-            true,
-            &["ev"],
-            &[],
-            &[]
-        ),
-        builtin!(
-            "discovery.k8s.io",
-            "v1",
-            "endpointslices",
-            disc::EndpointSlice,
-            true,
-            &[],
-            &[],
-            &[]
-        ),
-        builtin!(
-            "apps",
-            "v1",
-            "replicasets",
-            apps::ReplicaSet,
-            true,
-            &["rs"],
-            ST,
-            &[]
-        ),
-        builtin!(
-            "apps",
-            "v1",
-            "deployments",
-            apps::Deployment,
-            true,
-            &["deploy"],
-            ST,
-            &[]
-        ),
-        builtin!(
-            "apps",
-            "v1",
-            "daemonsets",
-            apps::DaemonSet,
-            true,
-            &["ds"],
-            ST,
-            &[]
-        ),
-        builtin!(
-            "apps",
-            "v1",
-            "statefulsets",
-            apps::StatefulSet,
-            true,
-            &["sts"],
-            ST,
-            &[]
-        ),
-        builtin!(
-            "apps",
-            "v1",
-            "controllerrevisions",
-            apps::ControllerRevision,
-            true,
-            &[],
-            &[],
-            &[]
-        ),
-        builtin!(
-            "batch",
-            "v1",
-            "jobs",
-            batch::Job,
-            true,
-            &[],
-            ST,
-            &["status.successful"]
-        ),
-        builtin!(
-            "policy",
-            "v1",
-            "poddisruptionbudgets",
-            policy::PodDisruptionBudget,
-            true,
-            &["pdb"],
-            ST,
-            &[]
-        ),
-        builtin!(
-            "coordination.k8s.io",
-            "v1",
-            "leases",
-            coord::Lease,
-            true,
-            &[],
-            &[],
-            &[]
-        ),
-        builtin!(
-            "admissionregistration.k8s.io",
-            "v1",
-            "mutatingwebhookconfigurations",
-            admv1::MutatingWebhookConfiguration,
-            false,
-            &[],
-            &[],
-            &[]
-        ),
-        builtin!(
-            "admissionregistration.k8s.io",
-            "v1",
-            "validatingwebhookconfigurations",
-            admv1::ValidatingWebhookConfiguration,
-            false,
-            &[],
-            &[],
-            &[]
-        ),
-        builtin!(
-            "apiextensions.k8s.io",
-            "v1",
-            "customresourcedefinitions",
-            apiext::CustomResourceDefinition,
-            false,
-            &["crd", "crds"],
-            ST,
-            &[]
-        ),
+        builtin!("", "v1", "serviceaccounts", core::ServiceAccount, true, &["sa"], &[], &[]),
+        builtin!("", "v1", "endpoints", core::Endpoints, true, &["ep"], &[], &[]),
+        builtin!("events.k8s.io", "v1", "events", events::Event, true, &["ev"], &[], EVENTS_V1_FIELDS),
+        builtin!("discovery.k8s.io", "v1", "endpointslices", disc::EndpointSlice, true, &[], &[], &[]),
+        builtin!("apps", "v1", "replicasets", apps::ReplicaSet, true, &["rs"], SCALE, &[]),
+        builtin!("apps", "v1", "deployments", apps::Deployment, true, &["deploy"], SCALE, &[]),
+        builtin!("apps", "v1", "daemonsets", apps::DaemonSet, true, &["ds"], ST, &[]),
+        builtin!("apps", "v1", "statefulsets", apps::StatefulSet, true, &["sts"], SCALE, &[]),
+        builtin!("apps", "v1", "controllerrevisions", apps::ControllerRevision, true, &[], &[], &[]),
+        builtin!("batch", "v1", "jobs", batch::Job, true, &[], ST, &["status.successful"]),
+        builtin!("policy", "v1", "poddisruptionbudgets", policy::PodDisruptionBudget, true, &["pdb"], ST, &[]),
+        builtin!("coordination.k8s.io", "v1", "leases", coord::Lease, true, &[], &[], &[]),
+        builtin!(ADM, "v1", "mutatingwebhookconfigurations", admv1::MutatingWebhookConfiguration, false, &[], &[], &[]),
+        builtin!(ADM, "v1", "validatingwebhookconfigurations", admv1::ValidatingWebhookConfiguration, false, &[], &[], &[]),
+        builtin!("rbac.authorization.k8s.io", "v1", "roles", rbac::Role, true, &[], &[], &[]),
+        builtin!("rbac.authorization.k8s.io", "v1", "rolebindings", rbac::RoleBinding, true, &[], &[], &[]),
+        builtin!("rbac.authorization.k8s.io", "v1", "clusterroles", rbac::ClusterRole, false, &[], &[], &[]),
+        builtin!("rbac.authorization.k8s.io", "v1", "clusterrolebindings", rbac::ClusterRoleBinding, false, &[], &[], &[]),
+        builtin!("networking.k8s.io", "v1", "networkpolicies", net::NetworkPolicy, true, &["netpol"], &[], &[]),
+        builtin!("networking.k8s.io", "v1", "ingresses", net::Ingress, true, &["ing"], ST, &[]),
+        builtin!("apiextensions.k8s.io", "v1", "customresourcedefinitions", apiext::CustomResourceDefinition, false, &["crd", "crds"], ST, &[]),
     ]
 }
 
@@ -355,6 +204,12 @@ impl Default for Registry {
                     selectable_fields: b.fields.iter().map(|s| s.to_string()).collect(),
                     normalize: Some(b.normalize),
                     custom: false,
+                    view: if b.group == "events.k8s.io" {
+                        View::EventsV1
+                    } else {
+                        View::Native
+                    },
+                    printer_columns: Vec::new(),
                 })
             })
             .collect();
@@ -382,11 +237,6 @@ impl Registry {
         self.read()
             .into_iter()
             .find(|d| d.group == group && d.version == version && d.plural == plural)
-    }
-
-    /// Finds the resource stored in a table (first served version).
-    pub(crate) fn find_table(&self, table: &str) -> Option<Arc<ResourceDef>> {
-        self.read().into_iter().find(|d| d.table() == table)
     }
 
     /// Served group/versions, in registration order, without duplicates.
@@ -552,6 +402,7 @@ impl Registry {
                 "kind": d.kind,
                 "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
                 "shortNames": d.short_names,
+                "categories": categories(d),
             }));
             for sub in &d.subresources {
                 resources.push(subresource_entry(d, sub));
@@ -571,12 +422,30 @@ impl Registry {
     }
 }
 
+/// `kubectl get all` expands the `all` category.
+fn categories(d: &ResourceDef) -> Vec<&'static str> {
+    let all = matches!(
+        (d.group.as_str(), d.plural.as_str()),
+        ("", "pods" | "services")
+            | (
+                "apps",
+                "deployments" | "replicasets" | "daemonsets" | "statefulsets"
+            )
+            | ("batch", "jobs")
+    );
+    if all { vec!["all"] } else { Vec::new() }
+}
+
 fn subresource_entry(d: &ResourceDef, sub: &str) -> Value {
     let name = format!("{}/{sub}", d.plural);
     match sub {
         "eviction" => json!({
             "name": name, "singularName": "", "namespaced": d.namespaced,
             "group": "policy", "version": "v1", "kind": "Eviction", "verbs": ["create"],
+        }),
+        "scale" => json!({
+            "name": name, "singularName": "", "namespaced": d.namespaced,
+            "group": "autoscaling", "version": "v1", "kind": "Scale", "verbs": ["get", "patch", "update"],
         }),
         "binding" => json!({
             "name": name, "singularName": "", "namespaced": d.namespaced,
@@ -587,6 +456,41 @@ fn subresource_entry(d: &ResourceDef, sub: &str) -> Value {
             "kind": d.kind, "verbs": ["get", "patch", "update"],
         }),
     }
+}
+
+/// A CRD version's `selectableFields` as field-selector paths.
+fn selectable_fields(version: &Value) -> Vec<String> {
+    version
+        .get("selectableFields")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| f.get("jsonPath")?.as_str())
+                .map(|p| p.trim_start_matches('.').to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A CRD version's `additionalPrinterColumns` as (name, type, jsonPath).
+fn printer_columns(version: &Value) -> Vec<(String, String, String)> {
+    let columns = version
+        .get("additionalPrinterColumns")
+        .and_then(Value::as_array);
+    columns
+        .map(|cs| {
+            cs.iter()
+                .filter_map(|c| {
+                    let field = |k: &str| c.get(k).and_then(Value::as_str).map(String::from);
+                    Some((
+                        field("name")?,
+                        field("type").unwrap_or_default(),
+                        field("jsonPath")?,
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The resource definitions a CRD object describes (one per served version).
@@ -628,16 +532,7 @@ fn crd_defs(crd: &Value) -> Vec<ResourceDef> {
         .filter_map(|v| {
             let version = v.get("name")?.as_str()?.to_string();
             let status = v.pointer("/subresources/status").is_some();
-            let mut fields: Vec<String> = v
-                .get("selectableFields")
-                .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|f| f.get("jsonPath")?.as_str())
-                        .map(|p| p.trim_start_matches('.').to_string())
-                        .collect()
-                })
-                .unwrap_or_default();
+            let mut fields = selectable_fields(v);
             if group == "lifecycle.k8s.io" && plural == "lifecycleevents" {
                 fields.push("spec.bindingNode".into());
                 fields.push("spec.transitionName".into());
@@ -658,6 +553,8 @@ fn crd_defs(crd: &Value) -> Vec<ResourceDef> {
                 selectable_fields: fields,
                 normalize: None,
                 custom: true,
+                view: View::Native,
+                printer_columns: printer_columns(v),
             })
         })
         .collect()

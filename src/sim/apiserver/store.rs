@@ -323,27 +323,6 @@ impl Store {
         );
     }
 
-    /// Objects (table, key, object) with an ownerReference to `uid`.
-    pub(crate) fn owned_by(&self, uid: &str) -> Vec<(String, String, Value)> {
-        let state = self.lock();
-        let mut out = Vec::new();
-        for (table, t) in &state.tables {
-            for (key, obj) in &t.objects {
-                let owned = obj
-                    .pointer("/metadata/ownerReferences")
-                    .and_then(Value::as_array)
-                    .is_some_and(|refs| {
-                        refs.iter()
-                            .any(|r| r.get("uid").and_then(Value::as_str) == Some(uid))
-                    });
-                if owned {
-                    out.push((table.clone(), key.clone(), obj.clone()));
-                }
-            }
-        }
-        out
-    }
-
     /// Starts a watch of `table` after resourceVersion `since`: the recorded changes
     /// newer than it plus the live feed, or `None` when the history no longer reaches
     /// back that far (410 Gone).

@@ -160,7 +160,12 @@ fn random_suffix() -> String {
         .collect()
 }
 
-fn valid_name(name: &str) -> bool {
+/// Object name rules: RBAC objects only need a valid path segment (they carry names
+/// like `system:controller:x`); everything else here is a DNS subdomain.
+fn valid_name(def: &ResourceDef, name: &str) -> bool {
+    if def.group == "rbac.authorization.k8s.io" {
+        return !matches!(name, "" | "." | "..") && !name.contains(['/', '%']);
+    }
     !name.is_empty()
         && name.len() <= 253
         && name
@@ -168,6 +173,27 @@ fn valid_name(name: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
         && name.starts_with(|c: char| c.is_ascii_alphanumeric())
         && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+}
+
+/// The name of a new object: given, or generated from `generateName`.
+fn resolve_name(def: &ResourceDef, meta: &Map<String, Value>) -> ApiResult<String> {
+    let field = |k: &str| {
+        meta.get(k)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    let (name, generate) = (field("name"), field("generateName"));
+    match (name.is_empty(), generate.is_empty()) {
+        (false, _) => Ok(name),
+        (true, false) => Ok(format!("{generate}{}", random_suffix())),
+        (true, true) => Err(ApiError::invalid(
+            &def.group,
+            &def.kind,
+            "",
+            "metadata.name: Required value: name or generateName is required",
+        )),
+    }
 }
 
 /// Server-set metadata of a new object.
@@ -185,29 +211,8 @@ fn init_metadata(ctx: &Ctx, target: &Target, obj: &mut Value) -> ApiResult<()> {
     } else {
         meta.remove("namespace");
     }
-    let name = meta
-        .get("name")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
-    let generate = meta
-        .get("generateName")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
-    let name = match (name.is_empty(), generate.is_empty()) {
-        (false, _) => name,
-        (true, false) => format!("{generate}{}", random_suffix()),
-        (true, true) => {
-            return Err(ApiError::invalid(
-                &def.group,
-                &def.kind,
-                "",
-                "metadata.name: Required value: name or generateName is required",
-            ));
-        }
-    };
-    if !valid_name(&name) {
+    let name = resolve_name(def, meta)?;
+    if !valid_name(def, &name) {
         return Err(ApiError::invalid(
             &def.group,
             &def.kind,
@@ -373,7 +378,8 @@ pub(crate) async fn create(
     let key = def.key(&target.namespace, &name);
     let stored = ctx
         .store
-        .create(&def.table(), &key, obj)
+        .create(&def.table(), &key, def.view.to_storage(obj))
+        .map(|v| def.view.served(v))
         .map_err(|_| ApiError::already_exists(&def.group, &def.plural, &name))?;
     after_store(ctx, def, &stored);
     Ok((StatusCode::CREATED, stored))
@@ -420,7 +426,12 @@ fn without_meta_and_status(obj: &Value) -> Value {
 
 /// The object an update stores: status from the right place, immutable metadata kept,
 /// generation bumped when anything but metadata and status changed.
-fn merge_for_update(def: &ResourceDef, sub: Option<&str>, old: &Value, new: Value) -> Value {
+pub(crate) fn merge_for_update(
+    def: &ResourceDef,
+    sub: Option<&str>,
+    old: &Value,
+    new: Value,
+) -> Value {
     if sub == Some("status") {
         let mut out = old.clone();
         if let Some(map) = out.as_object_mut() {
@@ -468,8 +479,41 @@ fn ready_to_remove(obj: &Value) -> bool {
             .is_none_or(|g| g == 0)
 }
 
+/// Upstream refuses finalizers added to an object that is being deleted.
+fn check_new_finalizers(def: &ResourceDef, old: &Value, new: &Value) -> ApiResult<()> {
+    if old.pointer("/metadata/deletionTimestamp").is_none() {
+        return Ok(());
+    }
+    let list = |o: &Value| -> Vec<String> {
+        o.pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .map(|f| {
+                f.iter()
+                    .filter_map(|v| v.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let before = list(old);
+    let added: Vec<String> = list(new)
+        .into_iter()
+        .filter(|f| !before.contains(f))
+        .collect();
+    if added.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::invalid(
+        &def.group,
+        &def.kind,
+        meta_str(old, "name"),
+        format!(
+            "metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"
+        ),
+    ))
+}
+
 /// Admits and stores an updated object (compare-and-swap on the old resourceVersion).
-async fn commit_update(
+pub(crate) async fn commit_update(
     ctx: &Arc<Ctx>,
     target: &Target,
     req: &Req,
@@ -494,6 +538,7 @@ async fn commit_update(
         let mutated = prepare_body(def, mutated, Fields::Drop)?;
         new = merge_for_update(def, target.sub.as_deref(), old, mutated);
     }
+    check_new_finalizers(def, old, &new)?;
     if def.group.is_empty() && def.plural == "pods" && target.sub.is_none() {
         defaults::check_pod_update(old, &new)
             .map_err(|m| ApiError::invalid(&def.group, &def.kind, &name, m))?;
@@ -504,17 +549,20 @@ async fn commit_update(
     let key = def.key(&target.namespace, &name);
     let expected = rv_of(old);
     let result = if ready_to_remove(&new) {
-        ctx.store.remove(&def.table(), &key, expected, new)
+        ctx.store
+            .remove(&def.table(), &key, expected, def.view.to_storage(new))
     } else {
-        ctx.store.update(&def.table(), &key, expected, new)
-    };
+        ctx.store
+            .update(&def.table(), &key, expected, def.view.to_storage(new))
+    }
+    .map(|v| def.view.served(v));
     match result {
         Ok(stored) => {
             after_store(ctx, def, &stored);
             if stored.pointer("/metadata/deletionTimestamp").is_some()
                 && ctx.store.get(&def.table(), &key).is_none()
             {
-                after_remove(ctx, def, &stored, None);
+                after_remove(ctx, def, &stored);
             }
             Ok(stored)
         }
@@ -603,7 +651,6 @@ pub(crate) struct DeleteOpts {
     pub uid: Option<String>,
     pub resource_version: Option<String>,
     pub dry_run: bool,
-    pub orphan: bool,
     /// The options as admission webhooks see them.
     pub raw: Value,
 }
@@ -635,8 +682,6 @@ pub(crate) fn delete_options(body: Option<Value>, req: &Req) -> ApiResult<Delete
         dry_run: options
             .dry_run
             .is_some_and(|d| d.iter().any(|v| v == "All")),
-        orphan: options.propagation_policy.as_deref() == Some("Orphan")
-            || options.orphan_dependents == Some(true),
         raw,
     })
 }
@@ -744,6 +789,7 @@ pub(crate) fn delete_object(
         let old = ctx
             .store
             .get(&table, &key)
+            .map(|v| def.view.served(v))
             .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
         check_preconditions(def, &old, opts)?;
         match delete_step(ctx, def, &key, &old, opts) {
@@ -801,20 +847,23 @@ fn delete_step(
         }
         return ctx
             .store
-            .update(&table, key, rv_of(old), new)
+            .update(&table, key, rv_of(old), def.view.to_storage(new))
+            .map(|v| def.view.served(v))
             .map_err(map_err);
     }
     let removed = ctx
         .store
-        .remove(&table, key, rv_of(old), old.clone())
+        .remove(&table, key, rv_of(old), def.view.to_storage(old.clone()))
+        .map(|v| def.view.served(v))
         .map_err(map_err)?;
-    after_remove(ctx, def, &removed, Some(opts.orphan));
+    after_remove(ctx, def, &removed);
     Ok(removed)
 }
 
-/// Consequences of an object leaving storage: namespace contents go, CRDs stop being
-/// served, and dependents are garbage-collected (or orphaned) in the background.
-fn after_remove(ctx: &Arc<Ctx>, def: &ResourceDef, obj: &Value, orphan: Option<bool>) {
+/// Consequences of an object leaving storage: namespace contents go and CRDs stop being
+/// served. (Owner references are left to the simulated garbage collector controller,
+/// which deletes through the API like upstream's, so its deletions are admitted.)
+fn after_remove(ctx: &Arc<Ctx>, def: &ResourceDef, obj: &Value) {
     let name = meta_str(obj, "name").to_string();
     if def.group.is_empty() && def.plural == "namespaces" {
         ctx.store.remove_namespace(&name);
@@ -831,34 +880,6 @@ fn after_remove(ctx: &Arc<Ctx>, def: &ResourceDef, obj: &Value, orphan: Option<b
             .unwrap_or("");
         ctx.store.remove_table(&format!("{group}/{plural}"));
     }
-    let uid = meta_str(obj, "uid").to_string();
-    let orphan = orphan.unwrap_or(false);
-    collect_dependents(ctx, &uid, orphan);
-}
-
-/// Deletes (or orphans) the objects whose ownerReferences name `uid`.
-fn collect_dependents(ctx: &Arc<Ctx>, uid: &str, orphan: bool) {
-    for (table, key, obj) in ctx.store.owned_by(uid) {
-        let Some(def) = ctx.registry.find_table(&table) else {
-            continue;
-        };
-        let namespace = meta_str(&obj, "namespace").to_string();
-        let name = meta_str(&obj, "name").to_string();
-        if orphan {
-            let mut new = obj.clone();
-            if let Some(Value::Array(refs)) =
-                meta_mut(&mut new).and_then(|m| m.get_mut("ownerReferences"))
-            {
-                refs.retain(|r| r.get("uid").and_then(Value::as_str) != Some(uid));
-            }
-            let _ = ctx.store.update(&table, &key, rv_of(&obj), new);
-            continue;
-        }
-        let opts = DeleteOpts::default();
-        if let Err(error) = delete_object(ctx, &def, &namespace, &name, &opts) {
-            tracing::debug!(%error, object = %key, "garbage collection");
-        }
-    }
 }
 
 /// DELETE of a collection (with selectors).
@@ -872,7 +893,8 @@ pub(crate) async fn delete_collection(
     let def = &target.def;
     let (items, rv) = ctx.store.list(&def.table(), &prefix_of(target));
     let mut deleted = Vec::new();
-    for (_, obj) in items.into_iter().filter(|(_, o)| filter.matches(o)) {
+    let items = items.into_iter().map(|(_, o)| def.view.served(o));
+    for obj in items.filter(|o| filter.matches(o)) {
         let name = meta_str(&obj, "name").to_string();
         let namespace = meta_str(&obj, "namespace").to_string();
         let one = Target {
@@ -910,6 +932,30 @@ pub(crate) async fn delete_collection(
     ))
 }
 
+/// Admission of a Binding (CREATE pods/binding, kind v1 Binding).
+async fn admit_binding(
+    ctx: &Ctx,
+    target: &Target,
+    req: &Req,
+    name: &str,
+    body: &Value,
+) -> ApiResult<()> {
+    let options = json!({"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"});
+    let attrs = Attributes {
+        kind: Some((String::new(), "v1".into(), "Binding".into())),
+        ..admission_attrs(
+            target,
+            req,
+            Operation::Create,
+            name,
+            Some(body.clone()),
+            None,
+            options,
+        )
+    };
+    admission::admit(ctx, attrs).await.map(|_| ())
+}
+
 /// POST pods/{name}/binding: assigns the pod to a node once.
 pub(crate) async fn bind(
     ctx: &Arc<Ctx>,
@@ -927,6 +973,7 @@ pub(crate) async fn bind(
         .filter(|n| !n.is_empty())
         .ok_or_else(|| ApiError::invalid("", "Binding", &name, "target.name: Required value"))?
         .to_string();
+    admit_binding(ctx, target, req, &name, &body).await?;
     for _ in 0..MAX_RACE_RETRIES {
         let old = get(ctx, target)?;
         let current = old

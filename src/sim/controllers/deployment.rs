@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, ReplicaSetSpec};
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, ReplicaSet, ReplicaSetSpec};
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use kube::api::{Patch, PatchParams, PostParams};
@@ -107,6 +107,23 @@ pub fn rolling_targets(
 pub fn recreate_targets(replicas: i32, old: &[RsView]) -> (i32, Vec<i32>) {
     let old_gone = old.iter().all(|r| r.current == 0);
     (if old_gone { replicas } else { 0 }, vec![0; old.len()])
+}
+
+/// Target replica counts of the new and old ReplicaSets under the Deployment's strategy.
+fn targets(spec: &DeploymentSpec, new: &RsView, old: &[RsView]) -> Result<(i32, Vec<i32>)> {
+    let replicas = spec.replicas.unwrap_or(1);
+    if spec.strategy.as_ref().and_then(|s| s.type_.as_deref()) == Some("Recreate") {
+        return Ok(recreate_targets(replicas, old));
+    }
+    let rolling = spec.strategy.as_ref().and_then(|s| s.rolling_update.as_ref());
+    let surge = scaled(rolling.and_then(|r| r.max_surge.as_ref()), replicas, "25%", true)?;
+    let mut unavailable =
+        scaled(rolling.and_then(|r| r.max_unavailable.as_ref()), replicas, "25%", false)?;
+    if surge == 0 && unavailable == 0 {
+        // Upstream: both zero would never progress, so one pod may be unavailable.
+        unavailable = 1;
+    }
+    Ok(rolling_targets(replicas, surge, unavailable, new, old))
 }
 
 fn view(rs: &ReplicaSet) -> RsView {
@@ -216,40 +233,11 @@ impl Sync {
         }
         old.sort_by_key(|r| r.metadata.creation_timestamp.as_ref().map(|t| t.0));
         let old_views: Vec<RsView> = old.iter().map(|r| view(r)).collect();
-        let recreate = spec.strategy.as_ref().and_then(|s| s.type_.as_deref()) == Some("Recreate");
         let new_view = new.map_or(
-            RsView {
-                name: String::new(),
-                spec: 0,
-                current: 0,
-                available: 0,
-            },
+            RsView { name: String::new(), spec: 0, current: 0, available: 0 },
             |r| view(r),
         );
-        let (new_target, old_targets) = if recreate {
-            recreate_targets(replicas, &old_views)
-        } else {
-            let rolling = spec
-                .strategy
-                .as_ref()
-                .and_then(|s| s.rolling_update.as_ref());
-            let surge = scaled(
-                rolling.and_then(|r| r.max_surge.as_ref()),
-                replicas,
-                "25%",
-                true,
-            )?;
-            let mut unavailable = scaled(
-                rolling.and_then(|r| r.max_unavailable.as_ref()),
-                replicas,
-                "25%",
-                false,
-            )?;
-            if surge == 0 && unavailable == 0 {
-                unavailable = 1;
-            }
-            rolling_targets(replicas, surge, unavailable, &new_view, &old_views)
-        };
+        let (new_target, old_targets) = targets(&spec, &new_view, &old_views)?;
         match new {
             None => {
                 let rs = self.new_replicaset(&hash, new_target)?;

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetStatus};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec, PodDisruptionBudgetStatus};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::PostParams;
 use kube::runtime::reflector::Store;
@@ -80,21 +81,8 @@ pub fn compute_status(
         .map(|p| &**p)
         .filter(|p| selector_matches(&selector, &labels_of(*p)))
         .collect();
-    let old = pdb
-        .status
-        .as_ref()
-        .and_then(|s| s.disrupted_pods.clone())
-        .unwrap_or_default();
-    let mut disrupted = BTreeMap::new();
-    for (name, at) in old {
-        let Some(pod) = matching.iter().find(|p| p.name_any() == name) else {
-            continue;
-        };
-        let expired = at.0.as_second() + DELETION_TIMEOUT.as_secs() as i64 <= now.as_second();
-        if pod.metadata.deletion_timestamp.is_none() && !expired {
-            disrupted.insert(name, at);
-        }
-    }
+    let old = pdb.status.as_ref().and_then(|s| s.disrupted_pods.clone());
+    let disrupted = still_disrupted(old.unwrap_or_default(), &matching, now);
     let healthy = matching
         .iter()
         .filter(|p| {
@@ -104,64 +92,79 @@ pub fn compute_status(
         })
         .count();
     let current_healthy = i32::try_from(healthy).unwrap_or(i32::MAX);
-    let controller_scale = || {
-        let mut seen = HashSet::new();
-        matching
-            .iter()
-            .filter_map(|p| scales.of(p))
-            .filter(|(uid, _)| seen.insert(uid.clone()))
-            .map(|(_, n)| n)
-            .sum::<i32>()
-    };
-    let pod_count = i32::try_from(matching.len()).unwrap_or(i32::MAX);
-    let (expected, desired) = if let Some(max_unavailable) = spec.max_unavailable.as_ref() {
-        let expected = controller_scale().max(pod_count);
-        (
-            expected,
-            expected - scaled(Some(max_unavailable), expected, "0", true)?,
-        )
-    } else {
-        match spec.min_available.as_ref() {
-            Some(v @ k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(_)) => {
-                let expected = controller_scale().max(pod_count);
-                (expected, scaled(Some(v), expected, "0", true)?)
-            }
-            Some(v) => (pod_count, scaled(Some(v), pod_count, "0", true)?),
-            None => (pod_count, pod_count),
-        }
-    };
-    let allowed = (current_healthy - desired.max(0)).max(0);
-    let status = if allowed > 0 { "True" } else { "False" };
-    let reason = if allowed > 0 {
-        "SufficientPods"
-    } else {
-        "InsufficientPods"
-    };
-    let keep_time = pdb
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| {
-            c.iter()
-                .find(|c| c.type_ == "DisruptionAllowed" && c.status == status)
-        })
-        .map(|c| c.last_transition_time.clone());
+    let (expected, desired) = expected_and_desired(&spec, &matching, scales)?;
+    let allowed = (current_healthy - desired).max(0);
     Ok(PodDisruptionBudgetStatus {
         current_healthy,
-        desired_healthy: desired.max(0),
+        desired_healthy: desired,
         expected_pods: expected,
         disruptions_allowed: allowed,
         disrupted_pods: (!disrupted.is_empty()).then_some(disrupted),
         observed_generation: pdb.metadata.generation,
-        conditions: Some(vec![Condition {
-            type_: "DisruptionAllowed".into(),
-            status: status.into(),
-            reason: reason.into(),
-            message: String::new(),
-            observed_generation: pdb.metadata.generation,
-            last_transition_time: keep_time.unwrap_or(Time(now)),
-        }]),
+        conditions: Some(vec![condition(pdb, allowed > 0, now)]),
     })
+}
+
+/// The `disruptedPods` entries still in force: the pod exists, is not being deleted,
+/// and was disrupted less than [`DELETION_TIMEOUT`] ago.
+fn still_disrupted(old: BTreeMap<String, Time>, matching: &[&Pod], now: jiff::Timestamp) -> BTreeMap<String, Time> {
+    let timeout = i64::try_from(DELETION_TIMEOUT.as_secs()).unwrap_or(i64::MAX);
+    old.into_iter()
+        .filter(|(name, at)| {
+            let live = matching
+                .iter()
+                .any(|p| &p.name_any() == name && p.metadata.deletion_timestamp.is_none());
+            live && at.0.as_second().saturating_add(timeout) > now.as_second()
+        })
+        .collect()
+}
+
+/// `(expectedPods, desiredHealthy)`: an integer minAvailable counts the pods; a
+/// percentage or maxUnavailable counts the replicas their controllers ask for.
+fn expected_and_desired(spec: &PodDisruptionBudgetSpec, matching: &[&Pod], scales: &Scales<'_>) -> Result<(i32, i32)> {
+    let pod_count = i32::try_from(matching.len()).unwrap_or(i32::MAX);
+    let controller_scale = || {
+        let mut seen = HashSet::new();
+        let sum: i32 = matching
+            .iter()
+            .filter_map(|p| scales.of(p))
+            .filter(|(uid, _)| seen.insert(uid.clone()))
+            .map(|(_, n)| n)
+            .sum();
+        sum.max(pod_count)
+    };
+    let (expected, desired) = match (spec.max_unavailable.as_ref(), spec.min_available.as_ref()) {
+        (Some(max_unavailable), _) => {
+            let expected = controller_scale();
+            (expected, expected - scaled(Some(max_unavailable), expected, "0", true)?)
+        }
+        (None, Some(v @ IntOrString::String(_))) => {
+            let expected = controller_scale();
+            (expected, scaled(Some(v), expected, "0", true)?)
+        }
+        (None, Some(v)) => (pod_count, scaled(Some(v), pod_count, "0", true)?),
+        (None, None) => (pod_count, pod_count),
+    };
+    Ok((expected, desired.max(0)))
+}
+
+/// The DisruptionAllowed condition, keeping its transition time while unchanged.
+fn condition(pdb: &PodDisruptionBudget, allowed: bool, now: jiff::Timestamp) -> Condition {
+    let status = if allowed { "True" } else { "False" };
+    let since = pdb
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "DisruptionAllowed" && c.status == status))
+        .map(|c| c.last_transition_time.clone());
+    Condition {
+        type_: "DisruptionAllowed".into(),
+        status: status.into(),
+        reason: if allowed { "SufficientPods" } else { "InsufficientPods" }.into(),
+        message: String::new(),
+        observed_generation: pdb.metadata.generation,
+        last_transition_time: since.unwrap_or(Time(now)),
+    }
 }
 
 /// When the earliest `disruptedPods` entry of `status` expires.

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{Pod, Service, ServiceSpec};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -69,6 +69,45 @@ fn port_for(target: Option<&IntOrString>, port: i32, pods: &[&Pod]) -> Option<i3
     }
 }
 
+/// The endpoint of one pod: ready = Ready and not terminating; serving = Ready.
+fn endpoint(pod: &Pod, ns: &str) -> Endpoint {
+    let serving = pod_ready(pod);
+    let terminating = pod.metadata.deletion_timestamp.is_some();
+    Endpoint {
+        addresses: pod_ip(pod).into_iter().collect(),
+        conditions: Some(EndpointConditions {
+            ready: Some(serving && !terminating),
+            serving: Some(serving),
+            terminating: Some(terminating),
+        }),
+        node_name: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+        target_ref: Some(ObjectReference {
+            kind: Some("Pod".into()),
+            name: Some(pod.name_any()),
+            namespace: Some(ns.to_string()),
+            uid: pod.uid(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The slice's ports: each Service port with its targetPort resolved on the pods.
+fn ports(spec: &ServiceSpec, members: &[&Pod]) -> Vec<EndpointPort> {
+    spec.ports
+        .iter()
+        .flatten()
+        .filter_map(|sp| {
+            Some(EndpointPort {
+                name: Some(sp.name.clone().unwrap_or_default()),
+                port: Some(port_for(sp.target_port.as_ref(), sp.port, members)?),
+                protocol: Some(sp.protocol.clone().unwrap_or_else(|| "TCP".into())),
+                app_protocol: sp.app_protocol.clone(),
+            })
+        })
+        .collect()
+}
+
 /// The slice `svc` should have, given the pods of its namespace (`None` without selector).
 pub fn desired_slice(svc: &Service, pods: &[Arc<Pod>]) -> Option<EndpointSlice> {
     let spec = svc.spec.as_ref()?;
@@ -84,43 +123,6 @@ pub fn desired_slice(svc: &Service, pods: &[Arc<Pod>]) -> Option<EndpointSlice> 
         })
         .collect();
     members.sort_by_key(|p| p.name_any());
-    let endpoints = members
-        .iter()
-        .map(|p| {
-            let serving = pod_ready(p);
-            let terminating = p.metadata.deletion_timestamp.is_some();
-            Endpoint {
-                addresses: pod_ip(p).into_iter().collect(),
-                conditions: Some(EndpointConditions {
-                    ready: Some(serving && !terminating),
-                    serving: Some(serving),
-                    terminating: Some(terminating),
-                }),
-                node_name: p.spec.as_ref().and_then(|s| s.node_name.clone()),
-                target_ref: Some(ObjectReference {
-                    kind: Some("Pod".into()),
-                    name: Some(p.name_any()),
-                    namespace: Some(ns.clone()),
-                    uid: p.uid(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }
-        })
-        .collect();
-    let ports = spec
-        .ports
-        .iter()
-        .flatten()
-        .filter_map(|sp| {
-            Some(EndpointPort {
-                name: Some(sp.name.clone().unwrap_or_default()),
-                port: Some(port_for(sp.target_port.as_ref(), sp.port, &members)?),
-                protocol: Some(sp.protocol.clone().unwrap_or_else(|| "TCP".into())),
-                app_protocol: sp.app_protocol.clone(),
-            })
-        })
-        .collect();
     let labels: BTreeMap<String, String> = [
         (SERVICE_NAME_LABEL.to_string(), name.clone()),
         (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
@@ -128,8 +130,8 @@ pub fn desired_slice(svc: &Service, pods: &[Arc<Pod>]) -> Option<EndpointSlice> 
     .into();
     Some(EndpointSlice {
         address_type: "IPv4".into(),
-        endpoints,
-        ports: Some(ports),
+        endpoints: members.iter().map(|p| endpoint(p, &ns)).collect(),
+        ports: Some(ports(spec, &members)),
         metadata: ObjectMeta {
             name: Some(slice_name(svc)),
             namespace: Some(ns),

@@ -57,6 +57,77 @@ struct Local {
     deleted: bool,
 }
 
+/// What a pod's step may touch besides its own state.
+struct Env<'a> {
+    cfg: KubeletConfig,
+    apps: &'a Apps,
+    timeline: &'a Timeline,
+}
+
+impl Local {
+    fn new(pod: String, ip: String, now: Instant) -> Local {
+        Local {
+            pod,
+            ip,
+            seen: now,
+            ready_reported: false,
+            isolated: false,
+            sigterm: None,
+            not_ready_reported: false,
+            stopped_accepting: false,
+            exited: false,
+            deleted: false,
+        }
+    }
+
+    /// A pod not being deleted: start serving after the start delay, report Ready.
+    fn running(&mut self, env: &Env<'_>, uid: &str, pod: &Pod, now: Instant) -> (Option<Call>, Option<Instant>) {
+        let serve_at = self.seen + env.cfg.start_delay;
+        if now < serve_at {
+            return (None, Some(serve_at));
+        }
+        env.apps.serve(uid);
+        if self.ready_reported {
+            return (None, None);
+        }
+        let (ns, name) = ns_name(pod);
+        let call = Call::Ready { ns, name, ip: self.ip.clone(), containers: container_names(pod) };
+        (Some(call), None)
+    }
+
+    /// A pod being deleted: SIGTERM, Ready=False, stop accepting, exit, delete.
+    fn terminating(&mut self, env: &Env<'_>, uid: &str, pod: &Pod, now: Instant) -> (Option<Call>, Option<Instant>) {
+        let sigterm = *self.sigterm.get_or_insert_with(|| {
+            env.apps.sigterm(uid);
+            env.timeline.record(EventKind::Terminating, &self.pod);
+            now
+        });
+        let stop_at = sigterm + env.cfg.accept_after_sigterm;
+        let exit_at = sigterm + env.cfg.exit_after_sigterm.min(grace_of(pod));
+        // A pod that never served has nothing to drain.
+        let never_served = !self.ready_reported;
+        if !self.stopped_accepting && (now >= stop_at.min(exit_at) || never_served) {
+            self.stopped_accepting = true;
+            env.apps.stop_accepting(uid);
+            env.timeline.record(EventKind::StoppedAccepting, &self.pod);
+        }
+        if !self.exited && (now >= exit_at || never_served) {
+            self.exited = true;
+            env.apps.exit(uid);
+        }
+        let (ns, name) = ns_name(pod);
+        if self.exited && !self.deleted {
+            return (Some(Call::Delete { ns, name, uid: uid.to_string() }), None);
+        }
+        let next = if self.stopped_accepting { exit_at } else { stop_at.min(exit_at) };
+        let next = (!self.exited).then_some(next);
+        if !self.not_ready_reported {
+            return (Some(Call::NotReady { ns, name }), next);
+        }
+        (None, next)
+    }
+}
+
 /// An API call the kubelet decided on.
 #[derive(Debug)]
 enum Call {
@@ -105,93 +176,22 @@ impl Kubelet {
     fn step(&mut self, pod: &Pod, now: Instant) -> (Option<Call>, Option<Instant>) {
         let uid = pod.uid().unwrap_or_default();
         if !self.local.contains_key(&uid) {
-            let ip = self.new_ip();
-            let pod_key = key(pod);
-            self.apps.start(&uid, &pod_key);
-            self.local.insert(
-                uid.clone(),
-                Local {
-                    pod: pod_key,
-                    ip,
-                    seen: now,
-                    ready_reported: false,
-                    isolated: false,
-                    sigterm: None,
-                    not_ready_reported: false,
-                    stopped_accepting: false,
-                    exited: false,
-                    deleted: false,
-                },
-            );
+            let local = Local::new(key(pod), self.new_ip(), now);
+            self.apps.start(&uid, &local.pod);
+            self.local.insert(uid.clone(), local);
         }
-        let cfg = self.cfg;
-        let (apps, timeline) = (&self.apps, &self.timeline);
+        let env = Env { cfg: self.cfg, apps: &self.apps, timeline: &self.timeline };
         let Some(st) = self.local.get_mut(&uid) else {
             return (None, None);
         };
-        let (ns, name) = ns_name(pod);
         if !st.isolated && pod.labels().contains_key(DRAINING_LABEL) {
             st.isolated = true;
-            timeline.record(EventKind::Isolated, &st.pod);
+            env.timeline.record(EventKind::Isolated, &st.pod);
         }
-        let Some(grace) = pod
-            .metadata
-            .deletion_timestamp
-            .as_ref()
-            .map(|_| grace_of(pod))
-        else {
-            let serve_at = st.seen + cfg.start_delay;
-            if now < serve_at {
-                return (None, Some(serve_at));
-            }
-            apps.serve(&uid);
-            if st.ready_reported {
-                return (None, None);
-            }
-            let containers = container_names(pod);
-            return (
-                Some(Call::Ready {
-                    ns,
-                    name,
-                    ip: st.ip.clone(),
-                    containers,
-                }),
-                None,
-            );
-        };
-        let sigterm = *st.sigterm.get_or_insert_with(|| {
-            apps.sigterm(&uid);
-            timeline.record(EventKind::Terminating, &st.pod);
-            now
-        });
-        let stop_at = sigterm + cfg.accept_after_sigterm;
-        let exit_at = sigterm + cfg.exit_after_sigterm.min(grace);
-        let never_served = !st.ready_reported;
-        if !st.stopped_accepting && (now >= stop_at || now >= exit_at || never_served) {
-            st.stopped_accepting = true;
-            apps.stop_accepting(&uid);
-            timeline.record(EventKind::StoppedAccepting, &st.pod);
+        match pod.metadata.deletion_timestamp {
+            None => st.running(&env, &uid, pod, now),
+            Some(_) => st.terminating(&env, &uid, pod, now),
         }
-        if !st.exited && (now >= exit_at || never_served) {
-            st.exited = true;
-            apps.exit(&uid);
-        }
-        if st.exited && !st.deleted {
-            let uid = uid.clone();
-            return (Some(Call::Delete { ns, name, uid }), None);
-        }
-        if !st.not_ready_reported {
-            return (
-                Some(Call::NotReady { ns, name }),
-                Some(stop_at.min(exit_at)),
-            );
-        }
-        let next = if st.stopped_accepting {
-            exit_at
-        } else {
-            stop_at.min(exit_at)
-        };
-        (None, (!st.exited).then_some(next))
     }
 
     async fn pass(&mut self) -> Option<Instant> {

@@ -103,6 +103,11 @@ pub(crate) fn status_code(error: &kube::Error) -> Option<u16> {
 /// missed wake-up, short enough to heal a simulated run within its few seconds.
 pub const RESYNC: Duration = Duration::from_secs(2);
 
+/// How long a woken controller waits for more events before its pass: bursts (a
+/// ReplicaSet creating 500 pods) then cost one pass instead of hundreds, while 20 ms
+/// stays far below every simulated lag.
+pub const BATCH: Duration = Duration::from_millis(20);
+
 /// Starts a reflector on `api` in an owned task: returns its store; every watch event
 /// wakes `wake`. Watch errors are retried with kube-runtime's default backoff.
 pub fn reflect<K>(
@@ -141,7 +146,11 @@ pub async fn next_pass(wake: &Notify, shutdown: &Shutdown, next: Option<Instant>
     let deadline = next.map_or(resync, |n| n.min(resync));
     tokio::select! {
         _ = shutdown.cancelled() => false,
-        _ = wake.notified() => true,
+        _ = wake.notified() => {
+            // Let the rest of a burst of events arrive, so one pass handles them all.
+            tokio::time::sleep(BATCH).await;
+            true
+        }
         _ = tokio::time::sleep_until(deadline.into()) => true,
     }
 }

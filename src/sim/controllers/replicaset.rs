@@ -178,20 +178,34 @@ struct Expectation {
     until: Instant,
 }
 
-fn satisfied(exp: &Expectation, pods: &[Arc<Pod>], now: Instant) -> bool {
-    if now >= exp.until {
-        return true;
+/// What the cache shows, indexed for expectation checks.
+#[derive(Default)]
+struct Seen {
+    /// `ns/name` of every pod.
+    names: HashSet<String>,
+    /// UIDs of pods not being deleted.
+    live: HashSet<String>,
+}
+
+impl Seen {
+    fn new(pods: &[Arc<Pod>]) -> Seen {
+        let mut seen = Seen::default();
+        for pod in pods {
+            seen.names.insert(key(&**pod));
+            if pod.metadata.deletion_timestamp.is_none()
+                && let Some(uid) = pod.uid()
+            {
+                seen.live.insert(uid);
+            }
+        }
+        seen
     }
-    let created_seen = exp
-        .created
-        .iter()
-        .all(|name| pods.iter().any(|p| &p.name_any() == name));
-    let deleted_seen = exp.deleted.iter().all(|uid| {
-        pods.iter()
-            .find(|p| p.uid().as_deref() == Some(uid.as_str()))
-            .is_none_or(|p| p.metadata.deletion_timestamp.is_some())
-    });
-    created_seen && deleted_seen
+}
+
+fn satisfied(exp: &Expectation, seen: &Seen, now: Instant) -> bool {
+    now >= exp.until
+        || (exp.created.iter().all(|name| seen.names.contains(name))
+            && exp.deleted.iter().all(|uid| !seen.live.contains(uid)))
 }
 
 type Expectations = Arc<Mutex<HashMap<String, Expectation>>>;
@@ -208,7 +222,9 @@ impl Controller {
     async fn pass(&mut self) -> Option<Instant> {
         let now = Instant::now();
         let mut by_ns: BTreeMap<String, Vec<Arc<Pod>>> = BTreeMap::new();
-        for pod in self.pods.state() {
+        let all = self.pods.state();
+        let seen = Seen::new(&all);
+        for pod in all {
             by_ns
                 .entry(pod.namespace().unwrap_or_default())
                 .or_default()
@@ -227,7 +243,7 @@ impl Controller {
             {
                 let mut exps = self.expectations.lock().unwrap_or_else(|e| e.into_inner());
                 if let Some(exp) = exps.get(&uid) {
-                    if !satisfied(exp, &pods, now) {
+                    if !satisfied(exp, &seen, now) {
                         next = Some(next.map_or(exp.until, |n| n.min(exp.until)));
                         continue;
                     }
@@ -379,7 +395,7 @@ impl Sync {
             let (api, pod, rs) = (api.clone(), pod.clone(), rs.clone());
             async move {
                 match api.create(&PostParams::default(), &pod).await {
-                    Ok(created) => Some(created.name_any()),
+                    Ok(created) => Some(key(&created)),
                     Err(error) => {
                         tracing::info!(replicaset = %rs, %error, "create pod failed");
                         None

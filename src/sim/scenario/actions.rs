@@ -62,12 +62,11 @@ pub async fn pods_on(client: &kube::Client, node: &str) -> Result<Vec<Pod>, Erro
         .collect())
 }
 
-/// Evicts one pod, retrying 429 until `deadline`; then waits until it is gone.
-async fn evict_and_wait(client: &kube::Client, pod: &Pod, deadline: Instant) -> Result<(), Error> {
+/// Evicts one pod (UID precondition), retrying 429 until `deadline`.
+async fn evict(client: &kube::Client, pod: &Pod, deadline: Instant) -> Result<(), Error> {
     let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
     let uid = pod.uid().unwrap_or_default();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let object = format!("pod {ns}/{name}");
     let body = serde_json::json!({
         "apiVersion": "policy/v1",
         "kind": "Eviction",
@@ -84,22 +83,35 @@ async fn evict_and_wait(client: &kube::Client, pod: &Pod, deadline: Instant) -> 
             )
             .await
         {
-            Ok(_) => break,
+            Ok(_) => return Ok(()),
+            // Gone, or replaced by a same-name pod: nothing of ours left to evict.
             Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => return Ok(()),
             Err(kube::Error::Api(s)) if s.code == 429 && Instant::now() < deadline => {
-                tokio::time::sleep(EVICTION_RETRY).await
+                tracing::debug!(pod = %format!("{ns}/{name}"), reason = %s.message, "eviction refused; retrying");
+                tokio::time::sleep(EVICTION_RETRY).await;
             }
-            Err(e) => return Err(api("evict", object)(e)),
+            Err(e) => return Err(api("evict", format!("pod {ns}/{name}"))(e)),
         }
     }
-    let what = format!("{object} to go");
+}
+
+/// Waits until none of `uids` is on `node` any more (one list per poll, however many
+/// pods are waited for).
+async fn wait_gone(
+    client: &kube::Client,
+    node: &str,
+    uids: BTreeSet<String>,
+    deadline: Instant,
+) -> Result<(), Error> {
+    let what = format!("evicted pods to leave node {node}");
     wait_for(
         &what,
         deadline.saturating_duration_since(Instant::now()),
         || async {
-            match pods.get_opt(&name).await {
-                Ok(Some(p)) => p.uid().as_deref() != Some(uid.as_str()),
-                Ok(None) => true,
+            match pods_on(client, node).await {
+                Ok(pods) => pods
+                    .iter()
+                    .all(|p| p.uid().is_none_or(|u| !uids.contains(&u))),
                 Err(_) => false,
             }
         },
@@ -118,9 +130,15 @@ pub async fn plain_drain(
     let deadline = Instant::now() + timeout;
     cordon(client, node, true).await?;
     let pods = pods_on(client, node).await?;
-    let results =
-        futures::future::join_all(pods.iter().map(|p| evict_and_wait(client, p, deadline))).await;
-    results.into_iter().collect()
+    let results = futures::future::join_all(pods.iter().map(|p| evict(client, p, deadline))).await;
+    results.into_iter().collect::<Result<(), Error>>()?;
+    wait_gone(
+        client,
+        node,
+        pods.iter().filter_map(|p| p.uid()).collect(),
+        deadline,
+    )
+    .await
 }
 
 /// Drains `node` through a LifecycleEvent of the drain transition and waits until the

@@ -8,7 +8,6 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use base64::Engine;
 use clap::Parser;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
@@ -62,7 +61,9 @@ pub struct TempDir(PathBuf);
 impl TempDir {
     /// Creates a fresh folder.
     pub fn new(prefix: &str) -> std::io::Result<TempDir> {
-        let path = std::env::temp_dir().join(format!("{prefix}-{}", uuid::Uuid::new_v4().simple()));
+        // Short: unix socket paths inside it must stay under 108 bytes.
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let path = std::env::temp_dir().join(format!("{prefix}-{}", &id[..12]));
         std::fs::create_dir_all(&path)?;
         Ok(TempDir(path))
     }
@@ -83,6 +84,8 @@ impl Drop for TempDir {
 pub struct Components {
     tasks: Vec<(String, JoinHandle<anyhow::Result<()>>)>,
     stop: Shutdown,
+    /// Stops the webhook alone (a child of `stop`).
+    webhook_stop: Shutdown,
     _dir: TempDir,
 }
 
@@ -126,8 +129,7 @@ async fn ready_http(addr: SocketAddr) -> bool {
 impl Components {
     /// Starts the webhook and one node agent per node against `cluster`.
     pub async fn start(cluster: &Cluster, cfg: &ComponentsConfig) -> Result<Components, Error> {
-        let dir = TempDir::new("graceful-drain-sim")
-            .map_err(|e| component_err("temp dir")(e.to_string()))?;
+        let dir = TempDir::new("gd-sim").map_err(|e| component_err("temp dir")(e.to_string()))?;
         let ns = Namespace {
             metadata: kube::api::ObjectMeta {
                 name: Some(NAMESPACE.into()),
@@ -148,14 +150,31 @@ impl Components {
                 })?;
             }
         }
+        let stop = cluster.shutdown().child_token();
         let mut this = Components {
             tasks: Vec::new(),
-            stop: cluster.shutdown().child_token(),
+            webhook_stop: stop.child_token(),
+            stop,
             _dir: dir,
         };
         this.start_webhook(cluster, cfg).await?;
         this.start_agents(cluster).await?;
         Ok(this)
+    }
+
+    /// Stops the webhook and waits until it has exited (an outage: the API server's
+    /// calls then fail and failurePolicy decides). Returns the webhook's outcome.
+    pub async fn stop_webhook(&mut self) -> Result<(), Error> {
+        self.webhook_stop.cancel();
+        let Some(index) = self.tasks.iter().position(|(name, _)| name == "webhook") else {
+            return Ok(());
+        };
+        let (name, task) = self.tasks.remove(index);
+        match task.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(component_err(&name)(format!("{e:#}"))),
+            Err(e) => Err(component_err(&name)(format!("panicked: {e}"))),
+        }
     }
 
     fn dir(&self) -> &Path {
@@ -247,6 +266,8 @@ impl Components {
             NAMESPACE,
             "--identity",
             "sim-webhook-0",
+            "--own-user",
+            WEBHOOK_USER,
             "--kubeconfig",
             &kubeconfig.display().to_string(),
         ]
@@ -259,7 +280,7 @@ impl Components {
                 e.to_string().lines().next().unwrap_or_default()
             ))
         })?;
-        let stop = self.stop.clone();
+        let stop = self.webhook_stop.clone();
         self.spawn("webhook".into(), crate::webhook::run(cli.args, stop));
         self.await_ready("webhook", || ready_http(admin)).await?;
         create_configurations(cluster, listen, &bundle.ca_cert, cfg.timeout_seconds).await
@@ -273,7 +294,7 @@ impl Components {
             .map_err(|e| component_err("node-agent")(e.to_string()))?;
         for node in cluster.nodes() {
             let base = self.dir().join(node);
-            let (plugins, registry) = (base.join("plugins"), base.join("plugins_registry"));
+            let (plugins, registry) = (base.join("plugins"), base.join("registry"));
             for dir in [&plugins, &registry] {
                 std::fs::create_dir_all(dir)
                     .map_err(|e| component_err("node-agent")(e.to_string()))?;
@@ -322,48 +343,26 @@ impl Components {
     }
 }
 
-fn rule(operation: &str, resource: &str) -> serde_json::Value {
-    serde_json::json!({"operations": [operation], "apiGroups": [""], "apiVersions": ["v1"], "resources": [resource], "scope": "Namespaced"})
-}
-
 /// Creates the two webhook configurations (url clientConfig, caBundle, failurePolicy
-/// Ignore, timeoutSeconds) pointing at the in-process webhook on `addr`.
+/// Ignore, timeoutSeconds) pointing at the in-process webhook on `addr`, built by the
+/// webhook module exactly as the chart renders them.
 pub async fn create_configurations(
     cluster: &Cluster,
     addr: SocketAddr,
     ca_pem: &str,
     timeout_seconds: u32,
 ) -> Result<(), Error> {
-    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
-    let hook = |name: &str, path: &str, rule: serde_json::Value| {
-        serde_json::json!({
-            "name": name,
-            "clientConfig": {"url": format!("https://127.0.0.1:{}{path}", addr.port()), "caBundle": ca},
-            "rules": [rule],
-            "failurePolicy": "Ignore",
-            "sideEffects": "NoneOnDryRun",
-            "admissionReviewVersions": ["v1"],
-            "timeoutSeconds": timeout_seconds,
-        })
+    let spec = crate::webhook::ConfigurationsSpec {
+        target: crate::webhook::Target::Url(format!("https://127.0.0.1:{}", addr.port())),
+        ca_bundle: Some(ca_pem.to_string()),
+        timeout_seconds: i32::try_from(timeout_seconds).unwrap_or(10),
+        failure_policy: "Ignore".into(),
+        ..crate::webhook::ConfigurationsSpec::default()
     };
-    let mutating = serde_json::json!({
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": "graceful-drain"},
-        "webhooks": [hook("eviction.graceful-drain.io", "/mutate/eviction", rule("CREATE", "pods/eviction"))],
-    });
-    let validating = serde_json::json!({
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": "graceful-drain"},
-        "webhooks": [hook("delete.graceful-drain.io", "/validate/delete", rule("DELETE", "pods"))],
-    });
-    let invalid = |e: serde_json::Error| component_err("webhook configuration")(e.to_string());
-    let mutating: MutatingWebhookConfiguration =
-        serde_json::from_value(mutating).map_err(invalid)?;
-    let validating: ValidatingWebhookConfiguration =
-        serde_json::from_value(validating).map_err(invalid)?;
+    let (mutating, validating) = crate::webhook::webhook_configurations(&spec);
     let pp = PostParams::default();
     let err = |what: &str| {
-        let object = format!("{what} graceful-drain");
+        let object = format!("{what} {}", spec.name);
         move |source| Error::Api {
             action: "create",
             object,

@@ -159,29 +159,25 @@ pub async fn run_protection(
         protection,
         result: result.map_err(|e| e.to_string()),
     };
+    let failed = |reason: String| -> Vec<Row> {
+        ["drain", "rollout"]
+            .into_iter()
+            .map(|scenario| Row { scenario, protection, result: Err(reason.clone()) })
+            .collect()
+    };
     let cluster = match Cluster::start(cfg.cluster.clone(), shutdown.clone()).await {
         Ok(c) => c,
-        Err(e) => return vec![row("drain", Err(e.into()))],
+        Err(e) => return failed(e.to_string()),
     };
     let mut components = None;
     if protection == Protection::GracefulDrain {
         match Components::start(&cluster, &cfg.components).await {
             Ok(c) => components = Some(c),
-            Err(e) => {
-                let reason = e.to_string();
-                return ["drain", "rollout"]
-                    .into_iter()
-                    .map(|s| Row {
-                        scenario: s,
-                        protection,
-                        result: Err(reason.clone()),
-                    })
-                    .collect();
-            }
+            Err(e) => return failed(e.to_string()),
         }
     }
     if let Err(e) = cluster.deploy_web(&cfg.web, cfg.phase_timeout).await {
-        return vec![row("drain", Err(e.into()))];
+        return failed(e.to_string());
     }
     let client = cluster.client();
     let drain = async {
@@ -195,18 +191,20 @@ pub async fn run_protection(
         }
     };
     let mut rows = vec![row("drain", measure(&cluster, cfg, drain).await)];
-    if let Some(c) = components.as_mut()
-        && let Err(e) = c.check().await
-    {
-        rows[0].result = Err(e.to_string());
-    }
     let rollout = async {
         cluster.wait_web_ready(&cfg.web, cfg.phase_timeout).await?;
         cluster.step("rollout restart");
         actions::rollout(&client, &cfg.web, cfg.phase_timeout).await
     };
     rows.push(row("rollout", measure(&cluster, cfg, rollout).await));
-    drop(components);
+    // A component that died during the run makes its figures meaningless.
+    if let Some(c) = components.as_mut()
+        && let Err(e) = c.check().await
+    {
+        for r in &mut rows {
+            r.result = Err(e.to_string());
+        }
+    }
     rows
 }
 

@@ -197,15 +197,14 @@ impl Traffic {
 /// Sends one request; returns the ticket of an accepted one.
 fn send(target: &Target, shared: &Shared, now: Instant) -> Option<(Ticket, String)> {
     shared.requests.fetch_add(1, Ordering::Relaxed);
-    let Some(uid) = target.lbs.route(&target.service, now) else {
+    let Some((uid, pod)) = target.lbs.route(&target.service, now) else {
         shared.fail(now, Failure::NoTarget, None);
         return None;
     };
-    let pod = target.apps.pod(&uid);
     match target.apps.begin(&uid) {
-        Ok(ticket) => Some((ticket, pod.unwrap_or(uid))),
+        Ok(ticket) => Some((ticket, pod)),
         Err(Refusal::Gone | Refusal::NotStarted | Refusal::NotAccepting) => {
-            shared.fail(now, Failure::Refused, pod.or(Some(uid)));
+            shared.fail(now, Failure::Refused, Some(pod));
             None
         }
     }
