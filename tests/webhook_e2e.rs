@@ -308,3 +308,36 @@ async fn delete_is_held_within_the_webhook_timeout_then_allowed() {
     // The replacement was started while the isolated pod was held.
     cluster.wait_web_ready(&spec, TIMEOUT).await.unwrap();
 }
+
+/// `kubectl rollout restart`: the ReplicaSet controller deletes old pods; each DELETE
+/// isolates the pod and is held until the load balancer let go — no request fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollout_behind_a_lagging_load_balancer_has_no_5xx() {
+    let spec = WebSpec::default();
+    let (cluster, _webhook) = setup(&spec, Duration::from_secs(5), 10).await;
+    let client = cluster.client();
+    let traffic = cluster.traffic(
+        &spec,
+        TrafficConfig {
+            rate: 200.0,
+            request_duration: Duration::from_millis(5),
+            max_requests: 40_000,
+            max_duration: TIMEOUT,
+        },
+    );
+    let old = web_pods(&cluster, &spec).await;
+    actions::rollout(&client, &spec, TIMEOUT).await.unwrap();
+    let report = traffic.stop().await;
+    assert!(report.requests > 100, "traffic ran: {}", report.requests);
+    assert_eq!(report.errors_5xx, 0, "5xx during a protected rollout");
+    let mut isolated = 0;
+    for pod in &old {
+        let reasons = event_reasons(&cluster, "default", &pod.name_any()).await;
+        isolated += usize::from(reasons.iter().any(|r| r == "graceful-drain.io/Isolated"));
+    }
+    assert_eq!(
+        isolated,
+        old.len(),
+        "every replaced pod was isolated before deletion"
+    );
+}
