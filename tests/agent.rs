@@ -8,33 +8,29 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::convert::Infallible;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
 use graceful_drain::agent::{self, Args};
+use graceful_drain::proto::registration::RegistrationStatus;
 use graceful_drain::proto::registration::registration_client::RegistrationClient;
-use graceful_drain::proto::registration::{InfoRequest, RegistrationStatus};
-use graceful_drain::proto::slm::slm_plugin_client::SlmPluginClient;
-use graceful_drain::proto::slm::{
-    EndLifecycleTransitionRequest, LifecycleTransitionResponse, StartLifecycleTransitionRequest,
-};
 use graceful_drain::runtime::Shutdown;
 use http::{Method, Request, Response};
 use http_body_util::BodyExt;
 use http_body_util::combinators::BoxBody;
 use hyper::body::Frame;
-use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
-use tokio::net::UnixStream;
 use tokio::sync::broadcast;
-use tonic::transport::{Channel, Endpoint, Uri};
 
 const NODE: &str = "n1";
-/// Every wait in these tests gives up after this long.
-const DEADLINE: Duration = Duration::from_secs(30);
+
+mod agent_support {
+    pub mod kubelet;
+}
+use agent_support::kubelet::{DEADLINE, Kubelet, connect};
 
 /// An in-process API server faking just what the agent uses.
 mod fake {
@@ -59,6 +55,8 @@ mod fake {
         pub hold_deletion: bool,
         /// Never answer anything (a hung API server).
         pub hang: bool,
+        /// Refuse Node patches (missing RBAC).
+        pub forbid_node_patch: bool,
         history: Vec<(u64, Value)>,
     }
 
@@ -79,6 +77,7 @@ mod fake {
 
     fn status(code: u16, message: &str) -> Reply {
         let reason = match code {
+            403 => "Forbidden",
             404 => "NotFound",
             409 => "Conflict",
             429 => "TooManyRequests",
@@ -178,6 +177,10 @@ mod fake {
             let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
             match (&parts.method, segments.as_slice()) {
                 (&Method::GET, ["api", "v1", "nodes", _]) => json_reply(200, &st.node),
+                (&Method::PATCH, ["api", "v1", "nodes", ..]) if st.forbid_node_patch => status(
+                    403,
+                    "nodes \"n1\" is forbidden: User cannot patch resource \"nodes\"",
+                ),
                 (&Method::PATCH, ["api", "v1", "nodes", _]) => {
                     json_patch::merge(&mut st.node, &body);
                     json_reply(200, &st.node)
@@ -253,6 +256,16 @@ mod fake {
                     let name = body["metadata"]["name"].as_str().unwrap().to_string();
                     st.transitions.insert(name, body.clone());
                     json_reply(201, &body)
+                }
+                (&Method::GET, ["apis", "lifecycle.k8s.io", "v1alpha1"]) => {
+                    // As on a cluster whose API server has the SLM API built in.
+                    json_reply(
+                        200,
+                        &json!({"kind": "APIResourceList", "apiVersion": "v1",
+                        "groupVersion": "lifecycle.k8s.io/v1alpha1", "resources": [
+                        {"name": "lifecycleevents", "singularName": "lifecycleevent",
+                         "namespaced": false, "kind": "LifecycleEvent", "verbs": ["get"]}]}),
+                    )
                 }
                 _ => status(
                     404,
@@ -352,111 +365,17 @@ fn args(dir: &Path, flags: &[&str]) -> Args {
         NODE,
         "--admin-listen",
         "127.0.0.1:0",
-        "--lifecycle-reconciler",
-        "off",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
     argv.extend(["--plugins-dir".into(), plugins.display().to_string()]);
     argv.extend(["--registry-dir".into(), registry.display().to_string()]);
+    if !flags.contains(&"--lifecycle-reconciler") {
+        argv.extend(["--lifecycle-reconciler".into(), "off".into()]);
+    }
     argv.extend(flags.iter().map(|s| s.to_string()));
     Cli::try_parse_from(argv).unwrap().args
-}
-
-async fn connect(path: PathBuf) -> Channel {
-    Endpoint::from_static("http://[::]:50051")
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
-        }))
-        .await
-        .unwrap()
-}
-
-/// The kubelet's side: registration, then Start/End.
-struct Kubelet {
-    slm: SlmPluginClient<Channel>,
-}
-
-impl Kubelet {
-    /// Registers like the plugin watcher and returns the plugin's SLM client.
-    async fn register(registration_socket: &Path) -> Self {
-        let mut reg = RegistrationClient::new(connect(registration_socket.to_path_buf()).await);
-        let info = reg.get_info(InfoRequest {}).await.unwrap().into_inner();
-        assert_eq!(info.r#type, "SLMPlugin");
-        assert_eq!(info.name, "graceful-drain.io");
-        assert_eq!(info.supported_versions, ["v1alpha1.SLMPlugin"]);
-        assert!(
-            info.endpoint
-                .ends_with("plugins/graceful-drain.io/slm.sock"),
-            "{}",
-            info.endpoint
-        );
-        let status = RegistrationStatus {
-            plugin_registered: true,
-            error: String::new(),
-        };
-        reg.notify_registration_status(status).await.unwrap();
-        Self {
-            slm: SlmPluginClient::new(connect(PathBuf::from(info.endpoint)).await),
-        }
-    }
-
-    async fn start(&mut self, transition: &str, node: &str) -> LifecycleTransitionResponse {
-        let (start, end) = reasons(transition);
-        let req = StartLifecycleTransitionRequest {
-            transition_name: transition.into(),
-            event_name: "ev-1".into(),
-            node_name: node.into(),
-            start: start.into(),
-            end: end.into(),
-        };
-        // Bounded: the kubelet would give up after 45 s; a hang fails the test.
-        tokio::time::timeout(DEADLINE, self.slm.start_lifecycle_transition(req))
-            .await
-            .expect("Start answered")
-            .unwrap()
-            .into_inner()
-    }
-
-    async fn end(&mut self, transition: &str, sla_expired: bool) -> LifecycleTransitionResponse {
-        let (start, end) = reasons(transition);
-        let req = EndLifecycleTransitionRequest {
-            transition_name: transition.into(),
-            event_name: "ev-1".into(),
-            node_name: NODE.into(),
-            start: start.into(),
-            end: end.into(),
-            sla_expired,
-        };
-        tokio::time::timeout(DEADLINE, self.slm.end_lifecycle_transition(req))
-            .await
-            .expect("End answered")
-            .unwrap()
-            .into_inner()
-    }
-
-    /// Calls End until it answers `want` (or an error), within [`DEADLINE`].
-    async fn end_until(&mut self, transition: &str, want: &str) -> LifecycleTransitionResponse {
-        let deadline = tokio::time::Instant::now() + DEADLINE;
-        loop {
-            let answer = self.end(transition, false).await;
-            if answer.lifecycle_condition == want || !answer.error.is_empty() {
-                return answer;
-            }
-            assert!(tokio::time::Instant::now() < deadline, "still {answer:?}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
-
-fn reasons(transition: &str) -> (&'static str, &'static str) {
-    match transition {
-        "graceful-drain" => ("drain-started", "drain-complete"),
-        "graceful-maintenance-complete" => ("uncordoning", "maintenance-complete"),
-        _ => ("x-started", "x-done"),
-    }
 }
 
 /// Waits until `check` holds, within [`DEADLINE`].
@@ -536,7 +455,7 @@ async fn kubelet_drives_a_drain_to_completion_and_back_to_service() {
     let reg_socket = started.registration_socket.clone();
     let agent_state = started.agent.clone();
     let running = tokio::spawn(started.wait());
-    let mut kubelet = Kubelet::register(&reg_socket).await;
+    let mut kubelet = Kubelet::register(&reg_socket, NODE).await;
 
     // Both transitions are published for all nodes with our driver; /readyz follows.
     eventually("transitions published", || {
@@ -679,7 +598,7 @@ async fn bad_requests_get_a_clear_error_and_no_work() {
     let started = agent::start(args(dir.path(), &[]), fake.client(), shutdown.clone())
         .await
         .unwrap();
-    let mut kubelet = Kubelet::register(&started.registration_socket).await;
+    let mut kubelet = Kubelet::register(&started.registration_socket, NODE).await;
 
     let answer = kubelet.start("firmware-upgrade", NODE).await;
     assert_eq!(answer.lifecycle_condition, "");
@@ -742,7 +661,7 @@ async fn a_filter_refusal_fails_the_transition_before_any_eviction() {
     let started = agent::start(args(dir.path(), &[]), fake.client(), shutdown.clone())
         .await
         .unwrap();
-    let mut kubelet = Kubelet::register(&started.registration_socket).await;
+    let mut kubelet = Kubelet::register(&started.registration_socket, NODE).await;
     kubelet.start("graceful-drain", NODE).await;
     let answer = kubelet.end_until("graceful-drain", "drain-complete").await;
     assert!(
@@ -775,7 +694,7 @@ async fn a_restarted_agent_resumes_the_drain() {
         .unwrap();
     let reg_socket = started.registration_socket.clone();
     let running = tokio::spawn(started.wait());
-    let mut kubelet = Kubelet::register(&reg_socket).await;
+    let mut kubelet = Kubelet::register(&reg_socket, NODE).await;
     kubelet.start("graceful-drain", NODE).await;
     eventually("both evicted", || evictions(&fake).len() == 2).await;
     // The pods are terminating: the drain is not done.
@@ -806,7 +725,7 @@ async fn a_restarted_agent_resumes_the_drain() {
     })
     .await;
     fake.finish_terminating();
-    let mut kubelet = Kubelet::register(&started.registration_socket).await;
+    let mut kubelet = Kubelet::register(&started.registration_socket, NODE).await;
     let done = kubelet.end_until("graceful-drain", "drain-complete").await;
     assert_eq!(done.error, "");
     assert_eq!(done.lifecycle_condition, "drain-complete");
@@ -824,7 +743,7 @@ async fn rpcs_answer_while_the_api_server_hangs() {
     let started = agent::start(args(dir.path(), &[]), fake.client(), shutdown.clone())
         .await
         .unwrap();
-    let mut kubelet = Kubelet::register(&started.registration_socket).await;
+    let mut kubelet = Kubelet::register(&started.registration_socket, NODE).await;
     // Kubelet::start/end fail the test if no answer comes (bounded wait).
     assert_eq!(
         kubelet
@@ -878,5 +797,116 @@ async fn a_refused_registration_shows_on_readyz() {
         body.contains("kubelet refused plugin graceful-drain.io: no handler registered"),
         "{body}"
     );
+    shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_auto_reconciler_a_refusal_counts_when_the_kubelet_owns_the_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::new();
+    let shutdown = Shutdown::new();
+    // `auto` finds the SLM API built in (no CRD): the kubelet must drive us, so its
+    // refusal is a real problem.
+    let flags = ["--lifecycle-reconciler", "auto"];
+
+    let started = agent::start(args(dir.path(), &flags), fake.client(), shutdown.clone())
+        .await
+        .unwrap();
+    let admin = started.admin_addr;
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while readyz(admin).await.0 != 200 {
+        assert!(tokio::time::Instant::now() < deadline, "never ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut reg = RegistrationClient::new(connect(started.registration_socket.clone()).await);
+    let status = RegistrationStatus {
+        plugin_registered: false,
+        error: "plugin version not supported".into(),
+    };
+    reg.notify_registration_status(status).await.unwrap();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let (code, body) = readyz(admin).await;
+        if code == 503 {
+            assert!(body.contains("plugin version not supported"), "{body}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "refusal never showed on /readyz: {:?}",
+            fake.state
+                .lock()
+                .unwrap()
+                .requests
+                .iter()
+                .map(|(m, p, _)| format!("{m} {p}"))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_the_agent_may_not_patch_is_reported_not_silently_retried() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::new();
+    fake.state.lock().unwrap().forbid_node_patch = true;
+    fake.add_pod(pod("shop", "web-1", Some("ReplicaSet")));
+    let shutdown = Shutdown::new();
+    let started = agent::start(args(dir.path(), &[]), fake.client(), shutdown.clone())
+        .await
+        .unwrap();
+    let mut kubelet = Kubelet::register(&started.registration_socket, NODE).await;
+    kubelet.start("graceful-drain", NODE).await;
+    eventually("a NodeUpdateFailed event", || {
+        fake.state.lock().unwrap().events.iter().any(|e| {
+            e["reason"] == "NodeUpdateFailed"
+                && e["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("prepare node for drain")
+                && e["message"].as_str().unwrap().contains("forbidden")
+        })
+    })
+    .await;
+    // Still retrying: End says "call me again", and nothing was evicted before the cordon.
+    let answer = kubelet.end("graceful-drain", false).await;
+    assert_eq!(
+        (answer.lifecycle_condition.as_str(), answer.error.as_str()),
+        ("drain-started", "")
+    );
+    assert!(evictions(&fake).is_empty());
+    shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_sla_is_recorded_even_for_a_drain_this_agent_does_not_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::new();
+    // Left by an earlier agent: a drain marked in progress on an uncordoned node (so this
+    // agent does not resume it).
+    fake.state.lock().unwrap().node["status"]["conditions"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "DrainInProgress", "status": "True", "reason": "Draining"}));
+    let shutdown = Shutdown::new();
+    let started = agent::start(args(dir.path(), &[]), fake.client(), shutdown.clone())
+        .await
+        .unwrap();
+    let mut kubelet = Kubelet::register(&started.registration_socket, NODE).await;
+    let answer = kubelet.end("graceful-drain", true).await;
+    assert!(answer.error.contains("SLA"), "{}", answer.error);
+    eventually("DrainInProgress=False recorded", || {
+        let node = fake.state.lock().unwrap().node.clone();
+        condition(&node, "DrainInProgress")["status"] == "False"
+    })
+    .await;
+    let node = fake.state.lock().unwrap().node.clone();
+    assert_eq!(
+        condition(&node, "DrainInProgress")["reason"],
+        "DrainStopped"
+    );
+    assert!(evictions(&fake).is_empty());
     shutdown.cancel();
 }

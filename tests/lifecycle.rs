@@ -230,6 +230,13 @@ async fn unregistered_or_foreign_plugin_leaves_event_pending() {
         )]
     );
 
+    // A stale socket nobody listens on (a crashed driver): GetInfo fails.
+    let stale = h.dirs.registry.join(format!("{DRIVER}-reg.sock"));
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    assert!(stale.exists());
+    settle(&r, Timestamp::now()).await;
+    assert!(h.event(&name).unwrap()["status"].is_null(), "still Pending");
+
     // A socket answering as another plugin type is not an SLM driver.
     let other = plugin::serve(&h.dirs, DRIVER, "CSIPlugin", h.stop.clone());
     settle(&r, Timestamp::now()).await;
@@ -263,7 +270,7 @@ async fn driver_error_or_grpc_failure_fails_the_event() {
             Reply::Error("node carries the control plane"),
             "node carries the control plane",
         ),
-        (Reply::Grpc(tonic::Code::Unavailable), "scripted failure"),
+        (Reply::Grpc(tonic::Code::Internal), "scripted failure"),
     ] {
         let h = Harness::new();
         let driver = h.driver();
@@ -730,4 +737,47 @@ async fn status_lists_events_and_node_conditions() {
         .find(|l| l.starts_with(&format!("{NODE} ")))
         .unwrap();
     assert!(node_row.contains("drain-complete"), "{text}");
+}
+
+#[tokio::test]
+async fn unreachable_driver_is_retried_not_failed() {
+    let h = Harness::new();
+    let driver = h.driver();
+    driver.set_script(|_, _| Reply::Grpc(tonic::Code::Unavailable));
+    let r = h.reconciler().await;
+    let name = h.create_event("graceful-drain").await;
+    let now = Timestamp::now();
+    settle(&r, now).await;
+    settle(&r, later(now, 10)).await;
+    assert_eq!(
+        h.event(&name).unwrap()["status"]["claimStatus"],
+        "Claimed",
+        "not failed"
+    );
+    assert_eq!(driver.starts(), 2, "retried at the next pass");
+
+    // The driver goes away, leaving its registration socket behind (a crash), then
+    // comes back: retried meanwhile, then done.
+    h.stop.cancel();
+    let stale = h.dirs.registry.join(format!("{DRIVER}-reg.sock"));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while stale.exists() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "driver did not stop"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    settle(&r, later(now, 20)).await;
+    assert_eq!(h.event(&name).unwrap()["status"]["claimStatus"], "Claimed");
+    let restarted = CancellationToken::new();
+    let back = plugin::serve(&h.dirs, DRIVER, "SLMPlugin", restarted.clone());
+    for i in 3..6 {
+        settle(&r, later(now, 10 * i)).await;
+    }
+    assert!(h.event(&name).is_none());
+    assert_eq!(h.statuses(&name), ["Pending", "Claimed", "Succeeded"]);
+    assert!(back.starts() >= 1);
+    restarted.cancel();
 }

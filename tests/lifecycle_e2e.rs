@@ -32,7 +32,70 @@ struct Env {
     cluster: Cluster,
     dir: tempfile::TempDir,
     kubeconfig: PathBuf,
-    _stop: AgentsStop,
+    sla: String,
+    /// Per node: the agent's own stop token and its task.
+    agents: Vec<(Shutdown, tokio::task::JoinHandle<()>)>,
+    stop: AgentsStop,
+}
+
+impl Env {
+    /// Stops the agent of `node` (sockets removed, as a killed pod's volume is left
+    /// empty by the restarted one) and starts a new one with the same directories.
+    async fn restart_agent(&mut self, node: &str) {
+        let index = self.cluster.nodes().iter().position(|n| n == node).unwrap();
+        let (token, task) = self.agents.remove(index);
+        token.cancel();
+        task.await.unwrap();
+        let agent = start_agent(
+            &self.cluster,
+            self.dir.path(),
+            node,
+            &self.sla,
+            &self.stop.0,
+        )
+        .await;
+        self.agents.insert(index, agent);
+    }
+}
+
+/// Starts the node agent of `node` (reconciler in auto mode) under a child of `parent`.
+async fn start_agent(
+    cluster: &Cluster,
+    dir: &Path,
+    node: &str,
+    sla: &str,
+    parent: &Shutdown,
+) -> (Shutdown, tokio::task::JoinHandle<()>) {
+    let root = dir.join(node);
+    let (plugins, registry) = (root.join("plugins"), root.join("plugins_registry"));
+    let argv = [
+        "agent",
+        "--node-name",
+        node,
+        "--plugins-dir",
+        plugins.to_str().unwrap(),
+        "--registry-dir",
+        registry.to_str().unwrap(),
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--sla",
+        sla,
+        // auto: the simulated cluster serves lifecycleevents from a CRD, so no
+        // kubelet implements SLM and the reconciler must turn itself on.
+        "--lifecycle-reconciler",
+        "auto",
+        "--lifecycle-tick",
+        "200ms",
+    ];
+    std::fs::create_dir_all(&plugins).unwrap();
+    std::fs::create_dir_all(&registry).unwrap();
+    let args = AgentCli::try_parse_from(argv).unwrap().args;
+    let token = parent.child_token();
+    let started =
+        graceful_drain::agent::start(args, cluster.api().client(AGENT_USER), token.clone())
+            .await
+            .unwrap();
+    (token, tokio::spawn(started.wait()))
 }
 
 /// Stops the agents when the test ends.
@@ -64,35 +127,21 @@ async fn env(spec: &WebSpec, sla: &str) -> Env {
         .api()
         .write_kubeconfig(&kubeconfig, "admin")
         .unwrap();
+    // The committed CRDs (what the chart installs) replace the simulator's defaults.
+    let crds = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/charts/graceful-drain/files/lifecycle-crds.yaml"
+    );
+    let out = kubectl(&kubeconfig, &["apply", "-f", crds]);
+    assert!(
+        out.status.success(),
+        "kubectl apply crds: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stop = Shutdown::new();
+    let mut agents = Vec::new();
     for node in cluster.nodes() {
-        let root = dir.path().join(node);
-        let (plugins, registry) = (root.join("plugins"), root.join("plugins_registry"));
-        let argv = [
-            "agent",
-            "--node-name",
-            node,
-            "--plugins-dir",
-            plugins.to_str().unwrap(),
-            "--registry-dir",
-            registry.to_str().unwrap(),
-            "--admin-listen",
-            "127.0.0.1:0",
-            "--sla",
-            sla,
-            "--lifecycle-reconciler",
-            "on",
-            "--lifecycle-tick",
-            "200ms",
-        ];
-        std::fs::create_dir_all(&plugins).unwrap();
-        std::fs::create_dir_all(&registry).unwrap();
-        let args = AgentCli::try_parse_from(argv).unwrap().args;
-        let started =
-            graceful_drain::agent::start(args, cluster.api().client(AGENT_USER), stop.clone())
-                .await
-                .unwrap();
-        tokio::spawn(started.wait());
+        agents.push(start_agent(&cluster, dir.path(), node, sla, &stop).await);
     }
     let transitions: Api<graceful_drain::lifecycle::LifecycleTransition> =
         Api::all(cluster.client());
@@ -116,13 +165,15 @@ async fn env(spec: &WebSpec, sla: &str) -> Env {
         cluster,
         dir,
         kubeconfig,
-        _stop: AgentsStop(stop),
+        sla: sla.to_string(),
+        agents,
+        stop: AgentsStop(stop),
     }
 }
 
 /// Every version of every LifecycleEvent from now on: (watch type, name, claimStatus,
-/// started annotation present).
-type Seen = Arc<Mutex<Vec<(String, String, String, bool)>>>;
+/// started annotation).
+type Seen = Arc<Mutex<Vec<(String, String, String, Option<String>)>>>;
 
 async fn record_events(client: kube::Client) -> Seen {
     let api: Api<LifecycleEvent> = Api::all(client);
@@ -153,7 +204,7 @@ async fn record_events(client: kube::Client) -> Seen {
                 .as_ref()
                 .and_then(|s| s.claim_status)
                 .map_or("Pending".to_string(), |s| s.to_string());
-            let started = e.annotations().contains_key(STARTED_ANNOTATION);
+            let started = e.annotations().get(STARTED_ANNOTATION).cloned();
             out.lock()
                 .unwrap()
                 .push((kind.to_string(), e.name_any(), status, started));
@@ -172,8 +223,7 @@ fn statuses(seen: &Seen, name: &str, from: usize) -> Vec<String> {
     out
 }
 
-/// Runs the real kubectl. `apply` needs `--validate=false` here: the simulated API server
-/// serves no OpenAPI document to validate against.
+/// Runs the real kubectl.
 fn kubectl(kubeconfig: &Path, args: &[&str]) -> Output {
     std::process::Command::new("/usr/bin/kubectl")
         .arg("--kubeconfig")
@@ -237,10 +287,7 @@ async fn kubectl_applied_event_drains_and_a_later_one_drains_again() {
         "/deploy/examples/drain-event.yaml"
     );
 
-    let out = kubectl(
-        &env.kubeconfig,
-        &["apply", "--validate=false", "-f", example],
-    );
+    let out = kubectl(&env.kubeconfig, &["apply", "-f", example]);
     assert!(
         out.status.success(),
         "kubectl apply: {}",
@@ -271,10 +318,7 @@ async fn kubectl_applied_event_drains_and_a_later_one_drains_again() {
     // The same file applied later runs the drain again (Start is called although the
     // node still shows drain-complete).
     let mark = seen.lock().unwrap().len();
-    let out = kubectl(
-        &env.kubeconfig,
-        &["apply", "--validate=false", "-f", example],
-    );
+    let out = kubectl(&env.kubeconfig, &["apply", "-f", example]);
     assert!(
         out.status.success(),
         "kubectl apply: {}",
@@ -290,7 +334,7 @@ async fn kubectl_applied_event_drains_and_a_later_one_drains_again() {
         .unwrap()
         .iter()
         .skip(mark)
-        .any(|(_, n, _, started)| n == "worker-1-drain" && *started);
+        .any(|(_, n, _, started)| n == "worker-1-drain" && started.is_some());
     assert!(started_again, "the second event called Start");
 
     // The CLI: uncordon worker-1, then drain worker-2 and wait.
@@ -349,7 +393,7 @@ async fn drain_blocked_past_its_sla_fails_and_names_the_blocking_pods() {
         ..WebSpec::default()
     };
     // Long enough for the first eviction to be refused by the PDB before the deadline.
-    let env = env(&spec, "6s").await;
+    let env = env(&spec, "8s").await;
     let client = env.cluster.client();
     let on_worker_1 = pods_on(&client, "worker-1", "web").await;
     let node = if on_worker_1 > 0 {
@@ -375,4 +419,83 @@ async fn drain_blocked_past_its_sla_fails_and_names_the_blocking_pods() {
     })
     .await
     .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_restart_mid_drain_resumes_without_a_second_start() {
+    // The PDB blocks every eviction until the test lowers it, so the drain is surely
+    // running when the agent (and its reconciler) restarts.
+    let spec = WebSpec {
+        replicas: 2,
+        min_available: 2,
+        grace_period_seconds: 1,
+        ..WebSpec::default()
+    };
+    let mut env = env(&spec, "5m").await;
+    let client = env.cluster.client();
+    let node = if pods_on(&client, "worker-1", "web").await > 0 {
+        "worker-1"
+    } else {
+        "worker-2"
+    };
+    let events: Api<LifecycleEvent> = Api::all(client.clone());
+    let seen = record_events(client.clone()).await;
+    let out = graceful_drain(&env.kubeconfig, &["drain", node, "--wait=false"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let name = events.list(&ListParams::default()).await.unwrap().items[0].name_any();
+    let started_at = |e: &LifecycleEvent| e.annotations().get(STARTED_ANNOTATION).cloned();
+    wait_for("drain started", TIMEOUT, || async {
+        events
+            .get(&name)
+            .await
+            .ok()
+            .as_ref()
+            .and_then(started_at)
+            .is_some()
+            && condition_reason(&client, node, "LifecycleTransition")
+                .await
+                .as_deref()
+                == Some("drain-started")
+    })
+    .await
+    .unwrap();
+    let first_start = started_at(&events.get(&name).await.unwrap()).unwrap();
+
+    env.restart_agent(node).await;
+    let pdbs: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        Api::namespaced(client.clone(), "default");
+    let unblock = serde_json::json!({"spec": {"minAvailable": 1}});
+    pdbs.patch(
+        "web",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&unblock),
+    )
+    .await
+    .unwrap();
+
+    wait_gone(&events, &name).await;
+    assert_eq!(
+        statuses(&seen, &name, 0),
+        ["Pending", "Claimed", "Succeeded"]
+    );
+    assert_eq!(
+        condition_reason(&client, node, "LifecycleTransition")
+            .await
+            .as_deref(),
+        Some("drain-complete")
+    );
+    assert_eq!(pods_on(&client, node, "web").await, 0);
+    // The started annotation is written once per Start call: one value means one Start.
+    let values: std::collections::BTreeSet<String> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, n, _, _)| *n == name)
+        .filter_map(|(_, _, _, started)| started.clone())
+        .collect();
+    assert_eq!(values, [first_start].into(), "Start was called once");
 }

@@ -136,6 +136,34 @@ async fn create_get_list_with_selectors_and_pagination() {
     assert_eq!(rest.items.len(), 1);
     assert!(rest.metadata.continue_.as_deref().unwrap_or("").is_empty());
 
+    // Re-creating an object from a fetched copy (resourceVersion set) is refused.
+    let mut copy = pods.get("db-1").await.unwrap();
+    copy.metadata.name = Some("db-2".into());
+    let refused = api_error(
+        pods.create(&PostParams::default(), &copy)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(refused.code, 500);
+    assert!(
+        refused
+            .message
+            .contains("resourceVersion should not be set"),
+        "{}",
+        refused.message
+    );
+
+    // RBAC objects accept the colon-separated names system roles use.
+    let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(client.clone());
+    let role = json!({"metadata": {"name": "system:controller:graceful-drain"}, "rules": []});
+    roles
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(role).unwrap(),
+        )
+        .await
+        .unwrap();
+
     // Namespaced objects need their namespace.
     let elsewhere: Api<Pod> = Api::namespaced(client.clone(), "missing");
     let err = api_error(
@@ -339,6 +367,19 @@ async fn delete_lifecycle_grace_periods_preconditions_and_finalizers() {
             .metadata
             .deletion_timestamp
             .is_some()
+    );
+    // No new finalizer may join an object being deleted.
+    let more = json!({"metadata": {"finalizers": ["example.com/hold", "example.com/late"]}});
+    let refused = api_error(
+        pods.patch("held", &PatchParams::default(), &Patch::Merge(more))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(refused.code, 422);
+    assert!(
+        refused.message.contains("example.com/late"),
+        "{}",
+        refused.message
     );
     pods.patch(
         "held",
@@ -1196,6 +1237,22 @@ async fn defaults_apply_events_record_and_leases_guard_updates() {
     let items = recorded.list(&ListParams::default()).await.unwrap().items;
     assert_eq!(items.len(), 1);
     assert_eq!(items[0].reason.as_deref(), Some("Isolated"));
+    // The same event through core/v1, the way `kubectl describe pod` looks it up.
+    let core: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), "default");
+    let described = core
+        .list(&ListParams::default().fields("involvedObject.name=web-1,involvedObject.kind=Pod"))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(described.len(), 1);
+    assert_eq!(
+        described[0].message.as_deref(),
+        Some("removed from endpoints")
+    );
+    assert_eq!(
+        described[0].reporting_component.as_deref(),
+        Some("graceful-drain")
+    );
 
     // Two leader candidates racing on one Lease: the stale writer gets 409.
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =

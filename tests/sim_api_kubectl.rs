@@ -123,6 +123,16 @@ spec:
     metadata: {labels: {app: agent}}
     spec: {containers: [{name: agent, image: agent}]}
 ---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: api}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: api}}
+  template:
+    metadata: {labels: {app: api}}
+    spec: {containers: [{name: api, image: api}]}
+---
 apiVersion: policy/v1
 kind: PodDisruptionBudget
 metadata: {name: web}
@@ -166,6 +176,20 @@ async fn real_kubectl_gets_creates_applies_cordons_and_drains() {
     assert!(pods.get_opt("typo").await.unwrap().is_none());
     let listed = kubectl.ok(&["get", "nodes"]).await;
     assert!(listed.contains("n1") && listed.contains("n2"), "{listed}");
+    // Server-side Tables give kubectl its usual columns.
+    let table = kubectl.ok(&["get", "pods", "-o", "wide"]).await;
+    let web_row = table
+        .lines()
+        .find(|l| l.starts_with("web-1 "))
+        .unwrap_or_default();
+    assert!(
+        table.starts_with("NAME") && table.contains("STATUS"),
+        "{table}"
+    );
+    assert!(
+        web_row.contains("Pending") && web_row.contains("n1"),
+        "{table}"
+    );
     let wide = kubectl.ok(&["get", "pods", "-o", "name"]).await;
     assert!(wide.contains("pod/web-1"), "{wide}");
 
@@ -194,11 +218,24 @@ async fn real_kubectl_gets_creates_applies_cordons_and_drains() {
     kubectl.ok(&["delete", "configmap", "settings"]).await;
     assert!(configmaps.get_opt("settings").await.unwrap().is_none());
 
+    // kubectl scale goes through the scale subresource.
+    kubectl
+        .ok(&["scale", "deployment", "api", "--replicas=3"])
+        .await;
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(client.clone(), "default");
+    assert_eq!(
+        deployments.get("api").await.unwrap().spec.unwrap().replicas,
+        Some(3)
+    );
+
     kubectl.ok(&["cordon", "n2"]).await;
     assert_eq!(
         nodes.get("n2").await.unwrap().spec.unwrap().unschedulable,
         Some(true)
     );
+    let n2 = kubectl.ok(&["get", "node", "n2"]).await;
+    assert!(n2.contains("NotReady,SchedulingDisabled"), "{n2}");
     kubectl.ok(&["uncordon", "n2"]).await;
     assert_ne!(
         nodes.get("n2").await.unwrap().spec.unwrap().unschedulable,

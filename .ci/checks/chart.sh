@@ -8,19 +8,22 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-eval "$(bash .ci/install-tools.sh --print-env)"
+# A failed install must stop here, not later as "helm: command not found".
+TOOLS_ENV="$(bash .ci/install-tools.sh --print-env)" || { echo "chart: FAIL .ci/install-tools.sh" >&2; exit 1; }
+eval "$TOOLS_ENV"
 CHART=charts/graceful-drain
 NS=graceful-drain
 KUBE_VERSIONS="1.33.0 1.34.0 1.35.0 1.36.0 1.37.0"
 WORK="$(mktemp -d)"
-trap 'rm -rf "$WORK"' EXIT
-PY="python3"
-command -v kubernetes-validate >/dev/null
+trap '[ -n "${KEEP_WORK:-}" ] || rm -rf "$WORK"' EXIT
 PY="$(dirname "$(command -v kubernetes-validate)")/python"
 CHECKS=.ci/checks/chart
 
 say() { printf '  %s\n' "$*"; }
 die() { printf 'chart: FAIL %s\n' "$*" >&2; exit 1; }
+# Locally a check that needs the built binary may be skipped; in CI (which builds it
+# first) a skip is a failure.
+skip() { [ -z "${CI:-}" ] || die "$* (CI must run this check)"; say "skipped: $*"; }
 
 # A CA bundle for the user-provided-Secret mode (any PEM will do for rendering).
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj "/CN=test CA" \
@@ -161,12 +164,12 @@ BIN="${GRACEFUL_DRAIN_BIN:-target/debug/graceful-drain}"
 # --context, --log-format, --help, --version); its check waits for the real one.
 implemented() { [ "$("$BIN" "$1" --help 2>/dev/null | grep -cE '^ *(-[a-zA-Z], )?--[a-z]')" -gt 5 ]; }
 if [ ! -x "$BIN" ]; then
-  say "skipped: no $BIN (cargo build first)"
+  skip "no $BIN (cargo build first)"
 elif implemented webhook && implemented node-agent; then
   $PY "$CHECKS/assert.py" cli "$BIN" "$WORK/everything.yaml" | sed 's/^/  /'
   $PY "$CHECKS/assert.py" cli "$BIN" deploy/graceful-drain.yaml | sed 's/^/  /'
 else
-  say "skipped: webhook or node-agent not implemented in $BIN yet"
+  skip "webhook or node-agent not implemented in $BIN"
 fi
 
 echo "chart: kubectl apply to the simulated cluster"
@@ -179,7 +182,7 @@ sim_apply() {
   "$BIN" simulate --serve --nodes 1 --kubeconfig-out "$kc" >"$log" 2>&1 &
   pid=$!
   # shellcheck disable=SC2064
-  trap "kill $pid 2>/dev/null; rm -rf '$WORK'" EXIT
+  trap "kill $pid 2>/dev/null; [ -n \"${KEEP_WORK:-}\" ] || rm -rf '$WORK'" EXIT
   for _ in $(seq 1 150); do # up to 30 s
     [ -s "$kc" ] && kubectl --kubeconfig "$kc" get --raw /version >/dev/null 2>&1 && break
     kill -0 "$pid" 2>/dev/null || { cat "$log"; die "simulate --serve exited"; }
@@ -188,29 +191,43 @@ sim_apply() {
   [ -s "$kc" ] || { cat "$log"; die "simulate --serve wrote no kubeconfig in 30 s"; }
   local k=(kubectl --kubeconfig "$kc")
   "${k[@]}" api-resources --no-headers >"$WORK/api-resources.txt"
-  "${k[@]}" create namespace "$NS" >/dev/null
-  for name in self-signed cert-manager; do
-    say "$name: $($PY "$CHECKS/assert.py" served "$WORK/$name.yaml" "$WORK/api-resources.txt" "$WORK/$name.served.yaml")"
-    "${k[@]}" apply -f "$WORK/$name.served.yaml" >"$WORK/apply.log" 2>&1 \
-      || { cat "$WORK/apply.log"; die "kubectl apply of the $name manifests"; }
-    "${k[@]}" get mutatingwebhookconfigurations,validatingwebhookconfigurations -o json >"$WORK/got.json"
-    $PY "$CHECKS/assert.py" applied "$name" "$WORK/$name.yaml" "$WORK/got.json"
-    say "$name: applied; webhook configurations served back as rendered"
-    [ "$name" = self-signed ] || continue
-    helm template graceful-drain "$CHART" --namespace "$NS" --kubeconfig "$kc" --dry-run=server \
-      --set certificates.mode=self-signed >"$WORK/upgrade.yaml" || die "helm template --dry-run=server"
-    ca() { $PY -c 'import sys,yaml; print(next(d["data"]["ca.crt"] for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"]=="Secret"))' "$1"; }
-    [ "$(ca "$WORK/upgrade.yaml")" = "$(ca "$WORK/self-signed.yaml")" ] \
-      || die "self-signed: a second render against the cluster made a new CA (lookup did not reuse the Secret)"
-    say "self-signed: re-render against the cluster reuses the installed certificate"
-  done
+  # The raw manifests (deploy/, cert-manager mode), as a user without Helm applies them.
+  say "deploy/: $($PY "$CHECKS/assert.py" served deploy/graceful-drain.yaml "$WORK/api-resources.txt" "$WORK/deploy.served.yaml")"
+  "${k[@]}" apply -f "$WORK/deploy.served.yaml" >"$WORK/apply.log" 2>&1 \
+    || { cat "$WORK/apply.log"; die "kubectl apply of deploy/graceful-drain.yaml"; }
+  "${k[@]}" get mutatingwebhookconfigurations,validatingwebhookconfigurations -o json >"$WORK/got.json"
+  $PY "$CHECKS/assert.py" applied cert-manager deploy/graceful-drain.yaml "$WORK/got.json"
+  say "deploy/: kubectl apply; webhook configurations served back with their inject-ca-from"
+  # Self-signed mode as release gd in gd-system, applied as Helm would have installed it
+  # (helm itself cannot store a release here: it sends protobuf, which the simulator does
+  # not speak). A second render against the cluster, as `helm upgrade` does, must find the
+  # Secret with `lookup` and keep the certificate, so the caBundle does not change.
+  local gd=(gd "$CHART" --namespace gd-system --set certificates.mode=self-signed
+    --set lifecycleCrds.install=false)
+  helm template "${gd[@]}" >"$WORK/gd.yaml"
+  $PY "$CHECKS/assert.py" helm-owned "$WORK/gd.yaml" gd gd-system "$WORK/gd.owned.yaml"
+  "${k[@]}" apply -f "$WORK/gd.owned.yaml" >"$WORK/apply.log" 2>&1 \
+    || { cat "$WORK/apply.log"; die "kubectl apply of the self-signed manifests"; }
+  "${k[@]}" get mutatingwebhookconfigurations,validatingwebhookconfigurations -o json >"$WORK/got.json"
+  $PY "$CHECKS/assert.py" applied self-signed "$WORK/gd.yaml" "$WORK/got.json"
+  say "self-signed: kubectl apply; webhook configurations served back with their caBundle"
+  helm template "${gd[@]}" >"$WORK/gd.offline.yaml"
+  if $PY "$CHECKS/assert.py" same-ca "$WORK/gd.yaml" "$WORK/gd.offline.yaml" >/dev/null; then
+    die "self-signed: two renders without a cluster made the same CA (the next check proves nothing)"
+  fi
+  helm template "${gd[@]}" --kubeconfig "$kc" --dry-run=server --disable-openapi-validation \
+    --set webhook.timeoutSeconds=12 >"$WORK/gd.upgrade.yaml" || die "helm template --dry-run=server"
+  $PY "$CHECKS/assert.py" same-ca "$WORK/gd.yaml" "$WORK/gd.upgrade.yaml" >/dev/null \
+    || die "self-signed: re-render against the cluster made a new certificate (lookup did not reuse the Secret)"
+  grep -q 'timeoutSeconds: 12' "$WORK/gd.upgrade.yaml" || die "upgrade render lost --set webhook.timeoutSeconds=12"
+  say "self-signed: upgrade render against the cluster reuses the installed certificate"
   kill "$pid" 2>/dev/null
   wait "$pid" 2>/dev/null || true
 }
 if [ -x "$BIN" ] && "$BIN" simulate --help 2>/dev/null | grep -q -- '--kubeconfig-out'; then
   sim_apply
 else
-  say "skipped: $BIN has no simulate --serve yet"
+  skip "$BIN has no simulate --serve"
 fi
 
 echo "chart: docs/install.md documents every value"
@@ -220,6 +237,7 @@ echo "chart: Dockerfile"
 hadolint Dockerfile || die "hadolint Dockerfile"
 grep -q '^ENTRYPOINT \["/usr/local/bin/graceful-drain"\]' Dockerfile || die "Dockerfile ENTRYPOINT"
 say "hadolint: ok"
+say "$($PY "$CHECKS/assert.py" docker-context)"
 
 echo "chart: deploy/ is up to date"
 render_deploy >"$WORK/deploy.yaml"

@@ -413,12 +413,53 @@ struct State {
     tracked: BTreeMap<PodKey, Tracked>,
     /// Pods classified so far (planned or skipped), by UID, so new pods are noticed.
     seen: std::collections::HashSet<String>,
+    /// The pods of a re-list in progress (the watch restarted): swapped in at its end, so
+    /// a half-done re-list never makes tracked pods look gone.
+    relist: Option<BTreeMap<PodKey, Pod>>,
     planned: usize,
     skipped: usize,
     done: usize,
 }
 
 impl State {
+    /// Applies one watch event; returns a pod never seen before (a newcomer to classify).
+    fn apply(&mut self, event: watcher::Event<Pod>) -> Option<Pod> {
+        match event {
+            watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
+                let new = pod
+                    .metadata
+                    .uid
+                    .as_ref()
+                    .is_some_and(|u| !self.seen.contains(u));
+                let target = self.relist.as_mut().unwrap_or(&mut self.pods);
+                target.insert(PodKey::of(&pod), pod.clone());
+                new.then_some(pod)
+            }
+            watcher::Event::Delete(pod) => {
+                let key = PodKey::of(&pod);
+                for map in [Some(&mut self.pods), self.relist.as_mut()]
+                    .into_iter()
+                    .flatten()
+                {
+                    if map.get(&key).map(|p| &p.metadata.uid) == Some(&pod.metadata.uid) {
+                        map.remove(&key);
+                    }
+                }
+                None
+            }
+            watcher::Event::Init => {
+                self.relist = Some(BTreeMap::new());
+                None
+            }
+            watcher::Event::InitDone => {
+                if let Some(pods) = self.relist.take() {
+                    self.pods = pods;
+                }
+                None
+            }
+        }
+    }
+
     fn is_gone(
         &self,
         key: &PodKey,
@@ -551,17 +592,24 @@ impl Engine {
                         node: self.node.clone(),
                     });
                 }
-                Err(error) => tracing::warn!(node = %self.node, %error, "watch pods"),
+                Err(error) => self.watch_failed(&error).await,
             }
         }
     }
 
-    /// Runs the drain until nothing remains; publishes progress on `progress`. Dropping the
-    /// future stops it (and every eviction task).
-    pub async fn run(&self, progress: &watch::Sender<Progress>) -> Result<Progress, Error> {
-        let started = tokio::time::Instant::now();
-        let mut stream = self.watch();
-        let initial = self.initial_list(&mut stream).await?;
+    /// A failed watch retries on its own; say so in the log and (rate-limited) on the Node,
+    /// so a drain stuck on, say, missing permissions is not silent.
+    async fn watch_failed(&self, error: &watcher::Error) {
+        tracing::warn!(node = %self.node, %error, "watch pods");
+        let message = format!("watch pods on node {} (retrying): {error}", self.node);
+        let reason = reason::POD_WATCH_FAILED;
+        self.events
+            .post(EventType::Warning, reason, "watch", message)
+            .await;
+    }
+
+    /// Runs the filters on the first list (DaemonSets looked up once each).
+    async fn plan(&self, initial: &BTreeMap<PodKey, Pod>) -> Result<filters::Plan, Error> {
         let lookups = daemonset_lookups(&self.client, initial.values()).await;
         let now = jiff::Timestamp::now();
         let plan = filters::plan(initial.values(), &self.config.filters, now, |ns, owner| {
@@ -577,7 +625,11 @@ impl Engine {
         for (key, warning) in &plan.warnings {
             tracing::warn!(pod = %key, %warning, "evicting with a warning");
         }
-        let (tx, mut updates) = mpsc::unbounded_channel();
+        Ok(plan)
+    }
+
+    fn task_ctx(&self) -> (Arc<TaskCtx>, mpsc::UnboundedReceiver<Update>) {
+        let (tx, updates) = mpsc::unbounded_channel();
         let ctx = Arc::new(TaskCtx {
             client: self.client.clone(),
             config: self.config.clone(),
@@ -586,6 +638,17 @@ impl Engine {
             permits: Semaphore::new(self.config.concurrency.max(1)),
             updates: tx,
         });
+        (ctx, updates)
+    }
+
+    /// Runs the drain until nothing remains; publishes progress on `progress`. Dropping the
+    /// future stops it (and every eviction task).
+    pub async fn run(&self, progress: &watch::Sender<Progress>) -> Result<Progress, Error> {
+        let started = tokio::time::Instant::now();
+        let mut stream = self.watch();
+        let initial = self.initial_list(&mut stream).await?;
+        let plan = self.plan(&initial).await?;
+        let (ctx, mut updates) = self.task_ctx();
         let mut state = State {
             pods: initial,
             skipped: plan.skipped.len(),
@@ -612,7 +675,7 @@ impl Engine {
                 event = stream.try_next() => match event {
                     Ok(Some(event)) => self.apply(&mut state, &mut tasks, &ctx, event).await,
                     Ok(None) => return Err(Error::WatchEnded { node: self.node.clone() }),
-                    Err(error) => tracing::warn!(node = %self.node, %error, "watch pods"),
+                    Err(error) => self.watch_failed(&error).await,
                 },
                 Some(update) = updates.recv() => apply_update(&mut state, update),
                 _ = recheck.tick() => evict_lost(&mut state, &mut tasks, &ctx),
@@ -641,26 +704,8 @@ impl Engine {
         ctx: &Arc<TaskCtx>,
         event: watcher::Event<Pod>,
     ) {
-        match event {
-            watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
-                let new = pod
-                    .metadata
-                    .uid
-                    .as_ref()
-                    .is_some_and(|u| !state.seen.contains(u));
-                state.pods.insert(PodKey::of(&pod), pod.clone());
-                if new {
-                    self.consider_newcomer(state, tasks, ctx, pod).await;
-                }
-            }
-            watcher::Event::Delete(pod) => {
-                let key = PodKey::of(&pod);
-                if state.pods.get(&key).map(|p| &p.metadata.uid) == Some(&pod.metadata.uid) {
-                    state.pods.remove(&key);
-                }
-            }
-            watcher::Event::Init => state.pods.clear(),
-            watcher::Event::InitDone => {}
+        if let Some(pod) = state.apply(event) {
+            self.consider_newcomer(state, tasks, ctx, pod).await;
         }
     }
 
@@ -1041,5 +1086,60 @@ mod tests {
                 .unwrap(),
         );
         assert!(matches!(updates.recv().await, Some(Update::Accepted(k)) if k == key()));
+    }
+
+    #[test]
+    fn a_restarted_watch_never_makes_tracked_pods_look_gone_halfway() {
+        let pod = |name: &str, uid: &str| {
+            let mut p = Pod::default();
+            p.metadata.name = Some(name.into());
+            p.metadata.namespace = Some("shop".into());
+            p.metadata.uid = Some(uid.into());
+            p
+        };
+        let mut state = State::default();
+        for (name, uid) in [("web-1", "u1"), ("web-2", "u2")] {
+            state
+                .pods
+                .insert(PodKey::of(&pod(name, uid)), pod(name, uid));
+            state.seen.insert(uid.into());
+            let tracked = Tracked {
+                uid: uid.into(),
+                blocked: None,
+                accepted_at: None,
+            };
+            state.tracked.insert(PodKey::of(&pod(name, uid)), tracked);
+        }
+        let opts = FilterOptions::default();
+        assert!(state.apply(watcher::Event::Init).is_none());
+        assert!(
+            state
+                .apply(watcher::Event::InitApply(pod("web-2", "u2")))
+                .is_none()
+        );
+        assert_eq!(
+            state.progress(&opts).remaining.len(),
+            2,
+            "mid re-list: nothing is gone"
+        );
+        let newcomer = state.apply(watcher::Event::InitApply(pod("late", "u9")));
+        assert_eq!(
+            newcomer.and_then(|p| p.metadata.name),
+            Some("late".to_string())
+        );
+        state.apply(watcher::Event::InitDone);
+        let progress = state.progress(&opts);
+        assert_eq!(progress.done, 1, "web-1 is gone once the re-list completed");
+        assert_eq!(
+            progress
+                .remaining
+                .keys()
+                .map(|k| k.name.as_str())
+                .collect::<Vec<_>>(),
+            ["web-2"]
+        );
+        // A same-name pod with a new UID counts as the old one being gone.
+        state.apply(watcher::Event::Apply(pod("web-2", "u3")));
+        assert!(state.progress(&opts).remaining.is_empty());
     }
 }

@@ -243,33 +243,15 @@ pub async fn start(args: Args, client: kube::Client, shutdown: Shutdown) -> Resu
         maintenance: maintenance_transition,
     };
     let slm = SlmPluginServer::new(slm::SlmService::new(agent.clone(), names.clone()));
+    let policy = kubelet_policy(reconciler_args.mode, &client);
     let registration = RegistrationServer::new(registration::RegistrationService {
         driver: driver_name.clone(),
         endpoint: service_socket.clone(),
         readiness: readiness.clone(),
         metrics,
-        kubelet_required: reconciler_args.mode == Mode::Off,
+        policy,
     });
-    let servers = vec![
-        spawn_owned("slm-server", shutdown.clone(), {
-            let token = shutdown.clone();
-            tonic::transport::Server::builder()
-                .add_service(slm)
-                .serve_with_incoming_shutdown(
-                    UnixListenerStream::new(slm_listener),
-                    token.cancelled_owned(),
-                )
-        }),
-        spawn_owned("registration-server", shutdown.clone(), {
-            let token = shutdown.clone();
-            tonic::transport::Server::builder()
-                .add_service(registration)
-                .serve_with_incoming_shutdown(
-                    UnixListenerStream::new(reg_listener),
-                    token.cancelled_owned(),
-                )
-        }),
-    ];
+    let servers = serve_sockets((slm_listener, slm), (reg_listener, registration), &shutdown);
     tracing::info!(
         registration = %registration_socket.display(),
         service = %service_socket.display(),
@@ -277,34 +259,17 @@ pub async fn start(args: Args, client: kube::Client, shutdown: Shutdown) -> Resu
     );
 
     let wanted = transitions::transitions(&names.drain, &names.maintenance, &driver_name, sla);
-    spawn_owned("publish-transitions", shutdown.clone(), {
-        let (client, readiness, shutdown) = (client.clone(), readiness.clone(), shutdown.clone());
-        async move {
-            publish_until_done(&client, &wanted, &shutdown).await;
-            readiness.ready(TRANSITIONS_CHECK);
-            Ok::<(), std::convert::Infallible>(())
-        }
-    });
-    spawn_owned("resume-drain", shutdown.clone(), {
-        let agent = agent.clone();
-        async move {
-            agent.resume().await;
-            Ok::<(), std::convert::Infallible>(())
-        }
-    });
-    if reconciler_args.mode != Mode::Off {
+    let reconciler = (reconciler_args.mode != Mode::Off).then(|| {
         let ctx = reconciler::Context {
-            client,
+            client: client.clone(),
             node_name,
             driver_name,
             registry_dir,
             plugins_dir,
         };
-        let token = shutdown.clone();
-        spawn_owned("lifecycle-reconciler", shutdown.clone(), async move {
-            reconciler::run(&reconciler_args, ctx, token).await
-        });
-    }
+        (reconciler_args, ctx)
+    });
+    spawn_background(&agent, client, readiness, wanted, reconciler, &shutdown);
     Ok(Started {
         admin_addr,
         agent,
@@ -313,6 +278,71 @@ pub async fn start(args: Args, client: kube::Client, shutdown: Shutdown) -> Resu
         servers,
         shutdown,
     })
+}
+
+/// What a kubelet refusal means under `--lifecycle-reconciler=mode`.
+fn kubelet_policy(mode: Mode, client: &kube::Client) -> registration::KubeletPolicy {
+    match mode {
+        Mode::Off => registration::KubeletPolicy::Required,
+        Mode::On => registration::KubeletPolicy::Optional,
+        Mode::Auto => registration::KubeletPolicy::Auto(client.clone()),
+    }
+}
+
+/// Serves the SLM and registration gRPC services on their unix sockets until shutdown.
+fn serve_sockets(
+    (slm_listener, slm): (tokio::net::UnixListener, SlmPluginServer<slm::SlmService>),
+    (reg_listener, registration): (
+        tokio::net::UnixListener,
+        RegistrationServer<registration::RegistrationService>,
+    ),
+    shutdown: &Shutdown,
+) -> Vec<JoinHandle<()>> {
+    let slm_serve = tonic::transport::Server::builder()
+        .add_service(slm)
+        .serve_with_incoming_shutdown(
+            UnixListenerStream::new(slm_listener),
+            shutdown.clone().cancelled_owned(),
+        );
+    let reg_serve = tonic::transport::Server::builder()
+        .add_service(registration)
+        .serve_with_incoming_shutdown(
+            UnixListenerStream::new(reg_listener),
+            shutdown.clone().cancelled_owned(),
+        );
+    vec![
+        spawn_owned("slm-server", shutdown.clone(), slm_serve),
+        spawn_owned("registration-server", shutdown.clone(), reg_serve),
+    ]
+}
+
+/// Starts the owned background tasks: publishing the transitions (then marking the
+/// readiness check), resuming a drain a previous agent left, and the lifecycle reconciler.
+fn spawn_background(
+    agent: &Agent,
+    client: kube::Client,
+    readiness: Readiness,
+    wanted: Vec<crate::lifecycle::LifecycleTransition>,
+    reconciler: Option<(ReconcilerArgs, reconciler::Context)>,
+    shutdown: &Shutdown,
+) {
+    let token = shutdown.clone();
+    spawn_owned("publish-transitions", shutdown.clone(), async move {
+        publish_until_done(&client, &wanted, &token).await;
+        readiness.ready(TRANSITIONS_CHECK);
+        Ok::<(), std::convert::Infallible>(())
+    });
+    let agent = agent.clone();
+    spawn_owned("resume-drain", shutdown.clone(), async move {
+        agent.resume().await;
+        Ok::<(), std::convert::Infallible>(())
+    });
+    if let Some((args, ctx)) = reconciler {
+        let token = shutdown.clone();
+        spawn_owned("lifecycle-reconciler", shutdown.clone(), async move {
+            reconciler::run(&args, ctx, token).await
+        });
+    }
 }
 
 /// Serves the shared admin router (`/livez`, `/readyz`, `/metrics`) plus `/status`, the

@@ -136,6 +136,15 @@ impl Agent {
         let current = self.current.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(op) = current.as_ref().filter(|op| op.kind == kind) {
             stop_op(op, reason);
+        } else if kind == OpKind::Drain {
+            // Not running here (a restarted agent): still record the stop on the Node, or
+            // the next restart would resume a drain whose SLA expired.
+            let inner = self.inner.clone();
+            let shutdown = inner.shutdown.clone();
+            crate::runtime::spawn_owned("record-drain-stop", shutdown, async move {
+                record_stop(&inner, reason).await;
+                Ok::<(), std::convert::Infallible>(())
+            });
         }
     }
 
@@ -159,7 +168,7 @@ impl Agent {
     /// Retries reading the Node until it succeeds or the process stops.
     pub async fn resume(&self) {
         let inner = &self.inner;
-        let read = retry("read node", &inner.node, &inner.shutdown, || {
+        let read = retry("read node", inner, &inner.shutdown, || {
             node::get(&inner.client, &inner.node)
         });
         let Some(node) = read.await else { return };
@@ -205,6 +214,21 @@ impl Agent {
     }
 }
 
+/// Sets DrainInProgress=False (DrainStopped) if the Node says a drain is in progress.
+async fn record_stop(inner: &Inner, reason: String) {
+    let result = async {
+        let node = node::get(&inner.client, &inner.node).await?;
+        if node::condition_is_true(&node, DRAIN_IN_PROGRESS) {
+            let stopped = condition(DRAIN_IN_PROGRESS, false, cond::DRAIN_STOPPED, reason);
+            node::set_conditions(&inner.client, &node, &[stopped]).await?;
+        }
+        Ok::<(), node::Error>(())
+    };
+    if let Err(error) = result.await {
+        tracing::warn!(node = %inner.node, %error, "record the stopped drain");
+    }
+}
+
 fn stop_op(op: &Operation, reason: String) {
     if matches!(*op.phase.borrow(), Phase::Running) {
         let mut slot = op.stop_reason.lock().unwrap_or_else(|e| e.into_inner());
@@ -213,11 +237,11 @@ fn stop_op(op: &Operation, reason: String) {
     op.token.cancel();
 }
 
-/// Calls `f` until it succeeds, with capped exponential backoff; `None` once `token` is
-/// cancelled.
+/// Calls `f` until it succeeds, with capped exponential backoff, reporting each failure
+/// in the log and (rate-limited) as a Node Event; `None` once `token` is cancelled.
 async fn retry<T, E, F, Fut>(
     what: &str,
-    node: &str,
+    inner: &Inner,
     token: &CancellationToken,
     mut f: F,
 ) -> Option<T>
@@ -232,7 +256,13 @@ where
             () = token.cancelled() => return None,
             result = f() => match result {
                 Ok(value) => return Some(value),
-                Err(error) => tracing::warn!(node, %error, retry_in = ?delay, "{what}"),
+                Err(error) => {
+                    tracing::warn!(node = %inner.node, %error, retry_in = ?delay, "{what}");
+                    // Said on the Node too (rate-limited), so a stuck step is visible.
+                    let message = format!("{what} (retrying): {error}");
+                    let events = &inner.events;
+                    events.post(EventType::Warning, ev::NODE_UPDATE_FAILED, what, message).await;
+                }
             },
         }
         tokio::select! {
@@ -276,7 +306,7 @@ impl Run {
     async fn drain(self) {
         let started = Instant::now();
         let inner = self.inner.clone();
-        let prepared = retry("prepare node for drain", &inner.node, &self.token, || {
+        let prepared = retry("prepare node for drain", &inner, &self.token, || {
             self.prepare()
         });
         let ended = match prepared.await {
@@ -356,75 +386,30 @@ impl Run {
     /// Writes the outcome on the Node (retrying), posts an Event and sets the phase.
     async fn finish_drain(self, ended: Ended, took: Duration) {
         let inner = self.inner.clone();
-        let (phase, outcome, conditions, event) = match ended {
-            Ended::Shutdown => return,
-            Ended::Done(Ok(progress)) => {
-                let summary = format!(
-                    "drained in {}s: {} pods evicted, {} skipped",
-                    took.as_secs(),
-                    progress.done,
-                    progress.skipped
-                );
-                let conditions = vec![
-                    condition(DRAINED, true, cond::DRAINED, summary.clone()),
-                    condition(DRAIN_IN_PROGRESS, false, cond::DRAINED, progress.message()),
-                ];
-                let event = (EventType::Normal, ev::DRAIN_COMPLETE, summary);
-                (Phase::Complete, DrainOutcome::Complete, conditions, event)
-            }
-            Ended::Done(Err(error)) => {
-                let message = error.to_string();
-                let conditions = vec![condition(
-                    DRAIN_IN_PROGRESS,
-                    false,
-                    cond::DRAIN_FAILED,
-                    message.clone(),
-                )];
-                let event = (EventType::Warning, ev::DRAIN_FAILED, message.clone());
-                (
-                    Phase::Failed(message),
-                    DrainOutcome::Failed,
-                    conditions,
-                    event,
-                )
-            }
-            Ended::Stopped(reason) => {
-                let message = format!("{reason}; {}", self.progress.borrow().message());
-                let conditions = vec![condition(
-                    DRAIN_IN_PROGRESS,
-                    false,
-                    cond::DRAIN_STOPPED,
-                    message.clone(),
-                )];
-                let event = (EventType::Warning, ev::DRAIN_STOPPED, message);
-                (
-                    Phase::Stopped(reason),
-                    DrainOutcome::Stopped,
-                    conditions,
-                    event,
-                )
-            }
+        let remaining = self.progress.borrow().message();
+        let Some(outcome) = drain_outcome(ended, took, &remaining) else {
+            return;
         };
-        inner.metrics.drain_finished(outcome, took);
+        inner.metrics.drain_finished(outcome.metric, took);
         inner
             .metrics
             .set_remaining(self.progress.borrow().remaining.len());
         // Written even when the operation was stopped, but never past process shutdown.
         let shutdown = inner.shutdown.clone();
-        let written = retry("record drain outcome", &inner.node, &shutdown, || {
-            self.write_conditions(&conditions)
+        let written = retry("record drain outcome", &inner, &shutdown, || {
+            self.write_conditions(&outcome.conditions)
         });
         if written.await.is_none() {
             return;
         }
-        let (type_, reason, message) = event;
+        let (type_, reason, message) = outcome.event;
         inner.events.post(type_, reason, "", message).await;
-        self.phase.send_replace(phase);
+        self.phase.send_replace(outcome.phase);
     }
 
     async fn maintenance(self) {
         let inner = self.inner.clone();
-        let done = retry("return node to service", &inner.node, &self.token, || {
+        let done = retry("return node to service", &inner, &self.token, || {
             self.uncordon()
         });
         match done.await {
@@ -475,6 +460,73 @@ impl Run {
             ));
         }
         Ok(())
+    }
+}
+
+/// How a drain ended, as written to the Node, the metrics and an Event.
+struct DrainEnd {
+    phase: Phase,
+    metric: DrainOutcome,
+    conditions: Vec<Condition>,
+    event: (EventType, &'static str, String),
+}
+
+/// The record of a drain that `ended` after `took`; `None` on process shutdown (the Node
+/// is left as it is, so the next agent resumes). `remaining` is the last progress message.
+fn drain_outcome(ended: Ended, took: Duration, remaining: &str) -> Option<DrainEnd> {
+    let stopped = |phase, metric, reason, message: String| DrainEnd {
+        phase,
+        metric,
+        conditions: vec![condition(DRAIN_IN_PROGRESS, false, reason, message.clone())],
+        event: (
+            EventType::Warning,
+            if metric == DrainOutcome::Failed {
+                ev::DRAIN_FAILED
+            } else {
+                ev::DRAIN_STOPPED
+            },
+            message,
+        ),
+    };
+    match ended {
+        Ended::Shutdown => None,
+        Ended::Done(Ok(progress)) => {
+            let summary = format!(
+                "drained in {}s: {} pods evicted, {} skipped",
+                took.as_secs(),
+                progress.done,
+                progress.skipped
+            );
+            Some(DrainEnd {
+                phase: Phase::Complete,
+                metric: DrainOutcome::Complete,
+                conditions: vec![
+                    condition(DRAINED, true, cond::DRAINED, summary.clone()),
+                    condition(DRAIN_IN_PROGRESS, false, cond::DRAINED, progress.message()),
+                ],
+                event: (EventType::Normal, ev::DRAIN_COMPLETE, summary),
+            })
+        }
+        Ended::Done(Err(error)) => {
+            let message = error.to_string();
+            let phase = Phase::Failed(message.clone());
+            Some(stopped(
+                phase,
+                DrainOutcome::Failed,
+                cond::DRAIN_FAILED,
+                message,
+            ))
+        }
+        Ended::Stopped(reason) => {
+            let message = format!("{reason}; {remaining}");
+            let phase = Phase::Stopped(reason);
+            Some(stopped(
+                phase,
+                DrainOutcome::Stopped,
+                cond::DRAIN_STOPPED,
+                message,
+            ))
+        }
     }
 }
 

@@ -4,13 +4,16 @@
 //! The kubelet finds `<registry-dir>/<driver>-reg.sock`, calls `GetInfo` to learn our type
 //! (`SLMPlugin`), name and service socket, and reports its verdict with
 //! `NotifyRegistrationStatus`. A refusal is logged and, when the kubelet is the only thing
-//! that can drive our transitions (lifecycle reconciler off), fails `/readyz`.
+//! that can drive our transitions (lifecycle reconciler off, or `auto` deciding off), fails
+//! `/readyz`. A kubelet without the SLM gate refuses every `SLMPlugin`; on such clusters the
+//! lifecycle reconciler drives the transitions, so the refusal is expected there.
 
 use std::path::{Path, PathBuf};
 
 use tokio::net::UnixListener;
 use tonic::{Request, Response, Status};
 
+use super::node::API_TIMEOUT;
 use super::report::Metrics;
 use crate::admin::Readiness;
 use crate::proto::registration::registration_server::Registration;
@@ -92,6 +95,17 @@ pub fn service_socket(plugins_dir: &Path, driver: &str) -> PathBuf {
     plugins_dir.join(driver).join("slm.sock")
 }
 
+/// What a kubelet refusal means for readiness, from `--lifecycle-reconciler`.
+#[derive(Clone)]
+pub enum KubeletPolicy {
+    /// `off`: only the kubelet drives our transitions, so a refusal makes us unready.
+    Required,
+    /// `on`: the lifecycle reconciler drives them; a refusal is only logged.
+    Optional,
+    /// `auto`: ask the reconciler's own rule whether it runs on this cluster.
+    Auto(kube::Client),
+}
+
 /// The Registration service.
 #[derive(Clone)]
 pub struct RegistrationService {
@@ -99,8 +113,62 @@ pub struct RegistrationService {
     pub endpoint: PathBuf,
     pub readiness: Readiness,
     pub metrics: Metrics,
-    /// Whether a refusal makes the agent unready (no lifecycle reconciler to fall back on).
-    pub kubelet_required: bool,
+    pub policy: KubeletPolicy,
+}
+
+impl RegistrationService {
+    /// Handles a refusal: logged always, unready when nothing else drives transitions.
+    fn refused(&self, error: String) {
+        let reason = format!("kubelet refused plugin {}: {error}", self.driver);
+        match &self.policy {
+            KubeletPolicy::Required => {
+                tracing::error!(driver = %self.driver, %error, "kubelet refused the plugin");
+                self.readiness.not_ready(READINESS_CHECK, reason);
+            }
+            KubeletPolicy::Optional => warn_covered(&self.driver, &error),
+            KubeletPolicy::Auto(client) => {
+                let (client, readiness, driver) =
+                    (client.clone(), self.readiness.clone(), self.driver.clone());
+                // Answer the kubelet at once; the API lookup runs on its own, bounded.
+                tokio::spawn(async move {
+                    let covered = tokio::time::timeout(
+                        API_TIMEOUT,
+                        crate::lifecycle::reconciler::auto_enabled(&client),
+                    )
+                    .await;
+                    match covered {
+                        Ok(Ok(true)) => warn_covered(&driver, &error),
+                        Ok(Ok(false)) => {
+                            tracing::error!(%driver, %error, "kubelet refused the plugin");
+                            readiness.not_ready(READINESS_CHECK, reason);
+                        }
+                        Ok(Err(lookup)) => {
+                            let reason = format!(
+                                "{reason} (and could not tell whether the lifecycle reconciler covers: {lookup})"
+                            );
+                            tracing::error!(%driver, %reason, "kubelet refused the plugin");
+                            readiness.not_ready(READINESS_CHECK, reason);
+                        }
+                        Err(_) => {
+                            let reason = format!(
+                                "{reason} (and could not tell whether the lifecycle reconciler covers: timed out)"
+                            );
+                            tracing::error!(%driver, %reason, "kubelet refused the plugin");
+                            readiness.not_ready(READINESS_CHECK, reason);
+                        }
+                    }
+                });
+            }
+        }
+    }
+}
+
+fn warn_covered(driver: &str, error: &str) {
+    tracing::warn!(
+        driver,
+        error,
+        "kubelet refused the plugin (its SLM gate is off); the lifecycle reconciler drives transitions"
+    );
 }
 
 #[tonic::async_trait]
@@ -124,16 +192,8 @@ impl Registration for RegistrationService {
         if status.plugin_registered {
             tracing::info!(driver = %self.driver, "kubelet registered the plugin");
             self.readiness.ready(READINESS_CHECK);
-        } else if self.kubelet_required {
-            tracing::error!(driver = %self.driver, error = %status.error, "kubelet refused the plugin");
-            let reason = format!("kubelet refused plugin {}: {}", self.driver, status.error);
-            self.readiness.not_ready(READINESS_CHECK, reason);
         } else {
-            tracing::warn!(
-                driver = %self.driver,
-                error = %status.error,
-                "kubelet refused the plugin (its SLM gate is probably off); the lifecycle reconciler drives transitions"
-            );
+            self.refused(status.error);
         }
         Ok(Response::new(RegistrationStatusResponse {}))
     }

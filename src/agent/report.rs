@@ -37,6 +37,10 @@ pub mod reason {
     pub const DRAIN_FAILED: &str = "DrainFailed";
     pub const DRAIN_STOPPED: &str = "DrainStopped";
     pub const UNCORDONED: &str = "Uncordoned";
+    /// A Node read or write keeps failing (retried).
+    pub const NODE_UPDATE_FAILED: &str = "NodeUpdateFailed";
+    /// The watch on the node's pods keeps failing (retried).
+    pub const POD_WATCH_FAILED: &str = "PodWatchFailed";
 }
 
 /// Outcome of one eviction (or delete) request.

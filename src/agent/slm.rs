@@ -1,6 +1,6 @@
 //! The SLMPlugin gRPC service (DESIGN §3): `StartLifecycleTransition` and
 //! `EndLifecycleTransition` for our two transitions, answered from the agent's in-memory
-//! state in microseconds — the work itself runs in [`super::ops`] tasks, because the
+//! state at once — the work itself runs in [`super::ops`] tasks, because the
 //! kubelet gives up on a call after 45 s.
 //!
 //! Start begins the operation (idempotent) and returns the transition's start reason. End

@@ -216,7 +216,13 @@ pub async fn run(
         Mode::Off => false,
         Mode::Auto => auto_enabled(&ctx.client).await?,
     };
-    tracing::info!(node = %ctx.node_name, mode = ?args.mode, enabled, "lifecycle reconciler");
+    tracing::info!(
+        node = %ctx.node_name,
+        driver = %ctx.driver_name,
+        mode = ?args.mode,
+        enabled,
+        "lifecycle reconciler"
+    );
     if !enabled {
         return Ok(());
     }
@@ -244,7 +250,12 @@ pub async fn run(
                 Some(Ok(_)) => {}
             },
         }
-        run_steps(&reconciler, &shutdown).await;
+        // A step is abandoned at shutdown: every write in it is atomic and guarded, and
+        // the successor resumes from what the objects record.
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            () = run_steps(&reconciler, &shutdown) => {}
+        }
     }
 }
 

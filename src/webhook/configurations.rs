@@ -178,3 +178,95 @@ pub fn webhook_configurations(
         },
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_configurations_route_each_operation_to_its_path() {
+        let spec = ConfigurationsSpec {
+            target: Target::Url("https://127.0.0.1:9443/".into()),
+            ca_bundle: Some("-----BEGIN CERTIFICATE-----\n".into()),
+            timeout_seconds: 7,
+            ..ConfigurationsSpec::default()
+        };
+        let (mutating, validating) = webhook_configurations(&spec);
+        let m = &mutating.webhooks.as_ref().unwrap()[0];
+        let v = &validating.webhooks.as_ref().unwrap()[0];
+        assert_eq!(
+            m.client_config.url.as_deref(),
+            Some("https://127.0.0.1:9443/mutate/eviction")
+        );
+        assert_eq!(
+            v.client_config.url.as_deref(),
+            Some("https://127.0.0.1:9443/validate/delete")
+        );
+        let m_rule = &m.rules.as_ref().unwrap()[0];
+        assert_eq!(
+            m_rule.operations.as_deref(),
+            Some(&["CREATE".to_string()][..])
+        );
+        assert_eq!(
+            m_rule.resources.as_deref(),
+            Some(&["pods/eviction".to_string()][..])
+        );
+        let v_rule = &v.rules.as_ref().unwrap()[0];
+        assert_eq!(
+            v_rule.operations.as_deref(),
+            Some(&["DELETE".to_string()][..])
+        );
+        assert_eq!(v_rule.resources.as_deref(), Some(&["pods".to_string()][..]));
+        for (timeout, policy, side, ca) in [
+            (
+                m.timeout_seconds,
+                &m.failure_policy,
+                &m.side_effects,
+                &m.client_config.ca_bundle,
+            ),
+            (
+                v.timeout_seconds,
+                &v.failure_policy,
+                &v.side_effects,
+                &v.client_config.ca_bundle,
+            ),
+        ] {
+            assert_eq!(timeout, Some(7));
+            assert_eq!(policy.as_deref(), Some("Ignore"));
+            assert_eq!(side, "NoneOnDryRun");
+            assert_eq!(
+                ca.as_ref().map(|b| b.0.as_slice()),
+                Some(&b"-----BEGIN CERTIFICATE-----\n"[..])
+            );
+        }
+        let selector = m.namespace_selector.as_ref().unwrap();
+        let expr = &selector.match_expressions.as_ref().unwrap()[0];
+        assert_eq!(
+            (expr.key.as_str(), expr.operator.as_str()),
+            (OPT_OUT_LABEL, "NotIn")
+        );
+    }
+
+    #[test]
+    fn service_configurations_name_the_service_and_paths() {
+        let (mutating, validating) = webhook_configurations(&ConfigurationsSpec::default());
+        assert_eq!(mutating.metadata.name.as_deref(), Some("graceful-drain"));
+        let svc = mutating.webhooks.unwrap()[0]
+            .client_config
+            .service
+            .clone()
+            .unwrap();
+        assert_eq!(
+            (svc.namespace.as_str(), svc.name.as_str()),
+            ("graceful-drain", "graceful-drain-webhook")
+        );
+        assert_eq!(svc.path.as_deref(), Some(EVICTION_PATH));
+        assert_eq!(svc.port, Some(443));
+        let svc = validating.webhooks.unwrap()[0]
+            .client_config
+            .service
+            .clone()
+            .unwrap();
+        assert_eq!(svc.path.as_deref(), Some(DELETE_PATH));
+    }
+}

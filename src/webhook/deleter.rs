@@ -241,6 +241,7 @@ impl Deleter {
         let now = Timestamp::now();
         self.observe_slices(now);
         self.update_gauge();
+        self.metrics.leader.set(i64::from(leading));
         if !leading {
             return;
         }

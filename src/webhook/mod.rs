@@ -192,6 +192,101 @@ async fn watch_readiness(
     }
 }
 
+/// The long-running pieces behind the admission endpoints.
+struct Workers {
+    ctx: isolate::Context,
+    resolver: Arc<tls::ReloadingResolver>,
+    readiness: Readiness,
+    metrics: Arc<metrics::Metrics>,
+    lease_namespace: String,
+    lease_name: String,
+    wait_for_endpoints: Option<Duration>,
+}
+
+/// Spawns the caches, readiness watcher, lease elector and deferred deleter as owned tasks.
+fn spawn_workers(w: Workers, shutdown: &Shutdown) {
+    let Workers {
+        ctx,
+        resolver,
+        readiness,
+        metrics,
+        lease_namespace,
+        lease_name,
+        wait_for_endpoints,
+    } = w;
+    let cache = ctx.cache.clone();
+    let watches = cache::run(cache.clone(), ctx.client.clone());
+    let stop = shutdown.clone();
+    let watches = async move {
+        tokio::select! {
+            result = watches => result,
+            () = stop.cancelled() => Ok(()),
+        }
+    };
+    spawn_owned("cache", shutdown.clone(), watches);
+    let ready = watch_readiness(resolver, cache, readiness, shutdown.clone());
+    spawn_owned("readiness", shutdown.clone(), ready);
+    let (leader_tx, leader_rx) = tokio::sync::watch::channel(false);
+    let elector = lease::Elector::new(
+        ctx.client.clone(),
+        &lease_namespace,
+        &lease_name,
+        &ctx.identity,
+    );
+    spawn_owned(
+        "lease",
+        shutdown.clone(),
+        elector.run(leader_tx, shutdown.clone()),
+    );
+    let deleter = deleter::Deleter::new(ctx, metrics, wait_for_endpoints);
+    spawn_owned(
+        "deleter",
+        shutdown.clone(),
+        deleter.run(leader_rx, shutdown.clone()),
+    );
+}
+
+/// Serves the admission endpoints until `shutdown`, in two stages: first stay up (not
+/// ready) for `delay` so the Service stops routing to us, then stop accepting and answer
+/// held reviews at once.
+async fn serve_admission(
+    listen: SocketAddr,
+    app: axum::Router,
+    tls_config: Arc<rustls::ServerConfig>,
+    holds: Shutdown,
+    (readiness, delay): (Readiness, Duration),
+    shutdown: Shutdown,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("bind webhook port {listen}"))?;
+    let bound = listener.local_addr().context("webhook local address")?;
+    tracing::info!(addr = %bound, "admission webhook listening (HTTPS)");
+    let serving = Shutdown::new();
+    let stages = {
+        let serving = serving.clone();
+        async move {
+            shutdown.cancelled().await;
+            readiness.not_ready("webhook", "shutting down");
+            tokio::time::sleep(delay).await;
+            holds.cancel();
+            serving.cancel();
+        }
+    };
+    tokio::spawn(stages);
+    server::serve(listener, tls_config, app, serving).await?;
+    Ok(())
+}
+
+/// Our own usernames: the flag, else what a SelfSubjectReview says.
+async fn own_users(client: &kube::Client, given: Vec<String>) -> BTreeSet<String> {
+    let mut own: BTreeSet<String> = given.into_iter().collect();
+    if own.is_empty() {
+        own.extend(discover_own_user(client).await);
+    }
+    own
+}
+
 /// Runs the webhook until `shutdown`.
 pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
     let Args {
@@ -206,26 +301,10 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         policy,
         kube,
     } = args;
-    let TlsArgs {
-        tls_cert,
-        tls_key,
-        client_ca,
-    } = *tls;
-    let PolicyArgs {
-        exposure,
-        wait_for_endpoints,
-        exclude_namespaces,
-        refuse_replicaset_deletes,
-        own_users,
-        max_body_bytes,
-        shutdown_delay,
-    } = *policy;
+    let (tls, policy) = (*tls, *policy);
     let client = kube.client().await?;
     let identity = identity.unwrap_or_else(default_identity);
-    let mut own: BTreeSet<String> = own_users.into_iter().collect();
-    if own.is_empty() {
-        own.extend(discover_own_user(&client).await);
-    }
+    let own = own_users(&client, policy.own_users).await;
     tracing::info!(%identity, own_users = ?own, "starting webhook");
 
     let mut registry = Registry::default();
@@ -234,50 +313,32 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
     readiness.register("certificate", "serving certificate not loaded");
     readiness.register("caches", "caches not synced");
     readiness.ready("webhook");
-
-    let resolver = Arc::new(tls::ReloadingResolver::new(tls_cert, tls_key));
+    let resolver = Arc::new(tls::ReloadingResolver::new(tls.tls_cert, tls.tls_key));
     if let Err(error) = resolver.reload() {
         tracing::warn!(%error, "serving certificate not available yet; retrying");
     }
-    let tls_config = Arc::new(tls::server_config(resolver.clone(), client_ca.as_deref())?);
-    let cache = Arc::new(cache::Cache::new(exclude_namespaces));
+    let tls_config = Arc::new(tls::server_config(
+        resolver.clone(),
+        tls.client_ca.as_deref(),
+    )?);
     let ctx = isolate::Context {
-        client: client.clone(),
-        cache: cache.clone(),
-        identity: identity.clone(),
+        client,
+        cache: Arc::new(cache::Cache::new(policy.exclude_namespaces)),
+        identity,
     };
-
-    spawn_owned(
-        "cache",
-        shutdown.clone(),
-        cache::run(cache.clone(), client.clone()),
-    );
-    spawn_owned(
-        "readiness",
-        shutdown.clone(),
-        watch_readiness(resolver, cache.clone(), readiness.clone(), shutdown.clone()),
-    );
-    let (leader_tx, leader_rx) = tokio::sync::watch::channel(false);
-    let elector = lease::Elector::new(client.clone(), &lease_namespace, &lease_name, &identity);
-    spawn_owned(
-        "lease",
-        shutdown.clone(),
-        elector.run(leader_tx, shutdown.clone()),
-    );
-    let deleter = deleter::Deleter::new(ctx.clone(), metrics.clone(), wait_for_endpoints);
-    spawn_owned(
-        "deleter",
-        shutdown.clone(),
-        deleter.run(leader_rx, shutdown.clone()),
-    );
-
-    let (admin_addr, admin) = crate::admin::bind(
-        admin_listen,
-        readiness.clone(),
-        Arc::new(registry),
-        shutdown.clone(),
-    )
-    .await?;
+    let workers = Workers {
+        ctx: ctx.clone(),
+        resolver,
+        readiness: readiness.clone(),
+        metrics: metrics.clone(),
+        lease_namespace,
+        lease_name,
+        wait_for_endpoints: policy.wait_for_endpoints,
+    };
+    spawn_workers(workers, &shutdown);
+    let registry = Arc::new(registry);
+    let (admin_addr, admin) =
+        crate::admin::bind(admin_listen, readiness.clone(), registry, shutdown.clone()).await?;
     tracing::info!(%admin_addr, "admin port listening");
     spawn_owned("admin", shutdown.clone(), admin);
 
@@ -285,42 +346,16 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         ctx,
         settings: decide::Settings {
             default_delay: deregistration_delay,
-            exposure,
+            exposure: policy.exposure,
             own_users: own,
         },
         metrics,
-        refuse_replicaset_deletes,
+        refuse_replicaset_deletes: policy.refuse_replicaset_deletes,
         default_timeout: Duration::from_secs(u64::from(timeout_seconds)),
         shutdown: Shutdown::new(),
     });
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("bind webhook port {listen}"))?;
-    let bound = listener.local_addr().context("webhook local address")?;
-    tracing::info!(addr = %bound, "admission webhook listening (HTTPS)");
-
-    // Two-stage shutdown: stay up (not ready) for `shutdown_delay`, then stop accepting and
-    // answer held reviews at once.
-    let serving = Shutdown::new();
-    let stages = {
-        let (serving, holds, readiness) =
-            (serving.clone(), state.shutdown.clone(), readiness.clone());
-        let shutdown = shutdown.clone();
-        async move {
-            shutdown.cancelled().await;
-            readiness.not_ready("webhook", "shutting down");
-            tokio::time::sleep(shutdown_delay).await;
-            holds.cancel();
-            serving.cancel();
-        }
-    };
-    tokio::spawn(stages);
-    server::serve(
-        listener,
-        tls_config,
-        server::router(state, max_body_bytes),
-        serving,
-    )
-    .await?;
-    Ok(())
+    let holds = state.shutdown.clone();
+    let app = server::router(state, policy.max_body_bytes);
+    let stage = (readiness, policy.shutdown_delay);
+    serve_admission(listen, app, tls_config, holds, stage, shutdown).await
 }

@@ -36,11 +36,19 @@ pub struct Eviction {
     pub delete_options: Value,
 }
 
-/// A review on the delete path.
+/// A review on the delete path. The pod stays a `DynamicObject` until it is needed:
+/// most DELETEs are answered from its metadata and the caches alone.
 #[derive(Clone, Debug)]
 pub struct Deletion {
     pub request: Request,
-    pub pod: Box<Pod>,
+    pub object: Box<DynamicObject>,
+}
+
+impl Deletion {
+    /// The typed pod, `None` when `oldObject` does not parse as one.
+    pub fn pod(self) -> Option<Pod> {
+        self.object.try_parse::<Pod>().ok()
+    }
 }
 
 /// What a review asks of us.
@@ -67,8 +75,9 @@ pub fn parse(body: &[u8], path: Path) -> Result<Review, Error> {
         review.types.api_version == META_API_VERSION_V1 && review.types.kind == META_KIND;
     let request: AdmissionRequest<DynamicObject> =
         review.try_into().map_err(|_| Error::NoRequest)?;
+    let mut request = request;
     let parsed = if types_ok {
-        classify(&request, path)
+        classify(&mut request, path)
     } else {
         Parsed::NotOurs("not an admission.k8s.io/v1 AdmissionReview")
     };
@@ -79,7 +88,7 @@ fn is_pods(req: &AdmissionRequest<DynamicObject>) -> bool {
     req.resource.group.is_empty() && req.resource.version == "v1" && req.resource.resource == "pods"
 }
 
-fn classify(req: &AdmissionRequest<DynamicObject>, path: Path) -> Parsed {
+fn classify(req: &mut AdmissionRequest<DynamicObject>, path: Path) -> Parsed {
     if !is_pods(req) {
         return Parsed::NotOurs("resource is not v1 pods");
     }
@@ -139,13 +148,17 @@ fn classify_eviction(req: &AdmissionRequest<DynamicObject>) -> Parsed {
     })
 }
 
-fn classify_deletion(req: &AdmissionRequest<DynamicObject>) -> Parsed {
+fn classify_deletion(req: &mut AdmissionRequest<DynamicObject>) -> Parsed {
     let Some(old) = &req.old_object else {
         return Parsed::NotOurs("delete without oldObject");
     };
-    let Ok(pod) = old.clone().try_parse::<Pod>() else {
+    let is_pod = old
+        .types
+        .as_ref()
+        .is_some_and(|t| t.kind == "Pod" && t.api_version == "v1");
+    if !is_pod {
         return Parsed::NotOurs("oldObject is not a Pod");
-    };
+    }
     let options = req
         .options
         .as_ref()
@@ -157,10 +170,13 @@ fn classify_deletion(req: &AdmissionRequest<DynamicObject>) -> Parsed {
         grace_period: options.get("gracePeriodSeconds").and_then(Value::as_i64),
         user: req.user_info.username.clone().unwrap_or_default(),
     };
-    Parsed::Delete(Deletion {
-        request,
-        pod: Box::new(pod),
-    })
+    match req.old_object.take() {
+        Some(object) => Parsed::Delete(Deletion {
+            request,
+            object: Box::new(object),
+        }),
+        None => Parsed::NotOurs("delete without oldObject"),
+    }
 }
 
 fn options_dry_run(options: &Value) -> bool {
@@ -228,8 +244,23 @@ pub fn dry_run_patch(delete_options: &Value) -> json_patch::Patch {
 }
 
 /// Serialises `response` as a full AdmissionReview.
+///
+/// kube-core writes `response.patch` (Go `[]byte`) as a JSON array of numbers. The API
+/// server's decoder accepts that, but Go's canonical encoding — and what every other
+/// webhook sends — is a base64 string, so the patch is re-encoded that way.
 pub fn to_body(response: AdmissionResponse) -> Result<Vec<u8>, serde_json::Error> {
-    serde_json::to_vec(&response.into_review())
+    let review = response.into_review();
+    let patch = review.response.as_ref().and_then(|r| r.patch.as_ref());
+    let Some(patch) = patch else {
+        return serde_json::to_vec(&review);
+    };
+    use base64::Engine as _;
+    let encoded = base64::engine::general_purpose::STANDARD.encode(patch);
+    let mut value = serde_json::to_value(&review)?;
+    if let Some(slot) = value.pointer_mut("/response/patch") {
+        *slot = Value::String(encoded);
+    }
+    serde_json::to_vec(&value)
 }
 
 #[cfg(test)]
@@ -299,10 +330,11 @@ mod tests {
         let Parsed::Delete(del) = review.parsed else {
             panic!("not a delete")
         };
-        let facts = pod_facts(&del.pod);
+        let request = del.request.clone();
+        let facts = pod_facts(&del.pod().unwrap());
         assert!(facts.running && facts.ready && !facts.terminating);
         assert_eq!(facts.owner, Some((OwnerKind::ReplicaSet, "web-abc".into())));
-        assert_eq!(del.request.grace_period, Some(30));
+        assert_eq!(request.grace_period, Some(30));
     }
 
     #[test]
@@ -438,9 +470,14 @@ mod tests {
         assert_eq!(body["apiVersion"], "admission.k8s.io/v1");
         assert_eq!(body["response"]["uid"], "u-9");
         assert_eq!(body["response"]["patchType"], "JSONPatch");
-        // kube-core encodes the patch bytes as a JSON array of numbers, which the API
-        // server's decoder accepts for a []byte field just like base64.
-        let patch: Vec<u8> = serde_json::from_value(body["response"]["patch"].clone()).unwrap();
+        use base64::Engine as _;
+        let patch = base64::engine::general_purpose::STANDARD
+            .decode(
+                body["response"]["patch"]
+                    .as_str()
+                    .expect("patch is a base64 string"),
+            )
+            .unwrap();
         let patch: Value = serde_json::from_slice(&patch).unwrap();
         assert_eq!(
             patch,

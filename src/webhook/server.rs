@@ -346,16 +346,36 @@ async fn respond_delete(
     del: review::Deletion,
     deadline: Instant,
 ) -> (AdmissionResponse, &'static str) {
-    let pod = review::pod_facts(&del.pod);
-    tracing::Span::current().record("pod", pod.name.as_str());
+    let meta = &del.object.metadata;
+    let (namespace, name) = (
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default(),
+    );
+    tracing::Span::current().record("pod", name.as_str());
+    if let Some(pass) = request_pass(&del.request, &state.settings) {
+        return (review::allow(request), pass.as_str());
+    }
+    // Fast path: neither isolated (its own labels say so) nor listed as a ready endpoint.
+    let draining = meta
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(crate::labels::DRAINING_LABEL));
+    if !draining && !state.ctx.cache.has_ready_endpoint(&namespace, &name) {
+        return (review::allow(request), Pass::NotExposed.as_str());
+    }
+    let req = del.request.clone();
+    let Some(pod) = del.pod() else {
+        return (review::allow(request), "not_ours");
+    };
+    let pod = review::pod_facts(&pod);
     let owned_by_rs = matches!(pod.owner, Some((OwnerKind::ReplicaSet, _)));
-    let settled = settle(state, &del.request, pod.clone()).await;
+    let settled = settle(state, &req, pod.clone()).await;
     let outcome = settled.outcome();
     let delete_at = match settled {
         Settled::Isolated(t) | Settled::Pending(t) => t,
         Settled::Pass(_) | Settled::Failed => return (review::allow(request), outcome),
     };
-    if state.refuse_replicaset_deletes && owned_by_rs && del.request.user == REPLICASET_CONTROLLER {
+    if state.refuse_replicaset_deletes && owned_by_rs && req.user == REPLICASET_CONTROLLER {
         let message = format!(
             "graceful-drain: pod {}/{} is isolated and will be deleted at {delete_at}",
             pod.namespace, pod.name
@@ -618,7 +638,10 @@ mod tests {
         assert_eq!(review["response"]["uid"], "ev-1");
         assert_eq!(review["response"]["allowed"], true);
         assert_eq!(review["response"]["patchType"], "JSONPatch");
-        let patch: Vec<u8> = serde_json::from_value(review["response"]["patch"].clone()).unwrap();
+        use base64::Engine as _;
+        let patch = base64::engine::general_purpose::STANDARD
+            .decode(review["response"]["patch"].as_str().unwrap())
+            .unwrap();
         let patch: Value = serde_json::from_slice(&patch).unwrap();
         assert_eq!(patch[0]["value"]["dryRun"], json!(["All"]));
         assert!(

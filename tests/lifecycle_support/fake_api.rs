@@ -69,7 +69,13 @@ fn route(path: &str) -> Option<(String, Option<String>, Option<String>)> {
     let rest = path
         .strip_prefix("/api/v1/")
         .or_else(|| path.strip_prefix("/apis/lifecycle.k8s.io/v1alpha1/"))
-        .or_else(|| path.strip_prefix("/apis/apiextensions.k8s.io/v1/"))?;
+        .or_else(|| path.strip_prefix("/apis/apiextensions.k8s.io/v1/"))
+        .or_else(|| path.strip_prefix("/apis/events.k8s.io/v1/"))?;
+    // Namespaced paths (Events only here) share one store per resource.
+    let rest = match rest.strip_prefix("namespaces/") {
+        Some(ns_rest) => ns_rest.split_once('/').map_or(ns_rest, |(_, r)| r),
+        None => rest,
+    };
     let mut parts = rest.split('/').map(str::to_string);
     Some((parts.next()?, parts.next(), parts.next()))
 }

@@ -6,6 +6,9 @@ Usage: assert.py split RENDERED OUTDIR      -> OUTDIR/core.yaml, OUTDIR/cert-man
        assert.py cli BINARY RENDERED              -> the binary's CLI accepts each workload's args
        assert.py served RENDERED API_RESOURCES OUT -> OUT: the documents a cluster serves
        assert.py applied MODE RENDERED OBJECTS_JSON -> the cluster returns the configurations
+       assert.py helm-owned RENDERED RELEASE NAMESPACE OUT -> OUT: marked as a Helm release's
+       assert.py same-ca RENDERED_A RENDERED_B   -> both renders carry one CA and caBundle
+       assert.py docker-context                  -> .dockerignore keeps what cargo build needs
 MODE is cert-manager, self-signed or secret. Exits non-zero with one line per failure.
 """
 
@@ -102,6 +105,15 @@ def check_webhook_deployment(ck):
                         ("GRACEFUL_DRAIN_POD_NAME", "metadata.name")):
         got = env.get(name, {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
         ck.expect(got == field, f"webhook: {name} not from the downward API {field}")
+    own = f"system:serviceaccount:{dep['metadata']['namespace']}:{pod['serviceAccountName']}"
+    ck.expect(env.get("GRACEFUL_DRAIN_OWN_USER", {}).get("value") == own,
+              f"webhook: GRACEFUL_DRAIN_OWN_USER is not its ServiceAccount {own}")
+    for d in ck.docs:
+        if d["kind"] in WEBHOOK_KINDS:
+            for w in d["webhooks"]:
+                exprs = [c["expression"] for c in w.get("matchConditions", [])]
+                ck.expect(any(f'"{own}"' in e for e in exprs),
+                          f"{d['kind']}: matchConditions do not skip {own}")
     timeout = int(env.get("GRACEFUL_DRAIN_WEBHOOK_TIMEOUT_SECONDS", {}).get("value", "0"))
     ck.expect(timeout > 0, "webhook: GRACEFUL_DRAIN_WEBHOOK_TIMEOUT_SECONDS missing")
     ck.expect(pod["terminationGracePeriodSeconds"] > timeout,
@@ -327,6 +339,57 @@ def applied(mode, rendered, objects_json):
         sys.exit(1)
 
 
+def helm_owned(rendered, release, namespace, out):
+    """Adds the ownership annotations Helm puts on what it installs, with the namespace
+    in front, so a later `helm template --dry-run=server` treats the objects as its own."""
+    docs = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}]
+    docs += load(rendered)
+    for doc in docs:
+        notes = doc["metadata"].setdefault("annotations", {})
+        notes["meta.helm.sh/release-name"] = release
+        notes["meta.helm.sh/release-namespace"] = namespace
+    with open(out, "w", encoding="utf-8") as f:
+        yaml.safe_dump_all(docs, f, sort_keys=False)
+
+
+def same_ca(a, b):
+    """Exit 0 when two self-signed renders carry the same certificate and caBundle."""
+    def material(path):
+        docs = load(path)
+        secret = next(d for d in docs if d["kind"] == "Secret")
+        bundles = {w["clientConfig"].get("caBundle") for d in docs if d["kind"] in WEBHOOK_KINDS
+                   for w in d["webhooks"]}
+        return secret["data"], bundles
+    (data_a, bundles_a), (data_b, bundles_b) = material(a), material(b)
+    same = data_a == data_b and bundles_a == bundles_b == {data_a["ca.crt"]}
+    print("same certificate and caBundle" if same else "different certificate or caBundle")
+    sys.exit(0 if same else 1)
+
+
+def docker_context():
+    """The build context must keep every file `cargo build --locked` reads: the manifest,
+    the lock file, build.rs, the protos, the sources and every target Cargo.toml names
+    (a missing [[bench]] file breaks the manifest). Checked against `git ls-files`."""
+    import fnmatch
+    with open(".dockerignore", encoding="utf-8") as f:
+        patterns = [l.strip().rstrip("/") for l in f if l.strip() and not l.startswith("#")]
+    files = subprocess.run(["git", "ls-files"], capture_output=True, text=True,
+                           check=True).stdout.split()
+    def ignored(path):
+        parts = path.split("/")
+        prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+        return any(fnmatch.fnmatch(p, pat) or fnmatch.fnmatch(parts[-1], pat)
+                   for p in prefixes for pat in patterns)
+    needed = [f for f in files if f in ("Cargo.toml", "Cargo.lock", "build.rs")
+              or f.split("/")[0] in ("src", "proto", "benches", "tests")]
+    missing = [f for f in needed if ignored(f)]
+    for f in missing:
+        print(f"FAIL .dockerignore leaves out {f}, which cargo build needs")
+    if missing or "src/main.rs" not in needed:
+        sys.exit(1)
+    print(f"docker context keeps the {len(needed)} files cargo build reads")
+
+
 # Values documented as one row although they are maps (their keys are free-form).
 WHOLE_VALUES = {"webhook.resources", "agent.resources", "agent.updateStrategy"}
 
@@ -357,7 +420,13 @@ def docs(values_yaml, doc_md):
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "served":
+    if sys.argv[1] == "docker-context":
+        docker_context()
+    elif sys.argv[1] == "helm-owned":
+        helm_owned(*sys.argv[2:6])
+    elif sys.argv[1] == "same-ca":
+        same_ca(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "served":
         served(sys.argv[2], sys.argv[3], sys.argv[4])
     elif sys.argv[1] == "applied":
         applied(sys.argv[2], sys.argv[3], sys.argv[4])

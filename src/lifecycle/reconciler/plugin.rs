@@ -50,6 +50,21 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// The driver could not be reached (its socket refuses connections, or the server
+    /// is going away): it is restarting, not failing. Retried until the SLA passes.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Connect { .. } => true,
+            Self::Call { status, .. } => matches!(
+                status.code(),
+                tonic::Code::Unavailable | tonic::Code::Cancelled
+            ),
+            Self::Timeout { .. } | Self::NotSlmDriver { .. } => false,
+        }
+    }
+}
+
 /// Where a registered driver serves its SLMPlugin service.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Registered {

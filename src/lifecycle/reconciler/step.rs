@@ -7,10 +7,12 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use jiff::Timestamp;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::{Api, ResourceExt};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use tracing::Instrument;
 
@@ -27,6 +29,11 @@ use crate::proto::slm::{
 
 /// Attempts at the Node condition's read-modify-write before leaving it to the next pass.
 const CONDITION_ATTEMPTS: usize = 3;
+/// Bound on posting one Kubernetes Event: Events are best effort and must never hold up
+/// a transition.
+const EVENT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The reporting controller named on our Kubernetes Events.
+const REPORTER: &str = "graceful-drain-lifecycle-reconciler";
 
 /// What one pass did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -53,6 +60,10 @@ pub struct Reconciler {
     transitions: Api<LifecycleTransition>,
     nodes: Api<Node>,
     selector_supported: bool,
+    recorder: Recorder,
+    /// The node as Events reference it (with its UID, so `kubectl describe node` finds
+    /// them); refreshed every pass.
+    node_ref: std::sync::Mutex<ObjectReference>,
 }
 
 impl Reconciler {
@@ -72,7 +83,19 @@ impl Reconciler {
         if !selector_supported {
             tracing::warn!("spec.bindingNode is not a selectable field here; filtering events");
         }
+        let reporter = Reporter {
+            controller: REPORTER.to_string(),
+            instance: Some(format!("{REPORTER}-{}", ctx.node_name)),
+        };
+        let node_ref = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(ctx.node_name.clone()),
+            ..ObjectReference::default()
+        };
         Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            node_ref: std::sync::Mutex::new(node_ref),
             ctx,
             call_timeout,
             events,
@@ -106,6 +129,9 @@ impl Reconciler {
             .await
             .map_err(|e| Error::kube(format!("get node {node_name}"), e))?;
         let condition = condition_view(&node);
+        if let Ok(mut r) = self.node_ref.lock() {
+            *r = node.object_ref(&());
+        }
         let mut claimed = events
             .iter()
             .find(|e| claim_of(e) == ClaimStatus::Claimed)
@@ -283,6 +309,13 @@ impl Reconciler {
             .await
             .map_err(|e| Error::kube(format!("claim lifecycleevent {name}"), e))?;
         tracing::info!(transition = %t.name, driver = %t.spec.driver, sla = ?sla, "claimed");
+        let deadline = sla.map_or("none".to_string(), rfc3339);
+        let note = format!(
+            "claimed lifecycleevent {name} (transition {}, driver {}, SLA deadline {deadline})",
+            t.name, t.spec.driver
+        );
+        self.record(EventType::Normal, "LifecycleEventClaimed", "Claim", note)
+            .await;
         Ok(true)
     }
 
@@ -305,6 +338,12 @@ impl Reconciler {
                 return self
                     .conclude(event, ClaimStatus::Failed, Some(message))
                     .await;
+            }
+            Err(error) if error.is_transient() => {
+                // The kubelet fails the event here; a driver restarting during a
+                // DaemonSet rollout must not fail a drain, so retry (the SLA bounds it).
+                tracing::warn!(%error, "driver unreachable; retrying");
+                return Ok(false);
             }
             Err(error) => {
                 let message = error.to_string();
@@ -423,7 +462,37 @@ impl Reconciler {
             .replace_status(&name, &PostParams::default(), &ev)
             .await
             .map_err(|e| Error::kube(format!("set lifecycleevent {name} {status}"), e))?;
+        let (type_, why) = match ev.annotations().get(MESSAGE_ANNOTATION) {
+            Some(m) if status != ClaimStatus::Succeeded => (EventType::Warning, format!(": {m}")),
+            _ => (EventType::Normal, String::new()),
+        };
+        let note = format!(
+            "lifecycleevent {name} ({}) {status}{why}",
+            ev.spec.transition_name
+        );
+        self.record(type_, &format!("LifecycleEvent{status}"), "Conclude", note)
+            .await;
         self.finalize(&ev).await
+    }
+
+    /// Posts a Kubernetes Event on the node, best effort.
+    async fn record(&self, type_: EventType, reason: &str, action: &str, note: String) {
+        let reference = match self.node_ref.lock() {
+            Ok(r) => r.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        };
+        let event = KubeEvent {
+            type_,
+            reason: reason.to_string(),
+            note: Some(note),
+            action: action.to_string(),
+            secondary: None,
+        };
+        match tokio::time::timeout(EVENT_TIMEOUT, self.recorder.publish(&event, &reference)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::debug!(%error, reason, "post node event"),
+            Err(_) => tracing::debug!(reason, "post node event: timed out"),
+        }
     }
 
     /// Removes the claim finalizer and deletes the event (UID-guarded).

@@ -17,7 +17,7 @@ use super::Ctx;
 use super::resources::ResourceDef;
 use super::selector::{FieldSelector, LabelSelector};
 use super::status::{ApiError, ApiResult};
-use super::{eviction, watch, write};
+use super::{eviction, table, watch, write};
 
 /// Largest request body accepted (objects are small; a generous bound against runaways).
 const MAX_BODY: usize = 16 * 1024 * 1024;
@@ -83,6 +83,7 @@ pub(crate) struct Req {
     pub user: UserInfo,
     pub query: HashMap<String, String>,
     pub content_type: String,
+    pub accept: String,
     pub body: bytes::Bytes,
 }
 
@@ -96,6 +97,11 @@ impl Req {
 
     pub(crate) fn flag(&self, name: &str) -> bool {
         matches!(self.param(name), Some("true" | "1"))
+    }
+
+    /// Whether the client asked for a Table, and with full objects in its rows.
+    pub(crate) fn table(&self) -> Option<bool> {
+        table::wants_table(&self.accept).then(|| self.param("includeObject") == Some("Object"))
     }
 
     /// `dryRun=All` in the query.
@@ -143,6 +149,12 @@ async fn handle(State(ctx): State<Arc<Ctx>>, request: Request) -> Response {
         content_type: parts
             .headers
             .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string(),
+        accept: parts
+            .headers
+            .get(header::ACCEPT)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_string(),
@@ -289,7 +301,22 @@ async fn dispatch(ctx: &Arc<Ctx>, method: Method, target: Target, req: Req) -> R
     let result = match (verb, target.sub.as_deref()) {
         ("watch", _) => return watch::watch(ctx.clone(), &target, &req),
         ("list", _) => list(ctx, &target, &req).map(|v| (StatusCode::OK, v)),
-        ("get", None | Some("status")) => get(ctx, &target).map(|v| (StatusCode::OK, v)),
+        ("get", None | Some("status")) => get(ctx, &target).map(|v| match req.table() {
+            Some(full) if target.sub.is_none() => {
+                let metadata =
+                    json!({"resourceVersion": super::write::meta_str(&v, "resourceVersion")});
+                (
+                    StatusCode::OK,
+                    table::table(&target.def, &[v], metadata, full),
+                )
+            }
+            _ => (StatusCode::OK, v),
+        }),
+        ("get", Some("scale")) => {
+            get(ctx, &target).map(|v| (StatusCode::OK, super::scale::scale_of(&v)))
+        }
+        ("update", Some("scale")) => super::scale::write(ctx, &target, &req, false).await,
+        ("patch", Some("scale")) => super::scale::write(ctx, &target, &req, true).await,
         ("create", Some("eviction")) => eviction::evict(ctx, &target, &req).await,
         ("create", Some("binding")) => write::bind(ctx, &target, &req).await,
         ("create", None) => write::create(ctx, &target, &req).await,
@@ -317,6 +344,7 @@ pub(crate) fn get(ctx: &Ctx, target: &Target) -> ApiResult<Value> {
     let def = &target.def;
     ctx.store
         .get(&def.table(), &def.key(&target.namespace, name))
+        .map(|v| def.view.served(v))
         .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))
 }
 
@@ -369,6 +397,7 @@ fn list(ctx: &Ctx, target: &Target, req: &Req) -> ApiResult<Value> {
         .unwrap_or(usize::MAX);
     let mut matching = items
         .into_iter()
+        .map(|(key, obj)| (key, def.view.served(obj)))
         .filter(|(key, _)| after.as_ref().is_none_or(|a| key > a))
         .filter(|(_, obj)| filter.matches(obj));
     let page: Vec<(String, Value)> = matching.by_ref().take(limit).collect();
@@ -380,11 +409,15 @@ fn list(ctx: &Ctx, target: &Target, req: &Req) -> ApiResult<Value> {
         metadata["continue"] = json!(encode_continue(last));
         metadata["remainingItemCount"] = json!(remaining);
     }
+    let items: Vec<Value> = page.into_iter().map(|(_, v)| v).collect();
+    if let Some(full) = req.table() {
+        return Ok(table::table(def, &items, metadata, full));
+    }
     Ok(json!({
         "kind": format!("{}List", def.kind),
         "apiVersion": def.api_version(),
         "metadata": metadata,
-        "items": page.into_iter().map(|(_, v)| v).collect::<Vec<_>>(),
+        "items": items,
     }))
 }
 

@@ -9,14 +9,17 @@
 //! Every request is counted in [`Stats`].
 
 mod admission;
+mod convert;
 mod defaults;
 mod eviction;
 mod handler;
 mod patch;
 mod resources;
+mod scale;
 mod selector;
 mod status;
 mod store;
+mod table;
 mod watch;
 mod write;
 
@@ -113,6 +116,31 @@ impl Stats {
     /// All admission webhook calls.
     pub fn admission_total(&self) -> u64 {
         self.admission_calls.values().sum()
+    }
+
+    /// What happened since `earlier` (a snapshot of the same server), e.g. the requests
+    /// one drain cost.
+    pub fn since(&self, earlier: &Stats) -> Stats {
+        fn diff<K: Ord + Clone>(
+            now: &BTreeMap<K, u64>,
+            then: &BTreeMap<K, u64>,
+        ) -> BTreeMap<K, u64> {
+            now.iter()
+                .map(|(k, v)| {
+                    (
+                        k.clone(),
+                        v.saturating_sub(then.get(k).copied().unwrap_or(0)),
+                    )
+                })
+                .filter(|(_, v)| *v > 0)
+                .collect()
+        }
+        Stats {
+            requests: diff(&self.requests, &earlier.requests),
+            by_user: diff(&self.by_user, &earlier.by_user),
+            admission_calls: diff(&self.admission_calls, &earlier.admission_calls),
+            admission_failures: diff(&self.admission_failures, &earlier.admission_failures),
+        }
     }
 }
 
@@ -286,5 +314,26 @@ impl ApiServer {
     /// A snapshot of the request counters.
     pub fn stats(&self) -> Stats {
         self.ctx.stats().clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_since_an_earlier_snapshot_count_only_new_requests() {
+        let mut earlier = Stats::default();
+        earlier
+            .requests
+            .insert(("create".into(), "pods/eviction".into()), 2);
+        let mut now = earlier.clone();
+        now.requests
+            .insert(("create".into(), "pods/eviction".into()), 5);
+        now.requests.insert(("get".into(), "pods".into()), 7);
+        let delta = now.since(&earlier);
+        assert_eq!(delta.count("create", "pods/eviction"), 3);
+        assert_eq!(delta.count("get", "pods"), 7);
+        assert_eq!(delta.total(), 10);
     }
 }

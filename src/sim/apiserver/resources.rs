@@ -16,6 +16,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
+pub(crate) use super::convert::View;
+
 /// Round-trips a JSON object through a typed representation (drops unknown fields).
 pub(crate) type Normalize = fn(Value) -> Result<Value, serde_json::Error>;
 
@@ -41,6 +43,10 @@ pub(crate) struct ResourceDef {
     pub normalize: Option<Normalize>,
     /// Defined by a CustomResourceDefinition (no strategic merge patch).
     pub custom: bool,
+    /// How the served form maps to the stored one.
+    pub view: View,
+    /// (name, type, jsonPath) Table columns of a custom resource.
+    pub printer_columns: Vec<(String, String, String)>,
 }
 
 impl ResourceDef {
@@ -53,9 +59,13 @@ impl ResourceDef {
         }
     }
 
-    /// Storage table key shared by every version of the resource.
+    /// Storage table key shared by every version of the resource (events.k8s.io
+    /// Events live with core Events).
     pub(crate) fn table(&self) -> String {
-        format!("{}/{}", self.group, self.plural)
+        match self.view {
+            View::EventsV1 => "/events".to_string(),
+            View::Native => format!("{}/{}", self.group, self.plural),
+        }
     }
 
     pub(crate) fn has_status(&self) -> bool {
@@ -108,6 +118,16 @@ const EVENT_FIELDS: &[&str] = &[
     "type",
 ];
 
+const EVENTS_V1_FIELDS: &[&str] = &[
+    "regarding.kind",
+    "regarding.namespace",
+    "regarding.name",
+    "regarding.uid",
+    "reason",
+    "reportingController",
+    "type",
+];
+
 macro_rules! builtin {
     ($g:expr, $v:expr, $p:expr, $ty:ty, $ns:expr, $short:expr, $subs:expr, $fields:expr) => {
         Builtin {
@@ -127,6 +147,7 @@ macro_rules! builtin {
 #[rustfmt::skip]
 fn builtins() -> Vec<Builtin> {
     const ST: &[&str] = &["status"];
+    const SCALE: &[&str] = &["status", "scale"];
     const ADM: &str = "admissionregistration.k8s.io";
     vec![
         builtin!("", "v1", "namespaces", core::Namespace, false, &["ns"], ST, &["status.phase"]),
@@ -138,12 +159,12 @@ fn builtins() -> Vec<Builtin> {
         builtin!("", "v1", "secrets", core::Secret, true, &[], &[], &["type"]),
         builtin!("", "v1", "serviceaccounts", core::ServiceAccount, true, &["sa"], &[], &[]),
         builtin!("", "v1", "endpoints", core::Endpoints, true, &["ep"], &[], &[]),
-        builtin!("events.k8s.io", "v1", "events", events::Event, true, &["ev"], &[], &[]),
+        builtin!("events.k8s.io", "v1", "events", events::Event, true, &["ev"], &[], EVENTS_V1_FIELDS),
         builtin!("discovery.k8s.io", "v1", "endpointslices", disc::EndpointSlice, true, &[], &[], &[]),
-        builtin!("apps", "v1", "replicasets", apps::ReplicaSet, true, &["rs"], ST, &[]),
-        builtin!("apps", "v1", "deployments", apps::Deployment, true, &["deploy"], ST, &[]),
+        builtin!("apps", "v1", "replicasets", apps::ReplicaSet, true, &["rs"], SCALE, &[]),
+        builtin!("apps", "v1", "deployments", apps::Deployment, true, &["deploy"], SCALE, &[]),
         builtin!("apps", "v1", "daemonsets", apps::DaemonSet, true, &["ds"], ST, &[]),
-        builtin!("apps", "v1", "statefulsets", apps::StatefulSet, true, &["sts"], ST, &[]),
+        builtin!("apps", "v1", "statefulsets", apps::StatefulSet, true, &["sts"], SCALE, &[]),
         builtin!("apps", "v1", "controllerrevisions", apps::ControllerRevision, true, &[], &[], &[]),
         builtin!("batch", "v1", "jobs", batch::Job, true, &[], ST, &["status.successful"]),
         builtin!("policy", "v1", "poddisruptionbudgets", policy::PodDisruptionBudget, true, &["pdb"], ST, &[]),
@@ -183,6 +204,12 @@ impl Default for Registry {
                     selectable_fields: b.fields.iter().map(|s| s.to_string()).collect(),
                     normalize: Some(b.normalize),
                     custom: false,
+                    view: if b.group == "events.k8s.io" {
+                        View::EventsV1
+                    } else {
+                        View::Native
+                    },
+                    printer_columns: Vec::new(),
                 })
             })
             .collect();
@@ -375,6 +402,7 @@ impl Registry {
                 "kind": d.kind,
                 "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
                 "shortNames": d.short_names,
+                "categories": categories(d),
             }));
             for sub in &d.subresources {
                 resources.push(subresource_entry(d, sub));
@@ -394,12 +422,30 @@ impl Registry {
     }
 }
 
+/// `kubectl get all` expands the `all` category.
+fn categories(d: &ResourceDef) -> Vec<&'static str> {
+    let all = matches!(
+        (d.group.as_str(), d.plural.as_str()),
+        ("", "pods" | "services")
+            | (
+                "apps",
+                "deployments" | "replicasets" | "daemonsets" | "statefulsets"
+            )
+            | ("batch", "jobs")
+    );
+    if all { vec!["all"] } else { Vec::new() }
+}
+
 fn subresource_entry(d: &ResourceDef, sub: &str) -> Value {
     let name = format!("{}/{sub}", d.plural);
     match sub {
         "eviction" => json!({
             "name": name, "singularName": "", "namespaced": d.namespaced,
             "group": "policy", "version": "v1", "kind": "Eviction", "verbs": ["create"],
+        }),
+        "scale" => json!({
+            "name": name, "singularName": "", "namespaced": d.namespaced,
+            "group": "autoscaling", "version": "v1", "kind": "Scale", "verbs": ["get", "patch", "update"],
         }),
         "binding" => json!({
             "name": name, "singularName": "", "namespaced": d.namespaced,
@@ -421,6 +467,27 @@ fn selectable_fields(version: &Value) -> Vec<String> {
             a.iter()
                 .filter_map(|f| f.get("jsonPath")?.as_str())
                 .map(|p| p.trim_start_matches('.').to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A CRD version's `additionalPrinterColumns` as (name, type, jsonPath).
+fn printer_columns(version: &Value) -> Vec<(String, String, String)> {
+    let columns = version
+        .get("additionalPrinterColumns")
+        .and_then(Value::as_array);
+    columns
+        .map(|cs| {
+            cs.iter()
+                .filter_map(|c| {
+                    let field = |k: &str| c.get(k).and_then(Value::as_str).map(String::from);
+                    Some((
+                        field("name")?,
+                        field("type").unwrap_or_default(),
+                        field("jsonPath")?,
+                    ))
+                })
                 .collect()
         })
         .unwrap_or_default()
@@ -486,6 +553,8 @@ fn crd_defs(crd: &Value) -> Vec<ResourceDef> {
                 selectable_fields: fields,
                 normalize: None,
                 custom: true,
+                view: View::Native,
+                printer_columns: printer_columns(v),
             })
         })
         .collect()

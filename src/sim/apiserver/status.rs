@@ -6,7 +6,8 @@ use http::{HeaderValue, StatusCode, header};
 use serde_json::{Value, json};
 
 /// An API failure, rendered as a `Status` object.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{code} {reason}: {message}")]
 pub(crate) struct ApiError {
     pub code: u16,
     pub reason: String,
@@ -149,12 +150,6 @@ fn qualified(group: &str, resource: &str) -> String {
     }
 }
 
-impl std::fmt::Display for ApiError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {}: {}", self.code, self.reason, self.message)
-    }
-}
-
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let code = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -165,5 +160,33 @@ impl IntoResponse for ApiError {
             response.headers_mut().insert(header::RETRY_AFTER, value);
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_look_like_the_api_server_s() {
+        let status = ApiError::not_found("apps", "deployments", "web").to_status();
+        assert_eq!(status["kind"], "Status");
+        assert_eq!(status["status"], "Failure");
+        assert_eq!(status["reason"], "NotFound");
+        assert_eq!(status["code"], 404);
+        assert_eq!(status["message"], "deployments.apps \"web\" not found");
+        assert_eq!(
+            status["details"],
+            json!({"name": "web", "group": "apps", "kind": "deployments"})
+        );
+    }
+
+    #[test]
+    fn too_many_requests_carry_retry_after() {
+        let error = ApiError::new(429, "TooManyRequests", "slow down").with_retry(0);
+        assert_eq!(error.to_status()["details"]["retryAfterSeconds"], 0);
+        let response = error.into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "0");
     }
 }

@@ -21,6 +21,7 @@ use super::handler::{Filter, Req, Target, filter_of, prefix_of, stream_response}
 use super::resources::ResourceDef;
 use super::status::ApiError;
 use super::store::{Change, EventType};
+use super::table;
 
 /// Upper bound of a watch's life when the client sets no `timeoutSeconds` (upstream
 /// picks 30–60 minutes at random; clients reconnect either way).
@@ -32,6 +33,8 @@ struct Plan {
     filter: Filter,
     bookmarks: bool,
     timeout: Duration,
+    /// Wrap objects in one-row Tables (with full objects when `Some(true)`).
+    table: Option<bool>,
 }
 
 fn line(kind: &str, object: &Value) -> Bytes {
@@ -72,8 +75,13 @@ impl Plan {
         if change.table != self.def.table() {
             return None;
         }
-        let now = self.matches(&change.object);
-        let before = change.old.as_ref().is_some_and(|o| self.matches(o));
+        let view = self.def.view;
+        let object = view.served_ref(&change.object);
+        let now = self.matches(&object);
+        let before = change
+            .old
+            .as_ref()
+            .is_some_and(|o| self.matches(&view.served_ref(o)));
         let kind = match (change.kind, before, now) {
             (EventType::Added, _, true) => EventType::Added,
             (EventType::Deleted, true, _) => EventType::Deleted,
@@ -82,7 +90,23 @@ impl Plan {
             (EventType::Modified, true, false) => EventType::Deleted,
             _ => return None,
         };
-        Some(line(kind.as_str(), &change.object))
+        Some(self.event(kind.as_str(), &object))
+    }
+
+    /// A watch line for an object, as a Table row when the client asked for Tables.
+    fn event(&self, kind: &str, object: &Value) -> Bytes {
+        match self.table {
+            None => line(kind, object),
+            Some(full) => {
+                let rv = object
+                    .pointer("/metadata/resourceVersion")
+                    .cloned()
+                    .unwrap_or(Value::Null);
+                let metadata = json!({"resourceVersion": rv});
+                let wrapped = table::table(&self.def, std::slice::from_ref(object), metadata, full);
+                line(kind, &wrapped)
+            }
+        }
     }
 }
 
@@ -103,6 +127,7 @@ pub(crate) fn watch(ctx: Arc<Ctx>, target: &Target, req: &Req) -> Response {
         filter,
         bookmarks: req.flag("allowWatchBookmarks"),
         timeout,
+        table: req.table(),
     };
     let table = plan.def.table();
     let since = req.param("resourceVersion").unwrap_or("0");
@@ -112,9 +137,10 @@ pub(crate) fn watch(ctx: Arc<Ctx>, target: &Target, req: &Req) -> Response {
         let (items, rv, live) = ctx.store.snapshot_and_subscribe(&table);
         first.extend(
             items
-                .iter()
+                .into_iter()
+                .map(|o| plan.def.view.served(o))
                 .filter(|o| plan.matches(o))
-                .map(|o| line("ADDED", o)),
+                .map(|o| plan.event("ADDED", &o)),
         );
         if initial {
             first.push(bookmark(&plan.def, rv, true));

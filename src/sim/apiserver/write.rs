@@ -160,7 +160,12 @@ fn random_suffix() -> String {
         .collect()
 }
 
-fn valid_name(name: &str) -> bool {
+/// Object name rules: RBAC objects only need a valid path segment (they carry names
+/// like `system:controller:x`); everything else here is a DNS subdomain.
+fn valid_name(def: &ResourceDef, name: &str) -> bool {
+    if def.group == "rbac.authorization.k8s.io" {
+        return !matches!(name, "" | "." | "..") && !name.contains(['/', '%']);
+    }
     !name.is_empty()
         && name.len() <= 253
         && name
@@ -207,7 +212,7 @@ fn init_metadata(ctx: &Ctx, target: &Target, obj: &mut Value) -> ApiResult<()> {
         meta.remove("namespace");
     }
     let name = resolve_name(def, meta)?;
-    if !valid_name(&name) {
+    if !valid_name(def, &name) {
         return Err(ApiError::invalid(
             &def.group,
             &def.kind,
@@ -215,6 +220,14 @@ fn init_metadata(ctx: &Ctx, target: &Target, obj: &mut Value) -> ApiResult<()> {
             format!(
                 "metadata.name: Invalid value: {name:?}: must be a lowercase RFC 1123 subdomain"
             ),
+        ));
+    }
+    let stale_rv = meta.get("resourceVersion").and_then(Value::as_str);
+    if stale_rv.is_some_and(|rv| !rv.is_empty()) {
+        // Upstream's storage refuses this with a 500; it catches objects re-created
+        // from a fetched copy.
+        return Err(ApiError::internal(
+            "resourceVersion should not be set on objects to be created",
         ));
     }
     meta.insert("name".into(), json!(name));
@@ -373,7 +386,8 @@ pub(crate) async fn create(
     let key = def.key(&target.namespace, &name);
     let stored = ctx
         .store
-        .create(&def.table(), &key, obj)
+        .create(&def.table(), &key, def.view.to_storage(obj))
+        .map(|v| def.view.served(v))
         .map_err(|_| ApiError::already_exists(&def.group, &def.plural, &name))?;
     after_store(ctx, def, &stored);
     Ok((StatusCode::CREATED, stored))
@@ -420,7 +434,12 @@ fn without_meta_and_status(obj: &Value) -> Value {
 
 /// The object an update stores: status from the right place, immutable metadata kept,
 /// generation bumped when anything but metadata and status changed.
-fn merge_for_update(def: &ResourceDef, sub: Option<&str>, old: &Value, new: Value) -> Value {
+pub(crate) fn merge_for_update(
+    def: &ResourceDef,
+    sub: Option<&str>,
+    old: &Value,
+    new: Value,
+) -> Value {
     if sub == Some("status") {
         let mut out = old.clone();
         if let Some(map) = out.as_object_mut() {
@@ -468,8 +487,41 @@ fn ready_to_remove(obj: &Value) -> bool {
             .is_none_or(|g| g == 0)
 }
 
+/// Upstream refuses finalizers added to an object that is being deleted.
+fn check_new_finalizers(def: &ResourceDef, old: &Value, new: &Value) -> ApiResult<()> {
+    if old.pointer("/metadata/deletionTimestamp").is_none() {
+        return Ok(());
+    }
+    let list = |o: &Value| -> Vec<String> {
+        o.pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .map(|f| {
+                f.iter()
+                    .filter_map(|v| v.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let before = list(old);
+    let added: Vec<String> = list(new)
+        .into_iter()
+        .filter(|f| !before.contains(f))
+        .collect();
+    if added.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::invalid(
+        &def.group,
+        &def.kind,
+        meta_str(old, "name"),
+        format!(
+            "metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"
+        ),
+    ))
+}
+
 /// Admits and stores an updated object (compare-and-swap on the old resourceVersion).
-async fn commit_update(
+pub(crate) async fn commit_update(
     ctx: &Arc<Ctx>,
     target: &Target,
     req: &Req,
@@ -494,6 +546,7 @@ async fn commit_update(
         let mutated = prepare_body(def, mutated, Fields::Drop)?;
         new = merge_for_update(def, target.sub.as_deref(), old, mutated);
     }
+    check_new_finalizers(def, old, &new)?;
     if def.group.is_empty() && def.plural == "pods" && target.sub.is_none() {
         defaults::check_pod_update(old, &new)
             .map_err(|m| ApiError::invalid(&def.group, &def.kind, &name, m))?;
@@ -504,10 +557,13 @@ async fn commit_update(
     let key = def.key(&target.namespace, &name);
     let expected = rv_of(old);
     let result = if ready_to_remove(&new) {
-        ctx.store.remove(&def.table(), &key, expected, new)
+        ctx.store
+            .remove(&def.table(), &key, expected, def.view.to_storage(new))
     } else {
-        ctx.store.update(&def.table(), &key, expected, new)
-    };
+        ctx.store
+            .update(&def.table(), &key, expected, def.view.to_storage(new))
+    }
+    .map(|v| def.view.served(v));
     match result {
         Ok(stored) => {
             after_store(ctx, def, &stored);
@@ -741,6 +797,7 @@ pub(crate) fn delete_object(
         let old = ctx
             .store
             .get(&table, &key)
+            .map(|v| def.view.served(v))
             .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
         check_preconditions(def, &old, opts)?;
         match delete_step(ctx, def, &key, &old, opts) {
@@ -798,12 +855,14 @@ fn delete_step(
         }
         return ctx
             .store
-            .update(&table, key, rv_of(old), new)
+            .update(&table, key, rv_of(old), def.view.to_storage(new))
+            .map(|v| def.view.served(v))
             .map_err(map_err);
     }
     let removed = ctx
         .store
-        .remove(&table, key, rv_of(old), old.clone())
+        .remove(&table, key, rv_of(old), def.view.to_storage(old.clone()))
+        .map(|v| def.view.served(v))
         .map_err(map_err)?;
     after_remove(ctx, def, &removed);
     Ok(removed)
@@ -842,7 +901,8 @@ pub(crate) async fn delete_collection(
     let def = &target.def;
     let (items, rv) = ctx.store.list(&def.table(), &prefix_of(target));
     let mut deleted = Vec::new();
-    for (_, obj) in items.into_iter().filter(|(_, o)| filter.matches(o)) {
+    let items = items.into_iter().map(|(_, o)| def.view.served(o));
+    for obj in items.filter(|o| filter.matches(o)) {
         let name = meta_str(&obj, "name").to_string();
         let namespace = meta_str(&obj, "namespace").to_string();
         let one = Target {
@@ -880,6 +940,30 @@ pub(crate) async fn delete_collection(
     ))
 }
 
+/// Admission of a Binding (CREATE pods/binding, kind v1 Binding).
+async fn admit_binding(
+    ctx: &Ctx,
+    target: &Target,
+    req: &Req,
+    name: &str,
+    body: &Value,
+) -> ApiResult<()> {
+    let options = json!({"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"});
+    let attrs = Attributes {
+        kind: Some((String::new(), "v1".into(), "Binding".into())),
+        ..admission_attrs(
+            target,
+            req,
+            Operation::Create,
+            name,
+            Some(body.clone()),
+            None,
+            options,
+        )
+    };
+    admission::admit(ctx, attrs).await.map(|_| ())
+}
+
 /// POST pods/{name}/binding: assigns the pod to a node once.
 pub(crate) async fn bind(
     ctx: &Arc<Ctx>,
@@ -897,20 +981,7 @@ pub(crate) async fn bind(
         .filter(|n| !n.is_empty())
         .ok_or_else(|| ApiError::invalid("", "Binding", &name, "target.name: Required value"))?
         .to_string();
-    let options = json!({"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"});
-    let attrs = Attributes {
-        kind: Some((String::new(), "v1".into(), "Binding".into())),
-        ..admission_attrs(
-            target,
-            req,
-            Operation::Create,
-            &name,
-            Some(body.clone()),
-            None,
-            options,
-        )
-    };
-    admission::admit(ctx, attrs).await?;
+    admit_binding(ctx, target, req, &name, &body).await?;
     for _ in 0..MAX_RACE_RETRIES {
         let old = get(ctx, target)?;
         let current = old

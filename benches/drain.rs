@@ -1,0 +1,235 @@
+//! Drain benchmark on the simulated cluster: 100- and 500-pod nodes drained by the node
+//! agent through the SLM Start/End loop (as the kubelet drives it), and a 100-pod node
+//! drained with the real webhook through a LifecycleEvent; each compared with the lower
+//! bound — the slowest pod's exit after SIGTERM, plus the deregistration delay when the
+//! webhook holds pods for load balancers — with the API requests the agent made per pod.
+//! ("all evictions answered" is not measured in the webhook row and shows the wall time.)
+//!
+//! Run: `cargo bench --bench drain` (or, without an optimised build,
+//! `cargo test --bench drain`: wall times are dominated by the simulated timings).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark may panic
+
+use std::time::{Duration, Instant};
+
+use graceful_drain::agent;
+use graceful_drain::runtime::Shutdown;
+use graceful_drain::sim::cluster::{Cluster, ClusterConfig, WebSpec};
+use graceful_drain::sim::controllers::kubelet::KubeletConfig;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+
+#[path = "../tests/agent_support/kubelet.rs"]
+#[allow(dead_code)]
+mod kubelet;
+
+const NODE: &str = "worker-1";
+const AGENT_USER: &str = "system:serviceaccount:graceful-drain:node-agent";
+/// How long a pod takes to exit after SIGTERM: the lower bound of any drain.
+const EXIT_AFTER_SIGTERM: Duration = Duration::from_secs(1);
+/// Bound for setting up and for one drain.
+const TIMEOUT: Duration = Duration::from_secs(300);
+
+struct Row {
+    setup: &'static str,
+    pods: usize,
+    wall: Duration,
+    /// When the last eviction request was answered.
+    evictions_sent: Duration,
+    lower_bound: Duration,
+    requests: u64,
+    evictions: u64,
+}
+
+async fn set_unschedulable(client: &kube::Client, node: &str, on: bool) {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let patch = Patch::Merge(json!({"spec": {"unschedulable": on}}));
+    nodes
+        .patch(node, &PatchParams::default(), &patch)
+        .await
+        .unwrap();
+}
+
+fn args(dir: &std::path::Path) -> agent::Args {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: agent::Args,
+    }
+    let (plugins, registry) = (dir.join("plugins"), dir.join("registry"));
+    Cli::try_parse_from([
+        "node-agent",
+        "--node-name",
+        NODE,
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--lifecycle-reconciler",
+        "off",
+        "--plugins-dir",
+        plugins.to_str().unwrap(),
+        "--registry-dir",
+        registry.to_str().unwrap(),
+    ])
+    .unwrap()
+    .args
+}
+
+async fn drain(pods: usize) -> Row {
+    let cfg = ClusterConfig {
+        nodes: 2,
+        kubelet: KubeletConfig {
+            start_delay: Duration::from_millis(200),
+            accept_after_sigterm: Duration::ZERO,
+            exit_after_sigterm: EXIT_AFTER_SIGTERM,
+        },
+        ..ClusterConfig::default()
+    };
+    let shutdown = Shutdown::new();
+    let cluster = Cluster::start(cfg, shutdown.clone()).await.unwrap();
+    let admin = cluster.client();
+    // Every replica on the drained node: keep the other one cordoned while deploying.
+    set_unschedulable(&admin, "worker-2", true).await;
+    let web = WebSpec {
+        replicas: i32::try_from(pods).unwrap(),
+        min_available: 0,
+        grace_period_seconds: 30,
+        ..WebSpec::default()
+    };
+    cluster.deploy_web(&web, TIMEOUT).await.unwrap();
+    set_unschedulable(&admin, "worker-2", false).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let client = cluster.api().client(AGENT_USER);
+    let started = agent::start(args(dir.path()), client, shutdown.clone())
+        .await
+        .unwrap();
+    let mut kubelet = kubelet::Kubelet::register(&started.registration_socket, NODE).await;
+    let before = cluster.api().stats();
+    let t0 = Instant::now();
+    kubelet.start("graceful-drain", NODE).await;
+    let deadline = Instant::now() + TIMEOUT;
+    let mut all_evicted = None;
+    loop {
+        let evicted = cluster.api().stats().count("create", "pods/eviction")
+            - before.count("create", "pods/eviction");
+        if all_evicted.is_none() && evicted >= pods as u64 {
+            all_evicted = Some(t0.elapsed());
+        }
+        let answer = kubelet.end("graceful-drain", false).await;
+        assert_eq!(answer.error, "");
+        if answer.lifecycle_condition == "drain-complete" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "drain of {pods} pods did not finish"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let wall = t0.elapsed();
+    let after = cluster.api().stats();
+    let user =
+        |s: &graceful_drain::sim::apiserver::Stats| s.by_user.get(AGENT_USER).copied().unwrap_or(0);
+    let row = Row {
+        setup: "agent only",
+        pods,
+        wall,
+        evictions_sent: all_evicted.unwrap_or(wall),
+        lower_bound: EXIT_AFTER_SIGTERM,
+        requests: user(&after) - user(&before),
+        evictions: after.count("create", "pods/eviction") - before.count("create", "pods/eviction"),
+    };
+    shutdown.cancel();
+    started.wait().await;
+    row
+}
+
+/// The same drain with graceful-drain's real webhook holding each evicted pod for
+/// `delay` (driven through a LifecycleEvent and the lifecycle reconciler, as in production).
+async fn drain_with_webhook(pods: usize, delay: Duration) -> Row {
+    use graceful_drain::sim::scenario::actions;
+    use graceful_drain::sim::scenario::components::{self, Components, ComponentsConfig};
+    let cfg = ClusterConfig {
+        nodes: 2,
+        kubelet: KubeletConfig {
+            start_delay: Duration::from_millis(200),
+            accept_after_sigterm: Duration::ZERO,
+            exit_after_sigterm: EXIT_AFTER_SIGTERM,
+        },
+        ..ClusterConfig::default()
+    };
+    let shutdown = Shutdown::new();
+    let cluster = Cluster::start(cfg, shutdown.clone()).await.unwrap();
+    let components = ComponentsConfig {
+        deregistration_delay: delay,
+        timeout_seconds: 10,
+    };
+    let _components = Components::start(&cluster, &components).await.unwrap();
+    let admin = cluster.client();
+    set_unschedulable(&admin, "worker-2", true).await;
+    let web = WebSpec {
+        replicas: i32::try_from(pods).unwrap(),
+        min_available: 0,
+        grace_period_seconds: 30,
+        ..WebSpec::default()
+    };
+    cluster.deploy_web(&web, TIMEOUT).await.unwrap();
+    set_unschedulable(&admin, "worker-2", false).await;
+    let user = |s: &graceful_drain::sim::apiserver::Stats| {
+        s.by_user.get(components::AGENT_USER).copied().unwrap_or(0)
+    };
+    let before = cluster.api().stats();
+    let t0 = Instant::now();
+    actions::lifecycle_drain(&admin, NODE, TIMEOUT)
+        .await
+        .unwrap();
+    let wall = t0.elapsed();
+    let after = cluster.api().stats();
+    shutdown.cancel();
+    Row {
+        setup: "with webhook",
+        pods,
+        wall,
+        evictions_sent: wall,
+        lower_bound: delay + EXIT_AFTER_SIGTERM,
+        requests: user(&after) - user(&before),
+        evictions: after.count("create", "pods/eviction") - before.count("create", "pods/eviction"),
+    }
+}
+
+fn main() {
+    graceful_drain::runtime::install_crypto_provider();
+    graceful_drain::runtime::init_tracing(graceful_drain::runtime::LogFormat::Text);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut rows: Vec<Row> = [100, 500]
+        .into_iter()
+        .map(|n| rt.block_on(drain(n)))
+        .collect();
+    rows.push(rt.block_on(drain_with_webhook(100, Duration::from_secs(3))));
+    println!();
+    println!(
+        "| setup | pods | drain wall time | all evictions answered | lower bound | ratio | agent API requests | per pod | evictions |"
+    );
+    println!(
+        "|-------|-----:|----------------:|-----------------------:|------------:|------:|-------------------:|--------:|----------:|"
+    );
+    for r in &rows {
+        println!(
+            "| {} | {} | {:.2} s | {:.2} s | {:.2} s | {:.1}x | {} | {:.2} | {} |",
+            r.setup,
+            r.pods,
+            r.wall.as_secs_f64(),
+            r.evictions_sent.as_secs_f64(),
+            r.lower_bound.as_secs_f64(),
+            r.wall.as_secs_f64() / r.lower_bound.as_secs_f64(),
+            r.requests,
+            r.requests as f64 / r.pods as f64,
+            r.evictions,
+        );
+    }
+}
