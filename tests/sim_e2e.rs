@@ -339,15 +339,7 @@ async fn real_kubectl_against_serve() {
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: probe\ndata:\n  a: b\n",
     )
     .unwrap();
-    let (ok, out) = kubectl(
-        &kc,
-        &[
-            "apply",
-            "--validate=false",
-            "-f",
-            manifest.to_str().unwrap(),
-        ],
-    );
+    let (ok, out) = kubectl(&kc, &["apply", "-f", manifest.to_str().unwrap()]);
     assert!(ok, "{out}");
     let (ok, out) = kubectl(&kc, &["delete", "configmap", "probe"]);
     assert!(ok && out.contains("deleted"), "{out}");
