@@ -319,6 +319,17 @@ async fn real_kubectl_against_serve() {
     );
     assert!(ok && pods.matches("Running").count() == 4, "{pods}");
 
+    let (ok, lb) = kubectl(
+        &kc,
+        &[
+            "get",
+            "service",
+            "web",
+            "-o",
+            "jsonpath={.status.loadBalancer.ingress[0].hostname}",
+        ],
+    );
+    assert!(ok && lb == "web.default.lb.sim", "{lb}");
     let (ok, out) = kubectl(&kc, &["cordon", "worker-1"]);
     assert!(ok && out.contains("cordoned"), "{out}");
     let (ok, node) = kubectl(
