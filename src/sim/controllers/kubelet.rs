@@ -442,3 +442,90 @@ pub async fn run(ctx: Context, shutdown: Shutdown) -> Result<()> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+    fn cfg() -> KubeletConfig {
+        KubeletConfig {
+            start_delay: Duration::from_secs(1),
+            accept_after_sigterm: Duration::from_secs(2),
+            exit_after_sigterm: Duration::from_secs(5),
+        }
+    }
+
+    fn pod(deleting: Option<i64>) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("p".into()),
+                namespace: Some("ns".into()),
+                uid: Some("u".into()),
+                deletion_timestamp: deleting.map(|_| Time(jiff::Timestamp::UNIX_EPOCH)),
+                deletion_grace_period_seconds: deleting,
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_pod_serves_after_its_start_delay_then_drains_on_deletion() {
+        let (apps, timeline) = (Apps::default(), Timeline::new());
+        let env = Env {
+            cfg: cfg(),
+            apps: &apps,
+            timeline: &timeline,
+        };
+        let t0 = Instant::now();
+        let s = |n: u64| t0 + Duration::from_secs(n);
+        let mut local = Local::new("ns/p".into(), "10.0.0.1".into(), t0);
+        apps.start("u", "ns/p");
+        assert!(matches!(local.running(&env, "u", &pod(None), t0), (None, Some(at)) if at == s(1)));
+        assert!(matches!(
+            local.running(&env, "u", &pod(None), s(1)),
+            (Some(Call::Ready { .. }), None)
+        ));
+        local.ready_reported = true;
+        assert!(apps.accepting("u"));
+        // Deleted with 30 s of grace: SIGTERM now, still accepting for 2 s, exit at 5 s.
+        let (call, next) = local.terminating(&env, "u", &pod(Some(30)), s(10));
+        assert!(matches!(call, Some(Call::NotReady { .. })));
+        assert_eq!(next, Some(s(12)));
+        local.not_ready_reported = true;
+        assert!(apps.accepting("u"), "accepts until the listener closes");
+        assert_eq!(
+            local.terminating(&env, "u", &pod(Some(30)), s(12)).1,
+            Some(s(15))
+        );
+        assert!(!apps.accepting("u"));
+        let (call, _) = local.terminating(&env, "u", &pod(Some(30)), s(15));
+        assert!(matches!(call, Some(Call::Delete { ref uid, .. }) if uid == "u"));
+        assert_eq!(
+            apps.phase("u"),
+            Some(crate::sim::traffic::apps::Phase::Exited)
+        );
+    }
+
+    #[test]
+    fn the_grace_period_caps_the_shutdown() {
+        let (apps, timeline) = (Apps::default(), Timeline::new());
+        let env = Env {
+            cfg: cfg(),
+            apps: &apps,
+            timeline: &timeline,
+        };
+        let t0 = Instant::now();
+        let mut local = Local::new("ns/p".into(), "10.0.0.1".into(), t0);
+        local.ready_reported = true;
+        local.not_ready_reported = true;
+        apps.start("u", "ns/p");
+        apps.serve("u");
+        // Grace 1 s: killed after one second although the app wanted five.
+        let (_, next) = local.terminating(&env, "u", &pod(Some(1)), t0);
+        assert_eq!(next, Some(t0 + Duration::from_secs(1)));
+        let (call, _) = local.terminating(&env, "u", &pod(Some(1)), t0 + Duration::from_secs(1));
+        assert!(matches!(call, Some(Call::Delete { .. })));
+    }
+}

@@ -211,3 +211,118 @@ pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{NodeCondition, NodeSpec, NodeStatus, PodSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn node(
+        name: &str,
+        cordoned: bool,
+        ready: bool,
+        labels: &[(&str, &str)],
+        taints: Vec<Taint>,
+    ) -> Arc<Node> {
+        Arc::new(Node {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            spec: Some(NodeSpec {
+                unschedulable: Some(cordoned),
+                taints: Some(taints),
+                ..Default::default()
+            }),
+            status: Some(NodeStatus {
+                conditions: Some(vec![NodeCondition {
+                    type_: "Ready".into(),
+                    status: if ready { "True" } else { "False" }.into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+        })
+    }
+
+    fn pod(selector: &[(&str, &str)], tolerations: Vec<Toleration>) -> Pod {
+        Pod {
+            spec: Some(PodSpec {
+                node_selector: Some(
+                    selector
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                tolerations: Some(tolerations),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn picks_the_least_loaded_node_that_fits() {
+        let nodes = vec![
+            node("a", false, true, &[], vec![]),
+            node("b", false, true, &[], vec![]),
+            node("c", true, true, &[], vec![]),
+            node("d", false, false, &[], vec![]),
+        ];
+        let load: HashMap<String, usize> = [("a".to_string(), 2), ("b".to_string(), 1)].into();
+        assert_eq!(
+            pick_node(&pod(&[], vec![]), &nodes, &load),
+            Some("b"),
+            "c is cordoned, d not ready"
+        );
+        let even: HashMap<String, usize> = HashMap::new();
+        assert_eq!(
+            pick_node(&pod(&[], vec![]), &nodes, &even),
+            Some("a"),
+            "ties by name"
+        );
+    }
+
+    #[test]
+    fn node_selector_and_taints_are_respected() {
+        let taint = Taint {
+            key: "dedicated".into(),
+            value: Some("db".into()),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        };
+        let nodes = vec![
+            node("a", false, true, &[("disk", "ssd")], vec![taint]),
+            node("b", false, true, &[], vec![]),
+        ];
+        let load = HashMap::new();
+        assert_eq!(
+            pick_node(&pod(&[("disk", "ssd")], vec![]), &nodes, &load),
+            None,
+            "the only ssd node is tainted"
+        );
+        let tolerate = Toleration {
+            key: Some("dedicated".into()),
+            operator: Some("Equal".into()),
+            value: Some("db".into()),
+            effect: Some("NoSchedule".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            pick_node(&pod(&[("disk", "ssd")], vec![tolerate]), &nodes, &load),
+            Some("a")
+        );
+        let exists = Toleration {
+            operator: Some("Exists".into()),
+            ..Default::default()
+        };
+        assert!(fits(&pod(&[], vec![exists]), &nodes[0]));
+    }
+}
