@@ -117,9 +117,12 @@ async fn rollout_with_a_lag_beyond_the_delay_shows_5xx() {
     // The same rollout, but the load balancer keeps routing to removed pods for 6 s
     // while the webhook only waits 3 s: the measurement must see the difference.
     let spec = WebSpec::default();
-    let (cluster, mut components) = protected_with(&spec, config_with_lag(Duration::from_secs(6))).await;
+    let (cluster, mut components) =
+        protected_with(&spec, config_with_lag(Duration::from_secs(6))).await;
     let traffic = cluster.traffic(&spec, traffic());
-    actions::rollout(&cluster.client(), &spec, TIMEOUT).await.unwrap();
+    actions::rollout(&cluster.client(), &spec, TIMEOUT)
+        .await
+        .unwrap();
     let report = settle(&cluster, &spec, traffic).await;
     components.check().await.unwrap();
     assert!(report.errors_5xx > 0, "{}", describe(&report));

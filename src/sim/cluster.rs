@@ -420,13 +420,41 @@ where
 fn spawn_controllers(api: &ApiServer, lbs: &LoadBalancers, s: &Shutdown) {
     use controllers::{deployment, disruption, endpointslice, gc, replicaset, scheduler};
     let c = |user: &str| api.client(user);
-    spawn_owned("scheduler", s.clone(), scheduler::run(c(users::SCHEDULER), s.clone()));
-    spawn_owned("replicaset-controller", s.clone(), replicaset::run(c(users::REPLICASET), s.clone()));
-    spawn_owned("deployment-controller", s.clone(), deployment::run(c(users::DEPLOYMENT), s.clone()));
-    spawn_owned("endpointslice-controller", s.clone(), endpointslice::run(c(users::ENDPOINTSLICE), s.clone()));
-    spawn_owned("disruption-controller", s.clone(), disruption::run(c(users::DISRUPTION), s.clone()));
-    spawn_owned("garbage-collector", s.clone(), gc::run(c(users::GARBAGE_COLLECTOR), s.clone()));
-    spawn_owned("load-balancers", s.clone(), lb::run(c(users::SERVICE_CONTROLLER), lbs.clone(), s.clone()));
+    spawn_owned(
+        "scheduler",
+        s.clone(),
+        scheduler::run(c(users::SCHEDULER), s.clone()),
+    );
+    spawn_owned(
+        "replicaset-controller",
+        s.clone(),
+        replicaset::run(c(users::REPLICASET), s.clone()),
+    );
+    spawn_owned(
+        "deployment-controller",
+        s.clone(),
+        deployment::run(c(users::DEPLOYMENT), s.clone()),
+    );
+    spawn_owned(
+        "endpointslice-controller",
+        s.clone(),
+        endpointslice::run(c(users::ENDPOINTSLICE), s.clone()),
+    );
+    spawn_owned(
+        "disruption-controller",
+        s.clone(),
+        disruption::run(c(users::DISRUPTION), s.clone()),
+    );
+    spawn_owned(
+        "garbage-collector",
+        s.clone(),
+        gc::run(c(users::GARBAGE_COLLECTOR), s.clone()),
+    );
+    spawn_owned(
+        "load-balancers",
+        s.clone(),
+        lb::run(c(users::SERVICE_CONTROLLER), lbs.clone(), s.clone()),
+    );
 }
 
 async fn register_node(client: &kube::Client, name: &str) -> Result<()> {

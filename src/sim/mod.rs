@@ -256,7 +256,16 @@ mod tests {
 
     #[test]
     fn flags_shape_the_scenario() {
-        let cli = Cli::try_parse_from(["simulate", "--replicas", "6", "--deregistration-lag", "15s", "--rate", "50"]).unwrap();
+        let cli = Cli::try_parse_from([
+            "simulate",
+            "--replicas",
+            "6",
+            "--deregistration-lag",
+            "15s",
+            "--rate",
+            "50",
+        ])
+        .unwrap();
         let cfg = cli.args.scenario();
         assert_eq!(cfg.web.replicas, 6);
         assert_eq!(cfg.web.min_available, 5, "defaults to replicas - 1");
@@ -271,7 +280,11 @@ mod tests {
         assert_eq!(route.0, "graceful-drain");
         assert_eq!(route.1, "graceful-drain-webhook");
         assert_eq!(route.2, SocketAddr::from(([127, 0, 0, 1], 9443)));
-        assert!(parse_route("no-slash=127.0.0.1:1").unwrap_err().contains("NAMESPACE/NAME"));
+        assert!(
+            parse_route("no-slash=127.0.0.1:1")
+                .unwrap_err()
+                .contains("NAMESPACE/NAME")
+        );
         assert!(parse_route("a/b=not-an-address").is_err());
     }
 }

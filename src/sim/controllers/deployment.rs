@@ -115,10 +115,22 @@ fn targets(spec: &DeploymentSpec, new: &RsView, old: &[RsView]) -> Result<(i32, 
     if spec.strategy.as_ref().and_then(|s| s.type_.as_deref()) == Some("Recreate") {
         return Ok(recreate_targets(replicas, old));
     }
-    let rolling = spec.strategy.as_ref().and_then(|s| s.rolling_update.as_ref());
-    let surge = scaled(rolling.and_then(|r| r.max_surge.as_ref()), replicas, "25%", true)?;
-    let mut unavailable =
-        scaled(rolling.and_then(|r| r.max_unavailable.as_ref()), replicas, "25%", false)?;
+    let rolling = spec
+        .strategy
+        .as_ref()
+        .and_then(|s| s.rolling_update.as_ref());
+    let surge = scaled(
+        rolling.and_then(|r| r.max_surge.as_ref()),
+        replicas,
+        "25%",
+        true,
+    )?;
+    let mut unavailable = scaled(
+        rolling.and_then(|r| r.max_unavailable.as_ref()),
+        replicas,
+        "25%",
+        false,
+    )?;
     if surge == 0 && unavailable == 0 {
         // Upstream: both zero would never progress, so one pod may be unavailable.
         unavailable = 1;
@@ -234,7 +246,12 @@ impl Sync {
         old.sort_by_key(|r| r.metadata.creation_timestamp.as_ref().map(|t| t.0));
         let old_views: Vec<RsView> = old.iter().map(|r| view(r)).collect();
         let new_view = new.map_or(
-            RsView { name: String::new(), spec: 0, current: 0, available: 0 },
+            RsView {
+                name: String::new(),
+                spec: 0,
+                current: 0,
+                available: 0,
+            },
             |r| view(r),
         );
         let (new_target, old_targets) = targets(&spec, &new_view, &old_views)?;

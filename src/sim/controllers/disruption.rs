@@ -14,9 +14,11 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec, PodDisruptionBudgetStatus};
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use k8s_openapi::api::policy::v1::{
+    PodDisruptionBudget, PodDisruptionBudgetSpec, PodDisruptionBudgetStatus,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::PostParams;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
@@ -107,7 +109,11 @@ pub fn compute_status(
 
 /// The `disruptedPods` entries still in force: the pod exists, is not being deleted,
 /// and was disrupted less than [`DELETION_TIMEOUT`] ago.
-fn still_disrupted(old: BTreeMap<String, Time>, matching: &[&Pod], now: jiff::Timestamp) -> BTreeMap<String, Time> {
+fn still_disrupted(
+    old: BTreeMap<String, Time>,
+    matching: &[&Pod],
+    now: jiff::Timestamp,
+) -> BTreeMap<String, Time> {
     let timeout = i64::try_from(DELETION_TIMEOUT.as_secs()).unwrap_or(i64::MAX);
     old.into_iter()
         .filter(|(name, at)| {
@@ -121,7 +127,11 @@ fn still_disrupted(old: BTreeMap<String, Time>, matching: &[&Pod], now: jiff::Ti
 
 /// `(expectedPods, desiredHealthy)`: an integer minAvailable counts the pods; a
 /// percentage or maxUnavailable counts the replicas their controllers ask for.
-fn expected_and_desired(spec: &PodDisruptionBudgetSpec, matching: &[&Pod], scales: &Scales<'_>) -> Result<(i32, i32)> {
+fn expected_and_desired(
+    spec: &PodDisruptionBudgetSpec,
+    matching: &[&Pod],
+    scales: &Scales<'_>,
+) -> Result<(i32, i32)> {
     let pod_count = i32::try_from(matching.len()).unwrap_or(i32::MAX);
     let controller_scale = || {
         let mut seen = HashSet::new();
@@ -136,7 +146,10 @@ fn expected_and_desired(spec: &PodDisruptionBudgetSpec, matching: &[&Pod], scale
     let (expected, desired) = match (spec.max_unavailable.as_ref(), spec.min_available.as_ref()) {
         (Some(max_unavailable), _) => {
             let expected = controller_scale();
-            (expected, expected - scaled(Some(max_unavailable), expected, "0", true)?)
+            (
+                expected,
+                expected - scaled(Some(max_unavailable), expected, "0", true)?,
+            )
         }
         (None, Some(v @ IntOrString::String(_))) => {
             let expected = controller_scale();
@@ -155,12 +168,20 @@ fn condition(pdb: &PodDisruptionBudget, allowed: bool, now: jiff::Timestamp) -> 
         .status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.type_ == "DisruptionAllowed" && c.status == status))
+        .and_then(|c| {
+            c.iter()
+                .find(|c| c.type_ == "DisruptionAllowed" && c.status == status)
+        })
         .map(|c| c.last_transition_time.clone());
     Condition {
         type_: "DisruptionAllowed".into(),
         status: status.into(),
-        reason: if allowed { "SufficientPods" } else { "InsufficientPods" }.into(),
+        reason: if allowed {
+            "SufficientPods"
+        } else {
+            "InsufficientPods"
+        }
+        .into(),
         message: String::new(),
         observed_generation: pdb.metadata.generation,
         last_transition_time: since.unwrap_or(Time(now)),

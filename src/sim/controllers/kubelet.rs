@@ -81,7 +81,13 @@ impl Local {
     }
 
     /// A pod not being deleted: start serving after the start delay, report Ready.
-    fn running(&mut self, env: &Env<'_>, uid: &str, pod: &Pod, now: Instant) -> (Option<Call>, Option<Instant>) {
+    fn running(
+        &mut self,
+        env: &Env<'_>,
+        uid: &str,
+        pod: &Pod,
+        now: Instant,
+    ) -> (Option<Call>, Option<Instant>) {
         let serve_at = self.seen + env.cfg.start_delay;
         if now < serve_at {
             return (None, Some(serve_at));
@@ -91,12 +97,23 @@ impl Local {
             return (None, None);
         }
         let (ns, name) = ns_name(pod);
-        let call = Call::Ready { ns, name, ip: self.ip.clone(), containers: container_names(pod) };
+        let call = Call::Ready {
+            ns,
+            name,
+            ip: self.ip.clone(),
+            containers: container_names(pod),
+        };
         (Some(call), None)
     }
 
     /// A pod being deleted: SIGTERM, Ready=False, stop accepting, exit, delete.
-    fn terminating(&mut self, env: &Env<'_>, uid: &str, pod: &Pod, now: Instant) -> (Option<Call>, Option<Instant>) {
+    fn terminating(
+        &mut self,
+        env: &Env<'_>,
+        uid: &str,
+        pod: &Pod,
+        now: Instant,
+    ) -> (Option<Call>, Option<Instant>) {
         let sigterm = *self.sigterm.get_or_insert_with(|| {
             env.apps.sigterm(uid);
             env.timeline.record(EventKind::Terminating, &self.pod);
@@ -117,9 +134,20 @@ impl Local {
         }
         let (ns, name) = ns_name(pod);
         if self.exited && !self.deleted {
-            return (Some(Call::Delete { ns, name, uid: uid.to_string() }), None);
+            return (
+                Some(Call::Delete {
+                    ns,
+                    name,
+                    uid: uid.to_string(),
+                }),
+                None,
+            );
         }
-        let next = if self.stopped_accepting { exit_at } else { stop_at.min(exit_at) };
+        let next = if self.stopped_accepting {
+            exit_at
+        } else {
+            stop_at.min(exit_at)
+        };
         let next = (!self.exited).then_some(next);
         if !self.not_ready_reported {
             return (Some(Call::NotReady { ns, name }), next);
@@ -180,7 +208,11 @@ impl Kubelet {
             self.apps.start(&uid, &local.pod);
             self.local.insert(uid.clone(), local);
         }
-        let env = Env { cfg: self.cfg, apps: &self.apps, timeline: &self.timeline };
+        let env = Env {
+            cfg: self.cfg,
+            apps: &self.apps,
+            timeline: &self.timeline,
+        };
         let Some(st) = self.local.get_mut(&uid) else {
             return (None, None);
         };

@@ -162,7 +162,11 @@ pub async fn run_protection(
     let failed = |reason: String| -> Vec<Row> {
         ["drain", "rollout"]
             .into_iter()
-            .map(|scenario| Row { scenario, protection, result: Err(reason.clone()) })
+            .map(|scenario| Row {
+                scenario,
+                protection,
+                result: Err(reason.clone()),
+            })
             .collect()
     };
     let cluster = match Cluster::start(cfg.cluster.clone(), shutdown.clone()).await {
