@@ -157,8 +157,21 @@ async fn relabelled_pod_leaves_its_replicaset_and_slice_but_keeps_serving() {
     pods.patch(&name, &PatchParams::default(), &Patch::Merge(patch))
         .await
         .unwrap();
-    // A replacement comes up, the isolated pod leaves the slice and the load balancer
-    // (after its lag) while its app keeps serving.
+    // The ReplicaSet releases the pod and a replacement comes up; the isolated pod leaves
+    // the slice and the load balancer while its app keeps serving.
+    wait_for("isolated pod released and replaced", TIMEOUT, || async {
+        let released = pods
+            .get(&name)
+            .await
+            .unwrap()
+            .metadata
+            .owner_references
+            .unwrap_or_default()
+            .is_empty();
+        released && ready_count(&cluster, &spec).await == 2
+    })
+    .await
+    .unwrap();
     cluster.wait_web_ready(&spec, TIMEOUT).await.unwrap();
     let isolated = pods.get(&name).await.unwrap();
     assert_eq!(isolated.metadata.uid.as_deref(), Some(uid.as_str()));
@@ -306,6 +319,17 @@ async fn real_kubectl_against_serve() {
     );
     assert!(ok && pods.matches("Running").count() == 4, "{pods}");
 
+    let (ok, lb) = kubectl(
+        &kc,
+        &[
+            "get",
+            "service",
+            "web",
+            "-o",
+            "jsonpath={.status.loadBalancer.ingress[0].hostname}",
+        ],
+    );
+    assert!(ok && lb == "web.default.lb.sim", "{lb}");
     let (ok, out) = kubectl(&kc, &["cordon", "worker-1"]);
     assert!(ok && out.contains("cordoned"), "{out}");
     let (ok, node) = kubectl(
@@ -326,15 +350,7 @@ async fn real_kubectl_against_serve() {
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: probe\ndata:\n  a: b\n",
     )
     .unwrap();
-    let (ok, out) = kubectl(
-        &kc,
-        &[
-            "apply",
-            "--validate=false",
-            "-f",
-            manifest.to_str().unwrap(),
-        ],
-    );
+    let (ok, out) = kubectl(&kc, &["apply", "-f", manifest.to_str().unwrap()]);
     assert!(ok, "{out}");
     let (ok, out) = kubectl(&kc, &["delete", "configmap", "probe"]);
     assert!(ok && out.contains("deleted"), "{out}");

@@ -23,10 +23,14 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 /// Load-balancer lags short enough for tests; the webhook's delay covers the
 /// deregistration lag with a second to spare.
 fn config() -> ClusterConfig {
+    config_with_lag(Duration::from_secs(2))
+}
+
+fn config_with_lag(deregistration_lag: Duration) -> ClusterConfig {
     ClusterConfig {
         lb: LbConfig {
             registration_lag: Duration::from_millis(300),
-            deregistration_lag: Duration::from_secs(2),
+            deregistration_lag,
         },
         ..ClusterConfig::default()
     }

@@ -12,12 +12,13 @@ use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, Node, PodSpec, PodTemplateSpec, Service, ServicePort, ServiceSpec,
+    Container, ContainerPort, Node, Pod, PodSpec, PodTemplateSpec, Service, ServicePort,
+    ServiceSpec,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::PostParams;
+use kube::api::{ListParams, PostParams};
 use kube::{Api, CustomResourceExt};
 
 use super::apiserver::{self, ApiServer};
@@ -353,24 +354,38 @@ impl Cluster {
 
     /// Waits until the Deployment is fully rolled out and every replica is routable.
     pub async fn wait_web_ready(&self, spec: &WebSpec, timeout: Duration) -> Result<()> {
-        let api: Api<Deployment> = Api::namespaced(self.client(), &spec.namespace);
-        let replicas = spec.replicas;
+        let deployments: Api<Deployment> = Api::namespaced(self.client(), &spec.namespace);
+        let pods: Api<Pod> = Api::namespaced(self.client(), &spec.namespace);
+        let replicas = usize::try_from(spec.replicas).unwrap_or(0);
+        let count = Some(spec.replicas);
         let what = format!(
             "deployment {} ready behind its load balancer",
             spec.service_key()
         );
+        let selector = ListParams::default().labels(&format!("app={}", spec.name));
         wait_for(&what, timeout, || async {
-            let d = api.get(&spec.name).await.ok();
-            let rolled_out = d.as_ref().and_then(|d| d.status.as_ref()).is_some_and(|s| {
-                s.replicas == Some(replicas)
-                    && s.updated_replicas == Some(replicas)
-                    && s.available_replicas == Some(replicas)
+            // The status and the pods themselves: either alone may lag the other.
+            let d = deployments.get(&spec.name).await.ok();
+            let rolled_out = d.as_ref().is_some_and(|d| {
+                d.status.as_ref().is_some_and(|s| {
+                    s.replicas == count
+                        && s.updated_replicas == count
+                        && s.available_replicas == count
+                }) && d.status.as_ref().and_then(|s| s.observed_generation) == d.metadata.generation
             });
-            let routable = self
+            let Ok(list) = pods.list(&selector).await else {
+                return false;
+            };
+            let live = list
+                .items
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none());
+            let ready = live.clone().filter(|p| controllers::pod_ready(p)).count();
+            let registered = self
                 .lbs
                 .registered(&spec.service_key(), Instant::now())
                 .len();
-            rolled_out && routable == usize::try_from(replicas).unwrap_or(0)
+            rolled_out && live.count() == replicas && ready == replicas && registered == replicas
         })
         .await
     }

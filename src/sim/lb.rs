@@ -201,6 +201,37 @@ pub fn ready_endpoints<'a>(slices: impl Iterator<Item = &'a EndpointSlice>) -> V
     out
 }
 
+/// Gives a LoadBalancer Service its external hostname (`<name>.<ns>.lb.sim`), as a
+/// cloud controller does once the load balancer exists. Returns whether it is set.
+async fn publish_ingress(client: &kube::Client, svc: &Service) -> bool {
+    let has_ingress = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|l| l.ingress.as_ref())
+        .is_some_and(|i| !i.is_empty());
+    if has_ingress {
+        return true;
+    }
+    let (ns, name) = super::controllers::ns_name(svc);
+    let patch = serde_json::json!({"status": {"loadBalancer": {"ingress": [{"hostname": format!("{name}.{ns}.lb.sim")}]}}});
+    let api: Api<Service> = Api::namespaced(client.clone(), &ns);
+    match api
+        .patch_status(
+            &name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(patch),
+        )
+        .await
+    {
+        Ok(_) => true,
+        Err(error) => {
+            tracing::debug!(service = %format!("{ns}/{name}"), %error, "publish load balancer hostname failed");
+            false
+        }
+    }
+}
+
 /// Feeds `lbs` from watches on Services and EndpointSlices (as the cloud controller
 /// would) until `shutdown`. A timer also runs `sync`, so deregistrations expire.
 pub async fn run(
@@ -216,7 +247,7 @@ pub async fn run(
         shutdown.clone(),
     );
     let slices = super::controllers::reflect(
-        Api::<EndpointSlice>::all(client),
+        Api::<EndpointSlice>::all(client.clone()),
         watcher::Config::default().labels(SERVICE_NAME_LABEL),
         wake.clone(),
         shutdown.clone(),
@@ -224,6 +255,7 @@ pub async fn run(
     // Expired deregistrations are dropped on the next sync; half a second keeps the
     // target map small without mattering to routing (routing checks the time itself).
     let tick = Duration::from_millis(500);
+    let mut published = std::collections::HashSet::new();
     loop {
         let now = Instant::now();
         for svc in services.state() {
@@ -240,7 +272,11 @@ pub async fn run(
                         .and_then(|l| l.get(SERVICE_NAME_LABEL))
                         == Some(&name)
             });
-            lbs.sync(&format!("{ns}/{name}"), &ready_endpoints(mine), now);
+            let key = format!("{ns}/{name}");
+            lbs.sync(&key, &ready_endpoints(mine), now);
+            if !published.contains(&key) && publish_ingress(&client, &svc).await {
+                published.insert(key);
+            }
         }
         tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
