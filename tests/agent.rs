@@ -537,7 +537,7 @@ async fn kubelet_drives_a_drain_to_completion_and_back_to_service() {
         let blocked: Vec<&Value> = st
             .events
             .iter()
-            .filter(|e| e["reason"] == "EvictionBlocked")
+            .filter(|e| e["reason"] == "graceful-drain.io/EvictionBlocked")
             .collect();
         assert_eq!(blocked.len(), 1, "repeats are rate-limited: {blocked:?}");
         let message = blocked[0]["message"].as_str().unwrap();
@@ -861,7 +861,7 @@ async fn a_node_the_agent_may_not_patch_is_reported_not_silently_retried() {
     kubelet.start("graceful-drain", NODE).await;
     eventually("a NodeUpdateFailed event", || {
         fake.state.lock().unwrap().events.iter().any(|e| {
-            e["reason"] == "NodeUpdateFailed"
+            e["reason"] == "graceful-drain.io/NodeUpdateFailed"
                 && e["message"]
                     .as_str()
                     .unwrap()

@@ -346,7 +346,7 @@ async fn drains_each_kind_of_pod_like_kubectl_and_waits_out_a_blocking_pdb() {
     let events = events.list(&ListParams::default()).await.unwrap().items;
     let reported: Vec<&str> = events
         .iter()
-        .filter(|e| e.reason.as_deref() == Some("EvictionBlocked"))
+        .filter(|e| e.reason.as_deref() == Some("graceful-drain.io/EvictionBlocked"))
         .filter_map(|e| e.message.as_deref())
         .collect();
     for pod in &web_here {

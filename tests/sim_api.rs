@@ -719,8 +719,8 @@ async fn webhook_answer(seen: Seen, uri: http::Uri, body: axum::body::Bytes) -> 
         }
         "/deny" => {
             response["allowed"] = json!(false);
-            response["status"] = json!({"code": 403, "message": "not today"});
-            response["result"] = response["status"].clone();
+            // 429, not the default 403, so the test shows the webhook's code is kept.
+            response["status"] = json!({"code": 429, "message": "not today"});
         }
         "/bad" => return axum::Json(json!({"response": response})),
         "/slow" => tokio::time::sleep(Duration::from_secs(5)).await,
@@ -973,7 +973,7 @@ async fn validating_webhook_behind_a_service_denies_with_the_api_server_wording(
             .await
             .unwrap_err(),
     );
-    assert_eq!(denied.code, 403);
+    assert_eq!(denied.code, 429);
     assert_eq!(
         denied.message,
         "admission webhook \"deny.example.com\" denied the request: not today"

@@ -29,18 +29,19 @@ const COMPONENT: &str = "graceful-drain-node-agent";
 /// Namespace of Events about cluster-scoped objects such as Nodes (as the kubelet does).
 const NODE_EVENT_NAMESPACE: &str = "default";
 
-/// Event reasons we post on the Node.
+/// Event reasons we post on the Node. Like every Event reason of ours they carry the
+/// `graceful-drain.io/` prefix, so `--field-selector reason=graceful-drain.io/…` finds them.
 pub mod reason {
-    pub const DRAIN_STARTED: &str = "DrainStarted";
-    pub const EVICTION_BLOCKED: &str = "EvictionBlocked";
-    pub const DRAIN_COMPLETE: &str = "DrainComplete";
-    pub const DRAIN_FAILED: &str = "DrainFailed";
-    pub const DRAIN_STOPPED: &str = "DrainStopped";
-    pub const UNCORDONED: &str = "Uncordoned";
+    pub const DRAIN_STARTED: &str = "graceful-drain.io/DrainStarted";
+    pub const EVICTION_BLOCKED: &str = "graceful-drain.io/EvictionBlocked";
+    pub const DRAIN_COMPLETE: &str = "graceful-drain.io/DrainComplete";
+    pub const DRAIN_FAILED: &str = "graceful-drain.io/DrainFailed";
+    pub const DRAIN_STOPPED: &str = "graceful-drain.io/DrainStopped";
+    pub const UNCORDONED: &str = "graceful-drain.io/Uncordoned";
     /// A Node read or write keeps failing (retried).
-    pub const NODE_UPDATE_FAILED: &str = "NodeUpdateFailed";
+    pub const NODE_UPDATE_FAILED: &str = "graceful-drain.io/NodeUpdateFailed";
     /// The watch on the node's pods keeps failing (retried).
-    pub const POD_WATCH_FAILED: &str = "PodWatchFailed";
+    pub const POD_WATCH_FAILED: &str = "graceful-drain.io/PodWatchFailed";
 }
 
 /// Outcome of one eviction (or delete) request.

@@ -157,6 +157,9 @@ pub struct Cache {
     isolated: RwLock<HashMap<Key, jiff::Timestamp>>,
     excluded_namespaces: BTreeSet<String>,
     synced: [AtomicBool; 4],
+    /// One async lock per PDB, so this replica's concurrent isolations charge a budget one
+    /// after another instead of racing each other into resourceVersion conflicts.
+    pdb_locks: std::sync::Mutex<HashMap<Key, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Key {
@@ -231,6 +234,15 @@ impl Cache {
             excluded_namespaces: excluded.into_iter().collect(),
             ..Cache::default()
         }
+    }
+
+    /// The lock serialising this replica's charges to PDB `namespace/name`.
+    pub fn pdb_lock(&self, namespace: &str, name: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.pdb_locks.lock().unwrap_or_else(|e| e.into_inner());
+        locks
+            .entry((namespace.to_string(), name.to_string()))
+            .or_default()
+            .clone()
     }
 
     /// Whether every watch has listed its objects once.

@@ -26,10 +26,15 @@ use crate::labels::{
     ORIGINAL_LABELS_ANNOTATION,
 };
 
-/// How often a PDB status update is retried after a 409 before giving up. Each retry
-/// re-reads the PDB; more than a handful means heavy contention and the caller should
-/// rather pass the request through than hold the API server's call.
-const PDB_ATTEMPTS: usize = 5;
+/// How often a PDB status update is retried after a 409 before giving up. Charges from
+/// this replica are serialised by [`Cache::pdb_lock`], so conflicts come only from other
+/// replicas (or the disruption controller); each retry re-reads the PDB after a short
+/// jittered pause. 20 attempts of at most [`PDB_RETRY_MAX_PAUSE`] stay well inside one
+/// admission call even with several replicas evicting from the same budget.
+const PDB_ATTEMPTS: usize = 20;
+/// Upper bound of the random pause before re-reading a conflicting PDB: long enough for a
+/// competing replica's update to land, short against the 10 s admission budget.
+const PDB_RETRY_MAX_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Event reason recorded on a pod when it is isolated.
 pub const REASON_ISOLATED: &str = "graceful-drain.io/Isolated";
@@ -262,11 +267,19 @@ pub async fn consume_disruption(
         action: format!("{action} PDB {namespace}/{name}"),
         source,
     };
+    let lock = ctx.cache.pdb_lock(namespace, name);
+    let _serialised = lock.lock().await;
     let mut current = match ctx.cache.pdb(namespace, name) {
         Some(pdb) => (*pdb).clone(),
         None => api.get(name).await.map_err(|e| err("get", e))?,
     };
-    for _ in 0..PDB_ATTEMPTS {
+    for attempt in 0..PDB_ATTEMPTS {
+        if attempt > 0 {
+            let max = PDB_RETRY_MAX_PAUSE.as_millis() as u64;
+            let pause = rand::random_range(0..=max);
+            tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+            current = api.get(name).await.map_err(|e| err("get", e))?;
+        }
         let next = match charge(&current, pod, now) {
             Ok(next) => next,
             Err(budget) => return Ok(budget),
@@ -282,9 +295,7 @@ pub async fn consume_disruption(
                 ctx.cache.apply_pdb(&updated);
                 return Ok(Budget::Consumed);
             }
-            Err(e) if is_status(&e, &[409]) => {
-                current = api.get(name).await.map_err(|e| err("get", e))?;
-            }
+            Err(e) if is_status(&e, &[409]) => continue,
             Err(e) => return Err(err("update status of", e)),
         }
     }

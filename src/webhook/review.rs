@@ -228,6 +228,18 @@ pub fn allow(request: &AdmissionRequest<DynamicObject>) -> AdmissionResponse {
     response
 }
 
+/// A refusal with HTTP 429 TooManyRequests: the API server hands the code to the caller,
+/// and eviction callers retry it like a PodDisruptionBudget refusal.
+pub fn too_many_requests(
+    request: &AdmissionRequest<DynamicObject>,
+    message: impl Into<String>,
+) -> AdmissionResponse {
+    let mut response = allow(request).deny(message.into());
+    response.result.code = 429;
+    response.result.reason = "TooManyRequests".to_string();
+    response
+}
+
 /// The JSON patch turning an Eviction into a dry run, keeping its other options.
 pub fn dry_run_patch(delete_options: &Value) -> json_patch::Patch {
     let mut options = match delete_options {

@@ -189,7 +189,8 @@ enum Settled {
     Pass(Pass),
     Isolated(Timestamp),
     Pending(Timestamp),
-    Failed,
+    /// Isolation could not be done; the reason, for the caller and the logs.
+    Failed(String),
 }
 
 impl Settled {
@@ -198,7 +199,7 @@ impl Settled {
             Settled::Pass(p) => p.as_str(),
             Settled::Isolated(_) => "isolated",
             Settled::Pending(_) => "pending",
-            Settled::Failed => "error",
+            Settled::Failed(_) => "error",
         }
     }
 }
@@ -230,7 +231,17 @@ async fn respond_evict(
     let outcome = settled.outcome();
     let delete_at = match settled {
         Settled::Isolated(t) | Settled::Pending(t) => t,
-        Settled::Pass(_) | Settled::Failed => return (allow, outcome),
+        Settled::Pass(_) => return (allow, outcome),
+        Settled::Failed(why) => {
+            // Letting the eviction through would delete a pod that still serves traffic;
+            // every eviction caller (kubectl drain, our node agent, autoscalers) retries a
+            // 429, so ask it to come back instead of failing open.
+            let message = format!(
+                "graceful-drain could not isolate pod {}/{} yet ({why}); retry the eviction",
+                ev.namespace, ev.pod
+            );
+            return (review::too_many_requests(request, message), outcome);
+        }
     };
     match allow.with_patch(review::dry_run_patch(&ev.delete_options)) {
         Ok(mut response) => {
@@ -264,8 +275,8 @@ async fn settle_eviction(state: &AppState, ev: &review::Eviction) -> Settled {
         Ok(Some(pod)) => settle(state, &ev.request, pod).await,
         Ok(None) => Settled::Pass(Pass::NotRunning),
         Err(error) => {
-            tracing::warn!(%error, "read pod for eviction; allowing unchanged");
-            Settled::Failed
+            tracing::warn!(%error, "read pod for eviction");
+            Settled::Failed(format!("read pod: {error}"))
         }
     }
 }
@@ -326,18 +337,18 @@ async fn settle(state: &AppState, req: &Request, mut pod: PodFacts) -> Settled {
                     Ok(None) => return Settled::Pass(Pass::NotRunning),
                     Err(error) => {
                         tracing::warn!(%error, "re-read pod");
-                        return Settled::Failed;
+                        return Settled::Failed(format!("re-read pod: {error}"));
                     }
                 }
             }
             Err(error) => {
-                tracing::warn!(%error, "isolation failed; allowing unchanged");
-                return Settled::Failed;
+                tracing::warn!(%error, "isolation failed");
+                return Settled::Failed(error.to_string());
             }
         }
     }
-    tracing::warn!("pod kept changing while isolating; allowing unchanged");
-    Settled::Failed
+    tracing::warn!("pod kept changing while isolating");
+    Settled::Failed("the pod kept changing while it was being isolated".to_string())
 }
 
 async fn respond_delete(
@@ -373,7 +384,7 @@ async fn respond_delete(
     let outcome = settled.outcome();
     let delete_at = match settled {
         Settled::Isolated(t) | Settled::Pending(t) => t,
-        Settled::Pass(_) | Settled::Failed => return (review::allow(request), outcome),
+        Settled::Pass(_) | Settled::Failed(_) => return (review::allow(request), outcome),
     };
     if state.refuse_replicaset_deletes && owned_by_rs && req.user == REPLICASET_CONTROLLER {
         let message = format!(
@@ -651,6 +662,34 @@ mod tests {
                 .contains("web/web-1")
         );
         assert_eq!(metrics_state.metrics.pods_isolated.get(), 1);
+    }
+
+    #[tokio::test]
+    async fn eviction_that_cannot_be_isolated_is_refused_with_429_not_let_through() {
+        let (client, mut api) = mock::client();
+        let call = tokio::spawn(call(
+            state(client),
+            "/mutate/eviction?timeout=10s",
+            eviction_body("web-1"),
+        ));
+        let status = json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+            "message": "etcdserver: request timed out", "reason": "InternalError", "code": 500});
+        expect(
+            &mut api,
+            Method::GET,
+            "/api/v1/namespaces/web/pods/web-1",
+            500,
+            status,
+        )
+        .await;
+        let (http_status, review) = call.await.unwrap();
+        assert_eq!(http_status, 200);
+        assert_eq!(review["response"]["uid"], "ev-1");
+        assert_eq!(review["response"]["allowed"], false);
+        assert_eq!(review["response"]["status"]["code"], 429);
+        let message = review["response"]["status"]["message"].as_str().unwrap();
+        assert!(message.contains("web/web-1"), "{message}");
+        assert!(review["response"].get("patch").is_none());
     }
 
     #[tokio::test]

@@ -314,8 +314,13 @@ impl Reconciler {
             "claimed lifecycleevent {name} (transition {}, driver {}, SLA deadline {deadline})",
             t.name, t.spec.driver
         );
-        self.record(EventType::Normal, "LifecycleEventClaimed", "Claim", note)
-            .await;
+        self.record(
+            EventType::Normal,
+            "graceful-drain.io/LifecycleEventClaimed",
+            "Claim",
+            note,
+        )
+        .await;
         Ok(true)
     }
 
@@ -470,8 +475,13 @@ impl Reconciler {
             "lifecycleevent {name} ({}) {status}{why}",
             ev.spec.transition_name
         );
-        self.record(type_, &format!("LifecycleEvent{status}"), "Conclude", note)
-            .await;
+        self.record(
+            type_,
+            &format!("graceful-drain.io/LifecycleEvent{status}"),
+            "Conclude",
+            note,
+        )
+        .await;
         self.finalize(&ev).await
     }
 

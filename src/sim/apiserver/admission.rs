@@ -372,8 +372,32 @@ async fn call(ctx: &Ctx, hook: &Hook, attrs: &Attributes<'_>) -> Result<Outcome,
     interpret(hook, attrs, response)
 }
 
+/// `response.patch` as bytes. The API server decodes it into a Go `[]byte`, which takes
+/// the canonical base64 string and also a JSON array of byte values; anything else fails
+/// the call instead of being ignored.
+fn patch_bytes(response: &Value) -> Result<Vec<u8>, String> {
+    match response.get("patch") {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::String(text)) => base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .map_err(|e| format!("decode response.patch: {e}")),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|item| {
+                item.as_u64()
+                    .and_then(|n| u8::try_from(n).ok())
+                    .ok_or_else(|| format!("decode response.patch: {item} is not a byte"))
+            })
+            .collect(),
+        Some(other) => Err(format!(
+            "decode response.patch: expected base64 bytes, got {other}"
+        )),
+    }
+}
+
 fn interpret(hook: &Hook, attrs: &Attributes<'_>, response: &Value) -> Result<Outcome, String> {
-    let patch = response.get("patch").and_then(Value::as_str).unwrap_or("");
+    let raw = patch_bytes(response)?;
+    let patch = raw.as_slice();
     let patch_type = response.get("patchType").and_then(Value::as_str);
     if !hook.mutating && (!patch.is_empty() || patch_type.is_some()) {
         return Err(
@@ -391,7 +415,8 @@ fn interpret(hook: &Hook, attrs: &Attributes<'_>, response: &Value) -> Result<Ou
         return Err("webhook returned response.patch but not response.patchType".into());
     }
     if response.get("allowed").and_then(Value::as_bool) != Some(true) {
-        return Ok(Outcome::Denied(denial(&hook.name, response.get("result"))));
+        // The AdmissionResponse carries its metav1.Status under `status`.
+        return Ok(Outcome::Denied(denial(&hook.name, response.get("status"))));
     }
     if patch.is_empty() {
         return Ok(Outcome::Allowed(None));
@@ -399,11 +424,8 @@ fn interpret(hook: &Hook, attrs: &Attributes<'_>, response: &Value) -> Result<Ou
     let Some(object) = attrs.object.clone() else {
         return Ok(Outcome::Allowed(None));
     };
-    let raw = base64::engine::general_purpose::STANDARD
-        .decode(patch)
-        .map_err(|e| format!("decode response.patch: {e}"))?;
     let ops: json_patch::Patch =
-        serde_json::from_slice(&raw).map_err(|e| format!("decode response.patch: {e}"))?;
+        serde_json::from_slice(patch).map_err(|e| format!("decode response.patch: {e}"))?;
     let mut patched = object;
     json_patch::patch(&mut patched, &ops.0).map_err(|e| format!("apply response.patch: {e}"))?;
     Ok(Outcome::Allowed(Some(patched)))
@@ -578,6 +600,22 @@ mod tests {
             gvk_string("admission.k8s.io/v1", "AdmissionReview"),
             "admission.k8s.io/v1, Kind=AdmissionReview"
         );
+    }
+
+    #[test]
+    fn patches_decode_like_a_go_byte_slice() {
+        let ops = r#"[{"op":"add","path":"/a","value":1}]"#;
+        let b64 = base64::engine::general_purpose::STANDARD.encode(ops);
+        assert_eq!(patch_bytes(&json!({"patch": b64})).unwrap(), ops.as_bytes());
+        let array: Vec<u8> = ops.bytes().collect();
+        assert_eq!(
+            patch_bytes(&json!({"patch": array})).unwrap(),
+            ops.as_bytes()
+        );
+        assert!(patch_bytes(&json!({})).unwrap().is_empty());
+        assert!(patch_bytes(&json!({"patch": [1, 300]})).is_err());
+        assert!(patch_bytes(&json!({"patch": {"op": "add"}})).is_err());
+        assert!(patch_bytes(&json!({"patch": "not base64!"})).is_err());
     }
 
     #[test]
