@@ -242,3 +242,31 @@ async fn webhook_outage_with_failure_policy_ignore_still_lets_the_drain_finish()
     );
     cluster.wait_web_ready(&spec, TIMEOUT).await.unwrap();
 }
+
+#[derive(clap::Parser)]
+struct SimulateCli {
+    #[command(flatten)]
+    args: graceful_drain::sim::Args,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_scenario_shows_5xx_only_without_protection() {
+    use clap::Parser;
+    use graceful_drain::sim::scenario::{self, Protection};
+    graceful_drain::runtime::install_crypto_provider();
+    let cli = SimulateCli::try_parse_from(["simulate"]).unwrap();
+    let rows = scenario::run_all(&cli.args.scenario(), &Shutdown::new()).await;
+    let table = scenario::table(&rows);
+    assert_eq!(rows.len(), 4, "{table}");
+    for row in &rows {
+        let m = row
+            .result
+            .as_ref()
+            .unwrap_or_else(|e| panic!("{} / {}: {e}\n{table}", row.scenario, row.protection));
+        assert!(m.requests > 0, "{table}");
+        match row.protection {
+            Protection::None => assert!(m.errors_5xx > 0, "{table}"),
+            Protection::GracefulDrain => assert_eq!(m.errors_5xx, 0, "{table}"),
+        }
+    }
+}
