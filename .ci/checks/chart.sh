@@ -182,7 +182,7 @@ sim_apply() {
   "$BIN" simulate --serve --nodes 1 --kubeconfig-out "$kc" >"$log" 2>&1 &
   pid=$!
   # shellcheck disable=SC2064
-  trap "kill $pid 2>/dev/null; [ -n \"${KEEP_WORK:-}\" ] || rm -rf '$WORK'" EXIT
+  trap "kill $pid 2>/dev/null || true; [ -n \"${KEEP_WORK:-}\" ] || rm -rf '$WORK'" EXIT
   for _ in $(seq 1 150); do # up to 30 s
     [ -s "$kc" ] && kubectl --kubeconfig "$kc" get --raw /version >/dev/null 2>&1 && break
     kill -0 "$pid" 2>/dev/null || { cat "$log"; die "simulate --serve exited"; }
