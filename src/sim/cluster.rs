@@ -19,7 +19,7 @@ use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec}
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{ListParams, PostParams};
-use kube::{Api, CustomResourceExt};
+use kube::Api;
 
 use super::apiserver::{self, ApiServer};
 use super::controllers::{self, kubelet, users};
@@ -46,6 +46,9 @@ pub enum Error {
     /// A condition was not reached in time.
     #[error("timed out after {after:?} waiting for {what}")]
     Timeout { what: String, after: Duration },
+    /// The lifecycle CRDs could not be built.
+    #[error(transparent)]
+    Crds(#[from] crate::lifecycle::crds::Error),
 }
 
 /// Result of this module.
@@ -313,10 +316,8 @@ impl Cluster {
     async fn install_lifecycle_crds(&self) -> Result<()> {
         use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
         let api: Api<CustomResourceDefinition> = Api::all(self.client());
-        for crd in [
-            crate::lifecycle::LifecycleEvent::crd(),
-            crate::lifecycle::LifecycleTransition::crd(),
-        ] {
+        // The same definitions `graceful-drain crds` prints and the chart installs.
+        for crd in crate::lifecycle::crds::crds()? {
             let name = crd.metadata.name.clone().unwrap_or_default();
             match api.create(&PostParams::default(), &crd).await {
                 Err(kube::Error::Api(s)) if s.code == 409 => {}

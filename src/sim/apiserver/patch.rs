@@ -69,6 +69,7 @@ fn merge_key(field: &str, items: &[Value]) -> Option<&'static str> {
         | "env"
         | "imagePullSecrets"
         | "readinessGates"
+        | "webhooks"
             if has("name") || items.is_empty() =>
         {
             Some(if field == "readinessGates" {
@@ -196,6 +197,21 @@ fn merge_list(field: &str, current: Option<Value>, patch: &[Value]) -> Value {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn strategic_merge_keeps_webhooks_it_does_not_name_and_merges_by_name() {
+        let config = json!({"webhooks": [
+            {"name": "a.example.com", "clientConfig": {"caBundle": "old"}, "timeoutSeconds": 10},
+            {"name": "b.example.com", "timeoutSeconds": 5}]});
+        let patch =
+            json!({"webhooks": [{"name": "a.example.com", "clientConfig": {"caBundle": "new"}}]});
+        let out = apply(PatchKind::Strategic, &config, &patch).unwrap();
+        assert_eq!(
+            out["webhooks"],
+            json!([{"name": "a.example.com", "clientConfig": {"caBundle": "new"}, "timeoutSeconds": 10},
+                   {"name": "b.example.com", "timeoutSeconds": 5}])
+        );
+    }
 
     #[test]
     fn strategic_merges_containers_and_conditions_by_key() {
