@@ -14,7 +14,7 @@ use std::time::Duration;
 use fake_api::FakeApi;
 use graceful_drain::lifecycle::reconciler::decide::Action;
 use graceful_drain::lifecycle::reconciler::{self, Context, Mode, Reconciler, ReconcilerArgs};
-use graceful_drain::lifecycle::{LifecycleEvent, LifecycleEventSpec};
+use graceful_drain::lifecycle::{ClaimStatus, LifecycleEvent, LifecycleEventSpec};
 use jiff::{SignedDuration, Timestamp};
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
@@ -29,6 +29,7 @@ struct Harness {
     api: FakeApi,
     dirs: Dirs,
     stop: CancellationToken,
+    metrics: reconciler::metrics::Metrics,
 }
 
 impl Drop for Harness {
@@ -64,6 +65,7 @@ impl Harness {
             api,
             dirs: Dirs::new(),
             stop: CancellationToken::new(),
+            metrics: reconciler::metrics::Metrics::default(),
         }
     }
 
@@ -78,6 +80,7 @@ impl Harness {
             driver_name: DRIVER.into(),
             registry_dir: self.dirs.registry.clone(),
             plugins_dir: self.dirs.plugins.clone(),
+            metrics: self.metrics.clone(),
         }
     }
 
@@ -205,6 +208,8 @@ async fn drain_event_is_claimed_started_polled_and_succeeds() {
     assert!(h.event(&name).is_none(), "deleted once succeeded");
     assert_eq!(h.statuses(&name), ["Pending", "Claimed", "Succeeded"]);
     assert_eq!(h.condition().unwrap()["reason"], "drain-complete");
+    assert_eq!(h.metrics.events_with(ClaimStatus::Claimed), 1);
+    assert_eq!(h.metrics.events_with(ClaimStatus::Succeeded), 1);
     let calls = driver.calls();
     assert_eq!(calls.len(), 3, "{calls:?}");
     assert!(matches!(

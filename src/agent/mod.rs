@@ -219,6 +219,7 @@ pub async fn start(args: Args, client: kube::Client, shutdown: Shutdown) -> Resu
     } = args;
     let mut registry = Registry::default();
     let metrics = report::Metrics::register(&mut registry);
+    let reconciler_metrics = reconciler::metrics::Metrics::register(&mut registry);
     let registry = Arc::new(registry);
     let readiness = Readiness::default();
     readiness.register(TRANSITIONS_CHECK, "publishing LifecycleTransitions");
@@ -266,6 +267,7 @@ pub async fn start(args: Args, client: kube::Client, shutdown: Shutdown) -> Resu
             driver_name,
             registry_dir,
             plugins_dir,
+            metrics: reconciler_metrics,
         };
         (reconciler_args, ctx)
     });

@@ -16,6 +16,7 @@
 //! reconciler owns the events). See docs/lifecycle.md.
 
 pub mod decide;
+pub mod metrics;
 pub mod plugin;
 pub mod step;
 pub mod target;
@@ -107,6 +108,8 @@ pub struct Context {
     pub registry_dir: PathBuf,
     /// Folder holding `<driver>/slm.sock` service sockets.
     pub plugins_dir: PathBuf,
+    /// Where events and driver calls are counted (`Metrics::default()` when unexported).
+    pub metrics: metrics::Metrics,
 }
 
 /// Errors of the reconciler.

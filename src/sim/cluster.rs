@@ -18,8 +18,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::{ListParams, PostParams};
 use kube::Api;
+use kube::api::{ListParams, PostParams};
 
 use super::apiserver::{self, ApiServer};
 use super::controllers::{self, kubelet, users};

@@ -17,6 +17,7 @@ use serde_json::json;
 use tracing::Instrument;
 
 use super::decide::{self, Action, ConditionView, EventView, Input, TransitionView};
+use super::metrics::CallOutcome;
 use super::plugin::{self, Registered};
 use super::{Context, Error, Result, target};
 use crate::lifecycle::{
@@ -308,6 +309,7 @@ impl Reconciler {
             .replace_status(&name, &PostParams::default(), &ev)
             .await
             .map_err(|e| Error::kube(format!("claim lifecycleevent {name}"), e))?;
+        self.ctx.metrics.event(ClaimStatus::Claimed);
         tracing::info!(transition = %t.name, driver = %t.spec.driver, sla = ?sla, "claimed");
         let deadline = sla.map_or("none".to_string(), rfc3339);
         let note = format!(
@@ -383,7 +385,7 @@ impl Reconciler {
         let (transition_name, event_name) = (t.name.clone(), event.name_any());
         let node_name = self.ctx.node_name.clone();
         let (start, end) = (t.spec.start.clone(), t.spec.end.clone());
-        match call {
+        let result = match call {
             Call::Start => {
                 let request = StartLifecycleTransitionRequest {
                     transition_name,
@@ -405,7 +407,14 @@ impl Reconciler {
                 };
                 plugin::end(plugin, request, self.call_timeout).await
             }
-        }
+        };
+        let outcome = match &result {
+            Ok(r) if r.error.is_empty() => CallOutcome::Ok,
+            Ok(_) => CallOutcome::DriverError,
+            Err(_) => CallOutcome::Failed,
+        };
+        self.ctx.metrics.call(call.method(), outcome);
+        result
     }
 
     /// Tells the driver to stop (End with `sla_expired`); best effort, the event ends
@@ -467,6 +476,7 @@ impl Reconciler {
             .replace_status(&name, &PostParams::default(), &ev)
             .await
             .map_err(|e| Error::kube(format!("set lifecycleevent {name} {status}"), e))?;
+        self.ctx.metrics.event(status);
         let (type_, why) = match ev.annotations().get(MESSAGE_ANNOTATION) {
             Some(m) if status != ClaimStatus::Succeeded => (EventType::Warning, format!(": {m}")),
             _ => (EventType::Normal, String::new()),
