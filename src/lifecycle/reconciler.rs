@@ -207,6 +207,41 @@ pub async fn auto_enabled(client: &kube::Client) -> Result<bool> {
     }
 }
 
+/// First pause before asking the API server again when the auto decision failed.
+const AUTO_RETRY_FIRST: Duration = Duration::from_secs(1);
+/// Longest pause between attempts: an API server restart or a brief network partition
+/// must not stop the node agent, and half a minute keeps the log quiet meanwhile.
+const AUTO_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Runs `decide` until it answers, doubling the pause after each failure up to `max`;
+/// `None` when `shutdown` comes first. A failed answer is logged, never fatal: the auto
+/// decision only reads the API, so retrying is always safe.
+async fn retry_until_decided<F, Fut>(
+    mut decide: F,
+    first: Duration,
+    max: Duration,
+    shutdown: &crate::runtime::Shutdown,
+) -> Option<bool>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    let mut pause = first;
+    loop {
+        match decide().await {
+            Ok(enabled) => return Some(enabled),
+            Err(error) => {
+                tracing::warn!(%error, retry_in = ?pause, "lifecycle reconciler auto mode: cannot decide yet");
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return None,
+            () = tokio::time::sleep(pause) => {}
+        }
+        pause = (pause * 2).min(max);
+    }
+}
+
 /// Runs the reconciler for `ctx.node_name` until `shutdown`, if `args.mode` (after the
 /// auto decision) says so; returns at once otherwise.
 pub async fn run(
@@ -217,7 +252,13 @@ pub async fn run(
     let enabled = match args.mode {
         Mode::On => true,
         Mode::Off => false,
-        Mode::Auto => auto_enabled(&ctx.client).await?,
+        Mode::Auto => {
+            let decide = || auto_enabled(&ctx.client);
+            match retry_until_decided(decide, AUTO_RETRY_FIRST, AUTO_RETRY_MAX, &shutdown).await {
+                Some(enabled) => enabled,
+                None => return Ok(()),
+            }
+        }
     };
     tracing::info!(
         node = %ctx.node_name,
@@ -282,6 +323,65 @@ async fn run_steps(reconciler: &Reconciler, shutdown: &crate::runtime::Shutdown)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn auto_decision_is_retried_with_growing_pauses_until_it_answers() {
+        let attempts = std::sync::Mutex::new(Vec::new());
+        let started = tokio::time::Instant::now();
+        let decide = || {
+            let mut seen = attempts.lock().unwrap();
+            seen.push(started.elapsed());
+            let n = seen.len();
+            async move {
+                if n < 4 {
+                    Err(Error::WatchEnded {
+                        node: "api server restarting".into(),
+                    })
+                } else {
+                    Ok(true)
+                }
+            }
+        };
+        let shutdown = crate::runtime::Shutdown::new();
+        let decided = retry_until_decided(
+            decide,
+            Duration::from_secs(1),
+            Duration::from_secs(3),
+            &shutdown,
+        )
+        .await;
+        assert_eq!(decided, Some(true));
+        let at: Vec<u64> = attempts
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_secs())
+            .collect();
+        // Pauses of 1 s, 2 s, then capped at 3 s.
+        assert_eq!(at, [0, 1, 3, 6]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn auto_decision_gives_up_quietly_at_shutdown() {
+        let shutdown = crate::runtime::Shutdown::new();
+        let stop = shutdown.clone();
+        let decide = || {
+            stop.cancel();
+            async {
+                Err(Error::WatchEnded {
+                    node: "unreachable".into(),
+                })
+            }
+        };
+        let decided = retry_until_decided(
+            decide,
+            Duration::from_secs(1),
+            Duration::from_secs(30),
+            &shutdown,
+        )
+        .await;
+        assert_eq!(decided, None);
+    }
 
     #[test]
     fn go_durations_parse_like_go() {
