@@ -75,6 +75,21 @@ pub(crate) struct Subscription {
     pub live: broadcast::Receiver<Arc<Change>>,
 }
 
+/// The object stored at `table`/`key`, provided its resourceVersion is still
+/// `expected_rv`: the compare half of every compare-and-swap write.
+fn current(state: &State, table: &str, key: &str, expected_rv: u64) -> Result<Value, StoreError> {
+    let old = state
+        .tables
+        .get(table)
+        .and_then(|t| t.objects.get(key))
+        .cloned()
+        .ok_or(StoreError::NotFound)?;
+    if rv_of(&old) != expected_rv {
+        return Err(StoreError::Conflict);
+    }
+    Ok(old)
+}
+
 pub(crate) fn rv_of(obj: &Value) -> u64 {
     obj.pointer("/metadata/resourceVersion")
         .and_then(Value::as_str)
@@ -197,15 +212,7 @@ impl Store {
         mut obj: Value,
     ) -> Result<Value, StoreError> {
         let mut state = self.lock();
-        let old = state
-            .tables
-            .get(table)
-            .and_then(|t| t.objects.get(key))
-            .cloned()
-            .ok_or(StoreError::NotFound)?;
-        if rv_of(&old) != expected_rv {
-            return Err(StoreError::Conflict);
-        }
+        let old = current(&state, table, key, expected_rv)?;
         state.rv += 1;
         let rv = state.rv;
         set_rv(&mut obj, rv);
@@ -235,15 +242,7 @@ impl Store {
         mut final_obj: Value,
     ) -> Result<Value, StoreError> {
         let mut state = self.lock();
-        let old = state
-            .tables
-            .get(table)
-            .and_then(|t| t.objects.get(key))
-            .cloned()
-            .ok_or(StoreError::NotFound)?;
-        if rv_of(&old) != expected_rv {
-            return Err(StoreError::Conflict);
-        }
+        let old = current(&state, table, key, expected_rv)?;
         state.rv += 1;
         let rv = state.rv;
         set_rv(&mut final_obj, rv);
