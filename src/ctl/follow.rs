@@ -22,6 +22,9 @@ use crate::lifecycle::{
 /// Node condition the node agent keeps while a drain runs; its message says which pods
 /// are left and why they are blocked (KEP-5683 condition type).
 pub const DRAIN_IN_PROGRESS: &str = "DrainInProgress";
+/// Reason the node agent gives `DrainInProgress` when it sets it False after a finished
+/// drain (other reasons, such as `DrainStopped`, mean the drain did not finish).
+const DRAINED_REASON: &str = crate::agent::node::reason::DRAINED;
 /// Node condition set once a drain finished (KEP-5683 condition type).
 pub const DRAINED: &str = "Drained";
 /// Pods named in a failure message; the rest are counted (the condition and
@@ -64,6 +67,8 @@ pub struct NodeState {
     pub transition: Option<(String, Option<Timestamp>)>,
     /// `DrainInProgress` message (pods left, what blocks them).
     pub drain_in_progress: Option<String>,
+    /// The agent reported the drain finished (`DrainInProgress` False, reason `Drained`).
+    pub drained: bool,
 }
 
 /// How the event ended, if it did.
@@ -340,14 +345,13 @@ impl Follower<'_> {
     }
 
     /// Re-reads the node; the last `DrainInProgress` message seen is kept when the
-    /// condition turns False (the agent stops a drain at SLA expiry), so a failure can
-    /// still say what blocked it.
+    /// condition turns False because the drain stopped (the agent stops a drain at SLA
+    /// expiry), so a failure can still say what blocked it — but not once the drain
+    /// finished, when that message is stale.
     async fn reload_node(&mut self) {
-        if let Some(mut node) = self.read_node().await {
-            if node.drain_in_progress.is_none() {
-                node.drain_in_progress = self.node.drain_in_progress.take();
-            }
-            self.node = node;
+        if let Some(node) = self.read_node().await {
+            let previous = std::mem::take(&mut self.node);
+            self.node = carry_progress(previous, node);
         }
     }
 
@@ -445,8 +449,21 @@ impl Follower<'_> {
                 .filter(|c| c.status == "True")
                 .and_then(|c| c.message.clone())
                 .filter(|m| !m.is_empty()),
+            drained: find(DRAIN_IN_PROGRESS).is_some_and(|c| {
+                c.status == "False" && c.reason.as_deref() == Some(DRAINED_REASON)
+            }),
         })
     }
+}
+
+/// The freshly read node state, keeping the previous `DrainInProgress` message when the
+/// condition stopped being True without the drain finishing (so a failure can still name
+/// what blocked it); after a finished drain the old message is stale and dropped.
+fn carry_progress(previous: NodeState, mut fresh: NodeState) -> NodeState {
+    if fresh.drain_in_progress.is_none() && !fresh.drained {
+        fresh.drain_in_progress = previous.drain_in_progress;
+    }
+    fresh
 }
 
 fn event_time(e: &Event) -> Option<Timestamp> {
@@ -492,7 +509,25 @@ mod tests {
         NodeState {
             transition: Some((reason.into(), Some(ts(at)))),
             drain_in_progress: progress.map(str::to_string),
+            drained: false,
         }
+    }
+
+    #[test]
+    fn progress_message_outlives_a_stopped_drain_but_not_a_finished_one() {
+        let blocked = node(
+            "drain-started",
+            1,
+            Some("2 pods remaining: 2 blocked by PDB shop/web"),
+        );
+        let stopped = node("drain-started", 1, None);
+        let kept = carry_progress(blocked.clone(), stopped);
+        assert_eq!(kept.drain_in_progress, blocked.drain_in_progress);
+        let finished = NodeState {
+            drained: true,
+            ..node("drain-complete", 2, None)
+        };
+        assert_eq!(carry_progress(blocked, finished).drain_in_progress, None);
     }
 
     #[test]
