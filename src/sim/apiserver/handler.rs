@@ -118,6 +118,12 @@ impl Req {
             .map(Some)
             .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
     }
+
+    /// The JSON body of a write that must carry one: 400 when it is empty or malformed.
+    pub(crate) fn required_json(&self) -> ApiResult<Value> {
+        self.json()?
+            .ok_or_else(|| ApiError::bad_request("the request body is empty"))
+    }
 }
 
 /// The axum router: everything goes through one fallback dispatcher.

@@ -50,9 +50,7 @@ pub(crate) fn scale_of(obj: &Value) -> Value {
 
 /// The Scale a PUT or PATCH asks for, computed against the current one.
 fn desired(req: &Req, current: &Value, patch_kind: Option<PatchKind>) -> ApiResult<Value> {
-    let body = req
-        .json()?
-        .ok_or_else(|| ApiError::bad_request("the request body is empty"))?;
+    let body = req.required_json()?;
     match patch_kind {
         Some(kind) => patch::apply(kind, current, &body),
         None => Ok(body),

@@ -358,9 +358,7 @@ pub(crate) async fn create(
     target: &Target,
     req: &Req,
 ) -> ApiResult<(StatusCode, Value)> {
-    let body = req
-        .json()?
-        .ok_or_else(|| ApiError::bad_request("the request body is empty"))?;
+    let body = req.required_json()?;
     let def = &target.def;
     let mut obj = prepare_body(def, body, Fields::of(req))?;
     init_metadata(ctx, target, &mut obj)?;
@@ -590,9 +588,7 @@ pub(crate) async fn update(
 ) -> ApiResult<(StatusCode, Value)> {
     let def = &target.def;
     let name = target.name.clone().unwrap_or_default();
-    let body = req
-        .json()?
-        .ok_or_else(|| ApiError::bad_request("the request body is empty"))?;
+    let body = req.required_json()?;
     let body = prepare_body(def, body, Fields::of(req))?;
     let body_name = meta_str(&body, "name");
     if !body_name.is_empty() && body_name != name {
@@ -631,9 +627,7 @@ pub(crate) async fn patch(
                     if def.custom { "" } else { ", application/strategic-merge-patch+json" }),
             )
         })?;
-    let body = req
-        .json()?
-        .ok_or_else(|| ApiError::bad_request("the request body is empty"))?;
+    let body = req.required_json()?;
     for _ in 0..MAX_RACE_RETRIES {
         let old = get(ctx, target)?;
         let patched = patch::apply(kind, &old, &body)?;
@@ -972,9 +966,7 @@ pub(crate) async fn bind(
 ) -> ApiResult<(StatusCode, Value)> {
     let def = &target.def;
     let name = target.name.clone().unwrap_or_default();
-    let body = req
-        .json()?
-        .ok_or_else(|| ApiError::bad_request("the request body is empty"))?;
+    let body = req.required_json()?;
     let node = body
         .pointer("/target/name")
         .and_then(Value::as_str)
