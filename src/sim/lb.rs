@@ -239,19 +239,11 @@ pub async fn run(
     lbs: LoadBalancers,
     shutdown: Shutdown,
 ) -> Result<(), super::controllers::Error> {
-    let wake = Arc::new(tokio::sync::Notify::new());
-    let services = super::controllers::reflect(
-        Api::<Service>::all(client.clone()),
-        watcher::Config::default(),
-        wake.clone(),
-        shutdown.clone(),
-    );
-    let slices = super::controllers::reflect(
-        Api::<EndpointSlice>::all(client.clone()),
-        watcher::Config::default().labels(SERVICE_NAME_LABEL),
-        wake.clone(),
-        shutdown.clone(),
-    );
+    let watches = super::controllers::Watches::new(client.clone(), shutdown.clone());
+    let wake = watches.wake();
+    let services = watches.all::<Service>();
+    let slices =
+        watches.matching::<EndpointSlice>(watcher::Config::default().labels(SERVICE_NAME_LABEL));
     // Expired deregistrations are dropped on the next sync; half a second keeps the
     // target map small without mattering to routing (routing checks the time itself).
     let tick = Duration::from_millis(500);

@@ -17,12 +17,10 @@ use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::reflector::Store;
-use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
-use tokio::sync::Notify;
 
 use super::{
-    Error, Result, Workers, api_err, controller_of, next_pass, ns_name, ready, reflect, scaled,
+    Error, Result, Watches, Workers, api_err, controller_of, next_pass, ns_name, ready, scaled,
     status_code,
 };
 use crate::runtime::Shutdown;
@@ -373,19 +371,10 @@ impl Controller {
 
 /// Runs the Deployment controller until `shutdown`.
 pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
-    let wake = Arc::new(Notify::new());
-    let deployments = reflect(
-        Api::<Deployment>::all(client.clone()),
-        watcher::Config::default(),
-        wake.clone(),
-        shutdown.clone(),
-    );
-    let sets = reflect(
-        Api::<ReplicaSet>::all(client.clone()),
-        watcher::Config::default(),
-        wake.clone(),
-        shutdown.clone(),
-    );
+    let watches = Watches::new(client.clone(), shutdown.clone());
+    let wake = watches.wake();
+    let deployments = watches.all::<Deployment>();
+    let sets = watches.all::<ReplicaSet>();
     if !(ready(&deployments, &shutdown).await && ready(&sets, &shutdown).await) {
         return Ok(());
     }

@@ -21,12 +21,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::PostParams;
 use kube::runtime::reflector::Store;
-use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
-use tokio::sync::Notify;
 
 use super::{
-    Result, api_err, controller_of, labels_of, next_pass, ns_name, pod_ready, ready, reflect,
+    Result, Watches, api_err, controller_of, labels_of, next_pass, ns_name, pod_ready, ready,
     scaled, selector_matches, status_code,
 };
 use crate::runtime::Shutdown;
@@ -273,32 +271,12 @@ impl Controller {
 
 /// Runs the disruption controller until `shutdown`.
 pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
-    let wake = Arc::new(Notify::new());
-    let cfg = watcher::Config::default;
-    let pdbs = reflect(
-        Api::<PodDisruptionBudget>::all(client.clone()),
-        cfg(),
-        wake.clone(),
-        shutdown.clone(),
-    );
-    let pods = reflect(
-        Api::<Pod>::all(client.clone()),
-        cfg(),
-        wake.clone(),
-        shutdown.clone(),
-    );
-    let sets = reflect(
-        Api::<ReplicaSet>::all(client.clone()),
-        cfg(),
-        wake.clone(),
-        shutdown.clone(),
-    );
-    let deployments = reflect(
-        Api::<Deployment>::all(client.clone()),
-        cfg(),
-        wake.clone(),
-        shutdown.clone(),
-    );
+    let watches = Watches::new(client.clone(), shutdown.clone());
+    let wake = watches.wake();
+    let pdbs = watches.all::<PodDisruptionBudget>();
+    let pods = watches.all::<Pod>();
+    let sets = watches.all::<ReplicaSet>();
+    let deployments = watches.all::<Deployment>();
     if !(ready(&pdbs, &shutdown).await
         && ready(&pods, &shutdown).await
         && ready(&sets, &shutdown).await

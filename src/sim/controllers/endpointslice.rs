@@ -20,11 +20,10 @@ use kube::api::{DeleteParams, PostParams};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
-use tokio::sync::Notify;
 
 use super::{
-    Result, api_err, labels_of, map_selector_matches, next_pass, ns_name, pod_finished, pod_ready,
-    ready, reflect, status_code,
+    Result, Watches, api_err, labels_of, map_selector_matches, next_pass, ns_name, pod_finished,
+    pod_ready, ready, status_code,
 };
 use crate::runtime::Shutdown;
 use crate::sim::lb::SERVICE_NAME_LABEL;
@@ -265,26 +264,12 @@ impl Controller {
 
 /// Runs the EndpointSlice controller until `shutdown`.
 pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
-    let wake = Arc::new(Notify::new());
-    let services = reflect(
-        Api::<Service>::all(client.clone()),
-        watcher::Config::default(),
-        wake.clone(),
-        shutdown.clone(),
-    );
-    let pods = reflect(
-        Api::<Pod>::all(client.clone()),
-        watcher::Config::default(),
-        wake.clone(),
-        shutdown.clone(),
-    );
+    let watches = Watches::new(client.clone(), shutdown.clone());
+    let wake = watches.wake();
+    let services = watches.all::<Service>();
+    let pods = watches.all::<Pod>();
     let managed = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
-    let slices = reflect(
-        Api::<EndpointSlice>::all(client.clone()),
-        managed,
-        wake.clone(),
-        shutdown.clone(),
-    );
+    let slices = watches.matching::<EndpointSlice>(managed);
     if !(ready(&services, &shutdown).await
         && ready(&pods, &shutdown).await
         && ready(&slices, &shutdown).await)

@@ -11,12 +11,10 @@ use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::reflector::Store;
-use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
-use tokio::sync::Notify;
 
-use super::{Result, api_err, controller_of, next_pass, ns_name, ready, reflect, status_code};
+use super::{Result, Watches, api_err, controller_of, next_pass, ns_name, ready, status_code};
 use crate::runtime::Shutdown;
 
 /// Whether the owner `(name, uid)` of a dependent in `ns` is really gone.
@@ -86,26 +84,11 @@ where
 
 /// Runs the garbage collector until `shutdown`.
 pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
-    let wake = Arc::new(Notify::new());
-    let cfg = watcher::Config::default;
-    let deployments = reflect(
-        Api::<Deployment>::all(client.clone()),
-        cfg(),
-        wake.clone(),
-        shutdown.clone(),
-    );
-    let sets = reflect(
-        Api::<ReplicaSet>::all(client.clone()),
-        cfg(),
-        wake.clone(),
-        shutdown.clone(),
-    );
-    let pods = reflect(
-        Api::<Pod>::all(client.clone()),
-        cfg(),
-        wake.clone(),
-        shutdown.clone(),
-    );
+    let watches = Watches::new(client.clone(), shutdown.clone());
+    let wake = watches.wake();
+    let deployments = watches.all::<Deployment>();
+    let sets = watches.all::<ReplicaSet>();
+    let pods = watches.all::<Pod>();
     if !(ready(&deployments, &shutdown).await
         && ready(&sets, &shutdown).await
         && ready(&pods, &shutdown).await)

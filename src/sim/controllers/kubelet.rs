@@ -18,9 +18,8 @@ use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
-use tokio::sync::Notify;
 
-use super::{Result, api_err, key, next_pass, ns_name, ready, reflect, status_code};
+use super::{Result, Watches, api_err, key, next_pass, ns_name, ready, status_code};
 use crate::labels::DRAINING_LABEL;
 use crate::runtime::Shutdown;
 use crate::sim::traffic::apps::Apps;
@@ -413,14 +412,10 @@ pub struct Context {
 /// Runs the kubelet of `ctx.node` until `shutdown`.
 pub async fn run(ctx: Context, shutdown: Shutdown) -> Result<()> {
     report_node_ready(&ctx.client, &ctx.node).await?;
-    let wake = Arc::new(Notify::new());
+    let watches = Watches::new(ctx.client.clone(), shutdown.clone());
+    let wake = watches.wake();
     let cfg = watcher::Config::default().fields(&format!("spec.nodeName={}", ctx.node));
-    let pods = reflect(
-        Api::<Pod>::all(ctx.client.clone()),
-        cfg,
-        wake.clone(),
-        shutdown.clone(),
-    );
+    let pods = watches.matching::<Pod>(cfg);
     if !ready(&pods, &shutdown).await {
         return Ok(());
     }

@@ -108,9 +108,56 @@ pub const RESYNC: Duration = Duration::from_secs(2);
 /// stays far below every simulated lag.
 pub const BATCH: Duration = Duration::from_millis(20);
 
+/// Where one controller's reflectors report: they list through the same client, wake the
+/// same `Notify`, and stop with the same shutdown.
+pub struct Watches {
+    client: kube::Client,
+    wake: Arc<Notify>,
+    shutdown: Shutdown,
+}
+
+impl Watches {
+    /// Reflectors for a controller acting as `client`'s user, until `shutdown`.
+    pub fn new(client: kube::Client, shutdown: Shutdown) -> Self {
+        Self {
+            client,
+            wake: Arc::new(Notify::new()),
+            shutdown,
+        }
+    }
+
+    /// Notified on every watch event of every reflector started here.
+    pub fn wake(&self) -> Arc<Notify> {
+        self.wake.clone()
+    }
+
+    /// A reflector on every `K` in the cluster.
+    pub fn all<K>(&self) -> Store<K>
+    where
+        K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+    {
+        self.matching(watcher::Config::default())
+    }
+
+    /// A reflector on the `K` that `config` selects.
+    pub fn matching<K>(&self, config: watcher::Config) -> Store<K>
+    where
+        K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+    {
+        reflect(
+            Api::all(self.client.clone()),
+            config,
+            self.wake.clone(),
+            self.shutdown.clone(),
+        )
+    }
+}
+
 /// Starts a reflector on `api` in an owned task: returns its store; every watch event
 /// wakes `wake`. Watch errors are retried with kube-runtime's default backoff.
-pub fn reflect<K>(
+fn reflect<K>(
     api: Api<K>,
     config: watcher::Config,
     wake: Arc<Notify>,

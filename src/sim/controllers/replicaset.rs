@@ -20,13 +20,11 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::reflector::Store;
-use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
-use tokio::sync::Notify;
 
 use super::{
-    Result, Workers, api_err, controller_of, key, labels_of, next_pass, ns_name, pod_active,
-    pod_ready, ready, reflect, selector_matches, status_code,
+    Result, Watches, Workers, api_err, controller_of, key, labels_of, next_pass, ns_name,
+    pod_active, pod_ready, ready, selector_matches, status_code,
 };
 use crate::runtime::Shutdown;
 
@@ -446,19 +444,10 @@ where
 
 /// Runs the ReplicaSet controller until `shutdown`.
 pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
-    let wake = Arc::new(Notify::new());
-    let sets = reflect(
-        Api::<ReplicaSet>::all(client.clone()),
-        watcher::Config::default(),
-        wake.clone(),
-        shutdown.clone(),
-    );
-    let pods = reflect(
-        Api::<Pod>::all(client.clone()),
-        watcher::Config::default(),
-        wake.clone(),
-        shutdown.clone(),
-    );
+    let watches = Watches::new(client.clone(), shutdown.clone());
+    let wake = watches.wake();
+    let sets = watches.all::<ReplicaSet>();
+    let pods = watches.all::<Pod>();
     if !(ready(&sets, &shutdown).await && ready(&pods, &shutdown).await) {
         return Ok(());
     }

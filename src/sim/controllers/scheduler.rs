@@ -11,11 +11,9 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod, Taint, Toleration};
 use kube::api::PostParams;
 use kube::runtime::reflector::Store;
-use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
-use tokio::sync::Notify;
 
-use super::{Result, labels_of, next_pass, ns_name, pod_finished, ready, reflect, status_code};
+use super::{Result, Watches, labels_of, next_pass, ns_name, pod_finished, ready, status_code};
 use crate::runtime::Shutdown;
 
 /// Concurrent binding calls; the API server handles them independently, and 16 keeps
@@ -182,19 +180,10 @@ async fn bind(client: &kube::Client, ns: &str, name: &str, node: &str) -> Result
 
 /// Runs the scheduler as `system:kube-scheduler` until `shutdown`.
 pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
-    let wake = Arc::new(Notify::new());
-    let pods = reflect(
-        Api::<Pod>::all(client.clone()),
-        watcher::Config::default(),
-        wake.clone(),
-        shutdown.clone(),
-    );
-    let nodes = reflect(
-        Api::<Node>::all(client.clone()),
-        watcher::Config::default(),
-        wake.clone(),
-        shutdown.clone(),
-    );
+    let watches = Watches::new(client.clone(), shutdown.clone());
+    let wake = watches.wake();
+    let pods = watches.all::<Pod>();
+    let nodes = watches.all::<Node>();
     if !(ready(&pods, &shutdown).await && ready(&nodes, &shutdown).await) {
         return Ok(());
     }
