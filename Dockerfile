@@ -1,5 +1,6 @@
 # syntax=docker/dockerfile:1
-# graceful-drain: one static-ish binary (glibc, rustls with ring; no OpenSSL) on distroless.
+# graceful-drain: one static-ish binary (glibc, rustls with ring; no OpenSSL) on distroless,
+# built with --no-default-features: the product only, without the simulated cluster.
 #   docker build -t graceful-drain:0.1.0 .
 # The webhook runs as the image's non-root user; the node agent's DaemonSet overrides it
 # with uid 0 (no capabilities) to create its sockets in the kubelet's root-owned folders.
@@ -14,7 +15,7 @@ COPY . .
 # copied out of the cached target folder.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bin graceful-drain \
+    cargo build --release --locked --no-default-features --bin graceful-drain \
     && install -D -m 0755 target/release/graceful-drain /out/graceful-drain
 
 FROM gcr.io/distroless/cc-debian12:nonroot

@@ -36,6 +36,7 @@ pub enum Command {
     Uncordon(crate::ctl::UncordonArgs),
     /// Show LifecycleEvents and node transition conditions.
     Status(crate::ctl::StatusArgs),
+    #[cfg(feature = "sim")]
     /// Run the simulated cluster: the default scenario, or `--serve` to keep it up.
     Simulate(crate::sim::Args),
     /// Print the lifecycle.k8s.io CustomResourceDefinitions as YAML.
@@ -74,6 +75,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Drain(args) => crate::ctl::drain(args, shutdown).await,
         Command::Uncordon(args) => crate::ctl::uncordon(args, shutdown).await,
         Command::Status(args) => crate::ctl::status(args, shutdown).await,
+        #[cfg(feature = "sim")]
         Command::Simulate(args) => crate::sim::run(args, shutdown).await,
         Command::Crds(args) => crate::lifecycle::crds::run(args, shutdown).await,
         Command::Certs(args) => crate::certs::run(args, shutdown).await,

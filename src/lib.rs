@@ -8,7 +8,9 @@
 //! * [`agent`] — the node agent: kubelet plugin registration, SLM gRPC, drain engine,
 //!   and (optionally) the lifecycle reconciler from [`lifecycle`].
 //! * [`ctl`] — the `drain`, `uncordon` and `status` CLI.
-//! * [`sim`] — the simulated cluster used by `simulate`, the end-to-end tests and benches.
+//! * `sim` — the simulated cluster used by `simulate`, the end-to-end tests and benches;
+//!   behind the default `sim` feature, so the shipped build (`--no-default-features`)
+//!   carries no API server. It uses the product, never the reverse.
 //! * [`certs`] — local CA and serving certificates for development.
 
 pub mod admin;
@@ -21,5 +23,6 @@ pub mod labels;
 pub mod lifecycle;
 pub mod proto;
 pub mod runtime;
+#[cfg(feature = "sim")]
 pub mod sim;
 pub mod webhook;
