@@ -17,6 +17,9 @@ pub const DELAY_ANNOTATION: &str = "graceful-drain.io/deregistration-delay";
 pub const OPT_OUT_LABEL: &str = "graceful-drain.io/exclude";
 /// Node label that makes cloud controllers take the node out of external load balancers.
 pub const EXCLUDE_FROM_LB_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
+/// Node annotation naming the LifecycleEvent whose drain runs on the node, so a restarted
+/// node agent resumes a drain only while that event is still live.
+pub const DRAIN_EVENT_ANNOTATION: &str = "graceful-drain.io/drain-event";
 /// Field manager and user-agent we present to the API server.
 pub const FIELD_MANAGER: &str = "graceful-drain";
 /// Mirror-pod annotation set by the kubelet on static pods.

@@ -46,6 +46,8 @@ mod fake {
         pub pdbs: Vec<Value>,
         pub daemonsets: HashSet<(String, String)>,
         pub transitions: BTreeMap<String, Value>,
+        /// LifecycleEvents by name (a drain runs only while its event is live).
+        pub lifecycle_events: BTreeMap<String, Value>,
         pub events: Vec<Value>,
         /// Every (method, path, body) received.
         pub requests: Vec<(Method, String, Value)>,
@@ -242,6 +244,19 @@ mod fake {
                     ],
                 ) => match st.transitions.get(*name) {
                     Some(t) => json_reply(200, t),
+                    None => status(404, "not found"),
+                },
+                (
+                    &Method::GET,
+                    [
+                        "apis",
+                        "lifecycle.k8s.io",
+                        "v1alpha1",
+                        "lifecycleevents",
+                        name,
+                    ],
+                ) => match st.lifecycle_events.get(*name) {
+                    Some(e) => json_reply(200, e),
                     None => status(404, "not found"),
                 },
                 (
@@ -713,6 +728,20 @@ async fn a_restarted_agent_resumes_the_drain() {
     first.cancel();
     running.await.unwrap();
     assert!(!reg_socket.exists(), "deregistered");
+    let node = fake.state.lock().unwrap().node.clone();
+    assert_eq!(
+        node["metadata"]["annotations"]["graceful-drain.io/drain-event"], "ev-1",
+        "the drain names its event on the Node"
+    );
+    // Its event is still claimed and within its SLA.
+    let sla = (jiff::Timestamp::now() + std::time::Duration::from_secs(600)).to_string();
+    fake.state.lock().unwrap().lifecycle_events.insert(
+        "ev-1".into(),
+        json!({"apiVersion": "lifecycle.k8s.io/v1alpha1", "kind": "LifecycleEvent",
+               "metadata": {"name": "ev-1"},
+               "spec": {"transitionName": "graceful-drain", "bindingNode": NODE},
+               "status": {"claimStatus": "Claimed", "sla": sla}}),
+    );
 
     // A new agent finds cordoned + DrainInProgress and resumes without a Start.
     let second = Shutdown::new();

@@ -199,6 +199,21 @@ fn kubectl_evictions(output: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// Creates the LifecycleEvent a scripted kubelet drives (no reconciler claims it here).
+async fn lifecycle_event(admin: &kube::Client, name: &str, transition: &str) {
+    let event = LifecycleEvent::new(
+        name,
+        LifecycleEventSpec {
+            transition_name: transition.into(),
+            binding_node: NODE.into(),
+        },
+    );
+    Api::<LifecycleEvent>::all(admin.clone())
+        .create(&PostParams::default(), &event)
+        .await
+        .unwrap();
+}
+
 /// A plain HTTP/1.1 GET on the admin port; the whole response.
 async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -275,7 +290,9 @@ async fn drains_each_kind_of_pod_like_kubectl_and_waits_out_a_blocking_pdb() {
     assert_eq!(kubectl_evicts, expected, "{lax}");
 
     // The agent with kubectl's default refusals: the transition fails naming the same pods,
-    // before any eviction.
+    // before any eviction. The scripted kubelet drives event ev-1, which must exist: a
+    // drain lives only as long as its event.
+    lifecycle_event(&admin, "ev-1", "graceful-drain").await;
     let client = cluster.api().client(AGENT_USER);
     let shutdown = Shutdown::new();
     let started = agent::start(

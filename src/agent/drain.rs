@@ -12,7 +12,7 @@
 //! terminating count as remaining. Progress is published on a `watch` channel after every
 //! change.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,10 +47,21 @@ const RETRY_CAP: Duration = Duration::from_secs(15);
 /// status refresh takes (the API server sends 0 or 10).
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(60);
 
+/// Evictions refused because several PDBs select the pod are retried this many times (about
+/// 30 s with the backoff, time for an operator fixing overlapping budgets), then the drain
+/// fails naming them: the API server refuses such pods until the budgets change, and
+/// `kubectl drain` gives up on them at once.
+const MULTIPLE_PDB_ATTEMPTS: u32 = 5;
+
 /// An accepted eviction shows on the pod within a second (a deletionTimestamp, or our
 /// webhook's draining label); if neither appeared after this long the eviction was lost
 /// (e.g. another webhook turned it into a dry run), so it is sent again.
 const REEVICT_AFTER: Duration = Duration::from_secs(30);
+
+/// How often a drain re-reads its LifecycleEvent: the kubelet's reconciler tick, so a drain
+/// stops at most one tick after its event ended (SLA expired, failed, deleted), at one GET
+/// per tick per draining node.
+pub const DEFAULT_EVENT_CHECK: Duration = Duration::from_secs(10);
 
 /// Options of a drain (the kubectl flags, see `node-agent --help`).
 #[derive(Clone, Debug)]
@@ -67,6 +78,8 @@ pub struct DrainConfig {
     pub timeout: Option<Duration>,
     /// Eviction requests in flight at once.
     pub concurrency: usize,
+    /// How often a running drain re-reads its LifecycleEvent to stop once it ended.
+    pub event_check: Duration,
 }
 
 impl Default for DrainConfig {
@@ -78,6 +91,7 @@ impl Default for DrainConfig {
             disable_eviction: false,
             timeout: None,
             concurrency: 16,
+            event_check: DEFAULT_EVENT_CHECK,
         }
     }
 }
@@ -98,6 +112,23 @@ pub enum Error {
     /// The watch on the node's pods ended (it retries on its own, so this is a bug).
     #[error("drain node {node}: the watch on its pods ended")]
     WatchEnded { node: String },
+    /// A pod cannot be evicted until its budgets change.
+    #[error(
+        "drain node {node}: evict pod {pod}: {blocker} select it, which the eviction API refuses: {message}"
+    )]
+    Unevictable {
+        node: String,
+        pod: PodKey,
+        blocker: Blocker,
+        message: String,
+    },
+    /// Listing the pods `--pod-selector` selects failed.
+    #[error("drain node {node}: list pods matching {selector:?}: {message}")]
+    Select {
+        node: String,
+        selector: String,
+        message: String,
+    },
 }
 
 /// What an eviction (or delete) request got back, classified.
@@ -203,9 +234,10 @@ pub fn classify_answer(status: StatusCode, retry_after: Option<Duration>, body: 
             let name = webhook_name(&message).unwrap_or_default().to_string();
             blocked(EvictionOutcome::DeniedWebhook, Blocker::Webhook(name))
         }
-        StatusCode::TOO_MANY_REQUESTS => {
+        StatusCode::TOO_MANY_REQUESTS if is_disruption_budget(body, &message) => {
             blocked(EvictionOutcome::BlockedPdb, Blocker::Pdb(String::new()))
         }
+        StatusCode::TOO_MANY_REQUESTS => blocked(EvictionOutcome::Throttled, Blocker::Throttled),
         StatusCode::INTERNAL_SERVER_ERROR if message.contains("more than one") => blocked(
             EvictionOutcome::MultiplePdbs,
             Blocker::MultiplePdbs(Vec::new()),
@@ -215,6 +247,21 @@ pub fn classify_answer(status: StatusCode, retry_after: Option<Duration>, body: 
             Blocker::Other(format!("HTTP {}: {message}", status.as_u16())),
         ),
     }
+}
+
+/// Whether a 429 comes from a PodDisruptionBudget: the eviction REST code answers with a
+/// `DisruptionBudget` cause (upstream `pkg/registry/core/pod/storage/eviction.go`,
+/// `createTooManyRequestsError`), while API Priority and Fairness answers a bare
+/// TooManyRequests ("Too many requests, please try again later.").
+fn is_disruption_budget(body: &[u8], message: &str) -> bool {
+    let causes = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.pointer("/details/causes").cloned());
+    let has_cause = causes
+        .as_ref()
+        .and_then(|c| c.as_array())
+        .is_some_and(|c| c.iter().any(|c| c["reason"] == "DisruptionBudget"));
+    has_cause || message.to_ascii_lowercase().contains("disruption budget")
 }
 
 /// Delay before retry number `attempt` (0-based): exponential from [`RETRY_BASE`], capped
@@ -285,6 +332,8 @@ pub async fn selecting_pdbs(client: &kube::Client, pod: &Pod) -> Result<Vec<Stri
 enum Update {
     Blocked(PodKey, Blocker),
     Accepted(PodKey),
+    /// The pod cannot be evicted as things stand: the drain fails.
+    Unevictable(PodKey, Blocker, String),
 }
 
 /// Everything an eviction task needs.
@@ -364,6 +413,12 @@ async fn evict_pod(ctx: Arc<TaskCtx>, pod: Pod) {
                     (Some(previous), true) => previous.clone(),
                     _ => ctx.resolve(&pod, blocker).await,
                 };
+                if matches!(blocker, Blocker::MultiplePdbs(_))
+                    && attempt + 1 >= MULTIPLE_PDB_ATTEMPTS
+                {
+                    let _ = ctx.updates.send(Update::Unevictable(key, blocker, message));
+                    return;
+                }
                 let delay = retry_delay(attempt, retry_after, rand::rng().random());
                 report_block(&ctx, &key, &blocker, &message, delay).await;
                 last = Some(blocker);
@@ -560,18 +615,79 @@ pub struct Engine {
     pub config: Arc<DrainConfig>,
     pub metrics: Metrics,
     pub events: NodeEvents,
+    /// When this drain cordoned the node: pods created later that tolerate the cordon
+    /// would be scheduled straight back, so they are not evicted.
+    pub cordoned_at: jiff::Timestamp,
+}
+
+/// The taint a cordoned node carries (upstream `node.kubernetes.io/unschedulable`).
+pub const UNSCHEDULABLE_TAINT: &str = "node.kubernetes.io/unschedulable";
+
+/// Whether `pod` tolerates the cordon's NoSchedule taint (a toleration for its key, or an
+/// `Exists` toleration without a key), so the scheduler may place it on a cordoned node.
+pub fn tolerates_cordon(pod: &Pod) -> bool {
+    let tolerations = pod.spec.as_ref().and_then(|s| s.tolerations.as_ref());
+    tolerations.into_iter().flatten().any(|t| {
+        let exists = t.operator.as_deref() == Some("Exists");
+        let key = match t.key.as_deref() {
+            None | Some("") => exists,
+            Some(key) => key == UNSCHEDULABLE_TAINT,
+        };
+        let value = exists || t.value.as_deref().unwrap_or_default().is_empty();
+        let effect = matches!(t.effect.as_deref(), None | Some("" | "NoSchedule"));
+        key && value && effect
+    })
+}
+
+/// Whether the (optional) `--pod-selector` set of UIDs holds `pod`.
+fn is_selected(selected: Option<&HashSet<String>>, pod: &Pod) -> bool {
+    selected.is_none_or(|uids| pod.metadata.uid.as_ref().is_some_and(|u| uids.contains(u)))
 }
 
 type PodStream = futures::stream::BoxStream<'static, Result<watcher::Event<Pod>, watcher::Error>>;
 
 impl Engine {
+    /// Every pod on the node, whatever its labels: `--pod-selector` is applied to a LIST
+    /// (see [`Engine::selected`]), never to this watch, because our webhook's relabelling
+    /// takes an isolated pod out of a label-selected watch, which would make a pod the
+    /// drain still waits for look gone.
     fn watch(&self) -> PodStream {
         let api: Api<Pod> = Api::all(self.client.clone());
-        let mut config = watcher::Config::default().fields(&format!("spec.nodeName={}", self.node));
-        if let Some(selector) = &self.config.pod_selector {
-            config = config.labels(selector);
-        }
+        let config = watcher::Config::default().fields(&format!("spec.nodeName={}", self.node));
         watcher(api, config).default_backoff().boxed()
+    }
+
+    /// UIDs of the node's pods that `--pod-selector` selects (optionally only the pod
+    /// `name` in `namespace`), from a LIST with both selectors, as kubectl selects them;
+    /// `None` without a selector.
+    async fn selected(&self, pod: Option<&PodKey>) -> Result<Option<HashSet<String>>, Error> {
+        let Some(selector) = &self.config.pod_selector else {
+            return Ok(None);
+        };
+        let mut fields = format!("spec.nodeName={}", self.node);
+        let api: Api<Pod> = match pod {
+            Some(key) => {
+                fields.push_str(&format!(",metadata.name={}", key.name));
+                Api::namespaced(self.client.clone(), &key.namespace)
+            }
+            None => Api::all(self.client.clone()),
+        };
+        let params = ListParams::default().fields(&fields).labels(selector);
+        let failed = |message: String| Error::Select {
+            node: self.node.clone(),
+            selector: selector.clone(),
+            message,
+        };
+        let list = tokio::time::timeout(API_TIMEOUT, api.list_metadata(&params))
+            .await
+            .map_err(|_| failed(format!("no answer within {API_TIMEOUT:?}")))?
+            .map_err(|e| failed(e.to_string()))?;
+        Ok(Some(
+            list.items
+                .into_iter()
+                .filter_map(|p| p.metadata.uid)
+                .collect(),
+        ))
     }
 
     /// Reads the watch until its first complete list.
@@ -647,7 +763,13 @@ impl Engine {
         let started = tokio::time::Instant::now();
         let mut stream = self.watch();
         let initial = self.initial_list(&mut stream).await?;
-        let plan = self.plan(&initial).await?;
+        let selected = self.selected(None).await?;
+        let candidates: BTreeMap<PodKey, Pod> = initial
+            .iter()
+            .filter(|(_, pod)| is_selected(selected.as_ref(), pod))
+            .map(|(key, pod)| (key.clone(), pod.clone()))
+            .collect();
+        let plan = self.plan(&candidates).await?;
         let (ctx, mut updates) = self.task_ctx();
         let mut state = State {
             pods: initial,
@@ -660,6 +782,9 @@ impl Engine {
         let mut tasks = JoinSet::new();
         for pod in plan.evict {
             track(&mut state, &mut tasks, &ctx, pod);
+        }
+        for pod in plan.awaited {
+            await_isolated(&mut state, pod);
         }
         let deadline = self.config.timeout.map(|t| started + t);
         let mut recheck = tokio::time::interval(REEVICT_AFTER / 3);
@@ -677,7 +802,11 @@ impl Engine {
                     Ok(None) => return Err(Error::WatchEnded { node: self.node.clone() }),
                     Err(error) => self.watch_failed(&error).await,
                 },
-                Some(update) = updates.recv() => apply_update(&mut state, update),
+                Some(update) = updates.recv() => {
+                    if let Some(error) = self.apply_update(&mut state, update) {
+                        return Err(error);
+                    }
+                }
                 _ = recheck.tick() => evict_lost(&mut state, &mut tasks, &ctx),
                 Some(joined) = tasks.join_next() => {
                     if let Err(error) = joined {
@@ -727,8 +856,30 @@ impl Engine {
                 .cloned()
                 .unwrap_or(DaemonSetLookup::Exists)
         };
+        match self.selected(Some(&key)).await {
+            Ok(Some(uids)) if !is_selected(Some(&uids), &pod) => return,
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(pod = %key, %error, "new pod left alone: cannot tell whether --pod-selector selects it");
+                return;
+            }
+        }
         match filters::classify(&pod, &self.config.filters, jiff::Timestamp::now(), lookup) {
+            filters::Verdict::Evict(_) if self.would_return(&pod) => {
+                state.skipped += 1;
+                let message = format!(
+                    "pod {key} was created after the node was cordoned and tolerates \
+                     {UNSCHEDULABLE_TAINT}; it is left on the node, since evicting it would \
+                     only bring it back"
+                );
+                tracing::info!(pod = %key, "new pod tolerates the cordon; not evicted");
+                let reason = reason::EVICTION_SKIPPED;
+                self.events
+                    .post(EventType::Normal, reason, &key.to_string(), message)
+                    .await;
+            }
             filters::Verdict::Evict(_) => track(state, tasks, ctx, pod),
+            filters::Verdict::Await => await_isolated(state, pod),
             filters::Verdict::Skip(_) => state.skipped += 1,
             filters::Verdict::Refuse(refusal) => {
                 let message = format!(
@@ -791,20 +942,52 @@ fn evict_lost(state: &mut State, tasks: &mut JoinSet<()>, ctx: &Arc<TaskCtx>) {
     }
 }
 
-fn apply_update(state: &mut State, update: Update) {
-    match update {
-        Update::Blocked(key, blocker) => {
-            if let Some(t) = state.tracked.get_mut(&key) {
-                t.blocked = Some(blocker);
-            }
-        }
-        Update::Accepted(key) => {
-            if let Some(t) = state.tracked.get_mut(&key) {
-                t.blocked = None;
-                t.accepted_at = Some(tokio::time::Instant::now());
-            }
-        }
+impl Engine {
+    /// A newcomer that would be scheduled straight back after its eviction: created after
+    /// the cordon and tolerating it (evicting it would loop).
+    fn would_return(&self, pod: &Pod) -> bool {
+        let created = pod.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        created.is_some_and(|c| c >= self.cordoned_at) && tolerates_cordon(pod)
     }
+
+    /// Applies an eviction task's report; an unevictable pod fails the drain.
+    fn apply_update(&self, state: &mut State, update: Update) -> Option<Error> {
+        match update {
+            Update::Blocked(key, blocker) => {
+                if let Some(t) = state.tracked.get_mut(&key) {
+                    t.blocked = Some(blocker);
+                }
+            }
+            Update::Accepted(key) => {
+                if let Some(t) = state.tracked.get_mut(&key) {
+                    t.blocked = None;
+                    t.accepted_at = Some(tokio::time::Instant::now());
+                }
+            }
+            Update::Unevictable(pod, blocker, message) => {
+                return Some(Error::Unevictable {
+                    node: self.node.clone(),
+                    pod,
+                    blocker,
+                    message,
+                });
+            }
+        }
+        None
+    }
+}
+
+/// Waits for a pod our webhook already isolated: tracked as accepted, no request sent.
+fn await_isolated(state: &mut State, pod: Pod) {
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    state.seen.insert(uid.clone());
+    state.planned += 1;
+    let tracked = Tracked {
+        uid,
+        blocked: None,
+        accepted_at: Some(tokio::time::Instant::now()),
+    };
+    state.tracked.insert(PodKey::of(&pod), tracked);
 }
 
 fn replace_if_changed(slot: &mut Progress, new: &Progress) -> bool {
@@ -983,6 +1166,63 @@ mod tests {
             blocker(plain).1,
             Blocker::Other("HTTP 502: upstream reset".into())
         );
+    }
+
+    #[test]
+    fn a_429_is_a_pdb_only_with_a_disruption_budget_cause() {
+        let class = |body: Value| {
+            let body = body.to_string();
+            match classify_answer(StatusCode::TOO_MANY_REQUESTS, None, body.as_bytes()) {
+                Answer::Blocked {
+                    outcome, blocker, ..
+                } => (outcome, blocker),
+                Answer::Done(o) => panic!("expected a block, got {o:?}"),
+            }
+        };
+        // What eviction.go answers for an exhausted budget.
+        let pdb = json!({"kind": "Status", "code": 429, "reason": "TooManyRequests",
+            "message": "Cannot evict pod as it would violate the pod's disruption budget.",
+            "details": {"causes": [{"reason": "DisruptionBudget",
+                "message": "The disruption budget web needs 4 healthy pods and has 4 currently"}]}});
+        assert_eq!(
+            class(pdb),
+            (EvictionOutcome::BlockedPdb, Blocker::Pdb(String::new()))
+        );
+        // What API Priority and Fairness answers when it sheds load.
+        let apf = json!({"kind": "Status", "code": 429, "reason": "TooManyRequests",
+            "message": "Too many requests, please try again later.",
+            "details": {"retryAfterSeconds": 1}});
+        assert_eq!(class(apf), (EvictionOutcome::Throttled, Blocker::Throttled));
+    }
+
+    #[test]
+    fn only_pods_tolerating_the_cordon_come_back_after_eviction() {
+        let with = |toleration: Value| -> Pod {
+            serde_json::from_value(json!({"metadata": {"name": "p"},
+                "spec": {"containers": [], "tolerations": [toleration]}}))
+            .unwrap()
+        };
+        assert!(tolerates_cordon(&with(
+            json!({"key": UNSCHEDULABLE_TAINT, "operator": "Exists", "effect": "NoSchedule"})
+        )));
+        assert!(
+            tolerates_cordon(&with(json!({"operator": "Exists"}))),
+            "tolerates everything"
+        );
+        assert!(
+            tolerates_cordon(&with(json!({"key": UNSCHEDULABLE_TAINT}))),
+            "Equal with an empty value"
+        );
+        assert!(!tolerates_cordon(&with(
+            json!({"key": UNSCHEDULABLE_TAINT, "effect": "NoExecute"})
+        )));
+        assert!(!tolerates_cordon(&with(
+            json!({"key": "node.kubernetes.io/not-ready", "operator": "Exists"})
+        )));
+        assert!(!tolerates_cordon(&with(
+            json!({"key": UNSCHEDULABLE_TAINT, "value": "x"})
+        )));
+        assert!(!tolerates_cordon(&Pod::default()));
     }
 
     #[test]

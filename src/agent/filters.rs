@@ -3,7 +3,8 @@
 //!
 //! Filters run in kubectl's order and the first one that does not pass decides:
 //! already-deleting (only with `skip_wait_for_delete_timeout`) → DaemonSet-owned → mirror
-//! pods → emptyDir → unreplicated. Finished pods (Succeeded/Failed) pass the DaemonSet,
+//! pods → isolated by our webhook (awaited, not evicted again) → emptyDir → unreplicated.
+//! Finished pods (Succeeded/Failed) pass the DaemonSet,
 //! emptyDir and unreplicated filters. [`plan`] applies them to a node's pods and either
 //! returns what to evict, or every refusal at once so the operator can fix them together
 //! before anything was evicted.
@@ -15,7 +16,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
-use crate::labels::MIRROR_POD_ANNOTATION;
+use crate::labels::{DRAINING_LABEL, MIRROR_POD_ANNOTATION};
 
 /// The kubectl drain options that decide what a drain may touch.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -157,6 +158,12 @@ impl fmt::Display for Warning {
 pub enum Verdict {
     /// Evict it, possibly with a warning.
     Evict(Option<Warning>),
+    /// Our webhook already isolated it for an earlier eviction (label
+    /// `graceful-drain.io/draining`) and its deferred deleter removes it once the load
+    /// balancers let go: it counts as evicted and the drain waits for it, sending nothing.
+    /// The ReplicaSet controller released it (its labels left the selector), so without
+    /// this it would look like a bare pod and refuse the drain.
+    Await,
     /// Leave it alone; it does not count as remaining.
     Skip(Skip),
     /// The drain cannot proceed with these options.
@@ -185,6 +192,13 @@ fn has_empty_dir(pod: &Pod) -> bool {
         .as_ref()
         .and_then(|spec| spec.volumes.as_ref())
         .is_some_and(|volumes| volumes.iter().any(|v| v.empty_dir.is_some()))
+}
+
+fn is_isolated(pod: &Pod) -> bool {
+    pod.metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(DRAINING_LABEL))
 }
 
 fn is_mirror(pod: &Pod) -> bool {
@@ -243,6 +257,9 @@ pub fn classify(
     if is_mirror(pod) {
         return Verdict::Skip(Skip::Mirror);
     }
+    if is_isolated(pod) && !finished {
+        return Verdict::Await;
+    }
     let mut warning = None;
     if has_empty_dir(pod) && !finished {
         if !opts.delete_emptydir_data {
@@ -264,6 +281,8 @@ pub fn classify(
 pub struct Plan {
     /// Pods to evict, in list order.
     pub evict: Vec<Pod>,
+    /// Pods already isolated by our webhook: waited for, not evicted again.
+    pub awaited: Vec<Pod>,
     /// Pods left alone, and why.
     pub skipped: Vec<(PodKey, Skip)>,
     /// Pods evicted with a warning.
@@ -308,6 +327,7 @@ pub fn plan<'a>(
                 }
                 plan.evict.push(pod.clone());
             }
+            Verdict::Await => plan.awaited.push(pod.clone()),
             Verdict::Skip(skip) => plan.skipped.push((key, skip)),
             Verdict::Refuse(reason) => refused.0.entry(reason).or_default().push(key),
         }
@@ -592,6 +612,44 @@ mod tests {
             "cannot delete Pods with local storage (use --delete-emptydir-data to override): \
              default/cache; cannot delete Pods that declare no controller (use --force to \
              override): default/bare-1, default/bare-2"
+        );
+    }
+
+    #[test]
+    fn a_pod_our_webhook_isolated_is_awaited_not_refused_as_bare() {
+        // The ReplicaSet controller released it (no controller any more) and its labels
+        // left the selector; only the draining label says it is being evicted.
+        let mut isolated = pod("web-1");
+        isolated.metadata.labels = Some([(DRAINING_LABEL.to_string(), "web".to_string())].into());
+        let strict = opts(true, false, false);
+        assert_eq!(
+            classify(&isolated, &strict, now(), |_| DaemonSetLookup::Exists),
+            Verdict::Await
+        );
+        let got = plan(
+            [&isolated, &pod("bare")],
+            &opts(true, false, true),
+            now(),
+            |_, _| DaemonSetLookup::Exists,
+        )
+        .unwrap();
+        assert_eq!(got.awaited.len(), 1);
+        assert_eq!(PodKey::of(&got.evict[0]).name, "bare");
+        // Without --force only the bare pod refuses the drain.
+        let refused = plan([&isolated, &pod("bare")], &strict, now(), |_, _| {
+            DaemonSetLookup::Exists
+        })
+        .unwrap_err();
+        assert_eq!(
+            refused.0.get(&Refusal::Unreplicated).map(Vec::len),
+            Some(1),
+            "{refused}"
+        );
+        // A finished isolated pod is just a finished pod.
+        let done = isolated.clone().phase("Succeeded");
+        assert_eq!(
+            classify(&done, &strict, now(), |_| DaemonSetLookup::Exists),
+            Verdict::Evict(None)
         );
     }
 

@@ -130,6 +130,9 @@ pub struct DrainArgs {
         env = "GRACEFUL_DRAIN_MAX_CONCURRENT_EVICTIONS"
     )]
     pub max_concurrent_evictions: usize,
+    /// How often a running drain re-reads its LifecycleEvent, stopping once it ended.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration, env = "GRACEFUL_DRAIN_EVENT_CHECK_INTERVAL")]
+    pub event_check_interval: Duration,
 }
 
 impl DrainArgs {
@@ -148,6 +151,7 @@ impl DrainArgs {
             disable_eviction: self.disable_eviction,
             timeout: (!self.drain_timeout.is_zero()).then_some(self.drain_timeout),
             concurrency: self.max_concurrent_evictions.max(1),
+            event_check: self.event_check_interval.max(Duration::from_millis(100)),
         }
     }
 }

@@ -14,7 +14,9 @@ use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
-use crate::labels::{EXCLUDE_FROM_LB_LABEL, EXCLUDE_FROM_LB_OWNED_ANNOTATION, FIELD_MANAGER};
+use crate::labels::{
+    DRAIN_EVENT_ANNOTATION, EXCLUDE_FROM_LB_LABEL, EXCLUDE_FROM_LB_OWNED_ANNOTATION, FIELD_MANAGER,
+};
 
 /// Node condition: a drain runs (True) or stopped (False, the reason says how).
 pub const DRAIN_IN_PROGRESS: &str = "DrainInProgress";
@@ -108,10 +110,21 @@ fn has_annotation(node: &Node, key: &str) -> bool {
         .is_some_and(|a| a.contains_key(key))
 }
 
+/// The LifecycleEvent whose drain the node's annotation names, if any.
+pub fn drain_event(node: &Node) -> Option<String> {
+    node.metadata
+        .annotations
+        .as_ref()?
+        .get(DRAIN_EVENT_ANNOTATION)
+        .filter(|name| !name.is_empty())
+        .cloned()
+}
+
 /// Merge patch cordoning `node` and, with `exclude_from_lb`, adding the
 /// exclude-from-external-load-balancers label. When the label was not there before, an
-/// annotation records that we added it, so uncordoning removes only what we added.
-pub fn cordon_patch(node: &Node, exclude_from_lb: bool) -> Value {
+/// annotation records that we added it, so uncordoning removes only what we added. The
+/// drain's LifecycleEvent (if known) is recorded too, for a restarted agent.
+pub fn cordon_patch(node: &Node, exclude_from_lb: bool, event: Option<&str>) -> Value {
     let mut patch = json!({ "spec": { "unschedulable": true } });
     if exclude_from_lb && !has_label(node, EXCLUDE_FROM_LB_LABEL) {
         patch["metadata"] = json!({
@@ -119,7 +132,29 @@ pub fn cordon_patch(node: &Node, exclude_from_lb: bool) -> Value {
             "annotations": { EXCLUDE_FROM_LB_OWNED_ANNOTATION: "true" },
         });
     }
+    // A stale name from an earlier drain never outlives the drain that replaced it.
+    if event.is_some() || has_annotation(node, DRAIN_EVENT_ANNOTATION) {
+        patch["metadata"]["annotations"][DRAIN_EVENT_ANNOTATION] = json!(event);
+    }
     patch
+}
+
+/// Merge patch of a drain that stopped without completing: the cordon stays (as
+/// `kubectl drain` leaves it), but the load balancers get the node back — the
+/// exclude-from-external-load-balancers label goes if we added it — and the event name is
+/// cleared. `None` when there is nothing to undo.
+pub fn release_patch(node: &Node) -> Option<Value> {
+    let ours = has_annotation(node, EXCLUDE_FROM_LB_OWNED_ANNOTATION);
+    let named = has_annotation(node, DRAIN_EVENT_ANNOTATION);
+    if !ours && !named {
+        return None;
+    }
+    let mut patch = json!({ "metadata": { "annotations": { DRAIN_EVENT_ANNOTATION: null } } });
+    if ours {
+        patch["metadata"]["labels"] = json!({ EXCLUDE_FROM_LB_LABEL: null });
+        patch["metadata"]["annotations"][EXCLUDE_FROM_LB_OWNED_ANNOTATION] = Value::Null;
+    }
+    Some(patch)
 }
 
 /// Merge patch uncordoning `node` and removing the load-balancer label if we added it.
@@ -130,6 +165,9 @@ pub fn uncordon_patch(node: &Node) -> Value {
             "labels": { EXCLUDE_FROM_LB_LABEL: null },
             "annotations": { EXCLUDE_FROM_LB_OWNED_ANNOTATION: null },
         });
+    }
+    if has_annotation(node, DRAIN_EVENT_ANNOTATION) {
+        patch["metadata"]["annotations"][DRAIN_EVENT_ANNOTATION] = Value::Null;
     }
     patch
 }
@@ -184,10 +222,15 @@ pub async fn get(client: &kube::Client, name: &str) -> Result<Node> {
 }
 
 /// Cordons the node (and labels it, see [`cordon_patch`]); returns the patched Node.
-pub async fn cordon(client: &kube::Client, node: &Node, exclude_from_lb: bool) -> Result<Node> {
+pub async fn cordon(
+    client: &kube::Client,
+    node: &Node,
+    exclude_from_lb: bool,
+    event: Option<&str>,
+) -> Result<Node> {
     let name = node.metadata.name.as_deref().unwrap_or_default();
     let api: Api<Node> = Api::all(client.clone());
-    let patch = Patch::Merge(cordon_patch(node, exclude_from_lb));
+    let patch = Patch::Merge(cordon_patch(node, exclude_from_lb, event));
     bounded(
         "cordon",
         name,
@@ -203,6 +246,23 @@ pub async fn uncordon(client: &kube::Client, node: &Node) -> Result<Node> {
     let patch = Patch::Merge(uncordon_patch(node));
     bounded(
         "uncordon",
+        name,
+        api.patch(name, &PatchParams::default(), &patch),
+    )
+    .await
+}
+
+/// Undoes what a stopped drain left for the load balancers (see [`release_patch`]);
+/// returns the Node, patched or not.
+pub async fn release(client: &kube::Client, node: &Node) -> Result<Node> {
+    let Some(patch) = release_patch(node) else {
+        return Ok(node.clone());
+    };
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    let api: Api<Node> = Api::all(client.clone());
+    let patch = Patch::Merge(patch);
+    bounded(
+        "release",
         name,
         api.patch(name, &PatchParams::default(), &patch),
     )
@@ -244,7 +304,7 @@ mod tests {
 
     #[test]
     fn cordon_adds_the_lb_label_and_remembers_it_was_ours() {
-        let patch = cordon_patch(&node(), true);
+        let patch = cordon_patch(&node(), true, None);
         assert_eq!(
             patch,
             json!({
@@ -256,7 +316,7 @@ mod tests {
             })
         );
         assert_eq!(
-            cordon_patch(&node(), false),
+            cordon_patch(&node(), false, None),
             json!({"spec": {"unschedulable": true}})
         );
     }
@@ -266,7 +326,7 @@ mod tests {
         let mut n = node();
         n.metadata.labels = Some([(EXCLUDE_FROM_LB_LABEL.to_string(), "true".to_string())].into());
         assert_eq!(
-            cordon_patch(&n, true),
+            cordon_patch(&n, true, None),
             json!({"spec": {"unschedulable": true}})
         );
         assert_eq!(
@@ -290,6 +350,50 @@ mod tests {
                 .unwrap()
                 .contains_key(EXCLUDE_FROM_LB_LABEL)
         );
+    }
+
+    #[test]
+    fn the_drain_event_is_recorded_at_cordon_and_cleared_when_the_drain_stops() {
+        let patch = cordon_patch(&node(), false, Some("drain-n1-abc"));
+        assert_eq!(
+            patch["metadata"]["annotations"][DRAIN_EVENT_ANNOTATION],
+            "drain-n1-abc"
+        );
+        let mut n = node();
+        n.metadata.annotations = Some(
+            [
+                (DRAIN_EVENT_ANNOTATION.to_string(), "old".to_string()),
+                (
+                    EXCLUDE_FROM_LB_OWNED_ANNOTATION.to_string(),
+                    "true".to_string(),
+                ),
+            ]
+            .into(),
+        );
+        n.metadata.labels = Some([(EXCLUDE_FROM_LB_LABEL.to_string(), "true".to_string())].into());
+        assert_eq!(drain_event(&n).as_deref(), Some("old"));
+        // A drain without an event name still clears the stale one.
+        let annotations = &cordon_patch(&n, true, None)["metadata"]["annotations"];
+        assert_eq!(annotations[DRAIN_EVENT_ANNOTATION], Value::Null);
+        assert!(
+            annotations
+                .as_object()
+                .unwrap()
+                .contains_key(DRAIN_EVENT_ANNOTATION)
+        );
+        // A stopped drain gives the node back to the load balancers; the cordon stays.
+        let release = release_patch(&n).unwrap();
+        assert_eq!(
+            release,
+            json!({"metadata": {
+                "labels": {EXCLUDE_FROM_LB_LABEL: null},
+                "annotations": {DRAIN_EVENT_ANNOTATION: null, EXCLUDE_FROM_LB_OWNED_ANNOTATION: null},
+            }})
+        );
+        assert!(release.get("spec").is_none(), "the cordon stays");
+        // An operator's own label is never removed.
+        n.metadata.annotations = None;
+        assert_eq!(release_patch(&n), None);
     }
 
     #[test]
@@ -359,7 +463,7 @@ mod api_tests {
         let client = kube::Client::new(service, "default");
         let mut n = Node::default();
         n.metadata.name = Some("n1".into());
-        let call = tokio::spawn(async move { cordon(&client, &n, true).await });
+        let call = tokio::spawn(async move { cordon(&client, &n, true, None).await });
         let (request, respond) = handle.next_request().await.unwrap();
         assert_eq!(request.method(), http::Method::PATCH);
         assert_eq!(request.uri().path(), "/api/v1/nodes/n1");

@@ -3,10 +3,20 @@
 //! so the SLM RPCs answer from it at once.
 //!
 //! At most one operation exists; starting one stops the other first (the new task awaits
-//! the old one, so their Node writes never interleave). A drain writes its progress into
-//! the `DrainInProgress` condition, so a restarted agent finds `cordoned + DrainInProgress`
-//! on the Node and resumes ([`Agent::resume`]). Process shutdown stops a task without
-//! touching the Node, precisely so that the next agent resumes.
+//! the old one, so their Node writes never interleave). Every operation belongs to the
+//! LifecycleEvent that asked for it: a repeated Start or End of the same event answers from
+//! the running operation, while a new event — or a Start once the operation ended — gets a
+//! fresh one, so a second drain after an uncordon cordons and evicts again and an old
+//! failure is never replayed to a new event.
+//!
+//! A drain writes its progress into the `DrainInProgress` condition and its event's name
+//! into a Node annotation, so a restarted agent finds `cordoned + DrainInProgress` and
+//! resumes ([`Agent::resume`]) — but only while that event is still live. While it runs, a
+//! drain re-reads its event every [`DrainConfig::event_check`] and stops once the event
+//! ended (SlaExpired, Failed, deleted) or its SLA passed. A drain that stops without
+//! completing keeps the cordon and gives the node back to the load balancers. Process
+//! shutdown stops a task without touching the Node, precisely so that the next agent
+//! resumes.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -21,6 +31,7 @@ use super::drain::{self, DrainConfig, Engine};
 use super::node::{self, Condition, DRAIN_IN_PROGRESS, DRAINED, reason as cond};
 use super::progress::Progress;
 use super::report::{DrainOutcome, EventType, Metrics, NodeEvents, reason as ev};
+use crate::lifecycle::{ClaimStatus, LifecycleEvent};
 use crate::runtime::Shutdown;
 
 /// The DrainInProgress message is rewritten at most this often: each write is a Node
@@ -28,6 +39,8 @@ use crate::runtime::Shutdown;
 const CONDITION_UPDATE_INTERVAL: Duration = Duration::from_secs(5);
 /// Longest wait between retries of a failed Node read or write.
 const NODE_RETRY_CAP: Duration = Duration::from_secs(30);
+/// What a drain that stops without completing leaves on the Node, as its message says.
+const RELEASED: &str = "node left cordoned and returned to the load balancers";
 
 /// The two operations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -65,6 +78,8 @@ pub struct Snapshot {
 
 struct Operation {
     kind: OpKind,
+    /// The LifecycleEvent it serves; `None` when the caller named none.
+    event: Arc<Mutex<Option<String>>>,
     token: CancellationToken,
     stop_reason: Arc<Mutex<Option<String>>>,
     phase: watch::Receiver<Phase>,
@@ -104,21 +119,40 @@ impl Agent {
         &self.inner.node
     }
 
-    /// Starts `kind` unless it is already running or complete (idempotent); stops the other
-    /// operation first. Returns at once.
-    pub fn begin(&self, kind: OpKind) -> Phase {
+    /// Start of `kind` for `event`: a repeated Start of the running operation of the same
+    /// event answers from it (idempotent); anything else — another event, or a Start after
+    /// the operation ended — starts a fresh operation, stopping the current one first.
+    /// Returns at once.
+    pub fn begin(&self, kind: OpKind, event: Option<&str>) -> Phase {
         let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(op) = current.as_ref().filter(|op| op.kind == kind) {
+        if let Some(op) = current.as_ref().filter(|op| op.serves(kind, event)) {
             let phase = op.phase.borrow().clone();
-            if matches!(phase, Phase::Running | Phase::Complete) {
+            if phase == Phase::Running {
+                op.adopt(event);
                 return phase;
             }
         }
+        self.replace(&mut current, kind, event)
+    }
+
+    /// End of `kind` for `event`: the phase of the operation serving that event, or — when
+    /// the agent has none (a restarted agent, or the Node still shows the start reason of
+    /// an earlier, failed event) — a fresh operation for it, reported as running.
+    pub fn poll(&self, kind: OpKind, event: Option<&str>) -> Phase {
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(op) = current.as_ref().filter(|op| op.serves(kind, event)) {
+            op.adopt(event);
+            return op.phase.borrow().clone();
+        }
+        self.replace(&mut current, kind, event)
+    }
+
+    fn replace(&self, current: &mut Option<Operation>, kind: OpKind, event: Option<&str>) -> Phase {
         let previous = current.take().map(|op| {
             stop_op(&op, format!("superseded by {kind:?}"));
             op.handle
         });
-        *current = Some(self.spawn(kind, previous));
+        *current = Some(self.spawn(kind, event, previous));
         Phase::Running
     }
 
@@ -164,27 +198,54 @@ impl Agent {
         }
     }
 
-    /// Resumes a drain a previous agent left running (cordoned + DrainInProgress=True).
-    /// Retries reading the Node until it succeeds or the process stops.
+    /// Resumes a drain a previous agent left running (cordoned + DrainInProgress=True) if
+    /// the LifecycleEvent it served is still live; otherwise records that drain as stopped
+    /// and gives the node back to the load balancers (the cordon stays). Retries reading
+    /// the Node until it succeeds or the process stops.
     pub async fn resume(&self) {
         let inner = &self.inner;
         let read = retry("read node", inner, &inner.shutdown, || {
             node::get(&inner.client, &inner.node)
         });
         let Some(node) = read.await else { return };
-        if node::drain_was_running(&node) && self.phase(OpKind::Drain).is_none() {
-            tracing::info!(node = %inner.node, "resuming the drain a previous agent started");
-            self.begin(OpKind::Drain);
+        if !node::drain_was_running(&node) || self.phase(OpKind::Drain).is_some() {
+            return;
+        }
+        let event = node::drain_event(&node);
+        let liveness = match &event {
+            Some(name) => event_liveness(&inner.client, name).await,
+            None => Liveness::Ended("the drain names no LifecycleEvent".into()),
+        };
+        match liveness {
+            Liveness::Ended(why) => {
+                tracing::info!(node = %inner.node, %why, "not resuming the drain a previous agent started");
+                let reason = format!("drain not resumed after an agent restart: {why}");
+                record_stop(inner, reason).await;
+            }
+            Liveness::Live | Liveness::Unknown(_) => {
+                tracing::info!(node = %inner.node, ?event, "resuming the drain a previous agent started");
+                let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+                if current.is_none() {
+                    self.replace(&mut current, OpKind::Drain, event.as_deref());
+                }
+            }
         }
     }
 
-    fn spawn(&self, kind: OpKind, previous: Option<JoinHandle<()>>) -> Operation {
+    fn spawn(
+        &self,
+        kind: OpKind,
+        event: Option<&str>,
+        previous: Option<JoinHandle<()>>,
+    ) -> Operation {
+        let event = Arc::new(Mutex::new(event.map(str::to_string)));
         let token = self.inner.shutdown.child_token();
         let stop_reason = Arc::new(Mutex::new(None));
         let (phase_tx, phase) = watch::channel(Phase::Running);
         let (progress_tx, progress) = watch::channel(Progress::default());
         let run = Run {
             inner: self.inner.clone(),
+            event: event.clone(),
             token: token.clone(),
             stop_reason: stop_reason.clone(),
             phase: phase_tx,
@@ -205,6 +266,7 @@ impl Agent {
         ));
         Operation {
             kind,
+            event,
             token,
             stop_reason,
             phase,
@@ -214,12 +276,76 @@ impl Agent {
     }
 }
 
-/// Sets DrainInProgress=False (DrainStopped) if the Node says a drain is in progress.
+impl Operation {
+    /// Whether this operation answers for `event`'s `kind`: the same event, or a caller or
+    /// an operation that names none.
+    fn serves(&self, kind: OpKind, event: Option<&str>) -> bool {
+        let mine = self.event.lock().unwrap_or_else(|e| e.into_inner());
+        self.kind == kind && (event.is_none() || mine.is_none() || mine.as_deref() == event)
+    }
+
+    /// Records `event` on an operation that did not know its event yet.
+    fn adopt(&self, event: Option<&str>) {
+        let mut mine = self.event.lock().unwrap_or_else(|e| e.into_inner());
+        if mine.is_none() {
+            *mine = event.map(str::to_string);
+        }
+    }
+}
+
+/// Whether a LifecycleEvent still asks for its transition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Liveness {
+    Live,
+    /// It ended; why.
+    Ended(String),
+    /// It could not be read; why (the drain goes on: an API outage is no reason to stop).
+    Unknown(String),
+}
+
+/// Reads `name` and says whether it is still live: not gone, not being deleted, not in a
+/// terminal claim status, and (when claimed) not past its SLA deadline.
+async fn event_liveness(client: &kube::Client, name: &str) -> Liveness {
+    let api: kube::Api<LifecycleEvent> = kube::Api::all(client.clone());
+    let read = tokio::time::timeout(node::API_TIMEOUT, api.get_opt(name)).await;
+    let event = match read {
+        Ok(Ok(Some(event))) => event,
+        Ok(Ok(None)) => return Liveness::Ended(format!("lifecycleevent {name} is gone")),
+        Ok(Err(error)) => return Liveness::Unknown(format!("read lifecycleevent {name}: {error}")),
+        Err(_) => return Liveness::Unknown(format!("read lifecycleevent {name}: timed out")),
+    };
+    event_view_liveness(&event, jiff::Timestamp::now())
+}
+
+/// The pure part of [`event_liveness`].
+fn event_view_liveness(event: &LifecycleEvent, now: jiff::Timestamp) -> Liveness {
+    let name = event.metadata.name.as_deref().unwrap_or_default();
+    if event.metadata.deletion_timestamp.is_some() {
+        return Liveness::Ended(format!("lifecycleevent {name} is being deleted"));
+    }
+    let status = event.status.as_ref();
+    let claim = status.and_then(|s| s.claim_status);
+    if let Some(claim) = claim.filter(|c| c.is_terminal()) {
+        return Liveness::Ended(format!("lifecycleevent {name} ended {claim:?}"));
+    }
+    let deadline = status
+        .and_then(|s| s.sla.as_deref())
+        .and_then(|sla| sla.parse::<jiff::Timestamp>().ok());
+    if claim == Some(ClaimStatus::Claimed) && deadline.is_some_and(|d| now > d) {
+        return Liveness::Ended(format!("the SLA of lifecycleevent {name} passed"));
+    }
+    Liveness::Live
+}
+
+/// Sets DrainInProgress=False (DrainStopped) if the Node says a drain is in progress, and
+/// gives the node back to the load balancers (the cordon stays).
 async fn record_stop(inner: &Inner, reason: String) {
     let result = async {
         let node = node::get(&inner.client, &inner.node).await?;
         if node::condition_is_true(&node, DRAIN_IN_PROGRESS) {
-            let stopped = condition(DRAIN_IN_PROGRESS, false, cond::DRAIN_STOPPED, reason);
+            let message = format!("{reason}; {RELEASED}");
+            let stopped = condition(DRAIN_IN_PROGRESS, false, cond::DRAIN_STOPPED, message);
+            let node = node::release(&inner.client, &node).await?;
             node::set_conditions(&inner.client, &node, &[stopped]).await?;
         }
         Ok::<(), node::Error>(())
@@ -276,6 +402,7 @@ where
 /// One operation's task.
 struct Run {
     inner: Arc<Inner>,
+    event: Arc<Mutex<Option<String>>>,
     token: CancellationToken,
     stop_reason: Arc<Mutex<Option<String>>>,
     phase: watch::Sender<Phase>,
@@ -318,10 +445,12 @@ impl Run {
                     config: inner.config.clone(),
                     metrics: inner.metrics.clone(),
                     events: inner.events.clone(),
+                    cordoned_at: jiff::Timestamp::now(),
                 };
                 tokio::select! {
                     result = engine.run(&self.progress) => Ended::Done(result),
                     () = self.publish_progress() => Ended::Shutdown,
+                    reason = self.watch_event() => Ended::Stopped(reason),
                     () = self.token.cancelled() => self.ended_by_token(),
                 }
             }
@@ -329,11 +458,39 @@ impl Run {
         self.finish_drain(ended, started.elapsed()).await;
     }
 
+    fn event(&self) -> Option<String> {
+        self.event.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Re-reads the drain's LifecycleEvent every [`DrainConfig::event_check`] and returns
+    /// why the drain must stop once the event ended, so a drain never outlives its event
+    /// (SLA expired, failed, deleted, or a kubelet that stopped asking). Never returns for
+    /// a drain that names no event.
+    async fn watch_event(&self) -> String {
+        let every = self.inner.config.event_check;
+        loop {
+            tokio::time::sleep(every).await;
+            let Some(name) = self.event() else { continue };
+            match event_liveness(&self.inner.client, &name).await {
+                Liveness::Live => {}
+                Liveness::Unknown(why) => tracing::warn!(%why, "check the drain's lifecycle event"),
+                Liveness::Ended(why) => return why,
+            }
+        }
+    }
+
     /// Cordons and labels the node and marks the drain in progress.
     async fn prepare(&self) -> Result<(), node::Error> {
         let inner = &self.inner;
         let current = node::get(&inner.client, &inner.node).await?;
-        let cordoned = node::cordon(&inner.client, &current, inner.exclude_from_lb).await?;
+        let event = self.event();
+        let cordoned = node::cordon(
+            &inner.client,
+            &current,
+            inner.exclude_from_lb,
+            event.as_deref(),
+        )
+        .await?;
         let condition = Condition {
             type_: DRAIN_IN_PROGRESS,
             status: true,
@@ -376,6 +533,22 @@ impl Run {
         }
     }
 
+    /// Writes the final conditions; a drain that did not complete first gives the node
+    /// back to the load balancers (see [`node::release_patch`]).
+    async fn write_outcome(
+        &self,
+        conditions: &[Condition],
+        release: bool,
+    ) -> Result<(), node::Error> {
+        let inner = &self.inner;
+        let mut current = node::get(&inner.client, &inner.node).await?;
+        if release {
+            current = node::release(&inner.client, &current).await?;
+        }
+        node::set_conditions(&inner.client, &current, conditions).await?;
+        Ok(())
+    }
+
     async fn write_conditions(&self, conditions: &[Condition]) -> Result<(), node::Error> {
         let inner = &self.inner;
         let current = node::get(&inner.client, &inner.node).await?;
@@ -396,8 +569,9 @@ impl Run {
             .set_remaining(self.progress.borrow().remaining.len());
         // Written even when the operation was stopped, but never past process shutdown.
         let shutdown = inner.shutdown.clone();
+        let release = outcome.phase != Phase::Complete;
         let written = retry("record drain outcome", &inner, &shutdown, || {
-            self.write_conditions(&outcome.conditions)
+            self.write_outcome(&outcome.conditions, release)
         });
         if written.await.is_none() {
             return;
@@ -508,8 +682,8 @@ fn drain_outcome(ended: Ended, took: Duration, remaining: &str) -> Option<DrainE
             })
         }
         Ended::Done(Err(error)) => {
-            let message = error.to_string();
-            let phase = Phase::Failed(message.clone());
+            let phase = Phase::Failed(error.to_string());
+            let message = format!("{error}; {RELEASED}");
             Some(stopped(
                 phase,
                 DrainOutcome::Failed,
@@ -518,7 +692,7 @@ fn drain_outcome(ended: Ended, took: Duration, remaining: &str) -> Option<DrainE
             ))
         }
         Ended::Stopped(reason) => {
-            let message = format!("{reason}; {remaining}");
+            let message = format!("{reason}; {remaining}; {RELEASED}");
             let phase = Phase::Stopped(reason);
             Some(stopped(
                 phase,
@@ -541,5 +715,56 @@ fn condition(
         status,
         reason,
         message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn event(status: serde_json::Value, deleting: bool) -> LifecycleEvent {
+        let mut event: LifecycleEvent = serde_json::from_value(json!({
+            "apiVersion": "lifecycle.k8s.io/v1alpha1", "kind": "LifecycleEvent",
+            "metadata": {"name": "drain-n1"},
+            "spec": {"transitionName": "graceful-drain", "bindingNode": "n1"},
+            "status": status,
+        }))
+        .unwrap();
+        if deleting {
+            event.metadata.deletion_timestamp = Some(
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH),
+            );
+        }
+        event
+    }
+
+    #[test]
+    fn a_drain_lives_only_as_long_as_its_event() {
+        let now: jiff::Timestamp = "2026-06-01T12:00:00Z".parse().unwrap();
+        let claimed = json!({"claimStatus": "Claimed", "sla": "2026-06-01T12:05:00Z"});
+        assert_eq!(
+            event_view_liveness(&event(claimed.clone(), false), now),
+            Liveness::Live
+        );
+        assert_eq!(
+            event_view_liveness(&event(json!({"claimStatus": "Pending"}), false), now),
+            Liveness::Live
+        );
+        let ended = |status, deleting| {
+            matches!(
+                event_view_liveness(&event(status, deleting), now),
+                Liveness::Ended(_)
+            )
+        };
+        assert!(ended(claimed.clone(), true), "being deleted");
+        for terminal in ["Failed", "SlaExpired", "Succeeded"] {
+            assert!(ended(json!({"claimStatus": terminal}), false), "{terminal}");
+        }
+        let late = "2026-06-01T12:06:00Z".parse().unwrap();
+        assert!(
+            matches!(event_view_liveness(&event(claimed, false), late), Liveness::Ended(why) if why.contains("SLA")),
+            "a claimed event past its SLA deadline (a kubelet that stopped asking)"
+        );
     }
 }

@@ -27,6 +27,9 @@ pub enum Blocker {
     MultiplePdbs(Vec<String>),
     /// An admission webhook denied the eviction.
     Webhook(String),
+    /// The API server is shedding load (HTTP 429 without a disruption-budget cause, as API
+    /// Priority and Fairness answers); retried after its Retry-After.
+    Throttled,
     /// Anything else the API server answered; retried.
     Other(String),
 }
@@ -38,6 +41,7 @@ impl fmt::Display for Blocker {
             Self::MultiplePdbs(names) if names.is_empty() => f.write_str("several PDBs"),
             Self::MultiplePdbs(names) => write!(f, "several PDBs {}", names.join(" ")),
             Self::Webhook(name) => write!(f, "webhook {name}"),
+            Self::Throttled => f.write_str("API server throttling"),
             Self::Other(error) => write!(f, "error ({error})"),
         }
     }

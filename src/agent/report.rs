@@ -34,6 +34,8 @@ const NODE_EVENT_NAMESPACE: &str = "default";
 pub mod reason {
     pub const DRAIN_STARTED: &str = "graceful-drain.io/DrainStarted";
     pub const EVICTION_BLOCKED: &str = "graceful-drain.io/EvictionBlocked";
+    /// A pod that arrived during the drain is left alone (it would come straight back).
+    pub const EVICTION_SKIPPED: &str = "graceful-drain.io/EvictionSkipped";
     pub const DRAIN_COMPLETE: &str = "graceful-drain.io/DrainComplete";
     pub const DRAIN_FAILED: &str = "graceful-drain.io/DrainFailed";
     pub const DRAIN_STOPPED: &str = "graceful-drain.io/DrainStopped";
@@ -61,6 +63,8 @@ pub enum EvictionOutcome {
     MultiplePdbs,
     /// An admission webhook denied the request.
     DeniedWebhook,
+    /// 429 without a disruption-budget cause: API Priority and Fairness shed the request.
+    Throttled,
     /// Any other failure (retried).
     Error,
 }
@@ -76,6 +80,7 @@ impl EvictionOutcome {
             Self::BlockedPdb => "blocked_pdb",
             Self::MultiplePdbs => "multiple_pdbs",
             Self::DeniedWebhook => "denied_webhook",
+            Self::Throttled => "throttled",
             Self::Error => "error",
         }
     }

@@ -101,7 +101,7 @@ impl SlmService {
                 self.answer(String::new(), error).into_inner()
             }
             Ok(target) => {
-                self.agent.begin(target.kind);
+                self.agent.begin(target.kind, event_name(&req.event_name));
                 tracing::info!("transition started");
                 self.answer(target.start, String::new()).into_inner()
             }
@@ -127,12 +127,10 @@ impl SlmService {
             let message = format!("{reason} on node {node}; {}", self.agent.snapshot().message);
             return self.answer(String::new(), message).into_inner();
         }
-        let phase = match self.agent.phase(target.kind) {
-            Some(phase) => phase,
-            // A restarted agent: pick the work up again (it is idempotent).
-            None => self.agent.begin(target.kind),
-        };
-        match phase {
+        // The operation of this event, or — for an event the agent has no operation for (a
+        // restarted agent; a Node still showing the start reason of an earlier, failed
+        // event) — a fresh one, never an old outcome.
+        match self.agent.poll(target.kind, event_name(&req.event_name)) {
             Phase::Running => self.answer(target.start, String::new()),
             Phase::Complete => self.answer(target.end, String::new()),
             Phase::Failed(reason) | Phase::Stopped(reason) => {
@@ -145,6 +143,11 @@ impl SlmService {
         }
         .into_inner()
     }
+}
+
+/// The request's event name; `None` when the caller sent none.
+fn event_name(name: &str) -> Option<&str> {
+    Some(name).filter(|n| !n.is_empty())
 }
 
 #[tonic::async_trait]
