@@ -31,6 +31,8 @@ pub async fn connect(path: PathBuf) -> Channel {
 /// The kubelet's side: registration, then Start/End.
 pub struct Kubelet {
     pub node: String,
+    /// The LifecycleEvent the calls are for (`ev-1` unless changed).
+    pub event: String,
     slm: SlmPluginClient<Channel>,
 }
 
@@ -55,6 +57,7 @@ impl Kubelet {
         reg.notify_registration_status(status).await.unwrap();
         Self {
             node: node.to_string(),
+            event: "ev-1".to_string(),
             slm: SlmPluginClient::new(connect(PathBuf::from(info.endpoint)).await),
         }
     }
@@ -63,7 +66,7 @@ impl Kubelet {
         let (start, end) = reasons(transition);
         let req = StartLifecycleTransitionRequest {
             transition_name: transition.into(),
-            event_name: "ev-1".into(),
+            event_name: self.event.clone(),
             node_name: node.into(),
             start: start.into(),
             end: end.into(),
@@ -84,7 +87,7 @@ impl Kubelet {
         let (start, end) = reasons(transition);
         let req = EndLifecycleTransitionRequest {
             transition_name: transition.into(),
-            event_name: "ev-1".into(),
+            event_name: self.event.clone(),
             node_name: self.node.clone(),
             start: start.into(),
             end: end.into(),

@@ -86,6 +86,10 @@ pub struct Components {
     stop: Shutdown,
     /// Stops the webhook alone (a child of `stop`).
     webhook_stop: Shutdown,
+    /// Extra flags of every node agent.
+    agent_flags: Vec<String>,
+    /// Stops one node agent alone (children of `stop`), by node.
+    agent_stops: std::collections::BTreeMap<String, Shutdown>,
     _dir: TempDir,
 }
 
@@ -129,6 +133,16 @@ async fn ready_http(addr: SocketAddr) -> bool {
 impl Components {
     /// Starts the webhook and one node agent per node against `cluster`.
     pub async fn start(cluster: &Cluster, cfg: &ComponentsConfig) -> Result<Components, Error> {
+        Self::start_with(cluster, cfg, &[]).await
+    }
+
+    /// [`Components::start`], with `agent_flags` added to every node agent's command line
+    /// (e.g. `--lifecycle-tick 1s`, `--pod-selector app=web`).
+    pub async fn start_with(
+        cluster: &Cluster,
+        cfg: &ComponentsConfig,
+        agent_flags: &[&str],
+    ) -> Result<Components, Error> {
         let dir = TempDir::new("gd-sim").map_err(|e| component_err("temp dir")(e.to_string()))?;
         let ns = Namespace {
             metadata: kube::api::ObjectMeta {
@@ -155,6 +169,8 @@ impl Components {
             tasks: Vec::new(),
             webhook_stop: stop.child_token(),
             stop,
+            agent_flags: agent_flags.iter().map(|f| f.to_string()).collect(),
+            agent_stops: Default::default(),
             _dir: dir,
         };
         this.start_webhook(cluster, cfg).await?;
@@ -287,48 +303,8 @@ impl Components {
     }
 
     async fn start_agents(&mut self, cluster: &Cluster) -> Result<(), Error> {
-        let kubeconfig = self.dir().join("agent.kubeconfig");
-        cluster
-            .api()
-            .write_kubeconfig(&kubeconfig, AGENT_USER)
-            .map_err(|e| component_err("node-agent")(e.to_string()))?;
         for node in cluster.nodes() {
-            let base = self.dir().join(node);
-            let (plugins, registry) = (base.join("plugins"), base.join("registry"));
-            for dir in [&plugins, &registry] {
-                std::fs::create_dir_all(dir)
-                    .map_err(|e| component_err("node-agent")(e.to_string()))?;
-            }
-            let admin = free_port()?;
-            let argv: Vec<String> = [
-                "node-agent",
-                "--node-name",
-                node,
-                "--plugins-dir",
-                &plugins.display().to_string(),
-                "--registry-dir",
-                &registry.display().to_string(),
-                "--admin-listen",
-                &admin.to_string(),
-                "--lifecycle-reconciler",
-                "on",
-                "--kubeconfig",
-                &kubeconfig.display().to_string(),
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-            let cli = AgentCli::try_parse_from(&argv).map_err(|e| {
-                component_err("node-agent")(format!(
-                    "rejects its documented flags: {}",
-                    e.to_string().lines().next().unwrap_or_default()
-                ))
-            })?;
-            let stop = self.stop.clone();
-            self.spawn(
-                format!("node-agent {node}"),
-                crate::agent::run(cli.args, stop),
-            );
+            self.start_agent(cluster, node)?;
         }
         let transitions: Api<crate::lifecycle::LifecycleTransition> = Api::all(cluster.client());
         self.await_ready("node-agent", || async {
@@ -340,6 +316,72 @@ impl Components {
                 .is_some()
         })
         .await
+    }
+
+    /// Starts the node agent of `node` (with its lifecycle reconciler), as the DaemonSet
+    /// pod on that node would run it; its sockets live in this run's folder.
+    pub fn start_agent(&mut self, cluster: &Cluster, node: &str) -> Result<(), Error> {
+        let kubeconfig = self.dir().join("agent.kubeconfig");
+        cluster
+            .api()
+            .write_kubeconfig(&kubeconfig, AGENT_USER)
+            .map_err(|e| component_err("node-agent")(e.to_string()))?;
+        let base = self.dir().join(node);
+        let (plugins, registry) = (base.join("plugins"), base.join("registry"));
+        for dir in [&plugins, &registry] {
+            std::fs::create_dir_all(dir).map_err(|e| component_err("node-agent")(e.to_string()))?;
+        }
+        let admin = free_port()?;
+        let mut argv: Vec<String> = [
+            "node-agent",
+            "--node-name",
+            node,
+            "--plugins-dir",
+            &plugins.display().to_string(),
+            "--registry-dir",
+            &registry.display().to_string(),
+            "--admin-listen",
+            &admin.to_string(),
+            "--lifecycle-reconciler",
+            "on",
+            "--kubeconfig",
+            &kubeconfig.display().to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        argv.extend(self.agent_flags.iter().cloned());
+        let cli = AgentCli::try_parse_from(&argv).map_err(|e| {
+            component_err("node-agent")(format!(
+                "rejects its documented flags: {}",
+                e.to_string().lines().next().unwrap_or_default()
+            ))
+        })?;
+        let stop = self.stop.child_token();
+        self.agent_stops.insert(node.to_string(), stop.clone());
+        self.spawn(
+            format!("node-agent {node}"),
+            crate::agent::run(cli.args, stop),
+        );
+        Ok(())
+    }
+
+    /// Stops the node agent of `node` (a crash or a DaemonSet rollout: its in-memory state
+    /// is lost) and waits until it exited. Returns its outcome.
+    pub async fn stop_agent(&mut self, node: &str) -> Result<(), Error> {
+        if let Some(stop) = self.agent_stops.remove(node) {
+            stop.cancel();
+        }
+        let name = format!("node-agent {node}");
+        let Some(index) = self.tasks.iter().position(|(n, _)| *n == name) else {
+            return Ok(());
+        };
+        let (name, task) = self.tasks.remove(index);
+        match task.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(component_err(&name)(format!("{e:#}"))),
+            Err(e) => Err(component_err(&name)(format!("panicked: {e}"))),
+        }
     }
 }
 

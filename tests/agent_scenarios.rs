@@ -1,0 +1,456 @@
+//! The node agent's promise — `drain-complete` only when the node is really drained — under
+//! what operators meet every week, each on the simulated cluster with the real webhook,
+//! node agents and lifecycle reconcilers: a second drain after an uncordon; an agent
+//! restarted while the webhook holds isolated pods; a failed drain followed by a new one
+//! (through our reconciler and through a kubelet that calls End first); an event that ends
+//! while its drain is blocked; a `--pod-selector` drain whose pods the webhook relabels.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
+
+use std::time::Duration;
+
+use graceful_drain::ctl::{self, Request};
+use graceful_drain::labels::{DRAINING_LABEL, EXCLUDE_FROM_LB_LABEL};
+use graceful_drain::lifecycle::{
+    ClaimStatus, DRAIN_TRANSITION, LifecycleEvent, LifecycleEventSpec,
+};
+use graceful_drain::runtime::Shutdown;
+use graceful_drain::sim::cluster::{Cluster, ClusterConfig, WebSpec, wait_for};
+use graceful_drain::sim::scenario::actions;
+use graceful_drain::sim::scenario::components::{Components, ComponentsConfig};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+mod agent_support {
+    pub mod kubelet;
+}
+use agent_support::kubelet::Kubelet;
+
+/// Bound for any convergence in these tests.
+const TIMEOUT: Duration = Duration::from_secs(90);
+const NODE: &str = "worker-1";
+/// Fast reconciler ticks and event checks, so each scenario takes seconds.
+const FAST_AGENT: &[&str] = &["--lifecycle-tick", "1s", "--event-check-interval", "1s"];
+
+async fn cluster() -> Cluster {
+    graceful_drain::runtime::install_crypto_provider();
+    graceful_drain::runtime::init_tracing(graceful_drain::runtime::LogFormat::Text);
+    let cfg = ClusterConfig {
+        nodes: 2,
+        ..ClusterConfig::default()
+    };
+    Cluster::start(cfg, Shutdown::new()).await.unwrap()
+}
+
+fn web() -> WebSpec {
+    WebSpec {
+        replicas: 4,
+        min_available: 2,
+        grace_period_seconds: 1,
+        ..WebSpec::default()
+    }
+}
+
+fn components(delay: Duration) -> ComponentsConfig {
+    ComponentsConfig {
+        deregistration_delay: delay,
+        timeout_seconds: 10,
+    }
+}
+
+/// `graceful-drain drain NODE` (or `uncordon`), as the CLI runs it: create the event and
+/// follow it to its end.
+async fn cli(client: &kube::Client, verb: &'static str) -> ctl::Result<String> {
+    let transition = match verb {
+        "drain" => DRAIN_TRANSITION,
+        _ => graceful_drain::lifecycle::MAINTENANCE_TRANSITION,
+    };
+    let request = Request {
+        verb,
+        node: NODE.into(),
+        transition: transition.into(),
+        wait: true,
+        timeout: Some(TIMEOUT),
+        poll: Duration::from_millis(200),
+    };
+    ctl::execute(client, &request, &Shutdown::new()).await
+}
+
+/// The unfinished pods on the node, by name.
+async fn pods_here(client: &kube::Client) -> Vec<Pod> {
+    let lp = ListParams::default().fields(&format!("spec.nodeName={NODE}"));
+    Api::<Pod>::all(client.clone())
+        .list(&lp)
+        .await
+        .unwrap()
+        .items
+}
+
+async fn node(client: &kube::Client) -> Node {
+    Api::<Node>::all(client.clone()).get(NODE).await.unwrap()
+}
+
+fn is_cordoned(node: &Node) -> bool {
+    node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
+}
+
+fn has_lb_label(node: &Node) -> bool {
+    node.metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(EXCLUDE_FROM_LB_LABEL))
+}
+
+fn drain_condition(node: &Node) -> Option<(String, String, String)> {
+    let c = node
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "DrainInProgress")?;
+    Some((
+        c.status.clone(),
+        c.reason.clone().unwrap_or_default(),
+        c.message.clone().unwrap_or_default(),
+    ))
+}
+
+fn is_web(pod: &Pod) -> bool {
+    pod.metadata
+        .name
+        .as_deref()
+        .is_some_and(|n| n.starts_with("web-"))
+}
+
+fn is_isolated(pod: &Pod) -> bool {
+    pod.metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(DRAINING_LABEL))
+}
+
+/// Puts a pod no controller recreates on the node: kubectl's filters refuse to drain it.
+async fn bare_pod(client: &kube::Client) {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "bare", "namespace": "default", "labels": {"app": "bare"}},
+        "spec": {"nodeName": NODE, "terminationGracePeriodSeconds": 0,
+                 "containers": [{"name": "c", "image": "registry.example/app:1"}]},
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+}
+
+async fn delete_bare_pod(client: &kube::Client) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    pods.delete("bare", &DeleteParams::default()).await.unwrap();
+    wait_for("the bare pod gone", TIMEOUT, || async {
+        matches!(pods.get_opt("bare").await, Ok(None))
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_drain_after_kubectl_uncordon_cordons_and_evicts_again() {
+    let cluster = cluster().await;
+    let _components =
+        Components::start_with(&cluster, &components(Duration::from_secs(1)), FAST_AGENT)
+            .await
+            .unwrap();
+    let web = web();
+    cluster.deploy_web(&web, TIMEOUT).await.unwrap();
+    let admin = cluster.client();
+
+    cli(&admin, "drain").await.unwrap();
+    assert!(is_cordoned(&node(&admin).await));
+    assert!(!pods_here(&admin).await.iter().any(is_web));
+
+    // `kubectl uncordon` (not our maintenance transition), then a rollout brings web pods
+    // back onto the emptiest node.
+    actions::cordon(&admin, NODE, false).await.unwrap();
+    actions::rollout(&admin, &web, TIMEOUT).await.unwrap();
+    let back = pods_here(&admin).await.into_iter().filter(is_web).count();
+    assert!(back > 0, "the rollout put web pods on {NODE} again");
+    let evictions = cluster.api().stats().count("create", "pods/eviction");
+
+    cli(&admin, "drain").await.unwrap();
+    let drained = node(&admin).await;
+    assert!(
+        is_cordoned(&drained),
+        "the second drain cordoned the node again"
+    );
+    let left: Vec<String> = pods_here(&admin)
+        .await
+        .iter()
+        .filter(|p| is_web(p))
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "drain-complete with web pods left: {left:?}"
+    );
+    let again = cluster.api().stats().count("create", "pods/eviction") - evictions;
+    assert!(again >= back as u64, "{again} evictions for {back} pods");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_completes_when_the_agent_restarts_while_the_webhook_holds_isolated_pods() {
+    let cluster = cluster().await;
+    // Long enough that the restart happens while the pods wait out their delay.
+    let delay = Duration::from_secs(6);
+    let mut components = Components::start_with(&cluster, &components(delay), FAST_AGENT)
+        .await
+        .unwrap();
+    let web = web();
+    cluster.deploy_web(&web, TIMEOUT).await.unwrap();
+    let admin = cluster.client();
+
+    let drain = tokio::spawn({
+        let admin = admin.clone();
+        async move { cli(&admin, "drain").await }
+    });
+    wait_for("a web pod isolated on the node", TIMEOUT, || async {
+        pods_here(&admin).await.iter().any(is_isolated)
+    })
+    .await
+    .unwrap();
+    components.stop_agent(NODE).await.unwrap();
+    components.start_agent(&cluster, NODE).unwrap();
+
+    let outcome = tokio::time::timeout(TIMEOUT, drain).await.unwrap().unwrap();
+    outcome.expect("the restarted agent finishes the drain instead of refusing released pods");
+    let left: Vec<String> = pods_here(&admin)
+        .await
+        .iter()
+        .filter(|p| is_web(p))
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "drain-complete with web pods left: {left:?}"
+    );
+    components.check().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_drain_does_not_poison_the_next_one_through_the_reconciler() {
+    let cluster = cluster().await;
+    let _components =
+        Components::start_with(&cluster, &components(Duration::from_secs(1)), FAST_AGENT)
+            .await
+            .unwrap();
+    cluster.deploy_web(&web(), TIMEOUT).await.unwrap();
+    let admin = cluster.client();
+    bare_pod(&admin).await;
+
+    let failed = cli(&admin, "drain").await.unwrap_err().to_string();
+    assert!(failed.contains("declare no controller"), "{failed}");
+    let after_failure = node(&admin).await;
+    assert!(
+        is_cordoned(&after_failure),
+        "the cordon stays, as kubectl leaves it"
+    );
+    assert!(
+        !has_lb_label(&after_failure),
+        "a failed drain gives the node back to the load balancers"
+    );
+    let (status, reason, message) = drain_condition(&after_failure).unwrap();
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "DrainFailed"));
+    assert!(
+        message.contains("returned to the load balancers"),
+        "{message}"
+    );
+
+    delete_bare_pod(&admin).await;
+    cli(&admin, "drain").await.unwrap();
+    assert!(!pods_here(&admin).await.iter().any(is_web));
+    assert!(has_lb_label(&node(&admin).await));
+}
+
+/// Creates a LifecycleEvent for the drain, as a user would, and (with `sla`) marks it
+/// claimed with that deadline, as the kubelet's reconciler would.
+async fn drain_event(admin: &kube::Client, name: &str, sla: Option<Duration>) {
+    let events: Api<LifecycleEvent> = Api::all(admin.clone());
+    let event = LifecycleEvent::new(
+        name,
+        LifecycleEventSpec {
+            transition_name: DRAIN_TRANSITION.into(),
+            binding_node: NODE.into(),
+        },
+    );
+    events.create(&PostParams::default(), &event).await.unwrap();
+    if let Some(sla) = sla {
+        let deadline = (jiff::Timestamp::now() + sla).to_string();
+        let status = json!({"status": {"claimStatus": "Claimed", "driver": "graceful-drain.io", "sla": deadline}});
+        events
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+            .await
+            .unwrap();
+        let claimed = events.get(name).await.unwrap();
+        assert_eq!(
+            claimed.status.unwrap().claim_status,
+            Some(ClaimStatus::Claimed)
+        );
+    }
+}
+
+/// The agent alone (no reconciler), driven by a scripted kubelet over its sockets.
+async fn kubelet_driven_agent(
+    cluster: &Cluster,
+    dir: &std::path::Path,
+) -> (graceful_drain::agent::Started, Kubelet, Shutdown) {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: graceful_drain::agent::Args,
+    }
+    let plugins = dir.join("plugins").display().to_string();
+    let registry = dir.join("registry").display().to_string();
+    let argv = [
+        "node-agent",
+        "--node-name",
+        NODE,
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--plugins-dir",
+        &plugins,
+        "--registry-dir",
+        &registry,
+        "--lifecycle-reconciler",
+        "off",
+        "--event-check-interval",
+        "1s",
+    ];
+    let args = Cli::try_parse_from(argv).unwrap().args;
+    let client = cluster
+        .api()
+        .client("system:serviceaccount:graceful-drain:node-agent");
+    let shutdown = Shutdown::new();
+    let started = graceful_drain::agent::start(args, client, shutdown.clone())
+        .await
+        .unwrap();
+    let kubelet = Kubelet::register(&started.registration_socket, NODE).await;
+    (started, kubelet, shutdown)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubelet_calling_end_first_after_a_failed_drain_gets_a_fresh_drain() {
+    let cluster = cluster().await;
+    cluster.deploy_web(&web(), TIMEOUT).await.unwrap();
+    let admin = cluster.client();
+    bare_pod(&admin).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (_started, mut kubelet, shutdown) = kubelet_driven_agent(&cluster, dir.path()).await;
+
+    drain_event(&admin, "ev-1", None).await;
+    kubelet.start("graceful-drain", NODE).await;
+    let failed = kubelet.end_until("graceful-drain", "drain-complete").await;
+    assert!(failed.error.contains("declare no controller"), "{failed:?}");
+
+    // A real SLM kubelet leaves the Node reason at `drain-started` after a failure, so
+    // for the next event it calls End first.
+    delete_bare_pod(&admin).await;
+    drain_event(&admin, "ev-2", None).await;
+    kubelet.event = "ev-2".into();
+    let first = kubelet.end("graceful-drain", false).await;
+    assert_eq!(
+        (first.lifecycle_condition.as_str(), first.error.as_str()),
+        ("drain-started", ""),
+        "End of a new event starts its drain instead of replaying the old failure"
+    );
+    let done = kubelet.end_until("graceful-drain", "drain-complete").await;
+    assert_eq!(
+        (done.lifecycle_condition.as_str(), done.error.as_str()),
+        ("drain-complete", "")
+    );
+    assert!(!pods_here(&admin).await.iter().any(is_web));
+    shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_stops_evicting_once_its_event_is_past_its_sla_and_the_kubelet_stopped_asking() {
+    let cluster = cluster().await;
+    // No disruption allowed: every eviction is refused and retried.
+    let web = WebSpec {
+        min_available: 4,
+        ..web()
+    };
+    cluster.deploy_web(&web, TIMEOUT).await.unwrap();
+    let admin = cluster.client();
+    let dir = tempfile::tempdir().unwrap();
+    let (started, mut kubelet, shutdown) = kubelet_driven_agent(&cluster, dir.path()).await;
+
+    drain_event(&admin, "ev-1", Some(Duration::from_secs(3))).await;
+    kubelet.start("graceful-drain", NODE).await;
+    wait_for("evictions refused by the PDB", TIMEOUT, || async {
+        cluster.api().stats().count("create", "pods/eviction") > 0
+    })
+    .await
+    .unwrap();
+    assert!(has_lb_label(&node(&admin).await));
+
+    // The kubelet never calls again (it restarted, or lost the event): the agent notices
+    // the SLA passed on its own.
+    wait_for("the drain stopped", TIMEOUT, || async {
+        drain_condition(&node(&admin).await).is_some_and(|(status, _, _)| status == "False")
+    })
+    .await
+    .unwrap();
+    let stopped = node(&admin).await;
+    let (_, reason, message) = drain_condition(&stopped).unwrap();
+    assert_eq!(reason, "DrainStopped");
+    assert!(
+        message.contains("SLA of lifecycleevent ev-1 passed"),
+        "{message}"
+    );
+    assert!(is_cordoned(&stopped), "the cordon stays");
+    assert!(
+        !has_lb_label(&stopped),
+        "the node is back behind the load balancers"
+    );
+    let phase = started.agent.phase(graceful_drain::agent::OpKind::Drain);
+    assert!(
+        matches!(phase, Some(graceful_drain::agent::Phase::Stopped(_))),
+        "no eviction task is left running: {phase:?}"
+    );
+    assert!(pods_here(&admin).await.iter().filter(|p| is_web(p)).count() > 0);
+    shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_selector_drain_waits_for_the_pods_the_webhook_relabelled() {
+    let cluster = cluster().await;
+    let mut flags = FAST_AGENT.to_vec();
+    flags.extend(["--pod-selector", "app=web"]);
+    let _components = Components::start_with(&cluster, &components(Duration::from_secs(4)), &flags)
+        .await
+        .unwrap();
+    cluster.deploy_web(&web(), TIMEOUT).await.unwrap();
+    let admin = cluster.client();
+    bare_pod(&admin).await;
+
+    // The bare pod is not selected, so it does not refuse the drain.
+    cli(&admin, "drain").await.unwrap();
+    let here = pods_here(&admin).await;
+    let isolated: Vec<String> = here
+        .iter()
+        .filter(|p| is_isolated(p))
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
+    assert!(
+        isolated.is_empty(),
+        "drain-complete while isolated pods still run: {isolated:?}"
+    );
+    assert!(!here.iter().any(is_web));
+    assert!(
+        here.iter()
+            .any(|p| p.metadata.name.as_deref() == Some("bare")),
+        "pods the selector does not select stay"
+    );
+}
