@@ -62,7 +62,11 @@ pub fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error:#}");
-            ExitCode::FAILURE
+            // `drain` and `uncordon` tell Failed, SlaExpired and a timeout apart.
+            let code = error
+                .downcast_ref::<crate::ctl::Error>()
+                .map_or(crate::ctl::exit::ERROR, crate::ctl::Error::exit_code);
+            ExitCode::from(code)
         }
     }
 }

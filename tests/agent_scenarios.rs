@@ -72,6 +72,7 @@ async fn cli(client: &kube::Client, verb: &'static str) -> ctl::Result<String> {
         transition: transition.into(),
         wait: true,
         timeout: Some(TIMEOUT),
+        claim_timeout: None,
         poll: Duration::from_millis(200),
     };
     ctl::execute(client, &request, &Shutdown::new()).await
@@ -453,4 +454,36 @@ async fn a_pod_selector_drain_waits_for_the_pods_the_webhook_relabelled() {
             .any(|p| p.metadata.name.as_deref() == Some("bare")),
         "pods the selector does not select stay"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_nobody_claims_times_out_with_its_own_exit_code() {
+    let cluster = cluster().await;
+    let admin = cluster.client();
+    // The transition exists (an agent published it once) but no agent runs now.
+    let transitions = graceful_drain::agent::transitions::transitions(
+        DRAIN_TRANSITION,
+        graceful_drain::lifecycle::MAINTENANCE_TRANSITION,
+        "graceful-drain.io",
+        Duration::from_secs(60),
+    );
+    for transition in &transitions {
+        graceful_drain::agent::transitions::publish(&admin, transition)
+            .await
+            .unwrap();
+    }
+    let request = Request {
+        verb: "drain",
+        node: NODE.into(),
+        transition: DRAIN_TRANSITION.into(),
+        wait: true,
+        timeout: None,
+        claim_timeout: Some(Duration::from_secs(1)),
+        poll: Duration::from_millis(200),
+    };
+    let error = ctl::execute(&admin, &request, &Shutdown::new())
+        .await
+        .unwrap_err();
+    assert_eq!(error.exit_code(), ctl::exit::TIMED_OUT, "{error}");
+    assert!(error.to_string().contains("never claimed"), "{error}");
 }

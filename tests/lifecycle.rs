@@ -550,6 +550,7 @@ fn request(verb: &'static str, transition: &str, timeout: Duration) -> Request {
         transition: transition.into(),
         wait: true,
         timeout: Some(timeout),
+        claim_timeout: None,
         poll: Duration::from_millis(50),
     }
 }

@@ -180,6 +180,8 @@ pub struct Started {
     pub registration_socket: PathBuf,
     /// The SLM service socket.
     pub service_socket: PathBuf,
+    /// The socket files this agent created: registration first, then service.
+    sockets: [registration::Socket; 2],
     servers: Vec<JoinHandle<()>>,
     shutdown: Shutdown,
 }
@@ -189,12 +191,13 @@ impl Started {
     /// calling), lets the servers close, and removes the service socket.
     pub async fn wait(self) {
         self.shutdown.cancelled().await;
-        registration::remove(&self.registration_socket);
+        let [registration, service] = self.sockets;
+        registration.remove();
         let servers = futures::future::join_all(self.servers);
         if tokio::time::timeout(SHUTDOWN_GRACE, servers).await.is_err() {
             tracing::warn!("gRPC servers did not stop within {SHUTDOWN_GRACE:?}");
         }
-        registration::remove(&self.service_socket);
+        service.remove();
     }
 }
 
@@ -229,8 +232,8 @@ pub async fn start(args: Args, client: kube::Client, shutdown: Shutdown) -> Resu
     readiness.register(TRANSITIONS_CHECK, "publishing LifecycleTransitions");
     let service_socket = registration::service_socket(&plugins_dir, &driver_name);
     let registration_socket = registration::registration_socket(&registry_dir, &driver_name);
-    let slm_listener = registration::bind(&service_socket)?;
-    let reg_listener = registration::bind(&registration_socket)?;
+    let (slm_listener, service_file) = registration::bind(&service_socket)?;
+    let (reg_listener, registration_file) = registration::bind(&registration_socket)?;
 
     let agent = Agent::new(ops::Inner {
         client: client.clone(),
@@ -281,6 +284,7 @@ pub async fn start(args: Args, client: kube::Client, shutdown: Shutdown) -> Resu
         agent,
         registration_socket,
         service_socket,
+        sockets: [registration_file, service_file],
         servers,
         shutdown,
     })

@@ -51,9 +51,43 @@ pub enum Error {
     },
 }
 
-/// Binds a unix socket at `path`, creating its folder and removing a stale socket left by
-/// a previous run.
-pub fn bind(path: &Path) -> Result<UnixListener, Error> {
+/// Mode of our socket files: only the agent's own user (root on a node) and root — the
+/// kubelet — may connect; nothing else on the node may drive a drain.
+pub const SOCKET_MODE: u32 = 0o600;
+
+/// A socket file this process created, known by its inode so that removing it never
+/// removes a successor's: during a DaemonSet update with maxSurge the new agent binds the
+/// same path before the old one shuts down.
+#[derive(Clone, Debug)]
+pub struct Socket {
+    pub path: PathBuf,
+    inode: Option<(u64, u64)>,
+}
+
+fn inode(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
+}
+
+impl Socket {
+    /// Removes the socket file if it is still the one this process created; logs (never
+    /// fails) otherwise.
+    pub fn remove(&self) {
+        let path = &self.path;
+        if self.inode.is_none() || inode(path) != self.inode {
+            tracing::info!(path = %path.display(), "socket replaced by another agent; left in place");
+            return;
+        }
+        remove(path);
+    }
+}
+
+/// Binds a unix socket at `path` with mode [`SOCKET_MODE`], creating its folder and
+/// removing a stale socket left by a previous run.
+pub fn bind(path: &Path) -> Result<(UnixListener, Socket), Error> {
+    use std::os::unix::fs::PermissionsExt;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|source| Error::CreateDir {
             path: dir.to_path_buf(),
@@ -70,10 +104,18 @@ pub fn bind(path: &Path) -> Result<UnixListener, Error> {
             });
         }
     }
-    UnixListener::bind(path).map_err(|source| Error::Bind {
+    let bind_error = |source| Error::Bind {
         path: path.to_path_buf(),
         source,
-    })
+    };
+    let listener = UnixListener::bind(path).map_err(bind_error)?;
+    let mode = std::fs::Permissions::from_mode(SOCKET_MODE);
+    std::fs::set_permissions(path, mode).map_err(bind_error)?;
+    let socket = Socket {
+        path: path.to_path_buf(),
+        inode: inode(path),
+    };
+    Ok((listener, socket))
 }
 
 /// Removes a socket file, logging (not failing) on error.
@@ -196,5 +238,30 @@ impl Registration for RegistrationService {
             self.refused(status.error);
         }
         Ok(Response::new(RegistrationStatusResponse {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn sockets_are_private_and_an_old_agent_never_removes_its_successors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = service_socket(dir.path(), "graceful-drain.io");
+        let (_old_listener, old) = bind(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, SOCKET_MODE);
+        // A DaemonSet update with maxSurge: the new agent binds the same path first.
+        let (_new_listener, new) = bind(&path).unwrap();
+        old.remove();
+        assert!(
+            path.exists(),
+            "the old agent left the new agent's socket alone"
+        );
+        new.remove();
+        assert!(!path.exists(), "an agent removes its own socket");
     }
 }

@@ -224,12 +224,16 @@ impl Follower<'_> {
         shutdown: &crate::runtime::Shutdown,
     ) -> Result<()> {
         let deadline = self.request.timeout.map(|t| started + t);
+        let claim_deadline = self.request.claim_timeout.map(|t| started + t);
         let mut watch = self.open_watch().await;
         let mut tick = tokio::time::interval(self.request.poll);
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => {
                     return Err(Error::Interrupted { event: self.name.clone() });
+                }
+                () = sleep_until(claim_deadline), if self.unclaimed() => {
+                    return Err(self.timed_out(started.elapsed()));
                 }
                 () = sleep_until(deadline) => {
                     let mut error = self.timed_out(started.elapsed());
@@ -269,6 +273,11 @@ impl Follower<'_> {
                 }
             }
         }
+    }
+
+    /// No reconciler has claimed the event yet.
+    fn unclaimed(&self) -> bool {
+        matches!(self.seen.claim, None | Some(ClaimStatus::Pending))
     }
 
     fn timed_out(&self, elapsed: Duration) -> Error {

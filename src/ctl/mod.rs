@@ -23,6 +23,22 @@ use crate::lifecycle::{
 /// How often the node's conditions and Events are re-read while following.
 const POLL_INTERVAL: Duration = Duration::from_secs(1);
 
+/// Exit codes of `drain` and `uncordon` (documented in docs/lifecycle.md).
+pub mod exit {
+    /// Any other failure: no credentials, an API error, a missing node or transition.
+    pub const ERROR: u8 = 1;
+    /// A usage error (what clap exits with for a bad flag).
+    pub const USAGE: u8 = 2;
+    /// The LifecycleEvent ended Failed.
+    pub const FAILED: u8 = 3;
+    /// The LifecycleEvent ended SlaExpired.
+    pub const SLA_EXPIRED: u8 = 4;
+    /// `--timeout` or `--claim-timeout` passed first; the event may continue server-side.
+    pub const TIMED_OUT: u8 = 5;
+    /// Interrupted by a signal; the event continues server-side.
+    pub const INTERRUPTED: u8 = 130;
+}
+
 /// Errors of the CLI.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -85,6 +101,17 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// The process exit code this error maps to (see [`exit`]).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Ended { status, .. } if status == "SlaExpired" => exit::SLA_EXPIRED,
+            Self::Ended { .. } => exit::FAILED,
+            Self::TimedOut { .. } => exit::TIMED_OUT,
+            Self::Interrupted { .. } => exit::INTERRUPTED,
+            _ => exit::ERROR,
+        }
+    }
+
     fn kube(what: impl Into<String>, source: kube::Error) -> Self {
         Self::Kube {
             what: what.into(),
@@ -106,6 +133,26 @@ pub struct DrainArgs {
     /// Give up following after this long (e.g. `10m`); the drain continues server-side.
     #[arg(long, value_parser = humantime::parse_duration)]
     pub timeout: Option<Duration>,
+    #[command(flatten)]
+    pub claim: ClaimArgs,
+    /// The drain LifecycleTransition (the node agent's `--drain-transition`).
+    #[arg(long, default_value = DRAIN_TRANSITION, env = "GRACEFUL_DRAIN_DRAIN_TRANSITION")]
+    pub transition: String,
+}
+
+/// How long a new event may stay unclaimed.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ClaimArgs {
+    /// Give up when no reconciler has claimed the event after this long (no node agent on
+    /// the node, or a kubelet without SLM and no lifecycle reconciler); `0s` waits forever.
+    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration, env = "GRACEFUL_DRAIN_CLAIM_TIMEOUT")]
+    pub claim_timeout: Duration,
+}
+
+impl ClaimArgs {
+    fn limit(&self) -> Option<Duration> {
+        (!self.claim_timeout.is_zero()).then_some(self.claim_timeout)
+    }
 }
 
 /// Arguments of `graceful-drain uncordon`.
@@ -121,6 +168,12 @@ pub struct UncordonArgs {
     /// Give up following after this long; the transition continues server-side.
     #[arg(long, value_parser = humantime::parse_duration)]
     pub timeout: Option<Duration>,
+    #[command(flatten)]
+    pub claim: ClaimArgs,
+    /// The maintenance-complete LifecycleTransition (the node agent's
+    /// `--maintenance-transition`).
+    #[arg(long, default_value = MAINTENANCE_TRANSITION, env = "GRACEFUL_DRAIN_MAINTENANCE_TRANSITION")]
+    pub transition: String,
 }
 
 /// Arguments of `graceful-drain status`.
@@ -141,6 +194,8 @@ pub struct Request {
     pub transition: String,
     pub wait: bool,
     pub timeout: Option<Duration>,
+    /// Give up when the event is still unclaimed after this long.
+    pub claim_timeout: Option<Duration>,
     /// How often node conditions are re-read while following.
     pub poll: Duration,
 }
@@ -151,9 +206,10 @@ pub async fn drain(args: DrainArgs, shutdown: crate::runtime::Shutdown) -> anyho
     let request = Request {
         verb: "drain",
         node: args.node,
-        transition: DRAIN_TRANSITION.to_string(),
+        transition: args.transition,
         wait: args.wait,
         timeout: args.timeout,
+        claim_timeout: args.claim.limit(),
         poll: POLL_INTERVAL,
     };
     execute(&client, &request, &shutdown).await?;
@@ -169,9 +225,10 @@ pub async fn uncordon(
     let request = Request {
         verb: "uncordon",
         node: args.node,
-        transition: MAINTENANCE_TRANSITION.to_string(),
+        transition: args.transition,
         wait: args.wait,
         timeout: args.timeout,
+        claim_timeout: args.claim.limit(),
         poll: POLL_INTERVAL,
     };
     execute(&client, &request, &shutdown).await?;
@@ -307,5 +364,59 @@ mod tests {
         assert_eq!(d.timeout, Some(Duration::from_secs(90)));
         assert!(!parse(&["x", "worker-1", "--wait=false"]).wait);
         assert!(Cli::try_parse_from(["x", "worker-1", "--timeout", "soon"]).is_err());
+        assert_eq!(d.claim.limit(), Some(Duration::from_secs(120)));
+        assert_eq!(
+            parse(&["x", "n", "--claim-timeout", "0s"]).claim.limit(),
+            None
+        );
+    }
+
+    #[test]
+    fn the_transition_follows_the_agents_configuration() {
+        let parse = |args: &[&str]| Cli::try_parse_from(args).unwrap().drain;
+        assert_eq!(parse(&["x", "n"]).transition, DRAIN_TRANSITION);
+        assert_eq!(
+            parse(&["x", "n", "--transition", "site-drain"]).transition,
+            "site-drain"
+        );
+    }
+
+    #[test]
+    fn each_way_a_drain_ends_has_its_exit_code() {
+        let ended = |status: &str| Error::Ended {
+            verb: "drain",
+            node: "n".into(),
+            status: status.into(),
+            elapsed: "1s".into(),
+            reason: "r".into(),
+        };
+        let timed_out = Error::TimedOut {
+            verb: "drain",
+            node: "n".into(),
+            event: "e".into(),
+            status: "Pending".into(),
+            elapsed: "2m".into(),
+            reason: "never claimed".into(),
+        };
+        let codes = [
+            ended("Failed").exit_code(),
+            ended("SlaExpired").exit_code(),
+            timed_out.exit_code(),
+            Error::Interrupted { event: "e".into() }.exit_code(),
+            Error::NodeNotFound { node: "n".into() }.exit_code(),
+        ];
+        assert_eq!(
+            codes,
+            [
+                exit::FAILED,
+                exit::SLA_EXPIRED,
+                exit::TIMED_OUT,
+                exit::INTERRUPTED,
+                exit::ERROR
+            ]
+        );
+        let distinct: std::collections::BTreeSet<u8> =
+            codes.into_iter().chain([exit::USAGE]).collect();
+        assert_eq!(distinct.len(), 6);
     }
 }
