@@ -2,11 +2,15 @@
 //! kubelet lacks it. Runs inside the node agent, one per node, and talks to the driver
 //! over the same unix-socket gRPC the kubelet would use.
 //!
-//! Data flow: a watch on LifecycleEvents bound to this node (plus a periodic tick)
-//! triggers a [`Reconciler::step`]; a step lists the node's events, reads the Node's
-//! `LifecycleTransition` condition, asks [`decide::decide`] (a pure function) what to do
-//! with each event and applies the answer ([`step`]): claim, call Start/End, patch the
-//! Node condition, conclude, finalize. Every write is guarded by the object's
+//! Data flow: two watches feed two stores (reflectors) — the LifecycleEvents bound to this
+//! node and the Node itself — and each change in either (plus a periodic tick, for SLA
+//! deadlines and End polls) triggers one [`Reconciler::step_cached`] over the stores; a
+//! step reads the Node's `LifecycleTransition` condition, asks [`decide::decide`] (a pure
+//! function) what to do with each event and applies the answer ([`step`]): claim, call
+//! Start/End, patch the Node condition, conclude, finalize. Our own writes come back
+//! through the watches and trigger the next step, and a drain that completes writes the
+//! Node at once, so an event succeeds within a watch round trip of its last pod leaving,
+//! not a tick later. A node without events makes no request but its two watches. Every write is guarded by the object's
 //! resourceVersion, so two reconcilers on one node (a restart overlapping its
 //! predecessor, or the kubelet's own SLM) never both claim an event.
 //!
@@ -24,9 +28,11 @@ pub mod target;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
+use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 
 pub use step::{Reconciler, StepReport};
@@ -39,9 +45,6 @@ const EVENT_CRD: &str = "lifecycleevents.lifecycle.k8s.io";
 const DEFAULT_TICK: &str = "10s";
 /// The kubelet's per-call timeout (DESIGN §3): drivers must answer well within it.
 const DEFAULT_CALL_TIMEOUT: &str = "45s";
-/// Back-to-back steps after progress (claim, condition change) before waiting for the
-/// tick; bounds a misbehaving driver that flips conditions on every call.
-const MAX_IMMEDIATE_STEPS: usize = 8;
 
 /// When the reconciler runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -128,6 +131,10 @@ pub enum Error {
     /// The event watch stream ended, which a watcher never does on its own.
     #[error("watch on lifecycleevents for node {node} ended")]
     WatchEnded { node: String },
+    /// Whether events can be selected by node is not known yet (the CRDs are not served,
+    /// or the API server did not answer).
+    #[error("probe spec.bindingNode selector support for node {node}: no answer yet")]
+    SelectorUndecided { node: String },
 }
 
 /// Result alias of this module.
@@ -270,52 +277,73 @@ pub async fn run(
     if !enabled {
         return Ok(());
     }
-    let reconciler = Reconciler::new(ctx, args.call_timeout).await;
-    let node = reconciler.node_name().to_string();
-    let api: Api<LifecycleEvent> = Api::all(reconciler.client().clone());
+    // Asked again until it answers: a 404 before the CRDs are installed says nothing
+    // about whether the field will be selectable once they are.
+    let events_api: Api<LifecycleEvent> = Api::all(ctx.client.clone());
+    let node = ctx.node_name.clone();
+    let probe = || async {
+        step::probe_selector(&events_api, &node)
+            .await
+            .ok_or_else(|| Error::SelectorUndecided { node: node.clone() })
+    };
+    let Some(supported) =
+        retry_until_decided(probe, AUTO_RETRY_FIRST, AUTO_RETRY_MAX, &shutdown).await
+    else {
+        return Ok(());
+    };
+    let reconciler = Reconciler::build(ctx, args.call_timeout, supported);
     let mut config = watcher::Config::default();
     if let Some(selector) = reconciler.field_selector() {
         config = config.fields(&selector);
     }
-    let mut events = watcher(api, config).default_backoff().boxed();
+    let (events, events_writer) = reflector::store();
+    let mut event_changes = watcher(events_api, config)
+        .default_backoff()
+        .reflect(events_writer)
+        .boxed();
+    let nodes: Api<Node> = Api::all(reconciler.client().clone());
+    let (node_store, node_writer) = reflector::store();
+    let node_config = watcher::Config::default().fields(&format!("metadata.name={node}"));
+    let mut node_changes = watcher(nodes, node_config)
+        .default_backoff()
+        .reflect(node_writer)
+        .boxed();
     let mut tick = tokio::time::interval(args.tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
             _ = tick.tick() => {}
-            item = events.next() => match item {
+            item = event_changes.next() => match item {
                 None => return Err(Error::WatchEnded { node }),
                 Some(Err(error)) => {
                     tracing::warn!(%error, "lifecycleevent watch failed; retrying");
                     continue;
                 }
-                Some(Ok(watcher::Event::Init | watcher::Event::InitApply(_))) => continue,
+                Some(Ok(_)) => {}
+            },
+            item = node_changes.next() => match item {
+                None => return Err(Error::WatchEnded { node }),
+                Some(Err(error)) => {
+                    tracing::warn!(%error, "node watch failed; retrying");
+                    continue;
+                }
                 Some(Ok(_)) => {}
             },
         }
+        // Until the first list is in, the store would show no events: wait for it.
+        if events.wait_until_ready().now_or_never().is_none() {
+            continue;
+        }
+        let node_object = node_store.get(&ObjectRef::new(&node));
+        let step = reconciler.step_cached(events.state(), node_object, jiff::Timestamp::now());
         // A step is abandoned at shutdown: every write in it is atomic and guarded, and
         // the successor resumes from what the objects record.
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
-            () = run_steps(&reconciler, &shutdown) => {}
-        }
-    }
-}
-
-/// Runs steps back to back while they make progress, up to [`MAX_IMMEDIATE_STEPS`].
-async fn run_steps(reconciler: &Reconciler, shutdown: &crate::runtime::Shutdown) {
-    for _ in 0..MAX_IMMEDIATE_STEPS {
-        if shutdown.is_cancelled() {
-            return;
-        }
-        match reconciler.step(jiff::Timestamp::now()).await {
-            Ok(report) if report.progressed => continue,
-            Ok(_) => return,
-            Err(error) => {
-                tracing::warn!(%error, "lifecycle reconcile failed; retrying at next tick");
-                return;
-            }
+            outcome = step => if let Err(error) = outcome {
+                tracing::warn!(%error, "lifecycle reconcile failed; retrying at the next change or tick");
+            },
         }
     }
 }

@@ -36,6 +36,24 @@ const EVENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The reporting controller named on our Kubernetes Events.
 const REPORTER: &str = "graceful-drain-lifecycle-reconciler";
 
+/// Whether the API server can select events by `spec.bindingNode` (a CRD selectable
+/// field, Kubernetes ≥ 1.30): `Some(false)` on a 400, `Some(true)` on an answer, `None`
+/// when it cannot tell yet — the CRDs are not installed (404) or the call failed — so the
+/// caller asks again later instead of deciding once on an answer that says nothing.
+pub async fn probe_selector(events: &Api<LifecycleEvent>, node: &str) -> Option<bool> {
+    let probe = ListParams::default()
+        .fields(&format!("spec.bindingNode={node}"))
+        .limit(1);
+    match events.list(&probe).await {
+        Ok(_) => Some(true),
+        Err(kube::Error::Api(status)) if status.code == 400 => Some(false),
+        Err(error) => {
+            tracing::debug!(%error, "probe spec.bindingNode selector support");
+            None
+        }
+    }
+}
+
 /// What one pass did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StepReport {
@@ -72,15 +90,15 @@ impl Reconciler {
     /// `spec.bindingNode` (a CRD selectable field, Kubernetes ≥ 1.30); without it, the
     /// node's events are filtered client-side.
     pub async fn new(ctx: Context, call_timeout: Duration) -> Self {
+        let events: Api<LifecycleEvent> = Api::all(ctx.client.clone());
+        let selector_supported = probe_selector(&events, &ctx.node_name).await.unwrap_or(true);
+        Self::build(ctx, call_timeout, selector_supported)
+    }
+
+    /// Builds the reconciler once [`probe_selector`] has answered.
+    pub fn build(ctx: Context, call_timeout: Duration, selector_supported: bool) -> Self {
         let client = ctx.client.clone();
         let events: Api<LifecycleEvent> = Api::all(client.clone());
-        let probe = ListParams::default()
-            .fields(&format!("spec.bindingNode={}", ctx.node_name))
-            .limit(1);
-        let selector_supported = !matches!(
-            events.list(&probe).await,
-            Err(kube::Error::Api(status)) if status.code == 400
-        );
         if !selector_supported {
             tracing::warn!("spec.bindingNode is not a selectable field here; filtering events");
         }
@@ -120,16 +138,45 @@ impl Reconciler {
             .then(|| format!("spec.bindingNode={}", self.ctx.node_name))
     }
 
-    /// One pass at time `now`.
+    /// One pass at time `now`, reading the events and the Node from the API.
     pub async fn step(&self, now: Timestamp) -> Result<StepReport> {
         let events = self.list_events().await?;
+        let node = self.get_node().await?;
+        self.step_on(events, &node, now).await
+    }
+
+    /// One pass at time `now` over what the watches' stores hold: the node's events and,
+    /// when the Node store has it, the Node. A node without events costs no request at
+    /// all, which keeps an idle reconciler at the cost of its two watches.
+    pub async fn step_cached(
+        &self,
+        events: Vec<std::sync::Arc<LifecycleEvent>>,
+        node: Option<std::sync::Arc<Node>>,
+        now: Timestamp,
+    ) -> Result<StepReport> {
+        let events = self.of_this_node(events.iter().map(|e| e.as_ref().clone()).collect());
+        if events.is_empty() {
+            return Ok(StepReport::default());
+        }
+        let node = match node {
+            Some(node) => node.as_ref().clone(),
+            None => self.get_node().await?,
+        };
+        self.step_on(events, &node, now).await
+    }
+
+    async fn get_node(&self) -> Result<Node> {
         let node_name = &self.ctx.node_name;
-        let node = self
-            .nodes
+        self.nodes
             .get(node_name)
             .await
-            .map_err(|e| Error::kube(format!("get node {node_name}"), e))?;
-        let condition = condition_view(&node);
+            .map_err(|e| Error::kube(format!("get node {node_name}"), e))
+    }
+
+    /// The pass itself, on `events` (this node's, oldest first) and `node`.
+    async fn step_on(&self, events: Vec<LifecycleEvent>, node: &Node, now: Timestamp) -> Result<StepReport> {
+        let node_name = &self.ctx.node_name;
+        let condition = condition_view(node);
         if let Ok(mut r) = self.node_ref.lock() {
             *r = node.object_ref(&());
         }
@@ -147,7 +194,7 @@ impl Reconciler {
             } else {
                 let key = event.spec.transition_name.clone();
                 if !resolved.contains_key(&key) {
-                    let value = self.resolve(&key, &node).await;
+                    let value = self.resolve(&key, node).await;
                     resolved.insert(key.clone(), value);
                 }
                 resolved.get(&key).and_then(Option::as_ref)
@@ -189,7 +236,7 @@ impl Reconciler {
             Some(selector) => ListParams::default().fields(&selector),
             None => ListParams::default(),
         };
-        let mut events = match self.events.list(&params).await {
+        let events = match self.events.list(&params).await {
             Ok(list) => list.items,
             Err(kube::Error::Api(status)) if status.code == 404 => {
                 tracing::debug!("lifecycleevents not served (CRDs not installed)");
@@ -197,12 +244,18 @@ impl Reconciler {
             }
             Err(e) => return Err(Error::kube(format!("list lifecycleevents of {node}"), e)),
         };
+        Ok(self.of_this_node(events))
+    }
+
+    /// This node's events, oldest first.
+    fn of_this_node(&self, mut events: Vec<LifecycleEvent>) -> Vec<LifecycleEvent> {
+        let node = &self.ctx.node_name;
         events.retain(|e| e.spec.binding_node == *node);
         events.sort_by_key(|e| {
             let created = e.metadata.creation_timestamp.as_ref().map(|t| t.0);
             (created, e.name_any())
         });
-        Ok(events)
+        events
     }
 
     /// Reads the transition and looks its driver up; `None` when the transition is

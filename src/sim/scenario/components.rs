@@ -321,12 +321,15 @@ impl Components {
     /// Starts the node agent of `node` (with its lifecycle reconciler), as the DaemonSet
     /// pod on that node would run it; its sockets live in this run's folder.
     pub fn start_agent(&mut self, cluster: &Cluster, node: &str) -> Result<(), Error> {
-        let kubeconfig = self.dir().join("agent.kubeconfig");
+        let base = self.dir().join(node);
+        // One kubeconfig per agent, written before it starts: a restart never rewrites a
+        // file another agent is reading.
+        let kubeconfig = base.join("agent.kubeconfig");
+        std::fs::create_dir_all(&base).map_err(|e| component_err("node-agent")(e.to_string()))?;
         cluster
             .api()
             .write_kubeconfig(&kubeconfig, AGENT_USER)
             .map_err(|e| component_err("node-agent")(e.to_string()))?;
-        let base = self.dir().join(node);
         let (plugins, registry) = (base.join("plugins"), base.join("registry"));
         for dir in [&plugins, &registry] {
             std::fs::create_dir_all(dir).map_err(|e| component_err("node-agent")(e.to_string()))?;
