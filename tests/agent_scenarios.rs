@@ -487,3 +487,58 @@ async fn a_drain_nobody_claims_times_out_with_its_own_exit_code() {
     assert_eq!(error.exit_code(), ctl::exit::TIMED_OUT, "{error}");
     assert!(error.to_string().contains("never claimed"), "{error}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_drivers_event_is_left_for_its_owner() {
+    use graceful_drain::lifecycle::{LifecycleTransition, LifecycleTransitionSpec};
+    let cluster = cluster().await;
+    let _components =
+        Components::start_with(&cluster, &components(Duration::from_secs(1)), FAST_AGENT)
+            .await
+            .unwrap();
+    cluster.deploy_web(&web(), TIMEOUT).await.unwrap();
+    let admin = cluster.client();
+    // A transition of a driver that has no socket on this node (say, a firmware updater).
+    let theirs = LifecycleTransition::new(
+        "firmware-update",
+        LifecycleTransitionSpec {
+            start: "firmware-updating".into(),
+            end: "firmware-updated".into(),
+            node_name: None,
+            node_selector: None,
+            all_nodes: Some(true),
+            sla: Some("5m0s".into()),
+            driver: "firmware.example.com".into(),
+        },
+    );
+    Api::<LifecycleTransition>::all(admin.clone())
+        .create(&PostParams::default(), &theirs)
+        .await
+        .unwrap();
+    let events: Api<LifecycleEvent> = Api::all(admin.clone());
+    let event = LifecycleEvent::new(
+        "firmware-w1",
+        LifecycleEventSpec {
+            transition_name: "firmware-update".into(),
+            binding_node: NODE.into(),
+        },
+    );
+    events.create(&PostParams::default(), &event).await.unwrap();
+
+    // Our own drain, created after it, goes through: by then the reconciler has examined
+    // the older event in every pass.
+    cli(&admin, "drain").await.unwrap();
+    let left = events.get("firmware-w1").await.unwrap();
+    let claim = left.status.as_ref().and_then(|s| s.claim_status);
+    assert!(
+        matches!(claim, None | Some(ClaimStatus::Pending)),
+        "another driver's event was claimed: {claim:?}"
+    );
+    assert!(
+        left.metadata
+            .finalizers
+            .as_ref()
+            .is_none_or(|f| f.is_empty()),
+        "no claim finalizer on another driver's event"
+    );
+}

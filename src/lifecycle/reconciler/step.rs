@@ -91,7 +91,9 @@ impl Reconciler {
     /// node's events are filtered client-side.
     pub async fn new(ctx: Context, call_timeout: Duration) -> Self {
         let events: Api<LifecycleEvent> = Api::all(ctx.client.clone());
-        let selector_supported = probe_selector(&events, &ctx.node_name).await.unwrap_or(true);
+        let selector_supported = probe_selector(&events, &ctx.node_name)
+            .await
+            .unwrap_or(true);
         Self::build(ctx, call_timeout, selector_supported)
     }
 
@@ -174,7 +176,12 @@ impl Reconciler {
     }
 
     /// The pass itself, on `events` (this node's, oldest first) and `node`.
-    async fn step_on(&self, events: Vec<LifecycleEvent>, node: &Node, now: Timestamp) -> Result<StepReport> {
+    async fn step_on(
+        &self,
+        events: Vec<LifecycleEvent>,
+        node: &Node,
+        now: Timestamp,
+    ) -> Result<StepReport> {
         let node_name = &self.ctx.node_name;
         let condition = condition_view(node);
         if let Ok(mut r) = self.node_ref.lock() {
