@@ -1,4 +1,4 @@
-//! The drain engine: evicts a node's pods like `kubectl drain` (DESIGN §4) and waits until
+//! The drain engine: evicts a node's pods like `kubectl drain` (docs/design.md §4) and waits until
 //! every one of them is really gone, retrying refused evictions and saying why they are
 //! refused instead of giving up.
 //!
@@ -177,8 +177,8 @@ fn webhook_name(message: &str) -> Option<&str> {
     rest.split('"').next()
 }
 
-/// Classifies an answer to an eviction or delete request (DESIGN §4: 201 evicted, 404 gone,
-/// 409 precondition failed, 429 PDB, 500 several PDBs).
+/// Classifies an answer to an eviction or delete request (docs/design.md §4: 201 evicted,
+/// 404 gone, 409 precondition failed, 429 PDB, 500 several PDBs).
 pub fn classify_answer(status: StatusCode, retry_after: Option<Duration>, body: &[u8]) -> Answer {
     let message = serde_json::from_slice::<serde_json::Value>(body)
         .ok()

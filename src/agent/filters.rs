@@ -1,4 +1,4 @@
-//! Which pods a drain evicts, skips or refuses: kubectl's drain filters (DESIGN §4), as
+//! Which pods a drain evicts, skips or refuses: kubectl's drain filters (docs/design.md §4), as
 //! pure functions of a pod, the drain options and the current time.
 //!
 //! Filters run in kubectl's order and the first one that does not pass decides:

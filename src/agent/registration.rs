@@ -1,4 +1,4 @@
-//! Kubelet plugin registration (the plugin watcher's `Registration` service, DESIGN §3)
+//! Kubelet plugin registration (the plugin watcher's `Registration` service, docs/design.md §3)
 //! and the unix sockets both gRPC services listen on.
 //!
 //! The kubelet finds `<registry-dir>/<driver>-reg.sock`, calls `GetInfo` to learn our type

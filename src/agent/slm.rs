@@ -1,4 +1,4 @@
-//! The SLMPlugin gRPC service (DESIGN §3): `StartLifecycleTransition` and
+//! The SLMPlugin gRPC service (docs/design.md §3): `StartLifecycleTransition` and
 //! `EndLifecycleTransition` for our two transitions, answered from the agent's in-memory
 //! state at once — the work itself runs in [`super::ops`] tasks, because the
 //! kubelet gives up on a call after 45 s.

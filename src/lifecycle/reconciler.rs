@@ -1,4 +1,4 @@
-//! The lifecycle reconciler: plays the kubelet's SLM role (DESIGN §3) on clusters whose
+//! The lifecycle reconciler: plays the kubelet's SLM role (docs/design.md §3) on clusters whose
 //! kubelet lacks it. Runs inside the node agent, one per node, and talks to the driver
 //! over the same unix-socket gRPC the kubelet would use.
 //!
@@ -35,9 +35,9 @@ use super::LifecycleEvent;
 
 /// Name of the CRD whose presence makes `auto` turn the reconciler on.
 const EVENT_CRD: &str = "lifecycleevents.lifecycle.k8s.io";
-/// The kubelet's SLM reconciler tick (DESIGN §3).
+/// The kubelet's SLM reconciler tick (docs/design.md §3).
 const DEFAULT_TICK: &str = "10s";
-/// The kubelet's per-call timeout (DESIGN §3): drivers must answer well within it.
+/// The kubelet's per-call timeout (docs/design.md §3): drivers must answer well within it.
 const DEFAULT_CALL_TIMEOUT: &str = "45s";
 /// Back-to-back steps after progress (claim, condition change) before waiting for the
 /// tick; bounds a misbehaving driver that flips conditions on every call.

@@ -1,4 +1,4 @@
-//! `graceful-drain simulate`: the simulated cluster (DESIGN §7).
+//! `graceful-drain simulate`: the simulated cluster (docs/design.md §7).
 //!
 //! [`apiserver`] speaks the Kubernetes REST API; [`controllers`] are the scheduler,
 //! kubelets and controllers talking to it over HTTP; [`lb`] models cloud load balancers

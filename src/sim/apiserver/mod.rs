@@ -1,5 +1,5 @@
 //! The simulated cluster's API server: an in-process HTTP server on loopback speaking
-//! the Kubernetes REST API well enough for kube-rs and the real `kubectl` (DESIGN §7).
+//! the Kubernetes REST API well enough for kube-rs and the real `kubectl` (docs/design.md §7).
 //!
 //! Data flow: [`handler`] parses each request into a verb on a resource of the
 //! [`resources`] registry; reads come from the [`store`]; writes are prepared
