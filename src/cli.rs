@@ -6,6 +6,8 @@ use clap::{Parser, Subcommand};
 
 use crate::runtime::{self, LogFormat};
 
+pub mod docs;
+
 /// Zero-5xx node drains and rollouts for Kubernetes.
 #[derive(Debug, Parser)]
 #[command(name = "graceful-drain", version, about, propagate_version = true)]
@@ -43,6 +45,9 @@ pub enum Command {
     Crds(crate::lifecycle::crds::Args),
     /// Generate a local CA and webhook serving certificate.
     Certs(crate::certs::Args),
+    /// Print the command-line reference (docs/cli.md) as Markdown.
+    #[command(hide = true)]
+    CliDocs(docs::Args),
 }
 
 /// Parses the command line, runs the subcommand on a multi-threaded runtime and maps
@@ -79,5 +84,6 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Simulate(args) => crate::sim::run(args, shutdown).await,
         Command::Crds(args) => crate::lifecycle::crds::run(args, shutdown).await,
         Command::Certs(args) => crate::certs::run(args, shutdown).await,
+        Command::CliDocs(args) => docs::run(args, shutdown).await,
     }
 }

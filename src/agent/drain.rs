@@ -217,8 +217,8 @@ pub fn classify_answer(status: StatusCode, retry_after: Option<Duration>, body: 
     }
 }
 
-/// Delay before retry number `attempt` (0-based): exponential from [`RETRY_BASE`], capped
-/// at [`RETRY_CAP`], with `jitter` in [0, 1) spreading it over its upper half so pods
+/// Delay before retry number `attempt` (0-based): exponential from `RETRY_BASE`, capped
+/// at `RETRY_CAP`, with `jitter` in [0, 1) spreading it over its upper half so pods
 /// blocked by the same PDB do not retry in lockstep; never shorter than `Retry-After`.
 pub fn retry_delay(attempt: u32, retry_after: Option<Duration>, jitter: f64) -> Duration {
     let exp = RETRY_BASE.saturating_mul(2u32.saturating_pow(attempt.min(16)));

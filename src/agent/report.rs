@@ -226,7 +226,7 @@ impl NodeEvents {
     }
 
     /// Posts an Event unless one with the same `reason` and non-empty `key` was posted
-    /// within [`EVENT_REPEAT_INTERVAL`] (an empty key is never rate-limited). Failures are
+    /// within `EVENT_REPEAT_INTERVAL` (an empty key is never rate-limited). Failures are
     /// logged, never fatal: an Event is a report, not part of the drain.
     pub async fn post(&self, type_: EventType, reason: &str, key: &str, message: String) {
         if !key.is_empty() && !self.first_in_interval(reason, key) {
