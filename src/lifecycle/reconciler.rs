@@ -143,37 +143,6 @@ impl Error {
     }
 }
 
-/// Parses a Go `time.Duration` string (`15m0s`, `1h30m`, `1.5s`, `300ms`).
-pub fn parse_go_duration(s: &str) -> Option<Duration> {
-    let mut rest = s;
-    let mut total = 0f64;
-    if rest.is_empty() {
-        return None;
-    }
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        let number: f64 = rest[..digits].parse().ok()?;
-        rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let seconds = match &rest[..unit_len] {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return None,
-        };
-        rest = &rest[unit_len..];
-        total += number * seconds;
-    }
-    Duration::try_from_secs_f64(total).ok()
-}
-
 /// Decides whether `auto` means on: on when the event API is served by a CRD, off when
 /// it is served without one (built in), on (waiting for the CRDs) when not served at all.
 pub async fn auto_enabled(client: &kube::Client) -> Result<bool> {
@@ -381,25 +350,6 @@ mod tests {
         )
         .await;
         assert_eq!(decided, None);
-    }
-
-    #[test]
-    fn go_durations_parse_like_go() {
-        let ok = [
-            ("15m0s", 900.0),
-            ("1h30m", 5400.0),
-            ("300ms", 0.3),
-            ("1.5s", 1.5),
-            ("2h0m0s", 7200.0),
-            ("10us", 0.00001),
-        ];
-        for (s, secs) in ok {
-            let got = parse_go_duration(s).unwrap().as_secs_f64();
-            assert!((got - secs).abs() < 1e-9, "{s}: {got}");
-        }
-        for s in ["", "15", "m", "15 minutes", "1x", "-5s", "1..5s"] {
-            assert_eq!(parse_go_duration(s), None, "{s}");
-        }
     }
 
     #[test]

@@ -99,37 +99,6 @@ async fn delete(
     handle(state, Path::Delete, q.timeout, body).await
 }
 
-/// Parses a Go duration as the API server sends it (`10s`, `1m30s`, `500ms`).
-pub fn parse_go_duration(text: &str) -> Option<Duration> {
-    let text = text.trim();
-    if text.is_empty() {
-        return None;
-    }
-    let mut total = 0f64;
-    let mut rest = text;
-    while !rest.is_empty() {
-        let split = rest.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
-        let (number, tail) = rest.split_at(split);
-        let value: f64 = number.parse().ok()?;
-        let unit_len = tail
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(tail.len());
-        let (unit, next) = tail.split_at(unit_len);
-        let scale = match unit {
-            "h" => 3600.0,
-            "m" => 60.0,
-            "s" => 1.0,
-            "ms" => 1e-3,
-            "us" | "µs" => 1e-6,
-            "ns" => 1e-9,
-            _ => return None,
-        };
-        total += value * scale;
-        rest = next;
-    }
-    Duration::try_from_secs_f64(total).ok()
-}
-
 /// When a held DELETE must be answered: the API server's budget minus a margin.
 fn hold_deadline(started: Instant, budget: Duration) -> Instant {
     let margin = HOLD_MARGIN.min(budget / 2);
@@ -155,7 +124,7 @@ async fn handle(
     };
     let budget = timeout
         .as_deref()
-        .and_then(parse_go_duration)
+        .and_then(crate::duration::parse_go_duration)
         .unwrap_or(state.default_timeout);
     let span = tracing::info_span!(
         "review",
@@ -479,29 +448,6 @@ fn is_transient(error: &std::io::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn go_durations_from_the_api_server() {
-        let cases = [
-            ("10s", Some(10.0)),
-            ("30s", Some(30.0)),
-            ("1m30s", Some(90.0)),
-            ("1m0s", Some(60.0)),
-            ("500ms", Some(0.5)),
-            ("1.5s", Some(1.5)),
-            ("", None),
-            ("10", None),
-            ("ten seconds", None),
-            ("5d", None),
-        ];
-        for (text, want) in cases {
-            assert_eq!(
-                parse_go_duration(text).map(|d| d.as_secs_f64()),
-                want,
-                "{text:?}"
-            );
-        }
-    }
 
     #[test]
     fn holds_end_before_the_api_server_gives_up() {

@@ -218,7 +218,7 @@ impl Reconciler {
         };
         let sla = match spec.sla.as_deref() {
             None | Some("") => None,
-            Some(text) => match super::parse_go_duration(text) {
+            Some(text) => match crate::duration::parse_go_duration(text) {
                 Some(d) => Some(d),
                 None => {
                     tracing::warn!(transition = name, sla = text, "transition sla is invalid");
