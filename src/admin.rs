@@ -21,14 +21,14 @@ use crate::runtime::Shutdown;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The admin address could not be bound.
-    #[error("bind admin port {addr}: {source}")]
+    #[error("bind admin port {addr}")]
     Bind {
         addr: SocketAddr,
         #[source]
         source: std::io::Error,
     },
     /// The server stopped with an I/O error.
-    #[error("serve admin port: {0}")]
+    #[error("serve admin port")]
     Serve(#[source] std::io::Error),
 }
 

@@ -17,14 +17,14 @@ use rcgen::{
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// rcgen refused the parameters or failed to sign.
-    #[error("generate certificate for {subject}: {source}")]
+    #[error("generate certificate for {subject}")]
     Generate {
         subject: String,
         #[source]
         source: rcgen::Error,
     },
     /// A file could not be written.
-    #[error("write {path}: {source}")]
+    #[error("write {path}")]
     Write {
         path: PathBuf,
         #[source]

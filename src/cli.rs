@@ -51,7 +51,7 @@ pub enum Command {
 }
 
 /// Parses the command line, runs the subcommand on a multi-threaded runtime and maps
-/// the outcome to an exit code. Errors print with their full cause chain.
+/// the outcome to an exit code. Errors print with their cause chain, each cause once.
 pub fn main() -> ExitCode {
     runtime::install_crypto_provider();
     let cli = Cli::parse();
@@ -66,7 +66,7 @@ pub fn main() -> ExitCode {
     match rt.block_on(dispatch(cli.command)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            eprintln!("error: {}", crate::error::chain(error.as_ref()));
             ExitCode::FAILURE
         }
     }

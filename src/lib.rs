@@ -19,6 +19,7 @@ pub mod certs;
 pub mod cli;
 pub mod ctl;
 pub mod duration;
+pub mod error;
 pub mod kubeclient;
 pub mod labels;
 pub mod lifecycle;

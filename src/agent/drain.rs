@@ -337,7 +337,7 @@ async fn evict_pod(ctx: Arc<TaskCtx>, pod: Pod) {
             match ctx.request(&key, &uid) {
                 Ok(request) => send(&ctx.client, request).await,
                 Err(error) => {
-                    tracing::error!(pod = %key, %error, "build eviction request");
+                    tracing::error!(pod = %key, error = %crate::error::chain(&error), "build eviction request");
                     return;
                 }
             }
@@ -600,7 +600,7 @@ impl Engine {
     /// A failed watch retries on its own; say so in the log and (rate-limited) on the Node,
     /// so a drain stuck on, say, missing permissions is not silent.
     async fn watch_failed(&self, error: &watcher::Error) {
-        tracing::warn!(node = %self.node, %error, "watch pods");
+        tracing::warn!(node = %self.node, error = %crate::error::chain(error), "watch pods");
         let message = format!("watch pods on node {} (retrying): {error}", self.node);
         let reason = reason::POD_WATCH_FAILED;
         self.events
@@ -681,7 +681,7 @@ impl Engine {
                 _ = recheck.tick() => evict_lost(&mut state, &mut tasks, &ctx),
                 Some(joined) = tasks.join_next() => {
                     if let Err(error) = joined {
-                        tracing::error!(%error, "eviction task failed");
+                        tracing::error!(error = %crate::error::chain(&error), "eviction task failed");
                     }
                 }
                 () = sleep_until(deadline) => {

@@ -391,7 +391,9 @@ async fn publish_until_done(
         loop {
             match transitions::publish(client, transition).await {
                 Ok(()) => break,
-                Err(error) => tracing::warn!(%error, retry_in = ?delay, "publish transition"),
+                Err(error) => {
+                    tracing::warn!(error = %crate::error::chain(&error), retry_in = ?delay, "publish transition")
+                }
             }
             tokio::select! {
                 () = shutdown.cancelled() => return,

@@ -225,7 +225,7 @@ async fn record_stop(inner: &Inner, reason: String) {
         Ok::<(), node::Error>(())
     };
     if let Err(error) = result.await {
-        tracing::warn!(node = %inner.node, %error, "record the stopped drain");
+        tracing::warn!(node = %inner.node, error = %crate::error::chain(&error), "record the stopped drain");
     }
 }
 
@@ -246,7 +246,7 @@ async fn retry<T, E, F, Fut>(
     mut f: F,
 ) -> Option<T>
 where
-    E: std::fmt::Display,
+    E: std::error::Error + 'static,
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
@@ -257,6 +257,7 @@ where
             result = f() => match result {
                 Ok(value) => return Some(value),
                 Err(error) => {
+                    let error = crate::error::chain(&error).to_string();
                     tracing::warn!(node = %inner.node, %error, retry_in = ?delay, "{what}");
                     // Said on the Node too (rate-limited), so a stuck step is visible.
                     let message = format!("{what} (retrying): {error}");
@@ -369,7 +370,9 @@ impl Run {
                 };
                 match self.write_conditions(&[condition]).await {
                     Ok(()) => written = message,
-                    Err(error) => tracing::warn!(%error, "update drain progress condition"),
+                    Err(error) => {
+                        tracing::warn!(error = %crate::error::chain(&error), "update drain progress condition")
+                    }
                 }
             }
             tokio::time::sleep(CONDITION_UPDATE_INTERVAL).await;
@@ -431,14 +434,10 @@ impl Run {
 
     /// Uncordons, removes our label, clears the drain conditions, and confirms the node is
     /// schedulable by reading it back.
-    async fn uncordon(&self) -> Result<(), String> {
+    async fn uncordon(&self) -> node::Result<()> {
         let inner = &self.inner;
-        let current = node::get(&inner.client, &inner.node)
-            .await
-            .map_err(|e| e.to_string())?;
-        let patched = node::uncordon(&inner.client, &current)
-            .await
-            .map_err(|e| e.to_string())?;
+        let current = node::get(&inner.client, &inner.node).await?;
+        let patched = node::uncordon(&inner.client, &current).await?;
         let message = "node returned to service".to_string();
         let conditions: Vec<Condition> = [DRAIN_IN_PROGRESS, DRAINED]
             .into_iter()
@@ -446,18 +445,13 @@ impl Run {
             .map(|t| condition(t, false, cond::UNCORDONED, message.clone()))
             .collect();
         if !conditions.is_empty() {
-            node::set_conditions(&inner.client, &patched, &conditions)
-                .await
-                .map_err(|e| e.to_string())?;
+            node::set_conditions(&inner.client, &patched, &conditions).await?;
         }
-        let confirmed = node::get(&inner.client, &inner.node)
-            .await
-            .map_err(|e| e.to_string())?;
+        let confirmed = node::get(&inner.client, &inner.node).await?;
         if node::is_cordoned(&confirmed) {
-            return Err(format!(
-                "node {} is still unschedulable after uncordon",
-                inner.node
-            ));
+            return Err(node::Error::StillCordoned {
+                node: inner.node.clone(),
+            });
         }
         Ok(())
     }
@@ -508,7 +502,7 @@ fn drain_outcome(ended: Ended, took: Duration, remaining: &str) -> Option<DrainE
             })
         }
         Ended::Done(Err(error)) => {
-            let message = error.to_string();
+            let message = crate::error::chain(&error).to_string();
             let phase = Phase::Failed(message.clone());
             Some(stopped(
                 phase,

@@ -237,7 +237,9 @@ impl NodeEvents {
         let api: Api<Event> = Api::namespaced(self.client.clone(), NODE_EVENT_NAMESPACE);
         match tokio::time::timeout(API_TIMEOUT, api.create(&PostParams::default(), &event)).await {
             Ok(Ok(_)) => {}
-            Ok(Err(error)) => tracing::warn!(%error, reason, "post node event"),
+            Ok(Err(error)) => {
+                tracing::warn!(error = %crate::error::chain(&error), reason, "post node event")
+            }
             Err(_) => tracing::warn!(reason, "post node event: timed out"),
         }
     }

@@ -45,7 +45,7 @@ pub enum Error {
     )]
     TransitionNotFound { name: String },
     /// An API call failed.
-    #[error("{what}: {source}")]
+    #[error("{what}")]
     Kube {
         what: String,
         #[source]

@@ -116,7 +116,7 @@ pub struct Context {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// Reading the API failed.
-    #[error("{what}: {source}")]
+    #[error("{what}")]
     Kube {
         what: String,
         #[source]
@@ -200,7 +200,7 @@ where
         match decide().await {
             Ok(enabled) => return Some(enabled),
             Err(error) => {
-                tracing::warn!(%error, retry_in = ?pause, "lifecycle reconciler auto mode: cannot decide yet");
+                tracing::warn!(error = %crate::error::chain(&error), retry_in = ?pause, "lifecycle reconciler auto mode: cannot decide yet");
             }
         }
         tokio::select! {
@@ -256,7 +256,7 @@ pub async fn run(
             item = events.next() => match item {
                 None => return Err(Error::WatchEnded { node }),
                 Some(Err(error)) => {
-                    tracing::warn!(%error, "lifecycleevent watch failed; retrying");
+                    tracing::warn!(error = %crate::error::chain(&error), "lifecycleevent watch failed; retrying");
                     continue;
                 }
                 Some(Ok(watcher::Event::Init | watcher::Event::InitApply(_))) => continue,
@@ -282,7 +282,7 @@ async fn run_steps(reconciler: &Reconciler, shutdown: &crate::runtime::Shutdown)
             Ok(report) if report.progressed => continue,
             Ok(_) => return,
             Err(error) => {
-                tracing::warn!(%error, "lifecycle reconcile failed; retrying at next tick");
+                tracing::warn!(error = %crate::error::chain(&error), "lifecycle reconcile failed; retrying at next tick");
                 return;
             }
         }

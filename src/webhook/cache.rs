@@ -475,7 +475,9 @@ where
                 cache.synced[kind as usize].store(true, Ordering::Release);
                 tracing::debug!(kind = kind.name(), "cache synced");
             }
-            Err(error) => tracing::warn!(kind = kind.name(), %error, "watch error; retrying"),
+            Err(error) => {
+                tracing::warn!(kind = kind.name(), error = %crate::error::chain(&error), "watch error; retrying")
+            }
         }
     }
     Err(Error::Ended(kind.name()))

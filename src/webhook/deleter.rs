@@ -232,7 +232,9 @@ impl Deleter {
                 tracing::info!(code = s.code, "isolated pod already gone or replaced");
                 self.forget(&pod.uid);
             }
-            Err(error) => tracing::warn!(%error, "delete isolated pod; will retry"),
+            Err(error) => {
+                tracing::warn!(error = %crate::error::chain(&error), "delete isolated pod; will retry")
+            }
         }
     }
 
@@ -276,7 +278,7 @@ impl Deleter {
                     Some(Ok(Event::Delete(m))) => self.forget(m.metadata.uid.as_deref().unwrap_or_default()),
                     Some(Ok(Event::Init)) => relist = Some(Vec::new()),
                     Some(Ok(Event::InitDone)) => self.finish_relist(relist.take()),
-                    Some(Err(error)) => tracing::warn!(%error, "watch isolated pods; retrying"),
+                    Some(Err(error)) => tracing::warn!(error = %crate::error::chain(&error), "watch isolated pods; retrying"),
                 },
                 _ = tick.tick() => {
                     let leading = *leader.borrow();

@@ -48,7 +48,7 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The listener failed.
-    #[error("accept on {addr}: {source}")]
+    #[error("accept on {addr}")]
     Accept {
         addr: SocketAddr,
         #[source]
@@ -118,7 +118,7 @@ async fn handle(
             state
                 .metrics
                 .review(path.as_str(), "malformed", started.elapsed().as_secs_f64());
-            tracing::warn!(operation = path.as_str(), %error, "malformed admission review");
+            tracing::warn!(operation = path.as_str(), error = %crate::error::chain(&error), "malformed admission review");
             return (StatusCode::BAD_REQUEST, format!("{error}\n")).into_response();
         }
     };
@@ -221,7 +221,7 @@ async fn respond_evict(
             (response, outcome)
         }
         Err(error) => {
-            tracing::error!(%error, "serialise dry-run patch");
+            tracing::error!(error = %crate::error::chain(&error), "serialise dry-run patch");
             (review::allow(request), "error")
         }
     }
@@ -244,7 +244,7 @@ async fn settle_eviction(state: &AppState, ev: &review::Eviction) -> Settled {
         Ok(Some(pod)) => settle(state, &ev.request, pod).await,
         Ok(None) => Settled::Pass(Pass::NotRunning),
         Err(error) => {
-            tracing::warn!(%error, "read pod for eviction");
+            tracing::warn!(error = %crate::error::chain(&error), "read pod for eviction");
             Settled::Failed(format!("read pod: {error}"))
         }
     }
@@ -305,14 +305,14 @@ async fn settle(state: &AppState, req: &Request, mut pod: PodFacts) -> Settled {
                     Ok(Some(fresh)) => pod = fresh,
                     Ok(None) => return Settled::Pass(Pass::NotRunning),
                     Err(error) => {
-                        tracing::warn!(%error, "re-read pod");
+                        tracing::warn!(error = %crate::error::chain(&error), "re-read pod");
                         return Settled::Failed(format!("re-read pod: {error}"));
                     }
                 }
             }
             Err(error) => {
-                tracing::warn!(%error, "isolation failed");
-                return Settled::Failed(error.to_string());
+                tracing::warn!(error = %crate::error::chain(&error), "isolation failed");
+                return Settled::Failed(crate::error::chain(&error).to_string());
             }
         }
     }
@@ -401,7 +401,7 @@ pub async fn serve(
             accepted = listener.accept() => match accepted {
                 Ok(pair) => pair,
                 Err(source) if is_transient(&source) => {
-                    tracing::warn!(error = %source, "accept; retrying");
+                    tracing::warn!(error = %crate::error::chain(&source), "accept; retrying");
                     // Back off briefly so running out of descriptors is not a busy loop.
                     tokio::time::sleep(ACCEPT_BACKOFF).await;
                     continue;
@@ -417,7 +417,7 @@ pub async fn serve(
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(error)) => {
-                    tracing::debug!(%peer, %error, "TLS handshake failed");
+                    tracing::debug!(%peer, error = %crate::error::chain(&error), "TLS handshake failed");
                     return;
                 }
                 Err(_) => {
@@ -429,7 +429,7 @@ pub async fn serve(
                 .serve_connection(TokioIo::new(tls), service)
                 .into_owned();
             if let Err(error) = watcher.watch(conn).await {
-                tracing::debug!(%peer, %error, "connection ended with an error");
+                tracing::debug!(%peer, error = %crate::error::chain(&*error), "connection ended with an error");
             }
         });
     }

@@ -42,7 +42,7 @@ use crate::runtime::Shutdown;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The listening socket could not be bound.
-    #[error("bind simulated API server on {addr}: {source}")]
+    #[error("bind simulated API server on {addr}")]
     Bind {
         addr: SocketAddr,
         #[source]

@@ -56,7 +56,7 @@ pub mod users {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// An API call failed.
-    #[error("{action} {object}: {source}")]
+    #[error("{action} {object}")]
     Api {
         action: &'static str,
         object: String,
