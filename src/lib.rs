@@ -20,6 +20,8 @@ pub mod cli;
 pub mod ctl;
 pub mod duration;
 pub mod error;
+#[cfg(any(test, feature = "sim"))]
+pub mod fixtures;
 pub mod kubeclient;
 pub mod labels;
 pub mod lifecycle;
