@@ -20,8 +20,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetSpec};
 use k8s_openapi::api::core::v1::{
-    Container, EmptyDirVolumeSource, Node, NodeCondition, NodeSpec, NodeStatus, Pod,
-    PodCondition, PodSpec, PodStatus, PodTemplateSpec, Taint, Toleration, Volume,
+    Container, EmptyDirVolumeSource, Node, NodeCondition, NodeSpec, NodeStatus, Pod, PodCondition,
+    PodSpec, PodStatus, PodTemplateSpec, Taint, Toleration, Volume,
 };
 use k8s_openapi::api::policy::v1::{
     PodDisruptionBudget, PodDisruptionBudgetSpec, PodDisruptionBudgetStatus,
@@ -220,7 +220,9 @@ impl PodFixture for Pod {
         self.ready_is(true)
     }
     fn ready_is(mut self, ready: bool) -> Self {
-        let conditions = pod_status(&mut self).conditions.get_or_insert_with(Vec::new);
+        let conditions = pod_status(&mut self)
+            .conditions
+            .get_or_insert_with(Vec::new);
         conditions.retain(|c| c.type_ != "Ready");
         conditions.push(PodCondition {
             type_: "Ready".into(),
@@ -258,7 +260,9 @@ impl NodeFixture for Node {
         self
     }
     fn unschedulable_is(mut self, cordoned: bool) -> Self {
-        self.spec.get_or_insert_with(NodeSpec::default).unschedulable = Some(cordoned);
+        self.spec
+            .get_or_insert_with(NodeSpec::default)
+            .unschedulable = Some(cordoned);
         self
     }
     fn taints(mut self, taints: Vec<Taint>) -> Self {
@@ -304,7 +308,8 @@ pub trait PdbFixture: Sized {
 }
 
 fn pdb_spec(pdb: &mut PodDisruptionBudget) -> &mut PodDisruptionBudgetSpec {
-    pdb.spec.get_or_insert_with(PodDisruptionBudgetSpec::default)
+    pdb.spec
+        .get_or_insert_with(PodDisruptionBudgetSpec::default)
 }
 
 impl PdbFixture for PodDisruptionBudget {
@@ -378,7 +383,9 @@ impl ReplicaSetFixture for ReplicaSet {
         self
     }
     fn replicas(mut self, replicas: i32) -> Self {
-        self.spec.get_or_insert_with(ReplicaSetSpec::default).replicas = Some(replicas);
+        self.spec
+            .get_or_insert_with(ReplicaSetSpec::default)
+            .replicas = Some(replicas);
         self
     }
     fn selecting(mut self, pairs: &[(&str, &str)]) -> Self {
@@ -410,7 +417,10 @@ mod tests {
         assert_eq!(p.metadata.namespace.as_deref(), Some("shop"));
         assert_eq!(p.metadata.labels, Some(labels(&[("app", "web")])));
         let owner = &p.metadata.owner_references.as_ref().unwrap()[0];
-        assert_eq!((owner.kind.as_str(), owner.uid.as_str()), ("ReplicaSet", "web-uid"));
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("ReplicaSet", "web-uid")
+        );
         let status = p.status.unwrap();
         assert_eq!(status.phase.as_deref(), Some("Running"));
         assert_eq!(status.conditions.unwrap()[0].status, "True");

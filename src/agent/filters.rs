@@ -405,7 +405,9 @@ mod tests {
             ),
             (
                 "DaemonSet filter before mirror",
-                pod("a").owned_by("DaemonSet", "owner").annotate(MIRROR_POD_ANNOTATION, "hash"),
+                pod("a")
+                    .owned_by("DaemonSet", "owner")
+                    .annotate(MIRROR_POD_ANNOTATION, "hash"),
                 strict.clone(),
                 DaemonSetLookup::Exists,
                 Refuse(Refusal::DaemonSet),
@@ -426,7 +428,9 @@ mod tests {
             ),
             (
                 "finished mirror pod still skipped",
-                pod("a").annotate(MIRROR_POD_ANNOTATION, "hash").phase("Failed"),
+                pod("a")
+                    .annotate(MIRROR_POD_ANNOTATION, "hash")
+                    .phase("Failed"),
                 strict.clone(),
                 DaemonSetLookup::Exists,
                 Skip(super::Skip::Mirror),
@@ -454,7 +458,10 @@ mod tests {
             ),
             (
                 "finished emptyDir pod passes",
-                pod("a").owned_by("Job", "owner").empty_dir().phase("Failed"),
+                pod("a")
+                    .owned_by("Job", "owner")
+                    .empty_dir()
+                    .phase("Failed"),
                 strict.clone(),
                 DaemonSetLookup::Exists,
                 Evict(None),
@@ -482,7 +489,9 @@ mod tests {
             ),
             (
                 "terminating pod still evicted without skip timeout",
-                pod("a").owned_by("ReplicaSet", "owner").deleting(ago(3600), None),
+                pod("a")
+                    .owned_by("ReplicaSet", "owner")
+                    .deleting(ago(3600), None),
                 strict.clone(),
                 DaemonSetLookup::Exists,
                 Evict(None),
@@ -499,7 +508,9 @@ mod tests {
         let mut o = opts(false, false, false);
         o.skip_wait_for_delete_timeout = Some(Duration::from_secs(60));
         let old = pod("old").deleting(ago(61), None);
-        let recent = pod("recent").owned_by("ReplicaSet", "owner").deleting(ago(30), None);
+        let recent = pod("recent")
+            .owned_by("ReplicaSet", "owner")
+            .deleting(ago(30), None);
         let bare_recent = pod("bare").deleting(ago(30), None);
         let lookup = |_: &OwnerReference| DaemonSetLookup::Exists;
         // The skip filter runs first: an old terminating bare pod does not refuse the drain.

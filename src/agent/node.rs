@@ -240,9 +240,7 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn node() -> Node {
-        let mut node = Node::default();
-        node.metadata.name = Some("n1".into());
-        node
+        crate::fixtures::node("n1")
     }
 
     #[test]
