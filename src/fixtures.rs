@@ -12,11 +12,17 @@
 //! assert_eq!(p.spec.unwrap().node_name.as_deref(), Some("n1"));
 //! ```
 //!
+//! For exact request shapes, unit tests script the one mock API server, `fixtures::mock` (test
+//! builds only: it needs the `tower-test` dev-dependency).
+//!
 //! Method names avoid those of `kube::ResourceExt` (`labels`, `namespace`, …), so both
 //! traits can be in scope. Only in test builds and with the `sim` feature: nothing here
 //! ships.
 
 use std::collections::BTreeMap;
+
+#[cfg(test)]
+pub mod mock;
 
 use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetSpec};
 use k8s_openapi::api::core::v1::{

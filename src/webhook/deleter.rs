@@ -396,7 +396,7 @@ mod tests {
     /// precondition and the recorded grace period, leaving future and foreign pods alone.
     #[tokio::test]
     async fn resumes_pending_deletions_after_restart() {
-        let (client, mut api) = crate::webhook::mock::client();
+        let (client, mut api) = crate::fixtures::mock::client();
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = Arc::new(Metrics::new(&mut registry));
         let cache = Arc::new(Cache::default());

@@ -392,8 +392,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::fixtures::mock::{self, expect};
     use crate::webhook::decide::{PdbFacts, ServiceFacts, ServiceType};
-    use crate::webhook::mock::{self, expect};
 
     fn now() -> Timestamp {
         "2026-01-01T00:00:00Z".parse().unwrap()

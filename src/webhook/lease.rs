@@ -224,7 +224,7 @@ impl Elector {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::webhook::mock::{self, expect};
+    use crate::fixtures::mock::{self, expect};
     use http::Method;
     use serde_json::json;
 

@@ -17,9 +17,6 @@ pub mod review;
 pub mod server;
 pub mod tls;
 
-#[cfg(test)]
-mod mock;
-
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;

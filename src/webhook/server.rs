@@ -462,8 +462,8 @@ mod tests {
         );
     }
 
+    use crate::fixtures::mock::{self, expect};
     use crate::webhook::cache::Cache;
-    use crate::webhook::mock::{self, expect};
     use http::Method;
     use http_body_util::BodyExt;
     use serde_json::{Value, json};
