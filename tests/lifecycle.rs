@@ -1,6 +1,6 @@
 //! The lifecycle reconciler against a scripted SLM driver (real gRPC over unix sockets)
-//! and an in-memory API: every branch of docs/design.md §3, SLA expiry, driver errors, missing
-//! registration, restarts, racing reconcilers and the stale-condition case.
+//! and the simulated API server: every branch of docs/design.md §3, SLA expiry, driver
+//! errors, missing registration, restarts, racing reconcilers and the stale-condition case.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
