@@ -229,16 +229,9 @@ impl SimApi {
             .unwrap()
             .parse()
             .unwrap();
-        let path = format!(
-            "{}?watch=true&resourceVersion=1&allowWatchBookmarks=true",
-            collection(resource)
-        );
-        let request = Request::get(path).body(Vec::new()).unwrap();
-        let mut events = admin
-            .request_events::<Value>(request)
-            .await
-            .unwrap()
-            .boxed();
+        let mut events = self
+            .watch(resource, name, "1&allowWatchBookmarks=true")
+            .await;
         let mut out = Vec::new();
         while let Some(event) = events.next().await {
             let (kind, object) = match event.unwrap() {
@@ -254,31 +247,40 @@ impl SimApi {
                 }
                 WatchEvent::Error(error) => panic!("watch {resource}: {error:?}"),
             };
-            if object["metadata"]["name"] == name {
-                out.push((kind, object));
-            }
+            out.push((kind, object));
         }
         out
+    }
+
+    /// The watch events of one object after resourceVersion `from` (which may carry more
+    /// query parameters).
+    async fn watch(
+        &self,
+        resource: &str,
+        name: &str,
+        from: &str,
+    ) -> futures::stream::BoxStream<'static, kube::Result<WatchEvent<Value>>> {
+        let admin = self.server.client("admin");
+        let path = format!(
+            "{}?watch=true&fieldSelector=metadata.name%3D{name}&resourceVersion={from}",
+            collection(resource)
+        );
+        let request = Request::get(path).body(Vec::new()).unwrap();
+        admin
+            .request_events::<Value>(request)
+            .await
+            .unwrap()
+            .boxed()
     }
 
     /// Returns once the object is gone (at once when it is), following a watch; panics
     /// after 20 s.
     pub async fn wait_deleted(&self, resource: &str, name: &str) {
-        let admin = self.server.client("admin");
         let Some(current) = self.get(resource, name).await else {
             return;
         };
         let rv = current["metadata"]["resourceVersion"].as_str().unwrap();
-        let path = format!(
-            "{}?watch=true&resourceVersion={rv}&fieldSelector=metadata.name%3D{name}",
-            collection(resource)
-        );
-        let request = Request::get(path).body(Vec::new()).unwrap();
-        let mut events = admin
-            .request_events::<Value>(request)
-            .await
-            .unwrap()
-            .boxed();
+        let mut events = self.watch(resource, name, rv).await;
         let deleted = async {
             while let Some(event) = events.next().await {
                 if let WatchEvent::Deleted(_) = event.unwrap() {
