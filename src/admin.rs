@@ -21,42 +21,43 @@ use crate::runtime::Shutdown;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The admin address could not be bound.
-    #[error("bind admin port {addr}: {source}")]
+    #[error("bind admin port {addr}")]
     Bind {
         addr: SocketAddr,
         #[source]
         source: std::io::Error,
     },
     /// The server stopped with an I/O error.
-    #[error("serve admin port: {0}")]
+    #[error("serve admin port")]
     Serve(#[source] std::io::Error),
 }
 
 /// Named readiness checks. Cloning shares the same set.
 #[derive(Clone, Debug, Default)]
 pub struct Readiness {
-    checks: Arc<Mutex<BTreeMap<&'static str, Result<(), String>>>>,
+    /// Each check's reason for not being ready; `None` once it is ready.
+    checks: Arc<Mutex<BTreeMap<&'static str, Option<String>>>>,
 }
 
 impl Readiness {
     /// Registers a check that starts out not ready with `reason`.
     pub fn register(&self, name: &'static str, reason: impl Into<String>) {
-        self.set(name, Err(reason.into()));
+        self.set(name, Some(reason.into()));
     }
 
     /// Marks `name` ready.
     pub fn ready(&self, name: &'static str) {
-        self.set(name, Ok(()));
+        self.set(name, None);
     }
 
     /// Marks `name` not ready with `reason`.
     pub fn not_ready(&self, name: &'static str, reason: impl Into<String>) {
-        self.set(name, Err(reason.into()));
+        self.set(name, Some(reason.into()));
     }
 
-    fn set(&self, name: &'static str, state: Result<(), String>) {
+    fn set(&self, name: &'static str, not_ready: Option<String>) {
         let mut checks = self.checks.lock().unwrap_or_else(|e| e.into_inner());
-        checks.insert(name, state);
+        checks.insert(name, not_ready);
     }
 
     /// `Ok` when every check is ready, otherwise the failing checks, one `name: reason` each.
@@ -64,7 +65,7 @@ impl Readiness {
         let checks = self.checks.lock().unwrap_or_else(|e| e.into_inner());
         let failing: Vec<String> = checks
             .iter()
-            .filter_map(|(name, state)| state.as_ref().err().map(|r| format!("{name}: {r}")))
+            .filter_map(|(name, reason)| reason.as_ref().map(|r| format!("{name}: {r}")))
             .collect();
         if failing.is_empty() {
             Ok(())

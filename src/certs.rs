@@ -1,7 +1,7 @@
 //! `graceful-drain certs --out DIR`: a local certificate authority and a webhook serving
 //! certificate signed by it, for local runs, the simulated cluster and tests.
 //!
-//! [`generate`] is the library entry point: it returns PEM strings; [`write`] puts them
+//! [`generate`] is the library entry point: it returns PEM strings; [`write()`] puts them
 //! into a directory as `ca.crt`, `ca.key`, `tls.crt`, `tls.key` (the names a
 //! `kubernetes.io/tls` Secret and cert-manager use), with private keys mode 0600.
 
@@ -17,14 +17,14 @@ use rcgen::{
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// rcgen refused the parameters or failed to sign.
-    #[error("generate certificate for {subject}: {source}")]
+    #[error("generate certificate for {subject}")]
     Generate {
         subject: String,
         #[source]
         source: rcgen::Error,
     },
     /// A file could not be written.
-    #[error("write {path}: {source}")]
+    #[error("write {path}")]
     Write {
         path: PathBuf,
         #[source]

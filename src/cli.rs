@@ -6,6 +6,8 @@ use clap::{Parser, Subcommand};
 
 use crate::runtime::{self, LogFormat};
 
+pub mod docs;
+
 /// Zero-5xx node drains and rollouts for Kubernetes.
 #[derive(Debug, Parser)]
 #[command(name = "graceful-drain", version, about, propagate_version = true)]
@@ -43,10 +45,13 @@ pub enum Command {
     Crds(crate::lifecycle::crds::Args),
     /// Generate a local CA and webhook serving certificate.
     Certs(crate::certs::Args),
+    /// Print the command-line reference (docs/cli.md) as Markdown.
+    #[command(hide = true)]
+    CliDocs(docs::Args),
 }
 
 /// Parses the command line, runs the subcommand on a multi-threaded runtime and maps
-/// the outcome to an exit code. Errors print with their full cause chain.
+/// the outcome to an exit code. Errors print with their cause chain, each cause once.
 pub fn main() -> ExitCode {
     runtime::install_crypto_provider();
     let cli = Cli::parse();
@@ -61,7 +66,7 @@ pub fn main() -> ExitCode {
     match rt.block_on(dispatch(cli.command)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            eprintln!("error: {}", crate::error::chain(error.as_ref()));
             // `drain` and `uncordon` tell Failed, SlaExpired and a timeout apart.
             let code = error
                 .downcast_ref::<crate::ctl::Error>()
@@ -83,5 +88,6 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Simulate(args) => crate::sim::run(args, shutdown).await,
         Command::Crds(args) => crate::lifecycle::crds::run(args, shutdown).await,
         Command::Certs(args) => crate::certs::run(args, shutdown).await,
+        Command::CliDocs(args) => docs::run(args, shutdown).await,
     }
 }

@@ -10,20 +10,20 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The kubeconfig file named by `--kubeconfig` could not be read or parsed.
-    #[error("read kubeconfig {path}: {source}")]
+    #[error("read kubeconfig {path}")]
     ReadKubeconfig {
         path: PathBuf,
         #[source]
         source: kube::config::KubeconfigError,
     },
     /// The kubeconfig was read but does not yield a usable configuration.
-    #[error("load kubeconfig: {0}")]
+    #[error("load kubeconfig")]
     Kubeconfig(#[source] kube::config::KubeconfigError),
     /// Neither a kubeconfig nor in-cluster credentials were found.
-    #[error("find cluster credentials: {0}")]
+    #[error("find cluster credentials")]
     Infer(#[source] kube::config::InferConfigError),
     /// The client could not be built from the configuration.
-    #[error("build client: {0}")]
+    #[error("build client")]
     Client(#[source] kube::Error),
 }
 

@@ -18,11 +18,16 @@ pub mod agent;
 pub mod certs;
 pub mod cli;
 pub mod ctl;
+pub mod duration;
+pub mod error;
+#[cfg(any(test, feature = "sim"))]
+pub mod fixtures;
 pub mod kubeclient;
 pub mod labels;
 pub mod lifecycle;
 pub mod proto;
 pub mod runtime;
+pub mod selector;
 #[cfg(feature = "sim")]
 pub mod sim;
 pub mod webhook;

@@ -1,5 +1,5 @@
 //! Generated gRPC code for the SLM plugin API and the kubelet plugin registration API
-//! (see `proto/`). Field numbers are wire facts from DESIGN §3.
+//! (see `proto/`). Field numbers are wire facts from docs/design.md §3.
 
 /// `k8s.io.kubelet.pkg.apis.slm.v1alpha1`: the SLMPlugin service.
 pub mod slm {

@@ -94,7 +94,7 @@ where
                     }
                 }
                 Ok(Err(error)) => {
-                    tracing::error!(%error, "task failed; shutting down");
+                    tracing::error!(error = %format_args!("{error:#}"), "task failed; shutting down");
                     shutdown.cancel();
                 }
                 Err(_) => {

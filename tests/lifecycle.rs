@@ -1,17 +1,16 @@
 //! The lifecycle reconciler against a scripted SLM driver (real gRPC over unix sockets)
-//! and an in-memory API: every branch of DESIGN §3, SLA expiry, driver errors, missing
-//! registration, restarts, racing reconcilers and the stale-condition case.
+//! and the simulated API server: every branch of docs/design.md §3, SLA expiry, driver
+//! errors, missing registration, restarts, racing reconcilers and the stale-condition case.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "lifecycle_support/fake_api.rs"]
-mod fake_api;
 #[path = "lifecycle_support/plugin.rs"]
 mod plugin;
+#[path = "lifecycle_support/sim_api.rs"]
+mod sim_api;
 
 use std::time::Duration;
 
-use fake_api::FakeApi;
 use graceful_drain::lifecycle::reconciler::decide::Action;
 use graceful_drain::lifecycle::reconciler::{self, Context, Mode, Reconciler, ReconcilerArgs};
 use graceful_drain::lifecycle::{ClaimStatus, LifecycleEvent, LifecycleEventSpec};
@@ -20,13 +19,17 @@ use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
 use plugin::{Call, Dirs, Reply};
 use serde_json::{Value, json};
+use sim_api::SimApi;
 use tokio_util::sync::CancellationToken;
 
 const NODE: &str = "worker-1";
 const DRIVER: &str = "graceful-drain.io";
 
 struct Harness {
-    api: FakeApi,
+    api: SimApi,
+    /// Events created so far: names sort in creation order, so "the first event" is the
+    /// one every reconciler lists first (the API server's generateName suffixes are random).
+    created: std::sync::atomic::AtomicUsize,
     dirs: Dirs,
     stop: CancellationToken,
     metrics: reconciler::metrics::Metrics,
@@ -45,13 +48,14 @@ fn transition(name: &str, start: &str, end: &str, sla: &str) -> Value {
 }
 
 impl Harness {
-    fn new() -> Self {
-        let api = FakeApi::new();
-        api.put("nodes", json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}, "status": {"conditions": []}}));
+    async fn new() -> Self {
+        let api = SimApi::new().await;
+        api.put("nodes", json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}, "status": {"conditions": []}})).await;
         api.put(
             "lifecycletransitions",
             transition("graceful-drain", "drain-started", "drain-complete", "15m0s"),
-        );
+        )
+        .await;
         api.put(
             "lifecycletransitions",
             transition(
@@ -60,9 +64,11 @@ impl Harness {
                 "maintenance-complete",
                 "5m0s",
             ),
-        );
+        )
+        .await;
         Self {
             api,
+            created: std::sync::atomic::AtomicUsize::new(0),
             dirs: Dirs::new(),
             stop: CancellationToken::new(),
             metrics: reconciler::metrics::Metrics::default(),
@@ -97,8 +103,11 @@ impl Harness {
                 binding_node: NODE.into(),
             },
         );
+        let n = self
+            .created
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         event.metadata = ObjectMeta {
-            generate_name: Some(format!("{NODE}-drain-")),
+            name: Some(format!("{NODE}-drain-{n:03}")),
             ..ObjectMeta::default()
         };
         api.create(&PostParams::default(), &event)
@@ -109,14 +118,14 @@ impl Harness {
             .unwrap()
     }
 
-    fn event(&self, name: &str) -> Option<Value> {
-        self.api.get("lifecycleevents", name)
+    async fn event(&self, name: &str) -> Option<Value> {
+        self.api.get("lifecycleevents", name).await
     }
 
     /// The claim statuses an event went through, in order, without repeats.
-    fn statuses(&self, name: &str) -> Vec<String> {
+    async fn statuses(&self, name: &str) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
-        for (_, obj) in self.api.history("lifecycleevents", name) {
+        for (_, obj) in self.api.history("lifecycleevents", name).await {
             let s = obj["status"]["claimStatus"]
                 .as_str()
                 .unwrap_or("Pending")
@@ -128,8 +137,8 @@ impl Harness {
         out
     }
 
-    fn condition(&self) -> Option<Value> {
-        let node = self.api.get("nodes", NODE).unwrap();
+    async fn condition(&self) -> Option<Value> {
+        let node = self.api.get("nodes", NODE).await.unwrap();
         node["status"]["conditions"]
             .as_array()
             .unwrap()
@@ -138,12 +147,17 @@ impl Harness {
             .cloned()
     }
 
-    fn set_condition(&self, reason: &str, at: Timestamp) {
-        let mut node = self.api.get("nodes", NODE).unwrap();
+    async fn set_condition(&self, reason: &str, at: Timestamp) {
+        let mut node = self.api.get("nodes", NODE).await.unwrap();
         node["status"]["conditions"] = json!([{"type": "LifecycleTransition", "status": "True", "reason": reason,
             "message": "Lifecycle Transition 'graceful-drain'", "lastTransitionTime": reconciler_time(at)}]);
-        self.api.put("nodes", node);
+        self.api.put("nodes", node).await;
     }
+}
+
+/// An event's status as the API server sets it on create, before anyone claims it.
+fn created_status() -> Value {
+    json!({"claimStatus": "Pending"})
 }
 
 fn reconciler_time(t: Timestamp) -> String {
@@ -169,7 +183,7 @@ fn later(now: Timestamp, secs: i64) -> Timestamp {
 
 #[tokio::test]
 async fn drain_event_is_claimed_started_polled_and_succeeds() {
-    let h = Harness::new();
+    let h = Harness::new().await;
     let driver = h.driver();
     let r = h.reconciler().await;
     let name = h.create_event("graceful-drain").await;
@@ -177,7 +191,7 @@ async fn drain_event_is_claimed_started_polled_and_succeeds() {
 
     let report = r.step(now).await.unwrap();
     assert!(matches!(report.actions[0].1, Action::Claim { .. }));
-    let ev = h.event(&name).unwrap();
+    let ev = h.event(&name).await.unwrap();
     assert_eq!(ev["status"]["claimStatus"], "Claimed");
     assert_eq!(ev["status"]["driver"], DRIVER);
     assert_eq!(ev["status"]["sla"], reconciler_time(later(now, 900)));
@@ -197,17 +211,17 @@ async fn drain_event_is_claimed_started_polled_and_succeeds() {
             end: "drain-complete".into(),
         }
     );
-    let c = h.condition().unwrap();
+    let c = h.condition().await.unwrap();
     assert_eq!(c["reason"], "drain-started");
     assert_eq!(c["status"], "True");
     assert_eq!(c["message"], "Lifecycle Transition 'graceful-drain'");
     assert!(c["lastTransitionTime"].is_string());
-    assert!(h.event(&name).is_some(), "still draining");
+    assert!(h.event(&name).await.is_some(), "still draining");
 
     settle(&r, later(now, 10)).await;
-    assert!(h.event(&name).is_none(), "deleted once succeeded");
-    assert_eq!(h.statuses(&name), ["Pending", "Claimed", "Succeeded"]);
-    assert_eq!(h.condition().unwrap()["reason"], "drain-complete");
+    assert!(h.event(&name).await.is_none(), "deleted once succeeded");
+    assert_eq!(h.statuses(&name).await, ["Pending", "Claimed", "Succeeded"]);
+    assert_eq!(h.condition().await.unwrap()["reason"], "drain-complete");
     assert_eq!(h.metrics.events_with(ClaimStatus::Claimed), 1);
     assert_eq!(h.metrics.events_with(ClaimStatus::Succeeded), 1);
     let calls = driver.calls();
@@ -223,7 +237,7 @@ async fn drain_event_is_claimed_started_polled_and_succeeds() {
 
 #[tokio::test]
 async fn unregistered_or_foreign_plugin_leaves_event_pending() {
-    let h = Harness::new();
+    let h = Harness::new().await;
     let r = h.reconciler().await;
     let name = h.create_event("graceful-drain").await;
     let actions = settle(&r, Timestamp::now()).await;
@@ -240,12 +254,18 @@ async fn unregistered_or_foreign_plugin_leaves_event_pending() {
     drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
     assert!(stale.exists());
     settle(&r, Timestamp::now()).await;
-    assert!(h.event(&name).unwrap()["status"].is_null(), "still Pending");
+    assert!(
+        h.event(&name).await.unwrap()["status"] == created_status(),
+        "still Pending"
+    );
 
     // A socket answering as another plugin type is not an SLM driver.
     let other = plugin::serve(&h.dirs, DRIVER, "CSIPlugin", h.stop.clone());
     settle(&r, Timestamp::now()).await;
-    assert!(h.event(&name).unwrap()["status"].is_null(), "still Pending");
+    assert!(
+        h.event(&name).await.unwrap()["status"] == created_status(),
+        "still Pending"
+    );
     assert!(other.calls().is_empty());
     assert!(
         h.api
@@ -258,13 +278,16 @@ async fn unregistered_or_foreign_plugin_leaves_event_pending() {
 
 #[tokio::test]
 async fn event_claims_once_the_driver_registers() {
-    let h = Harness::new();
+    let h = Harness::new().await;
     let r = h.reconciler().await;
     let name = h.create_event("graceful-drain").await;
     settle(&r, Timestamp::now()).await;
     let driver = h.driver();
     settle(&r, Timestamp::now()).await;
-    assert_eq!(h.event(&name).unwrap()["status"]["claimStatus"], "Claimed");
+    assert_eq!(
+        h.event(&name).await.unwrap()["status"]["claimStatus"],
+        "Claimed"
+    );
     assert_eq!(driver.starts(), 1);
 }
 
@@ -277,15 +300,15 @@ async fn driver_error_or_grpc_failure_fails_the_event() {
         ),
         (Reply::Grpc(tonic::Code::Internal), "scripted failure"),
     ] {
-        let h = Harness::new();
+        let h = Harness::new().await;
         let driver = h.driver();
         driver.set_script(move |_, _| reply.clone());
         let r = h.reconciler().await;
         let name = h.create_event("graceful-drain").await;
         settle(&r, Timestamp::now()).await;
-        assert!(h.event(&name).is_none());
-        assert_eq!(h.statuses(&name), ["Pending", "Claimed", "Failed"]);
-        let history = h.api.history("lifecycleevents", &name);
+        assert!(h.event(&name).await.is_none());
+        assert_eq!(h.statuses(&name).await, ["Pending", "Claimed", "Failed"]);
+        let history = h.api.history("lifecycleevents", &name).await;
         let message = history
             .iter()
             .rev()
@@ -297,7 +320,7 @@ async fn driver_error_or_grpc_failure_fails_the_event() {
             .unwrap();
         assert!(message.contains(expect), "{message}");
         assert!(
-            h.condition().is_none(),
+            h.condition().await.is_none(),
             "a failed call does not touch the node"
         );
     }
@@ -305,7 +328,7 @@ async fn driver_error_or_grpc_failure_fails_the_event() {
 
 #[tokio::test]
 async fn sla_expiry_stops_the_driver_and_ends_sla_expired() {
-    let h = Harness::new();
+    let h = Harness::new().await;
     let driver = h.driver();
     driver.set_script(plugin::draining(usize::MAX));
     let r = h.reconciler().await;
@@ -313,10 +336,13 @@ async fn sla_expiry_stops_the_driver_and_ends_sla_expired() {
     let now = Timestamp::now();
     settle(&r, now).await;
     settle(&r, later(now, 600)).await;
-    assert!(h.event(&name).is_some());
+    assert!(h.event(&name).await.is_some());
     settle(&r, later(now, 901)).await;
-    assert!(h.event(&name).is_none());
-    assert_eq!(h.statuses(&name), ["Pending", "Claimed", "SlaExpired"]);
+    assert!(h.event(&name).await.is_none());
+    assert_eq!(
+        h.statuses(&name).await,
+        ["Pending", "Claimed", "SlaExpired"]
+    );
     assert_eq!(
         driver.calls().last(),
         Some(&Call::End {
@@ -328,35 +354,38 @@ async fn sla_expiry_stops_the_driver_and_ends_sla_expired() {
 
 #[tokio::test]
 async fn stale_end_reason_does_not_complete_a_new_event() {
-    let h = Harness::new();
+    let h = Harness::new().await;
     let driver = h.driver();
     let now = Timestamp::now();
-    h.set_condition("drain-complete", later(now, -3600));
+    h.set_condition("drain-complete", later(now, -3600)).await;
     let r = h.reconciler().await;
     let name = h.create_event("graceful-drain").await;
     settle(&r, now).await;
     assert_eq!(driver.starts(), 1, "the drain really ran");
     assert!(
-        h.event(&name).is_some(),
+        h.event(&name).await.is_some(),
         "not succeeded on the stale condition"
     );
     settle(&r, later(now, 10)).await;
-    assert_eq!(h.statuses(&name), ["Pending", "Claimed", "Succeeded"]);
+    assert_eq!(h.statuses(&name).await, ["Pending", "Claimed", "Succeeded"]);
 
     // A second drain of the same node later runs again, although drain-complete shows.
     driver.set_script(plugin::draining(2));
     let second = h.create_event("graceful-drain").await;
     settle(&r, later(now, 20)).await;
     assert_eq!(driver.starts(), 2);
-    assert!(h.event(&second).is_some());
+    assert!(h.event(&second).await.is_some());
     settle(&r, later(now, 30)).await;
     settle(&r, later(now, 40)).await;
-    assert_eq!(h.statuses(&second), ["Pending", "Claimed", "Succeeded"]);
+    assert_eq!(
+        h.statuses(&second).await,
+        ["Pending", "Claimed", "Succeeded"]
+    );
 }
 
 #[tokio::test]
 async fn restart_mid_transition_resumes_without_a_second_start() {
-    let h = Harness::new();
+    let h = Harness::new().await;
     let driver = h.driver();
     driver.set_script(plugin::draining(3));
     let name = h.create_event("graceful-drain").await;
@@ -366,7 +395,7 @@ async fn restart_mid_transition_resumes_without_a_second_start() {
         settle(&first, now).await;
     }
     assert_eq!(driver.starts(), 1);
-    let ev = h.event(&name).unwrap();
+    let ev = h.event(&name).await.unwrap();
     assert!(ev["metadata"]["annotations"]["graceful-drain.io/lifecycle-started-at"].is_string());
 
     let second = h.reconciler().await;
@@ -374,13 +403,13 @@ async fn restart_mid_transition_resumes_without_a_second_start() {
         settle(&second, later(now, 10 * i)).await;
     }
     assert_eq!(driver.starts(), 1, "{:?}", driver.calls());
-    assert!(h.event(&name).is_none());
-    assert_eq!(h.statuses(&name), ["Pending", "Claimed", "Succeeded"]);
+    assert!(h.event(&name).await.is_none());
+    assert_eq!(h.statuses(&name).await, ["Pending", "Claimed", "Succeeded"]);
 }
 
 #[tokio::test]
 async fn two_reconcilers_on_one_node_claim_once() {
-    let h = Harness::new();
+    let h = Harness::new().await;
     let _driver = h.driver();
     let name = h.create_event("graceful-drain").await;
     let (a, b) = (h.reconciler().await, h.reconciler().await);
@@ -403,13 +432,13 @@ async fn two_reconcilers_on_one_node_claim_once() {
         settle(&a, later(now, 10 * i)).await;
         settle(&b, later(now, 10 * i)).await;
     }
-    assert!(h.event(&name).is_none());
-    assert_eq!(h.statuses(&name), ["Pending", "Claimed", "Succeeded"]);
+    assert!(h.event(&name).await.is_none());
+    assert_eq!(h.statuses(&name).await, ["Pending", "Claimed", "Succeeded"]);
 }
 
 #[tokio::test]
 async fn one_claimed_event_per_node() {
-    let h = Harness::new();
+    let h = Harness::new().await;
     let driver = h.driver();
     driver.set_script(plugin::draining(usize::MAX));
     let first = h.create_event("graceful-drain").await;
@@ -417,9 +446,12 @@ async fn one_claimed_event_per_node() {
     let r = h.reconciler().await;
     let now = Timestamp::now();
     settle(&r, now).await;
-    assert_eq!(h.event(&first).unwrap()["status"]["claimStatus"], "Claimed");
+    assert_eq!(
+        h.event(&first).await.unwrap()["status"]["claimStatus"],
+        "Claimed"
+    );
     assert!(
-        h.event(&second).unwrap()["status"].is_null(),
+        h.event(&second).await.unwrap()["status"] == created_status(),
         "waits for the first"
     );
     let first_name = first.clone();
@@ -430,25 +462,31 @@ async fn one_claimed_event_per_node() {
     });
     settle(&r, later(now, 10)).await;
     settle(&r, later(now, 20)).await;
-    assert!(h.event(&first).is_none());
-    assert!(h.event(&second).is_none());
-    assert_eq!(h.statuses(&second), ["Pending", "Claimed", "Succeeded"]);
-    assert_eq!(h.condition().unwrap()["reason"], "maintenance-complete");
+    assert!(h.event(&first).await.is_none());
+    assert!(h.event(&second).await.is_none());
+    assert_eq!(
+        h.statuses(&second).await,
+        ["Pending", "Claimed", "Succeeded"]
+    );
+    assert_eq!(
+        h.condition().await.unwrap()["reason"],
+        "maintenance-complete"
+    );
 }
 
 #[tokio::test]
 async fn deleting_a_claimed_event_stops_the_driver_and_releases_it() {
-    let h = Harness::new();
+    let h = Harness::new().await;
     let driver = h.driver();
     driver.set_script(plugin::draining(usize::MAX));
     let r = h.reconciler().await;
     let name = h.create_event("graceful-drain").await;
     let now = Timestamp::now();
     settle(&r, now).await;
-    h.api.delete("lifecycleevents", &name);
-    assert!(h.event(&name).is_some(), "held by the finalizer");
+    h.api.delete("lifecycleevents", &name).await;
+    assert!(h.event(&name).await.is_some(), "held by the finalizer");
     settle(&r, later(now, 1)).await;
-    assert!(h.event(&name).is_none());
+    assert!(h.event(&name).await.is_none());
     assert_eq!(
         driver.calls().last(),
         Some(&Call::End {
@@ -460,7 +498,7 @@ async fn deleting_a_claimed_event_stops_the_driver_and_releases_it() {
 
 #[tokio::test]
 async fn writes_are_guarded_by_resource_version() {
-    let h = Harness::new();
+    let h = Harness::new().await;
     let _driver = h.driver();
     let r = h.reconciler().await;
     let name = h.create_event("graceful-drain").await;
@@ -488,10 +526,9 @@ async fn writes_are_guarded_by_resource_version() {
 
 #[tokio::test]
 async fn run_drives_events_from_the_watch_until_shutdown() {
-    let h = Harness::new();
+    let h = Harness::new().await;
     let _driver = h.driver();
-    // The CRD being served makes `auto` turn the reconciler on.
-    h.api.put("customresourcedefinitions", json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition", "metadata": {"name": "lifecycleevents.lifecycle.k8s.io"}}));
+    // The lifecycle CRDs the harness installs make `auto` turn the reconciler on.
     let args = ReconcilerArgs {
         mode: Mode::Auto,
         tick: Duration::from_millis(100),
@@ -504,22 +541,22 @@ async fn run_drives_events_from_the_watch_until_shutdown() {
     });
     let name = h.create_event("graceful-drain").await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while h.event(&name).is_some() {
+    while h.event(&name).await.is_some() {
         assert!(
             tokio::time::Instant::now() < deadline,
             "event not finished: {:?}",
-            h.event(&name)
+            h.event(&name).await
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(h.statuses(&name), ["Pending", "Claimed", "Succeeded"]);
+    assert_eq!(h.statuses(&name).await, ["Pending", "Claimed", "Succeeded"]);
     shutdown.cancel();
     task.await.unwrap().unwrap();
 }
 
 #[tokio::test]
 async fn auto_stays_off_when_the_api_is_built_in_and_off_returns_at_once() {
-    let h = Harness::new();
+    let h = Harness::new().await;
     let off = ReconcilerArgs {
         mode: Mode::Off,
         ..ReconcilerArgs::default()
@@ -529,13 +566,17 @@ async fn auto_stays_off_when_the_api_is_built_in_and_off_returns_at_once() {
         .unwrap();
     assert!(
         reconciler::auto_enabled(&h.api.client()).await.unwrap(),
+        "served by a CRD: on"
+    );
+    h.api.remove_lifecycle_api().await;
+    assert!(
+        reconciler::auto_enabled(&h.api.client()).await.unwrap(),
         "API not served: on, waiting for CRDs"
     );
-    // Served without a CRD object behind it: the discovery says lifecycleevents exist.
-    h.api.put(
-        "customresourcedefinitions",
-        json!({"metadata": {"name": "something-else.example.com"}}),
-    );
+    // Served without a CRD object behind it (built in): the discovery says
+    // lifecycleevents exist, the CRD lookup finds nothing.
+    let h = Harness::new().await;
+    h.api.hide_lifecycle_crds();
     assert!(!reconciler::auto_enabled(&h.api.client()).await.unwrap());
 }
 
@@ -570,7 +611,7 @@ fn spawn_reconciler(h: &Harness) -> CancellationToken {
 
 #[tokio::test]
 async fn cli_drain_follows_the_event_to_success() {
-    let h = Harness::new();
+    let h = Harness::new().await;
     let driver = h.driver();
     driver.set_script(plugin::draining(3));
     let stop = spawn_reconciler(&h);
@@ -583,9 +624,9 @@ async fn cli_drain_follows_the_event_to_success() {
     .await
     .unwrap();
     assert!(name.starts_with("worker-1-drain-"), "{name}");
-    assert!(h.event(&name).is_none());
-    assert_eq!(h.statuses(&name), ["Pending", "Claimed", "Succeeded"]);
-    assert_eq!(h.condition().unwrap()["reason"], "drain-complete");
+    h.api.wait_deleted("lifecycleevents", &name).await;
+    assert_eq!(h.statuses(&name).await, ["Pending", "Claimed", "Succeeded"]);
+    assert_eq!(h.condition().await.unwrap()["reason"], "drain-complete");
 
     // uncordon runs the maintenance-complete transition the same way.
     driver.set_script(|call, _| match call {
@@ -604,23 +645,28 @@ async fn cli_drain_follows_the_event_to_success() {
     .await
     .unwrap();
     assert!(name.starts_with("worker-1-uncordon-"), "{name}");
-    assert_eq!(h.condition().unwrap()["reason"], "maintenance-complete");
+    assert_eq!(
+        h.condition().await.unwrap()["reason"],
+        "maintenance-complete"
+    );
     stop.cancel();
 }
 
 #[tokio::test]
 async fn cli_drain_past_its_sla_fails_naming_the_blocking_pods() {
-    let h = Harness::new();
-    h.api.put(
-        "lifecycletransitions",
-        transition("graceful-drain", "drain-started", "drain-complete", "1s"),
-    );
+    let h = Harness::new().await;
+    h.api
+        .put(
+            "lifecycletransitions",
+            transition("graceful-drain", "drain-started", "drain-complete", "1s"),
+        )
+        .await;
     let driver = h.driver();
     driver.set_script(plugin::draining(usize::MAX));
-    let mut node = h.api.get("nodes", NODE).unwrap();
+    let mut node = h.api.get("nodes", NODE).await.unwrap();
     node["status"]["conditions"] = json!([{"type": "DrainInProgress", "status": "True", "reason": "PodsBlocked",
         "message": "1 pod left: shop/web-0 blocked by PodDisruptionBudget shop/web"}]);
-    h.api.put("nodes", node);
+    h.api.put("nodes", node).await;
     let stop = spawn_reconciler(&h);
     let err = ctl::execute(
         &h.api.client(),
@@ -647,7 +693,7 @@ async fn cli_drain_past_its_sla_fails_naming_the_blocking_pods() {
 
 #[tokio::test]
 async fn cli_reports_missing_node_transition_and_crds() {
-    let h = Harness::new();
+    let h = Harness::new().await;
     let client = h.api.client();
     let none = CancellationToken::new();
     let mut r = request("drain", "graceful-drain", Duration::from_secs(1));
@@ -668,7 +714,7 @@ async fn cli_reports_missing_node_transition_and_crds() {
         "{err}"
     );
 
-    h.api.remove_lifecycle_api();
+    h.api.remove_lifecycle_api().await;
     let err = ctl::execute(
         &client,
         &request("drain", "graceful-drain", Duration::from_secs(1)),
@@ -686,12 +732,15 @@ async fn cli_reports_missing_node_transition_and_crds() {
             .contains("graceful-drain crds | kubectl apply -f -"),
         "{err}"
     );
-    assert!(h.api.list("lifecycleevents").is_empty(), "nothing created");
+    assert!(
+        h.api.list("lifecycleevents").await.is_empty(),
+        "nothing created"
+    );
 }
 
 #[tokio::test]
 async fn cli_timeout_without_a_driver_says_the_event_was_never_claimed() {
-    let h = Harness::new();
+    let h = Harness::new().await;
     let err = ctl::execute(
         &h.api.client(),
         &request("drain", "graceful-drain", Duration::from_millis(300)),
@@ -703,7 +752,7 @@ async fn cli_timeout_without_a_driver_says_the_event_was_never_claimed() {
     assert!(text.contains("not finished after"), "{text}");
     assert!(text.contains("never claimed"), "{text}");
     assert_eq!(
-        h.api.list("lifecycleevents").len(),
+        h.api.list("lifecycleevents").await.len(),
         1,
         "the event stays for the agent"
     );
@@ -711,7 +760,7 @@ async fn cli_timeout_without_a_driver_says_the_event_was_never_claimed() {
 
 #[tokio::test]
 async fn cli_without_wait_creates_once_and_joins_a_running_drain() {
-    let h = Harness::new();
+    let h = Harness::new().await;
     let mut r = request("drain", "graceful-drain", Duration::from_secs(1));
     r.wait = false;
     let client = h.api.client();
@@ -722,13 +771,13 @@ async fn cli_without_wait_creates_once_and_joins_a_running_drain() {
         .await
         .unwrap();
     assert_eq!(first, again, "a second drain joins the running one");
-    assert_eq!(h.api.list("lifecycleevents").len(), 1);
+    assert_eq!(h.api.list("lifecycleevents").await.len(), 1);
 }
 
 #[tokio::test]
 async fn status_lists_events_and_node_conditions() {
-    let h = Harness::new();
-    h.set_condition("drain-complete", Timestamp::now());
+    let h = Harness::new().await;
+    h.set_condition("drain-complete", Timestamp::now()).await;
     let name = h.create_event("graceful-drain").await;
     let text = ctl::status::render(&h.api.client(), Some(NODE), Timestamp::now())
         .await
@@ -747,7 +796,7 @@ async fn status_lists_events_and_node_conditions() {
 
 #[tokio::test]
 async fn unreachable_driver_is_retried_not_failed() {
-    let h = Harness::new();
+    let h = Harness::new().await;
     let driver = h.driver();
     driver.set_script(|_, _| Reply::Grpc(tonic::Code::Unavailable));
     let r = h.reconciler().await;
@@ -756,7 +805,7 @@ async fn unreachable_driver_is_retried_not_failed() {
     settle(&r, now).await;
     settle(&r, later(now, 10)).await;
     assert_eq!(
-        h.event(&name).unwrap()["status"]["claimStatus"],
+        h.event(&name).await.unwrap()["status"]["claimStatus"],
         "Claimed",
         "not failed"
     );
@@ -776,14 +825,17 @@ async fn unreachable_driver_is_retried_not_failed() {
     }
     drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
     settle(&r, later(now, 20)).await;
-    assert_eq!(h.event(&name).unwrap()["status"]["claimStatus"], "Claimed");
+    assert_eq!(
+        h.event(&name).await.unwrap()["status"]["claimStatus"],
+        "Claimed"
+    );
     let restarted = CancellationToken::new();
     let back = plugin::serve(&h.dirs, DRIVER, "SLMPlugin", restarted.clone());
     for i in 3..6 {
         settle(&r, later(now, 10 * i)).await;
     }
-    assert!(h.event(&name).is_none());
-    assert_eq!(h.statuses(&name), ["Pending", "Claimed", "Succeeded"]);
+    assert!(h.event(&name).await.is_none());
+    assert_eq!(h.statuses(&name).await, ["Pending", "Claimed", "Succeeded"]);
     assert!(back.starts() >= 1);
     restarted.cancel();
 }

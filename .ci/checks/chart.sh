@@ -159,7 +159,8 @@ done
 say "${#bad_values[@]} bad values rejected by template and lint: ok"
 
 echo "chart: the binary accepts the rendered command lines"
-BIN="${GRACEFUL_DRAIN_BIN:-target/debug/graceful-drain}"
+# The binary `cargo build` wrote, wherever CARGO_TARGET_DIR puts it.
+BIN="${GRACEFUL_DRAIN_BIN:-${CARGO_TARGET_DIR:-target}/debug/graceful-drain}"
 # A subcommand still stubbed on this branch has only the shared flags (--kubeconfig,
 # --context, --log-format, --help, --version); its check waits for the real one.
 implemented() { [ "$("$BIN" "$1" --help 2>/dev/null | grep -cE '^ *(-[a-zA-Z], )?--[a-z]')" -gt 5 ]; }

@@ -1,4 +1,4 @@
-//! The drain engine: evicts a node's pods like `kubectl drain` (DESIGN §4) and waits until
+//! The drain engine: evicts a node's pods like `kubectl drain` (docs/design.md §4) and waits until
 //! every one of them is really gone, retrying refused evictions and saying why they are
 //! refused instead of giving up.
 //!
@@ -208,8 +208,8 @@ fn webhook_name(message: &str) -> Option<&str> {
     rest.split('"').next()
 }
 
-/// Classifies an answer to an eviction or delete request (DESIGN §4: 201 evicted, 404 gone,
-/// 409 precondition failed, 429 PDB, 500 several PDBs).
+/// Classifies an answer to an eviction or delete request (docs/design.md §4: 201 evicted,
+/// 404 gone, 409 precondition failed, 429 PDB, 500 several PDBs).
 pub fn classify_answer(status: StatusCode, retry_after: Option<Duration>, body: &[u8]) -> Answer {
     let message = serde_json::from_slice::<serde_json::Value>(body)
         .ok()
@@ -264,8 +264,8 @@ fn is_disruption_budget(body: &[u8], message: &str) -> bool {
     has_cause || message.to_ascii_lowercase().contains("disruption budget")
 }
 
-/// Delay before retry number `attempt` (0-based): exponential from [`RETRY_BASE`], capped
-/// at [`RETRY_CAP`], with `jitter` in [0, 1) spreading it over its upper half so pods
+/// Delay before retry number `attempt` (0-based): exponential from `RETRY_BASE`, capped
+/// at `RETRY_CAP`, with `jitter` in [0, 1) spreading it over its upper half so pods
 /// blocked by the same PDB do not retry in lockstep; never shorter than `Retry-After`.
 pub fn retry_delay(attempt: u32, retry_after: Option<Duration>, jitter: f64) -> Duration {
     let exp = RETRY_BASE.saturating_mul(2u32.saturating_pow(attempt.min(16)));
@@ -386,7 +386,7 @@ async fn evict_pod(ctx: Arc<TaskCtx>, pod: Pod) {
             match ctx.request(&key, &uid) {
                 Ok(request) => send(&ctx.client, request).await,
                 Err(error) => {
-                    tracing::error!(pod = %key, %error, "build eviction request");
+                    tracing::error!(pod = %key, error = %crate::error::chain(&error), "build eviction request");
                     return;
                 }
             }
@@ -716,7 +716,7 @@ impl Engine {
     /// A failed watch retries on its own; say so in the log and (rate-limited) on the Node,
     /// so a drain stuck on, say, missing permissions is not silent.
     async fn watch_failed(&self, error: &watcher::Error) {
-        tracing::warn!(node = %self.node, %error, "watch pods");
+        tracing::warn!(node = %self.node, error = %crate::error::chain(error), "watch pods");
         let message = format!("watch pods on node {} (retrying): {error}", self.node);
         let reason = reason::POD_WATCH_FAILED;
         self.events
@@ -810,7 +810,7 @@ impl Engine {
                 _ = recheck.tick() => evict_lost(&mut state, &mut tasks, &ctx),
                 Some(joined) = tasks.join_next() => {
                     if let Err(error) = joined {
-                        tracing::error!(%error, "eviction task failed");
+                        tracing::error!(error = %crate::error::chain(&error), "eviction task failed");
                     }
                 }
                 () = sleep_until(deadline) => {
@@ -860,7 +860,7 @@ impl Engine {
             Ok(Some(uids)) if !is_selected(Some(&uids), &pod) => return,
             Ok(_) => {}
             Err(error) => {
-                tracing::warn!(pod = %key, %error, "new pod left alone: cannot tell whether --pod-selector selects it");
+                tracing::warn!(pod = %key, error = %crate::error::chain(&error), "new pod left alone: cannot tell whether --pod-selector selects it");
                 return;
             }
         }

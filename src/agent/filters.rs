@@ -1,4 +1,4 @@
-//! Which pods a drain evicts, skips or refuses: kubectl's drain filters (DESIGN §4), as
+//! Which pods a drain evicts, skips or refuses: kubectl's drain filters (docs/design.md §4), as
 //! pure functions of a pod, the drain options and the current time.
 //!
 //! Filters run in kubectl's order and the first one that does not pass decides:
@@ -342,73 +342,19 @@ pub fn plan<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, PodSpec, PodStatus, Volume};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use crate::fixtures::{self, PodFixture};
 
     fn now() -> jiff::Timestamp {
         "2026-01-01T12:00:00Z".parse().unwrap()
     }
 
-    /// A running pod `default/<name>`, built up by the methods below.
+    /// A running pod `default/<name>`.
     fn pod(name: &str) -> Pod {
-        let mut pod = Pod::default();
-        pod.metadata.name = Some(name.into());
-        pod.metadata.namespace = Some("default".into());
-        pod.status = Some(PodStatus {
-            phase: Some("Running".into()),
-            ..PodStatus::default()
-        });
-        pod
+        fixtures::pod(name).running()
     }
 
-    trait Build {
-        fn owned_by(self, kind: &str) -> Self;
-        fn empty_dir(self) -> Self;
-        fn mirror(self) -> Self;
-        fn phase(self, phase: &str) -> Self;
-        fn deleted_secs_ago(self, secs: i64) -> Self;
-    }
-
-    impl Build for Pod {
-        fn owned_by(mut self, kind: &str) -> Self {
-            self.metadata.owner_references = Some(vec![OwnerReference {
-                api_version: "apps/v1".into(),
-                kind: kind.into(),
-                name: "owner".into(),
-                uid: "owner-uid".into(),
-                controller: Some(true),
-                ..OwnerReference::default()
-            }]);
-            self
-        }
-        fn empty_dir(mut self) -> Self {
-            self.spec = Some(PodSpec {
-                volumes: Some(vec![Volume {
-                    name: "scratch".into(),
-                    empty_dir: Some(EmptyDirVolumeSource::default()),
-                    ..Volume::default()
-                }]),
-                ..PodSpec::default()
-            });
-            self
-        }
-        fn mirror(mut self) -> Self {
-            self.metadata.annotations =
-                Some([(MIRROR_POD_ANNOTATION.to_string(), "hash".to_string())].into());
-            self
-        }
-        fn phase(mut self, phase: &str) -> Self {
-            self.status = Some(PodStatus {
-                phase: Some(phase.into()),
-                ..PodStatus::default()
-            });
-            self
-        }
-        fn deleted_secs_ago(mut self, secs: i64) -> Self {
-            let at = now() - jiff::SignedDuration::from_secs(secs);
-            self.metadata.deletion_timestamp = Some(Time(at));
-            self
-        }
+    fn ago(secs: i64) -> jiff::Timestamp {
+        now() - jiff::SignedDuration::from_secs(secs)
     }
 
     fn opts(ignore_ds: bool, emptydir: bool, force: bool) -> FilterOptions {
@@ -428,35 +374,35 @@ mod tests {
         let cases: Vec<(&str, Pod, FilterOptions, DaemonSetLookup, Verdict)> = vec![
             (
                 "replicated pod",
-                pod("a").owned_by("ReplicaSet"),
+                pod("a").owned_by("ReplicaSet", "owner"),
                 strict.clone(),
                 DaemonSetLookup::Exists,
                 Evict(None),
             ),
             (
                 "DaemonSet pod refused",
-                pod("a").owned_by("DaemonSet"),
+                pod("a").owned_by("DaemonSet", "owner"),
                 strict.clone(),
                 DaemonSetLookup::Exists,
                 Refuse(Refusal::DaemonSet),
             ),
             (
                 "DaemonSet pod skipped",
-                pod("a").owned_by("DaemonSet"),
+                pod("a").owned_by("DaemonSet", "owner"),
                 lax.clone(),
                 DaemonSetLookup::Exists,
                 Skip(super::Skip::DaemonSet),
             ),
             (
                 "orphaned DaemonSet pod with force",
-                pod("a").owned_by("DaemonSet"),
+                pod("a").owned_by("DaemonSet", "owner"),
                 lax.clone(),
                 DaemonSetLookup::NotFound,
                 Evict(Some(Warning::OrphanedDaemonSetPod)),
             ),
             (
                 "orphaned DaemonSet pod without force",
-                pod("a").owned_by("DaemonSet"),
+                pod("a").owned_by("DaemonSet", "owner"),
                 strict.clone(),
                 DaemonSetLookup::NotFound,
                 Refuse(Refusal::DaemonSetLookup(
@@ -465,56 +411,60 @@ mod tests {
             ),
             (
                 "DaemonSet lookup failure",
-                pod("a").owned_by("DaemonSet"),
+                pod("a").owned_by("DaemonSet", "owner"),
                 lax.clone(),
                 DaemonSetLookup::Failed("boom".into()),
                 Refuse(Refusal::DaemonSetLookup("boom".into())),
             ),
             (
                 "finished DaemonSet pod passes",
-                pod("a").owned_by("DaemonSet").phase("Succeeded"),
+                pod("a").owned_by("DaemonSet", "owner").phase("Succeeded"),
                 strict.clone(),
                 DaemonSetLookup::Failed("not asked".into()),
                 Evict(None),
             ),
             (
                 "DaemonSet filter before mirror",
-                pod("a").owned_by("DaemonSet").mirror(),
+                pod("a")
+                    .owned_by("DaemonSet", "owner")
+                    .annotate(MIRROR_POD_ANNOTATION, "hash"),
                 strict.clone(),
                 DaemonSetLookup::Exists,
                 Refuse(Refusal::DaemonSet),
             ),
             (
                 "mirror pod skipped",
-                pod("a").mirror(),
+                pod("a").annotate(MIRROR_POD_ANNOTATION, "hash"),
                 strict.clone(),
                 DaemonSetLookup::Exists,
                 Skip(super::Skip::Mirror),
             ),
             (
                 "mirror before emptyDir",
-                pod("a").mirror().empty_dir(),
+                pod("a").annotate(MIRROR_POD_ANNOTATION, "hash").empty_dir(),
                 strict.clone(),
                 DaemonSetLookup::Exists,
                 Skip(super::Skip::Mirror),
             ),
             (
                 "finished mirror pod still skipped",
-                pod("a").mirror().phase("Failed"),
+                pod("a")
+                    .annotate(MIRROR_POD_ANNOTATION, "hash")
+                    .phase("Failed"),
                 strict.clone(),
                 DaemonSetLookup::Exists,
                 Skip(super::Skip::Mirror),
             ),
             (
                 "emptyDir refused",
-                pod("a").owned_by("ReplicaSet").empty_dir(),
+                pod("a").owned_by("ReplicaSet", "owner").empty_dir(),
                 strict.clone(),
                 DaemonSetLookup::Exists,
                 Refuse(Refusal::LocalStorage),
             ),
             (
                 "emptyDir allowed",
-                pod("a").owned_by("ReplicaSet").empty_dir(),
+                pod("a").owned_by("ReplicaSet", "owner").empty_dir(),
                 lax.clone(),
                 DaemonSetLookup::Exists,
                 Evict(Some(Warning::LocalStorage)),
@@ -528,7 +478,10 @@ mod tests {
             ),
             (
                 "finished emptyDir pod passes",
-                pod("a").owned_by("Job").empty_dir().phase("Failed"),
+                pod("a")
+                    .owned_by("Job", "owner")
+                    .empty_dir()
+                    .phase("Failed"),
                 strict.clone(),
                 DaemonSetLookup::Exists,
                 Evict(None),
@@ -556,7 +509,9 @@ mod tests {
             ),
             (
                 "terminating pod still evicted without skip timeout",
-                pod("a").owned_by("ReplicaSet").deleted_secs_ago(3600),
+                pod("a")
+                    .owned_by("ReplicaSet", "owner")
+                    .deleting(ago(3600), None),
                 strict.clone(),
                 DaemonSetLookup::Exists,
                 Evict(None),
@@ -572,9 +527,11 @@ mod tests {
     fn skip_wait_for_delete_timeout_skips_only_long_terminating_pods() {
         let mut o = opts(false, false, false);
         o.skip_wait_for_delete_timeout = Some(Duration::from_secs(60));
-        let old = pod("old").deleted_secs_ago(61);
-        let recent = pod("recent").owned_by("ReplicaSet").deleted_secs_ago(30);
-        let bare_recent = pod("bare").deleted_secs_ago(30);
+        let old = pod("old").deleting(ago(61), None);
+        let recent = pod("recent")
+            .owned_by("ReplicaSet", "owner")
+            .deleting(ago(30), None);
+        let bare_recent = pod("bare").deleting(ago(30), None);
         let lookup = |_: &OwnerReference| DaemonSetLookup::Exists;
         // The skip filter runs first: an old terminating bare pod does not refuse the drain.
         assert_eq!(
@@ -597,11 +554,11 @@ mod tests {
     #[test]
     fn plan_lists_every_refusal_before_evicting_anything() {
         let pods = vec![
-            pod("web").owned_by("ReplicaSet"),
+            pod("web").owned_by("ReplicaSet", "owner"),
             pod("bare-1"),
-            pod("cache").owned_by("ReplicaSet").empty_dir(),
+            pod("cache").owned_by("ReplicaSet", "owner").empty_dir(),
             pod("bare-2"),
-            pod("agent").owned_by("DaemonSet"),
+            pod("agent").owned_by("DaemonSet", "owner"),
         ];
         let refused = plan(&pods, &FilterOptions::default(), now(), |_, _| {
             DaemonSetLookup::Exists
@@ -656,10 +613,10 @@ mod tests {
     #[test]
     fn plan_evicts_skips_and_warns() {
         let pods = vec![
-            pod("web").owned_by("ReplicaSet"),
-            pod("agent").owned_by("DaemonSet"),
-            pod("static").mirror(),
-            pod("cache").owned_by("ReplicaSet").empty_dir(),
+            pod("web").owned_by("ReplicaSet", "owner"),
+            pod("agent").owned_by("DaemonSet", "owner"),
+            pod("static").annotate(MIRROR_POD_ANNOTATION, "hash"),
+            pod("cache").owned_by("ReplicaSet", "owner").empty_dir(),
             pod("bare"),
         ];
         let mut asked = Vec::new();

@@ -52,10 +52,10 @@ pub struct Args {
     /// Driver name registered with the kubelet and named by our LifecycleTransitions.
     #[arg(long, default_value = DEFAULT_DRIVER, env = "GRACEFUL_DRAIN_DRIVER_NAME")]
     pub driver_name: String,
-    /// Folder of plugin service sockets; ours is <plugins-dir>/<driver>/slm.sock.
+    /// Folder of plugin service sockets; ours is `<plugins-dir>/<driver>/slm.sock`.
     #[arg(long, default_value = "/var/lib/kubelet/plugins", value_name = "DIR")]
     pub plugins_dir: PathBuf,
-    /// Folder the kubelet's plugin watcher scans; ours is <registry-dir>/<driver>-reg.sock.
+    /// Folder the kubelet's plugin watcher scans; ours is `<registry-dir>/<driver>-reg.sock`.
     #[arg(
         long,
         default_value = "/var/lib/kubelet/plugins_registry",
@@ -399,7 +399,9 @@ async fn publish_until_done(
         loop {
             match transitions::publish(client, transition).await {
                 Ok(()) => break,
-                Err(error) => tracing::warn!(%error, retry_in = ?delay, "publish transition"),
+                Err(error) => {
+                    tracing::warn!(error = %crate::error::chain(&error), retry_in = ?delay, "publish transition")
+                }
             }
             tokio::select! {
                 () = shutdown.cancelled() => return,

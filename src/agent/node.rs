@@ -45,7 +45,7 @@ pub const API_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The API server refused or failed the call.
-    #[error("{action} node {node}: {source}")]
+    #[error("{action} node {node}")]
     Api {
         action: &'static str,
         node: String,
@@ -55,6 +55,9 @@ pub enum Error {
     /// The call did not finish within [`API_TIMEOUT`].
     #[error("{action} node {node}: timed out after {API_TIMEOUT:?}")]
     Timeout { action: &'static str, node: String },
+    /// The node read back after an uncordon is still unschedulable.
+    #[error("node {node} is still unschedulable after uncordon")]
+    StillCordoned { node: String },
 }
 
 /// Result alias of this module.
@@ -297,9 +300,7 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn node() -> Node {
-        let mut node = Node::default();
-        node.metadata.name = Some("n1".into());
-        node
+        crate::fixtures::node("n1")
     }
 
     #[test]

@@ -351,7 +351,7 @@ async fn record_stop(inner: &Inner, reason: String) {
         Ok::<(), node::Error>(())
     };
     if let Err(error) = result.await {
-        tracing::warn!(node = %inner.node, %error, "record the stopped drain");
+        tracing::warn!(node = %inner.node, error = %crate::error::chain(&error), "record the stopped drain");
     }
 }
 
@@ -372,7 +372,7 @@ async fn retry<T, E, F, Fut>(
     mut f: F,
 ) -> Option<T>
 where
-    E: std::fmt::Display,
+    E: std::error::Error + 'static,
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
@@ -383,6 +383,7 @@ where
             result = f() => match result {
                 Ok(value) => return Some(value),
                 Err(error) => {
+                    let error = crate::error::chain(&error).to_string();
                     tracing::warn!(node = %inner.node, %error, retry_in = ?delay, "{what}");
                     // Said on the Node too (rate-limited), so a stuck step is visible.
                     let message = format!("{what} (retrying): {error}");
@@ -526,7 +527,9 @@ impl Run {
                 };
                 match self.write_conditions(&[condition]).await {
                     Ok(()) => written = message,
-                    Err(error) => tracing::warn!(%error, "update drain progress condition"),
+                    Err(error) => {
+                        tracing::warn!(error = %crate::error::chain(&error), "update drain progress condition")
+                    }
                 }
             }
             tokio::time::sleep(CONDITION_UPDATE_INTERVAL).await;
@@ -605,14 +608,10 @@ impl Run {
 
     /// Uncordons, removes our label, clears the drain conditions, and confirms the node is
     /// schedulable by reading it back.
-    async fn uncordon(&self) -> Result<(), String> {
+    async fn uncordon(&self) -> node::Result<()> {
         let inner = &self.inner;
-        let current = node::get(&inner.client, &inner.node)
-            .await
-            .map_err(|e| e.to_string())?;
-        let patched = node::uncordon(&inner.client, &current)
-            .await
-            .map_err(|e| e.to_string())?;
+        let current = node::get(&inner.client, &inner.node).await?;
+        let patched = node::uncordon(&inner.client, &current).await?;
         let message = "node returned to service".to_string();
         let conditions: Vec<Condition> = [DRAIN_IN_PROGRESS, DRAINED]
             .into_iter()
@@ -620,18 +619,13 @@ impl Run {
             .map(|t| condition(t, false, cond::UNCORDONED, message.clone()))
             .collect();
         if !conditions.is_empty() {
-            node::set_conditions(&inner.client, &patched, &conditions)
-                .await
-                .map_err(|e| e.to_string())?;
+            node::set_conditions(&inner.client, &patched, &conditions).await?;
         }
-        let confirmed = node::get(&inner.client, &inner.node)
-            .await
-            .map_err(|e| e.to_string())?;
+        let confirmed = node::get(&inner.client, &inner.node).await?;
         if node::is_cordoned(&confirmed) {
-            return Err(format!(
-                "node {} is still unschedulable after uncordon",
-                inner.node
-            ));
+            return Err(node::Error::StillCordoned {
+                node: inner.node.clone(),
+            });
         }
         Ok(())
     }
@@ -682,7 +676,8 @@ fn drain_outcome(ended: Ended, took: Duration, remaining: &str) -> Option<DrainE
             })
         }
         Ended::Done(Err(error)) => {
-            let phase = Phase::Failed(error.to_string());
+            let error = crate::error::chain(&error).to_string();
+            let phase = Phase::Failed(error.clone());
             let message = format!("{error}; {RELEASED}");
             Some(stopped(
                 phase,

@@ -1,4 +1,4 @@
-//! Kubelet plugin registration (the plugin watcher's `Registration` service, DESIGN §3)
+//! Kubelet plugin registration (the plugin watcher's `Registration` service, docs/design.md §3)
 //! and the unix sockets both gRPC services listen on.
 //!
 //! The kubelet finds `<registry-dir>/<driver>-reg.sock`, calls `GetInfo` to learn our type
@@ -29,21 +29,21 @@ pub const READINESS_CHECK: &str = "kubelet-registration";
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The socket's folder could not be created.
-    #[error("create socket folder {path}: {source}")]
+    #[error("create socket folder {path}")]
     CreateDir {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
     /// A stale socket could not be removed.
-    #[error("remove stale socket {path}: {source}")]
+    #[error("remove stale socket {path}")]
     RemoveStale {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
     /// The socket could not be bound.
-    #[error("listen on {path}: {source}")]
+    #[error("listen on {path}")]
     Bind {
         path: PathBuf,
         #[source]
@@ -123,7 +123,9 @@ pub fn remove(path: &Path) {
     match std::fs::remove_file(path) {
         Ok(()) => tracing::info!(path = %path.display(), "removed socket"),
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-        Err(error) => tracing::warn!(path = %path.display(), %error, "remove socket"),
+        Err(error) => {
+            tracing::warn!(path = %path.display(), error = %crate::error::chain(&error), "remove socket")
+        }
     }
 }
 

@@ -231,7 +231,7 @@ impl NodeEvents {
     }
 
     /// Posts an Event unless one with the same `reason` and non-empty `key` was posted
-    /// within [`EVENT_REPEAT_INTERVAL`] (an empty key is never rate-limited). Failures are
+    /// within `EVENT_REPEAT_INTERVAL` (an empty key is never rate-limited). Failures are
     /// logged, never fatal: an Event is a report, not part of the drain.
     pub async fn post(&self, type_: EventType, reason: &str, key: &str, message: String) {
         if !key.is_empty() && !self.first_in_interval(reason, key) {
@@ -242,7 +242,9 @@ impl NodeEvents {
         let api: Api<Event> = Api::namespaced(self.client.clone(), NODE_EVENT_NAMESPACE);
         match tokio::time::timeout(API_TIMEOUT, api.create(&PostParams::default(), &event)).await {
             Ok(Ok(_)) => {}
-            Ok(Err(error)) => tracing::warn!(%error, reason, "post node event"),
+            Ok(Err(error)) => {
+                tracing::warn!(error = %crate::error::chain(&error), reason, "post node event")
+            }
             Err(_) => tracing::warn!(reason, "post node event: timed out"),
         }
     }

@@ -1,4 +1,4 @@
-//! The SLMPlugin gRPC service (DESIGN §3): `StartLifecycleTransition` and
+//! The SLMPlugin gRPC service (docs/design.md §3): `StartLifecycleTransition` and
 //! `EndLifecycleTransition` for our two transitions, answered from the agent's in-memory
 //! state at once — the work itself runs in [`super::ops`] tasks, because the
 //! kubelet gives up on a call after 45 s.
@@ -25,6 +25,28 @@ pub struct TransitionNames {
 }
 
 /// The SLMPlugin service.
+/// Why a Start or End request is refused; the message goes back in the response's `error`.
+#[derive(Debug, thiserror::Error)]
+pub enum Refused {
+    /// The request names another node than the one this agent serves.
+    #[error("transition {transition:?} for node {node:?}: this driver serves node {ours:?}")]
+    OtherNode {
+        transition: String,
+        node: String,
+        ours: String,
+    },
+    /// The request names a transition this driver does not offer.
+    #[error(
+        "unknown transition {transition:?} on node {node:?}: this driver offers {drain:?} and {maintenance:?}"
+    )]
+    UnknownTransition {
+        transition: String,
+        node: String,
+        drain: String,
+        maintenance: String,
+    },
+}
+
 #[derive(Clone)]
 pub struct SlmService {
     agent: Agent,
@@ -52,22 +74,25 @@ impl SlmService {
         node: &str,
         start: &str,
         end: &str,
-    ) -> Result<Target, String> {
+    ) -> Result<Target, Refused> {
         if node != self.agent.node() {
-            return Err(format!(
-                "transition {transition:?} for node {node:?}: this driver serves node {:?}",
-                self.agent.node()
-            ));
+            return Err(Refused::OtherNode {
+                transition: transition.to_owned(),
+                node: node.to_owned(),
+                ours: self.agent.node().to_owned(),
+            });
         }
         let (kind, default_start, default_end) = if transition == self.transitions.drain {
             (OpKind::Drain, DRAIN_STARTED, DRAIN_COMPLETE)
         } else if transition == self.transitions.maintenance {
             (OpKind::Maintenance, UNCORDONING, MAINTENANCE_COMPLETE)
         } else {
-            return Err(format!(
-                "unknown transition {transition:?} on node {node:?}: this driver offers {:?} and {:?}",
-                self.transitions.drain, self.transitions.maintenance
-            ));
+            return Err(Refused::UnknownTransition {
+                transition: transition.to_owned(),
+                node: node.to_owned(),
+                drain: self.transitions.drain.clone(),
+                maintenance: self.transitions.maintenance.clone(),
+            });
         };
         let pick = |given: &str, default: &str| {
             if given.is_empty() {
@@ -98,7 +123,7 @@ impl SlmService {
         match self.target(&req.transition_name, &req.node_name, &req.start, &req.end) {
             Err(error) => {
                 tracing::warn!(%error, "refused StartLifecycleTransition");
-                self.answer(String::new(), error).into_inner()
+                self.answer(String::new(), error.to_string()).into_inner()
             }
             Ok(target) => {
                 self.agent.begin(target.kind, event_name(&req.event_name));
@@ -116,7 +141,7 @@ impl SlmService {
             Ok(target) => target,
             Err(error) => {
                 tracing::warn!(%error, "refused EndLifecycleTransition");
-                return self.answer(String::new(), error).into_inner();
+                return self.answer(String::new(), error.to_string()).into_inner();
             }
         };
         let node = self.agent.node();

@@ -18,7 +18,7 @@ use crate::lifecycle::{
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The API server refused or failed the call.
-    #[error("publish LifecycleTransition {name}: {source}")]
+    #[error("publish LifecycleTransition {name}")]
     Api {
         name: String,
         #[source]

@@ -306,7 +306,7 @@ impl Follower<'_> {
         match self.events.watch(&params, &self.rv).await {
             Ok(stream) => Some(stream.boxed()),
             Err(error) => {
-                tracing::debug!(%error, "watch lifecycleevent; retrying");
+                tracing::debug!(error = %crate::error::chain(&error), "watch lifecycleevent; retrying");
                 None
             }
         }
@@ -349,7 +349,9 @@ impl Follower<'_> {
                 self.seen.deleted = true;
                 self.reload_node().await;
             }
-            Err(error) => tracing::debug!(%error, "get lifecycleevent"),
+            Err(error) => {
+                tracing::debug!(error = %crate::error::chain(&error), "get lifecycleevent")
+            }
         }
     }
 

@@ -4,7 +4,7 @@
 //! LifecycleEvent bound to the node (or follow one already running for it), then
 //! [`follow`] it live until it ends: Succeeded exits 0; Failed, SlaExpired or the
 //! `--timeout` exit non-zero naming what blocked the drain. `status` prints the
-//! events and the nodes' transition conditions ([`status`]).
+//! events and the nodes' transition conditions ([`mod@status`]).
 
 pub mod display;
 pub mod follow;
@@ -61,7 +61,7 @@ pub enum Error {
     )]
     TransitionNotFound { name: String },
     /// An API call failed.
-    #[error("{what}: {source}")]
+    #[error("{what}")]
     Kube {
         what: String,
         #[source]

@@ -24,7 +24,7 @@ const APPROVAL_VALUE: &str = "unapproved, experimental-only";
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A generated CRD could not be converted (a bug in this module).
-    #[error("build CRD {name}: {source}")]
+    #[error("build CRD {name}")]
     Convert {
         name: &'static str,
         #[source]
@@ -37,8 +37,8 @@ pub enum Error {
         path: &'static str,
     },
     /// YAML output failed.
-    #[error("render CRDs as YAML: {0}")]
-    Yaml(String),
+    #[error("render CRDs as YAML")]
+    Yaml(#[source] serde_saphyr::ser::Error),
 }
 
 /// Arguments of `graceful-drain crds`.
@@ -68,7 +68,7 @@ pub fn render_yaml() -> Result<String, Error> {
     );
     for crd in crds()? {
         out.push_str("---\n");
-        out.push_str(&serde_saphyr::to_string(&crd).map_err(|e| Error::Yaml(e.to_string()))?);
+        out.push_str(&serde_saphyr::to_string(&crd).map_err(Error::Yaml)?);
     }
     Ok(out)
 }

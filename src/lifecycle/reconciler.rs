@@ -1,4 +1,4 @@
-//! The lifecycle reconciler: plays the kubelet's SLM role (DESIGN §3) on clusters whose
+//! The lifecycle reconciler: plays the kubelet's SLM role (docs/design.md §3) on clusters whose
 //! kubelet lacks it. Runs inside the node agent, one per node, and talks to the driver
 //! over the same unix-socket gRPC the kubelet would use.
 //!
@@ -41,9 +41,9 @@ use super::LifecycleEvent;
 
 /// Name of the CRD whose presence makes `auto` turn the reconciler on.
 const EVENT_CRD: &str = "lifecycleevents.lifecycle.k8s.io";
-/// The kubelet's SLM reconciler tick (DESIGN §3).
+/// The kubelet's SLM reconciler tick (docs/design.md §3).
 const DEFAULT_TICK: &str = "10s";
-/// The kubelet's per-call timeout (DESIGN §3): drivers must answer well within it.
+/// The kubelet's per-call timeout (docs/design.md §3): drivers must answer well within it.
 const DEFAULT_CALL_TIMEOUT: &str = "45s";
 
 /// When the reconciler runs.
@@ -119,7 +119,7 @@ pub struct Context {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// Reading the API failed.
-    #[error("{what}: {source}")]
+    #[error("{what}")]
     Kube {
         what: String,
         #[source]
@@ -148,37 +148,6 @@ impl Error {
             _ => Self::Kube { what, source },
         }
     }
-}
-
-/// Parses a Go `time.Duration` string (`15m0s`, `1h30m`, `1.5s`, `300ms`).
-pub fn parse_go_duration(s: &str) -> Option<Duration> {
-    let mut rest = s;
-    let mut total = 0f64;
-    if rest.is_empty() {
-        return None;
-    }
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        let number: f64 = rest[..digits].parse().ok()?;
-        rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let seconds = match &rest[..unit_len] {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return None,
-        };
-        rest = &rest[unit_len..];
-        total += number * seconds;
-    }
-    Duration::try_from_secs_f64(total).ok()
 }
 
 /// Decides whether `auto` means on: on when the event API is served by a CRD, off when
@@ -238,7 +207,7 @@ where
         match decide().await {
             Ok(enabled) => return Some(enabled),
             Err(error) => {
-                tracing::warn!(%error, retry_in = ?pause, "lifecycle reconciler auto mode: cannot decide yet");
+                tracing::warn!(error = %crate::error::chain(&error), retry_in = ?pause, "lifecycle reconciler auto mode: cannot decide yet");
             }
         }
         tokio::select! {
@@ -317,7 +286,7 @@ pub async fn run(
             item = event_changes.next() => match item {
                 None => return Err(Error::WatchEnded { node }),
                 Some(Err(error)) => {
-                    tracing::warn!(%error, "lifecycleevent watch failed; retrying");
+                    tracing::warn!(error = %crate::error::chain(&error), "lifecycleevent watch failed; retrying");
                     continue;
                 }
                 Some(Ok(_)) => {}
@@ -325,7 +294,7 @@ pub async fn run(
             item = node_changes.next() => match item {
                 None => return Err(Error::WatchEnded { node }),
                 Some(Err(error)) => {
-                    tracing::warn!(%error, "node watch failed; retrying");
+                    tracing::warn!(error = %crate::error::chain(&error), "node watch failed; retrying");
                     continue;
                 }
                 Some(Ok(_)) => {}
@@ -342,7 +311,7 @@ pub async fn run(
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
             outcome = step => if let Err(error) = outcome {
-                tracing::warn!(%error, "lifecycle reconcile failed; retrying at the next change or tick");
+                tracing::warn!(error = %crate::error::chain(&error), "lifecycle reconcile failed; retrying at the next change or tick");
             },
         }
     }
@@ -409,25 +378,6 @@ mod tests {
         )
         .await;
         assert_eq!(decided, None);
-    }
-
-    #[test]
-    fn go_durations_parse_like_go() {
-        let ok = [
-            ("15m0s", 900.0),
-            ("1h30m", 5400.0),
-            ("300ms", 0.3),
-            ("1.5s", 1.5),
-            ("2h0m0s", 7200.0),
-            ("10us", 0.00001),
-        ];
-        for (s, secs) in ok {
-            let got = parse_go_duration(s).unwrap().as_secs_f64();
-            assert!((got - secs).abs() < 1e-9, "{s}: {got}");
-        }
-        for s in ["", "15", "m", "15 minutes", "1x", "-5s", "1..5s"] {
-            assert_eq!(parse_go_duration(s), None, "{s}");
-        }
     }
 
     #[test]

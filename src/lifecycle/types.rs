@@ -1,4 +1,4 @@
-//! Rust types for `lifecycle.k8s.io/v1alpha1`, field for field with DESIGN §3.
+//! Rust types for `lifecycle.k8s.io/v1alpha1`, field for field with docs/design.md §3.
 //! Both kinds are cluster-scoped.
 
 use k8s_openapi::api::core::v1::NodeSelector;
@@ -76,7 +76,7 @@ pub struct LifecycleEventStatus {
     pub sla: Option<String>,
 }
 
-/// The claim status values of DESIGN §3.
+/// The claim status values of docs/design.md §3.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub enum ClaimStatus {
     Pending,

@@ -33,10 +33,10 @@ use crate::runtime::{Shutdown, spawn_owned};
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The API server did not start.
-    #[error("start simulated API server: {0}")]
+    #[error("start simulated API server")]
     ApiServer(#[source] apiserver::Error),
     /// An API call made while setting up failed.
-    #[error("{action} {object}: {source}")]
+    #[error("{action} {object}")]
     Api {
         action: &'static str,
         object: String,

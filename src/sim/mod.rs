@@ -1,4 +1,4 @@
-//! `graceful-drain simulate`: the simulated cluster (DESIGN §7).
+//! `graceful-drain simulate`: the simulated cluster (docs/design.md §7).
 //!
 //! [`apiserver`] speaks the Kubernetes REST API; [`controllers`] are the scheduler,
 //! kubelets and controllers talking to it over HTTP; [`lb`] models cloud load balancers
@@ -175,14 +175,26 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A `--route-service` value that is not `NAMESPACE/NAME=HOST:PORT`.
+#[derive(Debug, thiserror::Error)]
+#[error("expected NAMESPACE/NAME=HOST:PORT, got {text:?}")]
+pub struct BadRoute {
+    text: String,
+    #[source]
+    address: Option<std::net::AddrParseError>,
+}
+
 /// Parses `NAMESPACE/NAME=ADDR`.
-fn parse_route(text: &str) -> Result<(String, String, SocketAddr), String> {
-    let bad = || format!("expected NAMESPACE/NAME=HOST:PORT, got {text:?}");
-    let (service, addr) = text.split_once('=').ok_or_else(bad)?;
-    let (ns, name) = service.split_once('/').ok_or_else(bad)?;
-    let addr: SocketAddr = addr.parse().map_err(|e| format!("{}: {e}", bad()))?;
+fn parse_route(text: &str) -> Result<(String, String, SocketAddr), BadRoute> {
+    let bad = |address| BadRoute {
+        text: text.to_owned(),
+        address,
+    };
+    let (service, addr) = text.split_once('=').ok_or_else(|| bad(None))?;
+    let (ns, name) = service.split_once('/').ok_or_else(|| bad(None))?;
+    let addr: SocketAddr = addr.parse().map_err(|e| bad(Some(e)))?;
     if ns.is_empty() || name.is_empty() {
-        return Err(bad());
+        return Err(bad(None));
     }
     Ok((ns.to_string(), name.to_string(), addr))
 }
@@ -283,6 +295,7 @@ mod tests {
         assert!(
             parse_route("no-slash=127.0.0.1:1")
                 .unwrap_err()
+                .to_string()
                 .contains("NAMESPACE/NAME")
         );
         assert!(parse_route("a/b=not-an-address").is_err());

@@ -18,7 +18,6 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Api;
 use kube::core::PartialObjectMeta;
-use kube::core::{Selector, SelectorExt};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 
@@ -200,10 +199,10 @@ fn pdb_selects(
     pdb: &PodDisruptionBudget,
     labels: &std::collections::BTreeMap<String, String>,
 ) -> bool {
-    let Some(selector) = pdb.spec.as_ref().and_then(|s| s.selector.clone()) else {
+    let Some(selector) = pdb.spec.as_ref().and_then(|s| s.selector.as_ref()) else {
         return false;
     };
-    Selector::try_from(selector).is_ok_and(|s| s.matches(labels))
+    crate::selector::selector_matches(selector, labels)
 }
 
 fn pdb_facts(pdb: &PodDisruptionBudget, pod: &str) -> PdbFacts {
@@ -476,7 +475,9 @@ where
                 cache.synced[kind as usize].store(true, Ordering::Release);
                 tracing::debug!(kind = kind.name(), "cache synced");
             }
-            Err(error) => tracing::warn!(kind = kind.name(), %error, "watch error; retrying"),
+            Err(error) => {
+                tracing::warn!(kind = kind.name(), error = %crate::error::chain(&error), "watch error; retrying")
+            }
         }
     }
     Err(Error::Ended(kind.name()))

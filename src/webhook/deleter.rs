@@ -232,7 +232,9 @@ impl Deleter {
                 tracing::info!(code = s.code, "isolated pod already gone or replaced");
                 self.forget(&pod.uid);
             }
-            Err(error) => tracing::warn!(%error, "delete isolated pod; will retry"),
+            Err(error) => {
+                tracing::warn!(error = %crate::error::chain(&error), "delete isolated pod; will retry")
+            }
         }
     }
 
@@ -276,7 +278,7 @@ impl Deleter {
                     Some(Ok(Event::Delete(m))) => self.forget(m.metadata.uid.as_deref().unwrap_or_default()),
                     Some(Ok(Event::Init)) => relist = Some(Vec::new()),
                     Some(Ok(Event::InitDone)) => self.finish_relist(relist.take()),
-                    Some(Err(error)) => tracing::warn!(%error, "watch isolated pods; retrying"),
+                    Some(Err(error)) => tracing::warn!(error = %crate::error::chain(&error), "watch isolated pods; retrying"),
                 },
                 _ = tick.tick() => {
                     let leading = *leader.borrow();
@@ -394,7 +396,7 @@ mod tests {
     /// precondition and the recorded grace period, leaving future and foreign pods alone.
     #[tokio::test]
     async fn resumes_pending_deletions_after_restart() {
-        let (client, mut api) = crate::webhook::mock::client();
+        let (client, mut api) = crate::fixtures::mock::client();
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = Arc::new(Metrics::new(&mut registry));
         let cache = Arc::new(Cache::default());

@@ -48,7 +48,7 @@ pub enum Error {
     #[error("isolate pod {pod}: changed concurrently")]
     Conflict { pod: String },
     /// An API call failed.
-    #[error("isolate pod {pod}: {action}: {source}")]
+    #[error("isolate pod {pod}: {action}")]
     Api {
         pod: String,
         action: String,
@@ -380,7 +380,7 @@ pub async fn record_event(
     };
     let api = Api::<Event>::namespaced(ctx.client.clone(), &pod.namespace);
     if let Err(error) = api.create(&PostParams::default(), &event).await {
-        tracing::warn!(pod = %pod_ref(pod), reason, %error, "record event");
+        tracing::warn!(pod = %pod_ref(pod), reason, error = %crate::error::chain(&error), "record event");
     }
 }
 
@@ -392,8 +392,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::fixtures::mock::{self, expect};
     use crate::webhook::decide::{PdbFacts, ServiceFacts, ServiceType};
-    use crate::webhook::mock::{self, expect};
 
     fn now() -> Timestamp {
         "2026-01-01T00:00:00Z".parse().unwrap()

@@ -31,7 +31,7 @@ pub const RETRY: Duration = Duration::from_secs(2);
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// An API call failed.
-    #[error("{action} lease {namespace}/{name}: {source}")]
+    #[error("{action} lease {namespace}/{name}")]
     Api {
         action: &'static str,
         namespace: String,
@@ -206,7 +206,7 @@ impl Elector {
                     leader.send_replace(false);
                 }
                 Err(error) => {
-                    tracing::warn!(%error, "renew deleter lease");
+                    tracing::warn!(error = %crate::error::chain(&error), "renew deleter lease");
                     if last_renew.is_none_or(|t| t.elapsed() >= RENEW_DEADLINE) {
                         leader.send_replace(false);
                     }
@@ -215,7 +215,7 @@ impl Elector {
         }
         leader.send_replace(false);
         if let Err(error) = self.release().await {
-            tracing::warn!(%error, "release deleter lease");
+            tracing::warn!(error = %crate::error::chain(&error), "release deleter lease");
         }
         Ok(())
     }
@@ -224,7 +224,7 @@ impl Elector {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::webhook::mock::{self, expect};
+    use crate::fixtures::mock::{self, expect};
     use http::Method;
     use serde_json::json;
 

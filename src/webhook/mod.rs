@@ -17,9 +17,6 @@ pub mod review;
 pub mod server;
 pub mod tls;
 
-#[cfg(test)]
-mod mock;
-
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -159,7 +156,7 @@ async fn discover_own_user(client: &kube::Client) -> Option<String> {
     {
         Ok(review) => review.status?.user_info?.username,
         Err(error) => {
-            tracing::warn!(%error, "SelfSubjectReview failed; pass --own-user so our own deletes pass through");
+            tracing::warn!(error = %crate::error::chain(&error), "SelfSubjectReview failed; pass --own-user so our own deletes pass through");
             None
         }
     }
@@ -315,7 +312,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
     readiness.ready("webhook");
     let resolver = Arc::new(tls::ReloadingResolver::new(tls.tls_cert, tls.tls_key));
     if let Err(error) = resolver.reload() {
-        tracing::warn!(%error, "serving certificate not available yet; retrying");
+        tracing::warn!(error = %crate::error::chain(&error), "serving certificate not available yet; retrying");
     }
     let tls_config = Arc::new(tls::server_config(
         resolver.clone(),

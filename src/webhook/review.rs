@@ -19,7 +19,7 @@ use super::decide::{OwnerKind, Path, PodFacts, Request};
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The body is not a JSON AdmissionReview.
-    #[error("parse AdmissionReview: {0}")]
+    #[error("parse AdmissionReview")]
     Json(#[source] serde_json::Error),
     /// The review carries no `request`.
     #[error("AdmissionReview has no request")]

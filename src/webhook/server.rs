@@ -48,7 +48,7 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The listener failed.
-    #[error("accept on {addr}: {source}")]
+    #[error("accept on {addr}")]
     Accept {
         addr: SocketAddr,
         #[source]
@@ -99,37 +99,6 @@ async fn delete(
     handle(state, Path::Delete, q.timeout, body).await
 }
 
-/// Parses a Go duration as the API server sends it (`10s`, `1m30s`, `500ms`).
-pub fn parse_go_duration(text: &str) -> Option<Duration> {
-    let text = text.trim();
-    if text.is_empty() {
-        return None;
-    }
-    let mut total = 0f64;
-    let mut rest = text;
-    while !rest.is_empty() {
-        let split = rest.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
-        let (number, tail) = rest.split_at(split);
-        let value: f64 = number.parse().ok()?;
-        let unit_len = tail
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(tail.len());
-        let (unit, next) = tail.split_at(unit_len);
-        let scale = match unit {
-            "h" => 3600.0,
-            "m" => 60.0,
-            "s" => 1.0,
-            "ms" => 1e-3,
-            "us" | "µs" => 1e-6,
-            "ns" => 1e-9,
-            _ => return None,
-        };
-        total += value * scale;
-        rest = next;
-    }
-    Duration::try_from_secs_f64(total).ok()
-}
-
 /// When a held DELETE must be answered: the API server's budget minus a margin.
 fn hold_deadline(started: Instant, budget: Duration) -> Instant {
     let margin = HOLD_MARGIN.min(budget / 2);
@@ -149,13 +118,13 @@ async fn handle(
             state
                 .metrics
                 .review(path.as_str(), "malformed", started.elapsed().as_secs_f64());
-            tracing::warn!(operation = path.as_str(), %error, "malformed admission review");
+            tracing::warn!(operation = path.as_str(), error = %crate::error::chain(&error), "malformed admission review");
             return (StatusCode::BAD_REQUEST, format!("{error}\n")).into_response();
         }
     };
     let budget = timeout
         .as_deref()
-        .and_then(parse_go_duration)
+        .and_then(crate::duration::parse_go_duration)
         .unwrap_or(state.default_timeout);
     let span = tracing::info_span!(
         "review",
@@ -252,7 +221,7 @@ async fn respond_evict(
             (response, outcome)
         }
         Err(error) => {
-            tracing::error!(%error, "serialise dry-run patch");
+            tracing::error!(error = %crate::error::chain(&error), "serialise dry-run patch");
             (review::allow(request), "error")
         }
     }
@@ -275,7 +244,7 @@ async fn settle_eviction(state: &AppState, ev: &review::Eviction) -> Settled {
         Ok(Some(pod)) => settle(state, &ev.request, pod).await,
         Ok(None) => Settled::Pass(Pass::NotRunning),
         Err(error) => {
-            tracing::warn!(%error, "read pod for eviction");
+            tracing::warn!(error = %crate::error::chain(&error), "read pod for eviction");
             Settled::Failed(format!("read pod: {error}"))
         }
     }
@@ -336,14 +305,14 @@ async fn settle(state: &AppState, req: &Request, mut pod: PodFacts) -> Settled {
                     Ok(Some(fresh)) => pod = fresh,
                     Ok(None) => return Settled::Pass(Pass::NotRunning),
                     Err(error) => {
-                        tracing::warn!(%error, "re-read pod");
+                        tracing::warn!(error = %crate::error::chain(&error), "re-read pod");
                         return Settled::Failed(format!("re-read pod: {error}"));
                     }
                 }
             }
             Err(error) => {
-                tracing::warn!(%error, "isolation failed");
-                return Settled::Failed(error.to_string());
+                tracing::warn!(error = %crate::error::chain(&error), "isolation failed");
+                return Settled::Failed(crate::error::chain(&error).to_string());
             }
         }
     }
@@ -432,7 +401,7 @@ pub async fn serve(
             accepted = listener.accept() => match accepted {
                 Ok(pair) => pair,
                 Err(source) if is_transient(&source) => {
-                    tracing::warn!(error = %source, "accept; retrying");
+                    tracing::warn!(error = %crate::error::chain(&source), "accept; retrying");
                     // Back off briefly so running out of descriptors is not a busy loop.
                     tokio::time::sleep(ACCEPT_BACKOFF).await;
                     continue;
@@ -448,7 +417,7 @@ pub async fn serve(
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(error)) => {
-                    tracing::debug!(%peer, %error, "TLS handshake failed");
+                    tracing::debug!(%peer, error = %crate::error::chain(&error), "TLS handshake failed");
                     return;
                 }
                 Err(_) => {
@@ -460,7 +429,7 @@ pub async fn serve(
                 .serve_connection(TokioIo::new(tls), service)
                 .into_owned();
             if let Err(error) = watcher.watch(conn).await {
-                tracing::debug!(%peer, %error, "connection ended with an error");
+                tracing::debug!(%peer, error = %crate::error::chain(&*error), "connection ended with an error");
             }
         });
     }
@@ -481,29 +450,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn go_durations_from_the_api_server() {
-        let cases = [
-            ("10s", Some(10.0)),
-            ("30s", Some(30.0)),
-            ("1m30s", Some(90.0)),
-            ("1m0s", Some(60.0)),
-            ("500ms", Some(0.5)),
-            ("1.5s", Some(1.5)),
-            ("", None),
-            ("10", None),
-            ("ten seconds", None),
-            ("5d", None),
-        ];
-        for (text, want) in cases {
-            assert_eq!(
-                parse_go_duration(text).map(|d| d.as_secs_f64()),
-                want,
-                "{text:?}"
-            );
-        }
-    }
-
-    #[test]
     fn holds_end_before_the_api_server_gives_up() {
         let start = Instant::now();
         assert_eq!(
@@ -516,8 +462,8 @@ mod tests {
         );
     }
 
+    use crate::fixtures::mock::{self, expect};
     use crate::webhook::cache::Cache;
-    use crate::webhook::mock::{self, expect};
     use http::Method;
     use http_body_util::BodyExt;
     use serde_json::{Value, json};

@@ -27,7 +27,7 @@ pub const RECHECK: Duration = Duration::from_secs(2);
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A file could not be read.
-    #[error("read {path}: {source}")]
+    #[error("read {path}")]
     Read {
         path: PathBuf,
         #[source]
@@ -37,7 +37,7 @@ pub enum Error {
     #[error("parse {path}: {message}")]
     Parse { path: PathBuf, message: String },
     /// rustls refused the configuration.
-    #[error("configure TLS: {0}")]
+    #[error("configure TLS")]
     Rustls(#[from] rustls::Error),
     /// The client CA could not be turned into a verifier.
     #[error("client CA {path}: {message}")]
@@ -127,7 +127,7 @@ impl ReloadingResolver {
         let due = self.lock().checked.is_none_or(|t| t.elapsed() >= RECHECK);
         if due && let Err(error) = self.reload() {
             self.lock().checked = Some(Instant::now());
-            tracing::warn!(%error, "reload serving certificate; keeping the previous one");
+            tracing::warn!(error = %crate::error::chain(&error), "reload serving certificate; keeping the previous one");
         }
     }
 

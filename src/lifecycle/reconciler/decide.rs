@@ -1,6 +1,6 @@
 //! The reconciler's decision, as a pure function: one event, its transition, the node's
 //! `LifecycleTransition` condition, the time and whether the driver's plugin is
-//! registered go in; one [`Action`] comes out. No I/O here, so every branch of DESIGN §3
+//! registered go in; one [`Action`] comes out. No I/O here, so every branch of docs/design.md §3
 //! is a row in the table tests below.
 //!
 //! The one deliberate difference from the kubelet: the Node condition counts for an event

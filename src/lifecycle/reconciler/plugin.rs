@@ -21,7 +21,7 @@ use crate::proto::{SLM_PLUGIN_TYPE, SLM_SUPPORTED_VERSION};
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The socket could not be connected.
-    #[error("connect to {path}: {source}")]
+    #[error("connect to {path}")]
     Connect {
         path: PathBuf,
         #[source]

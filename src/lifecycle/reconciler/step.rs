@@ -230,7 +230,9 @@ impl Reconciler {
                     tracing::info!(event = %name, "{what}: lost a race to another writer");
                     report.progressed = true;
                 }
-                Err(error) => tracing::warn!(event = %name, %error, "lifecycle action failed"),
+                Err(error) => {
+                    tracing::warn!(event = %name, error = %crate::error::chain(&error), "lifecycle action failed")
+                }
             }
             report.actions.push((name, action));
         }
@@ -272,13 +274,13 @@ impl Reconciler {
             Ok(Some(t)) => t.spec,
             Ok(None) => return None,
             Err(error) => {
-                tracing::warn!(transition = name, %error, "read lifecycletransition");
+                tracing::warn!(transition = name, error = %crate::error::chain(&error), "read lifecycletransition");
                 return None;
             }
         };
         let sla = match spec.sla.as_deref() {
             None | Some("") => None,
-            Some(text) => match super::parse_go_duration(text) {
+            Some(text) => match crate::duration::parse_go_duration(text) {
                 Some(d) => Some(d),
                 None => {
                     tracing::warn!(transition = name, sla = text, "transition sla is invalid");
@@ -297,7 +299,7 @@ impl Reconciler {
         let plugin = plugin::lookup(&ctx.registry_dir, &spec.driver, &ctx.plugins_dir, timeout)
             .await
             .unwrap_or_else(|error| {
-                tracing::warn!(driver = %spec.driver, %error, "driver registration check failed");
+                tracing::warn!(driver = %spec.driver, error = %crate::error::chain(&error), "driver registration check failed");
                 None
             });
         Some(Resolved {
@@ -409,11 +411,11 @@ impl Reconciler {
             Err(error) if error.is_transient() => {
                 // The kubelet fails the event here; a driver restarting during a
                 // DaemonSet rollout must not fail a drain, so retry (the SLA bounds it).
-                tracing::warn!(%error, "driver unreachable; retrying");
+                tracing::warn!(error = %crate::error::chain(&error), "driver unreachable; retrying");
                 return Ok(false);
             }
             Err(error) => {
-                let message = error.to_string();
+                let message = crate::error::chain(&error).to_string();
                 return self
                     .conclude(event, ClaimStatus::Failed, Some(message))
                     .await;
@@ -487,11 +489,13 @@ impl Reconciler {
             Ok(r) if !r.lifecycle_condition.is_empty() => {
                 let set = self.set_condition(&r.lifecycle_condition, &t.name, false, now);
                 if let Err(error) = set.await {
-                    tracing::warn!(%error, "record condition after expiry");
+                    tracing::warn!(error = %crate::error::chain(&error), "record condition after expiry");
                 }
             }
             Ok(_) => {}
-            Err(error) => tracing::warn!(%error, "tell driver the event ended"),
+            Err(error) => {
+                tracing::warn!(error = %crate::error::chain(&error), "tell driver the event ended")
+            }
         }
     }
 
@@ -570,7 +574,9 @@ impl Reconciler {
         };
         match tokio::time::timeout(EVENT_TIMEOUT, self.recorder.publish(&event, &reference)).await {
             Ok(Ok(())) => {}
-            Ok(Err(error)) => tracing::debug!(%error, reason, "post node event"),
+            Ok(Err(error)) => {
+                tracing::debug!(error = %crate::error::chain(&error), reason, "post node event")
+            }
             Err(_) => tracing::debug!(reason, "post node event: timed out"),
         }
     }

@@ -67,25 +67,13 @@ fn requirement_matches(req: &NodeSelectorRequirement, value: Option<&str>) -> bo
 
 #[cfg(test)]
 mod tests {
+    use crate::fixtures::NodeFixture;
     use k8s_openapi::api::core::v1::NodeSelector;
-    use kube::api::ObjectMeta;
 
     use super::*;
 
     fn node(name: &str, labels: &[(&str, &str)]) -> Node {
-        Node {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                labels: Some(
-                    labels
-                        .iter()
-                        .map(|(k, v)| (k.to_string(), v.to_string()))
-                        .collect(),
-                ),
-                ..ObjectMeta::default()
-            },
-            ..Node::default()
-        }
+        crate::fixtures::node(name).with_labels(labels)
     }
 
     fn req(key: &str, op: &str, values: &[&str]) -> NodeSelectorRequirement {

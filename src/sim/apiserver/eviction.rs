@@ -1,4 +1,4 @@
-//! `POST pods/{name}/eviction` with the upstream PodDisruptionBudget rules (DESIGN §4).
+//! `POST pods/{name}/eviction` with the upstream PodDisruptionBudget rules (docs/design.md §4).
 //!
 //! Order: decode the policy/v1 Eviction (unknown fields dropped, so options sent under
 //! a misspelled key are lost) → 404 if the pod is gone → admission (CREATE

@@ -1,11 +1,11 @@
 //! The simulated cluster's API server: an in-process HTTP server on loopback speaking
-//! the Kubernetes REST API well enough for kube-rs and the real `kubectl` (DESIGN §7).
+//! the Kubernetes REST API well enough for kube-rs and the real `kubectl` (docs/design.md §7).
 //!
-//! Data flow: [`handler`] parses each request into a verb on a resource of the
-//! [`resources`] registry; reads come from the [`store`]; writes are prepared
-//! (defaults, dropped unknown fields), sent through [`admission`] webhooks, then stored
-//! with resourceVersion compare-and-swap; [`watch`] streams the store's change feed.
-//! [`eviction`] implements `pods/eviction` with the upstream PodDisruptionBudget rules.
+//! Data flow: `handler` parses each request into a verb on a resource of the
+//! `resources` registry; reads come from the `store`; writes are prepared
+//! (defaults, dropped unknown fields), sent through `admission` webhooks, then stored
+//! with resourceVersion compare-and-swap; `watch` streams the store's change feed.
+//! `eviction` implements `pods/eviction` with the upstream PodDisruptionBudget rules.
 //! Every request is counted in [`Stats`].
 
 mod admission;
@@ -42,7 +42,7 @@ use crate::runtime::Shutdown;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The listening socket could not be bound.
-    #[error("bind simulated API server on {addr}: {source}")]
+    #[error("bind simulated API server on {addr}")]
     Bind {
         addr: SocketAddr,
         #[source]

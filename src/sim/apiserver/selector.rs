@@ -4,22 +4,15 @@
 //! Label selectors support `=`, `==`, `!=`, `in (..)`, `notin (..)`, `key` and `!key`;
 //! field selectors support `=`, `==` and `!=` on the fields a resource declares.
 
+use std::collections::BTreeSet;
+
 use serde_json::Value;
 
-/// One parsed label requirement.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum LabelReq {
-    Eq(String, String),
-    NotEq(String, String),
-    In(String, Vec<String>),
-    NotIn(String, Vec<String>),
-    Exists(String),
-    NotExists(String),
-}
+use crate::selector::{Expression, Selector, SelectorExt, json_labels};
 
 /// A parsed label selector (all requirements must hold).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct LabelSelector(pub Vec<LabelReq>);
+pub(crate) struct LabelSelector(pub Selector);
 
 /// One parsed field requirement: path, expected value, and whether it is negated.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,7 +46,7 @@ fn split_top_level(s: &str) -> Vec<&str> {
     parts
 }
 
-fn parse_set(rest: &str) -> Result<Vec<String>, String> {
+fn parse_set(rest: &str) -> Result<BTreeSet<String>, String> {
     let rest = rest.trim();
     let inner = rest
         .strip_prefix('(')
@@ -74,31 +67,34 @@ fn valid_key(key: &str) -> Result<String, String> {
     Ok(key.to_string())
 }
 
-fn parse_label_req(term: &str) -> Result<LabelReq, String> {
+fn parse_label_req(term: &str) -> Result<Expression, String> {
     let term = term.trim();
     if let Some(key) = term.strip_prefix('!') {
-        return Ok(LabelReq::NotExists(valid_key(key)?));
+        return Ok(Expression::DoesNotExist(valid_key(key)?));
     }
     if let Some((key, value)) = term.split_once("!=") {
-        return Ok(LabelReq::NotEq(valid_key(key)?, value.trim().to_string()));
+        return Ok(Expression::NotEqual(
+            valid_key(key)?,
+            value.trim().to_string(),
+        ));
     }
     if let Some((key, value)) = term.split_once("==") {
-        return Ok(LabelReq::Eq(valid_key(key)?, value.trim().to_string()));
+        return Ok(Expression::Equal(valid_key(key)?, value.trim().to_string()));
     }
     if let Some((key, value)) = term.split_once('=') {
-        return Ok(LabelReq::Eq(valid_key(key)?, value.trim().to_string()));
+        return Ok(Expression::Equal(valid_key(key)?, value.trim().to_string()));
     }
     let mut words = term.splitn(2, char::is_whitespace);
     let key = words.next().unwrap_or_default();
     let rest = words.next().unwrap_or_default().trim_start();
     if rest.is_empty() {
-        return Ok(LabelReq::Exists(valid_key(key)?));
+        return Ok(Expression::Exists(valid_key(key)?));
     }
     if let Some(set) = rest.strip_prefix("notin") {
-        return Ok(LabelReq::NotIn(valid_key(key)?, parse_set(set)?));
+        return Ok(Expression::NotIn(valid_key(key)?, parse_set(set)?));
     }
     if let Some(set) = rest.strip_prefix("in") {
-        return Ok(LabelReq::In(valid_key(key)?, parse_set(set)?));
+        return Ok(Expression::In(valid_key(key)?, parse_set(set)?));
     }
     Err(format!("unable to parse requirement {term:?}"))
 }
@@ -112,60 +108,18 @@ impl LabelSelector {
         split_top_level(s)
             .into_iter()
             .map(parse_label_req)
-            .collect::<Result<Vec<_>, _>>()
+            .collect::<Result<Selector, _>>()
             .map(Self)
     }
 
     /// Whether the object's `metadata.labels` satisfy every requirement.
     pub(crate) fn matches(&self, obj: &Value) -> bool {
-        let labels = obj.pointer("/metadata/labels");
-        let get = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
-        self.0.iter().all(|req| match req {
-            LabelReq::Eq(k, v) => get(k) == Some(v.as_str()),
-            LabelReq::NotEq(k, v) => get(k) != Some(v.as_str()),
-            LabelReq::In(k, vs) => get(k).is_some_and(|x| vs.iter().any(|v| v == x)),
-            LabelReq::NotIn(k, vs) => get(k).is_none_or(|x| !vs.iter().any(|v| v == x)),
-            LabelReq::Exists(k) => get(k).is_some(),
-            LabelReq::NotExists(k) => get(k).is_none(),
-        })
+        self.0
+            .matches(&json_labels(obj.pointer("/metadata/labels")))
     }
 }
 
-/// Matches a `metav1.LabelSelector` object (matchLabels + matchExpressions), as used by
-/// PodDisruptionBudgets and webhook namespace/object selectors. `None` selects everything;
-/// an empty selector selects everything too.
-pub(crate) fn selector_object_matches(selector: Option<&Value>, labels: Option<&Value>) -> bool {
-    let Some(selector) = selector.filter(|s| !s.is_null()) else {
-        return true;
-    };
-    let get = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
-    let labels_ok = selector
-        .get("matchLabels")
-        .and_then(Value::as_object)
-        .is_none_or(|m| m.iter().all(|(k, v)| get(k) == v.as_str()));
-    let exprs_ok = selector
-        .get("matchExpressions")
-        .and_then(Value::as_array)
-        .is_none_or(|exprs| exprs.iter().all(|e| expression_matches(e, &get)));
-    labels_ok && exprs_ok
-}
-
-fn expression_matches<'a>(expr: &Value, get: &impl Fn(&str) -> Option<&'a str>) -> bool {
-    let key = expr.get("key").and_then(Value::as_str).unwrap_or_default();
-    let values: Vec<&str> = expr
-        .get("values")
-        .and_then(Value::as_array)
-        .map(|vs| vs.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
-    let actual = get(key);
-    match expr.get("operator").and_then(Value::as_str).unwrap_or("") {
-        "In" => actual.is_some_and(|a| values.contains(&a)),
-        "NotIn" => actual.is_none_or(|a| !values.contains(&a)),
-        "Exists" => actual.is_some(),
-        "DoesNotExist" => actual.is_none(),
-        _ => false,
-    }
-}
+pub(crate) use crate::selector::selector_object_matches;
 
 impl FieldSelector {
     /// Parses the `fieldSelector` query syntax, accepting only the paths in `allowed`
@@ -261,16 +215,5 @@ mod tests {
         assert!(sel.matches(&pod(json!({}))));
         let err = FieldSelector::parse("spec.bogus=1", &allowed).unwrap_err();
         assert!(err.contains("spec.bogus"), "{err}");
-    }
-
-    #[test]
-    fn object_selector_expressions() {
-        let labels = json!({"a": "1"});
-        let sel = json!({"matchExpressions": [{"key": "a", "operator": "In", "values": ["1", "2"]},
-                                               {"key": "b", "operator": "DoesNotExist"}]});
-        assert!(selector_object_matches(Some(&sel), Some(&labels)));
-        let sel = json!({"matchLabels": {"a": "2"}});
-        assert!(!selector_object_matches(Some(&sel), Some(&labels)));
-        assert!(selector_object_matches(None, None));
     }
 }

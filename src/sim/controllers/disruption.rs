@@ -302,61 +302,19 @@ pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
-    use k8s_openapi::api::policy::v1::PodDisruptionBudgetSpec;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
-    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    use crate::fixtures::{self, PdbFixture, PodFixture};
 
     fn pdb(min_available: i32, disrupted: &[(&str, i64)]) -> PodDisruptionBudget {
-        PodDisruptionBudget {
-            metadata: ObjectMeta {
-                name: Some("web".into()),
-                namespace: Some("ns".into()),
-                generation: Some(3),
-                ..Default::default()
-            },
-            spec: Some(PodDisruptionBudgetSpec {
-                min_available: Some(IntOrString::Int(min_available)),
-                selector: Some(LabelSelector {
-                    match_labels: Some([("app".to_string(), "web".to_string())].into()),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            status: Some(PodDisruptionBudgetStatus {
-                disrupted_pods: Some(
-                    disrupted
-                        .iter()
-                        .map(|(n, t)| {
-                            (
-                                n.to_string(),
-                                Time(jiff::Timestamp::from_second(*t).unwrap()),
-                            )
-                        })
-                        .collect(),
-                ),
-                ..Default::default()
-            }),
-        }
+        fixtures::pdb("web")
+            .ns("ns")
+            .generation(3)
+            .min_available(min_available)
+            .selecting(&[("app", "web")])
+            .disrupted(disrupted)
     }
 
     fn pod(name: &str, ready: bool) -> Arc<Pod> {
-        Arc::new(Pod {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                labels: Some([("app".to_string(), "web".to_string())].into()),
-                ..Default::default()
-            },
-            spec: None,
-            status: Some(PodStatus {
-                conditions: Some(vec![PodCondition {
-                    type_: "Ready".into(),
-                    status: if ready { "True" } else { "False" }.into(),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            }),
-        })
+        Arc::new(fixtures::pod(name).label("app", "web").ready_is(ready))
     }
 
     #[test]

@@ -294,8 +294,8 @@ pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{PodCondition, PodSpec, PodStatus, ServicePort, ServiceSpec};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use crate::fixtures::{self, PodFixture};
+    use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
 
     fn svc() -> Service {
         Service {
@@ -319,28 +319,16 @@ mod tests {
     }
 
     fn pod(name: &str, app: &str, ready: bool, deleting: bool) -> Arc<Pod> {
-        Arc::new(Pod {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                namespace: Some("ns".into()),
-                uid: Some(format!("{name}-uid")),
-                labels: Some([("app".to_string(), app.to_string())].into()),
-                deletion_timestamp: deleting.then_some(Time(jiff::Timestamp::UNIX_EPOCH)),
-                ..Default::default()
-            },
-            spec: Some(PodSpec {
-                node_name: Some("n1".into()),
-                ..Default::default()
-            }),
-            status: Some(PodStatus {
-                pod_ip: Some(format!("10.0.0.{}", name.len())),
-                conditions: Some(vec![PodCondition {
-                    type_: "Ready".into(),
-                    status: if ready { "True" } else { "False" }.into(),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            }),
+        let pod = fixtures::pod(name)
+            .ns("ns")
+            .label("app", app)
+            .on_node("n1")
+            .ip(&format!("10.0.0.{}", name.len()))
+            .ready_is(ready);
+        Arc::new(if deleting {
+            pod.deleting(jiff::Timestamp::UNIX_EPOCH, None)
+        } else {
+            pod
         })
     }
 

@@ -441,7 +441,7 @@ pub async fn run(ctx: Context, shutdown: Shutdown) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    use crate::fixtures::{self, PodFixture};
 
     fn cfg() -> KubeletConfig {
         KubeletConfig {
@@ -452,16 +452,10 @@ mod tests {
     }
 
     fn pod(deleting: Option<i64>) -> Pod {
-        Pod {
-            metadata: ObjectMeta {
-                name: Some("p".into()),
-                namespace: Some("ns".into()),
-                uid: Some("u".into()),
-                deletion_timestamp: deleting.map(|_| Time(jiff::Timestamp::UNIX_EPOCH)),
-                deletion_grace_period_seconds: deleting,
-                ..Default::default()
-            },
-            ..Default::default()
+        let pod = fixtures::pod("p").ns("ns").with_uid("u");
+        match deleting {
+            Some(grace) => pod.deleting(jiff::Timestamp::UNIX_EPOCH, Some(grace)),
+            None => pod,
         }
     }
 

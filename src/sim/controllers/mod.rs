@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
@@ -56,7 +56,7 @@ pub mod users {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// An API call failed.
-    #[error("{action} {object}: {source}")]
+    #[error("{action} {object}")]
     Api {
         action: &'static str,
         object: String,
@@ -291,27 +291,7 @@ pub fn controller_of<K: Resource>(obj: &K) -> Option<&OwnerReference> {
         .find(|r| r.controller == Some(true))
 }
 
-/// Whether `labels` satisfy `selector` (matchLabels and matchExpressions; an empty
-/// selector matches everything, as in a ReplicaSet or PDB).
-pub fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
-    let by_labels = selector
-        .match_labels
-        .iter()
-        .flatten()
-        .all(|(k, v)| labels.get(k) == Some(v));
-    let by_expressions = selector.match_expressions.iter().flatten().all(|req| {
-        let values = req.values.as_deref().unwrap_or_default();
-        let value = labels.get(&req.key);
-        match req.operator.as_str() {
-            "In" => value.is_some_and(|v| values.contains(v)),
-            "NotIn" => value.is_none_or(|v| !values.contains(v)),
-            "Exists" => value.is_some(),
-            "DoesNotExist" => value.is_none(),
-            _ => false,
-        }
-    });
-    by_labels && by_expressions
-}
+pub use crate::selector::selector_matches;
 
 /// Whether `labels` satisfy a Service's selector map (a missing or empty selector
 /// selects nothing: such Services have no managed endpoints).
@@ -388,7 +368,7 @@ pub fn scaled(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {

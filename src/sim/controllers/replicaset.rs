@@ -469,28 +469,14 @@ pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::apps::v1::ReplicaSetSpec;
-    use k8s_openapi::api::core::v1::{PodCondition, PodSpec, PodStatus};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
+    use crate::fixtures::{self, PodFixture, ReplicaSetFixture};
 
     fn rs(replicas: i32) -> ReplicaSet {
-        ReplicaSet {
-            metadata: ObjectMeta {
-                name: Some("web-1".into()),
-                namespace: Some("ns".into()),
-                uid: Some("rs-uid".into()),
-                ..Default::default()
-            },
-            spec: Some(ReplicaSetSpec {
-                replicas: Some(replicas),
-                selector: LabelSelector {
-                    match_labels: Some([("app".to_string(), "web".to_string())].into()),
-                    ..Default::default()
-                },
-                ..Default::default()
-            }),
-            status: None,
-        }
+        fixtures::replica_set("web-1")
+            .ns("ns")
+            .with_uid("rs-uid")
+            .replicas(replicas)
+            .selecting(&[("app", "web")])
     }
 
     fn pod(
@@ -501,44 +487,20 @@ mod tests {
         ready: bool,
         age: i64,
     ) -> Arc<Pod> {
-        let owner_references = owner.map(|uid| {
-            vec![OwnerReference {
-                uid: uid.into(),
-                controller: Some(true),
-                kind: "ReplicaSet".into(),
-                ..Default::default()
-            }]
-        });
         let created = jiff::Timestamp::from_second(1_700_000_000 - age).unwrap();
-        Arc::new(Pod {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                namespace: Some("ns".into()),
-                uid: Some(format!("{name}-uid")),
-                labels: Some(
-                    labels
-                        .iter()
-                        .map(|(k, v)| (k.to_string(), v.to_string()))
-                        .collect(),
-                ),
-                owner_references,
-                creation_timestamp: Some(Time(created)),
-                ..Default::default()
-            },
-            spec: Some(PodSpec {
-                node_name: node.then(|| "n1".into()),
-                ..Default::default()
-            }),
-            status: Some(PodStatus {
-                phase: Some(if node { "Running" } else { "Pending" }.into()),
-                conditions: Some(vec![PodCondition {
-                    type_: "Ready".into(),
-                    status: if ready { "True" } else { "False" }.into(),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            }),
-        })
+        let mut pod = fixtures::pod(name)
+            .ns("ns")
+            .with_labels(labels)
+            .created_at(created)
+            .phase(if node { "Running" } else { "Pending" })
+            .ready_is(ready);
+        if let Some(uid) = owner {
+            pod = pod.owned_by_rs_uid(uid);
+        }
+        if node {
+            pod = pod.on_node("n1");
+        }
+        Arc::new(pod)
     }
 
     #[test]

@@ -204,8 +204,7 @@ pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{NodeCondition, NodeSpec, NodeStatus, PodSpec};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use crate::fixtures::{self, NodeFixture, PodFixture};
 
     fn node(
         name: &str,
@@ -214,47 +213,19 @@ mod tests {
         labels: &[(&str, &str)],
         taints: Vec<Taint>,
     ) -> Arc<Node> {
-        Arc::new(Node {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                labels: Some(
-                    labels
-                        .iter()
-                        .map(|(k, v)| (k.to_string(), v.to_string()))
-                        .collect(),
-                ),
-                ..Default::default()
-            },
-            spec: Some(NodeSpec {
-                unschedulable: Some(cordoned),
-                taints: Some(taints),
-                ..Default::default()
-            }),
-            status: Some(NodeStatus {
-                conditions: Some(vec![NodeCondition {
-                    type_: "Ready".into(),
-                    status: if ready { "True" } else { "False" }.into(),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            }),
-        })
+        Arc::new(
+            fixtures::node(name)
+                .with_labels(labels)
+                .unschedulable_is(cordoned)
+                .taints(taints)
+                .ready_is(ready),
+        )
     }
 
     fn pod(selector: &[(&str, &str)], tolerations: Vec<Toleration>) -> Pod {
-        Pod {
-            spec: Some(PodSpec {
-                node_selector: Some(
-                    selector
-                        .iter()
-                        .map(|(k, v)| (k.to_string(), v.to_string()))
-                        .collect(),
-                ),
-                tolerations: Some(tolerations),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
+        fixtures::pod("p")
+            .node_selector(selector)
+            .tolerate(tolerations)
     }
 
     #[test]

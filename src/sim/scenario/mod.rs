@@ -25,10 +25,10 @@ use crate::runtime::Shutdown;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The simulated cluster failed.
-    #[error("{0}")]
+    #[error(transparent)]
     Cluster(#[from] cluster::Error),
     /// An API call of the scenario failed.
-    #[error("{action} {object}: {source}")]
+    #[error("{action} {object}")]
     Api {
         action: &'static str,
         object: String,
@@ -157,7 +157,7 @@ pub async fn run_protection(
     let row = |scenario, result: Result<Measured, Error>| Row {
         scenario,
         protection,
-        result: result.map_err(|e| e.to_string()),
+        result: result.map_err(|e| crate::error::chain(&e).to_string()),
     };
     let failed = |reason: String| -> Vec<Row> {
         ["drain", "rollout"]
@@ -171,17 +171,17 @@ pub async fn run_protection(
     };
     let cluster = match Cluster::start(cfg.cluster.clone(), shutdown.clone()).await {
         Ok(c) => c,
-        Err(e) => return failed(e.to_string()),
+        Err(e) => return failed(crate::error::chain(&e).to_string()),
     };
     let mut components = None;
     if protection == Protection::GracefulDrain {
         match Components::start(&cluster, &cfg.components).await {
             Ok(c) => components = Some(c),
-            Err(e) => return failed(e.to_string()),
+            Err(e) => return failed(crate::error::chain(&e).to_string()),
         }
     }
     if let Err(e) = cluster.deploy_web(&cfg.web, cfg.phase_timeout).await {
-        return failed(e.to_string());
+        return failed(crate::error::chain(&e).to_string());
     }
     let client = cluster.client();
     let drain = async {
@@ -206,7 +206,7 @@ pub async fn run_protection(
         && let Err(e) = c.check().await
     {
         for r in &mut rows {
-            r.result = Err(e.to_string());
+            r.result = Err(crate::error::chain(&e).to_string());
         }
     }
     rows

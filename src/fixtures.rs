@@ -1,0 +1,434 @@
+//! Test fixtures: builders for the Kubernetes objects that unit tests, integration tests
+//! and the simulated cluster's scenarios need, so no module writes its own `fn pod()`.
+//!
+//! Each builder starts from a constructor ([`pod`], [`node`], [`pdb`], [`replica_set`])
+//! and is refined by chaining methods of an extension trait on the k8s-openapi type itself,
+//! so a chain is the object, with no `build()`:
+//!
+//! ```
+//! use graceful_drain::fixtures::{PodFixture, pod};
+//!
+//! let p = pod("web-1").ns("shop").label("app", "web").on_node("n1").ready().owned_by_rs("web");
+//! assert_eq!(p.spec.unwrap().node_name.as_deref(), Some("n1"));
+//! ```
+//!
+//! For exact request shapes, unit tests script the one mock API server, `fixtures::mock` (test
+//! builds only: it needs the `tower-test` dev-dependency).
+//!
+//! Method names avoid those of `kube::ResourceExt` (`labels`, `namespace`, …), so both
+//! traits can be in scope. Only in test builds and with the `sim` feature: nothing here
+//! ships.
+
+use std::collections::BTreeMap;
+
+#[cfg(test)]
+pub mod mock;
+
+use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetSpec};
+use k8s_openapi::api::core::v1::{
+    Container, EmptyDirVolumeSource, Node, NodeCondition, NodeSpec, NodeStatus, Pod, PodCondition,
+    PodSpec, PodStatus, PodTemplateSpec, Taint, Toleration, Volume,
+};
+use k8s_openapi::api::policy::v1::{
+    PodDisruptionBudget, PodDisruptionBudgetSpec, PodDisruptionBudgetStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, ObjectMeta, OwnerReference, Time,
+};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+/// `pairs` as a label map.
+pub fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn meta(name: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        ..ObjectMeta::default()
+    }
+}
+
+/// A pod `default/<name>` with uid `<name>-uid` and nothing else: no spec, no status.
+pub fn pod(name: &str) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            namespace: Some("default".into()),
+            uid: Some(format!("{name}-uid")),
+            ..meta(name)
+        },
+        ..Pod::default()
+    }
+}
+
+/// Refinements of a [`Pod`]; see [`pod`].
+pub trait PodFixture: Sized {
+    /// Moves the pod to namespace `ns`.
+    fn ns(self, ns: &str) -> Self;
+    /// Sets the uid.
+    fn with_uid(self, uid: &str) -> Self;
+    /// Adds the label `key=value`.
+    fn label(self, key: &str, value: &str) -> Self;
+    /// Adds every label of `pairs`.
+    fn with_labels(self, pairs: &[(&str, &str)]) -> Self;
+    /// Adds the annotation `key=value`.
+    fn annotate(self, key: &str, value: &str) -> Self;
+    /// Sets `metadata.creationTimestamp`.
+    fn created_at(self, at: jiff::Timestamp) -> Self;
+    /// Marks the pod as being deleted since `at`, with the given grace period.
+    fn deleting(self, at: jiff::Timestamp, grace_seconds: Option<i64>) -> Self;
+    /// Makes `kind`/`name` (uid `<name>-uid`) the pod's controller.
+    fn owned_by(self, kind: &str, name: &str) -> Self;
+    /// Makes ReplicaSet `name` (uid `<name>-uid`) the pod's controller.
+    fn owned_by_rs(self, name: &str) -> Self;
+    /// Makes the ReplicaSet with uid `uid` the pod's controller.
+    fn owned_by_rs_uid(self, uid: &str) -> Self;
+    /// Binds the pod to `node`.
+    fn on_node(self, node: &str) -> Self;
+    /// Sets `spec.nodeSelector`.
+    fn node_selector(self, pairs: &[(&str, &str)]) -> Self;
+    /// Adds tolerations.
+    fn tolerate(self, tolerations: Vec<Toleration>) -> Self;
+    /// Adds an `emptyDir` volume.
+    fn empty_dir(self) -> Self;
+    /// Gives the pod one container `app`.
+    fn container(self, image: &str) -> Self;
+    /// Sets `status.phase`.
+    fn phase(self, phase: &str) -> Self;
+    /// `status.phase: Running`.
+    fn running(self) -> Self;
+    /// Sets `status.podIP`.
+    fn ip(self, ip: &str) -> Self;
+    /// Ready condition True.
+    fn ready(self) -> Self;
+    /// Ready condition True or False.
+    fn ready_is(self, ready: bool) -> Self;
+}
+
+fn pod_spec(pod: &mut Pod) -> &mut PodSpec {
+    pod.spec.get_or_insert_with(PodSpec::default)
+}
+
+fn pod_status(pod: &mut Pod) -> &mut PodStatus {
+    pod.status.get_or_insert_with(PodStatus::default)
+}
+
+impl PodFixture for Pod {
+    fn ns(mut self, ns: &str) -> Self {
+        self.metadata.namespace = Some(ns.into());
+        self
+    }
+    fn with_uid(mut self, uid: &str) -> Self {
+        self.metadata.uid = Some(uid.into());
+        self
+    }
+    fn label(mut self, key: &str, value: &str) -> Self {
+        let map = self.metadata.labels.get_or_insert_with(BTreeMap::new);
+        map.insert(key.into(), value.into());
+        self
+    }
+    fn with_labels(mut self, pairs: &[(&str, &str)]) -> Self {
+        let map = self.metadata.labels.get_or_insert_with(BTreeMap::new);
+        map.extend(labels(pairs));
+        self
+    }
+    fn annotate(mut self, key: &str, value: &str) -> Self {
+        let map = self.metadata.annotations.get_or_insert_with(BTreeMap::new);
+        map.insert(key.into(), value.into());
+        self
+    }
+    fn created_at(mut self, at: jiff::Timestamp) -> Self {
+        self.metadata.creation_timestamp = Some(Time(at));
+        self
+    }
+    fn deleting(mut self, at: jiff::Timestamp, grace_seconds: Option<i64>) -> Self {
+        self.metadata.deletion_timestamp = Some(Time(at));
+        self.metadata.deletion_grace_period_seconds = grace_seconds;
+        self
+    }
+    fn owned_by(mut self, kind: &str, name: &str) -> Self {
+        let api_version = match kind {
+            "Job" => "batch/v1",
+            "ReplicationController" => "v1",
+            _ => "apps/v1",
+        };
+        self.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            name: name.into(),
+            uid: format!("{name}-uid"),
+            controller: Some(true),
+            ..OwnerReference::default()
+        }]);
+        self
+    }
+    fn owned_by_rs(self, name: &str) -> Self {
+        self.owned_by("ReplicaSet", name)
+    }
+    fn owned_by_rs_uid(mut self, uid: &str) -> Self {
+        self.metadata.owner_references = Some(vec![OwnerReference {
+            uid: uid.into(),
+            controller: Some(true),
+            kind: "ReplicaSet".into(),
+            ..OwnerReference::default()
+        }]);
+        self
+    }
+    fn on_node(mut self, node: &str) -> Self {
+        pod_spec(&mut self).node_name = Some(node.into());
+        self
+    }
+    fn node_selector(mut self, pairs: &[(&str, &str)]) -> Self {
+        pod_spec(&mut self).node_selector = Some(labels(pairs));
+        self
+    }
+    fn tolerate(mut self, tolerations: Vec<Toleration>) -> Self {
+        pod_spec(&mut self)
+            .tolerations
+            .get_or_insert_with(Vec::new)
+            .extend(tolerations);
+        self
+    }
+    fn empty_dir(mut self) -> Self {
+        pod_spec(&mut self)
+            .volumes
+            .get_or_insert_with(Vec::new)
+            .push(Volume {
+                name: "scratch".into(),
+                empty_dir: Some(EmptyDirVolumeSource::default()),
+                ..Volume::default()
+            });
+        self
+    }
+    fn container(mut self, image: &str) -> Self {
+        pod_spec(&mut self).containers = vec![Container {
+            name: "app".into(),
+            image: Some(image.into()),
+            ..Container::default()
+        }];
+        self
+    }
+    fn phase(mut self, phase: &str) -> Self {
+        pod_status(&mut self).phase = Some(phase.into());
+        self
+    }
+    fn running(self) -> Self {
+        self.phase("Running")
+    }
+    fn ip(mut self, ip: &str) -> Self {
+        pod_status(&mut self).pod_ip = Some(ip.into());
+        self
+    }
+    fn ready(self) -> Self {
+        self.ready_is(true)
+    }
+    fn ready_is(mut self, ready: bool) -> Self {
+        let conditions = pod_status(&mut self)
+            .conditions
+            .get_or_insert_with(Vec::new);
+        conditions.retain(|c| c.type_ != "Ready");
+        conditions.push(PodCondition {
+            type_: "Ready".into(),
+            status: if ready { "True" } else { "False" }.into(),
+            ..PodCondition::default()
+        });
+        self
+    }
+}
+
+/// A node `<name>` with no spec and no status.
+pub fn node(name: &str) -> Node {
+    Node {
+        metadata: meta(name),
+        ..Node::default()
+    }
+}
+
+/// Refinements of a [`Node`]; see [`node`].
+pub trait NodeFixture: Sized {
+    /// Adds every label of `pairs` (an empty slice still sets an empty map).
+    fn with_labels(self, pairs: &[(&str, &str)]) -> Self;
+    /// Sets `spec.unschedulable`.
+    fn unschedulable_is(self, cordoned: bool) -> Self;
+    /// Sets `spec.taints`.
+    fn taints(self, taints: Vec<Taint>) -> Self;
+    /// Ready condition True or False.
+    fn ready_is(self, ready: bool) -> Self;
+}
+
+impl NodeFixture for Node {
+    fn with_labels(mut self, pairs: &[(&str, &str)]) -> Self {
+        let map = self.metadata.labels.get_or_insert_with(BTreeMap::new);
+        map.extend(labels(pairs));
+        self
+    }
+    fn unschedulable_is(mut self, cordoned: bool) -> Self {
+        self.spec
+            .get_or_insert_with(NodeSpec::default)
+            .unschedulable = Some(cordoned);
+        self
+    }
+    fn taints(mut self, taints: Vec<Taint>) -> Self {
+        self.spec.get_or_insert_with(NodeSpec::default).taints = Some(taints);
+        self
+    }
+    fn ready_is(mut self, ready: bool) -> Self {
+        let status = self.status.get_or_insert_with(NodeStatus::default);
+        let conditions = status.conditions.get_or_insert_with(Vec::new);
+        conditions.retain(|c| c.type_ != "Ready");
+        conditions.push(NodeCondition {
+            type_: "Ready".into(),
+            status: if ready { "True" } else { "False" }.into(),
+            ..NodeCondition::default()
+        });
+        self
+    }
+}
+
+/// A PodDisruptionBudget `default/<name>` with no spec and no status.
+pub fn pdb(name: &str) -> PodDisruptionBudget {
+    PodDisruptionBudget {
+        metadata: ObjectMeta {
+            namespace: Some("default".into()),
+            ..meta(name)
+        },
+        ..PodDisruptionBudget::default()
+    }
+}
+
+/// Refinements of a [`PodDisruptionBudget`]; see [`pdb`].
+pub trait PdbFixture: Sized {
+    /// Moves the budget to namespace `ns`.
+    fn ns(self, ns: &str) -> Self;
+    /// Sets `metadata.generation`.
+    fn generation(self, generation: i64) -> Self;
+    /// Selects pods carrying every label of `pairs` (matchLabels).
+    fn selecting(self, pairs: &[(&str, &str)]) -> Self;
+    /// Sets `spec.minAvailable` to a count.
+    fn min_available(self, count: i32) -> Self;
+    /// Sets `status.disruptedPods`: pod name and the Unix second it was disrupted at.
+    fn disrupted(self, pods: &[(&str, i64)]) -> Self;
+}
+
+fn pdb_spec(pdb: &mut PodDisruptionBudget) -> &mut PodDisruptionBudgetSpec {
+    pdb.spec
+        .get_or_insert_with(PodDisruptionBudgetSpec::default)
+}
+
+impl PdbFixture for PodDisruptionBudget {
+    fn ns(mut self, ns: &str) -> Self {
+        self.metadata.namespace = Some(ns.into());
+        self
+    }
+    fn generation(mut self, generation: i64) -> Self {
+        self.metadata.generation = Some(generation);
+        self
+    }
+    fn selecting(mut self, pairs: &[(&str, &str)]) -> Self {
+        pdb_spec(&mut self).selector = Some(LabelSelector {
+            match_labels: Some(labels(pairs)),
+            ..LabelSelector::default()
+        });
+        self
+    }
+    fn min_available(mut self, count: i32) -> Self {
+        pdb_spec(&mut self).min_available = Some(IntOrString::Int(count));
+        self
+    }
+    fn disrupted(mut self, pods: &[(&str, i64)]) -> Self {
+        let status = self
+            .status
+            .get_or_insert_with(PodDisruptionBudgetStatus::default);
+        status.disrupted_pods = Some(
+            pods.iter()
+                .filter_map(|(name, second)| {
+                    let at = jiff::Timestamp::from_second(*second).ok()?;
+                    Some((name.to_string(), Time(at)))
+                })
+                .collect(),
+        );
+        self
+    }
+}
+
+/// A ReplicaSet `default/<name>` with uid `<name>-uid` and an empty selector.
+pub fn replica_set(name: &str) -> ReplicaSet {
+    ReplicaSet {
+        metadata: ObjectMeta {
+            namespace: Some("default".into()),
+            uid: Some(format!("{name}-uid")),
+            ..meta(name)
+        },
+        spec: Some(ReplicaSetSpec::default()),
+        status: None,
+    }
+}
+
+/// Refinements of a [`ReplicaSet`]; see [`replica_set`].
+pub trait ReplicaSetFixture: Sized {
+    /// Moves the ReplicaSet to namespace `ns`.
+    fn ns(self, ns: &str) -> Self;
+    /// Sets the uid.
+    fn with_uid(self, uid: &str) -> Self;
+    /// Sets `spec.replicas`.
+    fn replicas(self, replicas: i32) -> Self;
+    /// Selects (and labels its template with) every label of `pairs`.
+    fn selecting(self, pairs: &[(&str, &str)]) -> Self;
+}
+
+impl ReplicaSetFixture for ReplicaSet {
+    fn ns(mut self, ns: &str) -> Self {
+        self.metadata.namespace = Some(ns.into());
+        self
+    }
+    fn with_uid(mut self, uid: &str) -> Self {
+        self.metadata.uid = Some(uid.into());
+        self
+    }
+    fn replicas(mut self, replicas: i32) -> Self {
+        self.spec
+            .get_or_insert_with(ReplicaSetSpec::default)
+            .replicas = Some(replicas);
+        self
+    }
+    fn selecting(mut self, pairs: &[(&str, &str)]) -> Self {
+        let spec = self.spec.get_or_insert_with(ReplicaSetSpec::default);
+        spec.selector = LabelSelector {
+            match_labels: Some(labels(pairs)),
+            ..LabelSelector::default()
+        };
+        let template = spec.template.get_or_insert_with(PodTemplateSpec::default);
+        let meta = template.metadata.get_or_insert_with(ObjectMeta::default);
+        meta.labels = Some(labels(pairs));
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chain_builds_the_pod_it_reads_as() {
+        let p = pod("web-1")
+            .ns("shop")
+            .label("app", "web")
+            .on_node("n1")
+            .running()
+            .ready()
+            .owned_by_rs("web");
+        assert_eq!(p.metadata.namespace.as_deref(), Some("shop"));
+        assert_eq!(p.metadata.labels, Some(labels(&[("app", "web")])));
+        let owner = &p.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("ReplicaSet", "web-uid")
+        );
+        let status = p.status.unwrap();
+        assert_eq!(status.phase.as_deref(), Some("Running"));
+        assert_eq!(status.conditions.unwrap()[0].status, "True");
+    }
+}
