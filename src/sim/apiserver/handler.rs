@@ -170,6 +170,10 @@ async fn handle(State(ctx): State<Arc<Ctx>>, request: Request) -> Response {
     let span = tracing::debug_span!("api", method = %parts.method, path = %path, user = %req.user.username);
     let _enter = span.enter();
     tracing::debug!(query = ?parts.uri.query(), "request");
+    if parts.method == Method::POST && path == super::selfsubject::PATH {
+        let (code, review) = super::selfsubject::review(&req.user);
+        return json_response(code, &review);
+    }
     if let Some(doc) = discovery(&ctx, &parts.method, &path) {
         return doc;
     }

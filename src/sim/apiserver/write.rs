@@ -251,8 +251,29 @@ fn init_metadata(ctx: &Ctx, target: &Target, obj: &mut Value) -> ApiResult<()> {
     Ok(())
 }
 
+/// The label every Namespace carries with its own name, set on create and on update
+/// whatever the client or a webhook sent (upstream `pkg/registry/core/namespace/strategy.go`,
+/// PrepareForCreate and PrepareForUpdate), so selectors can pick namespaces by name.
+const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+fn label_namespace(def: &ResourceDef, obj: &mut Value) {
+    if !(def.group.is_empty() && def.plural == "namespaces") {
+        return;
+    }
+    let name = meta_str(obj, "name").to_string();
+    let Some(meta) = meta_mut(obj) else {
+        return;
+    };
+    let labels = meta.entry("labels").or_insert_with(|| json!({}));
+    if !labels.is_object() {
+        *labels = json!({});
+    }
+    labels[NAMESPACE_NAME_LABEL] = json!(name);
+}
+
 /// Status a new object starts with (upstream strategies' PrepareForCreate).
 fn prepare_for_create(def: &ResourceDef, obj: &mut Value) {
+    label_namespace(def, obj);
     let Some(map) = obj.as_object_mut() else {
         return;
     };
@@ -377,6 +398,7 @@ pub(crate) async fn create(
     let admitted = admission::admit(ctx, attrs).await?;
     if let Some(mutated) = admitted.object {
         obj = fix_immutable(&obj, prepare_body(def, mutated, Fields::Drop)?);
+        label_namespace(def, &mut obj);
     }
     if req.dry_run() {
         return Ok((StatusCode::CREATED, obj));
@@ -449,6 +471,7 @@ pub(crate) fn merge_for_update(
         return out;
     }
     let mut new = fix_immutable(old, new);
+    label_namespace(def, &mut new);
     if def.has_status()
         && let Some(map) = new.as_object_mut()
     {
