@@ -84,6 +84,8 @@ pub(crate) struct Req {
     pub query: HashMap<String, String>,
     pub content_type: String,
     pub accept: String,
+    /// The User-Agent, whose program name is the default field manager.
+    pub user_agent: String,
     pub body: bytes::Bytes,
 }
 
@@ -161,6 +163,12 @@ async fn handle(State(ctx): State<Arc<Ctx>>, request: Request) -> Response {
         accept: parts
             .headers
             .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string(),
+        user_agent: parts
+            .headers
+            .get(header::USER_AGENT)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_string(),
@@ -331,6 +339,11 @@ async fn dispatch(ctx: &Arc<Ctx>, method: Method, target: Target, req: Req) -> R
         ("create", Some("binding")) => write::bind(ctx, &target, &req).await,
         ("create", None) => write::create(ctx, &target, &req).await,
         ("update", None | Some("status")) => write::update(ctx, &target, &req).await,
+        ("patch", None | Some("status"))
+            if req.content_type.starts_with(super::apply::APPLY_YAML) =>
+        {
+            super::apply::apply(ctx, &target, &req).await
+        }
         ("patch", None | Some("status")) => write::patch(ctx, &target, &req).await,
         ("delete", None) => write::delete(ctx, &target, &req).await,
         ("deletecollection", None) => write::delete_collection(ctx, &target, &req).await,

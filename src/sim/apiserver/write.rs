@@ -380,6 +380,18 @@ pub(crate) async fn create(
     req: &Req,
 ) -> ApiResult<(StatusCode, Value)> {
     let body = req.required_json()?;
+    create_object(ctx, target, req, body, Vec::new()).await
+}
+
+/// Creates `body`; `managed_fields` are the entries of a server-side apply, else the
+/// write is recorded as the creator's Update.
+pub(crate) async fn create_object(
+    ctx: &Arc<Ctx>,
+    target: &Target,
+    req: &Req,
+    body: Value,
+    managed_fields: Vec<Value>,
+) -> ApiResult<(StatusCode, Value)> {
     let def = &target.def;
     let mut obj = prepare_body(def, body, Fields::of(req))?;
     init_metadata(ctx, target, &mut obj)?;
@@ -399,6 +411,11 @@ pub(crate) async fn create(
     if let Some(mutated) = admitted.object {
         obj = fix_immutable(&obj, prepare_body(def, mutated, Fields::Drop)?);
         label_namespace(def, &mut obj);
+    }
+    if managed_fields.is_empty() {
+        super::apply::record_update(target, req, None, &mut obj);
+    } else if let Some(meta) = meta_mut(&mut obj) {
+        meta.insert("managedFields".into(), Value::Array(managed_fields));
     }
     if req.dry_run() {
         return Ok((StatusCode::CREATED, obj));
@@ -563,9 +580,17 @@ pub(crate) async fn commit_update(
     );
     let admitted = admission::admit(ctx, attrs).await?;
     let mut new = new;
+    let applied_fields = new.pointer("/metadata/managedFields").cloned();
     if let Some(mutated) = admitted.object {
         let mutated = prepare_body(def, mutated, Fields::Drop)?;
         new = merge_for_update(def, target.sub.as_deref(), old, mutated);
+    }
+    if req.content_type.starts_with(super::apply::APPLY_YAML) {
+        if let (Some(fields), Some(meta)) = (applied_fields, meta_mut(&mut new)) {
+            meta.insert("managedFields".into(), fields);
+        }
+    } else {
+        super::apply::record_update(target, req, Some(old), &mut new);
     }
     check_new_finalizers(def, old, &new)?;
     if def.group.is_empty() && def.plural == "pods" && target.sub.is_none() {
