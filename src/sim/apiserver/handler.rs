@@ -111,10 +111,13 @@ impl Req {
         self.param("dryRun") == Some("All")
     }
 
-    /// The body as JSON, or `None` when empty.
+    /// The body as JSON (protobuf bodies decoded), or `None` when empty.
     pub(crate) fn json(&self) -> ApiResult<Option<Value>> {
         if self.body.iter().all(u8::is_ascii_whitespace) {
             return Ok(None);
+        }
+        if super::protobuf::is_protobuf(&self.content_type) {
+            return super::protobuf::decode(&self.body).map(Some);
         }
         serde_json::from_slice(&self.body)
             .map(Some)
