@@ -68,6 +68,10 @@ pub(crate) fn decode(body: &[u8]) -> Result<Value, ApiError> {
             let mut m = apps::Deployment::decode(bytes.as_slice()).map_err(bad)?;
             (deployment(&mut m, &mut left), m.encode_to_vec())
         }
+        ("v1" | "meta.k8s.io/v1", "DeleteOptions") => {
+            let mut m = meta::DeleteOptions::decode(bytes.as_slice()).map_err(bad)?;
+            (delete_options(&mut m), m.encode_to_vec())
+        }
         _ => {
             return Err(unsupported(format!(
                 "the simulated API server does not decode protobuf bodies of {api_version} {kind}; send application/json"
@@ -263,6 +267,27 @@ fn secret(m: &mut core::Secret) -> Map<String, Value> {
         .0
 }
 
+fn delete_options(m: &mut meta::DeleteOptions) -> Map<String, Value> {
+    let preconditions = m.preconditions.take().map(|p| {
+        Obj::default()
+            .opt("uid", p.uid)
+            .opt("resourceVersion", p.resource_version)
+            .done()
+    });
+    Obj::default()
+        .opt("gracePeriodSeconds", m.grace_period_seconds.take())
+        .val("preconditions", preconditions)
+        .opt("orphanDependents", m.orphan_dependents.take())
+        .opt("propagationPolicy", m.propagation_policy.take())
+        .strings("dryRun", std::mem::take(&mut m.dry_run))
+        .opt(
+            "ignoreStoreReadErrorWithClusterBreakingPotential",
+            m.ignore_store_read_error_with_cluster_breaking_potential
+                .take(),
+        )
+        .0
+}
+
 fn int_or_string(v: Option<IntOrString>) -> Option<Value> {
     let v = v?;
     match v.r#type {
@@ -314,7 +339,10 @@ fn deployment(m: &mut apps::Deployment, left: &mut Vec<String>) -> Map<String, V
                 s.template.as_mut().map(|t| pod_template(t, left)),
             )
             .val("strategy", strategy)
-            .opt("minReadySeconds", s.min_ready_seconds.take().filter(|n| *n != 0))
+            .opt(
+                "minReadySeconds",
+                s.min_ready_seconds.take().filter(|n| *n != 0),
+            )
             .opt("revisionHistoryLimit", s.revision_history_limit.take())
             .opt("paused", s.paused.take().filter(|p| *p))
             .opt(
