@@ -467,3 +467,53 @@ async fn kubectl_auth_whoami_reads_a_self_subject_review() {
         "{out}"
     );
 }
+
+/// `kubectl get` prints upstream's columns (pkg/printers/internalversion/printers.go).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_get_prints_upstreams_columns() {
+    let (_api, kubectl, dir, _shutdown) = kubectl_against_a_fresh_server().await;
+    let objects = r#"
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: web}
+spec: {minAvailable: 2, selector: {matchLabels: {app: web}}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: pw}
+type: Opaque
+stringData: {a: b}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: conf}
+data: {a: b, c: d}
+"#;
+    let file = write(dir.path(), "objects.yaml", objects);
+    kubectl.ok(&["create", "-f", &file]).await;
+    let header = |text: &str| {
+        text.lines()
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let pdb = kubectl.ok(&["get", "pdb"]).await;
+    assert_eq!(
+        header(&pdb),
+        "NAME MIN AVAILABLE MAX UNAVAILABLE ALLOWED DISRUPTIONS AGE"
+    );
+    assert!(pdb.contains("N/A"), "{pdb}");
+    assert_eq!(
+        header(&kubectl.ok(&["get", "secret", "pw"]).await),
+        "NAME TYPE DATA AGE"
+    );
+    let cm = kubectl.ok(&["get", "configmap", "conf"]).await;
+    assert_eq!(header(&cm), "NAME DATA AGE");
+    assert!(
+        cm.lines().nth(1).unwrap().split_whitespace().nth(1) == Some("2"),
+        "{cm}"
+    );
+    assert_eq!(header(&kubectl.ok(&["get", "ns"]).await), "NAME STATUS AGE");
+}
