@@ -351,17 +351,6 @@ fn deployment(m: &mut apps::Deployment, left: &mut Vec<String>) -> Map<String, V
             )
             .done()
     });
-    if m.spec
-        .as_ref()
-        .is_some_and(|s| s.template.as_ref().is_some_and(|t| t.encoded_len() == 0))
-    {
-        if let Some(s) = m.spec.as_mut() {
-            s.template = None;
-        }
-    }
-    if m.spec.as_ref().is_some_and(|s| s.encoded_len() == 0) {
-        m.spec = None;
-    }
     m.status = None;
     Obj::default()
         .val("metadata", object_meta(m.metadata.take()))
