@@ -300,7 +300,11 @@ async fn updates_conflict_on_stale_resource_version_and_patch_kinds_apply() {
             .unwrap_err(),
     );
     assert_eq!(err.code, 400);
-    assert!(err.message.contains("fieldManager is required"), "{}", err.message);
+    assert!(
+        err.message.contains("fieldManager is required"),
+        "{}",
+        err.message
+    );
 }
 
 #[tokio::test]
