@@ -293,12 +293,18 @@ async fn updates_conflict_on_stale_resource_version_and_patch_kinds_apply() {
         .await
         .unwrap();
     assert_eq!(api_error(pods.get("ghost").await.unwrap_err()).code, 404);
+    // Server-side apply needs a field manager (upstream handlers/patch.go: 400).
     let err = api_error(
         pods.patch("p", &PatchParams::default(), &Patch::Apply(json!({})))
             .await
             .unwrap_err(),
     );
-    assert_eq!(err.code, 415);
+    assert_eq!(err.code, 400);
+    assert!(
+        err.message.contains("fieldManager is required"),
+        "{}",
+        err.message
+    );
 }
 
 #[tokio::test]
@@ -702,7 +708,8 @@ use base64::Engine;
 /// What the test webhook received: (path and query, AdmissionReview).
 type Seen = Arc<Mutex<Vec<(String, Value)>>>;
 
-/// Answers by path: `/mutate` dry-runs evictions, `/deny` denies, `/bad` answers
+/// Answers by path: `/mutate` dry-runs evictions, `/deny` denies, `/deny-bare` denies
+/// without a status, `/bad-patch` returns a patch that cannot apply, `/bad` answers
 /// without apiVersion/kind, `/slow` never answers in time, anything else allows.
 async fn webhook_answer(seen: Seen, uri: http::Uri, body: axum::body::Bytes) -> axum::Json<Value> {
     let review: Value = serde_json::from_slice(&body).unwrap();
@@ -721,6 +728,13 @@ async fn webhook_answer(seen: Seen, uri: http::Uri, body: axum::body::Bytes) -> 
             response["allowed"] = json!(false);
             // 429, not the default 403, so the test shows the webhook's code is kept.
             response["status"] = json!({"code": 429, "message": "not today"});
+        }
+        "/deny-bare" => response["allowed"] = json!(false),
+        "/bad-patch" => {
+            let patch = json!([{"op": "remove", "path": "/no/such/field"}]);
+            response["patchType"] = json!("JSONPatch");
+            response["patch"] =
+                json!(base64::engine::general_purpose::STANDARD.encode(patch.to_string()));
         }
         "/bad" => return axum::Json(json!({"response": response})),
         "/slow" => tokio::time::sleep(Duration::from_secs(5)).await,
@@ -956,6 +970,7 @@ async fn mutating_eviction_webhook_gets_a_real_review_and_its_dry_run_takes_effe
 async fn validating_webhook_behind_a_service_denies_with_the_api_server_wording() {
     let fx = AdmissionFixture::start().await;
     fx.api.route_service("default", "hooks", fx.hook_addr);
+    hooks_service(&fx.client, &[("10.0.0.9", true, false)]).await;
     let by_service = json!({"service": {"namespace": "default", "name": "hooks", "path": "/deny", "port": 443},
                             "caBundle": fx.ca_bundle});
     fx.register(
@@ -1372,4 +1387,274 @@ async fn concurrent_evictions_serialise_on_the_disruption_budget() {
     let status = pdbs.get("web-pdb").await.unwrap().status.unwrap();
     assert_eq!(status.disruptions_allowed, 0);
     assert_eq!(status.disrupted_pods.unwrap().len(), 2);
+}
+
+// ---------------------------------------------------------------------------------
+// Admission plumbing: endpoints of service webhooks, matchConditions, denial codes,
+// failed patches, namespace labels, SelfSubjectReview
+
+use graceful_drain::sim::apiserver::{Route, RouteFrom};
+
+/// Service `default/hooks` (port 443 named `https` → 8443) and one EndpointSlice with
+/// the given (address, ready, terminating) endpoints, as the EndpointSlice controller
+/// writes them (a terminating endpoint is not ready but still serving).
+async fn hooks_service(client: &kube::Client, endpoints: &[(&str, bool, bool)]) {
+    let service = json!({"metadata": {"name": "hooks"},
+        "spec": {"selector": {"app": "hooks"},
+                 "ports": [{"name": "https", "port": 443, "targetPort": 8443}]}});
+    post_object(client, "/api/v1/namespaces/default/services", &service).await;
+    let endpoints: Vec<Value> = endpoints
+        .iter()
+        .map(|(ip, ready, terminating)| {
+            json!({"addresses": [ip], "conditions":
+                {"ready": ready, "serving": *ready || *terminating, "terminating": terminating}})
+        })
+        .collect();
+    let slice = json!({"metadata": {"name": "hooks-abcde",
+            "labels": {"kubernetes.io/service-name": "hooks"}},
+        "addressType": "IPv4", "endpoints": endpoints,
+        "ports": [{"name": "https", "port": 8443, "protocol": "TCP"}]});
+    post_object(
+        client,
+        "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices",
+        &slice,
+    )
+    .await;
+}
+
+fn by_service(fx: &AdmissionFixture, path: &str) -> Value {
+    json!({"service": {"namespace": "default", "name": "hooks", "path": path, "port": 443},
+           "caBundle": fx.ca_bundle})
+}
+
+#[tokio::test]
+async fn service_webhook_calls_go_to_endpoints_and_fail_without_any() {
+    let fx = AdmissionFixture::start().await;
+    post_object(
+        &fx.client,
+        "/api/v1/namespaces/default/services",
+        &json!({"metadata": {"name": "hooks"},
+                "spec": {"ports": [{"name": "https", "port": 443, "targetPort": 8443}]}}),
+    )
+    .await;
+    let hook = by_service(&fx, "/deny");
+    fx.register(
+        "ValidatingWebhookConfiguration",
+        "deny.example.com",
+        hook,
+        delete_rule(),
+        "Fail",
+        5,
+    )
+    .await;
+    // No endpoint at all: the call fails and failurePolicy Fail refuses the request.
+    let failed = api_error(
+        fx.pods
+            .delete("web-1", &DeleteParams::default())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(failed.code, 500);
+    assert!(
+        failed
+            .message
+            .contains("no endpoints available for service \"hooks\""),
+        "{}",
+        failed.message
+    );
+    assert!(fx.reviews().is_empty());
+}
+
+#[tokio::test]
+async fn a_terminating_webhook_replica_still_receives_calls_when_none_is_ready() {
+    let fx = AdmissionFixture::start().await;
+    // One replica terminating (routed to the test webhook), none ready.
+    hooks_service(&fx.client, &[("10.0.0.7", false, true)]).await;
+    fx.api.route(Route {
+        from: RouteFrom::Endpoint("10.0.0.7:8443".parse().unwrap()),
+        to: fx.hook_addr,
+    });
+    let hook = by_service(&fx, "/deny");
+    fx.register(
+        "ValidatingWebhookConfiguration",
+        "deny.example.com",
+        hook,
+        delete_rule(),
+        "Fail",
+        5,
+    )
+    .await;
+    let denied = api_error(
+        fx.pods
+            .delete("web-1", &DeleteParams::default())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(denied.code, 429, "{}", denied.message);
+    assert_eq!(fx.reviews().len(), 1);
+}
+
+#[tokio::test]
+async fn match_conditions_skip_webhooks_and_errors_follow_the_failure_policy() {
+    let fx = AdmissionFixture::start().await;
+    let mut config = webhook_config(
+        "ValidatingWebhookConfiguration",
+        "deny.example.com",
+        fx.url("localhost", "/deny"),
+        delete_rule(),
+        "Fail",
+        5,
+    );
+    // The chart's exclusion of its own service account, plus a label test.
+    config["webhooks"][0]["matchConditions"] = json!([
+        {"name": "not-self", "expression": "request.userInfo.username != \"system:serviceaccount:gd:gd\""},
+        {"name": "web-only", "expression": "has(oldObject.metadata.labels) && oldObject.metadata.labels.app == 'web'"},
+    ]);
+    post_object(&fx.client, VALIDATING, &config).await;
+    let own: Api<Pod> = Api::namespaced(fx.api.client("system:serviceaccount:gd:gd"), "default");
+    own.delete("web-1", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    assert!(fx.reviews().is_empty(), "a false condition skips the call");
+    let denied = api_error(
+        fx.pods
+            .delete("web-2", &DeleteParams::default())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(denied.code, 429);
+    assert_eq!(fx.reviews().len(), 1);
+
+    // `object` is null on DELETE: selecting a field of it is an evaluation error.
+    let mut broken = webhook_config(
+        "ValidatingWebhookConfiguration",
+        "broken.example.com",
+        fx.url("localhost", "/allow"),
+        delete_rule(),
+        "Fail",
+        5,
+    );
+    broken["webhooks"][0]["matchConditions"] =
+        json!([{"name": "bad", "expression": "object.metadata.name == 'web-2'"}]);
+    post_object(&fx.client, VALIDATING, &broken).await;
+    delete_object(&fx.client, &format!("{VALIDATING}/deny.example.com")).await;
+    let failed = api_error(
+        fx.pods
+            .delete("web-2", &DeleteParams::default())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((failed.code, failed.reason.as_str()), (403, "Forbidden"));
+    assert!(
+        failed.message.contains("pods \"web-2\" is forbidden"),
+        "{}",
+        failed.message
+    );
+    // Under Ignore the same error skips the webhook.
+    let patch = json!([{"op": "replace", "path": "/webhooks/0/failurePolicy", "value": "Ignore"}]);
+    let request = http::Request::patch(format!("{VALIDATING}/broken.example.com"))
+        .header("content-type", "application/json-patch+json")
+        .body(serde_json::to_vec(&patch).unwrap())
+        .unwrap();
+    fx.client.request::<Value>(request).await.unwrap();
+    fx.pods
+        .delete("web-2", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    assert_eq!(fx.reviews().len(), 1, "the broken webhook was never called");
+}
+
+#[tokio::test]
+async fn webhook_denial_without_a_code_is_400_and_an_unappliable_patch_is_500_even_when_ignored() {
+    let fx = AdmissionFixture::start().await;
+    fx.register(
+        "ValidatingWebhookConfiguration",
+        "bare.example.com",
+        fx.url("localhost", "/deny-bare"),
+        delete_rule(),
+        "Ignore",
+        5,
+    )
+    .await;
+    let denied = api_error(
+        fx.pods
+            .delete("web-1", &DeleteParams::default())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(denied.code, 400);
+    assert_eq!(
+        denied.message,
+        "admission webhook \"bare.example.com\" denied the request without explanation"
+    );
+    delete_object(&fx.client, &format!("{VALIDATING}/bare.example.com")).await;
+
+    fx.register(
+        "MutatingWebhookConfiguration",
+        "patch.example.com",
+        fx.url("localhost", "/bad-patch"),
+        eviction_rule(),
+        "Ignore",
+        5,
+    )
+    .await;
+    let (code, _, status) =
+        post_raw(&fx.api, &evict_path("web-1"), eviction("web-1", json!({}))).await;
+    assert_eq!(code, 500, "{status}");
+    assert_eq!(status["reason"], "InternalError");
+    assert!(
+        fx.pods
+            .get("web-1")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn namespaces_carry_their_name_label_on_create_and_update() {
+    let (api, _shutdown) = server(Config::default()).await;
+    let namespaces: Api<Namespace> = Api::all(api.client("admin"));
+    let label = |ns: &Namespace| ns.metadata.labels.clone().unwrap_or_default();
+    let default = namespaces.get("default").await.unwrap();
+    assert_eq!(label(&default)["kubernetes.io/metadata.name"], "default");
+    let created = namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "team-a",
+                "labels": {"kubernetes.io/metadata.name": "spoofed", "x": "1"}}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(label(&created)["kubernetes.io/metadata.name"], "team-a");
+    assert_eq!(label(&created)["x"], "1");
+    let patch = json!({"metadata": {"labels": {"kubernetes.io/metadata.name": null}}});
+    let patched = namespaces
+        .patch("team-a", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    assert_eq!(label(&patched)["kubernetes.io/metadata.name"], "team-a");
+}
+
+#[tokio::test]
+async fn self_subject_review_returns_the_callers_user_info() {
+    let (api, _shutdown) = server(Config::default()).await;
+    let client = api.client("system:serviceaccount:gd:gd");
+    let request = http::Request::post("/apis/authentication.k8s.io/v1/selfsubjectreviews")
+        .header("content-type", "application/json")
+        .body(br#"{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}"#.to_vec())
+        .unwrap();
+    let review: Value = client.request(request).await.unwrap();
+    assert_eq!(review["kind"], "SelfSubjectReview");
+    let user = &review["status"]["userInfo"];
+    assert_eq!(user["username"], "system:serviceaccount:gd:gd");
+    assert!(
+        user["groups"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("system:serviceaccounts:gd"))
+    );
 }

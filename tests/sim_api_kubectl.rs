@@ -292,3 +292,228 @@ async fn real_kubectl_gets_creates_applies_cordons_and_drains() {
     let stats = api.stats();
     assert_eq!(stats.count("create", "pods/eviction"), 2);
 }
+
+/// A fresh API server and a kubectl bound to it.
+async fn kubectl_against_a_fresh_server() -> (ApiServer, Kubectl, tempfile::TempDir, Shutdown) {
+    let shutdown = Shutdown::new();
+    let api = ApiServer::start(Config::default(), shutdown.clone())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig, "admin").unwrap();
+    let kubectl = Kubectl {
+        kubeconfig,
+        cache: dir.path().join("cache"),
+    };
+    (api, kubectl, dir, shutdown)
+}
+
+/// `kubectl create <kind>` sends protobuf bodies (`k8s\0` + runtime.Unknown); the
+/// server decodes them to the JSON it stores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_create_subcommands_send_protobuf_the_server_decodes() {
+    let (api, kubectl, _dir, _shutdown) = kubectl_against_a_fresh_server().await;
+    kubectl.ok(&["create", "namespace", "team-a"]).await;
+    kubectl
+        .ok(&[
+            "-n",
+            "team-a",
+            "create",
+            "configmap",
+            "conf",
+            "--from-literal=a=b",
+        ])
+        .await;
+    kubectl
+        .ok(&[
+            "-n",
+            "team-a",
+            "create",
+            "secret",
+            "generic",
+            "pw",
+            "--from-literal=p=q",
+        ])
+        .await;
+    kubectl
+        .ok(&[
+            "-n",
+            "team-a",
+            "create",
+            "deployment",
+            "web",
+            "--image=nginx",
+            "--port=80",
+            "--replicas=2",
+        ])
+        .await;
+    let client = api.client("admin");
+    let ns: k8s_openapi::api::core::v1::Namespace =
+        Api::all(client.clone()).get("team-a").await.unwrap();
+    assert_eq!(
+        ns.metadata.labels.unwrap()["kubernetes.io/metadata.name"],
+        "team-a"
+    );
+    let cm: ConfigMap = Api::namespaced(client.clone(), "team-a")
+        .get("conf")
+        .await
+        .unwrap();
+    assert_eq!(cm.data.unwrap()["a"], "b");
+    let secret: k8s_openapi::api::core::v1::Secret = Api::namespaced(client.clone(), "team-a")
+        .get("pw")
+        .await
+        .unwrap();
+    assert_eq!(secret.data.unwrap()["p"].0, b"q");
+    let deploy: k8s_openapi::api::apps::v1::Deployment = Api::namespaced(client.clone(), "team-a")
+        .get("web")
+        .await
+        .unwrap();
+    let spec = deploy.spec.unwrap();
+    assert_eq!(spec.replicas, Some(2));
+    let container = &spec.template.spec.unwrap().containers[0];
+    assert_eq!(container.image.as_deref(), Some("nginx"));
+    assert_eq!(container.ports.as_ref().unwrap()[0].container_port, 80);
+    // What kubectl create wrote is recorded as its Update.
+    let managers: Vec<String> = deploy
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|m| m.manager)
+        .collect();
+    assert_eq!(managers, ["kubectl-create"]);
+    kubectl
+        .ok(&["-n", "team-a", "delete", "deployment", "web"])
+        .await;
+}
+
+const SSA_CONFIG: &str = r#"
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: settings
+  labels: {team: a}
+data: {mode: fast, level: "1"}
+"#;
+
+/// `kubectl apply --server-side`: create-if-absent, managedFields with operation Apply,
+/// merges with other managers' fields, conflicts (409) naming the other manager, and
+/// `--force-conflicts` taking the field over; fields dropped from the configuration go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_server_side_apply_tracks_managers_and_reports_conflicts() {
+    let (api, kubectl, dir, _shutdown) = kubectl_against_a_fresh_server().await;
+    let configmaps: Api<ConfigMap> = Api::namespaced(api.client("admin"), "default");
+    let file = write(dir.path(), "cm.yaml", SSA_CONFIG);
+    let out = kubectl.ok(&["apply", "--server-side", "-f", &file]).await;
+    assert!(out.contains("serverside-applied"), "{out}");
+    let cm = configmaps.get("settings").await.unwrap();
+    let entries = cm.metadata.managed_fields.unwrap();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].manager.as_deref(), Some("kubectl"));
+    assert_eq!(entries[0].operation.as_deref(), Some("Apply"));
+
+    // Another manager's edit of an owned field: the next apply conflicts with it.
+    kubectl
+        .ok(&["label", "--overwrite", "configmap", "settings", "team=b"])
+        .await;
+    kubectl
+        .ok(&[
+            "patch",
+            "configmap",
+            "settings",
+            "-p",
+            r#"{"data":{"extra":"x"}}"#,
+        ])
+        .await;
+    let (ok, out) = kubectl.run(&["apply", "--server-side", "-f", &file]).await;
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("Apply failed with 1 conflict: conflict with \"kubectl-label\" using v1: .metadata.labels.team"),
+        "{out}"
+    );
+    kubectl
+        .ok(&["apply", "--server-side", "--force-conflicts", "-f", &file])
+        .await;
+    let cm = configmaps.get("settings").await.unwrap();
+    assert_eq!(cm.metadata.labels.unwrap()["team"], "a");
+    // The patch's field belongs to kubectl-patch and survives the apply.
+    assert_eq!(cm.data.as_ref().unwrap()["extra"], "x");
+
+    // A field removed from the configuration is removed from the object.
+    let smaller = write(
+        dir.path(),
+        "cm2.yaml",
+        &SSA_CONFIG.replace(", level: \"1\"", ""),
+    );
+    kubectl
+        .ok(&["apply", "--server-side", "-f", &smaller])
+        .await;
+    let data = configmaps.get("settings").await.unwrap().data.unwrap();
+    assert!(!data.contains_key("level"), "{data:?}");
+    assert_eq!(data["mode"], "fast");
+    kubectl.ok(&["delete", "-f", &smaller]).await;
+}
+
+/// `kubectl auth whoami` posts a SelfSubjectReview.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_auth_whoami_reads_a_self_subject_review() {
+    let (_api, kubectl, _dir, _shutdown) = kubectl_against_a_fresh_server().await;
+    let out = kubectl.ok(&["auth", "whoami", "-o", "json"]).await;
+    let review: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(review["kind"], "SelfSubjectReview");
+    assert!(
+        review["status"]["userInfo"]["username"].is_string(),
+        "{out}"
+    );
+}
+
+/// `kubectl get` prints upstream's columns (pkg/printers/internalversion/printers.go).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_get_prints_upstreams_columns() {
+    let (_api, kubectl, dir, _shutdown) = kubectl_against_a_fresh_server().await;
+    let objects = r#"
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: web}
+spec: {minAvailable: 2, selector: {matchLabels: {app: web}}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: pw}
+type: Opaque
+stringData: {a: b}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: conf}
+data: {a: b, c: d}
+"#;
+    let file = write(dir.path(), "objects.yaml", objects);
+    kubectl.ok(&["create", "-f", &file]).await;
+    let header = |text: &str| {
+        text.lines()
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let pdb = kubectl.ok(&["get", "pdb"]).await;
+    assert_eq!(
+        header(&pdb),
+        "NAME MIN AVAILABLE MAX UNAVAILABLE ALLOWED DISRUPTIONS AGE"
+    );
+    assert!(pdb.contains("N/A"), "{pdb}");
+    assert_eq!(
+        header(&kubectl.ok(&["get", "secret", "pw"]).await),
+        "NAME TYPE DATA AGE"
+    );
+    let cm = kubectl.ok(&["get", "configmap", "conf"]).await;
+    assert_eq!(header(&cm), "NAME DATA AGE");
+    assert!(
+        cm.lines().nth(1).unwrap().split_whitespace().nth(1) == Some("2"),
+        "{cm}"
+    );
+    assert_eq!(header(&kubectl.ok(&["get", "ns"]).await), "NAME STATUS AGE");
+}

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use graceful_drain::runtime::Shutdown;
+use graceful_drain::sim::apiserver::ClientCert;
 use graceful_drain::sim::cluster::{Cluster, ClusterConfig, WebSpec, wait_for};
 use graceful_drain::sim::scenario::actions;
 use graceful_drain::sim::traffic::TrafficConfig;
@@ -19,13 +20,14 @@ use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, ResourceExt};
+use rustls::pki_types::pem::PemObject;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Bound for any convergence here; runs take seconds.
 const TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The webhook's service account in these scenarios (passed as `--own-user`, since the
-/// simulated API server has no SelfSubjectReview).
+/// The webhook's service account in these scenarios (passed as `--own-user`; the token
+/// of the kubeconfig is the user name).
 const WEBHOOK_USER: &str = "system:serviceaccount:graceful-drain:graceful-drain-webhook";
 
 #[derive(Parser)]
@@ -37,6 +39,10 @@ struct WebhookCli {
 /// The running webhook; dropping it stops it.
 struct Webhook {
     stop: Shutdown,
+    /// Where it serves admission reviews.
+    listen: std::net::SocketAddr,
+    /// The CA of its serving certificate (PEM).
+    ca: String,
     _dir: tempfile::TempDir,
 }
 
@@ -69,6 +75,16 @@ async fn ready(admin: std::net::SocketAddr) -> bool {
 /// Starts `graceful-drain webhook` from its documented flags against `cluster` and
 /// registers it with the configurations [`webhook_configurations`] builds.
 async fn start_webhook(cluster: &Cluster, delay: Duration, timeout_seconds: u32) -> Webhook {
+    start_webhook_with(cluster, delay, timeout_seconds, &[]).await
+}
+
+/// [`start_webhook`] with extra flags.
+async fn start_webhook_with(
+    cluster: &Cluster,
+    delay: Duration,
+    timeout_seconds: u32,
+    extra: &[&str],
+) -> Webhook {
     let dir = tempfile::tempdir().unwrap();
     let bundle = graceful_drain::certs::generate(
         "webhook",
@@ -113,7 +129,7 @@ async fn start_webhook(cluster: &Cluster, delay: Duration, timeout_seconds: u32)
         "--kubeconfig",
         kubeconfig.to_str().unwrap(),
     ];
-    let cli = WebhookCli::try_parse_from(argv).unwrap();
+    let cli = WebhookCli::try_parse_from(argv.iter().chain(extra)).unwrap();
     let stop = Shutdown::new();
     tokio::spawn(graceful_drain::webhook::run(cli.args, stop.clone()));
     wait_for("webhook ready", TIMEOUT, || ready(admin))
@@ -134,7 +150,12 @@ async fn start_webhook(cluster: &Cluster, delay: Duration, timeout_seconds: u32)
         .create(&pp, &validating)
         .await
         .unwrap();
-    Webhook { stop, _dir: dir }
+    Webhook {
+        stop,
+        listen,
+        ca: bundle.ca_cert,
+        _dir: dir,
+    }
 }
 
 async fn setup(spec: &WebSpec, delay: Duration, timeout_seconds: u32) -> (Cluster, Webhook) {
@@ -339,5 +360,69 @@ async fn rollout_behind_a_lagging_load_balancer_has_no_5xx() {
         isolated,
         old.len(),
         "every replaced pod was isolated before deletion"
+    );
+}
+
+/// A webhook started with `--client-ca` admits the API server, which presents the
+/// client certificate its configuration names (kube-apiserver's admission kubeconfig),
+/// and refuses at the TLS handshake a caller that presents none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_with_client_ca_admits_the_api_servers_certificate_and_refuses_others() {
+    graceful_drain::runtime::install_crypto_provider();
+    let certs_dir = tempfile::tempdir().unwrap();
+    let client =
+        graceful_drain::certs::generate("kube-apiserver", &["kube-apiserver".into()], &[]).unwrap();
+    let client = graceful_drain::certs::write(&client, certs_dir.path()).unwrap();
+    let mut config = ClusterConfig::default();
+    config.api.webhook_client_cert = Some(ClientCert {
+        cert: client.cert.clone(),
+        key: client.key.clone(),
+    });
+    let cluster = Cluster::start(config, Shutdown::new()).await.unwrap();
+    let webhook = start_webhook_with(
+        &cluster,
+        Duration::from_secs(1),
+        5,
+        &["--client-ca", client.ca_cert.to_str().unwrap()],
+    )
+    .await;
+
+    // The DELETE of a pod reaches the validating webhook, which allows it.
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let pod = serde_json::from_value(serde_json::json!({"metadata": {"name": "bare"},
+        "spec": {"containers": [{"name": "c", "image": "x"}]}}))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    pods.delete("bare", &DeleteParams::default()).await.unwrap();
+    let stats = cluster.api().stats();
+    assert!(stats.admission_total() > 0, "{stats:?}");
+    assert!(stats.admission_failures.is_empty(), "{stats:?}");
+
+    // A caller without a client certificate gets no HTTP answer.
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(webhook.ca.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let tls = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls));
+    let tcp = tokio::net::TcpStream::connect(webhook.listen)
+        .await
+        .unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let refused = match connector.connect(name, tcp).await {
+        Err(_) => true,
+        Ok(mut stream) => {
+            let request = "GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+            let _ = stream.write_all(request.as_bytes()).await;
+            let mut answer = Vec::new();
+            let read = stream.read_to_end(&mut answer).await;
+            read.is_err() || !answer.starts_with(b"HTTP/")
+        }
+    };
+    assert!(
+        refused,
+        "a caller without a client certificate was answered"
     );
 }

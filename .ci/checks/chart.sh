@@ -200,8 +200,7 @@ sim_apply() {
   $PY "$CHECKS/assert.py" applied cert-manager deploy/graceful-drain.yaml "$WORK/got.json"
   say "deploy/: kubectl apply; webhook configurations served back with their inject-ca-from"
   # Self-signed mode as release gd in gd-system, applied as Helm would have installed it
-  # (helm itself cannot store a release here: it sends protobuf, which the simulator does
-  # not speak). A second render against the cluster, as `helm upgrade` does, must find the
+  # (.ci/checks/helm.sh runs helm install/upgrade/uninstall itself). A second render against the cluster, as `helm upgrade` does, must find the
   # Secret with `lookup` and keep the certificate, so the caBundle does not change.
   local gd=(gd "$CHART" --namespace gd-system --set certificates.mode=self-signed
     --set lifecycleCrds.install=false)

@@ -48,11 +48,19 @@ pub struct Args {
     /// With --serve: address of the simulated API server (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:0", value_name = "ADDR")]
     pub listen: SocketAddr,
-    /// With --serve: where the API server sends calls for a webhook Service, as
-    /// `NAMESPACE/NAME=ADDR` (repeatable), so service-based webhook configurations
-    /// reach a webhook started as a separate process.
-    #[arg(long = "route-service", value_name = "NS/NAME=ADDR", value_parser = parse_route)]
-    pub routes: Vec<(String, String, SocketAddr)>,
+    /// Where the API server connects for a webhook Service's endpoint, so a webhook
+    /// started as a separate process plays the pod: `NAMESPACE/NAME=ADDR` for every
+    /// endpoint of that Service, or `ENDPOINT_IP:PORT=ADDR` for one (repeatable). The
+    /// call still goes to a ready endpoint of the Service's EndpointSlices first.
+    #[arg(long = "route-service", value_name = "NS/NAME|IP:PORT=ADDR")]
+    pub routes: Vec<apiserver::Route>,
+    /// PEM certificate the API server presents to admission webhooks (with
+    /// --webhook-client-key), for webhooks that require client certificates.
+    #[arg(long, value_name = "FILE", requires = "webhook_client_key")]
+    pub webhook_client_cert: Option<PathBuf>,
+    /// PEM private key of --webhook-client-cert.
+    #[arg(long, value_name = "FILE", requires = "webhook_client_cert")]
+    pub webhook_client_key: Option<PathBuf>,
     /// Worker nodes.
     #[arg(long, default_value_t = 3)]
     pub nodes: usize,
@@ -103,8 +111,17 @@ pub struct Args {
 impl Args {
     /// The scenario configuration these flags describe.
     pub fn scenario(&self) -> ScenarioConfig {
+        let webhook_client_cert = match (&self.webhook_client_cert, &self.webhook_client_key) {
+            (Some(cert), Some(key)) => Some(apiserver::ClientCert {
+                cert: cert.clone(),
+                key: key.clone(),
+            }),
+            _ => None,
+        };
         let api = apiserver::Config {
             addr: self.listen,
+            routes: self.routes.clone(),
+            webhook_client_cert,
             ..apiserver::Config::default()
         };
         let cluster = ClusterConfig {
@@ -175,36 +192,9 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A `--route-service` value that is not `NAMESPACE/NAME=HOST:PORT`.
-#[derive(Debug, thiserror::Error)]
-#[error("expected NAMESPACE/NAME=HOST:PORT, got {text:?}")]
-pub struct BadRoute {
-    text: String,
-    #[source]
-    address: Option<std::net::AddrParseError>,
-}
-
-/// Parses `NAMESPACE/NAME=ADDR`.
-fn parse_route(text: &str) -> Result<(String, String, SocketAddr), BadRoute> {
-    let bad = |address| BadRoute {
-        text: text.to_owned(),
-        address,
-    };
-    let (service, addr) = text.split_once('=').ok_or_else(|| bad(None))?;
-    let (ns, name) = service.split_once('/').ok_or_else(|| bad(None))?;
-    let addr: SocketAddr = addr.parse().map_err(|e| bad(Some(e)))?;
-    if ns.is_empty() || name.is_empty() {
-        return Err(bad(None));
-    }
-    Ok((ns.to_string(), name.to_string(), addr))
-}
-
 async fn serve(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> {
     let cfg = args.scenario();
     let cluster = Cluster::start(cfg.cluster.clone(), shutdown.clone()).await?;
-    for (ns, name, addr) in &args.routes {
-        cluster.api().route_service(ns, name, *addr);
-    }
     cluster.deploy_web(&cfg.web, cfg.phase_timeout).await?;
     let path = args
         .kubeconfig_out
@@ -287,17 +277,26 @@ mod tests {
     }
 
     #[test]
-    fn routes_parse_or_say_why_not() {
-        let route = parse_route("graceful-drain/graceful-drain-webhook=127.0.0.1:9443").unwrap();
-        assert_eq!(route.0, "graceful-drain");
-        assert_eq!(route.1, "graceful-drain-webhook");
-        assert_eq!(route.2, SocketAddr::from(([127, 0, 0, 1], 9443)));
+    fn routes_and_client_certificates_reach_the_api_server_config() {
+        let args = Cli::parse_from([
+            "simulate",
+            "--route-service",
+            "graceful-drain/graceful-drain-webhook=127.0.0.1:9443",
+            "--route-service",
+            "10.0.0.7:8443=127.0.0.1:9444",
+            "--webhook-client-cert",
+            "c.pem",
+            "--webhook-client-key",
+            "k.pem",
+        ])
+        .args;
+        let api = args.scenario().cluster.api;
+        assert_eq!(api.routes.len(), 2);
+        assert_eq!(api.routes[1].to, SocketAddr::from(([127, 0, 0, 1], 9444)));
+        assert_eq!(api.webhook_client_cert.unwrap().key, PathBuf::from("k.pem"));
         assert!(
-            parse_route("no-slash=127.0.0.1:1")
-                .unwrap_err()
-                .to_string()
-                .contains("NAMESPACE/NAME")
+            Cli::try_parse_from(["simulate", "--route-service", "no-slash=127.0.0.1:1"]).is_err()
         );
-        assert!(parse_route("a/b=not-an-address").is_err());
+        assert!(Cli::try_parse_from(["simulate", "--webhook-client-cert", "c.pem"]).is_err());
     }
 }

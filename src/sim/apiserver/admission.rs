@@ -15,14 +15,15 @@ use base64::Engine;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, pem::PemObject};
 use serde_json::{Value, json};
 use tracing::Instrument;
 
-use super::Ctx;
 use super::handler::{Target, UserInfo};
+use super::matchcond::{self, Match};
 use super::selector::selector_object_matches;
 use super::status::{ApiError, ApiResult};
+use super::{ClientCert, Ctx, routing};
 
 /// Webhook timeout when a configuration sets none (admissionregistration/v1 default).
 const DEFAULT_TIMEOUT_SECONDS: u64 = 10;
@@ -211,7 +212,7 @@ pub(crate) async fn admit(ctx: &Ctx, attrs: Attributes<'_>) -> ApiResult<Admitte
     let mut attrs = attrs;
     let mut mutated = false;
     for hook in hooks(ctx, "mutatingwebhookconfigurations", true) {
-        if !hook_matches(ctx, &hook, &attrs) {
+        if !hook_matches(ctx, &hook, &attrs) || !conditions_match(&hook, &attrs)? {
             continue;
         }
         if let Some(object) = call_checked(ctx, &hook, &attrs).await? {
@@ -219,10 +220,12 @@ pub(crate) async fn admit(ctx: &Ctx, attrs: Attributes<'_>) -> ApiResult<Admitte
             mutated = true;
         }
     }
-    let validating: Vec<Hook> = hooks(ctx, "validatingwebhookconfigurations", false)
-        .into_iter()
-        .filter(|h| hook_matches(ctx, h, &attrs))
-        .collect();
+    let mut validating = Vec::new();
+    for hook in hooks(ctx, "validatingwebhookconfigurations", false) {
+        if hook_matches(ctx, &hook, &attrs) && conditions_match(&hook, &attrs)? {
+            validating.push(hook);
+        }
+    }
     let calls = validating.iter().map(|h| call_checked(ctx, h, &attrs));
     for result in futures::future::join_all(calls).await {
         result?;
@@ -230,6 +233,35 @@ pub(crate) async fn admit(ctx: &Ctx, attrs: Attributes<'_>) -> ApiResult<Admitte
     Ok(Admitted {
         object: if mutated { attrs.object } else { None },
     })
+}
+
+/// Evaluates the hook's `matchConditions` after its rules and selectors matched, like
+/// upstream's `ShouldCallHook` (`admission/plugin/webhook/generic/webhook.go`): an
+/// evaluation error under failurePolicy Fail is a 403 Forbidden for the request.
+fn conditions_match(hook: &Hook, attrs: &Attributes<'_>) -> ApiResult<bool> {
+    let conditions = hook.spec.get("matchConditions");
+    if conditions.is_none() {
+        return Ok(true);
+    }
+    let request = review(attrs, "")["request"].take();
+    match matchcond::evaluate(conditions, &request, hook.fails_closed()) {
+        Match::Call => Ok(true),
+        Match::Skip => Ok(false),
+        Match::Error(e) => {
+            let def = &attrs.target.def;
+            let resource = if def.group.is_empty() {
+                def.plural.clone()
+            } else {
+                format!("{}.{}", def.plural, def.group)
+            };
+            Err(ApiError::new(
+                403,
+                "Forbidden",
+                format!("{resource} \"{}\" is forbidden: {e}", attrs.name),
+            )
+            .with_details(&def.group, &def.plural, &attrs.name))
+        }
+    }
 }
 
 /// Calls one webhook and turns its answer into the patched object (mutating), a
@@ -265,6 +297,12 @@ async fn call_checked(ctx: &Ctx, hook: &Hook, attrs: &Attributes<'_>) -> ApiResu
             );
             Ok(patched)
         }
+        Ok(Outcome::PatchFailed(message)) => {
+            tracing::warn!(elapsed_ms = started.elapsed().as_millis() as u64, error = %message, "webhook patch failed to apply");
+            Err(ApiError::internal(format!(
+                "Internal error occurred: {message}"
+            )))
+        }
         Ok(Outcome::Denied(error)) => {
             tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, message = %error.message, "webhook denied");
             Err(error)
@@ -291,6 +329,10 @@ async fn call_checked(ctx: &Ctx, hook: &Hook, attrs: &Attributes<'_>) -> ApiResu
 enum Outcome {
     Allowed(Option<Value>),
     Denied(ApiError),
+    /// The patch could not be decoded or applied: upstream's mutating dispatcher returns
+    /// `apierrors.NewInternalError` for it, which failurePolicy does not cover
+    /// (`admission/plugin/webhook/mutating/dispatcher.go`, callAttrMutatingHook).
+    PatchFailed(String),
 }
 
 fn review(attrs: &Attributes<'_>, uid: &str) -> Value {
@@ -424,14 +466,20 @@ fn interpret(hook: &Hook, attrs: &Attributes<'_>, response: &Value) -> Result<Ou
     let Some(object) = attrs.object.clone() else {
         return Ok(Outcome::Allowed(None));
     };
-    let ops: json_patch::Patch =
-        serde_json::from_slice(patch).map_err(|e| format!("decode response.patch: {e}"))?;
+    let ops: json_patch::Patch = match serde_json::from_slice(patch) {
+        Ok(ops) => ops,
+        Err(e) => return Ok(Outcome::PatchFailed(format!("decode response.patch: {e}"))),
+    };
     let mut patched = object;
-    json_patch::patch(&mut patched, &ops.0).map_err(|e| format!("apply response.patch: {e}"))?;
+    if let Err(e) = json_patch::patch(&mut patched, &ops.0) {
+        return Ok(Outcome::PatchFailed(e.to_string()));
+    }
     Ok(Outcome::Allowed(Some(patched)))
 }
 
-/// A denial as the API server surfaces it.
+/// A denial as the API server surfaces it: upstream's `ToStatusErr`
+/// (`admission/plugin/webhook/errors/statuserror.go`, Kubernetes 1.33) raises a code
+/// below 400 — a missing one included — to 400 Bad Request.
 fn denial(name: &str, result: Option<&Value>) -> ApiError {
     let field = |k: &str| {
         result
@@ -445,7 +493,7 @@ fn denial(name: &str, result: Option<&Value>) -> ApiError {
         .and_then(Value::as_u64)
         .and_then(|c| u16::try_from(c).ok())
         .filter(|c| *c >= 400)
-        .unwrap_or(403);
+        .unwrap_or(400);
     let denied_by = format!("admission webhook \"{name}\" denied the request");
     let (message, reason) = (field("message"), field("reason"));
     let text = match (message.is_empty(), reason.is_empty()) {
@@ -464,6 +512,7 @@ struct Endpoint {
     host_header: String,
     path: String,
     roots: Vec<CertificateDer<'static>>,
+    client_cert: Option<ClientCert>,
 }
 
 impl Endpoint {
@@ -489,6 +538,7 @@ impl Endpoint {
                 host_header: uri.authority().map_or(host.clone(), |a| a.to_string()),
                 path: format!("{path}{sep}{timeout}"),
                 roots,
+                client_cert: ctx.config.webhook_client_cert.clone(),
             });
         }
         let svc = cc
@@ -500,11 +550,16 @@ impl Endpoint {
             p if p.is_empty() => "/".to_string(),
             p => p,
         };
-        let port = svc.get("port").and_then(Value::as_u64).unwrap_or(443);
-        let addr = ctx
-            .route(&namespace, &name)
-            .ok_or_else(|| format!("service \"{namespace}/{name}\" has no route (no endpoints)"))?;
+        let port = svc
+            .get("port")
+            .and_then(Value::as_u64)
+            .and_then(|p| u16::try_from(p).ok())
+            .unwrap_or(443);
         let host = format!("{name}.{namespace}.svc");
+        let fail = |e: String| {
+            format!("failed to call webhook: Post \"https://{host}:{port}{path}?{timeout}\": {e}")
+        };
+        let addr = routing::resolve(ctx, &namespace, &name, port).map_err(fail)?;
         Ok(Self {
             url: format!("https://{host}:{port}{path}?{timeout}"),
             connect: addr.to_string(),
@@ -512,6 +567,7 @@ impl Endpoint {
             host_header: format!("{host}:{port}"),
             path: format!("{path}?{timeout}"),
             roots,
+            client_cert: ctx.config.webhook_client_cert.clone(),
         })
     }
 
@@ -523,9 +579,16 @@ impl Endpoint {
         for cert in &self.roots {
             store.add(cert.clone()).map_err(|e| fail(&e))?;
         }
-        let config = rustls::ClientConfig::builder()
-            .with_root_certificates(store)
-            .with_no_client_auth();
+        let builder = rustls::ClientConfig::builder().with_root_certificates(store);
+        let config = match &self.client_cert {
+            None => builder.with_no_client_auth(),
+            Some(pair) => {
+                let (chain, key) = read_client_cert(pair).map_err(|e| fail(&e))?;
+                builder
+                    .with_client_auth_cert(chain, key)
+                    .map_err(|e| fail(&e))?
+            }
+        };
         let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
         let server_name = ServerName::try_from(self.server_name.clone()).map_err(|e| fail(&e))?;
         let tcp = tokio::net::TcpStream::connect(&self.connect)
@@ -564,6 +627,18 @@ impl Endpoint {
         driver.abort();
         out
     }
+}
+
+/// The client certificate chain and key webhooks are called with.
+fn read_client_cert(
+    pair: &ClientCert,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
+    let chain = CertificateDer::pem_file_iter(&pair.cert)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("read client certificate {}: {e}", pair.cert.display()))?;
+    let key = PrivateKeyDer::from_pem_file(&pair.key)
+        .map_err(|e| format!("read client key {}: {e}", pair.key.display()))?;
+    Ok((chain, key))
 }
 
 fn ca_bundle(cc: &Value) -> Result<Vec<CertificateDer<'static>>, String> {
@@ -630,7 +705,9 @@ mod tests {
             "admission webhook \"hook.example\" denied the request: slow down"
         );
         let e = denial("hook.example", None);
-        assert_eq!(e.code, 403);
+        assert_eq!(e.code, 400);
         assert!(e.message.ends_with("without explanation"));
+        let e = denial("hook.example", Some(&json!({"code": 200, "message": "no"})));
+        assert_eq!(e.code, 400);
     }
 }

@@ -84,6 +84,8 @@ pub(crate) struct Req {
     pub query: HashMap<String, String>,
     pub content_type: String,
     pub accept: String,
+    /// The User-Agent, whose program name is the default field manager.
+    pub user_agent: String,
     pub body: bytes::Bytes,
 }
 
@@ -109,10 +111,13 @@ impl Req {
         self.param("dryRun") == Some("All")
     }
 
-    /// The body as JSON, or `None` when empty.
+    /// The body as JSON (protobuf bodies decoded), or `None` when empty.
     pub(crate) fn json(&self) -> ApiResult<Option<Value>> {
         if self.body.iter().all(u8::is_ascii_whitespace) {
             return Ok(None);
+        }
+        if super::protobuf::is_protobuf(&self.content_type) {
+            return super::protobuf::decode(&self.body).map(Some);
         }
         serde_json::from_slice(&self.body)
             .map(Some)
@@ -164,12 +169,22 @@ async fn handle(State(ctx): State<Arc<Ctx>>, request: Request) -> Response {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_string(),
+        user_agent: parts
+            .headers
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string(),
         body,
     };
     let path = parts.uri.path().trim_end_matches('/').to_string();
     let span = tracing::debug_span!("api", method = %parts.method, path = %path, user = %req.user.username);
     let _enter = span.enter();
     tracing::debug!(query = ?parts.uri.query(), "request");
+    if parts.method == Method::POST && path == super::selfsubject::PATH {
+        let (code, review) = super::selfsubject::review(&req.user);
+        return json_response(code, &review);
+    }
     if let Some(doc) = discovery(&ctx, &parts.method, &path) {
         return doc;
     }
@@ -327,6 +342,11 @@ async fn dispatch(ctx: &Arc<Ctx>, method: Method, target: Target, req: Req) -> R
         ("create", Some("binding")) => write::bind(ctx, &target, &req).await,
         ("create", None) => write::create(ctx, &target, &req).await,
         ("update", None | Some("status")) => write::update(ctx, &target, &req).await,
+        ("patch", None | Some("status"))
+            if req.content_type.starts_with(super::apply::APPLY_YAML) =>
+        {
+            super::apply::apply(ctx, &target, &req).await
+        }
         ("patch", None | Some("status")) => write::patch(ctx, &target, &req).await,
         ("delete", None) => write::delete(ctx, &target, &req).await,
         ("deletecollection", None) => write::delete_collection(ctx, &target, &req).await,

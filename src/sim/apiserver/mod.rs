@@ -9,23 +9,28 @@
 //! Every request is counted in [`Stats`].
 
 mod admission;
+mod apply;
 mod convert;
 mod defaults;
 mod eviction;
 mod handler;
+mod matchcond;
 mod patch;
+mod protobuf;
 mod resources;
+mod routing;
 mod scale;
 mod selector;
+mod selfsubject;
 mod status;
 mod store;
 mod table;
 mod watch;
 mod write;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -37,6 +42,8 @@ use kube::config::{
 };
 
 use crate::runtime::Shutdown;
+
+pub use routing::{Route, RouteFrom};
 
 /// Errors starting the simulated API server.
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +74,19 @@ pub struct Config {
     pub bookmark_interval: Duration,
     /// Namespaces that exist from the start.
     pub namespaces: Vec<String>,
+    /// Where calls to service webhooks' endpoints really go (see [`Route`]).
+    pub routes: Vec<Route>,
+    /// The client certificate presented to webhooks, like the kubeconfig that
+    /// kube-apiserver's `--admission-control-config-file` names for them.
+    pub webhook_client_cert: Option<ClientCert>,
+}
+
+/// A PEM certificate chain and its private key, read at every webhook call so a
+/// rotated pair is picked up without a restart.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientCert {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 impl Default for Config {
@@ -82,6 +102,8 @@ impl Default for Config {
             namespaces: ["default", "kube-system", "kube-public", "kube-node-lease"]
                 .map(String::from)
                 .to_vec(),
+            routes: Vec::new(),
+            webhook_client_cert: None,
         }
     }
 }
@@ -149,7 +171,7 @@ pub(crate) struct Ctx {
     pub store: store::Store,
     pub registry: resources::Registry,
     pub stats: Mutex<Stats>,
-    pub routes: Mutex<HashMap<(String, String), SocketAddr>>,
+    pub routes: Mutex<routing::Routes>,
     pub url: String,
     pub config: Config,
     pub shutdown: Shutdown,
@@ -163,14 +185,11 @@ impl Ctx {
         }
     }
 
-    pub(crate) fn route(&self, namespace: &str, name: &str) -> Option<SocketAddr> {
-        let routes = match self.routes.lock() {
+    pub(crate) fn routes(&self) -> MutexGuard<'_, routing::Routes> {
+        match self.routes.lock() {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
-        };
-        routes
-            .get(&(namespace.to_string(), name.to_string()))
-            .copied()
+        }
     }
 }
 
@@ -205,11 +224,14 @@ impl ApiServer {
             store: store::Store::new(config.watch_history),
             registry: resources::Registry::default(),
             stats: Mutex::new(Stats::default()),
-            routes: Mutex::new(HashMap::new()),
+            routes: Mutex::new(routing::Routes::default()),
             url: format!("http://{addr}"),
             config: config.clone(),
             shutdown: shutdown.clone(),
         });
+        for route in &config.routes {
+            ctx.routes().insert(route.clone());
+        }
         for name in &config.namespaces {
             write::bootstrap_namespace(&ctx, name).map_err(|e| Error::Bootstrap {
                 name: name.clone(),
@@ -302,13 +324,21 @@ impl ApiServer {
         std::fs::write(path, text)
     }
 
-    /// Routes webhook calls for Service `namespace/name` to `addr` (any service port).
+    /// Routes webhook calls that reach any endpoint of Service `namespace/name` to
+    /// `addr` (the Service still needs an endpoint, like in a real cluster).
     pub fn route_service(&self, namespace: &str, name: &str, addr: SocketAddr) {
-        let mut routes = match self.ctx.routes.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        routes.insert((namespace.to_string(), name.to_string()), addr);
+        self.route(Route {
+            from: RouteFrom::Service {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+            },
+            to: addr,
+        });
+    }
+
+    /// Adds a route for webhook calls (see [`Route`]).
+    pub fn route(&self, route: Route) {
+        self.ctx.routes().insert(route);
     }
 
     /// A snapshot of the request counters.

@@ -59,7 +59,7 @@ pub(crate) fn apply(kind: PatchKind, target: &Value, patch: &Value) -> Result<Va
 }
 
 /// The key by which list items merge, if the list is merged rather than replaced.
-fn merge_key(field: &str, items: &[Value]) -> Option<&'static str> {
+pub(crate) fn merge_key(field: &str, items: &[Value]) -> Option<&'static str> {
     let has = |k: &str| items.iter().any(|i| i.get(k).is_some());
     match field {
         "containers"
@@ -89,7 +89,7 @@ fn merge_key(field: &str, items: &[Value]) -> Option<&'static str> {
 }
 
 /// Primitive lists with patch strategy `merge` (union instead of replace).
-fn merges_primitives(field: &str) -> bool {
+pub(crate) fn merges_primitives(field: &str) -> bool {
     field == "finalizers"
 }
 

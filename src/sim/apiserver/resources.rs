@@ -240,6 +240,16 @@ impl Registry {
     }
 
     /// Served group/versions, in registration order, without duplicates.
+    /// (group, version, plural) of every built-in resource.
+    #[cfg(test)]
+    pub(crate) fn builtin_resources(&self) -> Vec<(String, String, String)> {
+        self.read()
+            .iter()
+            .filter(|d| !d.custom)
+            .map(|d| (d.group.clone(), d.version.clone(), d.plural.clone()))
+            .collect()
+    }
+
     pub(crate) fn group_versions(&self) -> Vec<(String, String)> {
         let mut out: Vec<(String, String)> = Vec::new();
         for d in self.read() {

@@ -251,8 +251,29 @@ fn init_metadata(ctx: &Ctx, target: &Target, obj: &mut Value) -> ApiResult<()> {
     Ok(())
 }
 
+/// The label every Namespace carries with its own name, set on create and on update
+/// whatever the client or a webhook sent (upstream `pkg/registry/core/namespace/strategy.go`,
+/// PrepareForCreate and PrepareForUpdate), so selectors can pick namespaces by name.
+const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+fn label_namespace(def: &ResourceDef, obj: &mut Value) {
+    if !(def.group.is_empty() && def.plural == "namespaces") {
+        return;
+    }
+    let name = meta_str(obj, "name").to_string();
+    let Some(meta) = meta_mut(obj) else {
+        return;
+    };
+    let labels = meta.entry("labels").or_insert_with(|| json!({}));
+    if !labels.is_object() {
+        *labels = json!({});
+    }
+    labels[NAMESPACE_NAME_LABEL] = json!(name);
+}
+
 /// Status a new object starts with (upstream strategies' PrepareForCreate).
 fn prepare_for_create(def: &ResourceDef, obj: &mut Value) {
+    label_namespace(def, obj);
     let Some(map) = obj.as_object_mut() else {
         return;
     };
@@ -359,6 +380,18 @@ pub(crate) async fn create(
     req: &Req,
 ) -> ApiResult<(StatusCode, Value)> {
     let body = req.required_json()?;
+    create_object(ctx, target, req, body, Vec::new()).await
+}
+
+/// Creates `body`; `managed_fields` are the entries of a server-side apply, else the
+/// write is recorded as the creator's Update.
+pub(crate) async fn create_object(
+    ctx: &Arc<Ctx>,
+    target: &Target,
+    req: &Req,
+    body: Value,
+    managed_fields: Vec<Value>,
+) -> ApiResult<(StatusCode, Value)> {
     let def = &target.def;
     let mut obj = prepare_body(def, body, Fields::of(req))?;
     init_metadata(ctx, target, &mut obj)?;
@@ -377,6 +410,12 @@ pub(crate) async fn create(
     let admitted = admission::admit(ctx, attrs).await?;
     if let Some(mutated) = admitted.object {
         obj = fix_immutable(&obj, prepare_body(def, mutated, Fields::Drop)?);
+        label_namespace(def, &mut obj);
+    }
+    if managed_fields.is_empty() {
+        super::apply::record_update(target, req, None, &mut obj);
+    } else if let Some(meta) = meta_mut(&mut obj) {
+        meta.insert("managedFields".into(), Value::Array(managed_fields));
     }
     if req.dry_run() {
         return Ok((StatusCode::CREATED, obj));
@@ -449,6 +488,7 @@ pub(crate) fn merge_for_update(
         return out;
     }
     let mut new = fix_immutable(old, new);
+    label_namespace(def, &mut new);
     if def.has_status()
         && let Some(map) = new.as_object_mut()
     {
@@ -540,9 +580,17 @@ pub(crate) async fn commit_update(
     );
     let admitted = admission::admit(ctx, attrs).await?;
     let mut new = new;
+    let applied_fields = new.pointer("/metadata/managedFields").cloned();
     if let Some(mutated) = admitted.object {
         let mutated = prepare_body(def, mutated, Fields::Drop)?;
         new = merge_for_update(def, target.sub.as_deref(), old, mutated);
+    }
+    if req.content_type.starts_with(super::apply::APPLY_YAML) {
+        if let (Some(fields), Some(meta)) = (applied_fields, meta_mut(&mut new)) {
+            meta.insert("managedFields".into(), fields);
+        }
+    } else {
+        super::apply::record_update(target, req, Some(old), &mut new);
     }
     check_new_finalizers(def, old, &new)?;
     if def.group.is_empty() && def.plural == "pods" && target.sub.is_none() {
