@@ -68,6 +68,15 @@ mod fake {
         events: broadcast::Sender<(u64, Value)>,
     }
 
+    /// A LifecycleEvent of the drain transition on our node, claimed, due in an hour.
+    pub fn claimed_event(name: &str) -> Value {
+        let sla = (jiff::Timestamp::now() + Duration::from_secs(3600)).to_string();
+        json!({"apiVersion": "lifecycle.k8s.io/v1alpha1", "kind": "LifecycleEvent",
+               "metadata": {"name": name},
+               "spec": {"transitionName": "graceful-drain", "bindingNode": NODE},
+               "status": {"claimStatus": "Claimed", "sla": sla}})
+    }
+
     fn json_reply(status: u16, body: &Value) -> Reply {
         let bytes = Bytes::from(body.to_string());
         Response::builder()
@@ -114,6 +123,9 @@ mod fake {
                     "metadata": {"name": NODE, "uid": "node-uid", "resourceVersion": "1"},
                     "spec": {}, "status": {"conditions": [
                         {"type": "Ready", "status": "True", "reason": "KubeletReady"}]}}),
+                // The event the scripted kubelet drives, claimed with an SLA far ahead: a
+                // drain lives only as long as its event.
+                lifecycle_events: [("ev-1".to_string(), claimed_event("ev-1"))].into(),
                 ..State::default()
             };
             Self {
@@ -733,15 +745,7 @@ async fn a_restarted_agent_resumes_the_drain() {
         node["metadata"]["annotations"]["graceful-drain.io/drain-event"], "ev-1",
         "the drain names its event on the Node"
     );
-    // Its event is still claimed and within its SLA.
-    let sla = (jiff::Timestamp::now() + std::time::Duration::from_secs(600)).to_string();
-    fake.state.lock().unwrap().lifecycle_events.insert(
-        "ev-1".into(),
-        json!({"apiVersion": "lifecycle.k8s.io/v1alpha1", "kind": "LifecycleEvent",
-               "metadata": {"name": "ev-1"},
-               "spec": {"transitionName": "graceful-drain", "bindingNode": NODE},
-               "status": {"claimStatus": "Claimed", "sla": sla}}),
-    );
+    // Its event (the fake's ev-1) is still claimed and within its SLA.
 
     // A new agent finds cordoned + DrainInProgress and resumes without a Start.
     let second = Shutdown::new();
