@@ -15,7 +15,7 @@
 
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use graceful_drain::agent;
 use graceful_drain::lifecycle::{
     ClaimStatus, DRAIN_TRANSITION, LifecycleEvent, LifecycleEventSpec,
@@ -83,6 +83,7 @@ async fn idle(nodes: usize, warmup: Duration, window: Duration) -> (u64, f64) {
     tokio::time::sleep(window).await;
     let during = cluster.api().stats().since(&before);
     shutdown.cancel();
+    cluster.shutdown().cancel();
     let requests = during.by_user.get(AGENT_USER).copied().unwrap_or_default();
     let rate = requests as f64 / nodes as f64 / window.as_secs_f64();
     (requests, rate)
@@ -137,7 +138,8 @@ async fn completion_latency(round: usize) -> Duration {
             () = tokio::time::sleep_until(deadline) => panic!("drain {name} did not succeed"),
             Some(_) = pod_changes.next() => {
                 let left = store.state().iter().filter(|p| p.metadata.name.as_deref().is_some_and(|n| n.starts_with("web-"))).count();
-                if left == 0 && last_pod_gone.is_none() && store.wait_until_ready().await.is_ok() {
+                let listed = store.wait_until_ready().now_or_never().is_some();
+                if listed && left == 0 && last_pod_gone.is_none() {
                     last_pod_gone = Some(Instant::now());
                 }
             }
@@ -146,6 +148,7 @@ async fn completion_latency(round: usize) -> Duration {
                     && e.status.and_then(|s| s.claim_status) == Some(ClaimStatus::Succeeded)
                 {
                     shutdown.cancel();
+                    cluster.shutdown().cancel();
                     let gone = last_pod_gone.expect("Succeeded before the last pod left");
                     return gone.elapsed();
                 }

@@ -19,6 +19,7 @@
 //! resumes.
 
 use std::future::Future;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -39,6 +40,9 @@ use crate::runtime::Shutdown;
 const CONDITION_UPDATE_INTERVAL: Duration = Duration::from_secs(5);
 /// Longest wait between retries of a failed Node read or write.
 const NODE_RETRY_CAP: Duration = Duration::from_secs(30);
+/// Longest an End waits for a finished drain to record its outcome: well inside the
+/// kubelet's 45 s call timeout, and longer than one Node write normally takes.
+const SETTLE_WAIT: Duration = Duration::from_secs(5);
 /// What a drain that stops without completing leaves on the Node, as its message says.
 const RELEASED: &str = "node left cordoned and returned to the load balancers";
 
@@ -78,6 +82,8 @@ pub struct Snapshot {
 
 struct Operation {
     kind: OpKind,
+    /// The drain returned and its outcome is being written on the Node.
+    finishing: Arc<std::sync::atomic::AtomicBool>,
     /// The LifecycleEvent it serves; `None` when the caller named none.
     event: Arc<Mutex<Option<String>>>,
     token: CancellationToken,
@@ -145,6 +151,31 @@ impl Agent {
             return op.phase.borrow().clone();
         }
         self.replace(&mut current, kind, event)
+    }
+
+    /// [`Agent::poll`], but when the operation has ended and is writing its outcome on the
+    /// Node, waits (at most [`SETTLE_WAIT`]) for that write, so the answer follows the
+    /// Node: the reconciler's pass triggered by that write learns the end at once, and a
+    /// Node that says Drained never lags an End that says complete.
+    pub async fn poll_settled(&self, kind: OpKind, event: Option<&str>) -> Phase {
+        let phase = self.poll(kind, event);
+        let settling = {
+            let current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+            current
+                .as_ref()
+                .filter(|op| op.kind == kind && op.finishing.load(Ordering::SeqCst))
+                .map(|op| op.phase.clone())
+        };
+        match settling {
+            Some(mut changes) if phase == Phase::Running => {
+                let settled = changes.wait_for(|p| *p != Phase::Running);
+                match tokio::time::timeout(SETTLE_WAIT, settled).await {
+                    Ok(Ok(settled)) => settled.clone(),
+                    _ => phase,
+                }
+            }
+            _ => phase,
+        }
     }
 
     fn replace(&self, current: &mut Option<Operation>, kind: OpKind, event: Option<&str>) -> Phase {
@@ -239,6 +270,7 @@ impl Agent {
         previous: Option<JoinHandle<()>>,
     ) -> Operation {
         let event = Arc::new(Mutex::new(event.map(str::to_string)));
+        let finishing = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let token = self.inner.shutdown.child_token();
         let stop_reason = Arc::new(Mutex::new(None));
         let (phase_tx, phase) = watch::channel(Phase::Running);
@@ -246,6 +278,7 @@ impl Agent {
         let run = Run {
             inner: self.inner.clone(),
             event: event.clone(),
+            finishing: finishing.clone(),
             token: token.clone(),
             stop_reason: stop_reason.clone(),
             phase: phase_tx,
@@ -266,6 +299,7 @@ impl Agent {
         ));
         Operation {
             kind,
+            finishing,
             event,
             token,
             stop_reason,
@@ -404,6 +438,7 @@ where
 struct Run {
     inner: Arc<Inner>,
     event: Arc<Mutex<Option<String>>>,
+    finishing: Arc<std::sync::atomic::AtomicBool>,
     token: CancellationToken,
     stop_reason: Arc<Mutex<Option<String>>>,
     phase: watch::Sender<Phase>,
@@ -566,6 +601,7 @@ impl Run {
         let Some(outcome) = drain_outcome(ended, took, &remaining) else {
             return;
         };
+        self.finishing.store(true, Ordering::SeqCst);
         inner.metrics.drain_finished(outcome.metric, took);
         inner
             .metrics
@@ -579,9 +615,9 @@ impl Run {
         if written.await.is_none() {
             return;
         }
+        self.phase.send_replace(outcome.phase);
         let (type_, reason, message) = outcome.event;
         inner.events.post(type_, reason, "", message).await;
-        self.phase.send_replace(outcome.phase);
     }
 
     async fn maintenance(self) {

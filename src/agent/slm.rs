@@ -9,6 +9,7 @@
 //! another node) which fails the LifecycleEvent.
 
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use super::ops::{Agent, OpKind, Phase};
 use crate::lifecycle::{DRAIN_COMPLETE, DRAIN_STARTED, MAINTENANCE_COMPLETE, UNCORDONING};
@@ -134,9 +135,15 @@ impl SlmService {
     }
 
     /// End: report where the operation is.
-    pub fn end(&self, req: &EndLifecycleTransitionRequest) -> LifecycleTransitionResponse {
+    pub async fn end(&self, req: &EndLifecycleTransitionRequest) -> LifecycleTransitionResponse {
         let span = tracing::info_span!("end", transition = %req.transition_name, event = %req.event_name, node = %req.node_name);
-        let _guard = span.enter();
+        self.end_in_span(req).instrument(span).await
+    }
+
+    async fn end_in_span(
+        &self,
+        req: &EndLifecycleTransitionRequest,
+    ) -> LifecycleTransitionResponse {
         let target = match self.target(&req.transition_name, &req.node_name, &req.start, &req.end) {
             Ok(target) => target,
             Err(error) => {
@@ -155,7 +162,8 @@ impl SlmService {
         // The operation of this event, or — for an event the agent has no operation for (a
         // restarted agent; a Node still showing the start reason of an earlier, failed
         // event) — a fresh one, never an old outcome.
-        match self.agent.poll(target.kind, event_name(&req.event_name)) {
+        let event = event_name(&req.event_name);
+        match self.agent.poll_settled(target.kind, event).await {
             Phase::Running => self.answer(target.start, String::new()),
             Phase::Complete => self.answer(target.end, String::new()),
             Phase::Failed(reason) | Phase::Stopped(reason) => {
@@ -188,6 +196,6 @@ impl SlmPlugin for SlmService {
         &self,
         request: Request<EndLifecycleTransitionRequest>,
     ) -> Result<Response<LifecycleTransitionResponse>, Status> {
-        Ok(Response::new(self.end(request.get_ref())))
+        Ok(Response::new(self.end(request.get_ref()).await))
     }
 }
