@@ -22,6 +22,42 @@ use super::{eviction, table, watch, write};
 /// Largest request body accepted (objects are small; a generous bound against runaways).
 const MAX_BODY: usize = 16 * 1024 * 1024;
 
+/// Longest a request may run: kube-apiserver's `--request-timeout` default (1 minute);
+/// a `?timeout=` parameter may only shorten it (`WithRequestDeadline` in
+/// staging/src/k8s.io/apiserver/pkg/endpoints/filters/request_deadline.go).
+pub(crate) const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+tokio::task_local! {
+    /// The deadline of the request being served (read by admission to size webhook calls).
+    static DEADLINE: tokio::time::Instant;
+}
+
+/// The deadline of the request this task serves, if any.
+pub(crate) fn request_deadline() -> Option<tokio::time::Instant> {
+    DEADLINE.try_with(|d| *d).ok()
+}
+
+/// The deadline a request gets: 60 s from now, or sooner when `?timeout=` (a Go
+/// duration such as `30s` or `1m0s`) asks for less.
+fn deadline_of(query: &HashMap<String, String>) -> tokio::time::Instant {
+    let asked = query
+        .get("timeout")
+        .and_then(|t| humantime::parse_duration(t).ok())
+        .filter(|t| !t.is_zero());
+    let timeout = asked.map_or(REQUEST_TIMEOUT, |t| t.min(REQUEST_TIMEOUT));
+    tokio::time::Instant::now() + timeout
+}
+
+/// The answer to a request that outlived its deadline: what the request finisher
+/// (staging/src/k8s.io/apiserver/pkg/endpoints/handlers/finisher/finisher.go) returns.
+fn deadline_exceeded() -> ApiError {
+    ApiError::new(
+        504,
+        "Timeout",
+        "Timeout: request did not complete within requested timeout - context deadline exceeded",
+    )
+}
+
 /// Who sent a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct UserInfo {
@@ -173,9 +209,25 @@ async fn handle(State(ctx): State<Arc<Ctx>>, request: Request) -> Response {
     if let Some(doc) = discovery(&ctx, &parts.method, &path) {
         return doc;
     }
-    match parse_target(&ctx, &path) {
-        Ok(target) => dispatch(&ctx, parts.method, target, req).await,
-        Err(e) => e.into_response(),
+    let target = match parse_target(&ctx, &path) {
+        Ok(target) => target,
+        Err(e) => return e.into_response(),
+    };
+    if let Some(refused) = ctx.faults.before_request(&req.user).await {
+        return refused.into_response();
+    }
+    let deadline = deadline_of(&req.query);
+    let watch = parts.method == Method::GET && target.name.is_none() && req.flag("watch");
+    if watch {
+        // Watches are long-running requests: no deadline (their own timeoutSeconds ends them).
+        return dispatch(&ctx, parts.method, target, req).await;
+    }
+    // Writes commit synchronously after their last await, so a request cut off here
+    // has changed nothing.
+    let run = DEADLINE.scope(deadline, dispatch(&ctx, parts.method, target, req));
+    match tokio::time::timeout_at(deadline, run).await {
+        Ok(response) => response,
+        Err(_) => deadline_exceeded().into_response(),
     }
 }
 

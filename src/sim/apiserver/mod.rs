@@ -6,12 +6,14 @@
 //! (defaults, dropped unknown fields), sent through [`admission`] webhooks, then stored
 //! with resourceVersion compare-and-swap; [`watch`] streams the store's change feed.
 //! [`eviction`] implements `pods/eviction` with the upstream PodDisruptionBudget rules.
-//! Every request is counted in [`Stats`].
+//! Every request is counted in [`Stats`], runs under a deadline (60 s or `?timeout=`)
+//! and may meet the [`faults`] a test asked for.
 
 mod admission;
 mod convert;
 mod defaults;
 mod eviction;
+mod faults;
 mod handler;
 mod patch;
 mod resources;
@@ -37,6 +39,8 @@ use kube::config::{
 };
 
 use crate::runtime::Shutdown;
+
+pub use self::faults::Faults;
 
 /// Errors starting the simulated API server.
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +71,8 @@ pub struct Config {
     pub bookmark_interval: Duration,
     /// Namespaces that exist from the start.
     pub namespaces: Vec<String>,
+    /// Injected faults (throttling, latency, cut watches); none by default.
+    pub faults: Faults,
 }
 
 impl Default for Config {
@@ -82,6 +88,7 @@ impl Default for Config {
             namespaces: ["default", "kube-system", "kube-public", "kube-node-lease"]
                 .map(String::from)
                 .to_vec(),
+            faults: Faults::default(),
         }
     }
 }
@@ -153,6 +160,7 @@ pub(crate) struct Ctx {
     pub url: String,
     pub config: Config,
     pub shutdown: Shutdown,
+    pub faults: faults::Injector,
 }
 
 impl Ctx {
@@ -209,6 +217,7 @@ impl ApiServer {
             url: format!("http://{addr}"),
             config: config.clone(),
             shutdown: shutdown.clone(),
+            faults: faults::Injector::new(config.faults.clone()),
         });
         for name in &config.namespaces {
             write::bootstrap_namespace(&ctx, name).map_err(|e| Error::Bootstrap {
