@@ -205,31 +205,46 @@ fn hook_matches(ctx: &Ctx, hook: &Hook, attrs: &Attributes<'_>) -> bool {
 
 /// Runs mutating then validating webhooks for a write.
 pub(crate) async fn admit(ctx: &Ctx, attrs: Attributes<'_>) -> ApiResult<Admitted> {
+    let mut attrs = attrs;
+    let admitted = mutate(ctx, &mut attrs).await?;
+    validate(ctx, &attrs).await?;
+    Ok(admitted)
+}
+
+/// Runs the mutating webhooks of a write, leaving the mutated object in `attrs`.
+pub(crate) async fn mutate(ctx: &Ctx, attrs: &mut Attributes<'_>) -> ApiResult<Admitted> {
     if is_webhook_config(attrs.target) {
         return Ok(Admitted::default());
     }
-    let mut attrs = attrs;
     let mut mutated = false;
     for hook in hooks(ctx, "mutatingwebhookconfigurations", true) {
         if !hook_matches(ctx, &hook, &attrs) {
             continue;
         }
-        if let Some(object) = call_checked(ctx, &hook, &attrs).await? {
+        if let Some(object) = call_checked(ctx, &hook, attrs).await? {
             attrs.object = Some(object);
             mutated = true;
         }
     }
+    Ok(Admitted {
+        object: if mutated { attrs.object.clone() } else { None },
+    })
+}
+
+/// Runs the validating webhooks of a write (concurrently; the first denial wins).
+pub(crate) async fn validate(ctx: &Ctx, attrs: &Attributes<'_>) -> ApiResult<()> {
+    if is_webhook_config(attrs.target) {
+        return Ok(());
+    }
     let validating: Vec<Hook> = hooks(ctx, "validatingwebhookconfigurations", false)
         .into_iter()
-        .filter(|h| hook_matches(ctx, h, &attrs))
+        .filter(|h| hook_matches(ctx, h, attrs))
         .collect();
-    let calls = validating.iter().map(|h| call_checked(ctx, h, &attrs));
+    let calls = validating.iter().map(|h| call_checked(ctx, h, attrs));
     for result in futures::future::join_all(calls).await {
         result?;
     }
-    Ok(Admitted {
-        object: if mutated { attrs.object } else { None },
-    })
+    Ok(())
 }
 
 /// Calls one webhook and turns its answer into the patched object (mutating), a

@@ -17,7 +17,7 @@ use super::Ctx;
 use super::resources::ResourceDef;
 use super::selector::{FieldSelector, LabelSelector};
 use super::status::{ApiError, ApiResult};
-use super::{eviction, table, watch, write};
+use super::{delete, eviction, table, watch, write};
 
 /// Largest request body accepted (objects are small; a generous bound against runaways).
 const MAX_BODY: usize = 16 * 1024 * 1024;
@@ -35,6 +35,15 @@ tokio::task_local! {
 /// The deadline of the request this task serves, if any.
 pub(crate) fn request_deadline() -> Option<tokio::time::Instant> {
     DEADLINE.try_with(|d| *d).ok()
+}
+
+/// 504 once the request being served is past its deadline: checked right before a
+/// write is stored, as upstream's storage calls fail on an expired context.
+pub(crate) fn check_deadline() -> ApiResult<()> {
+    match request_deadline() {
+        Some(deadline) if tokio::time::Instant::now() >= deadline => Err(deadline_exceeded()),
+        _ => Ok(()),
+    }
 }
 
 /// The deadline a request gets: 60 s from now, or sooner when `?timeout=` (a Go
@@ -380,8 +389,8 @@ async fn dispatch(ctx: &Arc<Ctx>, method: Method, target: Target, req: Req) -> R
         ("create", None) => write::create(ctx, &target, &req).await,
         ("update", None | Some("status")) => write::update(ctx, &target, &req).await,
         ("patch", None | Some("status")) => write::patch(ctx, &target, &req).await,
-        ("delete", None) => write::delete(ctx, &target, &req).await,
-        ("deletecollection", None) => write::delete_collection(ctx, &target, &req).await,
+        ("delete", None) => delete::delete(ctx, &target, &req).await,
+        ("deletecollection", None) => delete::delete_collection(ctx, &target, &req).await,
         _ => Err(ApiError::method_not_allowed(format!(
             "{method} is not supported on {}",
             target.resource_label()

@@ -12,6 +12,7 @@
 mod admission;
 mod convert;
 mod defaults;
+mod delete;
 mod eviction;
 mod faults;
 mod handler;
