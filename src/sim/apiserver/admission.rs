@@ -218,7 +218,7 @@ pub(crate) async fn mutate(ctx: &Ctx, attrs: &mut Attributes<'_>) -> ApiResult<A
     }
     let mut mutated = false;
     for hook in hooks(ctx, "mutatingwebhookconfigurations", true) {
-        if !hook_matches(ctx, &hook, &attrs) {
+        if !hook_matches(ctx, &hook, attrs) {
             continue;
         }
         if let Some(object) = call_checked(ctx, &hook, attrs).await? {
