@@ -1882,6 +1882,39 @@ async fn throttled_requests_get_429_with_retry_after_like_priority_and_fairness(
 }
 
 #[tokio::test]
+async fn simulated_controllers_clients_retry_throttled_requests_like_client_go() {
+    // Every other request of a service account is refused; the simulator's controllers
+    // and kubelets retry after Retry-After, as client-go does.
+    let config = Config {
+        faults: graceful_drain::sim::apiserver::Faults {
+            throttle_share: 0.5,
+            throttle_retry_after: 1,
+            seed: 3,
+            ..Default::default()
+        },
+        ..Config::default()
+    };
+    let (api, _shutdown) = server(config).await;
+    let user = "system:serviceaccount:kube-system:replicaset-controller";
+    let retrying: Api<Pod> = Api::namespaced(api.retrying_client(user), "default");
+    for _ in 0..4 {
+        retrying.list(&ListParams::default()).await.unwrap();
+    }
+    assert_eq!(api.stats().count("list", "pods"), 4);
+    assert!(api.stats().throttled > 0, "none was refused");
+    // A plain client sees the refusals.
+    let plain: Api<Pod> = Api::namespaced(api.client(user), "default");
+    let mut refused = 0;
+    for _ in 0..8 {
+        if let Err(e) = plain.list(&ListParams::default()).await {
+            assert_eq!(api_error(e).code, 429);
+            refused += 1;
+        }
+    }
+    assert!(refused > 0);
+}
+
+#[tokio::test]
 async fn added_latency_delays_every_request() {
     let config = Config {
         faults: graceful_drain::sim::apiserver::Faults {

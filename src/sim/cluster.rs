@@ -252,7 +252,7 @@ impl Cluster {
         let lbs = LoadBalancers::new(cfg.lb, timeline.clone());
         let nodes: Vec<String> = (1..=cfg.nodes).map(|i| format!("worker-{i}")).collect();
         for (index, node) in nodes.iter().enumerate() {
-            let client = api.client(&users::kubelet(node));
+            let client = api.retrying_client(&users::kubelet(node));
             register_node(&client, node).await?;
             let ctx = kubelet::Context {
                 client,
@@ -444,7 +444,7 @@ fn spawn_controllers(
     s: &Shutdown,
 ) {
     use controllers::{deployment, disruption, endpointslice, gc, replicaset, scheduler};
-    let c = |user: &str| api.client(user);
+    let c = |user: &str| api.retrying_client(user);
     spawn_owned(
         "scheduler",
         s.clone(),

@@ -223,6 +223,7 @@ async fn handle(State(ctx): State<Arc<Ctx>>, request: Request) -> Response {
         Err(e) => return e.into_response(),
     };
     if let Some(refused) = ctx.faults.before_request(&req.user).await {
+        ctx.stats().throttled += 1;
         return refused.into_response();
     }
     let deadline = deadline_of(&req.query);
