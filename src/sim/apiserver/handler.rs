@@ -232,8 +232,8 @@ async fn handle(State(ctx): State<Arc<Ctx>>, request: Request) -> Response {
         // Watches are long-running requests: no deadline (their own timeoutSeconds ends them).
         return dispatch(&ctx, parts.method, target, req).await;
     }
-    // Writes commit synchronously after their last await, so a request cut off here
-    // has changed nothing.
+    // Store writes follow `check_deadline()` with no await in between, so a request
+    // answered 504 here writes nothing after its deadline.
     let run = DEADLINE.scope(deadline, dispatch(&ctx, parts.method, target, req));
     match tokio::time::timeout_at(deadline, run).await {
         Ok(response) => response,
