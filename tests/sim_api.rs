@@ -328,7 +328,7 @@ async fn delete_lifecycle_grace_periods_preconditions_and_finalizers() {
     let err = api_error(pods.delete("bound", &wrong).await.unwrap_err());
     assert_eq!((err.code, err.reason.as_str()), (409, "Conflict"));
     assert!(
-        err.message.contains("Precondition failed"),
+        err.message.contains("does not match the UID in record"),
         "{}",
         err.message
     );
@@ -643,7 +643,8 @@ async fn eviction_follows_the_upstream_disruption_budget_rules() {
     assert!(status.disrupted_pods.unwrap().contains_key("web-1"));
     let (code, retry, body) =
         post_raw(&api, &evict_path("web-2"), eviction("web-2", json!({}))).await;
-    assert_eq!((code, retry.as_deref()), (429, Some("0")));
+    // A zero delay is no header at all (upstream writes Retry-After only when positive).
+    assert_eq!((code, retry.as_deref()), (429, None));
     assert_eq!(
         body["message"],
         "Cannot evict pod as it would violate the pod's disruption budget."
@@ -710,7 +711,8 @@ type Seen = Arc<Mutex<Vec<(String, Value)>>>;
 
 /// Answers by path: `/mutate` dry-runs evictions, `/deny` denies, `/deny-bare` denies
 /// without a status, `/bad-patch` returns a patch that cannot apply, `/bad` answers
-/// without apiVersion/kind, `/slow` never answers in time, anything else allows.
+/// without apiVersion/kind, `/slow` never answers in time, `/gate` holds its first call
+/// until the test opens the gate, anything else allows.
 async fn webhook_answer(seen: Seen, uri: http::Uri, body: axum::body::Bytes) -> axum::Json<Value> {
     let review: Value = serde_json::from_slice(&body).unwrap();
     seen.lock().unwrap().push((uri.to_string(), review.clone()));
@@ -738,12 +740,31 @@ async fn webhook_answer(seen: Seen, uri: http::Uri, body: axum::body::Bytes) -> 
         }
         "/bad" => return axum::Json(json!({"response": response})),
         "/slow" => tokio::time::sleep(Duration::from_secs(5)).await,
+        "/gate" => {
+            // The first call waits until the test has changed the object meanwhile.
+            let first = seen
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(p, _)| p.starts_with("/gate"))
+                .count()
+                == 1;
+            if first {
+                GATE_REACHED.notify_one();
+                GATE_OPEN.notified().await;
+            }
+        }
         _ => {}
     }
     axum::Json(
         json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}),
     )
 }
+
+/// Signalled when the first `/gate` review arrived.
+static GATE_REACHED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+/// Releases the first `/gate` review.
+static GATE_OPEN: tokio::sync::Notify = tokio::sync::Notify::const_new();
 
 /// A tiny HTTPS webhook on loopback; returns its address, CA (PEM) and request log.
 async fn webhook_server(shutdown: Shutdown) -> (SocketAddr, String, Seen) {
@@ -961,7 +982,7 @@ async fn mutating_eviction_webhook_gets_a_real_review_and_its_dry_run_takes_effe
     pdb(&fx.client, "web-pdb", "web", true, 0).await;
     let (code, retry, _) =
         post_raw(&fx.api, &evict_path("web-2"), eviction("web-2", json!({}))).await;
-    assert_eq!((code, retry.as_deref()), (429, Some("0")));
+    assert_eq!((code, retry.as_deref()), (429, None));
     assert_eq!(fx.reviews().len(), 2);
     assert_eq!(fx.api.stats().admission_calls["evict.example.com"], 2);
 }
@@ -1102,7 +1123,9 @@ async fn failed_webhook_calls_follow_the_failure_policy() {
     );
 
     let stats = fx.api.stats();
-    assert_eq!(stats.admission_failures["bad-ignore.example.com"], 3);
+    // Four calls for three DELETEs: the grace-0 one validates in the update that sets
+    // its deletionTimestamp and again in the storage delete, like upstream's store.
+    assert_eq!(stats.admission_failures["bad-ignore.example.com"], 4);
     assert_eq!(stats.admission_failures["slow.example.com"], 1);
 }
 
@@ -1657,4 +1680,583 @@ async fn self_subject_review_returns_the_callers_user_info() {
             .unwrap()
             .contains(&json!("system:serviceaccounts:gd"))
     );
+}
+
+// ---------------------------------------------------------------------------------
+// Upstream strictness: DELETE as the registry store does it
+
+/// A pod bound to `n1` with this termination grace period (and phase).
+async fn bound_pod(pods: &Api<Pod>, name: &str, grace: i64, phase: &str) -> Pod {
+    let mut body = pod_json(name, Some("n1"), json!({"app": name}));
+    body["spec"]["terminationGracePeriodSeconds"] = json!(grace);
+    let created = pods
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(body).unwrap(),
+        )
+        .await
+        .unwrap();
+    let status = json!({"status": {"phase": phase}});
+    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+        .await
+        .unwrap();
+    created
+}
+
+/// The DELETE reviews the test webhook received for `name`.
+fn delete_reviews(fx: &AdmissionFixture, name: &str) -> Vec<Value> {
+    fx.reviews()
+        .into_iter()
+        .map(|(_, r)| r)
+        .filter(|r| r["request"]["operation"] == "DELETE" && r["request"]["name"] == name)
+        .collect()
+}
+
+#[tokio::test]
+async fn delete_without_grace_uses_pod_termination_grace_like_check_graceful_delete() {
+    let fx = AdmissionFixture::start().await;
+    let allow = fx.url("127.0.0.1", "/allow");
+    fx.register(
+        "ValidatingWebhookConfiguration",
+        "allow.example.com",
+        allow,
+        delete_rule(),
+        "Fail",
+        5,
+    )
+    .await;
+
+    // No grace period: the pod's own, and the webhook sees the rewritten options.
+    bound_pod(&fx.pods, "long", 45, "Running").await;
+    fx.pods
+        .delete("long", &DeleteParams::default())
+        .await
+        .unwrap();
+    let long = fx.pods.get("long").await.unwrap();
+    assert_eq!(long.metadata.deletion_grace_period_seconds, Some(45));
+    assert_eq!(
+        delete_reviews(&fx, "long")[0]["request"]["options"]["gracePeriodSeconds"],
+        45
+    );
+
+    // A negative grace period counts as 1 second.
+    bound_pod(&fx.pods, "negative", 45, "Running").await;
+    let request = http::Request::delete("/api/v1/namespaces/default/pods/negative")
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&json!({"gracePeriodSeconds": -5})).unwrap())
+        .unwrap();
+    fx.client.request::<Value>(request).await.unwrap();
+    let negative = fx.pods.get("negative").await.unwrap();
+    assert_eq!(negative.metadata.deletion_grace_period_seconds, Some(1));
+    let reviews = delete_reviews(&fx, "negative");
+    assert_eq!(
+        reviews.last().unwrap()["request"]["options"]["gracePeriodSeconds"],
+        1
+    );
+
+    // Unscheduled and finished pods go at once, whatever was asked.
+    fx.pods
+        .create(&PostParams::default(), &pod("unscheduled", None, json!({})))
+        .await
+        .unwrap();
+    fx.pods
+        .delete("unscheduled", &DeleteParams::default().grace_period(20))
+        .await
+        .unwrap();
+    assert_eq!(
+        api_error(fx.pods.get("unscheduled").await.unwrap_err()).code,
+        404
+    );
+    assert_eq!(
+        delete_reviews(&fx, "unscheduled")[0]["request"]["options"]["gracePeriodSeconds"],
+        0
+    );
+    bound_pod(&fx.pods, "done", 45, "Succeeded").await;
+    fx.pods
+        .delete("done", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert_eq!(api_error(fx.pods.get("done").await.unwrap_err()).code, 404);
+    assert_eq!(
+        delete_reviews(&fx, "done")[0]["request"]["options"]["gracePeriodSeconds"],
+        0
+    );
+}
+
+#[tokio::test]
+async fn delete_not_shortening_a_pending_grace_calls_no_webhook_like_before_delete() {
+    let fx = AdmissionFixture::start().await;
+    let allow = fx.url("127.0.0.1", "/allow");
+    fx.register(
+        "ValidatingWebhookConfiguration",
+        "allow.example.com",
+        allow,
+        delete_rule(),
+        "Fail",
+        5,
+    )
+    .await;
+    bound_pod(&fx.pods, "slow", 30, "Running").await;
+    fx.pods
+        .delete("slow", &DeleteParams::default().grace_period(20))
+        .await
+        .unwrap();
+    let first = fx.pods.get("slow").await.unwrap();
+    let calls = || fx.api.stats().admission_calls["allow.example.com"];
+    assert_eq!(calls(), 1);
+
+    // No grace period, or a longer or equal one: answered as is, no webhook.
+    fx.pods
+        .delete("slow", &DeleteParams::default())
+        .await
+        .unwrap();
+    fx.pods
+        .delete("slow", &DeleteParams::default().grace_period(25))
+        .await
+        .unwrap();
+    fx.pods
+        .delete("slow", &DeleteParams::default().grace_period(20))
+        .await
+        .unwrap();
+    assert_eq!(calls(), 1);
+    let same = fx.pods.get("slow").await.unwrap();
+    assert_eq!(
+        same.metadata.resource_version,
+        first.metadata.resource_version
+    );
+
+    // A shorter one is a new graceful deletion: admitted, and the deadline moves closer.
+    fx.pods
+        .delete("slow", &DeleteParams::default().grace_period(5))
+        .await
+        .unwrap();
+    assert_eq!(calls(), 2);
+    let shorter = fx.pods.get("slow").await.unwrap();
+    assert_eq!(shorter.metadata.deletion_grace_period_seconds, Some(5));
+    let (before, after) = (
+        first.metadata.deletion_timestamp.unwrap().0,
+        shorter.metadata.deletion_timestamp.unwrap().0,
+    );
+    assert_eq!(before.duration_since(after).as_secs(), 15);
+}
+
+/// The next watch event that is not a bookmark.
+async fn next_change<K: std::fmt::Debug>(
+    stream: &mut (impl futures::Stream<Item = kube::Result<WatchEvent<K>>> + Unpin),
+) -> WatchEvent<K> {
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(5), stream.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        if !matches!(event, WatchEvent::Bookmark(_)) {
+            return event;
+        }
+    }
+}
+
+#[tokio::test]
+async fn grace_zero_pod_delete_is_seen_as_modified_then_deleted_like_the_registry_store() {
+    let (api, _shutdown) = server(Config::default()).await;
+    let client = api.client("admin");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let created = bound_pod(&pods, "quick", 30, "Running").await;
+    let rv = created.metadata.resource_version.clone().unwrap();
+    let stream = pods.watch(&WatchParams::default(), "0").await.unwrap();
+    let mut stream = Box::pin(stream);
+    // Drain the initial ADDED before deleting.
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.try_next())
+        .await
+        .unwrap();
+    pods.delete("quick", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let event = tokio::time::timeout(Duration::from_secs(5), stream.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        match event {
+            WatchEvent::Modified(p) if p.metadata.resource_version.as_deref() != Some(&rv) => {
+                assert!(p.metadata.deletion_timestamp.is_some());
+                assert_eq!(p.metadata.deletion_grace_period_seconds, Some(0));
+                seen.push("MODIFIED");
+            }
+            WatchEvent::Modified(_) | WatchEvent::Bookmark(_) => {}
+            WatchEvent::Deleted(_) => seen.push("DELETED"),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(seen, ["MODIFIED", "DELETED"]);
+
+    // An object without graceful deletion or finalizers is only DELETED.
+    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client, "default");
+    maps.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "cm"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    let stream = maps.watch(&WatchParams::default(), "0").await.unwrap();
+    let mut stream = Box::pin(stream);
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.try_next())
+        .await
+        .unwrap();
+    maps.delete("cm", &DeleteParams::default()).await.unwrap();
+    let event = next_change(&mut stream).await;
+    assert!(matches!(event, WatchEvent::Deleted(_)), "{event:?}");
+}
+
+#[tokio::test]
+async fn pod_changed_during_the_delete_webhook_is_validated_again_like_guaranteed_update() {
+    let fx = AdmissionFixture::start().await;
+    let gate = fx.url("127.0.0.1", "/gate");
+    fx.register(
+        "ValidatingWebhookConfiguration",
+        "gate.example.com",
+        gate,
+        delete_rule(),
+        "Fail",
+        10,
+    )
+    .await;
+    bound_pod(&fx.pods, "moving", 30, "Running").await;
+    let pods = fx.pods.clone();
+    let deleting =
+        tokio::spawn(async move { pods.delete("moving", &DeleteParams::default()).await });
+    // While the webhook holds the first call, someone relabels the pod.
+    tokio::time::timeout(Duration::from_secs(5), GATE_REACHED.notified())
+        .await
+        .unwrap();
+    let relabel = json!({"metadata": {"labels": {"app": "moving", "isolated": "yes"}}});
+    fx.pods
+        .patch("moving", &PatchParams::default(), &Patch::Merge(relabel))
+        .await
+        .unwrap();
+    GATE_OPEN.notify_one();
+    tokio::time::timeout(Duration::from_secs(10), deleting)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+
+    // The write during the call lost the race: the webhook saw the new pod too.
+    let reviews = delete_reviews(&fx, "moving");
+    assert_eq!(reviews.len(), 2);
+    assert!(reviews[0]["request"]["oldObject"]["metadata"]["labels"]["isolated"].is_null());
+    assert_eq!(
+        reviews[1]["request"]["oldObject"]["metadata"]["labels"]["isolated"],
+        "yes"
+    );
+    let moving = fx.pods.get("moving").await.unwrap();
+    assert!(moving.metadata.deletion_timestamp.is_some());
+    assert_eq!(moving.metadata.labels.unwrap()["isolated"], "yes");
+}
+
+#[tokio::test]
+async fn request_deadline_bounds_the_webhook_timeout_and_answers_504_like_the_finisher() {
+    let fx = AdmissionFixture::start().await;
+    let slow = fx.url("127.0.0.1", "/slow");
+    // Ignore: the slow call fails open, yet the request is past its deadline by then.
+    fx.register(
+        "ValidatingWebhookConfiguration",
+        "slow.example.com",
+        slow,
+        delete_rule(),
+        "Ignore",
+        10,
+    )
+    .await;
+    let request = http::Request::delete("/api/v1/namespaces/default/pods/web-1?timeout=2s")
+        .body(Vec::new())
+        .unwrap();
+    let started = std::time::Instant::now();
+    let err = api_error(fx.client.request::<Value>(request).await.unwrap_err());
+    assert_eq!((err.code, err.reason.as_str()), (504, "Timeout"));
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // The webhook was told what remained of the request's 2 s, not its own 10 s.
+    let (path, _) = fx.reviews().last().unwrap().clone();
+    assert_eq!(path, "/slow?timeout=2s");
+    // And nothing changed.
+    let web = fx.pods.get("web-1").await.unwrap();
+    assert!(web.metadata.deletion_timestamp.is_none());
+}
+
+// ---------------------------------------------------------------------------------
+// Upstream strictness: eviction step by step
+
+#[tokio::test]
+async fn eviction_admission_runs_before_the_existence_check_like_the_create_handler() {
+    let fx = AdmissionFixture::start().await;
+    let allow = fx.url("127.0.0.1", "/allow");
+    fx.register(
+        "MutatingWebhookConfiguration",
+        "evict.example.com",
+        allow,
+        eviction_rule(),
+        "Fail",
+        5,
+    )
+    .await;
+    let (code, _, body) =
+        post_raw(&fx.api, &evict_path("ghost"), eviction("ghost", json!({}))).await;
+    assert_eq!((code, body["reason"].as_str()), (404, Some("NotFound")));
+    assert_eq!(fx.api.stats().admission_calls["evict.example.com"], 1);
+    // The Eviction must name the pod of the URL.
+    let (code, _, body) =
+        post_raw(&fx.api, &evict_path("web-1"), eviction("web-2", json!({}))).await;
+    assert_eq!(code, 400);
+    assert_eq!(
+        body["message"],
+        "name in URL does not match name in Eviction object"
+    );
+}
+
+#[tokio::test]
+async fn eviction_refusals_carry_the_upstream_status_bodies() {
+    let (api, _shutdown) = server(Config::default()).await;
+    let client = api.client("admin");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    running_pod(&pods, "web-1", json!({"app": "web"})).await;
+    running_pod(&pods, "new-1", json!({"app": "new"})).await;
+    pdb(&client, "web-pdb", "web", true, 0).await;
+    pdb(&client, "new-pdb", "new", false, 1).await;
+
+    // No disruption left: 429, the upstream message and cause, no Retry-After at all.
+    let (code, retry, body) =
+        post_raw(&api, &evict_path("web-1"), eviction("web-1", json!({}))).await;
+    assert_eq!((code, retry), (429, None));
+    assert_eq!(body["reason"], "TooManyRequests");
+    assert_eq!(
+        body["message"],
+        "Cannot evict pod as it would violate the pod's disruption budget."
+    );
+    assert_eq!(
+        body["details"],
+        json!({"causes": [{"reason": "DisruptionBudget",
+            "message": "The disruption budget web-pdb needs 1 healthy pods and has 2 currently"}]})
+    );
+
+    // Not observed yet: 429 with Retry-After 10 in the header and the body.
+    let (code, retry, body) =
+        post_raw(&api, &evict_path("new-1"), eviction("new-1", json!({}))).await;
+    assert_eq!((code, retry.as_deref()), (429, Some("10")));
+    assert_eq!(
+        body["details"],
+        json!({"retryAfterSeconds": 10, "causes": [{"reason": "DisruptionBudget",
+            "message": "The disruption budget new-pdb is still being processed by the server."}]})
+    );
+
+    // Two budgets: the Status upstream returns as a result, code 500 and no reason.
+    pdb(&client, "web-pdb-2", "web", true, 5).await;
+    let (code, _, body) = post_raw(&api, &evict_path("web-1"), eviction("web-1", json!({}))).await;
+    assert_eq!(code, 500);
+    assert_eq!(body["status"], "Failure");
+    assert!(body.get("reason").is_none(), "{body}");
+    assert_eq!(
+        body["message"],
+        "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."
+    );
+}
+
+#[tokio::test]
+async fn unhealthy_pod_eviction_policy_always_allow_evicts_unready_pods_for_free() {
+    let (api, _shutdown) = server(Config::default()).await;
+    let client = api.client("admin");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), "default");
+    running_pod(&pods, "sick", json!({"app": "web"})).await;
+    let unready = json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}});
+    pods.patch_status("sick", &PatchParams::default(), &Patch::Merge(unready))
+        .await
+        .unwrap();
+    pdb(&client, "web-pdb", "web", true, 0).await;
+    // The budget is not met (1 healthy of 2 desired): IfHealthyBudget keeps the pod.
+    let short = json!({"status": {"currentHealthy": 1, "desiredHealthy": 2}});
+    pdbs.patch_status("web-pdb", &PatchParams::default(), &Patch::Merge(short))
+        .await
+        .unwrap();
+    let (code, _, _) = post_raw(&api, &evict_path("sick"), eviction("sick", json!({}))).await;
+    assert_eq!(code, 429);
+    // AlwaysAllow: evicted without spending a disruption.
+    let policy = json!({"spec": {"unhealthyPodEvictionPolicy": "AlwaysAllow"}});
+    pdbs.patch("web-pdb", &PatchParams::default(), &Patch::Merge(policy))
+        .await
+        .unwrap();
+    let observed = json!({"status": {"observedGeneration": 2}});
+    pdbs.patch_status("web-pdb", &PatchParams::default(), &Patch::Merge(observed))
+        .await
+        .unwrap();
+    let (code, _, _) = post_raw(&api, &evict_path("sick"), eviction("sick", json!({}))).await;
+    assert_eq!(code, 201);
+    assert!(
+        pods.get("sick")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_some()
+    );
+    let status = pdbs.get("web-pdb").await.unwrap().status.unwrap();
+    assert_eq!(status.disruptions_allowed, 0);
+    assert!(status.disrupted_pods.is_none_or(|d| d.is_empty()));
+
+    // A pending pod skips the budget altogether.
+    pods.create(
+        &PostParams::default(),
+        &pod("waiting", Some("n1"), json!({"app": "web"})),
+    )
+    .await
+    .unwrap();
+    let (code, _, _) = post_raw(&api, &evict_path("waiting"), eviction("waiting", json!({}))).await;
+    assert_eq!(code, 201);
+}
+
+// ---------------------------------------------------------------------------------
+// Fault injection
+
+#[tokio::test]
+async fn throttled_requests_get_429_with_retry_after_like_priority_and_fairness() {
+    let config = Config {
+        faults: graceful_drain::sim::apiserver::Faults {
+            throttle_share: 1.0,
+            throttle_retry_after: 3,
+            ..Default::default()
+        },
+        ..Config::default()
+    };
+    let (api, _shutdown) = server(config).await;
+    let (code, retry, body) = {
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http::<http_body_util::Full<bytes::Bytes>>();
+        let request = http::Request::get(format!("{}/api/v1/namespaces/default/pods", api.url()))
+            .header("authorization", "Bearer system:serviceaccount:default:app")
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        let response = client.request(request).await.unwrap();
+        let code = response.status().as_u16();
+        let retry = response
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().to_string());
+        let bytes = http_body_util::BodyExt::collect(response.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        (
+            code,
+            retry,
+            serde_json::from_slice::<Value>(&bytes).unwrap(),
+        )
+    };
+    assert_eq!((code, retry.as_deref()), (429, Some("3")));
+    assert_eq!(body["reason"], "TooManyRequests");
+    assert_eq!(body["details"]["retryAfterSeconds"], 3);
+    // Cluster admins fall under the exempt priority level.
+    let admin: Api<Pod> = Api::namespaced(api.client("admin"), "default");
+    admin.list(&ListParams::default()).await.unwrap();
+    let app: Api<Pod> = Api::namespaced(api.client("system:serviceaccount:default:app"), "default");
+    assert_eq!(
+        api_error(app.list(&ListParams::default()).await.unwrap_err()).code,
+        429
+    );
+}
+
+#[tokio::test]
+async fn simulated_controllers_clients_retry_throttled_requests_like_client_go() {
+    // Every other request of a service account is refused; the simulator's controllers
+    // and kubelets retry after Retry-After, as client-go does.
+    let config = Config {
+        faults: graceful_drain::sim::apiserver::Faults {
+            throttle_share: 0.5,
+            throttle_retry_after: 1,
+            seed: 3,
+            ..Default::default()
+        },
+        ..Config::default()
+    };
+    let (api, _shutdown) = server(config).await;
+    let user = "system:serviceaccount:kube-system:replicaset-controller";
+    let retrying: Api<Pod> = Api::namespaced(api.retrying_client(user), "default");
+    for _ in 0..4 {
+        retrying.list(&ListParams::default()).await.unwrap();
+    }
+    assert_eq!(api.stats().count("list", "pods"), 4);
+    assert!(api.stats().throttled > 0, "none was refused");
+    // A plain client sees the refusals.
+    let plain: Api<Pod> = Api::namespaced(api.client(user), "default");
+    let mut refused = 0;
+    for _ in 0..8 {
+        if let Err(e) = plain.list(&ListParams::default()).await {
+            assert_eq!(api_error(e).code, 429);
+            refused += 1;
+        }
+    }
+    assert!(refused > 0);
+}
+
+#[tokio::test]
+async fn added_latency_delays_every_request() {
+    let config = Config {
+        faults: graceful_drain::sim::apiserver::Faults {
+            latency: Duration::from_millis(150),
+            ..Default::default()
+        },
+        ..Config::default()
+    };
+    let (api, _shutdown) = server(config).await;
+    let pods: Api<Pod> = Api::namespaced(api.client("admin"), "default");
+    let started = std::time::Instant::now();
+    pods.list(&ListParams::default()).await.unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(150));
+}
+
+#[tokio::test]
+async fn watches_cut_with_410_gone_force_a_relist() {
+    let config = Config {
+        faults: graceful_drain::sim::apiserver::Faults {
+            watch_gone_after: Some(Duration::from_millis(200)),
+            seed: 1,
+            ..Default::default()
+        },
+        ..Config::default()
+    };
+    let (api, _shutdown) = server(config).await;
+    let pods: Api<Pod> = Api::namespaced(api.client("admin"), "default");
+    pods.create(&PostParams::default(), &pod("w", None, json!({})))
+        .await
+        .unwrap();
+    let rv = pods
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let stream = pods.watch(&WatchParams::default(), &rv).await.unwrap();
+    let mut stream = Box::pin(stream);
+    match next_change(&mut stream).await {
+        WatchEvent::Error(status) => {
+            assert_eq!((status.code, status.reason.as_str()), (410, "Expired"))
+        }
+        other => panic!("expected a 410 ERROR event, got {other:?}"),
+    }
+
+    // kube-runtime's watcher relists after it: a second initial listing arrives.
+    use kube::runtime::watcher::{self, Event};
+    let events = watcher::watcher(pods.clone(), watcher::Config::default());
+    let mut events = Box::pin(events);
+    let mut inits = 0;
+    while inits < 2 {
+        let next = tokio::time::timeout(Duration::from_secs(5), events.next())
+            .await
+            .unwrap();
+        if let Some(Ok(Event::InitDone)) = next {
+            inits += 1;
+        }
+    }
 }

@@ -506,3 +506,56 @@ async fn exhausted_pdb_makes_eviction_answer_429() {
     assert_eq!(ready_count(&cluster, &spec).await, 3);
     evict(&pods[1]).await.unwrap();
 }
+
+/// The disruption controller's `disruptedPods` timeout is a setting: a pod recorded as
+/// disrupted but never deleted counts as healthy again once it passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disrupted_pod_never_deleted_counts_again_after_the_configured_timeout() {
+    let cluster = cluster(ClusterConfig {
+        disruption_timeout: Duration::from_secs(2),
+        ..ClusterConfig::default()
+    })
+    .await;
+    let spec = WebSpec {
+        replicas: 3,
+        min_available: 2,
+        ..WebSpec::default()
+    };
+    cluster.deploy_web(&spec, TIMEOUT).await.unwrap();
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(cluster.client(), "default");
+    let status = || async { pdbs.get("web").await.unwrap().status.unwrap_or_default() };
+    wait_for("pdb observed", TIMEOUT, || async {
+        status().await.disruptions_allowed == 1
+    })
+    .await
+    .unwrap();
+    // Record a disruption as an eviction would, without deleting the pod.
+    let victim = web_pods(&cluster, &spec).await[0]
+        .metadata
+        .name
+        .clone()
+        .unwrap();
+    let now = jiff::Timestamp::now().to_string();
+    let recorded = serde_json::json!({"status": {"disruptionsAllowed": 0,
+        "disruptedPods": {victim.clone(): now}}});
+    let started = Instant::now();
+    pdbs.patch_status("web", &PatchParams::default(), &Patch::Merge(recorded))
+        .await
+        .unwrap();
+    let s = status().await;
+    assert!(s.disrupted_pods.unwrap_or_default().contains_key(&victim));
+    wait_for("disruption expired", TIMEOUT, || async {
+        let s = status().await;
+        s.disrupted_pods.is_none_or(|d| d.is_empty())
+            && s.current_healthy == 3
+            && s.disruptions_allowed == 1
+    })
+    .await
+    .unwrap();
+    // Counted until the timeout passed (the record has a one-second resolution).
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+}

@@ -74,6 +74,9 @@ pub struct ClusterConfig {
     pub lb: LbConfig,
     /// API server settings.
     pub api: apiserver::Config,
+    /// How long the disruption controller counts a pod listed in a PDB's
+    /// `disruptedPods` as disrupted without it being deleted (upstream: 2 minutes).
+    pub disruption_timeout: Duration,
 }
 
 impl Default for ClusterConfig {
@@ -90,6 +93,7 @@ impl Default for ClusterConfig {
                 deregistration_lag: Duration::from_secs(3),
             },
             api: apiserver::Config::default(),
+            disruption_timeout: controllers::disruption::DELETION_TIMEOUT,
         }
     }
 }
@@ -248,7 +252,7 @@ impl Cluster {
         let lbs = LoadBalancers::new(cfg.lb, timeline.clone());
         let nodes: Vec<String> = (1..=cfg.nodes).map(|i| format!("worker-{i}")).collect();
         for (index, node) in nodes.iter().enumerate() {
-            let client = api.client(&users::kubelet(node));
+            let client = api.retrying_client(&users::kubelet(node));
             register_node(&client, node).await?;
             let ctx = kubelet::Context {
                 client,
@@ -264,7 +268,7 @@ impl Cluster {
                 kubelet::run(ctx, shutdown.clone()),
             );
         }
-        spawn_controllers(&api, &lbs, &shutdown);
+        spawn_controllers(&api, &lbs, cfg.disruption_timeout, &shutdown);
         let cluster = Cluster {
             api,
             apps,
@@ -433,9 +437,14 @@ where
 }
 
 /// Starts the scheduler, the controllers and the load balancers, each with its user.
-fn spawn_controllers(api: &ApiServer, lbs: &LoadBalancers, s: &Shutdown) {
+fn spawn_controllers(
+    api: &ApiServer,
+    lbs: &LoadBalancers,
+    disruption_timeout: Duration,
+    s: &Shutdown,
+) {
     use controllers::{deployment, disruption, endpointslice, gc, replicaset, scheduler};
-    let c = |user: &str| api.client(user);
+    let c = |user: &str| api.retrying_client(user);
     spawn_owned(
         "scheduler",
         s.clone(),
@@ -459,7 +468,7 @@ fn spawn_controllers(api: &ApiServer, lbs: &LoadBalancers, s: &Shutdown) {
     spawn_owned(
         "disruption-controller",
         s.clone(),
-        disruption::run(c(users::DISRUPTION), s.clone()),
+        disruption::run(c(users::DISRUPTION), s.clone(), disruption_timeout),
     );
     spawn_owned(
         "garbage-collector",

@@ -106,6 +106,37 @@ pub struct Args {
     /// Print the timeline of every run after the table.
     #[arg(long)]
     pub timeline: bool,
+    /// How long the disruption controller counts a pod an eviction recorded in a PDB's
+    /// `disruptedPods` as disrupted while it is not deleted (upstream DeletionTimeout).
+    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
+    pub pdb_deletion_timeout: Duration,
+    /// Fault: share (0.0–1.0) of API requests answered 429 TooManyRequests, as API
+    /// Priority and Fairness does under load (cluster admins are exempt).
+    #[arg(long, default_value_t = 0.0, value_name = "SHARE", value_parser = parse_share)]
+    pub fault_throttle_share: f64,
+    /// Fault: Retry-After seconds of a throttled request.
+    #[arg(long, default_value_t = 1, value_name = "SECONDS")]
+    pub fault_throttle_retry_after: u64,
+    /// Fault: latency added to every API request.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    pub fault_latency: Duration,
+    /// Fault: cut every watch with a 410 Gone ERROR event after about this long (half to
+    /// one and a half times it), forcing watchers to relist.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub fault_watch_gone_after: Option<Duration>,
+    /// Seed of the faults' random choices (same seed, same faults for the same requests).
+    #[arg(long, default_value_t = 0)]
+    pub fault_seed: u64,
+}
+
+/// Parses a share between 0 and 1.
+fn parse_share(text: &str) -> Result<f64, String> {
+    let share: f64 = text.parse().map_err(|e| format!("{text:?}: {e}"))?;
+    if (0.0..=1.0).contains(&share) {
+        Ok(share)
+    } else {
+        Err(format!("{share} is not between 0 and 1"))
+    }
 }
 
 impl Args {
@@ -122,6 +153,13 @@ impl Args {
             addr: self.listen,
             routes: self.routes.clone(),
             webhook_client_cert,
+            faults: apiserver::Faults {
+                throttle_share: self.fault_throttle_share,
+                throttle_retry_after: self.fault_throttle_retry_after,
+                latency: self.fault_latency,
+                watch_gone_after: self.fault_watch_gone_after,
+                seed: self.fault_seed,
+            },
             ..apiserver::Config::default()
         };
         let cluster = ClusterConfig {
@@ -136,6 +174,7 @@ impl Args {
                 deregistration_lag: self.deregistration_lag,
             },
             api,
+            disruption_timeout: self.pdb_deletion_timeout,
         };
         let web = WebSpec {
             replicas: self.replicas,
@@ -274,6 +313,35 @@ mod tests {
         assert_eq!(cfg.cluster.lb.deregistration_lag, Duration::from_secs(15));
         assert_eq!(cfg.traffic.rate, 50.0);
         assert_eq!(cfg.components.deregistration_delay, Duration::from_secs(4));
+        assert_eq!(cfg.cluster.disruption_timeout, Duration::from_secs(120));
+        assert_eq!(cfg.cluster.api.faults, apiserver::Faults::default());
+    }
+
+    #[test]
+    fn fault_flags_shape_the_api_server() {
+        let cli = Cli::try_parse_from([
+            "simulate",
+            "--fault-throttle-share",
+            "0.25",
+            "--fault-latency",
+            "5ms",
+            "--fault-watch-gone-after",
+            "3s",
+            "--fault-seed",
+            "42",
+            "--pdb-deletion-timeout",
+            "2s",
+        ])
+        .unwrap();
+        let cfg = cli.args.scenario();
+        let faults = &cfg.cluster.api.faults;
+        assert_eq!(faults.throttle_share, 0.25);
+        assert_eq!(faults.throttle_retry_after, 1);
+        assert_eq!(faults.latency, Duration::from_millis(5));
+        assert_eq!(faults.watch_gone_after, Some(Duration::from_secs(3)));
+        assert_eq!(faults.seed, 42);
+        assert_eq!(cfg.cluster.disruption_timeout, Duration::from_secs(2));
+        assert!(Cli::try_parse_from(["simulate", "--fault-throttle-share", "1.5"]).is_err());
     }
 
     #[test]

@@ -206,33 +206,48 @@ fn hook_matches(ctx: &Ctx, hook: &Hook, attrs: &Attributes<'_>) -> bool {
 
 /// Runs mutating then validating webhooks for a write.
 pub(crate) async fn admit(ctx: &Ctx, attrs: Attributes<'_>) -> ApiResult<Admitted> {
+    let mut attrs = attrs;
+    let admitted = mutate(ctx, &mut attrs).await?;
+    validate(ctx, &attrs).await?;
+    Ok(admitted)
+}
+
+/// Runs the mutating webhooks of a write, leaving the mutated object in `attrs`.
+pub(crate) async fn mutate(ctx: &Ctx, attrs: &mut Attributes<'_>) -> ApiResult<Admitted> {
     if is_webhook_config(attrs.target) {
         return Ok(Admitted::default());
     }
-    let mut attrs = attrs;
     let mut mutated = false;
     for hook in hooks(ctx, "mutatingwebhookconfigurations", true) {
-        if !hook_matches(ctx, &hook, &attrs) || !conditions_match(&hook, &attrs)? {
+        if !hook_matches(ctx, &hook, attrs) || !conditions_match(&hook, attrs)? {
             continue;
         }
-        if let Some(object) = call_checked(ctx, &hook, &attrs).await? {
+        if let Some(object) = call_checked(ctx, &hook, attrs).await? {
             attrs.object = Some(object);
             mutated = true;
         }
     }
+    Ok(Admitted {
+        object: if mutated { attrs.object.clone() } else { None },
+    })
+}
+
+/// Runs the validating webhooks of a write (concurrently; the first denial wins).
+pub(crate) async fn validate(ctx: &Ctx, attrs: &Attributes<'_>) -> ApiResult<()> {
+    if is_webhook_config(attrs.target) {
+        return Ok(());
+    }
     let mut validating = Vec::new();
     for hook in hooks(ctx, "validatingwebhookconfigurations", false) {
-        if hook_matches(ctx, &hook, &attrs) && conditions_match(&hook, &attrs)? {
+        if hook_matches(ctx, &hook, attrs) && conditions_match(&hook, attrs)? {
             validating.push(hook);
         }
     }
-    let calls = validating.iter().map(|h| call_checked(ctx, h, &attrs));
+    let calls = validating.iter().map(|h| call_checked(ctx, h, attrs));
     for result in futures::future::join_all(calls).await {
         result?;
     }
-    Ok(Admitted {
-        object: if mutated { attrs.object } else { None },
-    })
+    Ok(())
 }
 
 /// Evaluates the hook's `matchConditions` after its rules and selectors matched, like
@@ -365,6 +380,27 @@ fn review(attrs: &Attributes<'_>, uid: &str) -> Value {
     json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request})
 }
 
+/// How long a webhook call may take: the webhook's timeoutSeconds, cut to what remains
+/// of the request's deadline (the dispatchers of
+/// staging/src/k8s.io/apiserver/pkg/admission/plugin/webhook/{mutating,validating}
+/// derive the call's context from the request's).
+fn call_timeout(hook: Duration, deadline: Option<tokio::time::Instant>) -> Duration {
+    let left = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
+    left.map_or(hook, |left| left.min(hook))
+}
+
+/// The `timeout` query parameter of a webhook call: the time left rounded up to whole
+/// seconds, written as Go prints a duration (`10s`, `1m0s`), like the dispatchers'
+/// `r.Timeout(...)`.
+fn go_duration(timeout: Duration) -> String {
+    let whole = timeout.as_secs() + u64::from(timeout.subsec_nanos() > 0);
+    match (whole / 3600, whole / 60 % 60, whole % 60) {
+        (0, 0, s) => format!("{s}s"),
+        (0, m, s) => format!("{m}m{s}s"),
+        (h, m, s) => format!("{h}h{m}m{s}s"),
+    }
+}
+
 /// `group/version, Kind=kind` the way the API server prints a GroupVersionKind.
 fn gvk_string(api_version: &str, kind: &str) -> String {
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
@@ -374,8 +410,8 @@ fn gvk_string(api_version: &str, kind: &str) -> String {
 async fn call(ctx: &Ctx, hook: &Hook, attrs: &Attributes<'_>) -> Result<Outcome, String> {
     let uid = uuid::Uuid::new_v4().to_string();
     let body = review(attrs, &uid).to_string();
-    let endpoint = Endpoint::from_client_config(ctx, hook)?;
-    let timeout = hook.timeout();
+    let timeout = call_timeout(hook.timeout(), super::handler::request_deadline());
+    let endpoint = Endpoint::from_client_config(ctx, hook, timeout)?;
     let (status, bytes) = tokio::time::timeout(timeout, endpoint.post(body.into_bytes(), timeout))
         .await
         .map_err(|_| {
@@ -516,13 +552,13 @@ struct Endpoint {
 }
 
 impl Endpoint {
-    fn from_client_config(ctx: &Ctx, hook: &Hook) -> Result<Self, String> {
+    fn from_client_config(ctx: &Ctx, hook: &Hook, timeout: Duration) -> Result<Self, String> {
         let cc = hook
             .spec
             .get("clientConfig")
             .ok_or("webhook has no clientConfig")?;
         let roots = ca_bundle(cc)?;
-        let timeout = format!("timeout={}s", hook.timeout().as_secs());
+        let timeout = format!("timeout={}", go_duration(timeout));
         if let Some(url) = cc.get("url").and_then(Value::as_str) {
             let uri: http::Uri = url
                 .parse()
@@ -666,6 +702,20 @@ mod tests {
         assert!(resource_matches("*", "pods", None));
         assert!(!resource_matches("*", "pods", Some("eviction")));
         assert!(!resource_matches("pods/eviction", "pods", None));
+    }
+
+    #[test]
+    fn webhook_timeouts_are_what_remains_of_the_request_deadline_in_go_notation() {
+        assert_eq!(go_duration(Duration::from_secs(10)), "10s");
+        assert_eq!(go_duration(Duration::from_millis(2100)), "3s");
+        assert_eq!(go_duration(Duration::from_secs(60)), "1m0s");
+        assert_eq!(go_duration(Duration::from_secs(3661)), "1h1m1s");
+        let hook = Duration::from_secs(10);
+        assert_eq!(call_timeout(hook, None), hook);
+        let soon = tokio::time::Instant::now() + Duration::from_secs(3);
+        assert!(call_timeout(hook, Some(soon)) <= Duration::from_secs(3));
+        let later = tokio::time::Instant::now() + Duration::from_secs(60);
+        assert_eq!(call_timeout(hook, Some(later)), hook);
     }
 
     #[test]

@@ -17,10 +17,55 @@ use super::Ctx;
 use super::resources::ResourceDef;
 use super::selector::{FieldSelector, LabelSelector};
 use super::status::{ApiError, ApiResult};
-use super::{eviction, table, watch, write};
+use super::{delete, eviction, table, watch, write};
 
 /// Largest request body accepted (objects are small; a generous bound against runaways).
 const MAX_BODY: usize = 16 * 1024 * 1024;
+
+/// Longest a request may run: kube-apiserver's `--request-timeout` default (1 minute);
+/// a `?timeout=` parameter may only shorten it (`WithRequestDeadline` in
+/// staging/src/k8s.io/apiserver/pkg/endpoints/filters/request_deadline.go).
+pub(crate) const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+tokio::task_local! {
+    /// The deadline of the request being served (read by admission to size webhook calls).
+    static DEADLINE: tokio::time::Instant;
+}
+
+/// The deadline of the request this task serves, if any.
+pub(crate) fn request_deadline() -> Option<tokio::time::Instant> {
+    DEADLINE.try_with(|d| *d).ok()
+}
+
+/// 504 once the request being served is past its deadline: checked right before a
+/// write is stored, as upstream's storage calls fail on an expired context.
+pub(crate) fn check_deadline() -> ApiResult<()> {
+    match request_deadline() {
+        Some(deadline) if tokio::time::Instant::now() >= deadline => Err(deadline_exceeded()),
+        _ => Ok(()),
+    }
+}
+
+/// The deadline a request gets: 60 s from now, or sooner when `?timeout=` (a Go
+/// duration such as `30s` or `1m0s`) asks for less.
+fn deadline_of(query: &HashMap<String, String>) -> tokio::time::Instant {
+    let asked = query
+        .get("timeout")
+        .and_then(|t| humantime::parse_duration(t).ok())
+        .filter(|t| !t.is_zero());
+    let timeout = asked.map_or(REQUEST_TIMEOUT, |t| t.min(REQUEST_TIMEOUT));
+    tokio::time::Instant::now() + timeout
+}
+
+/// The answer to a request that outlived its deadline: what the request finisher
+/// (staging/src/k8s.io/apiserver/pkg/endpoints/handlers/finisher/finisher.go) returns.
+fn deadline_exceeded() -> ApiError {
+    ApiError::new(
+        504,
+        "Timeout",
+        "Timeout: request did not complete within requested timeout - context deadline exceeded",
+    )
+}
 
 /// Who sent a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -188,9 +233,26 @@ async fn handle(State(ctx): State<Arc<Ctx>>, request: Request) -> Response {
     if let Some(doc) = discovery(&ctx, &parts.method, &path) {
         return doc;
     }
-    match parse_target(&ctx, &path) {
-        Ok(target) => dispatch(&ctx, parts.method, target, req).await,
-        Err(e) => e.into_response(),
+    let target = match parse_target(&ctx, &path) {
+        Ok(target) => target,
+        Err(e) => return e.into_response(),
+    };
+    if let Some(refused) = ctx.faults.before_request(&req.user).await {
+        ctx.stats().throttled += 1;
+        return refused.into_response();
+    }
+    let deadline = deadline_of(&req.query);
+    let watch = parts.method == Method::GET && target.name.is_none() && req.flag("watch");
+    if watch {
+        // Watches are long-running requests: no deadline (their own timeoutSeconds ends them).
+        return dispatch(&ctx, parts.method, target, req).await;
+    }
+    // Store writes follow `check_deadline()` with no await in between, so a request
+    // answered 504 here writes nothing after its deadline.
+    let run = DEADLINE.scope(deadline, dispatch(&ctx, parts.method, target, req));
+    match tokio::time::timeout_at(deadline, run).await {
+        Ok(response) => response,
+        Err(_) => deadline_exceeded().into_response(),
     }
 }
 
@@ -348,8 +410,8 @@ async fn dispatch(ctx: &Arc<Ctx>, method: Method, target: Target, req: Req) -> R
             super::apply::apply(ctx, &target, &req).await
         }
         ("patch", None | Some("status")) => write::patch(ctx, &target, &req).await,
-        ("delete", None) => write::delete(ctx, &target, &req).await,
-        ("deletecollection", None) => write::delete_collection(ctx, &target, &req).await,
+        ("delete", None) => delete::delete(ctx, &target, &req).await,
+        ("deletecollection", None) => delete::delete_collection(ctx, &target, &req).await,
         _ => Err(ApiError::method_not_allowed(format!(
             "{method} is not supported on {}",
             target.resource_label()

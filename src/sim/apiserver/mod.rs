@@ -6,13 +6,16 @@
 //! (defaults, dropped unknown fields), sent through `admission` webhooks, then stored
 //! with resourceVersion compare-and-swap; `watch` streams the store's change feed.
 //! `eviction` implements `pods/eviction` with the upstream PodDisruptionBudget rules.
-//! Every request is counted in [`Stats`].
+//! Every request is counted in [`Stats`], runs under a deadline (60 s or `?timeout=`)
+//! and may meet the `faults` a test asked for.
 
 mod admission;
 mod apply;
 mod convert;
 mod defaults;
+mod delete;
 mod eviction;
+mod faults;
 mod handler;
 mod matchcond;
 mod patch;
@@ -43,6 +46,7 @@ use kube::config::{
 
 use crate::runtime::Shutdown;
 
+pub use self::faults::Faults;
 pub use routing::{Route, RouteFrom};
 
 /// Errors starting the simulated API server.
@@ -74,6 +78,8 @@ pub struct Config {
     pub bookmark_interval: Duration,
     /// Namespaces that exist from the start.
     pub namespaces: Vec<String>,
+    /// Injected faults (throttling, latency, cut watches); none by default.
+    pub faults: Faults,
     /// Where calls to service webhooks' endpoints really go (see [`Route`]).
     pub routes: Vec<Route>,
     /// The client certificate presented to webhooks, like the kubeconfig that
@@ -104,6 +110,7 @@ impl Default for Config {
                 .to_vec(),
             routes: Vec::new(),
             webhook_client_cert: None,
+            faults: Faults::default(),
         }
     }
 }
@@ -119,6 +126,8 @@ pub struct Stats {
     pub admission_calls: BTreeMap<String, u64>,
     /// Failed admission webhook calls (transport, timeout, malformed response) by name.
     pub admission_failures: BTreeMap<String, u64>,
+    /// Requests refused with 429 by injected throttling (not in `requests`).
+    pub throttled: u64,
 }
 
 impl Stats {
@@ -162,6 +171,7 @@ impl Stats {
             by_user: diff(&self.by_user, &earlier.by_user),
             admission_calls: diff(&self.admission_calls, &earlier.admission_calls),
             admission_failures: diff(&self.admission_failures, &earlier.admission_failures),
+            throttled: self.throttled.saturating_sub(earlier.throttled),
         }
     }
 }
@@ -175,6 +185,7 @@ pub(crate) struct Ctx {
     pub url: String,
     pub config: Config,
     pub shutdown: Shutdown,
+    pub faults: faults::Injector,
 }
 
 impl Ctx {
@@ -191,6 +202,88 @@ impl Ctx {
             Err(poisoned) => poisoned.into_inner(),
         }
     }
+}
+
+/// Most retries of one request by [`ApiServer::retrying_client`] (client-go's
+/// `maxRetries` default).
+const MAX_RETRY_AFTER_RETRIES: u32 = 10;
+
+/// client-go's retry rule: an answer that is 429 or 5xx and carries `Retry-After` is
+/// retried after that many seconds; anything else is the answer.
+#[derive(Clone, Debug, Default)]
+struct RetryAfter {
+    attempts: u32,
+}
+
+impl<B, E> tower::retry::Policy<Request<kube::client::Body>, http::Response<B>, E> for RetryAfter {
+    type Future = tokio::time::Sleep;
+
+    fn retry(
+        &mut self,
+        _req: &mut Request<kube::client::Body>,
+        result: &mut Result<http::Response<B>, E>,
+    ) -> Option<Self::Future> {
+        let response = result.as_ref().ok()?;
+        let code = response.status().as_u16();
+        if !(code == 429 || code >= 500) || self.attempts >= MAX_RETRY_AFTER_RETRIES {
+            return None;
+        }
+        let seconds: u64 = response
+            .headers()
+            .get(http::header::RETRY_AFTER)?
+            .to_str()
+            .ok()?
+            .parse()
+            .ok()?;
+        self.attempts += 1;
+        Some(tokio::time::sleep(Duration::from_secs(seconds)))
+    }
+
+    fn clone_request(
+        &mut self,
+        req: &Request<kube::client::Body>,
+    ) -> Option<Request<kube::client::Body>> {
+        let body = req.body().try_clone()?;
+        let mut copy = Request::new(body);
+        *copy.method_mut() = req.method().clone();
+        *copy.uri_mut() = req.uri().clone();
+        *copy.version_mut() = req.version();
+        *copy.headers_mut() = req.headers().clone();
+        Some(copy)
+    }
+}
+
+/// A client's HTTP stack.
+type HttpService = tower::util::BoxCloneService<
+    Request<kube::client::Body>,
+    http::Response<hyper::body::Incoming>,
+    hyper_util::client::legacy::Error,
+>;
+
+/// HTTP to the server at `url` as `user`.
+fn http_service(url: &str, user: &str) -> HttpService {
+    let base: Uri = url.parse().unwrap_or_default();
+    let authorization = format!("Bearer {user}");
+    let http = HyperClient::builder(TokioExecutor::new()).build_http();
+    let service = tower::ServiceBuilder::new()
+        .map_request(move |mut req: Request<kube::client::Body>| {
+            let path = req
+                .uri()
+                .path_and_query()
+                .map(|p| p.as_str().to_string())
+                .unwrap_or_else(|| "/".into());
+            let mut parts = base.clone().into_parts();
+            parts.path_and_query = path.parse().ok();
+            if let Ok(uri) = Uri::from_parts(parts) {
+                *req.uri_mut() = uri;
+            }
+            if let Ok(value) = authorization.parse() {
+                req.headers_mut().insert(http::header::AUTHORIZATION, value);
+            }
+            req
+        })
+        .service(http);
+    tower::util::BoxCloneService::new(service)
 }
 
 /// A running simulated API server. Cloning shares it.
@@ -228,6 +321,7 @@ impl ApiServer {
             url: format!("http://{addr}"),
             config: config.clone(),
             shutdown: shutdown.clone(),
+            faults: faults::Injector::new(config.faults.clone()),
         });
         for route in &config.routes {
             ctx.routes().insert(route.clone());
@@ -254,29 +348,20 @@ impl ApiServer {
         self.ctx.url.clone()
     }
 
-    /// A client authenticating as `user` (the bearer token is the user name).
+    /// A client authenticating as `user` (the bearer token is the user name). It
+    /// retries nothing: callers see every refusal.
     pub fn client(&self, user: &str) -> kube::Client {
-        let base: Uri = self.ctx.url.parse().unwrap_or_default();
-        let authorization = format!("Bearer {user}");
-        let http = HyperClient::builder(TokioExecutor::new()).build_http();
+        kube::Client::new(http_service(&self.ctx.url, user), "default")
+    }
+
+    /// Like [`ApiServer::client`], but retrying answers that carry `Retry-After` (429
+    /// and 5xx) after that delay, as client-go's REST client does for the controllers
+    /// and kubelets this simulator stands in for (`checkWait` in
+    /// staging/src/k8s.io/client-go/rest/request.go; at most 10 retries).
+    pub fn retrying_client(&self, user: &str) -> kube::Client {
         let service = tower::ServiceBuilder::new()
-            .map_request(move |mut req: Request<kube::client::Body>| {
-                let path = req
-                    .uri()
-                    .path_and_query()
-                    .map(|p| p.as_str().to_string())
-                    .unwrap_or_else(|| "/".into());
-                let mut parts = base.clone().into_parts();
-                parts.path_and_query = path.parse().ok();
-                if let Ok(uri) = Uri::from_parts(parts) {
-                    *req.uri_mut() = uri;
-                }
-                if let Ok(value) = authorization.parse() {
-                    req.headers_mut().insert(http::header::AUTHORIZATION, value);
-                }
-                req
-            })
-            .service(http);
+            .layer(tower::retry::RetryLayer::new(RetryAfter::default()))
+            .service(http_service(&self.ctx.url, user));
         kube::Client::new(service, "default")
     }
 

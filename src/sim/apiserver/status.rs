@@ -125,7 +125,8 @@ impl ApiError {
                 }
                 details.insert("kind".into(), json!(kind));
             }
-            if let Some(secs) = self.retry_after {
+            // `retryAfterSeconds` is omitted when zero, like any omitempty field.
+            if let Some(secs) = self.retry_after.filter(|s| *s > 0) {
                 details.insert("retryAfterSeconds".into(), json!(secs));
             }
             if !self.causes.is_empty() {
@@ -154,7 +155,8 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let code = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut response = (code, axum::Json(self.to_status())).into_response();
-        if let Some(secs) = self.retry_after
+        // Like upstream's `ErrorNegotiated`, only a positive delay becomes a header.
+        if let Some(secs) = self.retry_after.filter(|s| *s > 0)
             && let Ok(value) = HeaderValue::from_str(&secs.to_string())
         {
             response.headers_mut().insert(header::RETRY_AFTER, value);
@@ -182,11 +184,20 @@ mod tests {
     }
 
     #[test]
-    fn too_many_requests_carry_retry_after() {
-        let error = ApiError::new(429, "TooManyRequests", "slow down").with_retry(0);
-        assert_eq!(error.to_status()["details"]["retryAfterSeconds"], 0);
+    fn too_many_requests_carry_retry_after_only_when_positive() {
+        let error = ApiError::new(429, "TooManyRequests", "slow down").with_retry(10);
+        assert_eq!(error.to_status()["details"]["retryAfterSeconds"], 10);
         let response = error.into_response();
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(response.headers()[header::RETRY_AFTER], "0");
+        assert_eq!(response.headers()[header::RETRY_AFTER], "10");
+        let error = ApiError::new(429, "TooManyRequests", "slow down").with_retry(0);
+        assert!(error.to_status().get("details").is_some());
+        assert!(
+            error.to_status()["details"]
+                .get("retryAfterSeconds")
+                .is_none()
+        );
+        let response = error.into_response();
+        assert!(response.headers().get(header::RETRY_AFTER).is_none());
     }
 }

@@ -4,7 +4,8 @@
 //! one, starts with synthetic ADDED events for every current object. Selectors are
 //! applied to both the old and the new state, so an object that stops matching is seen
 //! as DELETED and one that starts matching as ADDED, like upstream. A resourceVersion
-//! older than the kept history yields a single ERROR event carrying a 410 Status.
+//! older than the kept history yields a single ERROR event carrying a 410 Status, and
+//! so does a stream an injected fault cuts.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -35,6 +36,8 @@ struct Plan {
     timeout: Duration,
     /// Wrap objects in one-row Tables (with full objects when `Some(true)`).
     table: Option<bool>,
+    /// When an injected fault ends this watch with 410 Gone.
+    cut: Option<Duration>,
 }
 
 fn line(kind: &str, object: &Value) -> Bytes {
@@ -128,6 +131,7 @@ pub(crate) fn watch(ctx: Arc<Ctx>, target: &Target, req: &Req) -> Response {
         bookmarks: req.flag("allowWatchBookmarks"),
         timeout,
         table: req.table(),
+        cut: ctx.faults.watch_cut(),
     };
     let table = plan.def.table();
     let since = req.param("resourceVersion").unwrap_or("0");
@@ -184,12 +188,24 @@ fn event_stream(
         }
         let deadline = tokio::time::sleep(plan.timeout);
         tokio::pin!(deadline);
+        let cut = tokio::time::sleep(plan.cut.unwrap_or(plan.timeout));
+        tokio::pin!(cut);
         let mut ticker = tokio::time::interval(ctx.config.bookmark_interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_rv = start_rv;
         loop {
             tokio::select! {
                 _ = &mut deadline => break,
+                _ = &mut cut, if plan.cut.is_some() => {
+                    // What a watcher sees when storage compacted past its position:
+                    // one ERROR event with a 410 Status, after which it must relist.
+                    let status = ApiError::gone(
+                        "The resourceVersion for the provided watch is too old.",
+                    )
+                    .to_status();
+                    yield Ok(line("ERROR", &status));
+                    break;
+                }
                 _ = ctx.shutdown.cancelled() => break,
                 _ = ticker.tick(), if plan.bookmarks => {
                     yield Ok(bookmark(&plan.def, last_rv, false));

@@ -1,8 +1,8 @@
 //! The write verbs: create, update (PUT), patch, delete, deletecollection and
 //! `pods/binding`, with the upstream object lifecycle: server-set metadata (uid,
 //! creationTimestamp, generation, resourceVersion), status owned by the status
-//! subresource, optimistic concurrency, graceful pod deletion, finalizers, namespace
-//! cascade and background garbage collection of owned objects.
+//! subresource, optimistic concurrency, finalizers, namespace cascade and background
+//! garbage collection of owned objects. DELETE itself lives in [`super::delete`].
 
 use std::sync::Arc;
 
@@ -14,7 +14,7 @@ use serde_json::{Map, Value, json};
 use super::Ctx;
 use super::admission::{self, Attributes, Operation};
 use super::defaults;
-use super::handler::{Req, Target, UserInfo, filter_of, get, prefix_of};
+use super::handler::{Req, Target, UserInfo, check_deadline, get};
 use super::patch::{self, PatchKind};
 use super::resources::ResourceDef;
 use super::status::{ApiError, ApiResult};
@@ -22,7 +22,7 @@ use super::store::{StoreError, rv_of};
 
 /// How often a write retries after losing a resourceVersion race with another writer
 /// (patch and delete retry internally like upstream's GuaranteedUpdate).
-const MAX_RACE_RETRIES: usize = 16;
+pub(crate) const MAX_RACE_RETRIES: usize = 16;
 
 /// A store write that lost a race, or a real failure.
 pub(crate) enum CommitError {
@@ -43,7 +43,7 @@ pub(crate) fn now() -> String {
         .to_string()
 }
 
-fn in_seconds(secs: i64) -> String {
+pub(crate) fn in_seconds(secs: i64) -> String {
     let now = jiff::Timestamp::now().as_second().saturating_add(secs);
     jiff::Timestamp::from_second(now)
         .map(|t| t.to_string())
@@ -58,7 +58,7 @@ pub(crate) fn meta_str<'a>(obj: &'a Value, field: &str) -> &'a str {
 }
 
 /// The metadata map of an object, created when missing (`None` only for non-objects).
-fn meta_mut(obj: &mut Value) -> Option<&mut Map<String, Value>> {
+pub(crate) fn meta_mut(obj: &mut Value) -> Option<&mut Map<String, Value>> {
     let root = obj.as_object_mut()?;
     let meta = root.entry("metadata").or_insert_with(|| json!({}));
     if !meta.is_object() {
@@ -67,7 +67,7 @@ fn meta_mut(obj: &mut Value) -> Option<&mut Map<String, Value>> {
     meta.as_object_mut()
 }
 
-fn no_metadata() -> ApiError {
+pub(crate) fn no_metadata() -> ApiError {
     ApiError::bad_request("the object has no metadata")
 }
 
@@ -420,6 +420,7 @@ pub(crate) async fn create_object(
     if req.dry_run() {
         return Ok((StatusCode::CREATED, obj));
     }
+    check_deadline()?;
     let key = def.key(&target.namespace, &name);
     let stored = ctx
         .store
@@ -509,7 +510,7 @@ pub(crate) fn merge_for_update(
     new
 }
 
-fn finalizers_empty(obj: &Value) -> bool {
+pub(crate) fn finalizers_empty(obj: &Value) -> bool {
     obj.pointer("/metadata/finalizers")
         .and_then(Value::as_array)
         .is_none_or(Vec::is_empty)
@@ -600,6 +601,7 @@ pub(crate) async fn commit_update(
     if req.dry_run() {
         return Ok(new);
     }
+    check_deadline()?;
     let key = def.key(&target.namespace, &name);
     let expected = rv_of(old);
     let result = if ready_to_remove(&new) {
@@ -705,6 +707,16 @@ pub(crate) struct DeleteOpts {
     pub raw: Value,
 }
 
+impl DeleteOpts {
+    /// Sets the grace period, in the options webhooks see too.
+    pub(crate) fn set_grace(&mut self, grace: i64) {
+        self.grace = Some(grace);
+        if let Some(raw) = self.raw.as_object_mut() {
+            raw.insert("gracePeriodSeconds".into(), json!(grace));
+        }
+    }
+}
+
 /// DeleteOptions from a body (unknown fields dropped) plus query parameters.
 pub(crate) fn delete_options(body: Option<Value>, req: &Req) -> ApiResult<DeleteOpts> {
     let mut options: DeleteOptions = match body {
@@ -772,148 +784,10 @@ pub(crate) fn check_preconditions(
     Ok(())
 }
 
-/// DELETE of one object.
-pub(crate) async fn delete(
-    ctx: &Arc<Ctx>,
-    target: &Target,
-    req: &Req,
-) -> ApiResult<(StatusCode, Value)> {
-    let opts = delete_options(req.json()?, req)?;
-    let old = get(ctx, target)?;
-    check_preconditions(&target.def, &old, &opts)?;
-    let name = meta_str(&old, "name").to_string();
-    let attrs = Attributes {
-        dry_run: opts.dry_run,
-        ..admission_attrs(
-            target,
-            req,
-            Operation::Delete,
-            &name,
-            None,
-            Some(old.clone()),
-            opts.raw.clone(),
-        )
-    };
-    admission::admit(ctx, attrs).await?;
-    if opts.dry_run {
-        return Ok((StatusCode::OK, old));
-    }
-    delete_object(ctx, &target.def, &target.namespace, &name, &opts).map(|v| (StatusCode::OK, v))
-}
-
-/// The grace period a deletion gets: pods bound to a node and still running get one,
-/// everything else goes at once.
-fn effective_grace(def: &ResourceDef, obj: &Value, opts: &DeleteOpts) -> i64 {
-    if !(def.group.is_empty() && def.plural == "pods") {
-        return 0;
-    }
-    let node = obj
-        .pointer("/spec/nodeName")
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    let phase = obj
-        .pointer("/status/phase")
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    if node.is_empty() || matches!(phase, "Succeeded" | "Failed") {
-        return 0;
-    }
-    let default = obj
-        .pointer("/spec/terminationGracePeriodSeconds")
-        .and_then(Value::as_i64)
-        .unwrap_or(30);
-    opts.grace.unwrap_or(default).max(0)
-}
-
-/// Deletes (or starts deleting) one stored object, without admission.
-pub(crate) fn delete_object(
-    ctx: &Arc<Ctx>,
-    def: &ResourceDef,
-    namespace: &str,
-    name: &str,
-    opts: &DeleteOpts,
-) -> ApiResult<Value> {
-    let table = def.table();
-    let key = def.key(namespace, name);
-    for _ in 0..MAX_RACE_RETRIES {
-        let old = ctx
-            .store
-            .get(&table, &key)
-            .map(|v| def.view.served(v))
-            .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
-        check_preconditions(def, &old, opts)?;
-        match delete_step(ctx, def, &key, &old, opts) {
-            Ok(v) => return Ok(v),
-            Err(CommitError::Race) => continue,
-            Err(CommitError::Api(e)) => return Err(e),
-        }
-    }
-    Err(ApiError::stale(&def.group, &def.plural, name))
-}
-
-fn delete_step(
-    ctx: &Arc<Ctx>,
-    def: &ResourceDef,
-    key: &str,
-    old: &Value,
-    opts: &DeleteOpts,
-) -> Result<Value, CommitError> {
-    let table = def.table();
-    let grace = effective_grace(def, old, opts);
-    let current_grace = old
-        .pointer("/metadata/deletionGracePeriodSeconds")
-        .and_then(Value::as_i64);
-    let deleting = old.pointer("/metadata/deletionTimestamp").is_some();
-    let map_err = |e: StoreError| match e {
-        StoreError::NotFound => CommitError::Api(ApiError::not_found(
-            &def.group,
-            &def.plural,
-            meta_str(old, "name"),
-        )),
-        _ => CommitError::Race,
-    };
-    if grace > 0 || !finalizers_empty(old) {
-        // Graceful deletion only ever shortens a pending grace period.
-        if deleting && current_grace.is_some_and(|g| g <= grace) {
-            return Ok(old.clone());
-        }
-        let mut new = old.clone();
-        let generation = old
-            .pointer("/metadata/generation")
-            .and_then(Value::as_i64)
-            .unwrap_or(0);
-        let Some(meta) = meta_mut(&mut new) else {
-            return Err(CommitError::Api(no_metadata()));
-        };
-        let timestamp = if grace > 0 || !deleting {
-            in_seconds(grace)
-        } else {
-            meta_str(old, "deletionTimestamp").to_string()
-        };
-        meta.insert("deletionTimestamp".into(), json!(timestamp));
-        meta.insert("deletionGracePeriodSeconds".into(), json!(grace));
-        if !deleting {
-            meta.insert("generation".into(), json!(generation + 1));
-        }
-        return ctx
-            .store
-            .update(&table, key, rv_of(old), def.view.to_storage(new))
-            .map(|v| def.view.served(v))
-            .map_err(map_err);
-    }
-    let removed = ctx
-        .store
-        .remove(&table, key, rv_of(old), def.view.to_storage(old.clone()))
-        .map(|v| def.view.served(v))
-        .map_err(map_err)?;
-    after_remove(ctx, def, &removed);
-    Ok(removed)
-}
-
 /// Consequences of an object leaving storage: namespace contents go and CRDs stop being
 /// served. (Owner references are left to the simulated garbage collector controller,
 /// which deletes through the API like upstream's, so its deletions are admitted.)
-fn after_remove(ctx: &Arc<Ctx>, def: &ResourceDef, obj: &Value) {
+pub(crate) fn after_remove(ctx: &Arc<Ctx>, def: &ResourceDef, obj: &Value) {
     let name = meta_str(obj, "name").to_string();
     if def.group.is_empty() && def.plural == "namespaces" {
         ctx.store.remove_namespace(&name);
@@ -930,56 +804,6 @@ fn after_remove(ctx: &Arc<Ctx>, def: &ResourceDef, obj: &Value) {
             .unwrap_or("");
         ctx.store.remove_table(&format!("{group}/{plural}"));
     }
-}
-
-/// DELETE of a collection (with selectors).
-pub(crate) async fn delete_collection(
-    ctx: &Arc<Ctx>,
-    target: &Target,
-    req: &Req,
-) -> ApiResult<(StatusCode, Value)> {
-    let filter = filter_of(target, req)?;
-    let opts = delete_options(req.json()?, req)?;
-    let def = &target.def;
-    let (items, rv) = ctx.store.list(&def.table(), &prefix_of(target));
-    let mut deleted = Vec::new();
-    let items = items.into_iter().map(|(_, o)| def.view.served(o));
-    for obj in items.filter(|o| filter.matches(o)) {
-        let name = meta_str(&obj, "name").to_string();
-        let namespace = meta_str(&obj, "namespace").to_string();
-        let one = Target {
-            namespace: namespace.clone(),
-            name: Some(name.clone()),
-            ..target.clone()
-        };
-        let attrs = Attributes {
-            dry_run: opts.dry_run,
-            ..admission_attrs(
-                &one,
-                req,
-                Operation::Delete,
-                &name,
-                None,
-                Some(obj.clone()),
-                opts.raw.clone(),
-            )
-        };
-        admission::admit(ctx, attrs).await?;
-        if opts.dry_run {
-            deleted.push(obj);
-            continue;
-        }
-        match delete_object(ctx, def, &namespace, &name, &opts) {
-            Ok(v) => deleted.push(v),
-            Err(e) if e.code == 404 => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok((
-        StatusCode::OK,
-        json!({"kind": format!("{}List", def.kind), "apiVersion": def.api_version(),
-               "metadata": {"resourceVersion": rv.to_string()}, "items": deleted}),
-    ))
 }
 
 /// Admission of a Binding (CREATE pods/binding, kind v1 Binding).
