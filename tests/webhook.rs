@@ -56,6 +56,7 @@ async fn start(cert: &Path, key: &Path, client_ca: Option<&Path>, refuse_rs: boo
             client,
             cache: Arc::new(cache::Cache::new([])),
             identity: "test".into(),
+            events: isolate::EventSink::Inline,
         },
         settings: decide::Settings {
             default_delay: Duration::from_secs(60),

@@ -376,6 +376,7 @@ impl Cache {
                 .as_ref()
                 .and_then(|a| a.get(DELAY_ANNOTATION))
                 .cloned(),
+            terminating: meta.deletion_timestamp.is_some(),
         };
         write(&self.namespaces).insert(meta.name.clone().unwrap_or_default(), facts);
     }

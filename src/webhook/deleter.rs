@@ -222,6 +222,7 @@ impl Deleter {
                 isolate::record_event(
                     &self.ctx,
                     &facts,
+                    isolate::Severity::Normal,
                     REASON_DELETED,
                     &message,
                     Timestamp::now(),
@@ -402,6 +403,7 @@ mod tests {
             client,
             cache: cache.clone(),
             identity: "w".into(),
+            events: isolate::EventSink::Inline,
         };
         let deleter = Deleter::new(ctx, metrics.clone(), None);
         let (_leader_tx, leader_rx) = watch::channel(true);

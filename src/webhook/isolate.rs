@@ -11,7 +11,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 use json_patch::jsonptr::PointerBuf;
-use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, TestOperation};
+use json_patch::{
+    AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation, TestOperation,
+};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, Time};
@@ -20,7 +22,7 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PatchParams, PostP
 use serde_json::Value;
 
 use super::cache::{Cache, selector_keys};
-use super::decide::{OwnerKind, OwnerPolicy, PodFacts, Snapshot, labels_to_remove};
+use super::decide::{Charge, OwnerKind, OwnerPolicy, PodFacts, Snapshot, labels_to_remove};
 use crate::labels::{
     DELETE_AT_ANNOTATION, DRAINING_LABEL, FIELD_MANAGER, GRACE_PERIOD_ANNOTATION,
     ORIGINAL_LABELS_ANNOTATION,
@@ -40,13 +42,17 @@ const PDB_RETRY_MAX_PAUSE: std::time::Duration = std::time::Duration::from_milli
 pub const REASON_ISOLATED: &str = "graceful-drain.io/Isolated";
 /// Event reason recorded on a pod when the deferred deleter deletes it.
 pub const REASON_DELETED: &str = "graceful-drain.io/Deleted";
+/// Warning Event reason when a pod could not be isolated and its request went through.
+pub const REASON_ISOLATION_FAILED: &str = "graceful-drain.io/IsolationFailed";
 
 /// Errors while isolating a pod.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The pod changed under us (a `test` op failed or the resourceVersion moved).
-    #[error("isolate pod {pod}: changed concurrently")]
-    Conflict { pod: String },
+    /// The pod changed under us (a `test` op failed or the resourceVersion moved). `code`
+    /// is the answer (409 or 422); a 422 may also be a real validation error, which the
+    /// caller tells apart by re-reading the pod.
+    #[error("isolate pod {pod}: changed concurrently (HTTP {code})")]
+    Conflict { pod: String, code: u16 },
     /// An API call failed.
     #[error("isolate pod {pod}: {action}: {source}")]
     Api {
@@ -58,6 +64,40 @@ pub enum Error {
     /// The PDB kept changing under us.
     #[error("isolate pod {pod}: PDB {pdb} kept conflicting after {PDB_ATTEMPTS} attempts")]
     PdbContention { pod: String, pdb: String },
+}
+
+impl Error {
+    /// The HTTP status the API server answered, if it answered.
+    pub fn code(&self) -> Option<u16> {
+        match self {
+            Error::Api {
+                source: kube::Error::Api(s),
+                ..
+            } => Some(s.code),
+            _ => None,
+        }
+    }
+
+    /// A failure that retrying the same request cannot cure: missing RBAC (403), a
+    /// request the API server or another admission webhook or policy engine refuses (400,
+    /// 422 other than our own `test` op failing, any other 4xx but 408/409/429). Such an
+    /// eviction must not be answered 429 forever; it is let through with a Warning Event.
+    pub fn is_permanent(&self) -> bool {
+        self.code()
+            .is_some_and(|c| (400..500).contains(&c) && !matches!(c, 404 | 408 | 409 | 429))
+    }
+
+    /// Bounded metric label for a permanent failure.
+    pub fn reason(&self) -> &'static str {
+        match self.code() {
+            Some(400) => "bad_request",
+            Some(401) => "unauthorized",
+            Some(403) => "forbidden",
+            Some(422) => "invalid",
+            Some(_) => "rejected",
+            None => "unavailable",
+        }
+    }
 }
 
 /// Result of the PDB accounting.
@@ -74,11 +114,38 @@ pub enum Budget {
 /// Result of [`isolate`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
-    /// The pod is isolated; the labels removed are returned.
-    Isolated { removed: BTreeMap<String, String> },
-    /// A PDB refused.
+    /// The pod is isolated; the labels removed are returned. `uncharged` names the PDB
+    /// that could not record the disruption (a DELETE isolates anyway).
+    Isolated {
+        removed: BTreeMap<String, String>,
+        uncharged: Option<String>,
+    },
+    /// A PDB refused (evictions only).
     Refused(Budget),
 }
+
+/// What to isolate for: the decision's delete time, grace period and PDB accounting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Plan {
+    pub delete_at: Timestamp,
+    pub grace_period: Option<i64>,
+    pub charge: Charge,
+}
+
+/// Where Events go: sent inline (tests, the deleter's own task) or handed to a background
+/// sender so no admission call waits for an Event.
+#[derive(Clone, Debug, Default)]
+pub enum EventSink {
+    /// Create the Event in the calling task.
+    #[default]
+    Inline,
+    /// Queue it for the sender task ([`send_events`]); dropped (and logged) when full.
+    Queue(tokio::sync::mpsc::Sender<Event>),
+}
+
+/// Events waiting for the background sender; beyond this they are dropped (logged), so a
+/// slow API server never makes admission calls queue behind Events.
+pub const EVENT_QUEUE: usize = 256;
 
 /// What [`isolate`] needs to reach the cluster.
 #[derive(Clone)]
@@ -87,6 +154,7 @@ pub struct Context {
     pub cache: std::sync::Arc<Cache>,
     /// Our identity, for Events (`reportingInstance`).
     pub identity: String,
+    pub events: EventSink,
 }
 
 fn is_status(err: &kube::Error, codes: &[u16]) -> bool {
@@ -98,20 +166,21 @@ pub async fn isolate(
     ctx: &Context,
     pod: &PodFacts,
     snap: &Snapshot,
-    delete_at: Timestamp,
-    grace_period: Option<i64>,
+    plan: Plan,
     now: Timestamp,
 ) -> Result<Outcome, Error> {
-    let policy = owner_policy(ctx, pod).await?;
+    let (policy, controller) = owner_policy(ctx, pod).await?;
     let leave = leave_selectors(snap, policy.leave);
     let removed = labels_to_remove(&pod.labels, &leave, &policy.keep);
-    if let [pdb] = snap.pdbs.as_slice() {
-        let budget = consume_disruption(ctx, &pod.namespace, &pdb.name, &pod.name, now).await?;
-        if budget != Budget::Consumed {
-            return Ok(Outcome::Refused(budget));
-        }
+    let uncharged = account(ctx, pod, snap, plan.charge, now).await?;
+    if let Err(budget) = uncharged {
+        return Ok(Outcome::Refused(budget));
     }
-    let patch = isolation_patch(pod, &removed, delete_at, grace_period);
+    let uncharged = uncharged.unwrap_or(None);
+    let mut patch = isolation_patch(pod, &removed, plan.delete_at, plan.grace_period);
+    if let Some(controller) = controller {
+        patch.0.extend(controller_handover(pod, controller));
+    }
     let api = Api::<Pod>::namespaced(ctx.client.clone(), &pod.namespace);
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.to_string()),
@@ -122,18 +191,92 @@ pub async fn isolate(
         .await
     {
         Ok(_) => {}
-        // 409: resourceVersion moved; 422: a `test` op failed (how the API server reports it).
-        Err(e) if is_status(&e, &[409, 422]) => {
-            return Err(Error::Conflict { pod: pod_ref(pod) });
+        // 409: resourceVersion moved; 422: a `test` op failed (how the API server reports
+        // it) — or a real validation error, which the caller tells apart by re-reading.
+        Err(kube::Error::Api(status)) if matches!(status.code, 409 | 422) => {
+            return Err(Error::Conflict {
+                pod: pod_ref(pod),
+                code: status.code,
+            });
         }
         Err(source) => return Err(api_err(pod, "patch pod", source)),
     }
-    let message = format!(
-        "Isolated from its Services and controller (removed labels: {}); deletion at {delete_at}",
-        removed.keys().cloned().collect::<Vec<_>>().join(", ")
+    ctx.cache
+        .set_isolated(&pod.namespace, &pod.name, Some(plan.delete_at));
+    let mut message = format!(
+        "Isolated from its Services and controller (removed labels: {}); deletion at {}",
+        removed.keys().cloned().collect::<Vec<_>>().join(", "),
+        plan.delete_at
     );
-    record_event(ctx, pod, REASON_ISOLATED, &message, now).await;
-    Ok(Outcome::Isolated { removed })
+    if let Some(pdb) = &uncharged {
+        message.push_str(&format!(
+            "; PDB {pdb} had no disruption left, not charged (a DELETE is never blocked by a PDB)"
+        ));
+    }
+    record_event(ctx, pod, Severity::Normal, REASON_ISOLATED, &message, now).await;
+    Ok(Outcome::Isolated { removed, uncharged })
+}
+
+/// Records the disruption in the single PDB selecting the pod. `Err(budget)` when the
+/// budget refuses an eviction; `Ok(Some(pdb))` when a DELETE goes ahead uncharged.
+async fn account(
+    ctx: &Context,
+    pod: &PodFacts,
+    snap: &Snapshot,
+    charge: Charge,
+    now: Timestamp,
+) -> Result<Result<Option<String>, Budget>, Error> {
+    let pdb = match snap.pdbs.as_slice() {
+        [] => return Ok(Ok(None)),
+        [pdb] => pdb.name.clone(),
+        // Several PDBs: an eviction never gets here; a DELETE cannot charge them all.
+        [first, ..] => return Ok(Ok(Some(first.name.clone()))),
+    };
+    let result = consume_disruption(ctx, &pod.namespace, &pdb, &pod.name, now).await;
+    let name = format!("{}/{pdb}", pod.namespace);
+    match (charge, result) {
+        (_, Ok(Budget::Consumed)) => Ok(Ok(None)),
+        (Charge::Required, Ok(refused)) => Ok(Err(refused)),
+        (Charge::Required, Err(error)) => Err(error),
+        (Charge::IfPossible, Ok(_)) => Ok(Ok(Some(name))),
+        (Charge::IfPossible, Err(error)) => {
+            tracing::warn!(%error, "PDB not charged; a DELETE is isolated anyway");
+            Ok(Ok(Some(name)))
+        }
+    }
+}
+
+/// JSON-patch ops handing the controller role of an isolated ReplicaSet pod to the
+/// ReplicaSet's own controller (the Deployment): the ReplicaSet then ignores the pod
+/// instead of releasing it, `kubectl drain` still sees a pod with a controller, and the
+/// garbage collector still deletes it with the Deployment. The ReplicaSet stays an owner,
+/// without the controller flag.
+pub fn controller_handover(pod: &PodFacts, controller: Value) -> Vec<PatchOperation> {
+    let mut refs: Vec<Value> = pod
+        .owner_refs
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            if r.get("controller").and_then(Value::as_bool) == Some(true) {
+                r["controller"] = Value::Bool(false);
+                if let Some(map) = r.as_object_mut() {
+                    map.remove("blockOwnerDeletion");
+                }
+            }
+            r
+        })
+        .collect();
+    refs.push(controller);
+    vec![
+        PatchOperation::Test(TestOperation {
+            path: ptr(&["metadata", "ownerReferences"]),
+            value: Value::Array(pod.owner_refs.clone()),
+        }),
+        PatchOperation::Replace(ReplaceOperation {
+            path: ptr(&["metadata", "ownerReferences"]),
+            value: Value::Array(refs),
+        }),
+    ]
 }
 
 fn pod_ref(pod: &PodFacts) -> String {
@@ -167,24 +310,28 @@ pub fn leave_selectors(snap: &Snapshot, owner: Vec<BTreeSet<String>>) -> Vec<BTr
     leave
 }
 
-/// Reads the controlling owner's selector and derives the relabelling policy. A missing
-/// owner (already deleted) is treated as a bare pod.
-async fn owner_policy(ctx: &Context, pod: &PodFacts) -> Result<OwnerPolicy, Error> {
+/// Reads the controlling owner's selector and derives the relabelling policy, plus (for
+/// a ReplicaSet pod) the ReplicaSet's own controller reference to hand the pod to. A
+/// missing owner (already deleted) is treated as a bare pod.
+async fn owner_policy(
+    ctx: &Context,
+    pod: &PodFacts,
+) -> Result<(OwnerPolicy, Option<Value>), Error> {
     let Some((kind, name)) = &pod.owner else {
-        return Ok(OwnerPolicy::default());
+        return Ok((OwnerPolicy::default(), None));
     };
     let gvk = match kind {
         OwnerKind::ReplicaSet => GroupVersionKind::gvk("apps", "v1", "ReplicaSet"),
         OwnerKind::StatefulSet => GroupVersionKind::gvk("apps", "v1", "StatefulSet"),
         OwnerKind::DaemonSet => GroupVersionKind::gvk("apps", "v1", "DaemonSet"),
         OwnerKind::Job => GroupVersionKind::gvk("batch", "v1", "Job"),
-        OwnerKind::Other(_) => return Ok(OwnerPolicy::default()),
+        OwnerKind::Other(_) => return Ok((OwnerPolicy::default(), None)),
     };
     let resource = ApiResource::from_gvk(&gvk);
     let api = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &pod.namespace, &resource);
     let owner = match api.get_opt(name).await {
         Ok(Some(owner)) => owner,
-        Ok(None) => return Ok(OwnerPolicy::default()),
+        Ok(None) => return Ok((OwnerPolicy::default(), None)),
         Err(source) => return Err(api_err(pod, &format!("get {} {name}", gvk.kind), source)),
     };
     let keys = owner
@@ -194,7 +341,20 @@ async fn owner_policy(ctx: &Context, pod: &PodFacts) -> Result<OwnerPolicy, Erro
         .and_then(|v| serde_json::from_value::<LabelSelector>(v).ok())
         .map(|s| selector_keys(&s))
         .unwrap_or_default();
-    Ok(OwnerPolicy::for_owner(kind, keys))
+    let controller = match kind {
+        OwnerKind::ReplicaSet => owner
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|r| r.controller == Some(true))
+            .map(|r| {
+                serde_json::json!({"apiVersion": r.api_version, "kind": r.kind,
+                    "name": r.name, "uid": r.uid, "controller": true})
+            }),
+        _ => None,
+    };
+    Ok((OwnerPolicy::for_owner(kind, keys), controller))
 }
 
 fn ptr(tokens: &[&str]) -> PointerBuf {
@@ -253,6 +413,9 @@ pub fn isolation_patch(
 }
 
 /// Records the disruption of `pod` in PDB `namespace/name`, serialised by resourceVersion.
+/// The cached PDB is only a first guess: a refusal is confirmed on the live PDB, so a
+/// stale cache never refuses (nor, on the eviction path, lets through) what the API server
+/// would decide otherwise.
 pub async fn consume_disruption(
     ctx: &Context,
     namespace: &str,
@@ -269,20 +432,20 @@ pub async fn consume_disruption(
     };
     let lock = ctx.cache.pdb_lock(namespace, name);
     let _serialised = lock.lock().await;
-    let mut current = match ctx.cache.pdb(namespace, name) {
-        Some(pdb) => (*pdb).clone(),
-        None => api.get(name).await.map_err(|e| err("get", e))?,
+    let (mut current, mut live) = match ctx.cache.pdb(namespace, name) {
+        Some(pdb) => ((*pdb).clone(), false),
+        None => (api.get(name).await.map_err(|e| err("get", e))?, true),
     };
-    for attempt in 0..PDB_ATTEMPTS {
-        if attempt > 0 {
-            let max = PDB_RETRY_MAX_PAUSE.as_millis() as u64;
-            let pause = rand::random_range(0..=max);
-            tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
-            current = api.get(name).await.map_err(|e| err("get", e))?;
-        }
+    let mut conflicts = 0;
+    loop {
         let next = match charge(&current, pod, now) {
             Ok(next) => next,
-            Err(budget) => return Ok(budget),
+            Err(budget) if live => return Ok(budget),
+            Err(_) => {
+                current = api.get(name).await.map_err(|e| err("get", e))?;
+                live = true;
+                continue;
+            }
         };
         let Some(next) = next else {
             return Ok(Budget::Consumed);
@@ -295,14 +458,23 @@ pub async fn consume_disruption(
                 ctx.cache.apply_pdb(&updated);
                 return Ok(Budget::Consumed);
             }
-            Err(e) if is_status(&e, &[409]) => continue,
+            Err(e) if is_status(&e, &[409]) => {
+                conflicts += 1;
+                if conflicts >= PDB_ATTEMPTS {
+                    return Err(Error::PdbContention {
+                        pod: pod_name,
+                        pdb: format!("{namespace}/{name}"),
+                    });
+                }
+                let max = PDB_RETRY_MAX_PAUSE.as_millis() as u64;
+                let pause = rand::random_range(0..=max);
+                tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+                current = api.get(name).await.map_err(|e| err("get", e))?;
+                live = true;
+            }
             Err(e) => return Err(err("update status of", e)),
         }
     }
-    Err(Error::PdbContention {
-        pod: pod_name,
-        pdb: format!("{namespace}/{name}"),
-    })
 }
 
 /// The PDB with `pod` charged as disrupted: `Ok(None)` when already listed, `Err` when
@@ -342,10 +514,19 @@ pub fn charge(
     Ok(Some(next))
 }
 
-/// Records a core/v1 Event on `pod`; failures are logged, never fatal.
+/// The `type` of an Event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Severity {
+    Normal,
+    Warning,
+}
+
+/// Records a core/v1 Event on `pod`; failures are logged, never fatal. With a queued sink
+/// the Event is sent in the background and this returns at once.
 pub async fn record_event(
     ctx: &Context,
     pod: &PodFacts,
+    severity: Severity,
     reason: &str,
     message: &str,
     now: Timestamp,
@@ -366,7 +547,13 @@ pub async fn record_event(
         },
         reason: Some(reason.to_string()),
         message: Some(message.to_string()),
-        type_: Some("Normal".into()),
+        type_: Some(
+            match severity {
+                Severity::Normal => "Normal",
+                Severity::Warning => "Warning",
+            }
+            .into(),
+        ),
         source: Some(EventSource {
             component: Some("graceful-drain-webhook".into()),
             host: None,
@@ -378,9 +565,41 @@ pub async fn record_event(
         reporting_instance: Some(ctx.identity.clone()),
         ..Event::default()
     };
-    let api = Api::<Event>::namespaced(ctx.client.clone(), &pod.namespace);
+    match &ctx.events {
+        EventSink::Inline => create_event(&ctx.client, event).await,
+        EventSink::Queue(queue) => {
+            if let Err(error) = queue.try_send(event) {
+                tracing::warn!(pod = %pod_ref(pod), reason, %error, "event queue full; event dropped");
+            }
+        }
+    }
+}
+
+async fn create_event(client: &kube::Client, event: Event) {
+    let namespace = event.metadata.namespace.clone().unwrap_or_default();
+    let api = Api::<Event>::namespaced(client.clone(), &namespace);
     if let Err(error) = api.create(&PostParams::default(), &event).await {
-        tracing::warn!(pod = %pod_ref(pod), reason, %error, "record event");
+        let pod = event.involved_object.name.unwrap_or_default();
+        tracing::warn!(pod = %format!("{namespace}/{pod}"), reason = ?event.reason, %error, "record event");
+    }
+}
+
+/// The background Event sender behind [`EventSink::Queue`]: creates queued Events one by
+/// one until shutdown.
+pub async fn send_events(
+    client: kube::Client,
+    mut queue: tokio::sync::mpsc::Receiver<Event>,
+    shutdown: crate::runtime::Shutdown,
+) -> Result<(), std::convert::Infallible> {
+    loop {
+        let event = tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            event = queue.recv() => match event {
+                Some(event) => event,
+                None => return Ok(()),
+            },
+        };
+        create_event(&client, event).await;
     }
 }
 
@@ -414,6 +633,7 @@ mod tests {
             ready: true,
             terminating: false,
             owner: Some((OwnerKind::ReplicaSet, "web-abc".into())),
+            owner_refs: Vec::new(),
         }
     }
 
@@ -425,6 +645,14 @@ mod tests {
             "status": {"observedGeneration": 1, "disruptionsAllowed": allowed, "currentHealthy": 3,
                        "desiredHealthy": 2, "expectedPods": 3}
         })
+    }
+
+    fn evict_plan() -> Plan {
+        Plan {
+            delete_at: now(),
+            grace_period: None,
+            charge: Charge::Required,
+        }
     }
 
     fn snapshot() -> Snapshot {
@@ -452,6 +680,7 @@ mod tests {
             client,
             cache,
             identity: "webhook-0".into(),
+            events: EventSink::Inline,
         }
     }
 
@@ -461,7 +690,12 @@ mod tests {
         let ctx = context(client);
         let delete_at: Timestamp = "2026-01-01T00:01:00Z".parse().unwrap();
         let task = tokio::spawn(async move {
-            isolate(&ctx, &pod(), &snapshot(), delete_at, Some(20), now()).await
+            let plan = Plan {
+                delete_at,
+                grace_period: Some(20),
+                charge: Charge::Required,
+            };
+            isolate(&ctx, &pod(), &snapshot(), plan, now()).await
         });
         let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
             "metadata": {"name": "web-abc", "namespace": "web"},
@@ -538,7 +772,8 @@ mod tests {
                 removed: [("app", "web"), ("pod-template-hash", "abc")]
                     .into_iter()
                     .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect()
+                    .collect(),
+                uncharged: None,
             }
         );
     }
@@ -549,7 +784,7 @@ mod tests {
         let ctx = context(client);
         let task =
             tokio::spawn(
-                async move { isolate(&ctx, &pod(), &snapshot(), now(), None, now()).await },
+                async move { isolate(&ctx, &pod(), &snapshot(), evict_plan(), now()).await },
             );
         let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
             "metadata": {"name": "web-abc", "namespace": "web"}, "spec": {"selector": {}}});
@@ -599,7 +834,7 @@ mod tests {
             ..snapshot()
         };
         let task =
-            tokio::spawn(async move { isolate(&ctx, &bare, &snap, now(), None, now()).await });
+            tokio::spawn(async move { isolate(&ctx, &bare, &snap, evict_plan(), now()).await });
         expect(
             &mut api,
             Method::PATCH,
@@ -764,6 +999,7 @@ mod tests {
                     client: kube::Client::new(service, "default"),
                     cache,
                     identity: format!("w{r}"),
+                    events: EventSink::Inline,
                 }
             })
             .collect();
@@ -778,7 +1014,7 @@ mod tests {
                 facts.labels = [("app".to_string(), "web".to_string())].into();
                 facts.owner = None;
                 facts.annotations.clear();
-                isolate(&ctx, &facts, &snapshot(), now(), None, now()).await
+                isolate(&ctx, &facts, &snapshot(), evict_plan(), now()).await
             }));
         }
         let mut isolated = 0;

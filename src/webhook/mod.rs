@@ -47,6 +47,20 @@ pub const DEFAULT_DEREGISTRATION_DELAY: &str = "60s";
 /// objects of any review while bounding memory per connection.
 pub const DEFAULT_MAX_BODY: usize = 8 * 1024 * 1024;
 
+/// Read timeout of the admission path's API client: a single API call that sends
+/// nothing for this long is abandoned. Every admission call is further bounded by the API
+/// server's own deadline; 5 s lets one slow call fail while a 10 s budget still has room
+/// to answer.
+const ADMISSION_READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The admission path's client: no hidden retries (kube retries 429/503/504 up to 15
+/// times by default, far past any admission deadline) and a read timeout.
+fn admission_client(mut config: kube::Config) -> anyhow::Result<kube::Client> {
+    config.default_retry = false;
+    config.read_timeout = Some(ADMISSION_READ_TIMEOUT);
+    kube::Client::try_from(config).context("build admission client")
+}
+
 /// Arguments of `graceful-drain webhook`. Option groups are boxed so the CLI's
 /// subcommand enum stays small.
 #[derive(Clone, Debug, clap::Args)]
@@ -302,7 +316,9 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         kube,
     } = args;
     let (tls, policy) = (*tls, *policy);
-    let client = kube.client().await?;
+    let config = kube.config().await?;
+    let client = kube::Client::try_from(config.clone()).context("build client")?;
+    let admission = admission_client(config)?;
     let identity = identity.unwrap_or_else(default_identity);
     let own = own_users(&client, policy.own_users).await;
     tracing::info!(%identity, own_users = ?own, "starting webhook");
@@ -325,9 +341,18 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         client,
         cache: Arc::new(cache::Cache::new(policy.exclude_namespaces)),
         identity,
+        events: isolate::EventSink::Inline,
+    };
+    let (events, queue) = tokio::sync::mpsc::channel(isolate::EVENT_QUEUE);
+    let sender = isolate::send_events(ctx.client.clone(), queue, shutdown.clone());
+    spawn_owned("events", shutdown.clone(), sender);
+    let admission_ctx = isolate::Context {
+        client: admission,
+        events: isolate::EventSink::Queue(events),
+        ..ctx.clone()
     };
     let workers = Workers {
-        ctx: ctx.clone(),
+        ctx,
         resolver,
         readiness: readiness.clone(),
         metrics: metrics.clone(),
@@ -343,7 +368,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
     spawn_owned("admin", shutdown.clone(), admin);
 
     let state = Arc::new(server::AppState {
-        ctx,
+        ctx: admission_ctx,
         settings: decide::Settings {
             default_delay: deregistration_delay,
             exposure: policy.exposure,

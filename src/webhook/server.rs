@@ -25,7 +25,7 @@ use tokio::net::TcpListener;
 use tracing::Instrument;
 
 use super::decide::{self, Decision, OwnerKind, Pass, Path, PodFacts, Request, Settings};
-use super::isolate::{self, Outcome};
+use super::isolate::{self, Budget, Outcome};
 use super::metrics::Metrics;
 use super::review::{self, Parsed};
 use crate::runtime::Shutdown;
@@ -162,7 +162,7 @@ async fn handle(
         uid = %review.request.uid,
         operation = path.as_str(),
         namespace = review.request.namespace.as_deref().unwrap_or_default(),
-        pod = tracing::field::Empty,
+        pod = %review.request.name,
         outcome = tracing::field::Empty,
     );
     let deadline = hold_deadline(started, budget);
@@ -189,8 +189,16 @@ enum Settled {
     Pass(Pass),
     Isolated(Timestamp),
     Pending(Timestamp),
-    /// Isolation could not be done; the reason, for the caller and the logs.
+    /// The live PDB refuses the eviction.
+    Refused(Budget),
+    /// Isolation could not be done for now (the API server is unavailable, the pod kept
+    /// changing); the reason, for the caller and the logs.
     Failed(String),
+    /// Isolation can never succeed for this request (RBAC, another admission webhook or
+    /// policy refusing our relabel): let through unchanged, with a Warning Event.
+    Permanent(&'static str),
+    /// The API server's deadline for this call came first.
+    Deadline,
 }
 
 impl Settled {
@@ -199,7 +207,11 @@ impl Settled {
             Settled::Pass(p) => p.as_str(),
             Settled::Isolated(_) => "isolated",
             Settled::Pending(_) => "pending",
+            Settled::Refused(Budget::NotObserved { .. }) => "pdb_not_observed",
+            Settled::Refused(_) => "pdb_exhausted",
             Settled::Failed(_) => "error",
+            Settled::Permanent(_) => "failed_permanently",
+            Settled::Deadline => "deadline",
         }
     }
 }
@@ -215,39 +227,70 @@ async fn respond(
             tracing::debug!(reason, "not ours; allowing unchanged");
             (review::allow(&request), "not_ours")
         }
-        Parsed::Evict(ev) => respond_evict(state, &request, ev).await,
+        Parsed::Evict(ev) => respond_evict(state, &request, ev, deadline).await,
         Parsed::Delete(del) => respond_delete(state, &request, del, deadline).await,
     }
 }
+
+/// Retry-After (seconds) of our own 429s for transient failures and deadlines: kubectl
+/// retries every 5 s whatever it is told; other callers get the same pace.
+const RETRY_AFTER_SECONDS: u32 = 5;
+/// Retry-After of a PDB whose latest generation is not observed yet (the API server's
+/// own value for the same answer).
+const UNOBSERVED_RETRY_SECONDS: u32 = 10;
 
 async fn respond_evict(
     state: &AppState,
     request: &AdmissionRequest<DynamicObject>,
     ev: review::Eviction,
+    deadline: Instant,
 ) -> (AdmissionResponse, &'static str) {
-    tracing::Span::current().record("pod", ev.pod.as_str());
     let allow = review::allow(request);
-    let settled = settle_eviction(state, &ev).await;
+    let settled = tokio::time::timeout_at(deadline.into(), settle_eviction(state, &ev))
+        .await
+        .unwrap_or(Settled::Deadline);
     let outcome = settled.outcome();
+    let pod = format!("{}/{}", ev.namespace, ev.pod);
     let delete_at = match settled {
         Settled::Isolated(t) | Settled::Pending(t) => t,
-        Settled::Pass(_) => return (allow, outcome),
+        Settled::Pass(_) | Settled::Permanent(_) => return (allow, outcome),
+        Settled::Refused(budget) => {
+            let (pdb, retry) = match &budget {
+                Budget::NotObserved { pdb } => (pdb.clone(), UNOBSERVED_RETRY_SECONDS),
+                Budget::Exhausted { pdb } => (pdb.clone(), 0),
+                Budget::Consumed => (String::new(), 0),
+            };
+            let message = format!(
+                "Cannot evict pod {pod} as it would violate the pod's disruption budget {pdb}"
+            );
+            return (review::too_many_requests(request, message, retry), outcome);
+        }
         Settled::Failed(why) => {
             // Letting the eviction through would delete a pod that still serves traffic;
             // every eviction caller (kubectl drain, our node agent, autoscalers) retries a
             // 429, so ask it to come back instead of failing open.
             let message = format!(
-                "graceful-drain could not isolate pod {}/{} yet ({why}); retry the eviction",
-                ev.namespace, ev.pod
+                "graceful-drain could not isolate pod {pod} yet ({why}); retry the eviction"
             );
-            return (review::too_many_requests(request, message), outcome);
+            return (
+                review::too_many_requests(request, message, RETRY_AFTER_SECONDS),
+                outcome,
+            );
+        }
+        Settled::Deadline => {
+            let message = format!(
+                "graceful-drain could not isolate pod {pod} within the admission deadline; retry the eviction"
+            );
+            return (
+                review::too_many_requests(request, message, RETRY_AFTER_SECONDS),
+                outcome,
+            );
         }
     };
     match allow.with_patch(review::dry_run_patch(&ev.delete_options)) {
         Ok(mut response) => {
             response.warnings = Some(vec![format!(
-                "graceful-drain: pod {}/{} left its load balancers and will be deleted at {delete_at}",
-                ev.namespace, ev.pod
+                "graceful-drain: pod {pod} left its load balancers and will be deleted at {delete_at}"
             )]);
             (response, outcome)
         }
@@ -290,7 +333,9 @@ fn request_pass(req: &Request, settings: &Settings) -> Option<Pass> {
         settings,
         Timestamp::now(),
     ) {
-        Decision::Pass(p @ (Pass::DryRun | Pass::OwnRequest | Pass::ForceDelete)) => Some(p),
+        Decision::Pass(
+            p @ (Pass::DryRun | Pass::OwnRequest | Pass::ForceDelete | Pass::GarbageCollector),
+        ) => Some(p),
         _ => None,
     }
 }
@@ -309,30 +354,41 @@ async fn settle(state: &AppState, req: &Request, mut pod: PodFacts) -> Settled {
     for _ in 0..CONFLICT_ATTEMPTS {
         let snap = state.ctx.cache.snapshot(&pod);
         let now = Timestamp::now();
-        let (delete_at, grace) = match decide::decide(req, &pod, &snap, &state.settings, now) {
+        let plan = match decide::decide(req, &pod, &snap, &state.settings, now) {
             Decision::Pass(p) => return Settled::Pass(p),
             Decision::Pending { delete_at } => return Settled::Pending(delete_at),
             Decision::Isolate {
                 delete_at,
                 grace_period,
-            } => (delete_at, grace_period),
+                charge,
+            } => isolate::Plan {
+                delete_at,
+                grace_period,
+                charge,
+            },
         };
-        match isolate::isolate(&state.ctx, &pod, &snap, delete_at, grace, now).await {
-            Ok(Outcome::Isolated { removed }) => {
+        let error = match isolate::isolate(&state.ctx, &pod, &snap, plan, now).await {
+            Ok(Outcome::Isolated { removed, uncharged }) => {
                 state.metrics.pods_isolated.inc();
-                tracing::info!(%delete_at, removed = ?removed.keys().collect::<Vec<_>>(), "pod isolated");
-                return Settled::Isolated(delete_at);
+                let removed: Vec<&String> = removed.keys().collect();
+                tracing::info!(delete_at = %plan.delete_at, ?removed, ?uncharged, "pod isolated");
+                return Settled::Isolated(plan.delete_at);
             }
             Ok(Outcome::Refused(budget)) => {
-                tracing::info!(?budget, "PDB refuses the disruption; allowing unchanged");
-                return Settled::Pass(match budget {
-                    isolate::Budget::NotObserved { .. } => Pass::PdbNotObserved,
-                    _ => Pass::PdbExhausted,
-                });
+                tracing::info!(?budget, "PDB refuses the eviction");
+                return Settled::Refused(budget);
             }
-            Err(isolate::Error::Conflict { .. }) => {
-                tracing::debug!("pod changed while isolating; re-reading");
+            Err(error) => error,
+        };
+        match error {
+            isolate::Error::Conflict { code, .. } => {
+                tracing::debug!(code, "pod changed while isolating; re-reading");
+                let tried = pod.resource_version.clone();
                 match fetch_pod(state, &pod.namespace, &pod.name).await {
+                    // A 422 on an unchanged pod is no failed `test`: our relabel is invalid.
+                    Ok(Some(fresh)) if code == 422 && fresh.resource_version == tried => {
+                        return permanent(state, req, &pod, &error).await;
+                    }
                     Ok(Some(fresh)) => pod = fresh,
                     Ok(None) => return Settled::Pass(Pass::NotRunning),
                     Err(error) => {
@@ -341,7 +397,8 @@ async fn settle(state: &AppState, req: &Request, mut pod: PodFacts) -> Settled {
                     }
                 }
             }
-            Err(error) => {
+            error if error.is_permanent() => return permanent(state, req, &pod, &error).await,
+            error => {
                 tracing::warn!(%error, "isolation failed");
                 return Settled::Failed(error.to_string());
             }
@@ -351,23 +408,54 @@ async fn settle(state: &AppState, req: &Request, mut pod: PodFacts) -> Settled {
     Settled::Failed("the pod kept changing while it was being isolated".to_string())
 }
 
+/// A failure retrying cannot cure: counted, logged, and shown on the pod as a Warning
+/// Event; the request goes through unchanged.
+async fn permanent(
+    state: &AppState,
+    req: &Request,
+    pod: &PodFacts,
+    error: &isolate::Error,
+) -> Settled {
+    let reason = match error {
+        isolate::Error::Conflict { .. } => "invalid",
+        other => other.reason(),
+    };
+    state.metrics.isolation_failure(req.path.as_str(), reason);
+    tracing::warn!(%error, reason, "isolation refused permanently; letting the request through");
+    let message = format!(
+        "Could not isolate the pod before its {}; it went through unprotected: {error}",
+        match req.path {
+            Path::Evict => "eviction",
+            Path::Delete => "deletion",
+        }
+    );
+    isolate::record_event(
+        &state.ctx,
+        pod,
+        isolate::Severity::Warning,
+        isolate::REASON_ISOLATION_FAILED,
+        &message,
+        Timestamp::now(),
+    )
+    .await;
+    Settled::Permanent(reason)
+}
+
 async fn respond_delete(
     state: &AppState,
     request: &AdmissionRequest<DynamicObject>,
     del: review::Deletion,
     deadline: Instant,
 ) -> (AdmissionResponse, &'static str) {
-    let meta = &del.object.metadata;
-    let (namespace, name) = (
-        meta.namespace.clone().unwrap_or_default(),
-        meta.name.clone().unwrap_or_default(),
-    );
-    tracing::Span::current().record("pod", name.as_str());
+    let namespace = request.namespace.clone().unwrap_or_default();
+    let name = del.request.name.clone();
     if let Some(pass) = request_pass(&del.request, &state.settings) {
         return (review::allow(request), pass.as_str());
     }
     // Fast path: neither isolated (its own labels say so) nor listed as a ready endpoint.
-    let draining = meta
+    let draining = del
+        .object
+        .metadata
         .labels
         .as_ref()
         .is_some_and(|l| l.contains_key(crate::labels::DRAINING_LABEL));
@@ -380,11 +468,15 @@ async fn respond_delete(
     };
     let pod = review::pod_facts(&pod);
     let owned_by_rs = matches!(pod.owner, Some((OwnerKind::ReplicaSet, _)));
-    let settled = settle(state, &req, pod.clone()).await;
+    // A DELETE is never denied for want of time: past the deadline it is allowed (the
+    // pod isolated if that finished, as it usually has).
+    let settled = tokio::time::timeout_at(deadline.into(), settle(state, &req, pod.clone()))
+        .await
+        .unwrap_or(Settled::Deadline);
     let outcome = settled.outcome();
     let delete_at = match settled {
         Settled::Isolated(t) | Settled::Pending(t) => t,
-        Settled::Pass(_) | Settled::Failed(_) => return (review::allow(request), outcome),
+        _ => return (review::allow(request), outcome),
     };
     if state.refuse_replicaset_deletes && owned_by_rs && req.user == REPLICASET_CONTROLLER {
         let message = format!(
@@ -541,6 +633,7 @@ mod tests {
                 client,
                 cache,
                 identity: "w".into(),
+                events: isolate::EventSink::Inline,
             },
             settings: Settings {
                 default_delay: Duration::from_secs(30),
