@@ -615,7 +615,7 @@ mod tests {
     use serde_json::{Value, json};
     use tower::ServiceExt;
 
-    fn state(client: kube::Client) -> Arc<AppState> {
+    pub(super) fn state(client: kube::Client) -> Arc<AppState> {
         let cache = Arc::new(Cache::new([]));
         cache.apply_slice(&serde_json::from_value(json!({
             "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
@@ -662,7 +662,7 @@ mod tests {
         .unwrap()
     }
 
-    async fn call(state: Arc<AppState>, uri: &str, body: Vec<u8>) -> (u16, Value) {
+    pub(super) async fn call(state: Arc<AppState>, uri: &str, body: Vec<u8>) -> (u16, Value) {
         let req = http::Request::post(uri)
             .header("content-type", "application/json")
             .body(axum::body::Body::from(body))
@@ -793,5 +793,312 @@ mod tests {
         assert_eq!(status, 200);
         assert_eq!(review["response"]["allowed"], true);
         assert!(review["response"].get("patch").is_none());
+    }
+}
+
+#[cfg(test)]
+mod tests_support {
+    pub(super) use super::tests::{call, state};
+    use serde_json::{Value, json};
+
+    pub(super) fn pod_json(uid: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web-1", "namespace": "web", "uid": uid, "resourceVersion": "12",
+                         "labels": {"app": "web"}},
+            "spec": {"containers": [{"name": "c"}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})
+    }
+
+    pub(super) fn pdb(allowed: i32, rv: &str) -> Value {
+        json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "web", "namespace": "web", "resourceVersion": rv, "generation": 1},
+            "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}},
+            "status": {"observedGeneration": 1, "disruptionsAllowed": allowed,
+                       "currentHealthy": 2, "desiredHealthy": 2, "expectedPods": 3}})
+    }
+
+    /// An eviction review of `web/web-1` with these deleteOptions.
+    pub(super) fn eviction(options: Value) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "ev-1",
+                "kind": {"group": "policy", "version": "v1", "kind": "Eviction"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "subResource": "eviction", "name": "web-1", "namespace": "web", "operation": "CREATE",
+                "userInfo": {"username": "system:node:n1"},
+                "object": {"apiVersion": "policy/v1", "kind": "Eviction",
+                           "metadata": {"name": "web-1", "namespace": "web"},
+                           "deleteOptions": options}}
+        }))
+        .unwrap()
+    }
+
+    /// A DELETE review of the bare pod `web/web-1`.
+    pub(super) fn deletion() -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "del-1",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "name": "web-1", "namespace": "web", "operation": "DELETE",
+                "userInfo": {"username": "alice"},
+                "oldObject": pod_json("uid-1"),
+                "options": {"apiVersion": "meta.k8s.io/v1", "kind": "DeleteOptions"}}
+        }))
+        .unwrap()
+    }
+}
+
+#[cfg(test)]
+mod issue_tests {
+    //! Mock-API tests of the answers that keep exposed pods protected whatever the
+    //! cluster does: live PDB reads, preconditions, permanent failures and deadlines.
+    use super::tests_support::*;
+    use super::*;
+    use crate::webhook::mock::{self, expect};
+    use http::Method;
+    use serde_json::json;
+
+    const POD_PATH: &str = "/api/v1/namespaces/web/pods/web-1";
+    const PDB_PATH: &str = "/apis/policy/v1/namespaces/web/poddisruptionbudgets/web";
+
+    /// The cache says the PDB has no disruption left, the live PDB has one: the eviction
+    /// is charged on the live PDB and isolated (before, it passed unchanged on the stale
+    /// view — a real eviction if the API server then allowed it).
+    #[tokio::test]
+    async fn eviction_behind_a_stale_exhausted_pdb_reads_it_live_and_isolates() {
+        let (client, mut api) = mock::client();
+        let st = state(client);
+        st.ctx
+            .cache
+            .apply_pdb(&serde_json::from_value(pdb(0, "1")).unwrap());
+        let call = tokio::spawn(call(
+            st,
+            "/mutate/eviction?timeout=10s",
+            eviction(json!({})),
+        ));
+        expect(&mut api, Method::GET, POD_PATH, 200, pod_json("uid-1")).await;
+        expect(&mut api, Method::GET, PDB_PATH, 200, pdb(1, "2")).await;
+        let put = expect(
+            &mut api,
+            Method::PUT,
+            &format!("{PDB_PATH}/status"),
+            200,
+            pdb(0, "3"),
+        )
+        .await;
+        assert_eq!(put.body["metadata"]["resourceVersion"], "2");
+        expect(&mut api, Method::PATCH, POD_PATH, 200, json!({})).await;
+        expect(
+            &mut api,
+            Method::POST,
+            "/api/v1/namespaces/web/events",
+            201,
+            json!({}),
+        )
+        .await;
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], true);
+        assert_eq!(review["response"]["patchType"], "JSONPatch");
+    }
+
+    /// Cache and live PDB agree the budget is exhausted: we answer 429 ourselves and
+    /// change nothing, instead of passing an eviction the API server might let through.
+    #[tokio::test]
+    async fn eviction_behind_an_exhausted_pdb_is_answered_429_by_us() {
+        let (client, mut api) = mock::client();
+        let st = state(client);
+        st.ctx
+            .cache
+            .apply_pdb(&serde_json::from_value(pdb(0, "1")).unwrap());
+        let call = tokio::spawn(call(
+            st,
+            "/mutate/eviction?timeout=10s",
+            eviction(json!({})),
+        ));
+        expect(&mut api, Method::GET, POD_PATH, 200, pod_json("uid-1")).await;
+        expect(&mut api, Method::GET, PDB_PATH, 200, pdb(0, "2")).await;
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], false);
+        assert_eq!(review["response"]["status"]["code"], 429);
+        let message = review["response"]["status"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("web/web-1") && message.contains("web/web"),
+            "{message}"
+        );
+        assert!(review["response"].get("patch").is_none());
+    }
+
+    /// A DELETE behind an exhausted PDB isolates the pod anyway (PDBs never block a
+    /// DELETE) and is held; before, it passed at once and the pod died unprotected.
+    #[tokio::test]
+    async fn delete_behind_an_exhausted_pdb_is_isolated_and_held() {
+        let (client, mut api) = mock::client();
+        let st = state(client);
+        st.ctx
+            .cache
+            .apply_pdb(&serde_json::from_value(pdb(0, "1")).unwrap());
+        let call = tokio::spawn(call(st, "/validate/delete?timeout=2s", deletion()));
+        expect(&mut api, Method::GET, PDB_PATH, 200, pdb(0, "2")).await;
+        let patch = expect(&mut api, Method::PATCH, POD_PATH, 200, json!({})).await;
+        assert!(
+            patch
+                .body
+                .to_string()
+                .contains("graceful-drain.io~1draining")
+        );
+        let event = expect(
+            &mut api,
+            Method::POST,
+            "/api/v1/namespaces/web/events",
+            201,
+            json!({}),
+        )
+        .await;
+        assert!(
+            event.body["message"]
+                .as_str()
+                .unwrap()
+                .contains("not charged")
+        );
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], true);
+    }
+
+    /// An eviction carrying the UID precondition of an earlier pod with the same name is
+    /// let through unchanged (the API server answers 409): the live pod is not touched.
+    #[tokio::test]
+    async fn eviction_with_another_pods_uid_precondition_changes_nothing() {
+        let (client, mut api) = mock::client();
+        let options = json!({"preconditions": {"uid": "uid-0"}});
+        let call = tokio::spawn(call(
+            state(client),
+            "/mutate/eviction?timeout=10s",
+            eviction(options),
+        ));
+        expect(&mut api, Method::GET, POD_PATH, 200, pod_json("uid-1")).await;
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], true);
+        assert!(review["response"].get("patch").is_none());
+        drop(api);
+    }
+
+    /// Our relabel refused for good (RBAC 403): the eviction goes through unchanged with a
+    /// Warning Event and a metric, never an endless 429.
+    #[tokio::test]
+    async fn permanently_refused_relabel_lets_the_eviction_through_with_a_warning() {
+        let (client, mut api) = mock::client();
+        let st = state(client);
+        let metrics = st.clone();
+        let call = tokio::spawn(call(
+            st,
+            "/mutate/eviction?timeout=10s",
+            eviction(json!({})),
+        ));
+        expect(&mut api, Method::GET, POD_PATH, 200, pod_json("uid-1")).await;
+        expect(
+            &mut api,
+            Method::PATCH,
+            POD_PATH,
+            403,
+            mock::status(403, "Forbidden"),
+        )
+        .await;
+        let event = expect(
+            &mut api,
+            Method::POST,
+            "/api/v1/namespaces/web/events",
+            201,
+            json!({}),
+        )
+        .await;
+        assert_eq!(event.body["type"], "Warning");
+        assert_eq!(event.body["reason"], isolate::REASON_ISOLATION_FAILED);
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], true);
+        assert!(review["response"].get("patch").is_none());
+        let failures = metrics
+            .metrics
+            .isolation_failures
+            .get_or_create(&crate::webhook::metrics::FailureLabels {
+                operation: "evict",
+                reason: "forbidden",
+            })
+            .get();
+        assert_eq!(failures, 1);
+    }
+
+    /// A 422 that is not our `test` op failing (another webhook or policy refusing the
+    /// relabel: the re-read pod is unchanged) is permanent too.
+    #[tokio::test]
+    async fn invalid_relabel_on_an_unchanged_pod_is_permanent() {
+        let (client, mut api) = mock::client();
+        let call = tokio::spawn(call(
+            state(client),
+            "/mutate/eviction?timeout=10s",
+            eviction(json!({})),
+        ));
+        expect(&mut api, Method::GET, POD_PATH, 200, pod_json("uid-1")).await;
+        expect(
+            &mut api,
+            Method::PATCH,
+            POD_PATH,
+            422,
+            mock::status(422, "Invalid"),
+        )
+        .await;
+        expect(&mut api, Method::GET, POD_PATH, 200, pod_json("uid-1")).await;
+        let event = expect(
+            &mut api,
+            Method::POST,
+            "/api/v1/namespaces/web/events",
+            201,
+            json!({}),
+        )
+        .await;
+        assert_eq!(event.body["type"], "Warning");
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], true);
+        assert!(review["response"].get("patch").is_none());
+    }
+
+    /// The API server never answers: the eviction is answered 429 with Retry-After before
+    /// the API server's deadline (virtual time: the API server's 3 s budget).
+    #[tokio::test(start_paused = true)]
+    async fn eviction_is_answered_429_at_the_deadline() {
+        let (client, mut api) = mock::client();
+        let call = tokio::spawn(call(
+            state(client),
+            "/mutate/eviction?timeout=3s",
+            eviction(json!({})),
+        ));
+        let (_request, _never_answered) = api.next_request().await.unwrap();
+        let answered = tokio::time::timeout(Duration::from_secs(3), call).await;
+        let (_, review) = answered
+            .expect("answered within the API server's deadline")
+            .unwrap();
+        assert_eq!(review["response"]["allowed"], false);
+        assert_eq!(review["response"]["status"]["code"], 429);
+        assert_eq!(
+            review["response"]["status"]["details"]["retryAfterSeconds"],
+            RETRY_AFTER_SECONDS
+        );
+    }
+
+    /// The relabel never completes: the DELETE is allowed before the API server's deadline.
+    #[tokio::test(start_paused = true)]
+    async fn delete_is_allowed_at_the_deadline() {
+        let (client, mut api) = mock::client();
+        let call = tokio::spawn(call(
+            state(client),
+            "/validate/delete?timeout=3s",
+            deletion(),
+        ));
+        let (_request, _never_answered) = api.next_request().await.unwrap();
+        let answered = tokio::time::timeout(Duration::from_secs(3), call).await;
+        let (_, review) = answered
+            .expect("answered within the API server's deadline")
+            .unwrap();
+        assert_eq!(review["response"]["allowed"], true);
     }
 }
