@@ -341,3 +341,184 @@ async fn rollout_behind_a_lagging_load_balancer_has_no_5xx() {
         "every replaced pod was isolated before deletion"
     );
 }
+
+/// Events with `reason` on pod `name` in the default namespace.
+async fn has_event(cluster: &Cluster, pod: &str, reason: &str) -> bool {
+    event_reasons(cluster, "default", pod)
+        .await
+        .iter()
+        .any(|r| r == reason)
+}
+
+/// A rollout deleting two pods at once behind a PDB allowing one disruption (10
+/// replicas, 9 must stay available): PDBs never block a DELETE, so both pods are
+/// isolated and held — neither dies unprotected because the budget was spent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_deletes_behind_a_pdb_allowing_one_disruption_are_both_isolated() {
+    let spec = WebSpec {
+        replicas: 10,
+        min_available: 9,
+        ..WebSpec::default()
+    };
+    let (cluster, _webhook) = setup(&spec, Duration::from_secs(30), 4).await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let victims: Vec<String> = web_pods(&cluster, &spec)
+        .await
+        .iter()
+        .take(2)
+        .map(|p| p.name_any())
+        .collect();
+    let deletes = victims.iter().map(|name| {
+        let pods = pods.clone();
+        async move { pods.delete(name, &DeleteParams::default()).await }
+    });
+    for result in futures::future::join_all(deletes).await {
+        result.unwrap();
+    }
+    for name in &victims {
+        assert!(
+            has_event(&cluster, name, "graceful-drain.io/Isolated").await,
+            "{name} was deleted without being isolated: {:?}",
+            event_reasons(&cluster, "default", name).await
+        );
+    }
+}
+
+/// An eviction whose UID precondition names an earlier pod of the same name is refused
+/// by the API server (409) and leaves the live pod alone: the webhook never isolates a
+/// pod the caller did not mean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eviction_with_a_stale_uid_precondition_never_isolates_the_live_pod() {
+    let spec = WebSpec {
+        replicas: 3,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    let (cluster, _webhook) = setup(&spec, Duration::from_secs(30), 10).await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let victim = web_pods(&cluster, &spec).await.remove(0).name_any();
+    let body = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": victim, "namespace": "default"},
+        "deleteOptions": {"preconditions": {"uid": "uid-of-an-earlier-pod"}}});
+    let result = pods
+        .create_subresource::<_, serde_json::Value>(
+            "eviction",
+            &victim,
+            &PostParams::default(),
+            &body,
+        )
+        .await;
+    assert!(
+        matches!(&result, Err(kube::Error::Api(s)) if s.code == 409),
+        "{result:?}"
+    );
+    let live = pods.get(&victim).await.unwrap();
+    assert!(!is_draining(&live), "the live pod was isolated");
+    assert!(!has_event(&cluster, &victim, "graceful-drain.io/Isolated").await);
+}
+
+/// Runs the real kubectl against the simulated cluster.
+async fn kubectl(kubeconfig: &std::path::Path, args: &[&str]) -> (bool, String) {
+    let output = tokio::process::Command::new("/usr/bin/kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+/// While the pods of a first `kubectl drain` wait out their delay, a second `kubectl
+/// drain` of the node succeeds without `--force`: the isolated pods still declare a
+/// controller (the Deployment), and their second eviction is answered as a dry run, so
+/// kubectl waits for the deferred deleter instead of evicting them for real.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_kubectl_drain_works_while_isolated_pods_wait() {
+    let spec = WebSpec {
+        replicas: 4,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    let (cluster, _webhook) = setup(&spec, Duration::from_secs(15), 10).await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    cluster
+        .api()
+        .write_kubeconfig(&kubeconfig, "admin")
+        .unwrap();
+    let client = cluster.client();
+    let node = web_pods(&cluster, &spec).await[0]
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap();
+    let drain = [
+        "drain",
+        node.as_str(),
+        "--ignore-daemonsets",
+        "--delete-emptydir-data",
+        "--timeout=90s",
+    ];
+    let first = tokio::spawn({
+        let kubeconfig = kubeconfig.clone();
+        let drain: Vec<String> = drain.iter().map(|s| s.to_string()).collect();
+        async move {
+            let args: Vec<&str> = drain.iter().map(String::as_str).collect();
+            kubectl(&kubeconfig, &args).await
+        }
+    });
+    let on_node = || async {
+        actions::pods_on(&client, &node)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect::<Vec<Pod>>()
+    };
+    // Every web pod of the node isolated, and the ReplicaSet has acted on the relabel.
+    wait_for("pods on the node isolated", TIMEOUT, || async {
+        let pods = on_node().await;
+        !pods.is_empty() && pods.iter().all(is_draining)
+    })
+    .await
+    .unwrap();
+    cluster.wait_web_ready(&spec, TIMEOUT).await.unwrap();
+    let isolated = on_node().await;
+    for pod in &isolated {
+        let controller = pod
+            .owner_references()
+            .iter()
+            .find(|r| r.controller == Some(true))
+            .map(|r| r.kind.clone());
+        assert_eq!(
+            controller.as_deref(),
+            Some("Deployment"),
+            "{}",
+            pod.name_any()
+        );
+    }
+    let (ok, text) = kubectl(&kubeconfig, &drain).await;
+    assert!(ok, "second drain failed:\n{text}");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    for pod in &isolated {
+        let gone = pods
+            .get_opt(&pod.name_any())
+            .await
+            .unwrap()
+            .is_none_or(|p| p.uid() != pod.uid() || p.metadata.deletion_timestamp.is_some());
+        assert!(gone, "{} still there after the drain", pod.name_any());
+        assert!(
+            has_event(&cluster, &pod.name_any(), "graceful-drain.io/Deleted").await,
+            "{} was not deleted by the deferred deleter",
+            pod.name_any()
+        );
+    }
+    let (ok, text) = first.await.unwrap();
+    assert!(ok, "first drain failed:\n{text}");
+}
