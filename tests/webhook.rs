@@ -60,6 +60,7 @@ async fn start(cert: &Path, key: &Path, client_ca: Option<&Path>, refuse_rs: boo
         },
         settings: decide::Settings {
             default_delay: Duration::from_secs(60),
+            max_delay: Duration::from_secs(600),
             exposure: decide::Exposure::EndpointSlice,
             own_users: ["system:serviceaccount:gd:webhook".to_string()].into(),
         },

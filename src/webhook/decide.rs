@@ -190,12 +190,16 @@ pub struct Snapshot {
     pub services: Vec<ServiceFacts>,
     pub namespace: NamespaceFacts,
     pub pdbs: Vec<PdbFacts>,
+    /// No replica holds the deleter Lease: an isolated pod would never be deleted.
+    pub no_deleter: bool,
 }
 
 /// Static decision settings from the command line.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
     pub default_delay: Duration,
+    /// Upper bound of a delay asked for by annotation (`--max-deregistration-delay`).
+    pub max_delay: Duration,
     pub exposure: Exposure,
     /// Usernames whose requests are ours (the webhook's own service account).
     pub own_users: BTreeSet<String>,
@@ -220,6 +224,8 @@ pub enum Pass {
     GarbageCollector,
     /// The pod's namespace is being deleted.
     NamespaceTerminating,
+    /// No replica holds the deleter Lease, so nobody would delete an isolated pod.
+    NoDeleter,
 }
 
 impl Pass {
@@ -239,6 +245,7 @@ impl Pass {
             Pass::PreconditionMismatch => "precondition_mismatch",
             Pass::GarbageCollector => "garbage_collector",
             Pass::NamespaceTerminating => "namespace_terminating",
+            Pass::NoDeleter => "no_deleter",
         }
     }
 }
@@ -264,6 +271,8 @@ pub enum Decision {
         delete_at: Timestamp,
         grace_period: Option<i64>,
         charge: Charge,
+        /// The annotated delay was longer than the maximum and was cut to it.
+        capped: bool,
     },
     /// The pod is already isolated and waits for `delete_at`: no second isolation, but the
     /// request must not delete it early either.
@@ -302,6 +311,9 @@ pub fn decide(
     if let Some(pass) = pass_for_pod(pod, snap, settings) {
         return Decision::Pass(pass);
     }
+    if snap.no_deleter {
+        return Decision::Pass(Pass::NoDeleter);
+    }
     // PDBs never block a DELETE. An eviction of a pod selected by several PDBs is an
     // error the API server answers itself (500); whether a single budget allows the
     // eviction is decided on the live PDB when charging it, never on the cache.
@@ -310,11 +322,13 @@ pub fn decide(
         Path::Evict => Charge::Required,
         Path::Delete => Charge::IfPossible,
     };
-    let delay = delay_for(pod, &snap.namespace, settings.default_delay);
+    let asked = delay_for(pod, &snap.namespace, settings.default_delay);
+    let delay = asked.min(settings.max_delay);
     Decision::Isolate {
         delete_at: add(now, delay),
         grace_period: req.grace_period,
         charge,
+        capped: asked > delay,
     }
 }
 
@@ -486,6 +500,7 @@ mod tests {
     fn settings() -> Settings {
         Settings {
             default_delay: Duration::from_secs(60),
+            max_delay: Duration::from_secs(600),
             exposure: Exposure::EndpointSlice,
             own_users: ["system:serviceaccount:gd:webhook".to_string()].into(),
         }
@@ -549,6 +564,7 @@ mod tests {
             delete_at: now() + jiff::SignedDuration::from_secs(secs),
             grace_period: None,
             charge: Charge::Required,
+            capped: false,
         }
     }
 
@@ -557,6 +573,7 @@ mod tests {
             delete_at: now() + jiff::SignedDuration::from_secs(secs),
             grace_period: None,
             charge: Charge::IfPossible,
+            capped: false,
         }
     }
 
@@ -608,6 +625,10 @@ mod tests {
             .insert(DELAY_ANNOTATION.into(), "45s".into());
         let mut ns_delay = exposed();
         ns_delay.namespace.delay = Some("2m".into());
+        let mut long_delay = pod();
+        long_delay
+            .annotations
+            .insert(DELAY_ANNOTATION.into(), "87600h".into());
         let mut bad_delay = pod();
         bad_delay
             .annotations
@@ -625,6 +646,8 @@ mod tests {
         };
         let mut gc = req(Path::Delete);
         gc.user = GARBAGE_COLLECTOR.into();
+        let mut no_deleter = exposed();
+        no_deleter.no_deleter = true;
         let mut ns_terminating = exposed();
         ns_terminating.namespace.terminating = true;
 
@@ -800,6 +823,26 @@ mod tests {
                 isolate_at(60),
             ),
             (
+                "nobody holds the deleter lease",
+                req(Path::Evict),
+                pod(),
+                no_deleter,
+                Decision::Pass(Pass::NoDeleter),
+            ),
+            (
+                "an isolated pod stays protected without a deleter",
+                req(Path::Evict),
+                pending.clone(),
+                {
+                    let mut s = exposed();
+                    s.no_deleter = true;
+                    s
+                },
+                Decision::Pending {
+                    delete_at: "2026-01-01T00:00:30Z".parse().unwrap(),
+                },
+            ),
+            (
                 "garbage collector passes",
                 gc,
                 pod(),
@@ -842,6 +885,18 @@ mod tests {
                 isolate_at(120),
             ),
             (
+                "an annotated delay beyond the maximum is capped",
+                req(Path::Evict),
+                long_delay,
+                exposed(),
+                Decision::Isolate {
+                    delete_at: now() + jiff::SignedDuration::from_secs(600),
+                    grace_period: None,
+                    charge: Charge::Required,
+                    capped: true,
+                },
+            ),
+            (
                 "bad delay falls back",
                 req(Path::Evict),
                 bad_delay,
@@ -857,6 +912,7 @@ mod tests {
                     delete_at: now() + jiff::SignedDuration::from_secs(60),
                     grace_period: Some(20),
                     charge: Charge::Required,
+                    capped: false,
                 },
             ),
         ];

@@ -288,6 +288,7 @@ impl Deleter {
     }
 
     fn finish_relist(&mut self, listed: Option<Vec<ObjectMeta>>) {
+        self.cache().set_isolated_synced();
         let Some(listed) = listed else { return };
         let keep: std::collections::HashSet<String> =
             listed.iter().filter_map(|m| m.uid.clone()).collect();

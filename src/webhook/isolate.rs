@@ -42,6 +42,8 @@ const PDB_RETRY_MAX_PAUSE: std::time::Duration = std::time::Duration::from_milli
 pub const REASON_ISOLATED: &str = "graceful-drain.io/Isolated";
 /// Event reason recorded on a pod when the deferred deleter deletes it.
 pub const REASON_DELETED: &str = "graceful-drain.io/Deleted";
+/// Warning Event reason when an annotated delay was cut to `--max-deregistration-delay`.
+pub const REASON_DELAY_CAPPED: &str = "graceful-drain.io/DelayCapped";
 /// Warning Event reason when a pod could not be isolated and its request went through.
 pub const REASON_ISOLATION_FAILED: &str = "graceful-drain.io/IsolationFailed";
 

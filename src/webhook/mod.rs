@@ -86,6 +86,12 @@ pub struct Args {
     #[arg(long, env = "GRACEFUL_DRAIN_DEREGISTRATION_DELAY", default_value = DEFAULT_DEREGISTRATION_DELAY,
           value_parser = humantime::parse_duration)]
     pub deregistration_delay: Duration,
+    /// Longest delay a pod or namespace annotation may ask for; longer ones are cut to it
+    /// with a Warning Event (an isolated pod serves no new connections from its Services,
+    /// and a typo like `5h` must not keep it for hours).
+    #[arg(long, env = "GRACEFUL_DRAIN_MAX_DEREGISTRATION_DELAY", default_value = "10m",
+          value_parser = humantime::parse_duration)]
+    pub max_deregistration_delay: Duration,
     /// Namespace of the deleter's Lease.
     #[arg(
         long,
@@ -203,6 +209,16 @@ async fn watch_readiness(
         if cache.synced() {
             readiness.ready("caches");
         }
+        if cache.isolated_synced() {
+            readiness.ready("isolated pods");
+        }
+        // Never take requests we would refuse to act on: isolating a pod nobody deletes
+        // would leave it out of its Services for good.
+        if cache.deleter_alive(jiff::Timestamp::now()) {
+            readiness.ready("deleter");
+        } else {
+            readiness.not_ready("deleter", "no replica holds the deleter Lease");
+        }
     }
 }
 
@@ -238,15 +254,17 @@ fn spawn_workers(w: Workers, shutdown: &Shutdown) {
         }
     };
     spawn_owned("cache", shutdown.clone(), watches);
-    let ready = watch_readiness(resolver, cache, readiness, shutdown.clone());
+    let ready = watch_readiness(resolver, cache.clone(), readiness, shutdown.clone());
     spawn_owned("readiness", shutdown.clone(), ready);
     let (leader_tx, leader_rx) = tokio::sync::watch::channel(false);
+    cache.enable_deleter_gate();
     let elector = lease::Elector::new(
         ctx.client.clone(),
         &lease_namespace,
         &lease_name,
         &ctx.identity,
-    );
+    )
+    .reporting_to(cache.clone());
     spawn_owned(
         "lease",
         shutdown.clone(),
@@ -309,6 +327,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         tls,
         timeout_seconds,
         deregistration_delay,
+        max_deregistration_delay,
         lease_namespace,
         lease_name,
         identity,
@@ -328,6 +347,8 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
     let readiness = Readiness::default();
     readiness.register("certificate", "serving certificate not loaded");
     readiness.register("caches", "caches not synced");
+    readiness.register("isolated pods", "watch of isolated pods not synced");
+    readiness.register("deleter", "no replica holds the deleter Lease");
     readiness.ready("webhook");
     let resolver = Arc::new(tls::ReloadingResolver::new(tls.tls_cert, tls.tls_key));
     if let Err(error) = resolver.reload() {
@@ -371,6 +392,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         ctx: admission_ctx,
         settings: decide::Settings {
             default_delay: deregistration_delay,
+            max_delay: max_deregistration_delay,
             exposure: policy.exposure,
             own_users: own,
         },

@@ -361,11 +361,17 @@ async fn settle(state: &AppState, req: &Request, mut pod: PodFacts) -> Settled {
                 delete_at,
                 grace_period,
                 charge,
-            } => isolate::Plan {
-                delete_at,
-                grace_period,
-                charge,
-            },
+                capped,
+            } => {
+                if capped {
+                    delay_capped(state, &pod).await;
+                }
+                isolate::Plan {
+                    delete_at,
+                    grace_period,
+                    charge,
+                }
+            }
         };
         let error = match isolate::isolate(&state.ctx, &pod, &snap, plan, now).await {
             Ok(Outcome::Isolated { removed, uncharged }) => {
@@ -406,6 +412,23 @@ async fn settle(state: &AppState, req: &Request, mut pod: PodFacts) -> Settled {
     }
     tracing::warn!("pod kept changing while isolating");
     Settled::Failed("the pod kept changing while it was being isolated".to_string())
+}
+
+/// Warns on the pod that its annotated delay exceeds `--max-deregistration-delay`.
+async fn delay_capped(state: &AppState, pod: &PodFacts) {
+    let message = format!(
+        "The deregistration delay annotated on the pod or its namespace exceeds the maximum of {}; using the maximum",
+        humantime::format_duration(state.settings.max_delay)
+    );
+    isolate::record_event(
+        &state.ctx,
+        pod,
+        isolate::Severity::Warning,
+        isolate::REASON_DELAY_CAPPED,
+        &message,
+        Timestamp::now(),
+    )
+    .await;
 }
 
 /// A failure retrying cannot cure: counted, logged, and shown on the pod as a Warning
@@ -637,6 +660,7 @@ mod tests {
             },
             settings: Settings {
                 default_delay: Duration::from_secs(30),
+                max_delay: Duration::from_secs(600),
                 exposure: decide::Exposure::EndpointSlice,
                 own_users: Default::default(),
             },
