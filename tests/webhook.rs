@@ -68,6 +68,7 @@ async fn start(cert: &Path, key: &Path, client_ca: Option<&Path>, refuse_rs: boo
         refuse_replicaset_deletes: refuse_rs,
         default_timeout: Duration::from_secs(10),
         shutdown: shutdown.clone(),
+        holds: server::Holds::default(),
     });
     let resolver = Arc::new(tls::ReloadingResolver::new(
         cert.to_path_buf(),

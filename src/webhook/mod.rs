@@ -400,6 +400,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         refuse_replicaset_deletes: policy.refuse_replicaset_deletes,
         default_timeout: Duration::from_secs(u64::from(timeout_seconds)),
         shutdown: Shutdown::new(),
+        holds: server::Holds::default(),
     });
     let holds = state.shutdown.clone();
     let app = server::router(state, policy.max_body_bytes);

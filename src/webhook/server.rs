@@ -7,7 +7,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Query, State};
@@ -22,6 +22,7 @@ use kube::Api;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse};
 use tokio::net::TcpListener;
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::decide::{self, Decision, OwnerKind, Pass, Path, PodFacts, Request, Settings};
@@ -67,6 +68,32 @@ pub struct AppState {
     pub default_timeout: Duration,
     /// Cancelled at shutdown: held DELETEs are answered at once.
     pub shutdown: Shutdown,
+    /// The hold deadline of each DELETE in flight, so a repeated call continues it.
+    pub holds: Holds,
+}
+
+/// How long the hold of a DELETE is remembered: the API server's own request deadline
+/// (60 s). The API server calls the validating webhook again within the same request when
+/// the pod changed during the call (our relabel, the ReplicaSet releasing it); such a
+/// call continues the first hold instead of starting a new one.
+const REQUEST_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Hold deadlines of recent DELETEs, by pod UID.
+#[derive(Debug, Default)]
+pub struct Holds(std::sync::Mutex<std::collections::HashMap<String, (Instant, Instant)>>);
+
+impl Holds {
+    /// The deadline of a hold of pod `uid` starting now with `deadline`: the first hold's
+    /// deadline when the same DELETE is already being held or was just answered.
+    fn deadline_for(&self, uid: &str, deadline: Instant) -> Instant {
+        let now = Instant::now();
+        let mut holds = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        holds.retain(|_, (_, forget_at)| *forget_at > now);
+        let (first, _) = holds
+            .entry(uid.to_string())
+            .or_insert((deadline, now + REQUEST_DEADLINE));
+        (*first).min(deadline)
+    }
 }
 
 /// The admission router: `POST /mutate/eviction`, `POST /validate/delete`.
@@ -508,6 +535,7 @@ async fn respond_delete(
         );
         return (review::allow(request).deny(message), "refused");
     }
+    let deadline = state.holds.deadline_for(&pod.uid, deadline);
     hold(state, delete_at, deadline).await;
     (review::allow(request), outcome)
 }
@@ -668,6 +696,7 @@ mod tests {
             refuse_replicaset_deletes: false,
             default_timeout: Duration::from_secs(10),
             shutdown: Shutdown::new(),
+            holds: Holds::default(),
         })
     }
 
@@ -859,6 +888,11 @@ mod tests_support {
 
     /// A DELETE review of the bare pod `web/web-1`.
     pub(super) fn deletion() -> Vec<u8> {
+        deletion_of(pod_json("uid-1"))
+    }
+
+    /// A DELETE review of `pod`.
+    pub(super) fn deletion_of(pod: Value) -> Vec<u8> {
         serde_json::to_vec(&json!({
             "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
             "request": {"uid": "del-1",
@@ -866,7 +900,7 @@ mod tests_support {
                 "resource": {"group": "", "version": "v1", "resource": "pods"},
                 "name": "web-1", "namespace": "web", "operation": "DELETE",
                 "userInfo": {"username": "alice"},
-                "oldObject": pod_json("uid-1"),
+                "oldObject": pod,
                 "options": {"apiVersion": "meta.k8s.io/v1", "kind": "DeleteOptions"}}
         }))
         .unwrap()
@@ -1106,6 +1140,37 @@ mod issue_tests {
         assert_eq!(
             review["response"]["status"]["details"]["retryAfterSeconds"],
             RETRY_AFTER_SECONDS
+        );
+    }
+
+    /// The API server calls again within the same DELETE (the pod changed during the
+    /// call): the second call continues the first hold and is answered at once, so the
+    /// caller waits one webhook timeout, not two.
+    #[tokio::test(start_paused = true)]
+    async fn a_repeated_call_for_one_delete_continues_the_first_hold() {
+        let (client, _api) = mock::client();
+        let st = state(client);
+        let mut pod = pod_json("uid-1");
+        pod["metadata"]["labels"] = json!({"graceful-drain.io/draining": "true"});
+        pod["metadata"]["annotations"] = json!({
+            "graceful-drain.io/delete-at": "2999-01-01T00:00:00Z",
+            "graceful-drain.io/original-labels": "{\"app\":\"web\"}"});
+        let body = deletion_of(pod);
+        let started = tokio::time::Instant::now();
+        let (_, first) = call(st.clone(), "/validate/delete?timeout=4s", body.clone()).await;
+        assert_eq!(first["response"]["allowed"], true);
+        let first_held = started.elapsed();
+        assert_eq!(
+            first_held,
+            Duration::from_secs(2),
+            "held until the deadline minus the margin"
+        );
+        let (_, second) = call(st, "/validate/delete?timeout=4s", body).await;
+        assert_eq!(second["response"]["allowed"], true);
+        assert_eq!(
+            started.elapsed(),
+            first_held,
+            "the second call is not held again"
         );
     }
 
