@@ -239,13 +239,13 @@ impl Elector {
                 () = shutdown.cancelled() => break,
                 _ = tick.tick() => {}
             }
-            let round = tokio::time::timeout(ROUND_TIMEOUT, self.try_acquire()).await;
-            let round = round.unwrap_or_else(|_| {
-                Err(Error::Timeout {
+            let round = match tokio::time::timeout(ROUND_TIMEOUT, self.try_acquire()).await {
+                Ok(round) => round,
+                Err(_) => Err(Error::Timeout {
                     namespace: self.namespace.clone(),
                     name: self.name.clone(),
-                })
-            });
+                }),
+            };
             match round {
                 Ok(true) => {
                     last_renew = Some(tokio::time::Instant::now());

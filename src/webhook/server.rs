@@ -273,7 +273,7 @@ async fn respond_evict(
     deadline: Instant,
 ) -> (AdmissionResponse, &'static str) {
     let allow = review::allow(request);
-    let settled = tokio::time::timeout_at(deadline.into(), settle_eviction(state, &ev))
+    let settled = tokio::time::timeout_at(deadline, settle_eviction(state, &ev))
         .await
         .unwrap_or(Settled::Deadline);
     let outcome = settled.outcome();
@@ -520,7 +520,7 @@ async fn respond_delete(
     let owned_by_rs = matches!(pod.owner, Some((OwnerKind::ReplicaSet, _)));
     // A DELETE is never denied for want of time: past the deadline it is allowed (the
     // pod isolated if that finished, as it usually has).
-    let settled = tokio::time::timeout_at(deadline.into(), settle(state, &req, pod.clone()))
+    let settled = tokio::time::timeout_at(deadline, settle(state, &req, pod.clone()))
         .await
         .unwrap_or(Settled::Deadline);
     let outcome = settled.outcome();
@@ -549,7 +549,7 @@ async fn hold(state: &AppState, delete_at: Timestamp, deadline: Instant) {
     let until = deadline.min(Instant::now() + until_delete);
     state.metrics.holds_in_flight.inc();
     tokio::select! {
-        () = tokio::time::sleep_until(until.into()) => {}
+        () = tokio::time::sleep_until(until) => {}
         () = state.shutdown.cancelled() => {}
     }
     state.metrics.holds_in_flight.dec();
