@@ -253,6 +253,7 @@ async fn async_main() {
             cache,
             identity: "bench".into(),
             events: isolate::EventSink::Inline,
+            keep_labels: Default::default(),
         },
         settings: decide::Settings {
             default_delay: Duration::from_secs(60),

@@ -57,6 +57,7 @@ async fn start(cert: &Path, key: &Path, client_ca: Option<&Path>, refuse_rs: boo
             cache: Arc::new(cache::Cache::new([])),
             identity: "test".into(),
             events: isolate::EventSink::Inline,
+            keep_labels: Default::default(),
         },
         settings: decide::Settings {
             default_delay: Duration::from_secs(60),

@@ -405,6 +405,7 @@ mod tests {
             cache: cache.clone(),
             identity: "w".into(),
             events: isolate::EventSink::Inline,
+            keep_labels: Default::default(),
         };
         let deleter = Deleter::new(ctx, metrics.clone(), None);
         let (_leader_tx, leader_rx) = watch::channel(true);

@@ -157,6 +157,10 @@ pub struct Context {
     /// Our identity, for Events (`reportingInstance`).
     pub identity: String,
     pub events: EventSink,
+    /// Label keys the relabelling keeps unless a selector can only be left by removing
+    /// them (`--keep-label`), so selectors of NetworkPolicies, monitors and dashboards on
+    /// those keys keep matching the isolated pod.
+    pub keep_labels: BTreeSet<String>,
 }
 
 fn is_status(err: &kube::Error, codes: &[u16]) -> bool {
@@ -171,7 +175,8 @@ pub async fn isolate(
     plan: Plan,
     now: Timestamp,
 ) -> Result<Outcome, Error> {
-    let (policy, controller) = owner_policy(ctx, pod).await?;
+    let (mut policy, controller) = owner_policy(ctx, pod).await?;
+    policy.keep.extend(ctx.keep_labels.iter().cloned());
     let leave = leave_selectors(snap, policy.leave);
     let removed = labels_to_remove(&pod.labels, &leave, &policy.keep);
     let uncharged = account(ctx, pod, snap, plan.charge, now).await?;
@@ -363,6 +368,23 @@ fn ptr(tokens: &[&str]) -> PointerBuf {
     PointerBuf::from_tokens(tokens.iter().copied())
 }
 
+/// Label keys naming the application, in order of preference; the first one the pod
+/// carries gives the draining label its value.
+pub const IDENTITY_LABELS: [&str; 3] = ["app.kubernetes.io/name", "app", "k8s-app"];
+
+/// The value of the draining label: the application's name from the first identity label
+/// the pod carries (so `kubectl get pods -L graceful-drain.io/draining` and selectors like
+/// `graceful-drain.io/draining=web` still tell whose pod it is after its `app` label was
+/// removed), else `true`.
+pub fn draining_value(labels: &BTreeMap<String, String>) -> String {
+    IDENTITY_LABELS
+        .iter()
+        .find_map(|key| labels.get(*key))
+        .filter(|v| !v.is_empty())
+        .cloned()
+        .unwrap_or_else(|| "true".to_string())
+}
+
 /// The JSON patch isolating `pod`: tests on resourceVersion and labels, removal of
 /// `removed`, the draining label and the annotations the deleter resumes from.
 pub fn isolation_patch(
@@ -376,8 +398,9 @@ pub fn isolation_patch(
         value: Value::from(pod.resource_version.clone()),
     })];
     let add = |path: PointerBuf, value: Value| PatchOperation::Add(AddOperation { path, value });
+    let draining = draining_value(&pod.labels);
     if pod.labels.is_empty() {
-        let labels = serde_json::json!({ DRAINING_LABEL: "true" });
+        let labels = serde_json::json!({ DRAINING_LABEL: draining });
         ops.push(add(ptr(&["metadata", "labels"]), labels));
     } else {
         ops.push(PatchOperation::Test(TestOperation {
@@ -391,7 +414,7 @@ pub fn isolation_patch(
         }
         ops.push(add(
             ptr(&["metadata", "labels", DRAINING_LABEL]),
-            "true".into(),
+            draining.into(),
         ));
     }
     let mut annotations = BTreeMap::new();
@@ -683,6 +706,7 @@ mod tests {
             cache,
             identity: "webhook-0".into(),
             events: EventSink::Inline,
+            keep_labels: Default::default(),
         }
     }
 
@@ -748,7 +772,7 @@ mod tests {
                  "value": {"app": "web", "pod-template-hash": "abc", "team": "a"}},
                 {"op": "remove", "path": "/metadata/labels/app"},
                 {"op": "remove", "path": "/metadata/labels/pod-template-hash"},
-                {"op": "add", "path": "/metadata/labels/graceful-drain.io~1draining", "value": "true"},
+                {"op": "add", "path": "/metadata/labels/graceful-drain.io~1draining", "value": "web"},
                 {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1delete-at",
                  "value": "2026-01-01T00:01:00Z"},
                 {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1grace-period-seconds",
@@ -778,6 +802,104 @@ mod tests {
                 uncharged: None,
             }
         );
+    }
+
+    /// `--keep-label app`: the pod leaves its Service (app+tier) and ReplicaSet
+    /// (app+pod-template-hash) by losing only `tier` and `pod-template-hash`; `app` stays
+    /// for NetworkPolicies and dashboards, and the draining label names the app. The
+    /// controller role goes to the Deployment, the ReplicaSet stays a plain owner.
+    #[tokio::test]
+    async fn kept_labels_stay_and_the_deployment_becomes_the_controller() {
+        let (client, mut api) = mock::client();
+        let mut ctx = context(client);
+        ctx.keep_labels = ["app".to_string()].into();
+        let mut facts = pod();
+        facts.labels = [
+            ("app", "web"),
+            ("tier", "front"),
+            ("pod-template-hash", "abc"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let rs_ref = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-abc",
+            "uid": "rs-uid", "controller": true, "blockOwnerDeletion": true});
+        facts.owner_refs = vec![rs_ref];
+        let snap = Snapshot {
+            services: vec![ServiceFacts {
+                name: "web".into(),
+                service_type: ServiceType::LoadBalancer,
+                selector: [("app", "web"), ("tier", "front")]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            }],
+            ..Snapshot::default()
+        };
+        let task = tokio::spawn(async move {
+            let plan = Plan {
+                delete_at: now(),
+                grace_period: None,
+                charge: Charge::IfPossible,
+            };
+            isolate(&ctx, &facts, &snap, plan, now()).await
+        });
+        let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": "web-abc", "namespace": "web", "uid": "rs-uid",
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web",
+                                     "uid": "deploy-uid", "controller": true, "blockOwnerDeletion": true}]},
+            "spec": {"selector": {"matchLabels": {"app": "web", "pod-template-hash": "abc"}}}});
+        expect(
+            &mut api,
+            Method::GET,
+            "/apis/apps/v1/namespaces/web/replicasets/web-abc",
+            200,
+            rs,
+        )
+        .await;
+        let patch = expect(
+            &mut api,
+            Method::PATCH,
+            "/api/v1/namespaces/web/pods/web-1",
+            200,
+            json!({}),
+        )
+        .await;
+        let ops = patch.body.as_array().unwrap();
+        let removed: Vec<&str> = ops
+            .iter()
+            .filter(|op| op["op"] == "remove")
+            .map(|op| op["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            removed,
+            [
+                "/metadata/labels/pod-template-hash",
+                "/metadata/labels/tier"
+            ]
+        );
+        assert!(ops.contains(&json!({"op": "add",
+            "path": "/metadata/labels/graceful-drain.io~1draining", "value": "web"})));
+        let owners = ops
+            .iter()
+            .find(|op| op["op"] == "replace" && op["path"] == "/metadata/ownerReferences")
+            .expect("controller handed over");
+        assert_eq!(
+            owners["value"],
+            json!([
+                {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-abc", "uid": "rs-uid", "controller": false},
+                {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "uid": "deploy-uid", "controller": true},
+            ])
+        );
+        expect(
+            &mut api,
+            Method::POST,
+            "/api/v1/namespaces/web/events",
+            201,
+            json!({}),
+        )
+        .await;
+        assert!(matches!(task.await.unwrap(), Ok(Outcome::Isolated { .. })));
     }
 
     #[tokio::test]
@@ -1002,6 +1124,7 @@ mod tests {
                     cache,
                     identity: format!("w{r}"),
                     events: EventSink::Inline,
+                    keep_labels: Default::default(),
                 }
             })
             .collect();

@@ -139,6 +139,16 @@ pub struct PolicyArgs {
     /// `graceful-drain.io/exclude=true`.
     #[arg(long = "exclude-namespace", value_name = "NS", default_values_t = ["kube-system".to_string()])]
     pub exclude_namespaces: Vec<String>,
+    /// Label keys an isolated pod keeps (repeatable or comma-separated), unless a selector
+    /// it must leave consists only of kept keys. Use it for the keys NetworkPolicies,
+    /// ServiceMonitors or dashboards select on (docs/webhook.md, "Relabelling").
+    #[arg(
+        long = "keep-label",
+        value_name = "KEY",
+        env = "GRACEFUL_DRAIN_KEEP_LABELS",
+        value_delimiter = ','
+    )]
+    pub keep_labels: Vec<String>,
     /// Refuse the ReplicaSet controller's DELETE of a pod once it is isolated, so rollouts
     /// wait for the full delay. Never refuses any other caller.
     #[arg(long, env = "GRACEFUL_DRAIN_REFUSE_REPLICASET_DELETES")]
@@ -363,6 +373,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         cache: Arc::new(cache::Cache::new(policy.exclude_namespaces)),
         identity,
         events: isolate::EventSink::Inline,
+        keep_labels: policy.keep_labels.iter().cloned().collect(),
     };
     let (events, queue) = tokio::sync::mpsc::channel(isolate::EVENT_QUEUE);
     let sender = isolate::send_events(ctx.client.clone(), queue, shutdown.clone());

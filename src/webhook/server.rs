@@ -685,6 +685,7 @@ mod tests {
                 cache,
                 identity: "w".into(),
                 events: isolate::EventSink::Inline,
+                keep_labels: Default::default(),
             },
             settings: Settings {
                 default_delay: Duration::from_secs(30),
