@@ -522,3 +522,60 @@ async fn a_second_kubectl_drain_works_while_isolated_pods_wait() {
     let (ok, text) = first.await.unwrap();
     assert!(ok, "first drain failed:\n{text}");
 }
+
+/// At its delete time the deferred deleter evicts the isolated pod (it has left its PDBs)
+/// instead of deleting it, so the pod carries the `DisruptionTarget` condition like any
+/// evicted pod; the deleter's own eviction passes the webhook.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deferred_deleter_evicts_so_the_pod_becomes_a_disruption_target() {
+    let spec = WebSpec {
+        replicas: 2,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    let (cluster, _webhook) = setup(&spec, Duration::from_secs(2), 10).await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let victim = web_pods(&cluster, &spec).await.remove(0).name_any();
+    let body = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": victim, "namespace": "default"}});
+    pods.create_subresource::<_, serde_json::Value>(
+        "eviction",
+        &victim,
+        &PostParams::default(),
+        &body,
+    )
+    .await
+    .unwrap();
+    assert!(
+        is_draining(&pods.get(&victim).await.unwrap()),
+        "isolated first"
+    );
+    // Every version of the pod until it is gone: the eviction marks it, then deletes it
+    // (the simulated kubelet rewrites the conditions while it terminates).
+    let config =
+        kube::runtime::watcher::Config::default().fields(&format!("metadata.name={victim}"));
+    let events = kube::runtime::watcher(pods.clone(), config);
+    let mut events = std::pin::pin!(events);
+    let mut marked = false;
+    let watched = tokio::time::timeout(TIMEOUT, async {
+        use futures::StreamExt;
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(kube::runtime::watcher::Event::Apply(p)) => {
+                    let conditions = p.status.and_then(|s| s.conditions).unwrap_or_default();
+                    marked |= conditions
+                        .iter()
+                        .any(|c| c.type_ == "DisruptionTarget" && c.status == "True");
+                }
+                Ok(kube::runtime::watcher::Event::Delete(_)) => return,
+                _ => {}
+            }
+        }
+    })
+    .await;
+    assert!(watched.is_ok(), "the deleter never removed {victim}");
+    assert!(
+        marked,
+        "{victim} was removed without the DisruptionTarget condition of an eviction"
+    );
+}

@@ -16,7 +16,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
-use kube::api::{DeleteParams, Preconditions};
+use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
@@ -194,23 +194,25 @@ impl Deleter {
             .collect()
     }
 
+    /// Removes a due pod: by eviction, so it gets the `DisruptionTarget` condition and
+    /// its controllers see an eviction; by DELETE when a PDB still selecting it refuses
+    /// (its disruption was accounted at isolation and its delay is over). Both carry a UID
+    /// precondition and the recorded grace period.
     async fn delete(&mut self, pod: Pending) {
         self.attempted
             .insert(pod.uid.clone(), tokio::time::Instant::now());
-        let api = Api::<Pod>::namespaced(self.ctx.client.clone(), &pod.namespace);
-        let params = DeleteParams {
-            grace_period_seconds: pod.grace_period.and_then(|g| u32::try_from(g).ok()),
-            preconditions: Some(Preconditions {
-                uid: Some(pod.uid.clone()),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
         let span = tracing::info_span!("delete", namespace = %pod.namespace, pod = %pod.name);
         let _enter = span.enter();
-        match api.delete(&pod.name, &params).await {
-            Ok(_) => {
-                tracing::info!(delete_at = %pod.delete_at, "deleted isolated pod");
+        let result = match self.evict(&pod).await {
+            Err(kube::Error::Api(s)) if s.code == 429 || s.code == 500 => {
+                tracing::info!(code = s.code, message = %s.message, "eviction refused; deleting");
+                self.delete_now(&pod).await
+            }
+            other => other,
+        };
+        match result {
+            Ok(()) => {
+                tracing::info!(delete_at = %pod.delete_at, "removed isolated pod");
                 self.metrics.pods_deleted.inc();
                 let facts = PodFacts {
                     namespace: pod.namespace.clone(),
@@ -233,8 +235,42 @@ impl Deleter {
                 tracing::info!(code = s.code, "isolated pod already gone or replaced");
                 self.forget(&pod.uid);
             }
-            Err(error) => tracing::warn!(%error, "delete isolated pod; will retry"),
+            Err(error) => tracing::warn!(%error, "remove isolated pod; will retry"),
         }
+    }
+
+    /// A proper `policy/v1` Eviction (kube's `Api::evict` sends options the API server
+    /// drops), with the UID precondition and the caller's grace period.
+    async fn evict(&self, pod: &Pending) -> Result<(), kube::Error> {
+        let api = Api::<Pod>::namespaced(self.ctx.client.clone(), &pod.namespace);
+        let mut options = serde_json::json!({"preconditions": {"uid": pod.uid}});
+        if let Some(grace) = pod.grace_period {
+            options["gracePeriodSeconds"] = grace.into();
+        }
+        let eviction = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
+            "metadata": {"name": pod.name, "namespace": pod.namespace},
+            "deleteOptions": options});
+        api.create_subresource::<_, serde_json::Value>(
+            "eviction",
+            &pod.name,
+            &PostParams::default(),
+            &eviction,
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn delete_now(&self, pod: &Pending) -> Result<(), kube::Error> {
+        let api = Api::<Pod>::namespaced(self.ctx.client.clone(), &pod.namespace);
+        let params = DeleteParams {
+            grace_period_seconds: pod.grace_period.and_then(|g| u32::try_from(g).ok()),
+            preconditions: Some(Preconditions {
+                uid: Some(pod.uid.clone()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        api.delete(&pod.name, &params).await.map(|_| ())
     }
 
     /// One scan: delete every due pod when leading.
@@ -455,11 +491,11 @@ mod tests {
                         200,
                     ));
                 }
-                (Method::DELETE, path) => {
+                (Method::POST, path) if path.ends_with("/eviction") => {
                     deleted.push((path.to_string(), body.clone()));
                     send.send_response(reply(
-                        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "due"}}),
-                        200,
+                        json!({"apiVersion": "v1", "kind": "Status", "status": "Success"}),
+                        201,
                     ));
                 }
                 (method, path) => panic!("unexpected {method} {path}"),
@@ -482,9 +518,11 @@ mod tests {
 
         assert_eq!(deleted.len(), 1, "{deleted:?}");
         let (path, options) = &deleted[0];
-        assert_eq!(path, "/api/v1/namespaces/web/pods/due");
-        assert_eq!(options["preconditions"]["uid"], "u-due");
-        assert_eq!(options["gracePeriodSeconds"], 17);
+        assert_eq!(path, "/api/v1/namespaces/web/pods/due/eviction");
+        assert_eq!(options["apiVersion"], "policy/v1");
+        assert_eq!(options["kind"], "Eviction");
+        assert_eq!(options["deleteOptions"]["preconditions"]["uid"], "u-due");
+        assert_eq!(options["deleteOptions"]["gracePeriodSeconds"], 17);
         assert_eq!(metrics.pods_deleted.get(), 1);
         assert_eq!(
             cache.isolated("web", "later"),
