@@ -37,7 +37,17 @@ struct WebhookCli {
 /// The running webhook; dropping it stops it.
 struct Webhook {
     stop: Shutdown,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
     _dir: tempfile::TempDir,
+}
+
+impl Webhook {
+    /// Waits until the stopped webhook has finished its shutdown.
+    async fn stopped(mut self) {
+        if let Some(task) = self.task.take() {
+            task.await.unwrap().unwrap();
+        }
+    }
 }
 
 impl Drop for Webhook {
@@ -69,6 +79,16 @@ async fn ready(admin: std::net::SocketAddr) -> bool {
 /// Starts `graceful-drain webhook` from its documented flags against `cluster` and
 /// registers it with the configurations [`webhook_configurations`] builds.
 async fn start_webhook(cluster: &Cluster, delay: Duration, timeout_seconds: u32) -> Webhook {
+    start_webhook_with(cluster, delay, timeout_seconds, &[]).await
+}
+
+/// [`start_webhook`] with extra command-line flags.
+async fn start_webhook_with(
+    cluster: &Cluster,
+    delay: Duration,
+    timeout_seconds: u32,
+    extra: &[&str],
+) -> Webhook {
     let dir = tempfile::tempdir().unwrap();
     let bundle = graceful_drain::certs::generate(
         "webhook",
@@ -88,12 +108,17 @@ async fn start_webhook(cluster: &Cluster, delay: Duration, timeout_seconds: u32)
     let _ = namespaces.create(&PostParams::default(), &ns).await;
     let (listen, admin) = (free_port(), free_port());
     let delay = humantime::format_duration(delay).to_string();
-    let argv = [
+    let (listen_s, admin_s, timeout_s) = (
+        listen.to_string(),
+        admin.to_string(),
+        timeout_seconds.to_string(),
+    );
+    let mut argv = vec![
         "webhook",
         "--listen",
-        &listen.to_string(),
+        &listen_s,
         "--admin-listen",
-        &admin.to_string(),
+        &admin_s,
         "--tls-cert",
         tls.cert.to_str().unwrap(),
         "--tls-key",
@@ -101,7 +126,7 @@ async fn start_webhook(cluster: &Cluster, delay: Duration, timeout_seconds: u32)
         "--deregistration-delay",
         &delay,
         "--timeout-seconds",
-        &timeout_seconds.to_string(),
+        &timeout_s,
         "--lease-namespace",
         "graceful-drain",
         "--identity",
@@ -113,9 +138,10 @@ async fn start_webhook(cluster: &Cluster, delay: Duration, timeout_seconds: u32)
         "--kubeconfig",
         kubeconfig.to_str().unwrap(),
     ];
+    argv.extend_from_slice(extra);
     let cli = WebhookCli::try_parse_from(argv).unwrap();
     let stop = Shutdown::new();
-    tokio::spawn(graceful_drain::webhook::run(cli.args, stop.clone()));
+    let task = tokio::spawn(graceful_drain::webhook::run(cli.args, stop.clone()));
     wait_for("webhook ready", TIMEOUT, || ready(admin))
         .await
         .unwrap();
@@ -134,7 +160,11 @@ async fn start_webhook(cluster: &Cluster, delay: Duration, timeout_seconds: u32)
         .create(&pp, &validating)
         .await
         .unwrap();
-    Webhook { stop, _dir: dir }
+    Webhook {
+        stop,
+        task: Some(task),
+        _dir: dir,
+    }
 }
 
 async fn setup(spec: &WebSpec, delay: Duration, timeout_seconds: u32) -> (Cluster, Webhook) {
@@ -578,4 +608,91 @@ async fn the_deferred_deleter_evicts_so_the_pod_becomes_a_disruption_target() {
         marked,
         "{victim} was removed without the DisruptionTarget condition of an eviction"
     );
+}
+
+/// Starts a cluster and a webhook told its Deployment is `graceful-drain-webhook`
+/// (created with 0 replicas when `installed`), isolates one web pod, then stops the
+/// webhook; returns the pods API and the isolated pod.
+async fn isolate_then_stop_webhook(installed: bool) -> (Cluster, Api<Pod>, Pod) {
+    graceful_drain::runtime::install_crypto_provider();
+    graceful_drain::runtime::init_tracing(graceful_drain::runtime::LogFormat::Text);
+    let spec = WebSpec {
+        replicas: 3,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    let cluster = Cluster::start(ClusterConfig::default(), Shutdown::new())
+        .await
+        .unwrap();
+    let extra = ["--deployment", "graceful-drain-webhook"];
+    let webhook = start_webhook_with(&cluster, Duration::from_secs(600), 10, &extra).await;
+    if installed {
+        let mut own = spec.deployment();
+        own.metadata.name = Some("graceful-drain-webhook".into());
+        own.metadata.namespace = Some("graceful-drain".into());
+        if let Some(s) = own.spec.as_mut() {
+            s.replicas = Some(0);
+        }
+        Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(
+            cluster.client(),
+            "graceful-drain",
+        )
+        .create(&PostParams::default(), &own)
+        .await
+        .unwrap();
+    }
+    cluster.deploy_web(&spec, TIMEOUT).await.unwrap();
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(cluster.client(), "default");
+    wait_for("pdb observed", TIMEOUT, || async {
+        pdbs.get("web")
+            .await
+            .ok()
+            .and_then(|p| p.status)
+            .is_some_and(|s| s.disruptions_allowed == 2)
+    })
+    .await
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let victim = web_pods(&cluster, &spec).await.remove(0);
+    let name = victim.name_any();
+    let body = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": name, "namespace": "default"}});
+    pods.create_subresource::<_, serde_json::Value>(
+        "eviction",
+        &name,
+        &PostParams::default(),
+        &body,
+    )
+    .await
+    .unwrap();
+    let isolated = pods.get(&name).await.unwrap();
+    assert!(is_draining(&isolated), "isolated, waiting 600 s");
+    webhook.stop.cancel();
+    webhook.stopped().await;
+    (cluster, pods, isolated)
+}
+
+/// `helm uninstall` deletes the webhook's Deployment, then its replicas stop: the deleter
+/// sees its Deployment gone at shutdown and removes every isolated pod before exiting, so
+/// none is left out of its Services with nobody to delete it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uninstalling_the_webhook_leaves_no_isolated_pod_behind() {
+    let (_cluster, pods, isolated) = isolate_then_stop_webhook(false).await;
+    let live = pods.get_opt(&isolated.name_any()).await.unwrap();
+    assert!(
+        live.is_none_or(|p| p.uid() != isolated.uid() || p.metadata.deletion_timestamp.is_some()),
+        "the isolated pod was left behind"
+    );
+}
+
+/// A restart (the Deployment still there) leaves isolated pods to the next replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarting_the_webhook_keeps_isolated_pods_waiting() {
+    let (_cluster, pods, isolated) = isolate_then_stop_webhook(true).await;
+    let live = pods.get(&isolated.name_any()).await.unwrap();
+    assert!(
+        live.metadata.deletion_timestamp.is_none(),
+        "deleted early at a restart"
+    );
+    assert!(is_draining(&live));
 }

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use jiff::Timestamp;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
@@ -108,6 +109,9 @@ pub struct Deleter {
     pending: HashMap<String, Pending>,
     left_slices: HashMap<String, Timestamp>,
     attempted: HashMap<String, tokio::time::Instant>,
+    /// The webhook's own Deployment (namespace, name): gone or being deleted at shutdown
+    /// means the webhook is being uninstalled, and pending pods are removed before exit.
+    release: Option<(String, String)>,
 }
 
 impl Deleter {
@@ -120,6 +124,51 @@ impl Deleter {
             pending: HashMap::new(),
             left_slices: HashMap::new(),
             attempted: HashMap::new(),
+            release: None,
+        }
+    }
+
+    /// Removes every pending pod at shutdown when Deployment `namespace/name` is gone or
+    /// being deleted (`helm uninstall`): nobody would delete them afterwards.
+    pub fn finishing_on_uninstall(mut self, namespace: &str, name: &str) -> Deleter {
+        self.release = Some((namespace.to_string(), name.to_string()));
+        self
+    }
+
+    /// Whether our own Deployment is gone or being deleted.
+    async fn uninstalling(&self) -> bool {
+        let Some((namespace, name)) = &self.release else {
+            return false;
+        };
+        let api = Api::<Deployment>::namespaced(self.ctx.client.clone(), namespace);
+        match api.get_opt(name).await {
+            Ok(None) => true,
+            Ok(Some(d)) => d.metadata.deletion_timestamp.is_some(),
+            Err(error) => {
+                tracing::warn!(%error, deployment = %format!("{namespace}/{name}"), "read own Deployment at shutdown");
+                false
+            }
+        }
+    }
+
+    /// At shutdown during an uninstall: remove every pending pod now, cutting its delay
+    /// short, instead of leaving it isolated with nobody to delete it.
+    async fn finish_on_uninstall(&mut self) {
+        if !self.uninstalling().await {
+            return;
+        }
+        let pending: Vec<Pending> = self
+            .pending
+            .values()
+            .filter(|p| !p.terminating)
+            .cloned()
+            .collect();
+        tracing::info!(
+            pending = pending.len(),
+            "uninstalling: removing every isolated pod now"
+        );
+        for pod in pending {
+            self.delete(pod).await;
         }
     }
 
@@ -303,7 +352,10 @@ impl Deleter {
         let mut relist: Option<Vec<ObjectMeta>> = None;
         loop {
             tokio::select! {
-                () = shutdown.cancelled() => return Ok(()),
+                () = shutdown.cancelled() => {
+                    self.finish_on_uninstall().await;
+                    return Ok(());
+                }
                 event = events.next() => match event {
                     None => return Err(Error::WatchEnded),
                     Some(Ok(Event::Apply(m) | Event::InitApply(m))) => {

@@ -102,6 +102,11 @@ pub struct Args {
     /// Name of the deleter's Lease.
     #[arg(long, default_value = "graceful-drain-webhook")]
     pub lease_name: String,
+    /// The webhook's own Deployment in the Lease namespace. When it is gone or being
+    /// deleted at shutdown (`helm uninstall`), the deleter removes every isolated pod
+    /// before exiting instead of leaving them to nobody.
+    #[arg(long, env = "GRACEFUL_DRAIN_DEPLOYMENT", value_name = "NAME")]
+    pub deployment: Option<String>,
     /// Holder identity in the Lease and Events (defaults to the hostname).
     #[arg(long, env = "GRACEFUL_DRAIN_POD_NAME")]
     pub identity: Option<String>,
@@ -241,10 +246,13 @@ struct Workers {
     lease_namespace: String,
     lease_name: String,
     wait_for_endpoints: Option<Duration>,
+    deployment: Option<String>,
 }
 
-/// Spawns the caches, readiness watcher, lease elector and deferred deleter as owned tasks.
-fn spawn_workers(w: Workers, shutdown: &Shutdown) {
+/// Spawns the caches, readiness watcher, lease elector and deferred deleter as owned
+/// tasks; returns the elector and deleter, whose shutdown work (releasing the Lease,
+/// removing isolated pods at uninstall) must finish before the process exits.
+fn spawn_workers(w: Workers, shutdown: &Shutdown) -> Vec<tokio::task::JoinHandle<()>> {
     let Workers {
         ctx,
         resolver,
@@ -253,6 +261,7 @@ fn spawn_workers(w: Workers, shutdown: &Shutdown) {
         lease_namespace,
         lease_name,
         wait_for_endpoints,
+        deployment,
     } = w;
     let cache = ctx.cache.clone();
     let watches = cache::run(cache.clone(), ctx.client.clone());
@@ -275,17 +284,21 @@ fn spawn_workers(w: Workers, shutdown: &Shutdown) {
         &ctx.identity,
     )
     .reporting_to(cache.clone());
-    spawn_owned(
+    let lease = spawn_owned(
         "lease",
         shutdown.clone(),
         elector.run(leader_tx, shutdown.clone()),
     );
-    let deleter = deleter::Deleter::new(ctx, metrics, wait_for_endpoints);
-    spawn_owned(
+    let mut deleter = deleter::Deleter::new(ctx, metrics, wait_for_endpoints);
+    if let Some(name) = &deployment {
+        deleter = deleter.finishing_on_uninstall(&lease_namespace, name);
+    }
+    let deleter = spawn_owned(
         "deleter",
         shutdown.clone(),
         deleter.run(leader_rx, shutdown.clone()),
     );
+    vec![lease, deleter]
 }
 
 /// Serves the admission endpoints until `shutdown`, in two stages: first stay up (not
@@ -340,6 +353,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         max_deregistration_delay,
         lease_namespace,
         lease_name,
+        deployment,
         identity,
         policy,
         kube,
@@ -391,8 +405,9 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         lease_namespace,
         lease_name,
         wait_for_endpoints: policy.wait_for_endpoints,
+        deployment,
     };
-    spawn_workers(workers, &shutdown);
+    let finishing = spawn_workers(workers, &shutdown);
     let registry = Arc::new(registry);
     let (admin_addr, admin) =
         crate::admin::bind(admin_listen, readiness.clone(), registry, shutdown.clone()).await?;
@@ -416,5 +431,14 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
     let holds = state.shutdown.clone();
     let app = server::router(state, policy.max_body_bytes);
     let stage = (readiness, policy.shutdown_delay);
-    serve_admission(listen, app, tls_config, holds, stage, shutdown).await
+    let stop = shutdown.clone();
+    let served = serve_admission(listen, app, tls_config, holds, stage, shutdown).await;
+    // Normally already cancelled; after a failed bind it stops the workers too.
+    stop.cancel();
+    for task in finishing {
+        if let Err(error) = task.await {
+            tracing::warn!(%error, "worker did not finish cleanly");
+        }
+    }
+    served
 }
