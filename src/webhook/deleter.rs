@@ -564,6 +564,15 @@ mod tests {
                 .body(Body::from(b"{}".to_vec()))
                 .unwrap(),
         );
+        // The first tick may delete the due pod before the rest of the list is applied.
+        let listed = async {
+            while !cache.isolated_synced() {
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), listed)
+            .await
+            .expect("the list of isolated pods is applied");
         shutdown.cancel();
         task.await.unwrap().unwrap();
         drop(held_watch);
