@@ -696,3 +696,101 @@ async fn restarting_the_webhook_keeps_isolated_pods_waiting() {
     );
     assert!(is_draining(&live));
 }
+
+/// A policy engine refusing every UPDATE of a pod that would add the draining label (the
+/// way a Kyverno or Gatekeeper rule on labels would), over HTTPS; returns its URL and CA.
+async fn start_relabel_policy(dir: &std::path::Path) -> (String, String, Shutdown) {
+    use graceful_drain::webhook::{server, tls};
+    let bundle = graceful_drain::certs::generate(
+        "policy",
+        &["localhost".into()],
+        &["127.0.0.1".parse().unwrap()],
+    )
+    .unwrap();
+    let paths = graceful_drain::certs::write(&bundle, dir).unwrap();
+    let resolver = std::sync::Arc::new(tls::ReloadingResolver::new(paths.cert, paths.key));
+    resolver.reload().unwrap();
+    let config = std::sync::Arc::new(tls::server_config(resolver, None).unwrap());
+    let app = axum::Router::new().route(
+        "/",
+        axum::routing::post(|body: axum::body::Bytes| async move {
+            let review: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let request = &review["request"];
+            let relabel = request["object"]["metadata"]["labels"]
+                .get("graceful-drain.io/draining")
+                .is_some();
+            let mut response = serde_json::json!({"uid": request["uid"], "allowed": !relabel});
+            if relabel {
+                response["status"] =
+                    serde_json::json!({"code": 403, "message": "policy: pod labels are immutable"});
+            }
+            axum::Json(serde_json::json!({"apiVersion": "admission.k8s.io/v1",
+                "kind": "AdmissionReview", "response": response}))
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "https://127.0.0.1:{}/",
+        listener.local_addr().unwrap().port()
+    );
+    let stop = Shutdown::new();
+    tokio::spawn(server::serve(listener, config, app, stop.clone()));
+    (url, bundle.ca_cert, stop)
+}
+
+/// Another admission webhook refuses our relabel for good (403): the eviction is let
+/// through unchanged — the pod is evicted as it would be without graceful-drain — with a
+/// Warning Event on the pod, instead of being answered 429 forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relabel_refused_by_a_policy_engine_lets_the_eviction_through_with_a_warning() {
+    let spec = WebSpec {
+        replicas: 2,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    let (cluster, _webhook) = setup(&spec, Duration::from_secs(30), 10).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (url, ca, _policy) = start_relabel_policy(dir.path()).await;
+    let policy: ValidatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "label-policy"},
+        "webhooks": [{"name": "labels.policy.example", "admissionReviewVersions": ["v1"],
+            "sideEffects": "None", "failurePolicy": "Fail", "timeoutSeconds": 5,
+            "clientConfig": {"url": url, "caBundle": base64_of(&ca)},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                       "resources": ["pods"], "scope": "Namespaced"}]}]
+    }))
+    .unwrap();
+    Api::<ValidatingWebhookConfiguration>::all(cluster.client())
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let victim = web_pods(&cluster, &spec).await.remove(0).name_any();
+    let body = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": victim, "namespace": "default"}});
+    let evicted = pods
+        .create_subresource::<_, serde_json::Value>(
+            "eviction",
+            &victim,
+            &PostParams::default(),
+            &body,
+        )
+        .await;
+    assert!(evicted.is_ok(), "{evicted:?}");
+    let live = pods.get_opt(&victim).await.unwrap();
+    assert!(
+        live.is_none_or(|p| p.metadata.deletion_timestamp.is_some() && !is_draining(&p)),
+        "evicted normally"
+    );
+    assert!(
+        has_event(&cluster, &victim, "graceful-drain.io/IsolationFailed").await,
+        "{:?}",
+        event_reasons(&cluster, "default", &victim).await
+    );
+}
+
+fn base64_of(text: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(text)
+}

@@ -105,8 +105,10 @@ impl Error {
 /// Result of the PDB accounting.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Budget {
-    /// The disruption was recorded (or the pod was already listed).
+    /// The disruption was recorded now.
     Consumed,
+    /// The pod was already listed in `status.disruptedPods`.
+    Listed,
     /// No disruption left.
     Exhausted { pdb: String },
     /// The disruption controller has not observed the PDB's latest generation.
@@ -179,11 +181,12 @@ pub async fn isolate(
     policy.keep.extend(ctx.keep_labels.iter().cloned());
     let leave = leave_selectors(snap, policy.leave);
     let removed = labels_to_remove(&pod.labels, &leave, &policy.keep);
-    let uncharged = account(ctx, pod, snap, plan.charge, now).await?;
-    if let Err(budget) = uncharged {
-        return Ok(Outcome::Refused(budget));
-    }
-    let uncharged = uncharged.unwrap_or(None);
+    let (charged, uncharged) = match account(ctx, pod, snap, plan.charge, now).await? {
+        Accounting::Refused(budget) => return Ok(Outcome::Refused(budget)),
+        Accounting::Charged(pdb) => (Some(pdb), None),
+        Accounting::Free => (None, None),
+        Accounting::Uncharged(pdb) => (None, Some(pdb)),
+    };
     let mut patch = isolation_patch(pod, &removed, plan.delete_at, plan.grace_period);
     if let Some(controller) = controller {
         patch.0.extend(controller_handover(pod, controller));
@@ -193,20 +196,24 @@ pub async fn isolate(
         field_manager: Some(FIELD_MANAGER.to_string()),
         ..PatchParams::default()
     };
-    match api
+    let patched = api
         .patch(&pod.name, &params, &kube::api::Patch::Json::<()>(patch))
-        .await
-    {
-        Ok(_) => {}
-        // 409: resourceVersion moved; 422: a `test` op failed (how the API server reports
-        // it) — or a real validation error, which the caller tells apart by re-reading.
-        Err(kube::Error::Api(status)) if matches!(status.code, 409 | 422) => {
-            return Err(Error::Conflict {
+        .await;
+    if let Err(source) = patched {
+        // The pod was not isolated: give the disruption back, or the budget stays spent
+        // (and real evictions refused) until the disruption controller drops the entry.
+        if let Some(pdb) = &charged {
+            refund_disruption(ctx, &pod.namespace, pdb, &pod.name).await;
+        }
+        return Err(match source {
+            // 409: resourceVersion moved; 422: a `test` op failed (how the API server
+            // reports it) — or a real validation error, told apart by re-reading the pod.
+            kube::Error::Api(status) if matches!(status.code, 409 | 422) => Error::Conflict {
                 pod: pod_ref(pod),
                 code: status.code,
-            });
-        }
-        Err(source) => return Err(api_err(pod, "patch pod", source)),
+            },
+            source => api_err(pod, "patch pod", source),
+        });
     }
     ctx.cache
         .set_isolated(&pod.namespace, &pod.name, Some(plan.delete_at));
@@ -224,31 +231,88 @@ pub async fn isolate(
     Ok(Outcome::Isolated { removed, uncharged })
 }
 
-/// Records the disruption in the single PDB selecting the pod. `Err(budget)` when the
-/// budget refuses an eviction; `Ok(Some(pdb))` when a DELETE goes ahead uncharged.
+/// How the isolation was accounted in the pod's PDB.
+enum Accounting {
+    /// This call recorded the disruption in the named PDB (refunded if the patch fails).
+    Charged(String),
+    /// No PDB selects the pod, or it was already listed as disrupted.
+    Free,
+    /// A DELETE goes ahead without charging the named PDB (`namespace/name`).
+    Uncharged(String),
+    /// The budget refuses an eviction.
+    Refused(Budget),
+}
+
+/// Records the disruption in the single PDB selecting the pod.
 async fn account(
     ctx: &Context,
     pod: &PodFacts,
     snap: &Snapshot,
     charge: Charge,
     now: Timestamp,
-) -> Result<Result<Option<String>, Budget>, Error> {
+) -> Result<Accounting, Error> {
     let pdb = match snap.pdbs.as_slice() {
-        [] => return Ok(Ok(None)),
+        [] => return Ok(Accounting::Free),
         [pdb] => pdb.name.clone(),
         // Several PDBs: an eviction never gets here; a DELETE cannot charge them all.
-        [first, ..] => return Ok(Ok(Some(first.name.clone()))),
+        [first, ..] => {
+            let name = format!("{}/{}", pod.namespace, first.name);
+            return Ok(Accounting::Uncharged(name));
+        }
     };
     let result = consume_disruption(ctx, &pod.namespace, &pdb, &pod.name, now).await;
     let name = format!("{}/{pdb}", pod.namespace);
     match (charge, result) {
-        (_, Ok(Budget::Consumed)) => Ok(Ok(None)),
-        (Charge::Required, Ok(refused)) => Ok(Err(refused)),
+        (_, Ok(Budget::Consumed)) => Ok(Accounting::Charged(pdb)),
+        (_, Ok(Budget::Listed)) => Ok(Accounting::Free),
+        (Charge::Required, Ok(refused)) => Ok(Accounting::Refused(refused)),
         (Charge::Required, Err(error)) => Err(error),
-        (Charge::IfPossible, Ok(_)) => Ok(Ok(Some(name))),
+        (Charge::IfPossible, Ok(_)) => Ok(Accounting::Uncharged(name)),
         (Charge::IfPossible, Err(error)) => {
             tracing::warn!(%error, "PDB not charged; a DELETE is isolated anyway");
-            Ok(Ok(Some(name)))
+            Ok(Accounting::Uncharged(name))
+        }
+    }
+}
+
+/// Gives back the disruption this call recorded for `pod` in PDB `namespace/name`: the pod
+/// leaves `status.disruptedPods` and `disruptionsAllowed` goes up by one, in one
+/// resourceVersion-guarded update (retried on 409). Failures are logged; the disruption
+/// controller drops the entry after about two minutes anyway.
+pub async fn refund_disruption(ctx: &Context, namespace: &str, name: &str, pod: &str) {
+    let api = Api::<PodDisruptionBudget>::namespaced(ctx.client.clone(), namespace);
+    let lock = ctx.cache.pdb_lock(namespace, name);
+    let _serialised = lock.lock().await;
+    for _ in 0..PDB_ATTEMPTS {
+        let mut pdb = match api.get(name).await {
+            Ok(pdb) => pdb,
+            Err(error) => {
+                tracing::warn!(%error, pdb = %format!("{namespace}/{name}"), "refund PDB: read");
+                return;
+            }
+        };
+        let Some(status) = pdb.status.as_mut() else {
+            return;
+        };
+        if status
+            .disrupted_pods
+            .as_mut()
+            .and_then(|d| d.remove(pod))
+            .is_none()
+        {
+            return;
+        }
+        status.disruptions_allowed += 1;
+        match api.replace_status(name, &PostParams::default(), &pdb).await {
+            Ok(updated) => {
+                ctx.cache.apply_pdb(&updated);
+                return;
+            }
+            Err(e) if is_status(&e, &[409]) => continue,
+            Err(error) => {
+                tracing::warn!(%error, pdb = %format!("{namespace}/{name}"), "refund PDB: update");
+                return;
+            }
         }
     }
 }
@@ -473,7 +537,7 @@ pub async fn consume_disruption(
             }
         };
         let Some(next) = next else {
-            return Ok(Budget::Consumed);
+            return Ok(Budget::Listed);
         };
         match api
             .replace_status(name, &PostParams::default(), &next)
@@ -900,6 +964,44 @@ mod tests {
         )
         .await;
         assert!(matches!(task.await.unwrap(), Ok(Outcome::Isolated { .. })));
+    }
+
+    /// The relabel is refused after the PDB was charged: the disruption is given back at
+    /// once, so a pass-through eviction is not refused by a budget we spent for nothing.
+    #[tokio::test]
+    async fn a_failed_relabel_refunds_the_disruption_it_charged() {
+        let (client, mut api) = mock::client();
+        let ctx = context(client);
+        let mut bare = pod();
+        bare.owner = None;
+        let task =
+            tokio::spawn(
+                async move { isolate(&ctx, &bare, &snapshot(), evict_plan(), now()).await },
+            );
+        let pdb_path = "/apis/policy/v1/namespaces/web/poddisruptionbudgets/web";
+        let status_path = format!("{pdb_path}/status");
+        expect(&mut api, Method::PUT, &status_path, 200, pdb_json("2", 0)).await;
+        expect(
+            &mut api,
+            Method::PATCH,
+            "/api/v1/namespaces/web/pods/web-1",
+            403,
+            mock::status(403, "Forbidden"),
+        )
+        .await;
+        let mut charged = pdb_json("2", 0);
+        charged["status"]["disruptedPods"] = json!({"web-1": "2026-01-01T00:00:00Z"});
+        expect(&mut api, Method::GET, pdb_path, 200, charged).await;
+        let refund = expect(&mut api, Method::PUT, &status_path, 200, pdb_json("3", 1)).await;
+        assert_eq!(refund.body["metadata"]["resourceVersion"], "2");
+        assert_eq!(refund.body["status"]["disruptionsAllowed"], 1);
+        assert_eq!(refund.body["status"]["disruptedPods"], json!({}));
+        let error = task.await.unwrap().unwrap_err();
+        assert!(error.is_permanent(), "{error}");
+        assert!(
+            error.to_string().contains("isolate pod web/web-1"),
+            "{error}"
+        );
     }
 
     #[tokio::test]

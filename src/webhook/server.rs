@@ -285,7 +285,7 @@ async fn respond_evict(
             let (pdb, retry) = match &budget {
                 Budget::NotObserved { pdb } => (pdb.clone(), UNOBSERVED_RETRY_SECONDS),
                 Budget::Exhausted { pdb } => (pdb.clone(), 0),
-                Budget::Consumed => (String::new(), 0),
+                Budget::Consumed | Budget::Listed => (String::new(), 0),
             };
             let message = format!(
                 "Cannot evict pod {pod} as it would violate the pod's disruption budget {pdb}"
