@@ -376,6 +376,25 @@ mod tests {
         assert_eq!(held_until(&lease(None, &renewed)), None);
     }
 
+    /// A renew call the API server never answers is abandoned after [`ROUND_TIMEOUT`]: the
+    /// elector tries again instead of hanging (virtual time).
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_lease_call_does_not_stall_the_elector() {
+        let (client, mut api) = mock::client();
+        let elector = Elector::new(client, "ns", "gd", "a");
+        let (leader, _watch) = watch::channel(false);
+        let shutdown = Shutdown::new();
+        let task = tokio::spawn(elector.run(leader, shutdown.clone()));
+        let (first, _never_answered) = api.next_request().await.unwrap();
+        assert_eq!(first.method(), Method::GET);
+        let next = tokio::time::timeout(Duration::from_secs(60), api.next_request()).await;
+        let (second, _) = next.expect("a new round after the hung one").unwrap();
+        assert_eq!(second.method(), Method::GET);
+        shutdown.cancel();
+        drop(api);
+        let _ = task.await;
+    }
+
     #[tokio::test]
     async fn losing_the_race_for_an_expired_lease_is_not_an_error() {
         let (client, mut api) = mock::client();
