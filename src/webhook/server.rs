@@ -512,11 +512,14 @@ async fn respond_delete(
     if !draining && !state.ctx.cache.has_ready_endpoint(&namespace, &name) {
         return (review::allow(request), Pass::NotExposed.as_str());
     }
-    let req = del.request.clone();
+    let mut req = del.request.clone();
     let Some(pod) = del.pod() else {
         return (review::allow(request), "not_ours");
     };
     let pod = review::pod_facts(&pod);
+    // The DELETE is about this incarnation of the pod: if a re-read after a conflict finds
+    // a same-name replacement, it is left alone.
+    req.preconditions.uid.get_or_insert_with(|| pod.uid.clone());
     let owned_by_rs = matches!(pod.owner, Some((OwnerKind::ReplicaSet, _)));
     // A DELETE is never denied for want of time: past the deadline it is allowed (the
     // pod isolated if that finished, as it usually has).
@@ -1173,6 +1176,37 @@ mod issue_tests {
             first_held,
             "the second call is not held again"
         );
+    }
+
+    /// The pod was replaced under a DELETE (same name, new UID): the re-read after the
+    /// failed patch finds the replacement, which is left alone.
+    #[tokio::test]
+    async fn delete_never_isolates_a_same_name_replacement() {
+        let (client, mut api) = mock::client();
+        let st = state(client);
+        // The replacement is a ready endpoint too.
+        st.ctx.cache.apply_slice(&serde_json::from_value(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+            "metadata": {"name": "web-x2", "namespace": "web", "labels": {"kubernetes.io/service-name": "web"}},
+            "endpoints": [{"addresses": ["10.0.0.2"], "conditions": {"ready": true},
+                           "targetRef": {"kind": "Pod", "name": "web-1", "namespace": "web", "uid": "uid-2"}}]
+        })).unwrap());
+        let call = tokio::spawn(call(st, "/validate/delete?timeout=4s", deletion()));
+        expect(
+            &mut api,
+            Method::PATCH,
+            POD_PATH,
+            409,
+            mock::status(409, "Conflict"),
+        )
+        .await;
+        let mut replacement = pod_json("uid-2");
+        replacement["metadata"]["resourceVersion"] = json!("20");
+        expect(&mut api, Method::GET, POD_PATH, 200, replacement).await;
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], true);
+        let next = api.next_request().await.map(|(r, _)| r.method().clone());
+        assert_eq!(next, None, "the replacement was touched");
     }
 
     /// The relabel never completes: the DELETE is allowed before the API server's deadline.
