@@ -252,9 +252,12 @@ async fn async_main() {
             client: fake_api(),
             cache,
             identity: "bench".into(),
+            events: isolate::EventSink::Inline,
+            keep_labels: Default::default(),
         },
         settings: decide::Settings {
             default_delay: Duration::from_secs(60),
+            max_delay: Duration::from_secs(600),
             exposure: decide::Exposure::EndpointSlice,
             own_users: Default::default(),
         },
@@ -262,6 +265,7 @@ async fn async_main() {
         refuse_replicaset_deletes: false,
         default_timeout: Duration::from_secs(10),
         shutdown: shutdown.clone(),
+        holds: server::Holds::default(),
     });
     let resolver = Arc::new(tls::ReloadingResolver::new(paths.cert, paths.key));
     resolver.reload().unwrap();

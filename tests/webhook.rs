@@ -56,9 +56,12 @@ async fn start(cert: &Path, key: &Path, client_ca: Option<&Path>, refuse_rs: boo
             client,
             cache: Arc::new(cache::Cache::new([])),
             identity: "test".into(),
+            events: isolate::EventSink::Inline,
+            keep_labels: Default::default(),
         },
         settings: decide::Settings {
             default_delay: Duration::from_secs(60),
+            max_delay: Duration::from_secs(600),
             exposure: decide::Exposure::EndpointSlice,
             own_users: ["system:serviceaccount:gd:webhook".to_string()].into(),
         },
@@ -66,6 +69,7 @@ async fn start(cert: &Path, key: &Path, client_ca: Option<&Path>, refuse_rs: boo
         refuse_replicaset_deletes: refuse_rs,
         default_timeout: Duration::from_secs(10),
         shutdown: shutdown.clone(),
+        holds: server::Holds::default(),
     });
     let resolver = Arc::new(tls::ReloadingResolver::new(
         cert.to_path_buf(),

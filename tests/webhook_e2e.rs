@@ -43,7 +43,17 @@ struct Webhook {
     listen: std::net::SocketAddr,
     /// The CA of its serving certificate (PEM).
     ca: String,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
     _dir: tempfile::TempDir,
+}
+
+impl Webhook {
+    /// Waits until the stopped webhook has finished its shutdown.
+    async fn stopped(mut self) {
+        if let Some(task) = self.task.take() {
+            task.await.unwrap().unwrap();
+        }
+    }
 }
 
 impl Drop for Webhook {
@@ -78,7 +88,7 @@ async fn start_webhook(cluster: &Cluster, delay: Duration, timeout_seconds: u32)
     start_webhook_with(cluster, delay, timeout_seconds, &[]).await
 }
 
-/// [`start_webhook`] with extra flags.
+/// [`start_webhook`] with extra command-line flags.
 async fn start_webhook_with(
     cluster: &Cluster,
     delay: Duration,
@@ -104,12 +114,17 @@ async fn start_webhook_with(
     let _ = namespaces.create(&PostParams::default(), &ns).await;
     let (listen, admin) = (free_port(), free_port());
     let delay = humantime::format_duration(delay).to_string();
-    let argv = [
+    let (listen_s, admin_s, timeout_s) = (
+        listen.to_string(),
+        admin.to_string(),
+        timeout_seconds.to_string(),
+    );
+    let mut argv = vec![
         "webhook",
         "--listen",
-        &listen.to_string(),
+        &listen_s,
         "--admin-listen",
-        &admin.to_string(),
+        &admin_s,
         "--tls-cert",
         tls.cert.to_str().unwrap(),
         "--tls-key",
@@ -117,7 +132,7 @@ async fn start_webhook_with(
         "--deregistration-delay",
         &delay,
         "--timeout-seconds",
-        &timeout_seconds.to_string(),
+        &timeout_s,
         "--lease-namespace",
         "graceful-drain",
         "--identity",
@@ -129,9 +144,10 @@ async fn start_webhook_with(
         "--kubeconfig",
         kubeconfig.to_str().unwrap(),
     ];
-    let cli = WebhookCli::try_parse_from(argv.iter().chain(extra)).unwrap();
+    argv.extend_from_slice(extra);
+    let cli = WebhookCli::try_parse_from(argv).unwrap();
     let stop = Shutdown::new();
-    tokio::spawn(graceful_drain::webhook::run(cli.args, stop.clone()));
+    let task = tokio::spawn(graceful_drain::webhook::run(cli.args, stop.clone()));
     wait_for("webhook ready", TIMEOUT, || ready(admin))
         .await
         .unwrap();
@@ -154,6 +170,7 @@ async fn start_webhook_with(
         stop,
         listen,
         ca: bundle.ca_cert,
+        task: Some(task),
         _dir: dir,
     }
 }
@@ -425,4 +442,426 @@ async fn webhook_with_client_ca_admits_the_api_servers_certificate_and_refuses_o
         refused,
         "a caller without a client certificate was answered"
     );
+}
+/// Events with `reason` on pod `name` in the default namespace.
+async fn has_event(cluster: &Cluster, pod: &str, reason: &str) -> bool {
+    event_reasons(cluster, "default", pod)
+        .await
+        .iter()
+        .any(|r| r == reason)
+}
+
+/// A rollout deleting two pods at once behind a PDB allowing one disruption (10
+/// replicas, 9 must stay available): PDBs never block a DELETE, so both pods are
+/// isolated and held — neither dies unprotected because the budget was spent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_deletes_behind_a_pdb_allowing_one_disruption_are_both_isolated() {
+    let spec = WebSpec {
+        replicas: 10,
+        min_available: 9,
+        ..WebSpec::default()
+    };
+    let (cluster, _webhook) = setup(&spec, Duration::from_secs(30), 4).await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let victims: Vec<String> = web_pods(&cluster, &spec)
+        .await
+        .iter()
+        .take(2)
+        .map(|p| p.name_any())
+        .collect();
+    let deletes = victims.iter().map(|name| {
+        let pods = pods.clone();
+        async move { pods.delete(name, &DeleteParams::default()).await }
+    });
+    for result in futures::future::join_all(deletes).await {
+        result.unwrap();
+    }
+    for name in &victims {
+        assert!(
+            has_event(&cluster, name, "graceful-drain.io/Isolated").await,
+            "{name} was deleted without being isolated: {:?}",
+            event_reasons(&cluster, "default", name).await
+        );
+    }
+}
+
+/// An eviction whose UID precondition names an earlier pod of the same name is refused
+/// by the API server (409) and leaves the live pod alone: the webhook never isolates a
+/// pod the caller did not mean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eviction_with_a_stale_uid_precondition_never_isolates_the_live_pod() {
+    let spec = WebSpec {
+        replicas: 3,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    let (cluster, _webhook) = setup(&spec, Duration::from_secs(30), 10).await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let victim = web_pods(&cluster, &spec).await.remove(0).name_any();
+    let body = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": victim, "namespace": "default"},
+        "deleteOptions": {"preconditions": {"uid": "uid-of-an-earlier-pod"}}});
+    let result = pods
+        .create_subresource::<_, serde_json::Value>(
+            "eviction",
+            &victim,
+            &PostParams::default(),
+            &body,
+        )
+        .await;
+    assert!(
+        matches!(&result, Err(kube::Error::Api(s)) if s.code == 409),
+        "{result:?}"
+    );
+    let live = pods.get(&victim).await.unwrap();
+    assert!(!is_draining(&live), "the live pod was isolated");
+    assert!(!has_event(&cluster, &victim, "graceful-drain.io/Isolated").await);
+}
+
+/// Runs the real kubectl against the simulated cluster.
+async fn kubectl(kubeconfig: &std::path::Path, args: &[&str]) -> (bool, String) {
+    let output = tokio::process::Command::new("/usr/bin/kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+/// While the pods of a first `kubectl drain` wait out their delay, a second `kubectl
+/// drain` of the node succeeds without `--force`: the isolated pods still declare a
+/// controller (the Deployment), and their second eviction is answered as a dry run, so
+/// kubectl waits for the deferred deleter instead of evicting them for real.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_kubectl_drain_works_while_isolated_pods_wait() {
+    let spec = WebSpec {
+        replicas: 4,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    let (cluster, _webhook) = setup(&spec, Duration::from_secs(15), 10).await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    cluster
+        .api()
+        .write_kubeconfig(&kubeconfig, "admin")
+        .unwrap();
+    let client = cluster.client();
+    let node = web_pods(&cluster, &spec).await[0]
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap();
+    let drain = [
+        "drain",
+        node.as_str(),
+        "--ignore-daemonsets",
+        "--delete-emptydir-data",
+        "--timeout=90s",
+    ];
+    let first = tokio::spawn({
+        let kubeconfig = kubeconfig.clone();
+        let drain: Vec<String> = drain.iter().map(|s| s.to_string()).collect();
+        async move {
+            let args: Vec<&str> = drain.iter().map(String::as_str).collect();
+            kubectl(&kubeconfig, &args).await
+        }
+    });
+    let on_node = || async {
+        actions::pods_on(&client, &node)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect::<Vec<Pod>>()
+    };
+    // Every web pod of the node isolated, and the ReplicaSet has acted on the relabel.
+    wait_for("pods on the node isolated", TIMEOUT, || async {
+        let pods = on_node().await;
+        !pods.is_empty() && pods.iter().all(is_draining)
+    })
+    .await
+    .unwrap();
+    cluster.wait_web_ready(&spec, TIMEOUT).await.unwrap();
+    let isolated = on_node().await;
+    for pod in &isolated {
+        let controller = pod
+            .owner_references()
+            .iter()
+            .find(|r| r.controller == Some(true))
+            .map(|r| r.kind.clone());
+        assert_eq!(
+            controller.as_deref(),
+            Some("Deployment"),
+            "{}",
+            pod.name_any()
+        );
+    }
+    let (ok, text) = kubectl(&kubeconfig, &drain).await;
+    assert!(ok, "second drain failed:\n{text}");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    for pod in &isolated {
+        let gone = pods
+            .get_opt(&pod.name_any())
+            .await
+            .unwrap()
+            .is_none_or(|p| p.uid() != pod.uid() || p.metadata.deletion_timestamp.is_some());
+        assert!(gone, "{} still there after the drain", pod.name_any());
+        assert!(
+            has_event(&cluster, &pod.name_any(), "graceful-drain.io/Deleted").await,
+            "{} was not deleted by the deferred deleter",
+            pod.name_any()
+        );
+    }
+    let (ok, text) = first.await.unwrap();
+    assert!(ok, "first drain failed:\n{text}");
+}
+
+/// At its delete time the deferred deleter evicts the isolated pod (it has left its PDBs)
+/// instead of deleting it, so the pod carries the `DisruptionTarget` condition like any
+/// evicted pod; the deleter's own eviction passes the webhook.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deferred_deleter_evicts_so_the_pod_becomes_a_disruption_target() {
+    let spec = WebSpec {
+        replicas: 2,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    let (cluster, _webhook) = setup(&spec, Duration::from_secs(2), 10).await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let victim = web_pods(&cluster, &spec).await.remove(0).name_any();
+    let body = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": victim, "namespace": "default"}});
+    pods.create_subresource::<_, serde_json::Value>(
+        "eviction",
+        &victim,
+        &PostParams::default(),
+        &body,
+    )
+    .await
+    .unwrap();
+    assert!(
+        is_draining(&pods.get(&victim).await.unwrap()),
+        "isolated first"
+    );
+    // Every version of the pod until it is gone: the eviction marks it, then deletes it
+    // (the simulated kubelet rewrites the conditions while it terminates).
+    let config =
+        kube::runtime::watcher::Config::default().fields(&format!("metadata.name={victim}"));
+    let events = kube::runtime::watcher(pods.clone(), config);
+    let mut events = std::pin::pin!(events);
+    let mut marked = false;
+    let watched = tokio::time::timeout(TIMEOUT, async {
+        use futures::StreamExt;
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(kube::runtime::watcher::Event::Apply(p)) => {
+                    let conditions = p.status.and_then(|s| s.conditions).unwrap_or_default();
+                    marked |= conditions
+                        .iter()
+                        .any(|c| c.type_ == "DisruptionTarget" && c.status == "True");
+                }
+                Ok(kube::runtime::watcher::Event::Delete(_)) => return,
+                _ => {}
+            }
+        }
+    })
+    .await;
+    assert!(watched.is_ok(), "the deleter never removed {victim}");
+    assert!(
+        marked,
+        "{victim} was removed without the DisruptionTarget condition of an eviction"
+    );
+}
+
+/// Starts a cluster and a webhook told its Deployment is `graceful-drain-webhook`
+/// (created with 0 replicas when `installed`), isolates one web pod, then stops the
+/// webhook; returns the pods API and the isolated pod.
+async fn isolate_then_stop_webhook(installed: bool) -> (Cluster, Api<Pod>, Pod) {
+    graceful_drain::runtime::install_crypto_provider();
+    graceful_drain::runtime::init_tracing(graceful_drain::runtime::LogFormat::Text);
+    let spec = WebSpec {
+        replicas: 3,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    let cluster = Cluster::start(ClusterConfig::default(), Shutdown::new())
+        .await
+        .unwrap();
+    let extra = ["--deployment", "graceful-drain-webhook"];
+    let webhook = start_webhook_with(&cluster, Duration::from_secs(600), 10, &extra).await;
+    if installed {
+        let mut own = spec.deployment();
+        own.metadata.name = Some("graceful-drain-webhook".into());
+        own.metadata.namespace = Some("graceful-drain".into());
+        if let Some(s) = own.spec.as_mut() {
+            s.replicas = Some(0);
+        }
+        Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(
+            cluster.client(),
+            "graceful-drain",
+        )
+        .create(&PostParams::default(), &own)
+        .await
+        .unwrap();
+    }
+    cluster.deploy_web(&spec, TIMEOUT).await.unwrap();
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(cluster.client(), "default");
+    wait_for("pdb observed", TIMEOUT, || async {
+        pdbs.get("web")
+            .await
+            .ok()
+            .and_then(|p| p.status)
+            .is_some_and(|s| s.disruptions_allowed == 2)
+    })
+    .await
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let victim = web_pods(&cluster, &spec).await.remove(0);
+    let name = victim.name_any();
+    let body = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": name, "namespace": "default"}});
+    pods.create_subresource::<_, serde_json::Value>(
+        "eviction",
+        &name,
+        &PostParams::default(),
+        &body,
+    )
+    .await
+    .unwrap();
+    let isolated = pods.get(&name).await.unwrap();
+    assert!(is_draining(&isolated), "isolated, waiting 600 s");
+    webhook.stop.cancel();
+    webhook.stopped().await;
+    (cluster, pods, isolated)
+}
+
+/// `helm uninstall` deletes the webhook's Deployment, then its replicas stop: the deleter
+/// sees its Deployment gone at shutdown and removes every isolated pod before exiting, so
+/// none is left out of its Services with nobody to delete it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uninstalling_the_webhook_leaves_no_isolated_pod_behind() {
+    let (_cluster, pods, isolated) = isolate_then_stop_webhook(false).await;
+    let live = pods.get_opt(&isolated.name_any()).await.unwrap();
+    assert!(
+        live.is_none_or(|p| p.uid() != isolated.uid() || p.metadata.deletion_timestamp.is_some()),
+        "the isolated pod was left behind"
+    );
+}
+
+/// A restart (the Deployment still there) leaves isolated pods to the next replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarting_the_webhook_keeps_isolated_pods_waiting() {
+    let (_cluster, pods, isolated) = isolate_then_stop_webhook(true).await;
+    let live = pods.get(&isolated.name_any()).await.unwrap();
+    assert!(
+        live.metadata.deletion_timestamp.is_none(),
+        "deleted early at a restart"
+    );
+    assert!(is_draining(&live));
+}
+
+/// A policy engine refusing every UPDATE of a pod that would add the draining label (the
+/// way a Kyverno or Gatekeeper rule on labels would), over HTTPS; returns its URL and CA.
+async fn start_relabel_policy(dir: &std::path::Path) -> (String, String, Shutdown) {
+    use graceful_drain::webhook::{server, tls};
+    let bundle = graceful_drain::certs::generate(
+        "policy",
+        &["localhost".into()],
+        &["127.0.0.1".parse().unwrap()],
+    )
+    .unwrap();
+    let paths = graceful_drain::certs::write(&bundle, dir).unwrap();
+    let resolver = std::sync::Arc::new(tls::ReloadingResolver::new(paths.cert, paths.key));
+    resolver.reload().unwrap();
+    let config = std::sync::Arc::new(tls::server_config(resolver, None).unwrap());
+    let app = axum::Router::new().route(
+        "/",
+        axum::routing::post(|body: axum::body::Bytes| async move {
+            let review: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let request = &review["request"];
+            let relabel = request["object"]["metadata"]["labels"]
+                .get("graceful-drain.io/draining")
+                .is_some();
+            let mut response = serde_json::json!({"uid": request["uid"], "allowed": !relabel});
+            if relabel {
+                response["status"] =
+                    serde_json::json!({"code": 403, "message": "policy: pod labels are immutable"});
+            }
+            axum::Json(serde_json::json!({"apiVersion": "admission.k8s.io/v1",
+                "kind": "AdmissionReview", "response": response}))
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "https://127.0.0.1:{}/",
+        listener.local_addr().unwrap().port()
+    );
+    let stop = Shutdown::new();
+    tokio::spawn(server::serve(listener, config, app, stop.clone()));
+    (url, bundle.ca_cert, stop)
+}
+
+/// Another admission webhook refuses our relabel for good (403): the eviction is let
+/// through unchanged — the pod is evicted as it would be without graceful-drain — with a
+/// Warning Event on the pod, instead of being answered 429 forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relabel_refused_by_a_policy_engine_lets_the_eviction_through_with_a_warning() {
+    let spec = WebSpec {
+        replicas: 2,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    let (cluster, _webhook) = setup(&spec, Duration::from_secs(30), 10).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (url, ca, _policy) = start_relabel_policy(dir.path()).await;
+    let policy: ValidatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "label-policy"},
+        "webhooks": [{"name": "labels.policy.example", "admissionReviewVersions": ["v1"],
+            "sideEffects": "None", "failurePolicy": "Fail", "timeoutSeconds": 5,
+            "clientConfig": {"url": url, "caBundle": base64_of(&ca)},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                       "resources": ["pods"], "scope": "Namespaced"}]}]
+    }))
+    .unwrap();
+    Api::<ValidatingWebhookConfiguration>::all(cluster.client())
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let victim = web_pods(&cluster, &spec).await.remove(0).name_any();
+    let body = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": victim, "namespace": "default"}});
+    let evicted = pods
+        .create_subresource::<_, serde_json::Value>(
+            "eviction",
+            &victim,
+            &PostParams::default(),
+            &body,
+        )
+        .await;
+    assert!(evicted.is_ok(), "{evicted:?}");
+    let live = pods.get_opt(&victim).await.unwrap();
+    assert!(
+        live.is_none_or(|p| p.metadata.deletion_timestamp.is_some() && !is_draining(&p)),
+        "evicted normally"
+    );
+    assert!(
+        has_event(&cluster, &victim, "graceful-drain.io/IsolationFailed").await,
+        "{:?}",
+        event_reasons(&cluster, "default", &victim).await
+    );
+}
+
+fn base64_of(text: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(text)
 }

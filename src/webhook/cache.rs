@@ -156,6 +156,13 @@ pub struct Cache {
     isolated: RwLock<HashMap<Key, jiff::Timestamp>>,
     excluded_namespaces: BTreeSet<String>,
     synced: [AtomicBool; 4],
+    /// Until when some replica holds the deleter Lease (reported by the elector).
+    deleter_lease: RwLock<Option<jiff::Timestamp>>,
+    /// Whether admission refuses to isolate while no replica holds the Lease (on in the
+    /// server, off in unit tests that have no elector).
+    deleter_gate: AtomicBool,
+    /// The deferred deleter's watch of isolated pods has listed once.
+    isolated_synced: AtomicBool,
     /// One async lock per PDB, so this replica's concurrent isolations charge a budget one
     /// after another instead of racing each other into resourceVersion conflicts.
     pdb_locks: std::sync::Mutex<HashMap<Key, Arc<tokio::sync::Mutex<()>>>>,
@@ -242,6 +249,32 @@ impl Cache {
             .entry((namespace.to_string(), name.to_string()))
             .or_default()
             .clone()
+    }
+
+    /// Turns on the rule that nothing is isolated while no replica holds the Lease.
+    pub fn enable_deleter_gate(&self) {
+        self.deleter_gate.store(true, Ordering::Release);
+    }
+
+    /// Records until when the deleter Lease is held (`None`: nobody holds it).
+    pub fn set_deleter_lease(&self, until: Option<jiff::Timestamp>) {
+        *write(&self.deleter_lease) = until;
+    }
+
+    /// Whether some replica holds the deleter Lease at `now` (always true without the gate).
+    pub fn deleter_alive(&self, now: jiff::Timestamp) -> bool {
+        !self.deleter_gate.load(Ordering::Acquire)
+            || read(&self.deleter_lease).is_some_and(|until| until > now)
+    }
+
+    /// Marks the deleter's watch of isolated pods as listed.
+    pub fn set_isolated_synced(&self) {
+        self.isolated_synced.store(true, Ordering::Release);
+    }
+
+    /// Whether the deleter's watch of isolated pods has listed once.
+    pub fn isolated_synced(&self) -> bool {
+        self.isolated_synced.load(Ordering::Acquire)
     }
 
     /// Whether every watch has listed its objects once.
@@ -334,6 +367,7 @@ impl Cache {
             services,
             namespace: self.namespace(&pod.namespace),
             pdbs,
+            no_deleter: !self.deleter_alive(jiff::Timestamp::now()),
         }
     }
 
@@ -375,6 +409,7 @@ impl Cache {
                 .as_ref()
                 .and_then(|a| a.get(DELAY_ANNOTATION))
                 .cloned(),
+            terminating: meta.deletion_timestamp.is_some(),
         };
         write(&self.namespaces).insert(meta.name.clone().unwrap_or_default(), facts);
     }

@@ -31,10 +31,26 @@ impl Path {
     }
 }
 
+/// Username of the garbage collector (kube-controller-manager with
+/// `--use-service-account-credentials`, the default of every distribution we know).
+pub const GARBAGE_COLLECTOR: &str = "system:serviceaccount:kube-system:generic-garbage-collector";
+
+/// The preconditions a caller put on its request (`deleteOptions.preconditions`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Preconditions {
+    pub uid: Option<String>,
+    pub resource_version: Option<String>,
+}
+
 /// What the request asks for, independent of the wire format.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Request {
     pub path: Path,
+    /// The request's pod name (`request.name`), never a name taken from the body.
+    pub name: String,
+    /// The caller's preconditions: a request about another incarnation of the pod (a
+    /// same-name replacement) must be left to the API server, which refuses it.
+    pub preconditions: Preconditions,
     /// `request.dryRun` or a `dryRun` in the options.
     pub dry_run: bool,
     /// The grace period the caller asked for, if any.
@@ -84,6 +100,8 @@ pub struct PodFacts {
     pub terminating: bool,
     /// The controlling owner: kind and name.
     pub owner: Option<(OwnerKind, String)>,
+    /// `metadata.ownerReferences` as sent (the isolation may hand the controller role on).
+    pub owner_refs: Vec<serde_json::Value>,
 }
 
 /// Service types, for the narrower exposure modes.
@@ -161,6 +179,8 @@ pub struct NamespaceFacts {
     pub opted_out: bool,
     /// The namespace's delay annotation, unparsed.
     pub delay: Option<String>,
+    /// The namespace is being deleted (`deletionTimestamp` set).
+    pub terminating: bool,
 }
 
 /// What the caches know about the pod's surroundings, taken under the cache locks.
@@ -170,12 +190,16 @@ pub struct Snapshot {
     pub services: Vec<ServiceFacts>,
     pub namespace: NamespaceFacts,
     pub pdbs: Vec<PdbFacts>,
+    /// No replica holds the deleter Lease: an isolated pod would never be deleted.
+    pub no_deleter: bool,
 }
 
 /// Static decision settings from the command line.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
     pub default_delay: Duration,
+    /// Upper bound of a delay asked for by annotation (`--max-deregistration-delay`).
+    pub max_delay: Duration,
     pub exposure: Exposure,
     /// Usernames whose requests are ours (the webhook's own service account).
     pub own_users: BTreeSet<String>,
@@ -193,9 +217,15 @@ pub enum Pass {
     NotRunning,
     NotReady,
     NotExposed,
-    PdbExhausted,
-    PdbNotObserved,
     MultiplePdbs,
+    /// The request's UID or resourceVersion precondition does not match the pod.
+    PreconditionMismatch,
+    /// The garbage collector deletes dependents of a deleted owner.
+    GarbageCollector,
+    /// The pod's namespace is being deleted.
+    NamespaceTerminating,
+    /// No replica holds the deleter Lease, so nobody would delete an isolated pod.
+    NoDeleter,
 }
 
 impl Pass {
@@ -211,11 +241,24 @@ impl Pass {
             Pass::NotRunning => "not_running",
             Pass::NotReady => "not_ready",
             Pass::NotExposed => "not_exposed",
-            Pass::PdbExhausted => "pdb_exhausted",
-            Pass::PdbNotObserved => "pdb_not_observed",
             Pass::MultiplePdbs => "multiple_pdbs",
+            Pass::PreconditionMismatch => "precondition_mismatch",
+            Pass::GarbageCollector => "garbage_collector",
+            Pass::NamespaceTerminating => "namespace_terminating",
+            Pass::NoDeleter => "no_deleter",
         }
     }
+}
+
+/// How the isolation must be accounted in the pod's PodDisruptionBudget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Charge {
+    /// Eviction: the disruption must be recorded in the PDB, read live; a budget that
+    /// refuses refuses the eviction (429), exactly as the API server would.
+    Required,
+    /// DELETE: PDBs never block a DELETE, so the pod is isolated whatever the budget says;
+    /// the disruption is recorded when the budget allows it.
+    IfPossible,
 }
 
 /// The outcome of [`decide`].
@@ -227,6 +270,9 @@ pub enum Decision {
     Isolate {
         delete_at: Timestamp,
         grace_period: Option<i64>,
+        charge: Charge,
+        /// The annotated delay was longer than the maximum and was cut to it.
+        capped: bool,
     },
     /// The pod is already isolated and waits for `delete_at`: no second isolation, but the
     /// request must not delete it early either.
@@ -247,6 +293,12 @@ pub fn decide(
     if snap.namespace.opted_out || pod.labels.get(OPT_OUT_LABEL).is_some_and(|v| v == "true") {
         return Decision::Pass(Pass::OptedOut);
     }
+    if snap.namespace.terminating {
+        return Decision::Pass(Pass::NamespaceTerminating);
+    }
+    if !preconditions_hold(&req.preconditions, pod) {
+        return Decision::Pass(Pass::PreconditionMismatch);
+    }
     if pod.terminating {
         return Decision::Pass(Pass::Terminating);
     }
@@ -259,14 +311,34 @@ pub fn decide(
     if let Some(pass) = pass_for_pod(pod, snap, settings) {
         return Decision::Pass(pass);
     }
-    if let Some(pass) = pass_for_budget(&snap.pdbs) {
-        return Decision::Pass(pass);
+    if snap.no_deleter {
+        return Decision::Pass(Pass::NoDeleter);
     }
-    let delay = delay_for(pod, &snap.namespace, settings.default_delay);
+    // PDBs never block a DELETE. An eviction of a pod selected by several PDBs is an
+    // error the API server answers itself (500); whether a single budget allows the
+    // eviction is decided on the live PDB when charging it, never on the cache.
+    let charge = match req.path {
+        Path::Evict if snap.pdbs.len() > 1 => return Decision::Pass(Pass::MultiplePdbs),
+        Path::Evict => Charge::Required,
+        Path::Delete => Charge::IfPossible,
+    };
+    let asked = delay_for(pod, &snap.namespace, settings.default_delay);
+    let delay = asked.min(settings.max_delay);
     Decision::Isolate {
         delete_at: add(now, delay),
         grace_period: req.grace_period,
+        charge,
+        capped: asked > delay,
     }
+}
+
+/// Whether the caller's UID and resourceVersion preconditions match `pod`.
+pub fn preconditions_hold(pre: &Preconditions, pod: &PodFacts) -> bool {
+    pre.uid.as_deref().is_none_or(|uid| uid == pod.uid)
+        && pre
+            .resource_version
+            .as_deref()
+            .is_none_or(|rv| rv == pod.resource_version)
 }
 
 fn pass_for_request(req: &Request, settings: &Settings) -> Option<Pass> {
@@ -275,6 +347,9 @@ fn pass_for_request(req: &Request, settings: &Settings) -> Option<Pass> {
     }
     if settings.own_users.contains(&req.user) {
         return Some(Pass::OwnRequest);
+    }
+    if req.user == GARBAGE_COLLECTOR {
+        return Some(Pass::GarbageCollector);
     }
     // An explicit zero grace period is a force delete: the caller wants the pod gone now.
     if req.path == Path::Delete && req.grace_period == Some(0) {
@@ -294,19 +369,6 @@ fn pass_for_pod(pod: &PodFacts, snap: &Snapshot, settings: &Settings) -> Option<
         return Some(Pass::NotExposed);
     }
     None
-}
-
-/// Same rules as the API server's eviction: several PDBs are an error there, an
-/// unobserved PDB or one without disruptions left refuses.
-fn pass_for_budget(pdbs: &[PdbFacts]) -> Option<Pass> {
-    match pdbs {
-        [] => None,
-        [pdb] if pdb.lists_pod => None,
-        [pdb] if !pdb.observed => Some(Pass::PdbNotObserved),
-        [pdb] if pdb.disruptions_allowed <= 0 => Some(Pass::PdbExhausted),
-        [_] => None,
-        _ => Some(Pass::MultiplePdbs),
-    }
 }
 
 /// Whether the pod is a ready endpoint of a slice that counts under `mode`.
@@ -438,6 +500,7 @@ mod tests {
     fn settings() -> Settings {
         Settings {
             default_delay: Duration::from_secs(60),
+            max_delay: Duration::from_secs(600),
             exposure: Exposure::EndpointSlice,
             own_users: ["system:serviceaccount:gd:webhook".to_string()].into(),
         }
@@ -446,6 +509,8 @@ mod tests {
     fn req(path: Path) -> Request {
         Request {
             path,
+            name: "web-1".into(),
+            preconditions: Preconditions::default(),
             dry_run: false,
             grace_period: None,
             user: "alice".into(),
@@ -464,6 +529,7 @@ mod tests {
             ready: true,
             terminating: false,
             owner: Some((OwnerKind::ReplicaSet, "web-abc".into())),
+            owner_refs: Vec::new(),
         }
     }
 
@@ -497,6 +563,17 @@ mod tests {
         Decision::Isolate {
             delete_at: now() + jiff::SignedDuration::from_secs(secs),
             grace_period: None,
+            charge: Charge::Required,
+            capped: false,
+        }
+    }
+
+    fn isolate_delete_at(secs: i64) -> Decision {
+        Decision::Isolate {
+            delete_at: now() + jiff::SignedDuration::from_secs(secs),
+            grace_period: None,
+            charge: Charge::IfPossible,
+            capped: false,
         }
     }
 
@@ -548,12 +625,31 @@ mod tests {
             .insert(DELAY_ANNOTATION.into(), "45s".into());
         let mut ns_delay = exposed();
         ns_delay.namespace.delay = Some("2m".into());
+        let mut long_delay = pod();
+        long_delay
+            .annotations
+            .insert(DELAY_ANNOTATION.into(), "87600h".into());
         let mut bad_delay = pod();
         bad_delay
             .annotations
             .insert(DELAY_ANNOTATION.into(), "soon".into());
         let mut graceful = req(Path::Evict);
         graceful.grace_period = Some(20);
+        let mut uid_pre = req(Path::Evict);
+        uid_pre.preconditions.uid = Some("uid-of-the-previous-web-1".into());
+        let mut rv_pre = req(Path::Evict);
+        rv_pre.preconditions.resource_version = Some("6".into());
+        let mut ok_pre = req(Path::Evict);
+        ok_pre.preconditions = Preconditions {
+            uid: Some("uid-1".into()),
+            resource_version: Some("7".into()),
+        };
+        let mut gc = req(Path::Delete);
+        gc.user = GARBAGE_COLLECTOR.into();
+        let mut no_deleter = exposed();
+        no_deleter.no_deleter = true;
+        let mut ns_terminating = exposed();
+        ns_terminating.namespace.terminating = true;
 
         let cases: Vec<Case> = vec![
             (
@@ -568,7 +664,7 @@ mod tests {
                 req(Path::Delete),
                 pod(),
                 exposed(),
-                isolate_at(60),
+                isolate_delete_at(60),
             ),
             (
                 "dry run passes",
@@ -671,18 +767,94 @@ mod tests {
                 isolate_at(60),
             ),
             (
-                "pdb exhausted",
+                "eviction behind an exhausted cached pdb: the live PDB decides",
                 req(Path::Evict),
                 pod(),
                 with_pdb(pdb(0)),
-                Decision::Pass(Pass::PdbExhausted),
+                isolate_at(60),
             ),
             (
-                "pdb unobserved",
+                "eviction behind an unobserved cached pdb: the live PDB decides",
                 req(Path::Evict),
                 pod(),
+                with_pdb(unobserved.clone()),
+                isolate_at(60),
+            ),
+            (
+                "a PDB never blocks a delete: exhausted",
+                req(Path::Delete),
+                pod(),
+                with_pdb(pdb(0)),
+                isolate_delete_at(60),
+            ),
+            (
+                "a PDB never blocks a delete: unobserved",
+                req(Path::Delete),
+                pod(),
                 with_pdb(unobserved),
-                Decision::Pass(Pass::PdbNotObserved),
+                isolate_delete_at(60),
+            ),
+            (
+                "a PDB never blocks a delete: several",
+                req(Path::Delete),
+                pod(),
+                two.clone(),
+                isolate_delete_at(60),
+            ),
+            (
+                "eviction with another pod's uid precondition",
+                uid_pre,
+                pod(),
+                exposed(),
+                Decision::Pass(Pass::PreconditionMismatch),
+            ),
+            (
+                "eviction with a stale resourceVersion precondition",
+                rv_pre,
+                pod(),
+                exposed(),
+                Decision::Pass(Pass::PreconditionMismatch),
+            ),
+            (
+                "eviction with matching preconditions",
+                ok_pre,
+                pod(),
+                exposed(),
+                isolate_at(60),
+            ),
+            (
+                "nobody holds the deleter lease",
+                req(Path::Evict),
+                pod(),
+                no_deleter,
+                Decision::Pass(Pass::NoDeleter),
+            ),
+            (
+                "an isolated pod stays protected without a deleter",
+                req(Path::Evict),
+                pending.clone(),
+                {
+                    let mut s = exposed();
+                    s.no_deleter = true;
+                    s
+                },
+                Decision::Pending {
+                    delete_at: "2026-01-01T00:00:30Z".parse().unwrap(),
+                },
+            ),
+            (
+                "garbage collector passes",
+                gc,
+                pod(),
+                exposed(),
+                Decision::Pass(Pass::GarbageCollector),
+            ),
+            (
+                "terminating namespace passes",
+                req(Path::Delete),
+                pod(),
+                ns_terminating,
+                Decision::Pass(Pass::NamespaceTerminating),
             ),
             (
                 "pdb already lists the pod",
@@ -713,6 +885,18 @@ mod tests {
                 isolate_at(120),
             ),
             (
+                "an annotated delay beyond the maximum is capped",
+                req(Path::Evict),
+                long_delay,
+                exposed(),
+                Decision::Isolate {
+                    delete_at: now() + jiff::SignedDuration::from_secs(600),
+                    grace_period: None,
+                    charge: Charge::Required,
+                    capped: true,
+                },
+            ),
+            (
                 "bad delay falls back",
                 req(Path::Evict),
                 bad_delay,
@@ -727,6 +911,8 @@ mod tests {
                 Decision::Isolate {
                     delete_at: now() + jiff::SignedDuration::from_secs(60),
                     grace_period: Some(20),
+                    charge: Charge::Required,
+                    capped: false,
                 },
             ),
         ];

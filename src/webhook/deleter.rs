@@ -13,10 +13,11 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use jiff::Timestamp;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
-use kube::api::{DeleteParams, Preconditions};
+use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
@@ -108,6 +109,9 @@ pub struct Deleter {
     pending: HashMap<String, Pending>,
     left_slices: HashMap<String, Timestamp>,
     attempted: HashMap<String, tokio::time::Instant>,
+    /// The webhook's own Deployment (namespace, name): gone or being deleted at shutdown
+    /// means the webhook is being uninstalled, and pending pods are removed before exit.
+    release: Option<(String, String)>,
 }
 
 impl Deleter {
@@ -120,6 +124,51 @@ impl Deleter {
             pending: HashMap::new(),
             left_slices: HashMap::new(),
             attempted: HashMap::new(),
+            release: None,
+        }
+    }
+
+    /// Removes every pending pod at shutdown when Deployment `namespace/name` is gone or
+    /// being deleted (`helm uninstall`): nobody would delete them afterwards.
+    pub fn finishing_on_uninstall(mut self, namespace: &str, name: &str) -> Deleter {
+        self.release = Some((namespace.to_string(), name.to_string()));
+        self
+    }
+
+    /// Whether our own Deployment is gone or being deleted.
+    async fn uninstalling(&self) -> bool {
+        let Some((namespace, name)) = &self.release else {
+            return false;
+        };
+        let api = Api::<Deployment>::namespaced(self.ctx.client.clone(), namespace);
+        match api.get_opt(name).await {
+            Ok(None) => true,
+            Ok(Some(d)) => d.metadata.deletion_timestamp.is_some(),
+            Err(error) => {
+                tracing::warn!(%error, deployment = %format!("{namespace}/{name}"), "read own Deployment at shutdown");
+                false
+            }
+        }
+    }
+
+    /// At shutdown during an uninstall: remove every pending pod now, cutting its delay
+    /// short, instead of leaving it isolated with nobody to delete it.
+    async fn finish_on_uninstall(&mut self) {
+        if !self.uninstalling().await {
+            return;
+        }
+        let pending: Vec<Pending> = self
+            .pending
+            .values()
+            .filter(|p| !p.terminating)
+            .cloned()
+            .collect();
+        tracing::info!(
+            pending = pending.len(),
+            "uninstalling: removing every isolated pod now"
+        );
+        for pod in pending {
+            self.delete(pod).await;
         }
     }
 
@@ -194,23 +243,25 @@ impl Deleter {
             .collect()
     }
 
+    /// Removes a due pod: by eviction, so it gets the `DisruptionTarget` condition and
+    /// its controllers see an eviction; by DELETE when a PDB still selecting it refuses
+    /// (its disruption was accounted at isolation and its delay is over). Both carry a UID
+    /// precondition and the recorded grace period.
     async fn delete(&mut self, pod: Pending) {
         self.attempted
             .insert(pod.uid.clone(), tokio::time::Instant::now());
-        let api = Api::<Pod>::namespaced(self.ctx.client.clone(), &pod.namespace);
-        let params = DeleteParams {
-            grace_period_seconds: pod.grace_period.and_then(|g| u32::try_from(g).ok()),
-            preconditions: Some(Preconditions {
-                uid: Some(pod.uid.clone()),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
         let span = tracing::info_span!("delete", namespace = %pod.namespace, pod = %pod.name);
         let _enter = span.enter();
-        match api.delete(&pod.name, &params).await {
-            Ok(_) => {
-                tracing::info!(delete_at = %pod.delete_at, "deleted isolated pod");
+        let result = match self.evict(&pod).await {
+            Err(kube::Error::Api(s)) if s.code == 429 || s.code == 500 => {
+                tracing::info!(code = s.code, message = %s.message, "eviction refused; deleting");
+                self.delete_now(&pod).await
+            }
+            other => other,
+        };
+        match result {
+            Ok(()) => {
+                tracing::info!(delete_at = %pod.delete_at, "removed isolated pod");
                 self.metrics.pods_deleted.inc();
                 let facts = PodFacts {
                     namespace: pod.namespace.clone(),
@@ -222,6 +273,7 @@ impl Deleter {
                 isolate::record_event(
                     &self.ctx,
                     &facts,
+                    isolate::Severity::Normal,
                     REASON_DELETED,
                     &message,
                     Timestamp::now(),
@@ -233,9 +285,43 @@ impl Deleter {
                 self.forget(&pod.uid);
             }
             Err(error) => {
-                tracing::warn!(error = %crate::error::chain(&error), "delete isolated pod; will retry")
+                tracing::warn!(error = %crate::error::chain(&error), "remove isolated pod; will retry")
             }
         }
+    }
+
+    /// A proper `policy/v1` Eviction (kube's `Api::evict` sends options the API server
+    /// drops), with the UID precondition and the caller's grace period.
+    async fn evict(&self, pod: &Pending) -> Result<(), kube::Error> {
+        let api = Api::<Pod>::namespaced(self.ctx.client.clone(), &pod.namespace);
+        let mut options = serde_json::json!({"preconditions": {"uid": pod.uid}});
+        if let Some(grace) = pod.grace_period {
+            options["gracePeriodSeconds"] = grace.into();
+        }
+        let eviction = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
+            "metadata": {"name": pod.name, "namespace": pod.namespace},
+            "deleteOptions": options});
+        api.create_subresource::<_, serde_json::Value>(
+            "eviction",
+            &pod.name,
+            &PostParams::default(),
+            &eviction,
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn delete_now(&self, pod: &Pending) -> Result<(), kube::Error> {
+        let api = Api::<Pod>::namespaced(self.ctx.client.clone(), &pod.namespace);
+        let params = DeleteParams {
+            grace_period_seconds: pod.grace_period.and_then(|g| u32::try_from(g).ok()),
+            preconditions: Some(Preconditions {
+                uid: Some(pod.uid.clone()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        api.delete(&pod.name, &params).await.map(|_| ())
     }
 
     /// One scan: delete every due pod when leading.
@@ -268,7 +354,10 @@ impl Deleter {
         let mut relist: Option<Vec<ObjectMeta>> = None;
         loop {
             tokio::select! {
-                () = shutdown.cancelled() => return Ok(()),
+                () = shutdown.cancelled() => {
+                    self.finish_on_uninstall().await;
+                    return Ok(());
+                }
                 event = events.next() => match event {
                     None => return Err(Error::WatchEnded),
                     Some(Ok(Event::Apply(m) | Event::InitApply(m))) => {
@@ -289,6 +378,7 @@ impl Deleter {
     }
 
     fn finish_relist(&mut self, listed: Option<Vec<ObjectMeta>>) {
+        self.cache().set_isolated_synced();
         let Some(listed) = listed else { return };
         let keep: std::collections::HashSet<String> =
             listed.iter().filter_map(|m| m.uid.clone()).collect();
@@ -404,6 +494,8 @@ mod tests {
             client,
             cache: cache.clone(),
             identity: "w".into(),
+            events: isolate::EventSink::Inline,
+            keep_labels: Default::default(),
         };
         let deleter = Deleter::new(ctx, metrics.clone(), None);
         let (_leader_tx, leader_rx) = watch::channel(true);
@@ -453,11 +545,11 @@ mod tests {
                         200,
                     ));
                 }
-                (Method::DELETE, path) => {
+                (Method::POST, path) if path.ends_with("/eviction") => {
                     deleted.push((path.to_string(), body.clone()));
                     send.send_response(reply(
-                        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "due"}}),
-                        200,
+                        json!({"apiVersion": "v1", "kind": "Status", "status": "Success"}),
+                        201,
                     ));
                 }
                 (method, path) => panic!("unexpected {method} {path}"),
@@ -474,15 +566,26 @@ mod tests {
                 .body(Body::from(b"{}".to_vec()))
                 .unwrap(),
         );
+        // The first tick may delete the due pod before the rest of the list is applied.
+        let listed = async {
+            while !cache.isolated_synced() {
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), listed)
+            .await
+            .expect("the list of isolated pods is applied");
         shutdown.cancel();
         task.await.unwrap().unwrap();
         drop(held_watch);
 
         assert_eq!(deleted.len(), 1, "{deleted:?}");
         let (path, options) = &deleted[0];
-        assert_eq!(path, "/api/v1/namespaces/web/pods/due");
-        assert_eq!(options["preconditions"]["uid"], "u-due");
-        assert_eq!(options["gracePeriodSeconds"], 17);
+        assert_eq!(path, "/api/v1/namespaces/web/pods/due/eviction");
+        assert_eq!(options["apiVersion"], "policy/v1");
+        assert_eq!(options["kind"], "Eviction");
+        assert_eq!(options["deleteOptions"]["preconditions"]["uid"], "u-due");
+        assert_eq!(options["deleteOptions"]["gracePeriodSeconds"], 17);
         assert_eq!(metrics.pods_deleted.get(), 1);
         assert_eq!(
             cache.isolated("web", "later"),

@@ -11,7 +11,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 use json_patch::jsonptr::PointerBuf;
-use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, TestOperation};
+use json_patch::{
+    AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation, TestOperation,
+};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, Time};
@@ -20,7 +22,7 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PatchParams, PostP
 use serde_json::Value;
 
 use super::cache::{Cache, selector_keys};
-use super::decide::{OwnerKind, OwnerPolicy, PodFacts, Snapshot, labels_to_remove};
+use super::decide::{Charge, OwnerKind, OwnerPolicy, PodFacts, Snapshot, labels_to_remove};
 use crate::labels::{
     DELETE_AT_ANNOTATION, DRAINING_LABEL, FIELD_MANAGER, GRACE_PERIOD_ANNOTATION,
     ORIGINAL_LABELS_ANNOTATION,
@@ -40,13 +42,19 @@ const PDB_RETRY_MAX_PAUSE: std::time::Duration = std::time::Duration::from_milli
 pub const REASON_ISOLATED: &str = "graceful-drain.io/Isolated";
 /// Event reason recorded on a pod when the deferred deleter deletes it.
 pub const REASON_DELETED: &str = "graceful-drain.io/Deleted";
+/// Warning Event reason when an annotated delay was cut to `--max-deregistration-delay`.
+pub const REASON_DELAY_CAPPED: &str = "graceful-drain.io/DelayCapped";
+/// Warning Event reason when a pod could not be isolated and its request went through.
+pub const REASON_ISOLATION_FAILED: &str = "graceful-drain.io/IsolationFailed";
 
 /// Errors while isolating a pod.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The pod changed under us (a `test` op failed or the resourceVersion moved).
-    #[error("isolate pod {pod}: changed concurrently")]
-    Conflict { pod: String },
+    /// The pod changed under us (a `test` op failed or the resourceVersion moved). `code`
+    /// is the answer (409 or 422); a 422 may also be a real validation error, which the
+    /// caller tells apart by re-reading the pod.
+    #[error("isolate pod {pod}: changed concurrently (HTTP {code})")]
+    Conflict { pod: String, code: u16 },
     /// An API call failed.
     #[error("isolate pod {pod}: {action}")]
     Api {
@@ -60,11 +68,47 @@ pub enum Error {
     PdbContention { pod: String, pdb: String },
 }
 
+impl Error {
+    /// The HTTP status the API server answered, if it answered.
+    pub fn code(&self) -> Option<u16> {
+        match self {
+            Error::Api {
+                source: kube::Error::Api(s),
+                ..
+            } => Some(s.code),
+            _ => None,
+        }
+    }
+
+    /// A failure that retrying the same request cannot cure: missing RBAC (403), a
+    /// request the API server or another admission webhook or policy engine refuses (400,
+    /// 422 other than our own `test` op failing, any other 4xx but 408/409/429). Such an
+    /// eviction must not be answered 429 forever; it is let through with a Warning Event.
+    pub fn is_permanent(&self) -> bool {
+        self.code()
+            .is_some_and(|c| (400..500).contains(&c) && !matches!(c, 404 | 408 | 409 | 429))
+    }
+
+    /// Bounded metric label for a permanent failure.
+    pub fn reason(&self) -> &'static str {
+        match self.code() {
+            Some(400) => "bad_request",
+            Some(401) => "unauthorized",
+            Some(403) => "forbidden",
+            Some(422) => "invalid",
+            Some(_) => "rejected",
+            None => "unavailable",
+        }
+    }
+}
+
 /// Result of the PDB accounting.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Budget {
-    /// The disruption was recorded (or the pod was already listed).
+    /// The disruption was recorded now.
     Consumed,
+    /// The pod was already listed in `status.disruptedPods`.
+    Listed,
     /// No disruption left.
     Exhausted { pdb: String },
     /// The disruption controller has not observed the PDB's latest generation.
@@ -74,11 +118,38 @@ pub enum Budget {
 /// Result of [`isolate`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
-    /// The pod is isolated; the labels removed are returned.
-    Isolated { removed: BTreeMap<String, String> },
-    /// A PDB refused.
+    /// The pod is isolated; the labels removed are returned. `uncharged` names the PDB
+    /// that could not record the disruption (a DELETE isolates anyway).
+    Isolated {
+        removed: BTreeMap<String, String>,
+        uncharged: Option<String>,
+    },
+    /// A PDB refused (evictions only).
     Refused(Budget),
 }
+
+/// What to isolate for: the decision's delete time, grace period and PDB accounting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Plan {
+    pub delete_at: Timestamp,
+    pub grace_period: Option<i64>,
+    pub charge: Charge,
+}
+
+/// Where Events go: sent inline (tests, the deleter's own task) or handed to a background
+/// sender so no admission call waits for an Event.
+#[derive(Clone, Debug, Default)]
+pub enum EventSink {
+    /// Create the Event in the calling task.
+    #[default]
+    Inline,
+    /// Queue it for the sender task ([`send_events`]); dropped (and logged) when full.
+    Queue(tokio::sync::mpsc::Sender<Event>),
+}
+
+/// Events waiting for the background sender; beyond this they are dropped (logged), so a
+/// slow API server never makes admission calls queue behind Events.
+pub const EVENT_QUEUE: usize = 256;
 
 /// What [`isolate`] needs to reach the cluster.
 #[derive(Clone)]
@@ -87,6 +158,11 @@ pub struct Context {
     pub cache: std::sync::Arc<Cache>,
     /// Our identity, for Events (`reportingInstance`).
     pub identity: String,
+    pub events: EventSink,
+    /// Label keys the relabelling keeps unless a selector can only be left by removing
+    /// them (`--keep-label`), so selectors of NetworkPolicies, monitors and dashboards on
+    /// those keys keep matching the isolated pod.
+    pub keep_labels: BTreeSet<String>,
 }
 
 fn is_status(err: &kube::Error, codes: &[u16]) -> bool {
@@ -98,42 +174,180 @@ pub async fn isolate(
     ctx: &Context,
     pod: &PodFacts,
     snap: &Snapshot,
-    delete_at: Timestamp,
-    grace_period: Option<i64>,
+    plan: Plan,
     now: Timestamp,
 ) -> Result<Outcome, Error> {
-    let policy = owner_policy(ctx, pod).await?;
+    let (mut policy, controller) = owner_policy(ctx, pod).await?;
+    policy.keep.extend(ctx.keep_labels.iter().cloned());
     let leave = leave_selectors(snap, policy.leave);
     let removed = labels_to_remove(&pod.labels, &leave, &policy.keep);
-    if let [pdb] = snap.pdbs.as_slice() {
-        let budget = consume_disruption(ctx, &pod.namespace, &pdb.name, &pod.name, now).await?;
-        if budget != Budget::Consumed {
-            return Ok(Outcome::Refused(budget));
-        }
+    let (charged, uncharged) = match account(ctx, pod, snap, plan.charge, now).await? {
+        Accounting::Refused(budget) => return Ok(Outcome::Refused(budget)),
+        Accounting::Charged(pdb) => (Some(pdb), None),
+        Accounting::Free => (None, None),
+        Accounting::Uncharged(pdb) => (None, Some(pdb)),
+    };
+    let mut patch = isolation_patch(pod, &removed, plan.delete_at, plan.grace_period);
+    if let Some(controller) = controller {
+        patch.0.extend(controller_handover(pod, controller));
     }
-    let patch = isolation_patch(pod, &removed, delete_at, grace_period);
     let api = Api::<Pod>::namespaced(ctx.client.clone(), &pod.namespace);
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.to_string()),
         ..PatchParams::default()
     };
-    match api
+    let patched = api
         .patch(&pod.name, &params, &kube::api::Patch::Json::<()>(patch))
-        .await
-    {
-        Ok(_) => {}
-        // 409: resourceVersion moved; 422: a `test` op failed (how the API server reports it).
-        Err(e) if is_status(&e, &[409, 422]) => {
-            return Err(Error::Conflict { pod: pod_ref(pod) });
+        .await;
+    if let Err(source) = patched {
+        // The pod was not isolated: give the disruption back, or the budget stays spent
+        // (and real evictions refused) until the disruption controller drops the entry.
+        if let Some(pdb) = &charged {
+            refund_disruption(ctx, &pod.namespace, pdb, &pod.name).await;
         }
-        Err(source) => return Err(api_err(pod, "patch pod", source)),
+        return Err(match source {
+            // 409: resourceVersion moved; 422: a `test` op failed (how the API server
+            // reports it) — or a real validation error, told apart by re-reading the pod.
+            kube::Error::Api(status) if matches!(status.code, 409 | 422) => Error::Conflict {
+                pod: pod_ref(pod),
+                code: status.code,
+            },
+            source => api_err(pod, "patch pod", source),
+        });
     }
-    let message = format!(
-        "Isolated from its Services and controller (removed labels: {}); deletion at {delete_at}",
-        removed.keys().cloned().collect::<Vec<_>>().join(", ")
+    ctx.cache
+        .set_isolated(&pod.namespace, &pod.name, Some(plan.delete_at));
+    let mut message = format!(
+        "Isolated from its Services and controller (removed labels: {}); deletion at {}",
+        removed.keys().cloned().collect::<Vec<_>>().join(", "),
+        plan.delete_at
     );
-    record_event(ctx, pod, REASON_ISOLATED, &message, now).await;
-    Ok(Outcome::Isolated { removed })
+    if let Some(pdb) = &uncharged {
+        message.push_str(&format!(
+            "; PDB {pdb} had no disruption left, not charged (a DELETE is never blocked by a PDB)"
+        ));
+    }
+    record_event(ctx, pod, Severity::Normal, REASON_ISOLATED, &message, now).await;
+    Ok(Outcome::Isolated { removed, uncharged })
+}
+
+/// How the isolation was accounted in the pod's PDB.
+enum Accounting {
+    /// This call recorded the disruption in the named PDB (refunded if the patch fails).
+    Charged(String),
+    /// No PDB selects the pod, or it was already listed as disrupted.
+    Free,
+    /// A DELETE goes ahead without charging the named PDB (`namespace/name`).
+    Uncharged(String),
+    /// The budget refuses an eviction.
+    Refused(Budget),
+}
+
+/// Records the disruption in the single PDB selecting the pod.
+async fn account(
+    ctx: &Context,
+    pod: &PodFacts,
+    snap: &Snapshot,
+    charge: Charge,
+    now: Timestamp,
+) -> Result<Accounting, Error> {
+    let pdb = match snap.pdbs.as_slice() {
+        [] => return Ok(Accounting::Free),
+        [pdb] => pdb.name.clone(),
+        // Several PDBs: an eviction never gets here; a DELETE cannot charge them all.
+        [first, ..] => {
+            let name = format!("{}/{}", pod.namespace, first.name);
+            return Ok(Accounting::Uncharged(name));
+        }
+    };
+    let result = consume_disruption(ctx, &pod.namespace, &pdb, &pod.name, now).await;
+    let name = format!("{}/{pdb}", pod.namespace);
+    match (charge, result) {
+        (_, Ok(Budget::Consumed)) => Ok(Accounting::Charged(pdb)),
+        (_, Ok(Budget::Listed)) => Ok(Accounting::Free),
+        (Charge::Required, Ok(refused)) => Ok(Accounting::Refused(refused)),
+        (Charge::Required, Err(error)) => Err(error),
+        (Charge::IfPossible, Ok(_)) => Ok(Accounting::Uncharged(name)),
+        (Charge::IfPossible, Err(error)) => {
+            tracing::warn!(%error, "PDB not charged; a DELETE is isolated anyway");
+            Ok(Accounting::Uncharged(name))
+        }
+    }
+}
+
+/// Gives back the disruption this call recorded for `pod` in PDB `namespace/name`: the pod
+/// leaves `status.disruptedPods` and `disruptionsAllowed` goes up by one, in one
+/// resourceVersion-guarded update (retried on 409). Failures are logged; the disruption
+/// controller drops the entry after about two minutes anyway.
+pub async fn refund_disruption(ctx: &Context, namespace: &str, name: &str, pod: &str) {
+    let api = Api::<PodDisruptionBudget>::namespaced(ctx.client.clone(), namespace);
+    let lock = ctx.cache.pdb_lock(namespace, name);
+    let _serialised = lock.lock().await;
+    for _ in 0..PDB_ATTEMPTS {
+        let mut pdb = match api.get(name).await {
+            Ok(pdb) => pdb,
+            Err(error) => {
+                tracing::warn!(%error, pdb = %format!("{namespace}/{name}"), "refund PDB: read");
+                return;
+            }
+        };
+        let Some(status) = pdb.status.as_mut() else {
+            return;
+        };
+        if status
+            .disrupted_pods
+            .as_mut()
+            .and_then(|d| d.remove(pod))
+            .is_none()
+        {
+            return;
+        }
+        status.disruptions_allowed += 1;
+        match api.replace_status(name, &PostParams::default(), &pdb).await {
+            Ok(updated) => {
+                ctx.cache.apply_pdb(&updated);
+                return;
+            }
+            Err(e) if is_status(&e, &[409]) => continue,
+            Err(error) => {
+                tracing::warn!(%error, pdb = %format!("{namespace}/{name}"), "refund PDB: update");
+                return;
+            }
+        }
+    }
+}
+
+/// JSON-patch ops handing the controller role of an isolated ReplicaSet pod to the
+/// ReplicaSet's own controller (the Deployment): the ReplicaSet then ignores the pod
+/// instead of releasing it, `kubectl drain` still sees a pod with a controller, and the
+/// garbage collector still deletes it with the Deployment. The ReplicaSet stays an owner,
+/// without the controller flag.
+pub fn controller_handover(pod: &PodFacts, controller: Value) -> Vec<PatchOperation> {
+    let mut refs: Vec<Value> = pod
+        .owner_refs
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            if r.get("controller").and_then(Value::as_bool) == Some(true) {
+                r["controller"] = Value::Bool(false);
+                if let Some(map) = r.as_object_mut() {
+                    map.remove("blockOwnerDeletion");
+                }
+            }
+            r
+        })
+        .collect();
+    refs.push(controller);
+    vec![
+        PatchOperation::Test(TestOperation {
+            path: ptr(&["metadata", "ownerReferences"]),
+            value: Value::Array(pod.owner_refs.clone()),
+        }),
+        PatchOperation::Replace(ReplaceOperation {
+            path: ptr(&["metadata", "ownerReferences"]),
+            value: Value::Array(refs),
+        }),
+    ]
 }
 
 fn pod_ref(pod: &PodFacts) -> String {
@@ -167,24 +381,28 @@ pub fn leave_selectors(snap: &Snapshot, owner: Vec<BTreeSet<String>>) -> Vec<BTr
     leave
 }
 
-/// Reads the controlling owner's selector and derives the relabelling policy. A missing
-/// owner (already deleted) is treated as a bare pod.
-async fn owner_policy(ctx: &Context, pod: &PodFacts) -> Result<OwnerPolicy, Error> {
+/// Reads the controlling owner's selector and derives the relabelling policy, plus (for
+/// a ReplicaSet pod) the ReplicaSet's own controller reference to hand the pod to. A
+/// missing owner (already deleted) is treated as a bare pod.
+async fn owner_policy(
+    ctx: &Context,
+    pod: &PodFacts,
+) -> Result<(OwnerPolicy, Option<Value>), Error> {
     let Some((kind, name)) = &pod.owner else {
-        return Ok(OwnerPolicy::default());
+        return Ok((OwnerPolicy::default(), None));
     };
     let gvk = match kind {
         OwnerKind::ReplicaSet => GroupVersionKind::gvk("apps", "v1", "ReplicaSet"),
         OwnerKind::StatefulSet => GroupVersionKind::gvk("apps", "v1", "StatefulSet"),
         OwnerKind::DaemonSet => GroupVersionKind::gvk("apps", "v1", "DaemonSet"),
         OwnerKind::Job => GroupVersionKind::gvk("batch", "v1", "Job"),
-        OwnerKind::Other(_) => return Ok(OwnerPolicy::default()),
+        OwnerKind::Other(_) => return Ok((OwnerPolicy::default(), None)),
     };
     let resource = ApiResource::from_gvk(&gvk);
     let api = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &pod.namespace, &resource);
     let owner = match api.get_opt(name).await {
         Ok(Some(owner)) => owner,
-        Ok(None) => return Ok(OwnerPolicy::default()),
+        Ok(None) => return Ok((OwnerPolicy::default(), None)),
         Err(source) => return Err(api_err(pod, &format!("get {} {name}", gvk.kind), source)),
     };
     let keys = owner
@@ -194,11 +412,41 @@ async fn owner_policy(ctx: &Context, pod: &PodFacts) -> Result<OwnerPolicy, Erro
         .and_then(|v| serde_json::from_value::<LabelSelector>(v).ok())
         .map(|s| selector_keys(&s))
         .unwrap_or_default();
-    Ok(OwnerPolicy::for_owner(kind, keys))
+    let controller = match kind {
+        OwnerKind::ReplicaSet => owner
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|r| r.controller == Some(true))
+            .map(|r| {
+                serde_json::json!({"apiVersion": r.api_version, "kind": r.kind,
+                    "name": r.name, "uid": r.uid, "controller": true})
+            }),
+        _ => None,
+    };
+    Ok((OwnerPolicy::for_owner(kind, keys), controller))
 }
 
 fn ptr(tokens: &[&str]) -> PointerBuf {
     PointerBuf::from_tokens(tokens.iter().copied())
+}
+
+/// Label keys naming the application, in order of preference; the first one the pod
+/// carries gives the draining label its value.
+pub const IDENTITY_LABELS: [&str; 3] = ["app.kubernetes.io/name", "app", "k8s-app"];
+
+/// The value of the draining label: the application's name from the first identity label
+/// the pod carries (so `kubectl get pods -L graceful-drain.io/draining` and selectors like
+/// `graceful-drain.io/draining=web` still tell whose pod it is after its `app` label was
+/// removed), else `true`.
+pub fn draining_value(labels: &BTreeMap<String, String>) -> String {
+    IDENTITY_LABELS
+        .iter()
+        .find_map(|key| labels.get(*key))
+        .filter(|v| !v.is_empty())
+        .cloned()
+        .unwrap_or_else(|| "true".to_string())
 }
 
 /// The JSON patch isolating `pod`: tests on resourceVersion and labels, removal of
@@ -214,8 +462,9 @@ pub fn isolation_patch(
         value: Value::from(pod.resource_version.clone()),
     })];
     let add = |path: PointerBuf, value: Value| PatchOperation::Add(AddOperation { path, value });
+    let draining = draining_value(&pod.labels);
     if pod.labels.is_empty() {
-        let labels = serde_json::json!({ DRAINING_LABEL: "true" });
+        let labels = serde_json::json!({ DRAINING_LABEL: draining });
         ops.push(add(ptr(&["metadata", "labels"]), labels));
     } else {
         ops.push(PatchOperation::Test(TestOperation {
@@ -229,7 +478,7 @@ pub fn isolation_patch(
         }
         ops.push(add(
             ptr(&["metadata", "labels", DRAINING_LABEL]),
-            "true".into(),
+            draining.into(),
         ));
     }
     let mut annotations = BTreeMap::new();
@@ -253,6 +502,9 @@ pub fn isolation_patch(
 }
 
 /// Records the disruption of `pod` in PDB `namespace/name`, serialised by resourceVersion.
+/// The cached PDB is only a first guess: a refusal is confirmed on the live PDB, so a
+/// stale cache never refuses (nor, on the eviction path, lets through) what the API server
+/// would decide otherwise.
 pub async fn consume_disruption(
     ctx: &Context,
     namespace: &str,
@@ -269,23 +521,23 @@ pub async fn consume_disruption(
     };
     let lock = ctx.cache.pdb_lock(namespace, name);
     let _serialised = lock.lock().await;
-    let mut current = match ctx.cache.pdb(namespace, name) {
-        Some(pdb) => (*pdb).clone(),
-        None => api.get(name).await.map_err(|e| err("get", e))?,
+    let (mut current, mut live) = match ctx.cache.pdb(namespace, name) {
+        Some(pdb) => ((*pdb).clone(), false),
+        None => (api.get(name).await.map_err(|e| err("get", e))?, true),
     };
-    for attempt in 0..PDB_ATTEMPTS {
-        if attempt > 0 {
-            let max = PDB_RETRY_MAX_PAUSE.as_millis() as u64;
-            let pause = rand::random_range(0..=max);
-            tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
-            current = api.get(name).await.map_err(|e| err("get", e))?;
-        }
+    let mut conflicts = 0;
+    loop {
         let next = match charge(&current, pod, now) {
             Ok(next) => next,
-            Err(budget) => return Ok(budget),
+            Err(budget) if live => return Ok(budget),
+            Err(_) => {
+                current = api.get(name).await.map_err(|e| err("get", e))?;
+                live = true;
+                continue;
+            }
         };
         let Some(next) = next else {
-            return Ok(Budget::Consumed);
+            return Ok(Budget::Listed);
         };
         match api
             .replace_status(name, &PostParams::default(), &next)
@@ -295,14 +547,23 @@ pub async fn consume_disruption(
                 ctx.cache.apply_pdb(&updated);
                 return Ok(Budget::Consumed);
             }
-            Err(e) if is_status(&e, &[409]) => continue,
+            Err(e) if is_status(&e, &[409]) => {
+                conflicts += 1;
+                if conflicts >= PDB_ATTEMPTS {
+                    return Err(Error::PdbContention {
+                        pod: pod_name,
+                        pdb: format!("{namespace}/{name}"),
+                    });
+                }
+                let max = PDB_RETRY_MAX_PAUSE.as_millis() as u64;
+                let pause = rand::random_range(0..=max);
+                tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+                current = api.get(name).await.map_err(|e| err("get", e))?;
+                live = true;
+            }
             Err(e) => return Err(err("update status of", e)),
         }
     }
-    Err(Error::PdbContention {
-        pod: pod_name,
-        pdb: format!("{namespace}/{name}"),
-    })
 }
 
 /// The PDB with `pod` charged as disrupted: `Ok(None)` when already listed, `Err` when
@@ -342,10 +603,19 @@ pub fn charge(
     Ok(Some(next))
 }
 
-/// Records a core/v1 Event on `pod`; failures are logged, never fatal.
+/// The `type` of an Event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Severity {
+    Normal,
+    Warning,
+}
+
+/// Records a core/v1 Event on `pod`; failures are logged, never fatal. With a queued sink
+/// the Event is sent in the background and this returns at once.
 pub async fn record_event(
     ctx: &Context,
     pod: &PodFacts,
+    severity: Severity,
     reason: &str,
     message: &str,
     now: Timestamp,
@@ -366,7 +636,13 @@ pub async fn record_event(
         },
         reason: Some(reason.to_string()),
         message: Some(message.to_string()),
-        type_: Some("Normal".into()),
+        type_: Some(
+            match severity {
+                Severity::Normal => "Normal",
+                Severity::Warning => "Warning",
+            }
+            .into(),
+        ),
         source: Some(EventSource {
             component: Some("graceful-drain-webhook".into()),
             host: None,
@@ -378,9 +654,41 @@ pub async fn record_event(
         reporting_instance: Some(ctx.identity.clone()),
         ..Event::default()
     };
-    let api = Api::<Event>::namespaced(ctx.client.clone(), &pod.namespace);
+    match &ctx.events {
+        EventSink::Inline => create_event(&ctx.client, event).await,
+        EventSink::Queue(queue) => {
+            if let Err(error) = queue.try_send(event) {
+                tracing::warn!(pod = %pod_ref(pod), reason, %error, "event queue full; event dropped");
+            }
+        }
+    }
+}
+
+async fn create_event(client: &kube::Client, event: Event) {
+    let namespace = event.metadata.namespace.clone().unwrap_or_default();
+    let api = Api::<Event>::namespaced(client.clone(), &namespace);
     if let Err(error) = api.create(&PostParams::default(), &event).await {
-        tracing::warn!(pod = %pod_ref(pod), reason, error = %crate::error::chain(&error), "record event");
+        let pod = event.involved_object.name.unwrap_or_default();
+        tracing::warn!(pod = %format!("{namespace}/{pod}"), reason = ?event.reason, error = %crate::error::chain(&error), "record event");
+    }
+}
+
+/// The background Event sender behind [`EventSink::Queue`]: creates queued Events one by
+/// one until shutdown.
+pub async fn send_events(
+    client: kube::Client,
+    mut queue: tokio::sync::mpsc::Receiver<Event>,
+    shutdown: crate::runtime::Shutdown,
+) -> Result<(), std::convert::Infallible> {
+    loop {
+        let event = tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            event = queue.recv() => match event {
+                Some(event) => event,
+                None => return Ok(()),
+            },
+        };
+        create_event(&client, event).await;
     }
 }
 
@@ -414,6 +722,7 @@ mod tests {
             ready: true,
             terminating: false,
             owner: Some((OwnerKind::ReplicaSet, "web-abc".into())),
+            owner_refs: Vec::new(),
         }
     }
 
@@ -425,6 +734,14 @@ mod tests {
             "status": {"observedGeneration": 1, "disruptionsAllowed": allowed, "currentHealthy": 3,
                        "desiredHealthy": 2, "expectedPods": 3}
         })
+    }
+
+    fn evict_plan() -> Plan {
+        Plan {
+            delete_at: now(),
+            grace_period: None,
+            charge: Charge::Required,
+        }
     }
 
     fn snapshot() -> Snapshot {
@@ -452,6 +769,8 @@ mod tests {
             client,
             cache,
             identity: "webhook-0".into(),
+            events: EventSink::Inline,
+            keep_labels: Default::default(),
         }
     }
 
@@ -461,7 +780,12 @@ mod tests {
         let ctx = context(client);
         let delete_at: Timestamp = "2026-01-01T00:01:00Z".parse().unwrap();
         let task = tokio::spawn(async move {
-            isolate(&ctx, &pod(), &snapshot(), delete_at, Some(20), now()).await
+            let plan = Plan {
+                delete_at,
+                grace_period: Some(20),
+                charge: Charge::Required,
+            };
+            isolate(&ctx, &pod(), &snapshot(), plan, now()).await
         });
         let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
             "metadata": {"name": "web-abc", "namespace": "web"},
@@ -512,7 +836,7 @@ mod tests {
                  "value": {"app": "web", "pod-template-hash": "abc", "team": "a"}},
                 {"op": "remove", "path": "/metadata/labels/app"},
                 {"op": "remove", "path": "/metadata/labels/pod-template-hash"},
-                {"op": "add", "path": "/metadata/labels/graceful-drain.io~1draining", "value": "true"},
+                {"op": "add", "path": "/metadata/labels/graceful-drain.io~1draining", "value": "web"},
                 {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1delete-at",
                  "value": "2026-01-01T00:01:00Z"},
                 {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1grace-period-seconds",
@@ -538,8 +862,145 @@ mod tests {
                 removed: [("app", "web"), ("pod-template-hash", "abc")]
                     .into_iter()
                     .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect()
+                    .collect(),
+                uncharged: None,
             }
+        );
+    }
+
+    /// `--keep-label app`: the pod leaves its Service (app+tier) and ReplicaSet
+    /// (app+pod-template-hash) by losing only `tier` and `pod-template-hash`; `app` stays
+    /// for NetworkPolicies and dashboards, and the draining label names the app. The
+    /// controller role goes to the Deployment, the ReplicaSet stays a plain owner.
+    #[tokio::test]
+    async fn kept_labels_stay_and_the_deployment_becomes_the_controller() {
+        let (client, mut api) = mock::client();
+        let mut ctx = context(client);
+        ctx.keep_labels = ["app".to_string()].into();
+        let mut facts = pod();
+        facts.labels = [
+            ("app", "web"),
+            ("tier", "front"),
+            ("pod-template-hash", "abc"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let rs_ref = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-abc",
+            "uid": "rs-uid", "controller": true, "blockOwnerDeletion": true});
+        facts.owner_refs = vec![rs_ref];
+        let snap = Snapshot {
+            services: vec![ServiceFacts {
+                name: "web".into(),
+                service_type: ServiceType::LoadBalancer,
+                selector: [("app", "web"), ("tier", "front")]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            }],
+            ..Snapshot::default()
+        };
+        let task = tokio::spawn(async move {
+            let plan = Plan {
+                delete_at: now(),
+                grace_period: None,
+                charge: Charge::IfPossible,
+            };
+            isolate(&ctx, &facts, &snap, plan, now()).await
+        });
+        let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": "web-abc", "namespace": "web", "uid": "rs-uid",
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web",
+                                     "uid": "deploy-uid", "controller": true, "blockOwnerDeletion": true}]},
+            "spec": {"selector": {"matchLabels": {"app": "web", "pod-template-hash": "abc"}}}});
+        expect(
+            &mut api,
+            Method::GET,
+            "/apis/apps/v1/namespaces/web/replicasets/web-abc",
+            200,
+            rs,
+        )
+        .await;
+        let patch = expect(
+            &mut api,
+            Method::PATCH,
+            "/api/v1/namespaces/web/pods/web-1",
+            200,
+            json!({}),
+        )
+        .await;
+        let ops = patch.body.as_array().unwrap();
+        let removed: Vec<&str> = ops
+            .iter()
+            .filter(|op| op["op"] == "remove")
+            .map(|op| op["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            removed,
+            [
+                "/metadata/labels/pod-template-hash",
+                "/metadata/labels/tier"
+            ]
+        );
+        assert!(ops.contains(&json!({"op": "add",
+            "path": "/metadata/labels/graceful-drain.io~1draining", "value": "web"})));
+        let owners = ops
+            .iter()
+            .find(|op| op["op"] == "replace" && op["path"] == "/metadata/ownerReferences")
+            .expect("controller handed over");
+        assert_eq!(
+            owners["value"],
+            json!([
+                {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-abc", "uid": "rs-uid", "controller": false},
+                {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "uid": "deploy-uid", "controller": true},
+            ])
+        );
+        expect(
+            &mut api,
+            Method::POST,
+            "/api/v1/namespaces/web/events",
+            201,
+            json!({}),
+        )
+        .await;
+        assert!(matches!(task.await.unwrap(), Ok(Outcome::Isolated { .. })));
+    }
+
+    /// The relabel is refused after the PDB was charged: the disruption is given back at
+    /// once, so a pass-through eviction is not refused by a budget we spent for nothing.
+    #[tokio::test]
+    async fn a_failed_relabel_refunds_the_disruption_it_charged() {
+        let (client, mut api) = mock::client();
+        let ctx = context(client);
+        let mut bare = pod();
+        bare.owner = None;
+        let task =
+            tokio::spawn(
+                async move { isolate(&ctx, &bare, &snapshot(), evict_plan(), now()).await },
+            );
+        let pdb_path = "/apis/policy/v1/namespaces/web/poddisruptionbudgets/web";
+        let status_path = format!("{pdb_path}/status");
+        expect(&mut api, Method::PUT, &status_path, 200, pdb_json("2", 0)).await;
+        expect(
+            &mut api,
+            Method::PATCH,
+            "/api/v1/namespaces/web/pods/web-1",
+            403,
+            mock::status(403, "Forbidden"),
+        )
+        .await;
+        let mut charged = pdb_json("2", 0);
+        charged["status"]["disruptedPods"] = json!({"web-1": "2026-01-01T00:00:00Z"});
+        expect(&mut api, Method::GET, pdb_path, 200, charged).await;
+        let refund = expect(&mut api, Method::PUT, &status_path, 200, pdb_json("3", 1)).await;
+        assert_eq!(refund.body["metadata"]["resourceVersion"], "2");
+        assert_eq!(refund.body["status"]["disruptionsAllowed"], 1);
+        assert_eq!(refund.body["status"]["disruptedPods"], json!({}));
+        let error = task.await.unwrap().unwrap_err();
+        assert!(error.is_permanent(), "{error}");
+        assert!(
+            error.to_string().contains("isolate pod web/web-1"),
+            "{error}"
         );
     }
 
@@ -549,7 +1010,7 @@ mod tests {
         let ctx = context(client);
         let task =
             tokio::spawn(
-                async move { isolate(&ctx, &pod(), &snapshot(), now(), None, now()).await },
+                async move { isolate(&ctx, &pod(), &snapshot(), evict_plan(), now()).await },
             );
         let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
             "metadata": {"name": "web-abc", "namespace": "web"}, "spec": {"selector": {}}});
@@ -599,7 +1060,7 @@ mod tests {
             ..snapshot()
         };
         let task =
-            tokio::spawn(async move { isolate(&ctx, &bare, &snap, now(), None, now()).await });
+            tokio::spawn(async move { isolate(&ctx, &bare, &snap, evict_plan(), now()).await });
         expect(
             &mut api,
             Method::PATCH,
@@ -764,6 +1225,8 @@ mod tests {
                     client: kube::Client::new(service, "default"),
                     cache,
                     identity: format!("w{r}"),
+                    events: EventSink::Inline,
+                    keep_labels: Default::default(),
                 }
             })
             .collect();
@@ -778,7 +1241,7 @@ mod tests {
                 facts.labels = [("app".to_string(), "web".to_string())].into();
                 facts.owner = None;
                 facts.annotations.clear();
-                isolate(&ctx, &facts, &snapshot(), now(), None, now()).await
+                isolate(&ctx, &facts, &snapshot(), evict_plan(), now()).await
             }));
         }
         let mut isolated = 0;

@@ -26,6 +26,21 @@ pub const LEASE_DURATION: Duration = Duration::from_secs(15);
 pub const RENEW_DEADLINE: Duration = Duration::from_secs(10);
 /// Period of acquire/renew attempts.
 pub const RETRY: Duration = Duration::from_secs(2);
+/// Bound of one acquire/renew round (read + write): half the renew deadline, so a hung
+/// call still leaves time for another round before the leader steps down.
+pub const ROUND_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Until when the lease is held by someone (`renewTime + leaseDurationSeconds`), `None`
+/// when nobody holds it.
+pub fn held_until(lease: &Lease) -> Option<Timestamp> {
+    let spec = lease.spec.as_ref()?;
+    spec.holder_identity.as_deref().filter(|h| !h.is_empty())?;
+    let renewed = spec.renew_time.as_ref()?.0;
+    let seconds = i64::from(spec.lease_duration_seconds.unwrap_or(15));
+    renewed
+        .checked_add(jiff::SignedDuration::from_secs(seconds))
+        .ok()
+}
 
 /// Lease errors.
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +54,9 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// An acquire/renew round did not finish within [`ROUND_TIMEOUT`].
+    #[error("renew lease {namespace}/{name}: no answer within {ROUND_TIMEOUT:?}")]
+    Timeout { namespace: String, name: String },
 }
 
 /// What to write after reading the lease.
@@ -106,6 +124,9 @@ pub struct Elector {
     namespace: String,
     name: String,
     identity: String,
+    /// Where to report until when some replica holds the lease (admission refuses to
+    /// isolate pods nobody would delete).
+    presence: Option<std::sync::Arc<super::cache::Cache>>,
 }
 
 impl Elector {
@@ -116,6 +137,19 @@ impl Elector {
             namespace: namespace.to_string(),
             name: name.to_string(),
             identity: identity.to_string(),
+            presence: None,
+        }
+    }
+
+    /// Reports the lease's holder expiry to `cache` after every round.
+    pub fn reporting_to(mut self, cache: std::sync::Arc<super::cache::Cache>) -> Elector {
+        self.presence = Some(cache);
+        self
+    }
+
+    fn report(&self, until: Option<Timestamp>) {
+        if let Some(cache) = &self.presence {
+            cache.set_deleter_lease(until);
         }
     }
 
@@ -142,7 +176,10 @@ impl Elector {
             Timestamp::now(),
         );
         let written = match step {
-            Step::Wait => return Ok(false),
+            Step::Wait => {
+                self.report(current.as_ref().and_then(held_until));
+                return Ok(false);
+            }
             Step::Create(lease) => self.api.create(&PostParams::default(), &lease).await,
             Step::Replace(lease) => {
                 self.api
@@ -151,8 +188,16 @@ impl Elector {
             }
         };
         match written {
-            Ok(_) => Ok(true),
-            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            Ok(lease) => {
+                self.report(held_until(&lease));
+                Ok(true)
+            }
+            // Someone else wrote the lease just now: it is held.
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                let now = Timestamp::now();
+                self.report(now.checked_add(jiff::SignedDuration::from_secs(15)).ok());
+                Ok(false)
+            }
             Err(e) => Err(self.err("write", e)),
         }
     }
@@ -194,7 +239,14 @@ impl Elector {
                 () = shutdown.cancelled() => break,
                 _ = tick.tick() => {}
             }
-            match self.try_acquire().await {
+            let round = match tokio::time::timeout(ROUND_TIMEOUT, self.try_acquire()).await {
+                Ok(round) => round,
+                Err(_) => Err(Error::Timeout {
+                    namespace: self.namespace.clone(),
+                    name: self.name.clone(),
+                }),
+            };
+            match round {
                 Ok(true) => {
                     last_renew = Some(tokio::time::Instant::now());
                     if !*leader.borrow() {
@@ -289,6 +341,58 @@ mod tests {
             holder(&next_step(Some(&released), "gd", "a", now)).as_deref(),
             Some("a")
         );
+    }
+
+    /// Admission knows whether anyone would delete an isolated pod: a live holder (ours
+    /// or another replica's) counts, an expired or released lease does not.
+    #[tokio::test]
+    async fn rounds_report_whether_anyone_holds_the_lease() {
+        let cache = std::sync::Arc::new(crate::webhook::cache::Cache::default());
+        cache.enable_deleter_gate();
+        let now = Timestamp::now();
+        assert!(!cache.deleter_alive(now), "nobody reported yet");
+        let (client, mut api) = mock::client();
+        let elector = Elector::new(client, "ns", "gd", "a").reporting_to(cache.clone());
+        let path = "/apis/coordination.k8s.io/v1/namespaces/ns/leases/gd";
+        let renewed = now.strftime("%Y-%m-%dT%H:%M:%S").to_string();
+        let task = tokio::spawn(async move {
+            let first = elector.try_acquire().await.unwrap();
+            let second = elector.try_acquire().await;
+            (first, second)
+        });
+        let other = serde_json::to_value(lease(Some("b"), &renewed)).unwrap();
+        expect(&mut api, Method::GET, path, 200, other).await;
+        let released = serde_json::to_value(lease(None, &renewed)).unwrap();
+        expect(&mut api, Method::GET, path, 200, released).await;
+        let put = expect(&mut api, Method::PUT, path, 500, mock::status(500, "boom")).await;
+        assert_eq!(put.body["spec"]["holderIdentity"], "a");
+        let (first, second) = task.await.unwrap();
+        assert!(!first);
+        assert!(second.is_err());
+        // The other replica's live hold was reported and is still valid.
+        assert!(cache.deleter_alive(now));
+        cache.set_deleter_lease(held_until(&lease(Some("b"), "2020-01-01T00:00:00")));
+        assert!(!cache.deleter_alive(now), "an expired lease holds nothing");
+        assert_eq!(held_until(&lease(None, &renewed)), None);
+    }
+
+    /// A renew call the API server never answers is abandoned after [`ROUND_TIMEOUT`]: the
+    /// elector tries again instead of hanging (virtual time).
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_lease_call_does_not_stall_the_elector() {
+        let (client, mut api) = mock::client();
+        let elector = Elector::new(client, "ns", "gd", "a");
+        let (leader, _watch) = watch::channel(false);
+        let shutdown = Shutdown::new();
+        let task = tokio::spawn(elector.run(leader, shutdown.clone()));
+        let (first, _never_answered) = api.next_request().await.unwrap();
+        assert_eq!(first.method(), Method::GET);
+        let next = tokio::time::timeout(Duration::from_secs(60), api.next_request()).await;
+        let (second, _) = next.expect("a new round after the hung one").unwrap();
+        assert_eq!(second.method(), Method::GET);
+        shutdown.cancel();
+        drop(api);
+        let _ = task.await;
     }
 
     #[tokio::test]

@@ -17,6 +17,15 @@ pub struct ReviewLabels {
     pub outcome: &'static str,
 }
 
+/// Labels of the isolation-failure counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailureLabels {
+    /// `evict` or `delete`.
+    pub operation: &'static str,
+    /// `bad_request`, `unauthorized`, `forbidden`, `invalid` or `rejected`.
+    pub reason: &'static str,
+}
+
 /// Labels of the latency histogram.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OperationLabels {
@@ -27,6 +36,7 @@ pub struct OperationLabels {
 #[derive(Debug)]
 pub struct Metrics {
     pub reviews: Family<ReviewLabels, Counter>,
+    pub isolation_failures: Family<FailureLabels, Counter>,
     pub latency: Family<OperationLabels, Histogram, fn() -> Histogram>,
     pub pods_isolated: Counter,
     pub pods_deleted: Counter,
@@ -48,6 +58,7 @@ impl Metrics {
     pub fn new(registry: &mut Registry) -> Metrics {
         let metrics = Metrics {
             reviews: Family::default(),
+            isolation_failures: Family::default(),
             latency: Family::new_with_constructor(latency_histogram),
             pods_isolated: Counter::default(),
             pods_deleted: Counter::default(),
@@ -60,6 +71,11 @@ impl Metrics {
             "reviews",
             "Admission reviews by operation and outcome",
             metrics.reviews.clone(),
+        );
+        reg.register(
+            "isolation_failures",
+            "Requests let through unprotected because isolation failed permanently",
+            metrics.isolation_failures.clone(),
         );
         reg.register(
             "review_duration_seconds",
@@ -92,6 +108,13 @@ impl Metrics {
             metrics.leader.clone(),
         );
         metrics
+    }
+
+    /// Counts one request let through because its pod could not be isolated.
+    pub fn isolation_failure(&self, operation: &'static str, reason: &'static str) {
+        self.isolation_failures
+            .get_or_create(&FailureLabels { operation, reason })
+            .inc();
     }
 
     /// Counts one review.

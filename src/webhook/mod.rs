@@ -44,6 +44,20 @@ pub const DEFAULT_DEREGISTRATION_DELAY: &str = "60s";
 /// objects of any review while bounding memory per connection.
 pub const DEFAULT_MAX_BODY: usize = 8 * 1024 * 1024;
 
+/// Read timeout of the admission path's API client: a single API call that sends
+/// nothing for this long is abandoned. Every admission call is further bounded by the API
+/// server's own deadline; 5 s lets one slow call fail while a 10 s budget still has room
+/// to answer.
+const ADMISSION_READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The admission path's client: no hidden retries (kube retries 429/503/504 up to 15
+/// times by default, far past any admission deadline) and a read timeout.
+fn admission_client(mut config: kube::Config) -> anyhow::Result<kube::Client> {
+    config.default_retry = false;
+    config.read_timeout = Some(ADMISSION_READ_TIMEOUT);
+    kube::Client::try_from(config).context("build admission client")
+}
+
 /// Arguments of `graceful-drain webhook`. Option groups are boxed so the CLI's
 /// subcommand enum stays small.
 #[derive(Clone, Debug, clap::Args)]
@@ -69,6 +83,12 @@ pub struct Args {
     #[arg(long, env = "GRACEFUL_DRAIN_DEREGISTRATION_DELAY", default_value = DEFAULT_DEREGISTRATION_DELAY,
           value_parser = humantime::parse_duration)]
     pub deregistration_delay: Duration,
+    /// Longest delay a pod or namespace annotation may ask for; longer ones are cut to it
+    /// with a Warning Event (an isolated pod serves no new connections from its Services,
+    /// and a typo like `5h` must not keep it for hours).
+    #[arg(long, env = "GRACEFUL_DRAIN_MAX_DEREGISTRATION_DELAY", default_value = "10m",
+          value_parser = humantime::parse_duration)]
+    pub max_deregistration_delay: Duration,
     /// Namespace of the deleter's Lease.
     #[arg(
         long,
@@ -79,6 +99,11 @@ pub struct Args {
     /// Name of the deleter's Lease.
     #[arg(long, default_value = "graceful-drain-webhook")]
     pub lease_name: String,
+    /// The webhook's own Deployment in the Lease namespace. When it is gone or being
+    /// deleted at shutdown (`helm uninstall`), the deleter removes every isolated pod
+    /// before exiting instead of leaving them to nobody.
+    #[arg(long, env = "GRACEFUL_DRAIN_DEPLOYMENT", value_name = "NAME")]
+    pub deployment: Option<String>,
     /// Holder identity in the Lease and Events (defaults to the hostname).
     #[arg(long, env = "GRACEFUL_DRAIN_POD_NAME")]
     pub identity: Option<String>,
@@ -116,6 +141,16 @@ pub struct PolicyArgs {
     /// `graceful-drain.io/exclude=true`.
     #[arg(long = "exclude-namespace", value_name = "NS", default_values_t = ["kube-system".to_string()])]
     pub exclude_namespaces: Vec<String>,
+    /// Label keys an isolated pod keeps (repeatable or comma-separated), unless a selector
+    /// it must leave consists only of kept keys. Use it for the keys NetworkPolicies,
+    /// ServiceMonitors or dashboards select on (docs/webhook.md, "Relabelling").
+    #[arg(
+        long = "keep-label",
+        value_name = "KEY",
+        env = "GRACEFUL_DRAIN_KEEP_LABELS",
+        value_delimiter = ','
+    )]
+    pub keep_labels: Vec<String>,
     /// Refuse the ReplicaSet controller's DELETE of a pod once it is isolated, so rollouts
     /// wait for the full delay. Never refuses any other caller.
     #[arg(long, env = "GRACEFUL_DRAIN_REFUSE_REPLICASET_DELETES")]
@@ -186,6 +221,16 @@ async fn watch_readiness(
         if cache.synced() {
             readiness.ready("caches");
         }
+        if cache.isolated_synced() {
+            readiness.ready("isolated pods");
+        }
+        // Never take requests we would refuse to act on: isolating a pod nobody deletes
+        // would leave it out of its Services for good.
+        if cache.deleter_alive(jiff::Timestamp::now()) {
+            readiness.ready("deleter");
+        } else {
+            readiness.not_ready("deleter", "no replica holds the deleter Lease");
+        }
     }
 }
 
@@ -198,10 +243,13 @@ struct Workers {
     lease_namespace: String,
     lease_name: String,
     wait_for_endpoints: Option<Duration>,
+    deployment: Option<String>,
 }
 
-/// Spawns the caches, readiness watcher, lease elector and deferred deleter as owned tasks.
-fn spawn_workers(w: Workers, shutdown: &Shutdown) {
+/// Spawns the caches, readiness watcher, lease elector and deferred deleter as owned
+/// tasks; returns the elector and deleter, whose shutdown work (releasing the Lease,
+/// removing isolated pods at uninstall) must finish before the process exits.
+fn spawn_workers(w: Workers, shutdown: &Shutdown) -> Vec<tokio::task::JoinHandle<()>> {
     let Workers {
         ctx,
         resolver,
@@ -210,6 +258,7 @@ fn spawn_workers(w: Workers, shutdown: &Shutdown) {
         lease_namespace,
         lease_name,
         wait_for_endpoints,
+        deployment,
     } = w;
     let cache = ctx.cache.clone();
     let watches = cache::run(cache.clone(), ctx.client.clone());
@@ -221,26 +270,32 @@ fn spawn_workers(w: Workers, shutdown: &Shutdown) {
         }
     };
     spawn_owned("cache", shutdown.clone(), watches);
-    let ready = watch_readiness(resolver, cache, readiness, shutdown.clone());
+    let ready = watch_readiness(resolver, cache.clone(), readiness, shutdown.clone());
     spawn_owned("readiness", shutdown.clone(), ready);
     let (leader_tx, leader_rx) = tokio::sync::watch::channel(false);
+    cache.enable_deleter_gate();
     let elector = lease::Elector::new(
         ctx.client.clone(),
         &lease_namespace,
         &lease_name,
         &ctx.identity,
-    );
-    spawn_owned(
+    )
+    .reporting_to(cache.clone());
+    let lease = spawn_owned(
         "lease",
         shutdown.clone(),
         elector.run(leader_tx, shutdown.clone()),
     );
-    let deleter = deleter::Deleter::new(ctx, metrics, wait_for_endpoints);
-    spawn_owned(
+    let mut deleter = deleter::Deleter::new(ctx, metrics, wait_for_endpoints);
+    if let Some(name) = &deployment {
+        deleter = deleter.finishing_on_uninstall(&lease_namespace, name);
+    }
+    let deleter = spawn_owned(
         "deleter",
         shutdown.clone(),
         deleter.run(leader_rx, shutdown.clone()),
     );
+    vec![lease, deleter]
 }
 
 /// Serves the admission endpoints until `shutdown`, in two stages: first stay up (not
@@ -292,14 +347,18 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         tls,
         timeout_seconds,
         deregistration_delay,
+        max_deregistration_delay,
         lease_namespace,
         lease_name,
+        deployment,
         identity,
         policy,
         kube,
     } = args;
     let (tls, policy) = (*tls, *policy);
-    let client = kube.client().await?;
+    let config = kube.config().await?;
+    let client = kube::Client::try_from(config.clone()).context("build client")?;
+    let admission = admission_client(config)?;
     let identity = identity.unwrap_or_else(default_identity);
     let own = own_users(&client, policy.own_users).await;
     tracing::info!(%identity, own_users = ?own, "starting webhook");
@@ -309,6 +368,8 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
     let readiness = Readiness::default();
     readiness.register("certificate", "serving certificate not loaded");
     readiness.register("caches", "caches not synced");
+    readiness.register("isolated pods", "watch of isolated pods not synced");
+    readiness.register("deleter", "no replica holds the deleter Lease");
     readiness.ready("webhook");
     let resolver = Arc::new(tls::ReloadingResolver::new(tls.tls_cert, tls.tls_key));
     if let Err(error) = resolver.reload() {
@@ -322,17 +383,28 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         client,
         cache: Arc::new(cache::Cache::new(policy.exclude_namespaces)),
         identity,
+        events: isolate::EventSink::Inline,
+        keep_labels: policy.keep_labels.iter().cloned().collect(),
+    };
+    let (events, queue) = tokio::sync::mpsc::channel(isolate::EVENT_QUEUE);
+    let sender = isolate::send_events(ctx.client.clone(), queue, shutdown.clone());
+    spawn_owned("events", shutdown.clone(), sender);
+    let admission_ctx = isolate::Context {
+        client: admission,
+        events: isolate::EventSink::Queue(events),
+        ..ctx.clone()
     };
     let workers = Workers {
-        ctx: ctx.clone(),
+        ctx,
         resolver,
         readiness: readiness.clone(),
         metrics: metrics.clone(),
         lease_namespace,
         lease_name,
         wait_for_endpoints: policy.wait_for_endpoints,
+        deployment,
     };
-    spawn_workers(workers, &shutdown);
+    let finishing = spawn_workers(workers, &shutdown);
     let registry = Arc::new(registry);
     let (admin_addr, admin) =
         crate::admin::bind(admin_listen, readiness.clone(), registry, shutdown.clone()).await?;
@@ -340,9 +412,10 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
     spawn_owned("admin", shutdown.clone(), admin);
 
     let state = Arc::new(server::AppState {
-        ctx,
+        ctx: admission_ctx,
         settings: decide::Settings {
             default_delay: deregistration_delay,
+            max_delay: max_deregistration_delay,
             exposure: policy.exposure,
             own_users: own,
         },
@@ -350,9 +423,19 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         refuse_replicaset_deletes: policy.refuse_replicaset_deletes,
         default_timeout: Duration::from_secs(u64::from(timeout_seconds)),
         shutdown: Shutdown::new(),
+        holds: server::Holds::default(),
     });
     let holds = state.shutdown.clone();
     let app = server::router(state, policy.max_body_bytes);
     let stage = (readiness, policy.shutdown_delay);
-    serve_admission(listen, app, tls_config, holds, stage, shutdown).await
+    let stop = shutdown.clone();
+    let served = serve_admission(listen, app, tls_config, holds, stage, shutdown).await;
+    // Normally already cancelled; after a failed bind it stops the workers too.
+    stop.cancel();
+    for task in finishing {
+        if let Err(error) = task.await {
+            tracing::warn!(%error, "worker did not finish cleanly");
+        }
+    }
+    served
 }

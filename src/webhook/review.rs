@@ -13,7 +13,7 @@ use kube::core::admission::{
 use kube::core::{DynamicObject, TypeMeta};
 use serde_json::Value;
 
-use super::decide::{OwnerKind, Path, PodFacts, Request};
+use super::decide::{OwnerKind, Path, PodFacts, Preconditions, Request};
 
 /// Why a body could not be read as an AdmissionReview.
 #[derive(Debug, thiserror::Error)]
@@ -119,12 +119,9 @@ fn classify_eviction(req: &AdmissionRequest<DynamicObject>) -> Parsed {
     let Some(namespace) = req.namespace.clone().filter(|ns| !ns.is_empty()) else {
         return Parsed::NotOurs("eviction without namespace");
     };
-    let pod = object
-        .metadata
-        .name
-        .clone()
-        .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| req.name.clone());
+    // The pod is the one the request is about (the URL's name, `request.name`); the API
+    // server checks that the body names the same pod, so the body is never trusted for it.
+    let pod = req.name.clone();
     if pod.is_empty() {
         return Parsed::NotOurs("eviction without pod name");
     }
@@ -134,6 +131,8 @@ fn classify_eviction(req: &AdmissionRequest<DynamicObject>) -> Parsed {
     };
     let request = Request {
         path: Path::Evict,
+        name: pod.clone(),
+        preconditions: preconditions(&delete_options),
         dry_run: req.dry_run || options_dry_run(&delete_options),
         grace_period: delete_options
             .get("gracePeriodSeconds")
@@ -164,8 +163,13 @@ fn classify_deletion(req: &mut AdmissionRequest<DynamicObject>) -> Parsed {
         .as_ref()
         .map(|o| o.0.clone())
         .unwrap_or(Value::Null);
+    if old.metadata.name.as_deref() != Some(req.name.as_str()) {
+        return Parsed::NotOurs("oldObject is not the request's pod");
+    }
     let request = Request {
         path: Path::Delete,
+        name: req.name.clone(),
+        preconditions: preconditions(&options),
         dry_run: req.dry_run || options_dry_run(&options),
         grace_period: options.get("gracePeriodSeconds").and_then(Value::as_i64),
         user: req.user_info.username.clone().unwrap_or_default(),
@@ -176,6 +180,20 @@ fn classify_deletion(req: &mut AdmissionRequest<DynamicObject>) -> Parsed {
             object: Box::new(object),
         }),
         None => Parsed::NotOurs("delete without oldObject"),
+    }
+}
+
+fn preconditions(options: &Value) -> Preconditions {
+    let field = |key: &str| {
+        options
+            .pointer(&format!("/preconditions/{key}"))
+            .and_then(Value::as_str)
+            .filter(|v| !v.is_empty())
+            .map(str::to_string)
+    };
+    Preconditions {
+        uid: field("uid"),
+        resource_version: field("resourceVersion"),
     }
 }
 
@@ -214,6 +232,12 @@ pub fn pod_facts(pod: &Pod) -> PodFacts {
         ready,
         terminating: meta.deletion_timestamp.is_some(),
         owner,
+        owner_refs: meta
+            .owner_references
+            .iter()
+            .flatten()
+            .filter_map(|r| serde_json::to_value(r).ok())
+            .collect(),
     }
 }
 
@@ -228,15 +252,25 @@ pub fn allow(request: &AdmissionRequest<DynamicObject>) -> AdmissionResponse {
     response
 }
 
-/// A refusal with HTTP 429 TooManyRequests: the API server hands the code to the caller,
-/// and eviction callers retry it like a PodDisruptionBudget refusal.
+/// A refusal with HTTP 429 TooManyRequests: the API server hands the code and details
+/// to the caller (`details.retryAfterSeconds` becomes its `Retry-After` header), and
+/// eviction callers retry it like a PodDisruptionBudget refusal.
 pub fn too_many_requests(
     request: &AdmissionRequest<DynamicObject>,
     message: impl Into<String>,
+    retry_after_seconds: u32,
 ) -> AdmissionResponse {
     let mut response = allow(request).deny(message.into());
     response.result.code = 429;
     response.result.reason = "TooManyRequests".to_string();
+    response.result.details = Some(kube::core::response::StatusDetails {
+        name: request.name.clone(),
+        group: String::new(),
+        kind: "pods".to_string(),
+        uid: String::new(),
+        causes: Vec::new(),
+        retry_after_seconds,
+    });
     response
 }
 
@@ -334,6 +368,26 @@ mod tests {
         assert_eq!(ev.request.grace_period, Some(20));
         assert!(!ev.request.dry_run);
         assert_eq!(ev.request.user, "alice");
+    }
+
+    /// Only the request's pod: a body naming another pod never redirects the webhook, and
+    /// the caller's preconditions are read.
+    #[test]
+    fn eviction_is_about_the_requests_pod_with_its_preconditions() {
+        let mut v = eviction_review("u-3");
+        v["request"]["object"]["metadata"]["name"] = json!("other-pod");
+        v["request"]["object"]["deleteOptions"]["preconditions"] =
+            json!({"uid": "uid-9", "resourceVersion": "12"});
+        let Parsed::Evict(ev) = parse_value(&v, Path::Evict).unwrap().parsed else {
+            panic!("not an eviction")
+        };
+        assert_eq!(ev.pod, "web-1");
+        assert_eq!(ev.request.name, "web-1");
+        assert_eq!(ev.request.preconditions.uid.as_deref(), Some("uid-9"));
+        assert_eq!(
+            ev.request.preconditions.resource_version.as_deref(),
+            Some("12")
+        );
     }
 
     #[test]

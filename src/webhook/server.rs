@@ -7,7 +7,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Query, State};
@@ -22,10 +22,11 @@ use kube::Api;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse};
 use tokio::net::TcpListener;
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::decide::{self, Decision, OwnerKind, Pass, Path, PodFacts, Request, Settings};
-use super::isolate::{self, Outcome};
+use super::isolate::{self, Budget, Outcome};
 use super::metrics::Metrics;
 use super::review::{self, Parsed};
 use crate::runtime::Shutdown;
@@ -67,6 +68,32 @@ pub struct AppState {
     pub default_timeout: Duration,
     /// Cancelled at shutdown: held DELETEs are answered at once.
     pub shutdown: Shutdown,
+    /// The hold deadline of each DELETE in flight, so a repeated call continues it.
+    pub holds: Holds,
+}
+
+/// How long the hold of a DELETE is remembered: the API server's own request deadline
+/// (60 s). The API server calls the validating webhook again within the same request when
+/// the pod changed during the call (our relabel, the ReplicaSet releasing it); such a
+/// call continues the first hold instead of starting a new one.
+const REQUEST_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Hold deadlines of recent DELETEs, by pod UID.
+#[derive(Debug, Default)]
+pub struct Holds(std::sync::Mutex<std::collections::HashMap<String, (Instant, Instant)>>);
+
+impl Holds {
+    /// The deadline of a hold of pod `uid` starting now with `deadline`: the first hold's
+    /// deadline when the same DELETE is already being held or was just answered.
+    fn deadline_for(&self, uid: &str, deadline: Instant) -> Instant {
+        let now = Instant::now();
+        let mut holds = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        holds.retain(|_, (_, forget_at)| *forget_at > now);
+        let (first, _) = holds
+            .entry(uid.to_string())
+            .or_insert((deadline, now + REQUEST_DEADLINE));
+        (*first).min(deadline)
+    }
 }
 
 /// The admission router: `POST /mutate/eviction`, `POST /validate/delete`.
@@ -131,7 +158,7 @@ async fn handle(
         uid = %review.request.uid,
         operation = path.as_str(),
         namespace = review.request.namespace.as_deref().unwrap_or_default(),
-        pod = tracing::field::Empty,
+        pod = %review.request.name,
         outcome = tracing::field::Empty,
     );
     let deadline = hold_deadline(started, budget);
@@ -158,8 +185,16 @@ enum Settled {
     Pass(Pass),
     Isolated(Timestamp),
     Pending(Timestamp),
-    /// Isolation could not be done; the reason, for the caller and the logs.
+    /// The live PDB refuses the eviction.
+    Refused(Budget),
+    /// Isolation could not be done for now (the API server is unavailable, the pod kept
+    /// changing); the reason, for the caller and the logs.
     Failed(String),
+    /// Isolation can never succeed for this request (RBAC, another admission webhook or
+    /// policy refusing our relabel): let through unchanged, with a Warning Event.
+    Permanent(&'static str),
+    /// The API server's deadline for this call came first.
+    Deadline,
 }
 
 impl Settled {
@@ -168,7 +203,11 @@ impl Settled {
             Settled::Pass(p) => p.as_str(),
             Settled::Isolated(_) => "isolated",
             Settled::Pending(_) => "pending",
+            Settled::Refused(Budget::NotObserved { .. }) => "pdb_not_observed",
+            Settled::Refused(_) => "pdb_exhausted",
             Settled::Failed(_) => "error",
+            Settled::Permanent(_) => "failed_permanently",
+            Settled::Deadline => "deadline",
         }
     }
 }
@@ -184,39 +223,70 @@ async fn respond(
             tracing::debug!(reason, "not ours; allowing unchanged");
             (review::allow(&request), "not_ours")
         }
-        Parsed::Evict(ev) => respond_evict(state, &request, ev).await,
+        Parsed::Evict(ev) => respond_evict(state, &request, ev, deadline).await,
         Parsed::Delete(del) => respond_delete(state, &request, del, deadline).await,
     }
 }
+
+/// Retry-After (seconds) of our own 429s for transient failures and deadlines: kubectl
+/// retries every 5 s whatever it is told; other callers get the same pace.
+const RETRY_AFTER_SECONDS: u32 = 5;
+/// Retry-After of a PDB whose latest generation is not observed yet (the API server's
+/// own value for the same answer).
+const UNOBSERVED_RETRY_SECONDS: u32 = 10;
 
 async fn respond_evict(
     state: &AppState,
     request: &AdmissionRequest<DynamicObject>,
     ev: review::Eviction,
+    deadline: Instant,
 ) -> (AdmissionResponse, &'static str) {
-    tracing::Span::current().record("pod", ev.pod.as_str());
     let allow = review::allow(request);
-    let settled = settle_eviction(state, &ev).await;
+    let settled = tokio::time::timeout_at(deadline, settle_eviction(state, &ev))
+        .await
+        .unwrap_or(Settled::Deadline);
     let outcome = settled.outcome();
+    let pod = format!("{}/{}", ev.namespace, ev.pod);
     let delete_at = match settled {
         Settled::Isolated(t) | Settled::Pending(t) => t,
-        Settled::Pass(_) => return (allow, outcome),
+        Settled::Pass(_) | Settled::Permanent(_) => return (allow, outcome),
+        Settled::Refused(budget) => {
+            let (pdb, retry) = match &budget {
+                Budget::NotObserved { pdb } => (pdb.clone(), UNOBSERVED_RETRY_SECONDS),
+                Budget::Exhausted { pdb } => (pdb.clone(), 0),
+                Budget::Consumed | Budget::Listed => (String::new(), 0),
+            };
+            let message = format!(
+                "Cannot evict pod {pod} as it would violate the pod's disruption budget {pdb}"
+            );
+            return (review::too_many_requests(request, message, retry), outcome);
+        }
         Settled::Failed(why) => {
             // Letting the eviction through would delete a pod that still serves traffic;
             // every eviction caller (kubectl drain, our node agent, autoscalers) retries a
             // 429, so ask it to come back instead of failing open.
             let message = format!(
-                "graceful-drain could not isolate pod {}/{} yet ({why}); retry the eviction",
-                ev.namespace, ev.pod
+                "graceful-drain could not isolate pod {pod} yet ({why}); retry the eviction"
             );
-            return (review::too_many_requests(request, message), outcome);
+            return (
+                review::too_many_requests(request, message, RETRY_AFTER_SECONDS),
+                outcome,
+            );
+        }
+        Settled::Deadline => {
+            let message = format!(
+                "graceful-drain could not isolate pod {pod} within the admission deadline; retry the eviction"
+            );
+            return (
+                review::too_many_requests(request, message, RETRY_AFTER_SECONDS),
+                outcome,
+            );
         }
     };
     match allow.with_patch(review::dry_run_patch(&ev.delete_options)) {
         Ok(mut response) => {
             response.warnings = Some(vec![format!(
-                "graceful-drain: pod {}/{} left its load balancers and will be deleted at {delete_at}",
-                ev.namespace, ev.pod
+                "graceful-drain: pod {pod} left its load balancers and will be deleted at {delete_at}"
             )]);
             (response, outcome)
         }
@@ -259,7 +329,9 @@ fn request_pass(req: &Request, settings: &Settings) -> Option<Pass> {
         settings,
         Timestamp::now(),
     ) {
-        Decision::Pass(p @ (Pass::DryRun | Pass::OwnRequest | Pass::ForceDelete)) => Some(p),
+        Decision::Pass(
+            p @ (Pass::DryRun | Pass::OwnRequest | Pass::ForceDelete | Pass::GarbageCollector),
+        ) => Some(p),
         _ => None,
     }
 }
@@ -278,30 +350,47 @@ async fn settle(state: &AppState, req: &Request, mut pod: PodFacts) -> Settled {
     for _ in 0..CONFLICT_ATTEMPTS {
         let snap = state.ctx.cache.snapshot(&pod);
         let now = Timestamp::now();
-        let (delete_at, grace) = match decide::decide(req, &pod, &snap, &state.settings, now) {
+        let plan = match decide::decide(req, &pod, &snap, &state.settings, now) {
             Decision::Pass(p) => return Settled::Pass(p),
             Decision::Pending { delete_at } => return Settled::Pending(delete_at),
             Decision::Isolate {
                 delete_at,
                 grace_period,
-            } => (delete_at, grace_period),
+                charge,
+                capped,
+            } => {
+                if capped {
+                    delay_capped(state, &pod).await;
+                }
+                isolate::Plan {
+                    delete_at,
+                    grace_period,
+                    charge,
+                }
+            }
         };
-        match isolate::isolate(&state.ctx, &pod, &snap, delete_at, grace, now).await {
-            Ok(Outcome::Isolated { removed }) => {
+        let error = match isolate::isolate(&state.ctx, &pod, &snap, plan, now).await {
+            Ok(Outcome::Isolated { removed, uncharged }) => {
                 state.metrics.pods_isolated.inc();
-                tracing::info!(%delete_at, removed = ?removed.keys().collect::<Vec<_>>(), "pod isolated");
-                return Settled::Isolated(delete_at);
+                let removed: Vec<&String> = removed.keys().collect();
+                tracing::info!(delete_at = %plan.delete_at, ?removed, ?uncharged, "pod isolated");
+                return Settled::Isolated(plan.delete_at);
             }
             Ok(Outcome::Refused(budget)) => {
-                tracing::info!(?budget, "PDB refuses the disruption; allowing unchanged");
-                return Settled::Pass(match budget {
-                    isolate::Budget::NotObserved { .. } => Pass::PdbNotObserved,
-                    _ => Pass::PdbExhausted,
-                });
+                tracing::info!(?budget, "PDB refuses the eviction");
+                return Settled::Refused(budget);
             }
-            Err(isolate::Error::Conflict { .. }) => {
-                tracing::debug!("pod changed while isolating; re-reading");
+            Err(error) => error,
+        };
+        match error {
+            isolate::Error::Conflict { code, .. } => {
+                tracing::debug!(code, "pod changed while isolating; re-reading");
+                let tried = pod.resource_version.clone();
                 match fetch_pod(state, &pod.namespace, &pod.name).await {
+                    // A 422 on an unchanged pod is no failed `test`: our relabel is invalid.
+                    Ok(Some(fresh)) if code == 422 && fresh.resource_version == tried => {
+                        return permanent(state, req, &pod, &error).await;
+                    }
                     Ok(Some(fresh)) => pod = fresh,
                     Ok(None) => return Settled::Pass(Pass::NotRunning),
                     Err(error) => {
@@ -310,7 +399,8 @@ async fn settle(state: &AppState, req: &Request, mut pod: PodFacts) -> Settled {
                     }
                 }
             }
-            Err(error) => {
+            error if error.is_permanent() => return permanent(state, req, &pod, &error).await,
+            error => {
                 tracing::warn!(error = %crate::error::chain(&error), "isolation failed");
                 return Settled::Failed(crate::error::chain(&error).to_string());
             }
@@ -320,40 +410,95 @@ async fn settle(state: &AppState, req: &Request, mut pod: PodFacts) -> Settled {
     Settled::Failed("the pod kept changing while it was being isolated".to_string())
 }
 
+/// Warns on the pod that its annotated delay exceeds `--max-deregistration-delay`.
+async fn delay_capped(state: &AppState, pod: &PodFacts) {
+    let message = format!(
+        "The deregistration delay annotated on the pod or its namespace exceeds the maximum of {}; using the maximum",
+        humantime::format_duration(state.settings.max_delay)
+    );
+    isolate::record_event(
+        &state.ctx,
+        pod,
+        isolate::Severity::Warning,
+        isolate::REASON_DELAY_CAPPED,
+        &message,
+        Timestamp::now(),
+    )
+    .await;
+}
+
+/// A failure retrying cannot cure: counted, logged, and shown on the pod as a Warning
+/// Event; the request goes through unchanged.
+async fn permanent(
+    state: &AppState,
+    req: &Request,
+    pod: &PodFacts,
+    error: &isolate::Error,
+) -> Settled {
+    let reason = match error {
+        isolate::Error::Conflict { .. } => "invalid",
+        other => other.reason(),
+    };
+    state.metrics.isolation_failure(req.path.as_str(), reason);
+    tracing::warn!(%error, reason, "isolation refused permanently; letting the request through");
+    let message = format!(
+        "Could not isolate the pod before its {}; it went through unprotected: {error}",
+        match req.path {
+            Path::Evict => "eviction",
+            Path::Delete => "deletion",
+        }
+    );
+    isolate::record_event(
+        &state.ctx,
+        pod,
+        isolate::Severity::Warning,
+        isolate::REASON_ISOLATION_FAILED,
+        &message,
+        Timestamp::now(),
+    )
+    .await;
+    Settled::Permanent(reason)
+}
+
 async fn respond_delete(
     state: &AppState,
     request: &AdmissionRequest<DynamicObject>,
     del: review::Deletion,
     deadline: Instant,
 ) -> (AdmissionResponse, &'static str) {
-    let meta = &del.object.metadata;
-    let (namespace, name) = (
-        meta.namespace.clone().unwrap_or_default(),
-        meta.name.clone().unwrap_or_default(),
-    );
-    tracing::Span::current().record("pod", name.as_str());
+    let namespace = request.namespace.clone().unwrap_or_default();
+    let name = del.request.name.clone();
     if let Some(pass) = request_pass(&del.request, &state.settings) {
         return (review::allow(request), pass.as_str());
     }
     // Fast path: neither isolated (its own labels say so) nor listed as a ready endpoint.
-    let draining = meta
+    let draining = del
+        .object
+        .metadata
         .labels
         .as_ref()
         .is_some_and(|l| l.contains_key(crate::labels::DRAINING_LABEL));
     if !draining && !state.ctx.cache.has_ready_endpoint(&namespace, &name) {
         return (review::allow(request), Pass::NotExposed.as_str());
     }
-    let req = del.request.clone();
+    let mut req = del.request.clone();
     let Some(pod) = del.pod() else {
         return (review::allow(request), "not_ours");
     };
     let pod = review::pod_facts(&pod);
+    // The DELETE is about this incarnation of the pod: if a re-read after a conflict finds
+    // a same-name replacement, it is left alone.
+    req.preconditions.uid.get_or_insert_with(|| pod.uid.clone());
     let owned_by_rs = matches!(pod.owner, Some((OwnerKind::ReplicaSet, _)));
-    let settled = settle(state, &req, pod.clone()).await;
+    // A DELETE is never denied for want of time: past the deadline it is allowed (the
+    // pod isolated if that finished, as it usually has).
+    let settled = tokio::time::timeout_at(deadline, settle(state, &req, pod.clone()))
+        .await
+        .unwrap_or(Settled::Deadline);
     let outcome = settled.outcome();
     let delete_at = match settled {
         Settled::Isolated(t) | Settled::Pending(t) => t,
-        Settled::Pass(_) | Settled::Failed(_) => return (review::allow(request), outcome),
+        _ => return (review::allow(request), outcome),
     };
     if state.refuse_replicaset_deletes && owned_by_rs && req.user == REPLICASET_CONTROLLER {
         let message = format!(
@@ -362,6 +507,7 @@ async fn respond_delete(
         );
         return (review::allow(request).deny(message), "refused");
     }
+    let deadline = state.holds.deadline_for(&pod.uid, deadline);
     hold(state, delete_at, deadline).await;
     (review::allow(request), outcome)
 }
@@ -375,7 +521,7 @@ async fn hold(state: &AppState, delete_at: Timestamp, deadline: Instant) {
     let until = deadline.min(Instant::now() + until_delete);
     state.metrics.holds_in_flight.inc();
     tokio::select! {
-        () = tokio::time::sleep_until(until.into()) => {}
+        () = tokio::time::sleep_until(until) => {}
         () = state.shutdown.cancelled() => {}
     }
     state.metrics.holds_in_flight.dec();
@@ -469,7 +615,7 @@ mod tests {
     use serde_json::{Value, json};
     use tower::ServiceExt;
 
-    fn state(client: kube::Client) -> Arc<AppState> {
+    pub(super) fn state(client: kube::Client) -> Arc<AppState> {
         let cache = Arc::new(Cache::new([]));
         cache.apply_slice(&serde_json::from_value(json!({
             "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
@@ -487,9 +633,12 @@ mod tests {
                 client,
                 cache,
                 identity: "w".into(),
+                events: isolate::EventSink::Inline,
+                keep_labels: Default::default(),
             },
             settings: Settings {
                 default_delay: Duration::from_secs(30),
+                max_delay: Duration::from_secs(600),
                 exposure: decide::Exposure::EndpointSlice,
                 own_users: Default::default(),
             },
@@ -497,6 +646,7 @@ mod tests {
             refuse_replicaset_deletes: false,
             default_timeout: Duration::from_secs(10),
             shutdown: Shutdown::new(),
+            holds: Holds::default(),
         })
     }
 
@@ -515,7 +665,7 @@ mod tests {
         .unwrap()
     }
 
-    async fn call(state: Arc<AppState>, uri: &str, body: Vec<u8>) -> (u16, Value) {
+    pub(super) async fn call(state: Arc<AppState>, uri: &str, body: Vec<u8>) -> (u16, Value) {
         let req = http::Request::post(uri)
             .header("content-type", "application/json")
             .body(axum::body::Body::from(body))
@@ -646,5 +796,379 @@ mod tests {
         assert_eq!(status, 200);
         assert_eq!(review["response"]["allowed"], true);
         assert!(review["response"].get("patch").is_none());
+    }
+}
+
+#[cfg(test)]
+mod tests_support {
+    pub(super) use super::tests::{call, state};
+    use serde_json::{Value, json};
+
+    pub(super) fn pod_json(uid: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web-1", "namespace": "web", "uid": uid, "resourceVersion": "12",
+                         "labels": {"app": "web"}},
+            "spec": {"containers": [{"name": "c"}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})
+    }
+
+    pub(super) fn pdb(allowed: i32, rv: &str) -> Value {
+        json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "web", "namespace": "web", "resourceVersion": rv, "generation": 1},
+            "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}},
+            "status": {"observedGeneration": 1, "disruptionsAllowed": allowed,
+                       "currentHealthy": 2, "desiredHealthy": 2, "expectedPods": 3}})
+    }
+
+    /// An eviction review of `web/web-1` with these deleteOptions.
+    pub(super) fn eviction(options: Value) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "ev-1",
+                "kind": {"group": "policy", "version": "v1", "kind": "Eviction"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "subResource": "eviction", "name": "web-1", "namespace": "web", "operation": "CREATE",
+                "userInfo": {"username": "system:node:n1"},
+                "object": {"apiVersion": "policy/v1", "kind": "Eviction",
+                           "metadata": {"name": "web-1", "namespace": "web"},
+                           "deleteOptions": options}}
+        }))
+        .unwrap()
+    }
+
+    /// A DELETE review of the bare pod `web/web-1`.
+    pub(super) fn deletion() -> Vec<u8> {
+        deletion_of(pod_json("uid-1"))
+    }
+
+    /// A DELETE review of `pod`.
+    pub(super) fn deletion_of(pod: Value) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "del-1",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "name": "web-1", "namespace": "web", "operation": "DELETE",
+                "userInfo": {"username": "alice"},
+                "oldObject": pod,
+                "options": {"apiVersion": "meta.k8s.io/v1", "kind": "DeleteOptions"}}
+        }))
+        .unwrap()
+    }
+}
+
+#[cfg(test)]
+mod issue_tests {
+    //! Mock-API tests of the answers that keep exposed pods protected whatever the
+    //! cluster does: live PDB reads, preconditions, permanent failures and deadlines.
+    use super::tests_support::*;
+    use super::*;
+    use crate::fixtures::mock::{self, expect};
+    use http::Method;
+    use serde_json::json;
+
+    const POD_PATH: &str = "/api/v1/namespaces/web/pods/web-1";
+    const PDB_PATH: &str = "/apis/policy/v1/namespaces/web/poddisruptionbudgets/web";
+
+    /// The cache says the PDB has no disruption left, the live PDB has one: the eviction
+    /// is charged on the live PDB and isolated (before, it passed unchanged on the stale
+    /// view — a real eviction if the API server then allowed it).
+    #[tokio::test]
+    async fn eviction_behind_a_stale_exhausted_pdb_reads_it_live_and_isolates() {
+        let (client, mut api) = mock::client();
+        let st = state(client);
+        st.ctx
+            .cache
+            .apply_pdb(&serde_json::from_value(pdb(0, "1")).unwrap());
+        let call = tokio::spawn(call(
+            st,
+            "/mutate/eviction?timeout=10s",
+            eviction(json!({})),
+        ));
+        expect(&mut api, Method::GET, POD_PATH, 200, pod_json("uid-1")).await;
+        expect(&mut api, Method::GET, PDB_PATH, 200, pdb(1, "2")).await;
+        let put = expect(
+            &mut api,
+            Method::PUT,
+            &format!("{PDB_PATH}/status"),
+            200,
+            pdb(0, "3"),
+        )
+        .await;
+        assert_eq!(put.body["metadata"]["resourceVersion"], "2");
+        expect(&mut api, Method::PATCH, POD_PATH, 200, json!({})).await;
+        expect(
+            &mut api,
+            Method::POST,
+            "/api/v1/namespaces/web/events",
+            201,
+            json!({}),
+        )
+        .await;
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], true);
+        assert_eq!(review["response"]["patchType"], "JSONPatch");
+    }
+
+    /// Cache and live PDB agree the budget is exhausted: we answer 429 ourselves and
+    /// change nothing, instead of passing an eviction the API server might let through.
+    #[tokio::test]
+    async fn eviction_behind_an_exhausted_pdb_is_answered_429_by_us() {
+        let (client, mut api) = mock::client();
+        let st = state(client);
+        st.ctx
+            .cache
+            .apply_pdb(&serde_json::from_value(pdb(0, "1")).unwrap());
+        let call = tokio::spawn(call(
+            st,
+            "/mutate/eviction?timeout=10s",
+            eviction(json!({})),
+        ));
+        expect(&mut api, Method::GET, POD_PATH, 200, pod_json("uid-1")).await;
+        expect(&mut api, Method::GET, PDB_PATH, 200, pdb(0, "2")).await;
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], false);
+        assert_eq!(review["response"]["status"]["code"], 429);
+        let message = review["response"]["status"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("web/web-1") && message.contains("web/web"),
+            "{message}"
+        );
+        assert!(review["response"].get("patch").is_none());
+    }
+
+    /// A DELETE behind an exhausted PDB isolates the pod anyway (PDBs never block a
+    /// DELETE) and is held; before, it passed at once and the pod died unprotected.
+    #[tokio::test]
+    async fn delete_behind_an_exhausted_pdb_is_isolated_and_held() {
+        let (client, mut api) = mock::client();
+        let st = state(client);
+        st.ctx
+            .cache
+            .apply_pdb(&serde_json::from_value(pdb(0, "1")).unwrap());
+        let call = tokio::spawn(call(st, "/validate/delete?timeout=2s", deletion()));
+        expect(&mut api, Method::GET, PDB_PATH, 200, pdb(0, "2")).await;
+        let patch = expect(&mut api, Method::PATCH, POD_PATH, 200, json!({})).await;
+        assert!(
+            patch
+                .body
+                .to_string()
+                .contains("graceful-drain.io~1draining")
+        );
+        let event = expect(
+            &mut api,
+            Method::POST,
+            "/api/v1/namespaces/web/events",
+            201,
+            json!({}),
+        )
+        .await;
+        assert!(
+            event.body["message"]
+                .as_str()
+                .unwrap()
+                .contains("not charged")
+        );
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], true);
+    }
+
+    /// An eviction carrying the UID precondition of an earlier pod with the same name is
+    /// let through unchanged (the API server answers 409): the live pod is not touched.
+    #[tokio::test]
+    async fn eviction_with_another_pods_uid_precondition_changes_nothing() {
+        let (client, mut api) = mock::client();
+        let options = json!({"preconditions": {"uid": "uid-0"}});
+        let call = tokio::spawn(call(
+            state(client),
+            "/mutate/eviction?timeout=10s",
+            eviction(options),
+        ));
+        expect(&mut api, Method::GET, POD_PATH, 200, pod_json("uid-1")).await;
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], true);
+        assert!(review["response"].get("patch").is_none());
+        drop(api);
+    }
+
+    /// Our relabel refused for good (RBAC 403): the eviction goes through unchanged with a
+    /// Warning Event and a metric, never an endless 429.
+    #[tokio::test]
+    async fn permanently_refused_relabel_lets_the_eviction_through_with_a_warning() {
+        let (client, mut api) = mock::client();
+        let st = state(client);
+        let metrics = st.clone();
+        let call = tokio::spawn(call(
+            st,
+            "/mutate/eviction?timeout=10s",
+            eviction(json!({})),
+        ));
+        expect(&mut api, Method::GET, POD_PATH, 200, pod_json("uid-1")).await;
+        expect(
+            &mut api,
+            Method::PATCH,
+            POD_PATH,
+            403,
+            mock::status(403, "Forbidden"),
+        )
+        .await;
+        let event = expect(
+            &mut api,
+            Method::POST,
+            "/api/v1/namespaces/web/events",
+            201,
+            json!({}),
+        )
+        .await;
+        assert_eq!(event.body["type"], "Warning");
+        assert_eq!(event.body["reason"], isolate::REASON_ISOLATION_FAILED);
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], true);
+        assert!(review["response"].get("patch").is_none());
+        let failures = metrics
+            .metrics
+            .isolation_failures
+            .get_or_create(&crate::webhook::metrics::FailureLabels {
+                operation: "evict",
+                reason: "forbidden",
+            })
+            .get();
+        assert_eq!(failures, 1);
+    }
+
+    /// A 422 that is not our `test` op failing (another webhook or policy refusing the
+    /// relabel: the re-read pod is unchanged) is permanent too.
+    #[tokio::test]
+    async fn invalid_relabel_on_an_unchanged_pod_is_permanent() {
+        let (client, mut api) = mock::client();
+        let call = tokio::spawn(call(
+            state(client),
+            "/mutate/eviction?timeout=10s",
+            eviction(json!({})),
+        ));
+        expect(&mut api, Method::GET, POD_PATH, 200, pod_json("uid-1")).await;
+        expect(
+            &mut api,
+            Method::PATCH,
+            POD_PATH,
+            422,
+            mock::status(422, "Invalid"),
+        )
+        .await;
+        expect(&mut api, Method::GET, POD_PATH, 200, pod_json("uid-1")).await;
+        let event = expect(
+            &mut api,
+            Method::POST,
+            "/api/v1/namespaces/web/events",
+            201,
+            json!({}),
+        )
+        .await;
+        assert_eq!(event.body["type"], "Warning");
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], true);
+        assert!(review["response"].get("patch").is_none());
+    }
+
+    /// The API server never answers: the eviction is answered 429 with Retry-After before
+    /// the API server's deadline (virtual time: the API server's 3 s budget).
+    #[tokio::test(start_paused = true)]
+    async fn eviction_is_answered_429_at_the_deadline() {
+        let (client, mut api) = mock::client();
+        let call = tokio::spawn(call(
+            state(client),
+            "/mutate/eviction?timeout=3s",
+            eviction(json!({})),
+        ));
+        let (_request, _never_answered) = api.next_request().await.unwrap();
+        let answered = tokio::time::timeout(Duration::from_secs(3), call).await;
+        let (_, review) = answered
+            .expect("answered within the API server's deadline")
+            .unwrap();
+        assert_eq!(review["response"]["allowed"], false);
+        assert_eq!(review["response"]["status"]["code"], 429);
+        assert_eq!(
+            review["response"]["status"]["details"]["retryAfterSeconds"],
+            RETRY_AFTER_SECONDS
+        );
+    }
+
+    /// The API server calls again within the same DELETE (the pod changed during the
+    /// call): the second call continues the first hold and is answered at once, so the
+    /// caller waits one webhook timeout, not two.
+    #[tokio::test(start_paused = true)]
+    async fn a_repeated_call_for_one_delete_continues_the_first_hold() {
+        let (client, _api) = mock::client();
+        let st = state(client);
+        let mut pod = pod_json("uid-1");
+        pod["metadata"]["labels"] = json!({"graceful-drain.io/draining": "true"});
+        pod["metadata"]["annotations"] = json!({
+            "graceful-drain.io/delete-at": "2999-01-01T00:00:00Z",
+            "graceful-drain.io/original-labels": "{\"app\":\"web\"}"});
+        let body = deletion_of(pod);
+        let started = tokio::time::Instant::now();
+        let (_, first) = call(st.clone(), "/validate/delete?timeout=4s", body.clone()).await;
+        assert_eq!(first["response"]["allowed"], true);
+        let first_held = started.elapsed();
+        assert_eq!(
+            first_held,
+            Duration::from_secs(2),
+            "held until the deadline minus the margin"
+        );
+        let (_, second) = call(st, "/validate/delete?timeout=4s", body).await;
+        assert_eq!(second["response"]["allowed"], true);
+        assert_eq!(
+            started.elapsed(),
+            first_held,
+            "the second call is not held again"
+        );
+    }
+
+    /// The pod was replaced under a DELETE (same name, new UID): the re-read after the
+    /// failed patch finds the replacement, which is left alone.
+    #[tokio::test]
+    async fn delete_never_isolates_a_same_name_replacement() {
+        let (client, mut api) = mock::client();
+        let st = state(client);
+        // The replacement is a ready endpoint too.
+        st.ctx.cache.apply_slice(&serde_json::from_value(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+            "metadata": {"name": "web-x2", "namespace": "web", "labels": {"kubernetes.io/service-name": "web"}},
+            "endpoints": [{"addresses": ["10.0.0.2"], "conditions": {"ready": true},
+                           "targetRef": {"kind": "Pod", "name": "web-1", "namespace": "web", "uid": "uid-2"}}]
+        })).unwrap());
+        let call = tokio::spawn(call(st, "/validate/delete?timeout=4s", deletion()));
+        expect(
+            &mut api,
+            Method::PATCH,
+            POD_PATH,
+            409,
+            mock::status(409, "Conflict"),
+        )
+        .await;
+        let mut replacement = pod_json("uid-2");
+        replacement["metadata"]["resourceVersion"] = json!("20");
+        expect(&mut api, Method::GET, POD_PATH, 200, replacement).await;
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], true);
+        let next = api.next_request().await.map(|(r, _)| r.method().clone());
+        assert_eq!(next, None, "the replacement was touched");
+    }
+
+    /// The relabel never completes: the DELETE is allowed before the API server's deadline.
+    #[tokio::test(start_paused = true)]
+    async fn delete_is_allowed_at_the_deadline() {
+        let (client, mut api) = mock::client();
+        let call = tokio::spawn(call(
+            state(client),
+            "/validate/delete?timeout=3s",
+            deletion(),
+        ));
+        let (_request, _never_answered) = api.next_request().await.unwrap();
+        let answered = tokio::time::timeout(Duration::from_secs(3), call).await;
+        let (_, review) = answered
+            .expect("answered within the API server's deadline")
+            .unwrap();
+        assert_eq!(review["response"]["allowed"], true);
     }
 }

@@ -237,9 +237,28 @@ def check_certificates(ck, mode, dep, ca_bundle):
         ck.expect(not secrets, "secret: chart renders a Secret")
 
 
+def check_network_policy(ck, dep):
+    """On by default: the webhook port admits only the listed sources, never everyone."""
+    labels = dep["spec"]["selector"]["matchLabels"]
+    policies = [d for d in ck.docs if d["kind"] == "NetworkPolicy"
+                and d["spec"]["podSelector"].get("matchLabels") == labels]
+    ck.expect(len(policies) == 1, f"expected one NetworkPolicy for the webhook, found {len(policies)}")
+    if len(policies) != 1:
+        return
+    spec = policies[0]["spec"]
+    ck.expect(spec.get("policyTypes") == ["Ingress"], "webhook NetworkPolicy restricts ingress")
+    port = container(dep)["ports"][0]["name"]
+    rules = [r for r in spec.get("ingress", [])
+             if any(p.get("port") == port for p in r.get("ports", []))]
+    ck.expect(len(rules) == 1 and rules[0].get("from"),
+              f"webhook port {port} admits only listed sources: {rules}")
+
+
 def check(mode, rendered, ca_bundle=None):
     ck = Checker(load(rendered))
     dep = check_webhook_deployment(ck)
+    if dep:
+        check_network_policy(ck, dep)
     if dep:
         check_webhook_configurations(ck, dep)
         check_certificates(ck, mode, dep, ca_bundle)
