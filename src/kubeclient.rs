@@ -69,4 +69,14 @@ impl KubeArgs {
         let config = self.config().await?;
         kube::Client::try_from(config).map_err(Error::Client)
     }
+
+    /// A client that retries nothing by itself (kube's default client silently retries
+    /// 429, 503 and 504 with backoff): every refusal reaches the caller, which has its own
+    /// backoff and reports why it waits — a PDB's 429 must show as "blocked by PDB", not
+    /// as an eviction request that never answers.
+    pub async fn client_without_retries(&self) -> Result<kube::Client, Error> {
+        let mut config = self.config().await?;
+        config.default_retry = false;
+        kube::Client::try_from(config).map_err(Error::Client)
+    }
 }

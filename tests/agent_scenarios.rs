@@ -542,3 +542,44 @@ async fn another_drivers_event_is_left_for_its_owner() {
         "no claim finalizer on another driver's event"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agents_client_hands_every_429_to_the_drain_instead_of_retrying_it() {
+    graceful_drain::runtime::install_crypto_provider();
+    // Every request of a non-admin user is shed, as API Priority and Fairness does.
+    let config = graceful_drain::sim::apiserver::Config {
+        faults: graceful_drain::sim::apiserver::Faults {
+            throttle_share: 1.0,
+            throttle_retry_after: 30,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let shutdown = Shutdown::new();
+    let api = graceful_drain::sim::apiserver::ApiServer::start(config, shutdown.clone())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("agent.kubeconfig");
+    api.write_kubeconfig(
+        &kubeconfig,
+        "system:serviceaccount:graceful-drain:node-agent",
+    )
+    .unwrap();
+    let args = graceful_drain::kubeclient::KubeArgs {
+        kubeconfig: Some(kubeconfig),
+        context: None,
+    };
+    let client = args.client_without_retries().await.unwrap();
+    // kube's default client would sleep and retry here; the drain's own backoff must see it.
+    let answer = tokio::time::timeout(
+        Duration::from_secs(20),
+        Api::<Node>::all(client).get_opt("worker-1"),
+    )
+    .await
+    .expect("a throttled request is answered, not retried behind the caller's back");
+    match answer {
+        Err(kube::Error::Api(status)) => assert_eq!(status.code, 429, "{status:?}"),
+        other => panic!("expected the 429, got {other:?}"),
+    }
+}

@@ -203,7 +203,12 @@ impl Started {
 
 /// Runs the node agent until `shutdown`.
 pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
-    let client = args.kube.client().await.map_err(Error::from)?;
+    // Its own retries only: an eviction refused by a PDB must come back as a 429 at once.
+    let client = args
+        .kube
+        .client_without_retries()
+        .await
+        .map_err(Error::from)?;
     let started = start(args, client, shutdown).await?;
     started.wait().await;
     Ok(())
