@@ -123,6 +123,8 @@ pub enum Outcome {
     Isolated {
         removed: BTreeMap<String, String>,
         uncharged: Option<String>,
+        /// When the deferred deleter may delete it (see [`Plan::counted_from_now`]).
+        delete_at: Timestamp,
     },
     /// A PDB refused (evictions only).
     Refused(Budget),
@@ -134,6 +136,27 @@ pub struct Plan {
     pub delete_at: Timestamp,
     pub grace_period: Option<i64>,
     pub charge: Charge,
+}
+
+/// Work before the relabel shorter than this leaves the delete time as decided: the
+/// delay is counted in seconds, and tests compare exact times.
+const LATE_RELABEL: std::time::Duration = std::time::Duration::from_millis(250);
+
+impl Plan {
+    /// The deregistration delay counts from the relabel, which takes the pod out of its
+    /// Services, not from the decision: when the owner lookup and PDB accounting before it
+    /// took `spent` (a throttled API server, PDB conflicts), the delete time moves by as
+    /// much, so the load balancers still get the whole delay.
+    pub fn counted_from_now(self, spent: std::time::Duration) -> Self {
+        if spent < LATE_RELABEL {
+            return self;
+        }
+        let shift = jiff::SignedDuration::try_from(spent).unwrap_or(jiff::SignedDuration::ZERO);
+        Self {
+            delete_at: self.delete_at.checked_add(shift).unwrap_or(self.delete_at),
+            ..self
+        }
+    }
 }
 
 /// Where Events go: sent inline (tests, the deleter's own task) or handed to a background
@@ -177,6 +200,7 @@ pub async fn isolate(
     plan: Plan,
     now: Timestamp,
 ) -> Result<Outcome, Error> {
+    let started = std::time::Instant::now();
     let (mut policy, controller) = owner_policy(ctx, pod).await?;
     policy.keep.extend(ctx.keep_labels.iter().cloned());
     let leave = leave_selectors(snap, policy.leave);
@@ -187,6 +211,7 @@ pub async fn isolate(
         Accounting::Free => (None, None),
         Accounting::Uncharged(pdb) => (None, Some(pdb)),
     };
+    let plan = plan.counted_from_now(started.elapsed());
     let mut patch = isolation_patch(pod, &removed, plan.delete_at, plan.grace_period);
     if let Some(controller) = controller {
         patch.0.extend(controller_handover(pod, controller));
@@ -228,7 +253,11 @@ pub async fn isolate(
         ));
     }
     record_event(ctx, pod, Severity::Normal, REASON_ISOLATED, &message, now).await;
-    Ok(Outcome::Isolated { removed, uncharged })
+    Ok(Outcome::Isolated {
+        removed,
+        uncharged,
+        delete_at: plan.delete_at,
+    })
 }
 
 /// How the isolation was accounted in the pod's PDB.
@@ -864,7 +893,25 @@ mod tests {
                     .map(|(k, v)| (k.to_string(), v.to_string()))
                     .collect(),
                 uncharged: None,
+                delete_at,
             }
+        );
+    }
+
+    #[test]
+    fn the_delay_counts_from_the_relabel_when_the_work_before_it_was_slow() {
+        let plan = Plan {
+            delete_at: "2026-01-01T00:01:00Z".parse().unwrap(),
+            grace_period: None,
+            charge: Charge::Required,
+        };
+        let quick = plan.counted_from_now(std::time::Duration::from_millis(40));
+        assert_eq!(quick, plan, "a quick relabel keeps the decided time");
+        let throttled = plan.counted_from_now(std::time::Duration::from_millis(2_500));
+        assert_eq!(
+            throttled.delete_at,
+            "2026-01-01T00:01:02.5Z".parse::<Timestamp>().unwrap(),
+            "2.5 s of throttled accounting move the delete time by as much"
         );
     }
 

@@ -370,11 +370,15 @@ async fn settle(state: &AppState, req: &Request, mut pod: PodFacts) -> Settled {
             }
         };
         let error = match isolate::isolate(&state.ctx, &pod, &snap, plan, now).await {
-            Ok(Outcome::Isolated { removed, uncharged }) => {
+            Ok(Outcome::Isolated {
+                removed,
+                uncharged,
+                delete_at,
+            }) => {
                 state.metrics.pods_isolated.inc();
                 let removed: Vec<&String> = removed.keys().collect();
-                tracing::info!(delete_at = %plan.delete_at, ?removed, ?uncharged, "pod isolated");
-                return Settled::Isolated(plan.delete_at);
+                tracing::info!(%delete_at, ?removed, ?uncharged, "pod isolated");
+                return Settled::Isolated(delete_at);
             }
             Ok(Outcome::Refused(budget)) => {
                 tracing::info!(?budget, "PDB refuses the eviction");
