@@ -59,6 +59,17 @@ fn components(delay: Duration) -> ComponentsConfig {
     }
 }
 
+/// A two-node cluster running the webhook (with `delay`) and node agents (with `flags`),
+/// and the web Deployment deployed and ready.
+async fn protected_cluster(delay: Duration, flags: &[&str]) -> (Cluster, Components) {
+    let cluster = cluster().await;
+    let components = Components::start_with(&cluster, &components(delay), flags)
+        .await
+        .unwrap();
+    cluster.deploy_web(&web(), TIMEOUT).await.unwrap();
+    (cluster, components)
+}
+
 /// `graceful-drain drain NODE` (or `uncordon`), as the CLI runs it: create the event and
 /// follow it to its end.
 async fn cli(client: &kube::Client, verb: &'static str) -> ctl::Result<String> {
@@ -125,6 +136,20 @@ fn is_web(pod: &Pod) -> bool {
         .is_some_and(|n| n.starts_with("web-"))
 }
 
+/// The drain said complete: no web pod (isolated or not) may remain on the node.
+async fn assert_no_web_pods_left(client: &kube::Client) {
+    let left: Vec<String> = pods_here(client)
+        .await
+        .iter()
+        .filter(|p| is_web(p))
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "drain-complete with web pods left: {left:?}"
+    );
+}
+
 fn is_isolated(pod: &Pod) -> bool {
     pod.metadata
         .labels
@@ -158,13 +183,8 @@ async fn delete_bare_pod(client: &kube::Client) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_drain_after_kubectl_uncordon_cordons_and_evicts_again() {
-    let cluster = cluster().await;
-    let _components =
-        Components::start_with(&cluster, &components(Duration::from_secs(1)), FAST_AGENT)
-            .await
-            .unwrap();
+    let (cluster, _components) = protected_cluster(Duration::from_secs(1), FAST_AGENT).await;
     let web = web();
-    cluster.deploy_web(&web, TIMEOUT).await.unwrap();
     let admin = cluster.client();
 
     cli(&admin, "drain").await.unwrap();
@@ -185,30 +205,15 @@ async fn a_second_drain_after_kubectl_uncordon_cordons_and_evicts_again() {
         is_cordoned(&drained),
         "the second drain cordoned the node again"
     );
-    let left: Vec<String> = pods_here(&admin)
-        .await
-        .iter()
-        .filter(|p| is_web(p))
-        .filter_map(|p| p.metadata.name.clone())
-        .collect();
-    assert!(
-        left.is_empty(),
-        "drain-complete with web pods left: {left:?}"
-    );
+    assert_no_web_pods_left(&admin).await;
     let again = cluster.api().stats().count("create", "pods/eviction") - evictions;
     assert!(again >= back as u64, "{again} evictions for {back} pods");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_completes_when_the_agent_restarts_while_the_webhook_holds_isolated_pods() {
-    let cluster = cluster().await;
     // Long enough that the restart happens while the pods wait out their delay.
-    let delay = Duration::from_secs(6);
-    let mut components = Components::start_with(&cluster, &components(delay), FAST_AGENT)
-        .await
-        .unwrap();
-    let web = web();
-    cluster.deploy_web(&web, TIMEOUT).await.unwrap();
+    let (cluster, mut components) = protected_cluster(Duration::from_secs(6), FAST_AGENT).await;
     let admin = cluster.client();
 
     let drain = tokio::spawn({
@@ -225,27 +230,13 @@ async fn a_drain_completes_when_the_agent_restarts_while_the_webhook_holds_isola
 
     let outcome = tokio::time::timeout(TIMEOUT, drain).await.unwrap().unwrap();
     outcome.expect("the restarted agent finishes the drain instead of refusing released pods");
-    let left: Vec<String> = pods_here(&admin)
-        .await
-        .iter()
-        .filter(|p| is_web(p))
-        .filter_map(|p| p.metadata.name.clone())
-        .collect();
-    assert!(
-        left.is_empty(),
-        "drain-complete with web pods left: {left:?}"
-    );
+    assert_no_web_pods_left(&admin).await;
     components.check().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_drain_does_not_poison_the_next_one_through_the_reconciler() {
-    let cluster = cluster().await;
-    let _components =
-        Components::start_with(&cluster, &components(Duration::from_secs(1)), FAST_AGENT)
-            .await
-            .unwrap();
-    cluster.deploy_web(&web(), TIMEOUT).await.unwrap();
+    let (cluster, _components) = protected_cluster(Duration::from_secs(1), FAST_AGENT).await;
     let admin = cluster.client();
     bare_pod(&admin).await;
 
@@ -426,13 +417,9 @@ async fn a_drain_stops_evicting_once_its_event_is_past_its_sla_and_the_kubelet_s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_selector_drain_waits_for_the_pods_the_webhook_relabelled() {
-    let cluster = cluster().await;
     let mut flags = FAST_AGENT.to_vec();
     flags.extend(["--pod-selector", "app=web"]);
-    let _components = Components::start_with(&cluster, &components(Duration::from_secs(4)), &flags)
-        .await
-        .unwrap();
-    cluster.deploy_web(&web(), TIMEOUT).await.unwrap();
+    let (cluster, _components) = protected_cluster(Duration::from_secs(4), &flags).await;
     let admin = cluster.client();
     bare_pod(&admin).await;
 
@@ -491,12 +478,7 @@ async fn a_drain_nobody_claims_times_out_with_its_own_exit_code() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_drivers_event_is_left_for_its_owner() {
     use graceful_drain::lifecycle::{LifecycleTransition, LifecycleTransitionSpec};
-    let cluster = cluster().await;
-    let _components =
-        Components::start_with(&cluster, &components(Duration::from_secs(1)), FAST_AGENT)
-            .await
-            .unwrap();
-    cluster.deploy_web(&web(), TIMEOUT).await.unwrap();
+    let (cluster, _components) = protected_cluster(Duration::from_secs(1), FAST_AGENT).await;
     let admin = cluster.client();
     // A transition of a driver that has no socket on this node (say, a firmware updater).
     let theirs = LifecycleTransition::new(
