@@ -154,7 +154,7 @@ impl Agent {
     }
 
     /// [`Agent::poll`], but when the operation has ended and is writing its outcome on the
-    /// Node, waits (at most [`SETTLE_WAIT`]) for that write, so the answer follows the
+    /// Node, waits (at most `SETTLE_WAIT`, 5 s) for that write, so the answer follows the
     /// Node: the reconciler's pass triggered by that write learns the end at once, and a
     /// Node that says Drained never lags an End that says complete.
     pub async fn poll_settled(&self, kind: OpKind, event: Option<&str>) -> Phase {
