@@ -33,6 +33,16 @@ const CONDITION_ATTEMPTS: usize = 3;
 /// Bound on posting one Kubernetes Event: Events are best effort and must never hold up
 /// a transition.
 const EVENT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest a pass skips an event whose stored version it already acted on: a watch
+/// delivers our own write within milliseconds, and a write that changed nothing must not
+/// park its event for longer than this.
+const STALE_GRACE: Duration = Duration::from_secs(3);
+
+/// Whether acting on the event writes the event itself (so the store's copy is stale until
+/// the watch delivers it); End only talks to the driver and the Node.
+fn writes_event(action: &Action) -> bool {
+    !matches!(action, Action::Wait(_) | Action::End)
+}
 /// The reporting controller named on our Kubernetes Events.
 const REPORTER: &str = "graceful-drain-lifecycle-reconciler";
 
@@ -83,6 +93,9 @@ pub struct Reconciler {
     /// The node as Events reference it (with its UID, so `kubectl describe node` finds
     /// them); refreshed every pass.
     node_ref: std::sync::Mutex<ObjectReference>,
+    /// Events this reconciler just wrote, with the resourceVersion it acted on: a pass over
+    /// a watch store that has not yet seen the write skips them (see [`STALE_GRACE`]).
+    acted: std::sync::Mutex<HashMap<String, (String, std::time::Instant)>>,
 }
 
 impl Reconciler {
@@ -117,6 +130,7 @@ impl Reconciler {
         Self {
             recorder: Recorder::new(client.clone(), reporter),
             node_ref: std::sync::Mutex::new(node_ref),
+            acted: std::sync::Mutex::default(),
             ctx,
             call_timeout,
             events,
@@ -167,6 +181,33 @@ impl Reconciler {
         self.step_on(events, &node, now).await
     }
 
+    /// Whether `event` is the very version a previous pass acted on (and wrote), seen again
+    /// because the watch store has not delivered that write yet: acting again would, for
+    /// instance, call Start twice. Forgotten once the store moves on or after
+    /// [`STALE_GRACE`], in case the write left the object unchanged.
+    fn already_acted_on(&self, event: &LifecycleEvent) -> bool {
+        let Ok(mut acted) = self.acted.lock() else {
+            return false;
+        };
+        let name = event.name_any();
+        let rv = event.resource_version().unwrap_or_default();
+        match acted.get(&name) {
+            Some((seen, at)) if *seen == rv && at.elapsed() < STALE_GRACE => true,
+            Some(_) => {
+                acted.remove(&name);
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn remember_acted(&self, event: &LifecycleEvent) {
+        if let Ok(mut acted) = self.acted.lock() {
+            let rv = event.resource_version().unwrap_or_default();
+            acted.insert(event.name_any(), (rv, std::time::Instant::now()));
+        }
+    }
+
     async fn get_node(&self) -> Result<Node> {
         let node_name = &self.ctx.node_name;
         self.nodes
@@ -195,6 +236,9 @@ impl Reconciler {
         let mut report = StepReport::default();
         for event in &events {
             let name = event.name_any();
+            if self.already_acted_on(event) {
+                continue;
+            }
             let view = event_view(event);
             let transition = if view.claim.is_terminal() {
                 None
@@ -223,6 +267,9 @@ impl Reconciler {
                 Ok(progress) => {
                     if progress && matches!(action, Action::Claim { .. }) {
                         claimed = Some(name.clone());
+                    }
+                    if progress && writes_event(&action) {
+                        self.remember_acted(event);
                     }
                     report.progressed |= progress;
                 }
