@@ -408,6 +408,36 @@ async fn restart_mid_transition_resumes_without_a_second_start() {
 }
 
 #[tokio::test]
+async fn a_node_store_behind_our_own_condition_write_never_starts_twice() {
+    let h = Harness::new().await;
+    let driver = h.driver();
+    driver.set_script(plugin::draining(3));
+    let now = Timestamp::now();
+    // The previous event ended within the same second this one starts in.
+    h.set_condition("maintenance-complete", now).await;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(h.api.client());
+    let before_start = nodes.get(NODE).await.unwrap();
+    let r = h.reconciler().await;
+    let name = h.create_event("graceful-drain").await;
+    settle(&r, now).await;
+    assert_eq!(driver.starts(), 1);
+    assert_eq!(h.condition().await.unwrap()["reason"], "drain-started");
+
+    // A pass woken by the event watch (our started annotation arrived) while the Node
+    // watch has not yet delivered the drain-started condition: the stored Node still
+    // shows the last event's reason, stamped within the same second.
+    let events: Api<LifecycleEvent> = Api::all(h.api.client());
+    let stored = events.list(&Default::default()).await.unwrap().items;
+    let stored = stored.into_iter().map(std::sync::Arc::new).collect();
+    let report = r
+        .step_cached(stored, Some(std::sync::Arc::new(before_start)), now)
+        .await
+        .unwrap();
+    assert_eq!(report.actions, [(name.clone(), Action::End)]);
+    assert_eq!(driver.starts(), 1, "{:?}", driver.calls());
+}
+
+#[tokio::test]
 async fn two_reconcilers_on_one_node_claim_once() {
     let h = Harness::new().await;
     let _driver = h.driver();

@@ -158,7 +158,7 @@ impl Reconciler {
     pub async fn step(&self, now: Timestamp) -> Result<StepReport> {
         let events = self.list_events().await?;
         let node = self.get_node().await?;
-        self.step_on(events, &node, now).await
+        self.step_on(events, &node, true, now).await
     }
 
     /// One pass at time `now` over what the watches' stores hold: the node's events and,
@@ -174,11 +174,11 @@ impl Reconciler {
         if events.is_empty() {
             return Ok(StepReport::default());
         }
-        let node = match node {
-            Some(node) => node.as_ref().clone(),
-            None => self.get_node().await?,
+        let (node, live) = match node {
+            Some(node) => (node.as_ref().clone(), false),
+            None => (self.get_node().await?, true),
         };
-        self.step_on(events, &node, now).await
+        self.step_on(events, &node, live, now).await
     }
 
     /// Whether `event` is the very version a previous pass acted on (and wrote), seen again
@@ -216,15 +216,18 @@ impl Reconciler {
             .map_err(|e| Error::kube(format!("get node {node_name}"), e))
     }
 
-    /// The pass itself, on `events` (this node's, oldest first) and `node`.
+    /// The pass itself, on `events` (this node's, oldest first) and `node`; `live` says
+    /// whether `node` was just read from the API rather than taken from the watch store.
     async fn step_on(
         &self,
         events: Vec<LifecycleEvent>,
         node: &Node,
+        live: bool,
         now: Timestamp,
     ) -> Result<StepReport> {
         let node_name = &self.ctx.node_name;
-        let condition = condition_view(node);
+        let mut condition = condition_view(node);
+        let mut live = live;
         if let Ok(mut r) = self.node_ref.lock() {
             *r = node.object_ref(&());
         }
@@ -250,14 +253,25 @@ impl Reconciler {
                 }
                 resolved.get(&key).and_then(Option::as_ref)
             };
-            let action = decide::decide(&Input {
-                event: &view,
-                transition: transition.map(|t| &t.view),
-                condition: condition.as_ref(),
-                now,
-                plugin_registered: transition.is_some_and(|t| t.plugin.is_some()),
-                other_claimed: claimed.as_ref().is_some_and(|c| *c != name),
-            });
+            let decide_on = |condition: Option<&ConditionView>| {
+                decide::decide(&Input {
+                    event: &view,
+                    transition: transition.map(|t| &t.view),
+                    condition,
+                    now,
+                    plugin_registered: transition.is_some_and(|t| t.plugin.is_some()),
+                    other_claimed: claimed.as_ref().is_some_and(|c| *c != name),
+                })
+            };
+            let mut action = decide_on(condition.as_ref());
+            if action == Action::Start && view.started_at.is_some() && !live {
+                // Started already, yet the stored Node shows no condition of this event:
+                // the Node watch may not have delivered the condition our Start wrote.
+                // Calling Start again on that view would loop; decide on the live Node.
+                condition = condition_view(&self.get_node().await?);
+                live = true;
+                action = decide_on(condition.as_ref());
+            }
             let span = tracing::info_span!("lifecycleevent", event = %name, node = %node_name);
             let outcome = self
                 .apply(event, &action, transition, now)
