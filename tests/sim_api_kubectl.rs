@@ -21,7 +21,16 @@ struct Kubectl {
 impl Kubectl {
     /// Runs kubectl with `args`; returns (success, stdout + stderr).
     async fn run(&self, args: &[&str]) -> (bool, String) {
-        let output = tokio::process::Command::new("/usr/bin/kubectl")
+        self.run_with_editor(args, None).await
+    }
+
+    /// Runs kubectl with `args` and, when given, `KUBE_EDITOR` (for `kubectl edit`).
+    async fn run_with_editor(&self, args: &[&str], editor: Option<&str>) -> (bool, String) {
+        let mut command = tokio::process::Command::new("/usr/bin/kubectl");
+        if let Some(editor) = editor {
+            command.env("KUBE_EDITOR", editor);
+        }
+        let output = command
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
             .arg("--cache-dir")
@@ -453,6 +462,64 @@ async fn kubectl_server_side_apply_tracks_managers_and_reports_conflicts() {
     assert!(!data.contains_key("level"), "{data:?}");
     assert_eq!(data["mode"], "fast");
     kubectl.ok(&["delete", "-f", &smaller]).await;
+}
+
+/// `kubectl edit` reads the object, runs the editor on it and sends the difference as a
+/// strategic-merge patch (a JSON merge patch for a custom resource), as
+/// staging/src/k8s.io/kubectl/pkg/cmd/util/editor/editoptions.go does; an edit that
+/// breaks validation is refused and nothing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_edit_patches_what_the_editor_changed() {
+    let (api, kubectl, dir, _shutdown) = kubectl_against_a_fresh_server().await;
+    kubectl
+        .ok(&["create", "configmap", "conf", "--from-literal=mode=blue"])
+        .await;
+    let pdb = write(
+        dir.path(),
+        "pdb.yaml",
+        "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata:\n  name: web\n  namespace: default\nspec:\n  minAvailable: 2\n  selector:\n    matchLabels:\n      app: web\n",
+    );
+    kubectl.ok(&["apply", "-f", &pdb]).await;
+
+    let edit = |expr: &str| format!("sed -i -e '{expr}'");
+    let (ok, out) = kubectl
+        .run_with_editor(
+            &["edit", "configmap", "conf"],
+            Some(&edit("s/mode: blue/mode: green/")),
+        )
+        .await;
+    assert!(ok, "{out}");
+    let (ok, out) = kubectl
+        .run_with_editor(
+            &["edit", "pdb", "web"],
+            Some(&edit("s/minAvailable: 2/minAvailable: 3/")),
+        )
+        .await;
+    assert!(ok, "{out}");
+    let client = api.client("admin");
+    let cms: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    let data = cms.get("conf").await.unwrap().data.unwrap_or_default();
+    assert_eq!(data.get("mode").map(String::as_str), Some("green"));
+    let pdbs: Api<PodDisruptionBudget> = Api::default_namespaced(client);
+    let spec = pdbs.get("web").await.unwrap().spec.unwrap();
+    assert_eq!(
+        spec.min_available,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(3))
+    );
+
+    // Both minAvailable and maxUnavailable: refused like upstream's PDB validation.
+    let (ok, out) = kubectl
+        .run_with_editor(
+            &["edit", "pdb", "web"],
+            Some(&edit(
+                "s/^  minAvailable: 3/  minAvailable: 3\\n  maxUnavailable: 1/",
+            )),
+        )
+        .await;
+    assert!(!ok, "an invalid edit must fail: {out}");
+    assert!(out.contains("\"web\" is invalid"), "{out}");
+    let spec = pdbs.get("web").await.unwrap().spec.unwrap();
+    assert_eq!(spec.max_unavailable, None, "nothing changed");
 }
 
 /// `kubectl auth whoami` posts a SelfSubjectReview.

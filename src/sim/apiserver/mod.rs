@@ -28,6 +28,7 @@ mod selfsubject;
 mod status;
 mod store;
 mod table;
+mod validation;
 mod watch;
 mod write;
 
@@ -46,7 +47,7 @@ use kube::config::{
 
 use crate::runtime::Shutdown;
 
-pub use self::faults::Faults;
+pub use self::faults::{Faults, Forbidden};
 pub use routing::{Route, RouteFrom};
 
 /// Errors starting the simulated API server.
@@ -321,7 +322,7 @@ impl ApiServer {
             url: format!("http://{addr}"),
             config: config.clone(),
             shutdown: shutdown.clone(),
-            faults: faults::Injector::new(config.faults.clone()),
+            faults: faults::Injector::new(config.faults.clone(), shutdown.clone()),
         });
         for route in &config.routes {
             ctx.routes().insert(route.clone());

@@ -146,6 +146,7 @@ pub(crate) fn prepare_body(def: &ResourceDef, body: Value, fields: Fields) -> Ap
         }
         defaults::apply(def, &mut obj);
     }
+    super::validation::validate(def, &obj)?;
     meta_mut(&mut obj)
         .ok_or_else(no_metadata)?
         .remove("managedFields");
