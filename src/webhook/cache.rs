@@ -380,7 +380,10 @@ impl Cache {
     pub fn apply_service(&self, svc: &Service) {
         let spec = svc.spec.as_ref();
         let entry = ServiceEntry {
-            service_type: ServiceType::parse(spec.and_then(|s| s.type_.as_deref())),
+            service_type: ServiceType::parse(
+                spec.and_then(|s| s.type_.as_deref()),
+                spec.and_then(|s| s.cluster_ip.as_deref()),
+            ),
             selector: spec
                 .and_then(|s| s.selector.as_ref())
                 .map(|m| {

@@ -71,6 +71,17 @@ pub enum OwnerKind {
 }
 
 impl OwnerKind {
+    /// The kind as users write it.
+    pub fn name(&self) -> &str {
+        match self {
+            OwnerKind::ReplicaSet => "ReplicaSet",
+            OwnerKind::StatefulSet => "StatefulSet",
+            OwnerKind::DaemonSet => "DaemonSet",
+            OwnerKind::Job => "Job",
+            OwnerKind::Other(kind) => kind,
+        }
+    }
+
     /// Maps an ownerReference kind (with its API group) to the kinds we know.
     pub fn from_reference(api_version: &str, kind: &str) -> OwnerKind {
         match (api_version, kind) {
@@ -108,18 +119,22 @@ pub struct PodFacts {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ServiceType {
     ClusterIp,
+    /// A ClusterIP Service with `clusterIP: None`: DNS names for the pods (a StatefulSet's
+    /// governing Service), no virtual IP and no load balancer that could lag behind.
+    Headless,
     NodePort,
     LoadBalancer,
     ExternalName,
 }
 
 impl ServiceType {
-    /// Parses `spec.type` (absent means ClusterIP).
-    pub fn parse(value: Option<&str>) -> ServiceType {
+    /// Parses `spec.type` (absent means ClusterIP) and `spec.clusterIP`.
+    pub fn parse(value: Option<&str>, cluster_ip: Option<&str>) -> ServiceType {
         match value {
             Some("NodePort") => ServiceType::NodePort,
             Some("LoadBalancer") => ServiceType::LoadBalancer,
             Some("ExternalName") => ServiceType::ExternalName,
+            _ if cluster_ip == Some("None") => ServiceType::Headless,
             _ => ServiceType::ClusterIp,
         }
     }
@@ -380,22 +395,22 @@ pub fn is_exposed(pod: &PodFacts, snap: &Snapshot, mode: Exposure) -> bool {
     })
 }
 
+/// Whether a slice of `service` counts as exposure under `mode`. A headless Service never
+/// does: nothing balances its traffic, clients resolve the pods' own DNS names. A slice
+/// of no known Service (a Gateway's own slice) counts only in the default mode.
 fn service_counts(service: Option<&str>, services: &[ServiceFacts], mode: Exposure) -> bool {
+    let known = service.and_then(|name| services.iter().find(|s| s.name == name));
     if mode == Exposure::EndpointSlice {
-        return true;
+        return known.is_none_or(|s| s.service_type != ServiceType::Headless);
     }
-    let Some(name) = service else { return false };
-    services
-        .iter()
-        .find(|s| s.name == name)
-        .is_some_and(|s| match mode {
-            Exposure::EndpointSlice => true,
-            Exposure::External => matches!(
-                s.service_type,
-                ServiceType::LoadBalancer | ServiceType::NodePort
-            ),
-            Exposure::LoadBalancer => s.service_type == ServiceType::LoadBalancer,
-        })
+    known.is_some_and(|s| match mode {
+        Exposure::EndpointSlice => true,
+        Exposure::External => matches!(
+            s.service_type,
+            ServiceType::LoadBalancer | ServiceType::NodePort
+        ),
+        Exposure::LoadBalancer => s.service_type == ServiceType::LoadBalancer,
+    })
 }
 
 /// The deregistration delay for `pod`: pod annotation, else namespace annotation, else the
@@ -438,6 +453,8 @@ pub struct OwnerPolicy {
     pub leave: Vec<BTreeSet<String>>,
     /// Keys to keep unless a selector can only be left by removing them.
     pub keep: BTreeSet<String>,
+    /// Keys never removed: the selector of a controller that must keep owning the pod.
+    pub pinned: BTreeSet<String>,
 }
 
 impl OwnerPolicy {
@@ -448,11 +465,23 @@ impl OwnerPolicy {
             OwnerKind::ReplicaSet => OwnerPolicy {
                 leave: vec![selector_keys],
                 keep: BTreeSet::new(),
+                pinned: BTreeSet::new(),
             },
-            // These controllers replace by name or per node: keep them owning the pod.
-            OwnerKind::StatefulSet | OwnerKind::DaemonSet | OwnerKind::Job => OwnerPolicy {
+            // A released StatefulSet pod blocks its own replacement (same name) and, under
+            // OrderedReady, every other ordinal; a released DaemonSet pod makes the
+            // DaemonSet start a second pod on the node (colliding on host ports). Their
+            // selectors are never left.
+            OwnerKind::StatefulSet | OwnerKind::DaemonSet => OwnerPolicy {
+                leave: Vec::new(),
+                keep: BTreeSet::new(),
+                pinned: selector_keys,
+            },
+            // A released Job pod is replaced early, which is what an eviction asks for;
+            // the Job's keys are still kept where another key can be removed instead.
+            OwnerKind::Job => OwnerPolicy {
                 leave: Vec::new(),
                 keep: selector_keys,
+                pinned: BTreeSet::new(),
             },
             OwnerKind::Other(_) => OwnerPolicy::default(),
         }
@@ -460,16 +489,22 @@ impl OwnerPolicy {
 }
 
 /// The labels to remove so the pod stops matching every selector in `leave`: each
-/// selector's keys minus `keep`, or all its keys when every one of them is kept. Only
-/// labels the pod carries are returned, with their values.
+/// selector's keys minus `keep`, or all its keys when every one of them is kept. Keys in
+/// `pinned` are never removed, so a selector made only of pinned keys is not left (see
+/// [`service_left_only_by_pinned`]). Only labels the pod carries are returned, with their
+/// values.
 pub fn labels_to_remove(
     labels: &BTreeMap<String, String>,
     leave: &[BTreeSet<String>],
     keep: &BTreeSet<String>,
+    pinned: &BTreeSet<String>,
 ) -> BTreeMap<String, String> {
     let mut remove = BTreeMap::new();
     for keys in leave {
-        let present: Vec<&String> = keys.iter().filter(|k| labels.contains_key(*k)).collect();
+        let present: Vec<&String> = keys
+            .iter()
+            .filter(|k| labels.contains_key(*k) && !pinned.contains(*k))
+            .collect();
         let preferred: Vec<&String> = present
             .iter()
             .copied()
@@ -487,6 +522,26 @@ pub fn labels_to_remove(
         }
     }
     remove
+}
+
+/// The first selecting Service the pod can leave only by dropping a `pinned` key (its
+/// controller's): every selector key the pod carries is pinned. Such a pod cannot be
+/// isolated without releasing it from its controller.
+pub fn service_left_only_by_pinned<'a>(
+    labels: &BTreeMap<String, String>,
+    services: &'a [ServiceFacts],
+    pinned: &BTreeSet<String>,
+) -> Option<&'a ServiceFacts> {
+    if pinned.is_empty() {
+        return None;
+    }
+    services.iter().find(|s| {
+        !s.selector.is_empty()
+            && s.selector
+                .keys()
+                .filter(|k| labels.contains_key(*k))
+                .all(|k| pinned.contains(k))
+    })
 }
 
 #[cfg(test)]
@@ -931,6 +986,8 @@ mod tests {
             (ServiceType::NodePort, Exposure::LoadBalancer, false),
             (ServiceType::LoadBalancer, Exposure::LoadBalancer, true),
             (ServiceType::LoadBalancer, Exposure::External, true),
+            (ServiceType::Headless, Exposure::EndpointSlice, false),
+            (ServiceType::Headless, Exposure::External, false),
         ];
         for (ty, mode, want) in cases {
             snap.services[0].service_type = ty;
@@ -982,11 +1039,11 @@ mod tests {
                 vec!["tier"],
             ),
             (
-                "statefulset: a Service made only of controller keys still must be left",
+                "statefulset: a Service made only of controller keys is not left (never released)",
                 OwnerKind::StatefulSet,
                 keys(&["app", "tier"]),
                 labels(&[("app", "db"), ("tier", "web")]),
-                vec!["app", "tier"],
+                vec![],
             ),
             (
                 "job: keep the job's controller-uid",
@@ -1023,10 +1080,22 @@ mod tests {
             } else {
                 keys(&["app", "tier"])
             };
-            leave.push(svc);
-            let removed = labels_to_remove(&pod_labels, &leave, &policy.keep);
+            leave.push(svc.clone());
+            let removed = labels_to_remove(&pod_labels, &leave, &policy.keep, &policy.pinned);
             let got: Vec<&str> = removed.keys().map(String::as_str).collect();
             assert_eq!(got, want, "{name}");
+            let service = ServiceFacts {
+                name: "svc".into(),
+                service_type: ServiceType::ClusterIp,
+                selector: svc.iter().map(|k| (k.clone(), String::new())).collect(),
+            };
+            let services = [service];
+            let stuck = service_left_only_by_pinned(&pod_labels, &services, &policy.pinned);
+            assert_eq!(
+                stuck.is_some(),
+                want.is_empty(),
+                "{name}: cannot be isolated"
+            );
             for (k, v) in &removed {
                 assert_eq!(pod_labels.get(k), Some(v), "{name}: removed value recorded");
             }

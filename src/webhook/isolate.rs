@@ -22,7 +22,10 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PatchParams, PostP
 use serde_json::Value;
 
 use super::cache::{Cache, selector_keys};
-use super::decide::{Charge, OwnerKind, OwnerPolicy, PodFacts, Snapshot, labels_to_remove};
+use super::decide::{
+    Charge, OwnerKind, OwnerPolicy, PodFacts, Snapshot, labels_to_remove,
+    service_left_only_by_pinned,
+};
 use crate::labels::{
     DELETE_AT_ANNOTATION, DRAINING_LABEL, FIELD_MANAGER, GRACE_PERIOD_ANNOTATION,
     ORIGINAL_LABELS_ANNOTATION,
@@ -66,6 +69,18 @@ pub enum Error {
     /// The PDB kept changing under us.
     #[error("isolate pod {pod}: PDB {pdb} kept conflicting after {PDB_ATTEMPTS} attempts")]
     PdbContention { pod: String, pdb: String },
+    /// A selecting Service selects only labels of the pod's StatefulSet or DaemonSet: the
+    /// pod cannot leave the Service without being released from its controller.
+    #[error(
+        "isolate pod {pod}: Service {service} selects only labels of its {owner}, so the pod \
+         cannot leave the Service without being released from the {owner}; give the \
+         Service a selector label of its own (in the pod template too)"
+    )]
+    ControllerSelector {
+        pod: String,
+        owner: String,
+        service: String,
+    },
 }
 
 impl Error {
@@ -85,12 +100,17 @@ impl Error {
     /// 422 other than our own `test` op failing, any other 4xx but 408/409/429). Such an
     /// eviction must not be answered 429 forever; it is let through with a Warning Event.
     pub fn is_permanent(&self) -> bool {
-        self.code()
-            .is_some_and(|c| (400..500).contains(&c) && !matches!(c, 404 | 408 | 409 | 429))
+        matches!(self, Error::ControllerSelector { .. })
+            || self
+                .code()
+                .is_some_and(|c| (400..500).contains(&c) && !matches!(c, 404 | 408 | 409 | 429))
     }
 
     /// Bounded metric label for a permanent failure.
     pub fn reason(&self) -> &'static str {
+        if let Error::ControllerSelector { .. } = self {
+            return "controller_selector";
+        }
         match self.code() {
             Some(400) => "bad_request",
             Some(401) => "unauthorized",
@@ -202,9 +222,22 @@ pub async fn isolate(
 ) -> Result<Outcome, Error> {
     let started = std::time::Instant::now();
     let (mut policy, controller) = owner_policy(ctx, pod).await?;
+    if let Some(service) = service_left_only_by_pinned(&pod.labels, &snap.services, &policy.pinned)
+    {
+        let owner = pod
+            .owner
+            .as_ref()
+            .map(|(kind, name)| format!("{} {name}", kind.name()))
+            .unwrap_or_default();
+        return Err(Error::ControllerSelector {
+            pod: pod_ref(pod),
+            owner,
+            service: service.name.clone(),
+        });
+    }
     policy.keep.extend(ctx.keep_labels.iter().cloned());
     let leave = leave_selectors(snap, policy.leave);
-    let removed = labels_to_remove(&pod.labels, &leave, &policy.keep);
+    let removed = labels_to_remove(&pod.labels, &leave, &policy.keep, &policy.pinned);
     let (charged, uncharged) = match account(ctx, pod, snap, plan.charge, now).await? {
         Accounting::Refused(budget) => return Ok(Outcome::Refused(budget)),
         Accounting::Charged(pdb) => (Some(pdb), None),
