@@ -159,6 +159,7 @@ impl Args {
                 latency: self.fault_latency,
                 watch_gone_after: self.fault_watch_gone_after,
                 seed: self.fault_seed,
+                ..apiserver::Faults::default()
             },
             ..apiserver::Config::default()
         };

@@ -237,8 +237,11 @@ async fn handle(State(ctx): State<Arc<Ctx>>, request: Request) -> Response {
         Ok(target) => target,
         Err(e) => return e.into_response(),
     };
-    if let Some(refused) = ctx.faults.before_request(&req.user).await {
-        ctx.stats().throttled += 1;
+    let verb = verb_of(&parts.method, &target, &req);
+    if let Some(refused) = ctx.faults.before_request(&req.user, verb, &target).await {
+        if refused.code == 429 {
+            ctx.stats().throttled += 1;
+        }
         return refused.into_response();
     }
     let deadline = deadline_of(&req.query);
