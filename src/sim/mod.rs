@@ -106,6 +106,17 @@ pub struct Args {
     /// Print the timeline of every run after the table.
     #[arg(long)]
     pub timeline: bool,
+    /// Run the scenario matrix (every named scenario, without and with graceful-drain)
+    /// instead of the quick default; exits non-zero when a row differs from what its
+    /// scenario expects.
+    #[arg(long, conflicts_with = "serve")]
+    pub matrix: bool,
+    /// Run only this scenario of the matrix (repeatable); `--list-scenarios` names them.
+    #[arg(long = "scenario", value_name = "NAME", value_parser = parse_scenario, conflicts_with = "serve")]
+    pub scenarios: Vec<String>,
+    /// List the matrix scenarios with one line each, and exit.
+    #[arg(long)]
+    pub list_scenarios: bool,
     /// How long the disruption controller counts a pod an eviction recorded in a PDB's
     /// `disruptedPods` as disrupted while it is not deleted (upstream DeletionTimeout).
     #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
@@ -127,6 +138,20 @@ pub struct Args {
     /// Seed of the faults' random choices (same seed, same faults for the same requests).
     #[arg(long, default_value_t = 0)]
     pub fault_seed: u64,
+}
+
+/// Accepts the name of a matrix scenario.
+fn parse_scenario(text: &str) -> Result<String, String> {
+    match scenario::matrix::find(text) {
+        Some(s) => Ok(s.name.to_string()),
+        None => {
+            let names: Vec<&str> = scenario::matrix::scenarios()
+                .iter()
+                .map(|s| s.name)
+                .collect();
+            Err(format!("no scenario {text:?}; known: {}", names.join(", ")))
+        }
+    }
 }
 
 /// Parses a share between 0 and 1.
@@ -206,10 +231,20 @@ impl Args {
     }
 }
 
-/// Runs the default scenario, or serves the cluster with `--serve`.
+/// Runs the default scenario, the matrix (`--matrix`, `--scenario`), or serves the
+/// cluster with `--serve`.
 pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
     if args.serve {
         return serve(&args, shutdown).await;
+    }
+    if args.list_scenarios {
+        for s in scenario::matrix::scenarios() {
+            println!("{:<26} {}", s.name, s.about);
+        }
+        return Ok(());
+    }
+    if args.matrix || !args.scenarios.is_empty() {
+        return run_matrix(&args, shutdown).await;
     }
     let mut cfg = args.scenario();
     // Two clusters run side by side: each API server takes a free port.
@@ -229,6 +264,56 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+async fn run_matrix(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> {
+    let mut cfg = args.scenario();
+    cfg.cluster.api.addr = apiserver::Config::default().addr;
+    let selected: Vec<scenario::matrix::Scenario> = if args.scenarios.is_empty() {
+        scenario::matrix::scenarios()
+    } else {
+        args.scenarios
+            .iter()
+            .filter_map(|name| scenario::matrix::find(name))
+            .collect()
+    };
+    eprintln!(
+        "running {} scenarios, each without and with graceful-drain",
+        selected.len()
+    );
+    let started = std::time::Instant::now();
+    let report = scenario::matrix::run(&cfg, &selected, &shutdown, |row| {
+        let outcome = match &row.result {
+            Ok(m) => format!("{} requests, {} 5xx", m.requests, m.errors_5xx),
+            Err(e) => format!("error: {e}"),
+        };
+        eprintln!(
+            "[{:>5.0}s] {} / {}: {outcome}",
+            started.elapsed().as_secs_f64(),
+            row.scenario,
+            row.protection
+        );
+    })
+    .await;
+    print!("{}", scenario::matrix::table(&report));
+    if args.timeline {
+        for row in &report.rows {
+            println!("\n{} / {}:", row.scenario, row.protection);
+            for event in row
+                .result
+                .as_ref()
+                .map(|m| m.timeline.as_slice())
+                .unwrap_or_default()
+            {
+                println!("  {event}");
+            }
+        }
+    }
+    anyhow::ensure!(
+        report.passed(),
+        "some scenarios did not behave as expected (see the check column)"
+    );
     Ok(())
 }
 

@@ -6,6 +6,7 @@
 
 pub mod actions;
 pub mod components;
+pub mod matrix;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -92,7 +93,7 @@ pub struct Row {
 }
 
 /// The node running most pods of `spec` (ties by name).
-async fn busiest_node(cluster: &Cluster, spec: &WebSpec) -> Result<String, Error> {
+pub(crate) async fn busiest_node(cluster: &Cluster, spec: &WebSpec) -> Result<String, Error> {
     let pods: Api<Pod> = Api::namespaced(cluster.client(), &spec.namespace);
     let list = pods
         .list(&ListParams::default().labels(&format!("app={}", spec.name)))
@@ -120,7 +121,11 @@ async fn busiest_node(cluster: &Cluster, spec: &WebSpec) -> Result<String, Error
 
 /// Runs `action` under traffic and waits until the load balancer only routes to pods
 /// that accept, so late 5xx (deregistration lag) are counted too.
-async fn measure<F>(cluster: &Cluster, cfg: &ScenarioConfig, action: F) -> Result<Measured, Error>
+pub(crate) async fn measure<F>(
+    cluster: &Cluster,
+    cfg: &ScenarioConfig,
+    action: F,
+) -> Result<Measured, Error>
 where
     F: std::future::Future<Output = Result<(), Error>>,
 {

@@ -1,0 +1,650 @@
+//! `graceful-drain simulate --matrix`: the scoreboard. Named scenarios, each run on two
+//! fresh clusters side by side — without protection (plain evictions and deletions, what
+//! `kubectl drain` and the Deployment controller do alone) and with graceful-drain's real
+//! webhook and node agents — and one table: requests, 5xx, pods deleted unprotected,
+//! duration and the lower bound of the disruption.
+//!
+//! "Deleted unprotected" counts pods whose app stopped accepting new requests while the
+//! load balancer still routed new requests to them (no deregistration between its last
+//! registration and that moment), read from the cluster's timeline. Each scenario states
+//! what it expects; a row that differs (a protected row with a 5xx or an unprotected
+//! deletion it does not expect, an unprotected row without the 5xx it should show, an
+//! error) is flagged, and [`Report::passed`] is false, so CI fails on it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Api, ResourceExt};
+
+use super::components::Components;
+use super::{Error, Measured, Protection, ScenarioConfig, actions, busiest_node, measure};
+use crate::labels::DRAINING_LABEL;
+use crate::runtime::Shutdown;
+use crate::sim::cluster::{Cluster, wait_for};
+use crate::sim::traffic::timeline::{Event, EventKind};
+
+/// What a scenario disrupts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Disruption {
+    /// Drain the node running most pods.
+    Drain,
+    /// Drain the two nodes running most pods, at the same time.
+    DrainTwoNodes,
+    /// Drain the busiest node; restart its node agent once the first pod is isolated.
+    DrainRestartingAgent,
+    /// `kubectl rollout restart` of the Deployment.
+    Rollout,
+}
+
+/// The PodDisruptionBudget of a scenario's workload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Budget {
+    /// `minAvailable: replicas - 1`, what `simulate` deploys by default.
+    Default,
+    MinAvailable(IntOrString),
+    /// `minAvailable` = replicas: no disruption to spare.
+    AllReplicas,
+    MaxUnavailable(IntOrString),
+    /// No PDB at all.
+    None,
+}
+
+/// One named scenario of the matrix.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    pub name: &'static str,
+    /// One line for `--help`-like listings and docs/simulate.md.
+    pub about: &'static str,
+    pub disruption: Disruption,
+    pub budget: Budget,
+    /// Changes to the base configuration (timings, faults, grace periods).
+    pub tweak: fn(&mut ScenarioConfig),
+    /// Whether the protected row is expected to show 5xx (a lag beyond the delay).
+    pub protected_5xx: bool,
+}
+
+fn no_tweak(_: &mut ScenarioConfig) {}
+
+/// Every scenario of `--matrix`, in table order.
+pub fn scenarios() -> Vec<Scenario> {
+    let s = |name, about, disruption, budget, tweak: fn(&mut ScenarioConfig)| Scenario {
+        name,
+        about,
+        disruption,
+        budget,
+        tweak,
+        protected_5xx: false,
+    };
+    vec![
+        s(
+            "deployment-drain",
+            "drain the busiest node of a Deployment behind an ALB-like load balancer (PDB minAvailable = replicas - 1)",
+            Disruption::Drain,
+            Budget::Default,
+            no_tweak,
+        ),
+        s(
+            "deployment-rollout",
+            "rollout restart of the Deployment (maxSurge 25%, maxUnavailable 25%)",
+            Disruption::Rollout,
+            Budget::Default,
+            no_tweak,
+        ),
+        s(
+            "pdb-max-unavailable-drain",
+            "drain with a PDB of maxUnavailable: 1",
+            Disruption::Drain,
+            Budget::MaxUnavailable(IntOrString::Int(1)),
+            no_tweak,
+        ),
+        s(
+            "pdb-percent-drain",
+            "drain with a PDB of minAvailable: 50%",
+            Disruption::Drain,
+            Budget::MinAvailable(IntOrString::String("50%".into())),
+            no_tweak,
+        ),
+        s(
+            "no-pdb-drain",
+            "drain with no PDB: every pod of the node is evicted at once",
+            Disruption::Drain,
+            Budget::None,
+            no_tweak,
+        ),
+        s(
+            "pdb-full-rollout",
+            "rollout under a PDB with no disruption to spare (minAvailable = replicas): PDBs never block the ReplicaSet's DELETEs",
+            Disruption::Rollout,
+            Budget::AllReplicas,
+            no_tweak,
+        ),
+        s(
+            "two-nodes-drain",
+            "the two busiest nodes drained at the same time, sharing one PDB",
+            Disruption::DrainTwoNodes,
+            Budget::MaxUnavailable(IntOrString::Int(2)),
+            |cfg| cfg.cluster.nodes = 4,
+        ),
+        s(
+            "api-throttled-drain",
+            "drain while the API server answers 10% of requests 429 with Retry-After (API Priority and Fairness)",
+            Disruption::Drain,
+            Budget::Default,
+            |cfg| cfg.cluster.api.faults.throttle_share = 0.1,
+        ),
+        s(
+            "agent-restart-drain",
+            "the node agent is restarted while the webhook holds the drained pods (without protection: a plain drain)",
+            Disruption::DrainRestartingAgent,
+            Budget::Default,
+            no_tweak,
+        ),
+        s(
+            "grace-zero-drain",
+            "drain of pods with terminationGracePeriodSeconds: 0 (killed at once when deleted)",
+            Disruption::Drain,
+            Budget::Default,
+            |cfg| cfg.web.grace_period_seconds = 0,
+        ),
+        Scenario {
+            protected_5xx: true,
+            ..s(
+                "lag-beyond-delay-drain",
+                "the load balancer keeps routing for 7 s, longer than the 4 s delay: 5xx expected with protection too",
+                Disruption::Drain,
+                Budget::Default,
+                |cfg| cfg.cluster.lb.deregistration_lag = Duration::from_secs(7),
+            )
+        },
+    ]
+}
+
+/// One row of the matrix.
+#[derive(Debug)]
+pub struct Row {
+    pub scenario: &'static str,
+    pub protection: Protection,
+    pub result: Result<Measured, String>,
+    /// Pods whose app stopped accepting while the load balancer still routed to them.
+    pub unprotected: usize,
+    pub lower_bound: Duration,
+    /// Why the row differs from what its scenario expects, if it does.
+    pub unexpected: Option<String>,
+}
+
+/// The rows of a matrix run.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub rows: Vec<Row>,
+}
+
+impl Report {
+    /// Every row as its scenario expects.
+    pub fn passed(&self) -> bool {
+        self.rows.iter().all(|r| r.unexpected.is_none())
+    }
+}
+
+/// Runs `selected` (all scenarios when empty), each without and with graceful-drain on
+/// two clusters side by side, one scenario after the other.
+pub async fn run(
+    base: &ScenarioConfig,
+    selected: &[Scenario],
+    shutdown: &Shutdown,
+    progress: impl Fn(&Row),
+) -> Report {
+    let mut report = Report::default();
+    for scenario in selected {
+        let mut cfg = base.clone();
+        (scenario.tweak)(&mut cfg);
+        let (without, with) = tokio::join!(
+            run_one(&cfg, scenario, Protection::None, shutdown),
+            run_one(&cfg, scenario, Protection::GracefulDrain, shutdown)
+        );
+        for row in [without, with] {
+            progress(&row);
+            report.rows.push(row);
+        }
+    }
+    report
+}
+
+/// Looks a scenario up by name.
+pub fn find(name: &str) -> Option<Scenario> {
+    scenarios().into_iter().find(|s| s.name == name)
+}
+
+async fn run_one(
+    cfg: &ScenarioConfig,
+    scenario: &Scenario,
+    protection: Protection,
+    shutdown: &Shutdown,
+) -> Row {
+    let lower_bound = lower_bound(cfg, scenario.disruption, protection);
+    let mut unprotected = 0;
+    let result = match run_disruption(cfg, scenario, protection, shutdown).await {
+        Ok((measured, count)) => {
+            unprotected = count;
+            Ok(measured)
+        }
+        Err(e) => Err(crate::error::chain(&e).to_string()),
+    };
+    let mut row = Row {
+        scenario: scenario.name,
+        protection,
+        result,
+        unprotected,
+        lower_bound,
+        unexpected: None,
+    };
+    row.unexpected = judge(&row, scenario);
+    row
+}
+
+/// Why `row` differs from what `scenario` expects, if it does.
+fn judge(row: &Row, scenario: &Scenario) -> Option<String> {
+    let measured = match &row.result {
+        Ok(m) => m,
+        Err(e) => return Some(format!("failed: {e}")),
+    };
+    let errors = measured.errors_5xx > 0 || row.unprotected > 0;
+    match row.protection {
+        Protection::None if !errors => Some("expected 5xx without protection, saw none".into()),
+        Protection::GracefulDrain if errors && !scenario.protected_5xx => Some(format!(
+            "{} 5xx and {} pods deleted unprotected",
+            measured.errors_5xx, row.unprotected
+        )),
+        Protection::GracefulDrain if !errors && scenario.protected_5xx => {
+            Some("expected 5xx (lag beyond the delay), saw none".into())
+        }
+        _ => None,
+    }
+}
+
+/// The shortest the disruption can take: the slowest pod's exit after SIGTERM, plus the
+/// deregistration delay when the webhook isolates the pods; a rollout adds one pod start
+/// per wave of `maxSurge + maxUnavailable` pods.
+pub fn lower_bound(
+    cfg: &ScenarioConfig,
+    disruption: Disruption,
+    protection: Protection,
+) -> Duration {
+    let kubelet = &cfg.cluster.kubelet;
+    let exit = if cfg.web.grace_period_seconds == 0 {
+        Duration::ZERO
+    } else {
+        kubelet.exit_after_sigterm.min(Duration::from_secs(
+            cfg.web.grace_period_seconds.unsigned_abs(),
+        ))
+    };
+    let delay = match protection {
+        Protection::None => Duration::ZERO,
+        Protection::GracefulDrain => cfg.components.deregistration_delay,
+    };
+    let starts = match disruption {
+        Disruption::Rollout => {
+            let replicas = u32::try_from(cfg.web.replicas).unwrap_or(0);
+            let surge = scaled(&cfg.web.max_surge, replicas, true);
+            let unavailable = scaled(&cfg.web.max_unavailable, replicas, false);
+            kubelet.start_delay * replicas.div_ceil((surge + unavailable).max(1))
+        }
+        _ => Duration::ZERO,
+    };
+    starts + exit + delay
+}
+
+/// An int-or-percent of `total`, rounded up or down like the Deployment controller does.
+fn scaled(value: &IntOrString, total: u32, round_up: bool) -> u32 {
+    match value {
+        IntOrString::Int(i) => u32::try_from(*i).unwrap_or(0),
+        IntOrString::String(s) => {
+            let percent: u32 = s.trim_end_matches('%').parse().unwrap_or(0);
+            let exact = total * percent;
+            if round_up {
+                exact.div_ceil(100)
+            } else {
+                exact / 100
+            }
+        }
+    }
+}
+
+/// One scenario on a fresh cluster: deploy, set the budget, disrupt under traffic.
+async fn run_disruption(
+    cfg: &ScenarioConfig,
+    scenario: &Scenario,
+    protection: Protection,
+    shutdown: &Shutdown,
+) -> Result<(Measured, usize), Error> {
+    let cluster = Cluster::start(cfg.cluster.clone(), shutdown.clone()).await?;
+    let mut components = match protection {
+        Protection::None => None,
+        Protection::GracefulDrain => Some(Components::start(&cluster, &cfg.components).await?),
+    };
+    cluster.deploy_web(&cfg.web, cfg.phase_timeout).await?;
+    set_budget(&cluster, cfg, &scenario.budget).await?;
+    let client = cluster.client();
+    let started = Instant::now();
+    let action = async {
+        let nodes = match scenario.disruption {
+            Disruption::Rollout => Vec::new(),
+            Disruption::DrainTwoNodes => busiest_nodes(&cluster, cfg, 2).await?,
+            _ => vec![busiest_node(&cluster, &cfg.web).await?],
+        };
+        cluster.step(format!("{}: {}", scenario.name, scenario.about));
+        match (scenario.disruption, protection) {
+            (Disruption::Rollout, _) => {
+                actions::rollout(&client, &cfg.web, cfg.phase_timeout).await
+            }
+            (Disruption::DrainRestartingAgent, Protection::GracefulDrain) => {
+                let Some(components) = components.as_mut() else {
+                    return Ok(());
+                };
+                drain_restarting_agent(&cluster, cfg, components, &nodes[0]).await
+            }
+            (_, protection) => {
+                let drains = nodes.iter().map(|node| async {
+                    match protection {
+                        Protection::None => {
+                            actions::plain_drain(&client, node, cfg.phase_timeout).await
+                        }
+                        Protection::GracefulDrain => {
+                            actions::lifecycle_drain(&client, node, cfg.phase_timeout).await
+                        }
+                    }
+                });
+                futures::future::try_join_all(drains).await.map(|_| ())
+            }
+        }
+    };
+    let measured = measure(&cluster, cfg, action).await?;
+    if let Some(c) = components.as_mut() {
+        c.check().await?;
+    }
+    let events = cluster
+        .timeline()
+        .between(cluster.timeline().start(), Instant::now());
+    let window = started.saturating_duration_since(cluster.timeline().start());
+    Ok((measured, unprotected_deletions(&events, window)))
+}
+
+/// Replaces the default PDB as `budget` says.
+async fn set_budget(cluster: &Cluster, cfg: &ScenarioConfig, budget: &Budget) -> Result<(), Error> {
+    let api: Api<PodDisruptionBudget> = Api::namespaced(cluster.client(), &cfg.web.namespace);
+    let name = &cfg.web.name;
+    let object = format!("pdb {}", cfg.web.service_key());
+    let spec = match budget {
+        Budget::Default => return Ok(()),
+        Budget::None => {
+            return api
+                .delete(name, &DeleteParams::default())
+                .await
+                .map(|_| ())
+                .map_err(|source| Error::Api {
+                    action: "delete",
+                    object,
+                    source,
+                });
+        }
+        Budget::MinAvailable(v) => serde_json::json!({"minAvailable": v, "maxUnavailable": null}),
+        Budget::AllReplicas => {
+            serde_json::json!({"minAvailable": cfg.web.replicas, "maxUnavailable": null})
+        }
+        Budget::MaxUnavailable(v) => serde_json::json!({"minAvailable": null, "maxUnavailable": v}),
+    };
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({ "spec": spec })),
+    )
+    .await
+    .map_err(|source| Error::Api {
+        action: "patch",
+        object: object.clone(),
+        source,
+    })?;
+    // Wait until the disruption controller has observed the new spec, as a user would
+    // before draining.
+    wait_for(&format!("{object} observed"), cfg.phase_timeout, || async {
+        api.get(name).await.is_ok_and(|p| {
+            let observed = p.status.as_ref().and_then(|s| s.observed_generation);
+            observed.is_some() && observed == p.metadata.generation
+        })
+    })
+    .await?;
+    Ok(())
+}
+
+/// The `count` nodes running most pods of the workload, busiest first.
+async fn busiest_nodes(
+    cluster: &Cluster,
+    cfg: &ScenarioConfig,
+    count: usize,
+) -> Result<Vec<String>, Error> {
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), &cfg.web.namespace);
+    let list = pods
+        .list(&ListParams::default().labels(&format!("app={}", cfg.web.name)))
+        .await
+        .map_err(|source| Error::Api {
+            action: "list pods of",
+            object: cfg.web.service_key(),
+            source,
+        })?;
+    let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
+    for pod in &list.items {
+        if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
+            *per_node.entry(node).or_default() += 1;
+        }
+    }
+    let mut nodes: Vec<(String, usize)> = per_node.into_iter().collect();
+    nodes.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    Ok(nodes.into_iter().take(count).map(|(n, _)| n).collect())
+}
+
+/// A LifecycleEvent drain of `node` whose node agent is stopped and started again as
+/// soon as the webhook has isolated one of the node's pods: the new agent must resume
+/// the drain and wait for the isolated pods, not fail on them.
+async fn drain_restarting_agent(
+    cluster: &Cluster,
+    cfg: &ScenarioConfig,
+    components: &mut Components,
+    node: &str,
+) -> Result<(), Error> {
+    let client = cluster.client();
+    let drain = actions::lifecycle_drain(&client, node, cfg.phase_timeout);
+    tokio::pin!(drain);
+    let isolated = async {
+        wait_for(
+            &format!("a pod of node {node} isolated"),
+            cfg.phase_timeout,
+            || async {
+                actions::pods_on(&client, node)
+                    .await
+                    .is_ok_and(|pods| pods.iter().any(|p| p.labels().contains_key(DRAINING_LABEL)))
+            },
+        )
+        .await
+    };
+    tokio::select! {
+        done = &mut drain => return done,
+        seen = isolated => seen?,
+    }
+    cluster.step(format!("restart the node agent of {node}"));
+    components.stop_agent(node).await?;
+    components.start_agent(cluster, node)?;
+    drain.await
+}
+
+/// Pods whose app stopped accepting new requests while the load balancer still routed
+/// to them: no deregistration since the last registration. Only stops at or after
+/// `from` (time since the timeline's start) count.
+pub fn unprotected_deletions(events: &[Event], from: Duration) -> usize {
+    let mut registered: BTreeMap<&str, Duration> = BTreeMap::new();
+    let mut deregistered: BTreeMap<&str, Duration> = BTreeMap::new();
+    let mut unprotected: BTreeSet<&str> = BTreeSet::new();
+    for event in events {
+        let pod = event.subject.as_str();
+        match event.kind {
+            EventKind::Registered => {
+                registered.insert(pod, event.at);
+            }
+            EventKind::Deregistered => {
+                deregistered.insert(pod, event.at);
+            }
+            EventKind::StoppedAccepting if event.at >= from => {
+                let Some(&since) = registered.get(pod) else {
+                    continue;
+                };
+                let left = deregistered
+                    .get(pod)
+                    .is_some_and(|&d| d >= since && d <= event.at);
+                if !left {
+                    unprotected.insert(pod);
+                }
+            }
+            _ => {}
+        }
+    }
+    unprotected.len()
+}
+
+/// Renders the matrix table.
+pub fn table(report: &Report) -> String {
+    let mut out = format!(
+        "{:<26} {:<15} {:>8} {:>5} {:>11} {:>9} {:>11}  {}\n",
+        "scenario",
+        "protection",
+        "requests",
+        "5xx",
+        "unprotected",
+        "duration",
+        "lower bound",
+        "check"
+    );
+    for r in &report.rows {
+        let check = r
+            .unexpected
+            .as_deref()
+            .map_or("ok".to_string(), |why| format!("UNEXPECTED: {why}"));
+        let _ = match &r.result {
+            Ok(m) => writeln!(
+                out,
+                "{:<26} {:<15} {:>8} {:>5} {:>11} {:>8.1}s {:>10.1}s  {check}",
+                r.scenario,
+                r.protection.to_string(),
+                m.requests,
+                m.errors_5xx,
+                r.unprotected,
+                m.duration.as_secs_f64(),
+                r.lower_bound.as_secs_f64(),
+            ),
+            Err(_) => writeln!(
+                out,
+                "{:<26} {:<15} {:>8} {:>5} {:>11} {:>9} {:>10.1}s  {check}",
+                r.scenario,
+                r.protection.to_string(),
+                "-",
+                "-",
+                "-",
+                "-",
+                r.lower_bound.as_secs_f64(),
+            ),
+        };
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(at_ms: u64, kind: EventKind, pod: &str) -> Event {
+        Event {
+            at: Duration::from_millis(at_ms),
+            kind,
+            subject: pod.into(),
+        }
+    }
+
+    #[test]
+    fn a_pod_stopping_before_its_deregistration_counts_as_unprotected() {
+        let events = vec![
+            ev(100, EventKind::Registered, "d/a"),
+            ev(100, EventKind::Registered, "d/b"),
+            ev(100, EventKind::Registered, "d/c"),
+            // a: deregistered, then stopped: protected.
+            ev(5_000, EventKind::Deregistered, "d/a"),
+            ev(6_000, EventKind::StoppedAccepting, "d/a"),
+            // b: stopped while still routed (its deregistration comes later).
+            ev(6_000, EventKind::StoppedAccepting, "d/b"),
+            ev(9_000, EventKind::Deregistered, "d/b"),
+            // c: stopped before the window: not this disruption's.
+            ev(500, EventKind::StoppedAccepting, "d/c"),
+            // A same-name replacement registered again, stopped while routed.
+            ev(7_000, EventKind::Registered, "d/a"),
+            ev(8_000, EventKind::StoppedAccepting, "d/a"),
+            // Never registered: the load balancer never routed to it.
+            ev(8_000, EventKind::StoppedAccepting, "d/never"),
+        ];
+        assert_eq!(unprotected_deletions(&events, Duration::from_secs(1)), 2);
+        let protected = &events[..5];
+        assert_eq!(unprotected_deletions(protected, Duration::from_secs(1)), 0);
+    }
+
+    #[test]
+    fn rows_are_judged_against_their_scenario() {
+        let measured = |errors| {
+            Ok(Measured {
+                requests: 100,
+                errors_5xx: errors,
+                duration: Duration::from_secs(1),
+                timeline: Vec::new(),
+            })
+        };
+        let scenario = find("deployment-drain").unwrap();
+        let lag = find("lag-beyond-delay-drain").unwrap();
+        let row = |protection, result, unprotected| Row {
+            scenario: "x",
+            protection,
+            result,
+            unprotected,
+            lower_bound: Duration::ZERO,
+            unexpected: None,
+        };
+        assert!(judge(&row(Protection::None, measured(3), 1), &scenario).is_none());
+        assert!(judge(&row(Protection::None, measured(0), 0), &scenario).is_some());
+        assert!(judge(&row(Protection::GracefulDrain, measured(0), 0), &scenario).is_none());
+        assert!(judge(&row(Protection::GracefulDrain, measured(1), 0), &scenario).is_some());
+        assert!(judge(&row(Protection::GracefulDrain, measured(0), 1), &scenario).is_some());
+        assert!(judge(&row(Protection::GracefulDrain, measured(2), 1), &lag).is_none());
+        assert!(judge(&row(Protection::GracefulDrain, measured(0), 0), &lag).is_some());
+        let failed = row(Protection::GracefulDrain, Err("boom".into()), 0);
+        assert!(judge(&failed, &scenario).unwrap().contains("boom"));
+    }
+
+    #[test]
+    fn scenario_names_are_unique_and_lower_bounds_add_the_delay_when_protected() {
+        let all = scenarios();
+        let names: BTreeSet<&str> = all.iter().map(|s| s.name).collect();
+        assert_eq!(names.len(), all.len());
+        #[derive(clap::Parser)]
+        struct Simulate {
+            #[command(flatten)]
+            args: crate::sim::Args,
+        }
+        let cfg = <Simulate as clap::Parser>::parse_from(["simulate"])
+            .args
+            .scenario();
+        let none = lower_bound(&cfg, Disruption::Drain, Protection::None);
+        let gd = lower_bound(&cfg, Disruption::Drain, Protection::GracefulDrain);
+        assert_eq!(gd - none, cfg.components.deregistration_delay);
+        assert_eq!(scaled(&IntOrString::String("25%".into()), 4, true), 1);
+        assert_eq!(scaled(&IntOrString::String("30%".into()), 4, true), 2);
+        assert_eq!(scaled(&IntOrString::String("30%".into()), 4, false), 1);
+    }
+}
