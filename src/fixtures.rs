@@ -96,6 +96,8 @@ pub trait PodFixture: Sized {
     fn empty_dir(self) -> Self;
     /// Gives the pod one container `app`.
     fn container(self, image: &str) -> Self;
+    /// Sets `spec.terminationGracePeriodSeconds` (0: a deleted pod is gone at once).
+    fn grace_period(self, seconds: i64) -> Self;
     /// Sets `status.phase`.
     fn phase(self, phase: &str) -> Self;
     /// `status.phase: Running`.
@@ -209,6 +211,10 @@ impl PodFixture for Pod {
             image: Some(image.into()),
             ..Container::default()
         }];
+        self
+    }
+    fn grace_period(mut self, seconds: i64) -> Self {
+        pod_spec(&mut self).termination_grace_period_seconds = Some(seconds);
         self
     }
     fn phase(mut self, phase: &str) -> Self {

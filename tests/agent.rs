@@ -1,381 +1,36 @@
 //! The node agent over real unix sockets, with a test playing the kubelet (registration
-//! handshake, then the SLM Start/End loop) against an in-process fake API server that
-//! records every request: drains to `drain-complete`, PDB-blocked evictions are retried and
-//! reported, filter refusals fail the transition, a restarted agent resumes a drain, and
-//! the RPCs answer even when the API server hangs.
+//! handshake, then the SLM Start/End loop) against the simulated API server
+//! (`agent_support::sim`), whose requests from the agent are recorded: drains to
+//! `drain-complete`, PDB-blocked evictions are retried and reported, filter refusals fail
+//! the transition, a restarted agent resumes a drain, and the RPCs answer even when the
+//! API server hangs.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
 
-use std::collections::{BTreeMap, HashSet};
-use std::convert::Infallible;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
-use futures::StreamExt;
 use graceful_drain::agent::{self, Args};
+use graceful_drain::fixtures::{PdbFixture, PodFixture, pdb, pod};
 use graceful_drain::proto::registration::RegistrationStatus;
 use graceful_drain::proto::registration::registration_client::RegistrationClient;
 use graceful_drain::runtime::Shutdown;
-use http::{Method, Request, Response};
-use http_body_util::BodyExt;
-use http_body_util::combinators::BoxBody;
-use hyper::body::Frame;
+use graceful_drain::sim::apiserver::{Faults, Forbidden};
+use http::Method;
+use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec};
+use k8s_openapi::api::core::v1::{Node, PodTemplateSpec};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
-use tokio::sync::broadcast;
-
-const NODE: &str = "n1";
 
 mod agent_support {
     pub mod kubelet;
+    pub mod sim;
 }
 use agent_support::kubelet::{DEADLINE, Kubelet, connect};
-
-/// An in-process API server faking just what the agent uses.
-mod fake {
-    use super::*;
-
-    type Reply = Response<BoxBody<Bytes, Infallible>>;
-
-    #[derive(Default)]
-    pub struct State {
-        pub rv: u64,
-        pub node: Value,
-        pub pods: BTreeMap<(String, String), Value>,
-        pub pdbs: Vec<Value>,
-        pub daemonsets: HashSet<(String, String)>,
-        pub transitions: BTreeMap<String, Value>,
-        /// LifecycleEvents by name (a drain runs only while its event is live).
-        pub lifecycle_events: BTreeMap<String, Value>,
-        pub events: Vec<Value>,
-        /// Every (method, path, body) received.
-        pub requests: Vec<(Method, String, Value)>,
-        /// Pods whose next N evictions get a 429.
-        pub pdb_blocks: BTreeMap<String, u32>,
-        /// Evicted pods only get a deletionTimestamp (the test finishes them).
-        pub hold_deletion: bool,
-        /// Never answer anything (a hung API server).
-        pub hang: bool,
-        /// Refuse Node patches (missing RBAC).
-        pub forbid_node_patch: bool,
-        history: Vec<(u64, Value)>,
-    }
-
-    #[derive(Clone)]
-    pub struct Fake {
-        pub state: Arc<Mutex<State>>,
-        events: broadcast::Sender<(u64, Value)>,
-    }
-
-    /// A LifecycleEvent of the drain transition on our node, claimed, due in an hour.
-    pub fn claimed_event(name: &str) -> Value {
-        let sla = (jiff::Timestamp::now() + Duration::from_secs(3600)).to_string();
-        json!({"apiVersion": "lifecycle.k8s.io/v1alpha1", "kind": "LifecycleEvent",
-               "metadata": {"name": name},
-               "spec": {"transitionName": "graceful-drain", "bindingNode": NODE},
-               "status": {"claimStatus": "Claimed", "sla": sla}})
-    }
-
-    fn json_reply(status: u16, body: &Value) -> Reply {
-        let bytes = Bytes::from(body.to_string());
-        Response::builder()
-            .status(status)
-            .header("content-type", "application/json")
-            .body(http_body_util::Full::new(bytes).boxed())
-            .unwrap()
-    }
-
-    fn status(code: u16, message: &str) -> Reply {
-        let reason = match code {
-            403 => "Forbidden",
-            404 => "NotFound",
-            409 => "Conflict",
-            429 => "TooManyRequests",
-            _ => "BadRequest",
-        };
-        json_reply(
-            code,
-            &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                "message": message, "reason": reason, "code": code}),
-        )
-    }
-
-    pub fn pod(ns: &str, name: &str, owner: Option<&str>) -> Value {
-        let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": ns, "uid": format!("uid-{name}"),
-                "labels": {"app": name.split('-').next().unwrap()}},
-            "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "i"}]},
-            "status": {"phase": "Running"}});
-        if let Some(kind) = owner {
-            pod["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1",
-                "kind": kind, "name": "owner", "uid": "owner-uid", "controller": true}]);
-        }
-        pod
-    }
-
-    impl Fake {
-        pub fn new() -> Self {
-            let (events, _) = broadcast::channel(1024);
-            let state = State {
-                rv: 1,
-                node: json!({"apiVersion": "v1", "kind": "Node",
-                    "metadata": {"name": NODE, "uid": "node-uid", "resourceVersion": "1"},
-                    "spec": {}, "status": {"conditions": [
-                        {"type": "Ready", "status": "True", "reason": "KubeletReady"}]}}),
-                // The event the scripted kubelet drives, claimed with an SLA far ahead: a
-                // drain lives only as long as its event.
-                lifecycle_events: [("ev-1".to_string(), claimed_event("ev-1"))].into(),
-                ..State::default()
-            };
-            Self {
-                state: Arc::new(Mutex::new(state)),
-                events,
-            }
-        }
-
-        pub fn client(&self) -> kube::Client {
-            let fake = self.clone();
-            let service = tower::service_fn(move |req: Request<kube::client::Body>| {
-                let fake = fake.clone();
-                async move { Ok::<_, Infallible>(fake.handle(req).await) }
-            });
-            kube::Client::new(service, "default")
-        }
-
-        pub fn add_pod(&self, pod: Value) {
-            let mut st = self.state.lock().unwrap();
-            let key = (
-                pod["metadata"]["namespace"].as_str().unwrap().to_string(),
-                pod["metadata"]["name"].as_str().unwrap().to_string(),
-            );
-            st.pods.insert(key, pod.clone());
-            self.emit(&mut st, "ADDED", pod);
-        }
-
-        fn emit(&self, st: &mut State, kind: &str, mut pod: Value) {
-            st.rv += 1;
-            pod["metadata"]["resourceVersion"] = json!(st.rv.to_string());
-            let event = json!({"type": kind, "object": pod});
-            st.history.push((st.rv, event.clone()));
-            let _ = self.events.send((st.rv, event));
-        }
-
-        /// Finishes the termination of every terminating pod.
-        pub fn finish_terminating(&self) {
-            let mut st = self.state.lock().unwrap();
-            let gone: Vec<_> = st
-                .pods
-                .iter()
-                .filter(|(_, p)| p["metadata"].get("deletionTimestamp").is_some())
-                .map(|(k, _)| k.clone())
-                .collect();
-            for key in gone {
-                let pod = st.pods.remove(&key).unwrap();
-                self.emit(&mut st, "DELETED", pod);
-            }
-        }
-
-        async fn handle(&self, req: Request<kube::client::Body>) -> Reply {
-            let (parts, body) = req.into_parts();
-            let bytes = body.collect_bytes().await.unwrap_or_default();
-            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-            let path = parts.uri.path().to_string();
-            let query = parts.uri.query().unwrap_or_default().to_string();
-            if self.state.lock().unwrap().hang {
-                return futures::future::pending().await;
-            }
-            let mut st = self.state.lock().unwrap();
-            st.requests
-                .push((parts.method.clone(), path.clone(), body.clone()));
-            let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-            match (&parts.method, segments.as_slice()) {
-                (&Method::GET, ["api", "v1", "nodes", _]) => json_reply(200, &st.node),
-                (&Method::PATCH, ["api", "v1", "nodes", ..]) if st.forbid_node_patch => status(
-                    403,
-                    "nodes \"n1\" is forbidden: User cannot patch resource \"nodes\"",
-                ),
-                (&Method::PATCH, ["api", "v1", "nodes", _]) => {
-                    json_patch::merge(&mut st.node, &body);
-                    json_reply(200, &st.node)
-                }
-                (&Method::PATCH, ["api", "v1", "nodes", _, "status"]) => {
-                    strategic_conditions(&mut st.node, body);
-                    json_reply(200, &st.node)
-                }
-                (&Method::GET, ["api", "v1", "pods"]) if query.contains("watch=true") => {
-                    drop(st);
-                    self.watch(&query)
-                }
-                (&Method::GET, ["api", "v1", "pods"]) => {
-                    let items: Vec<Value> = st.pods.values().cloned().collect();
-                    json_reply(
-                        200,
-                        &json!({"apiVersion": "v1", "kind": "PodList",
-                        "metadata": {"resourceVersion": st.rv.to_string()}, "items": items}),
-                    )
-                }
-                (&Method::POST, ["api", "v1", "namespaces", ns, "pods", name, "eviction"]) => {
-                    let key = (ns.to_string(), name.to_string());
-                    self.evict(&mut st, key, &body)
-                }
-                (&Method::GET, ["apis", "apps", "v1", "namespaces", ns, "daemonsets", name]) => {
-                    if st.daemonsets.contains(&(ns.to_string(), name.to_string())) {
-                        json_reply(200, &json!({"metadata": {"name": name, "namespace": ns}}))
-                    } else {
-                        status(404, "daemonsets.apps not found")
-                    }
-                }
-                (
-                    &Method::GET,
-                    [
-                        "apis",
-                        "policy",
-                        "v1",
-                        "namespaces",
-                        _,
-                        "poddisruptionbudgets",
-                    ],
-                ) => json_reply(
-                    200,
-                    &json!({"apiVersion": "policy/v1",
-                        "kind": "PodDisruptionBudgetList", "metadata": {}, "items": st.pdbs}),
-                ),
-                (&Method::POST, ["api", "v1", "namespaces", _, "events"]) => {
-                    st.events.push(body.clone());
-                    json_reply(201, &body)
-                }
-                (
-                    &Method::GET,
-                    [
-                        "apis",
-                        "lifecycle.k8s.io",
-                        "v1alpha1",
-                        "lifecycletransitions",
-                        name,
-                    ],
-                ) => match st.transitions.get(*name) {
-                    Some(t) => json_reply(200, t),
-                    None => status(404, "not found"),
-                },
-                (
-                    &Method::GET,
-                    [
-                        "apis",
-                        "lifecycle.k8s.io",
-                        "v1alpha1",
-                        "lifecycleevents",
-                        name,
-                    ],
-                ) => match st.lifecycle_events.get(*name) {
-                    Some(e) => json_reply(200, e),
-                    None => status(404, "not found"),
-                },
-                (
-                    &Method::POST,
-                    [
-                        "apis",
-                        "lifecycle.k8s.io",
-                        "v1alpha1",
-                        "lifecycletransitions",
-                    ],
-                ) => {
-                    let name = body["metadata"]["name"].as_str().unwrap().to_string();
-                    st.transitions.insert(name, body.clone());
-                    json_reply(201, &body)
-                }
-                (&Method::GET, ["apis", "lifecycle.k8s.io", "v1alpha1"]) => {
-                    // As on a cluster whose API server has the SLM API built in.
-                    json_reply(
-                        200,
-                        &json!({"kind": "APIResourceList", "apiVersion": "v1",
-                        "groupVersion": "lifecycle.k8s.io/v1alpha1", "resources": [
-                        {"name": "lifecycleevents", "singularName": "lifecycleevent",
-                         "namespaced": false, "kind": "LifecycleEvent", "verbs": ["get"]}]}),
-                    )
-                }
-                _ => status(
-                    404,
-                    &format!("fake API: no route for {} {path}", parts.method),
-                ),
-            }
-        }
-
-        fn evict(&self, st: &mut State, key: (String, String), body: &Value) -> Reply {
-            let well_formed = body["apiVersion"] == "policy/v1" && body["kind"] == "Eviction";
-            if !well_formed {
-                return status(400, "not a policy/v1 Eviction");
-            }
-            let Some(pod) = st.pods.get(&key).cloned() else {
-                return status(404, "pod not found");
-            };
-            if body["deleteOptions"]["preconditions"]["uid"] != pod["metadata"]["uid"] {
-                return status(409, "Precondition failed: UID in precondition");
-            }
-            if let Some(left) = st.pdb_blocks.get_mut(&key.1).filter(|n| **n > 0) {
-                *left -= 1;
-                return status(
-                    429,
-                    "Cannot evict pod as it would violate the pod's disruption budget.",
-                );
-            }
-            if st.hold_deletion {
-                let mut pod = pod;
-                pod["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
-                st.pods.insert(key, pod.clone());
-                self.emit(st, "MODIFIED", pod);
-            } else {
-                st.pods.remove(&key);
-                self.emit(st, "DELETED", pod);
-            }
-            json_reply(201, &json!({"kind": "Status", "status": "Success"}))
-        }
-
-        fn watch(&self, query: &str) -> Reply {
-            let since: u64 = query
-                .split('&')
-                .find_map(|kv| kv.strip_prefix("resourceVersion="))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            let (backlog, live) = {
-                let st = self.state.lock().unwrap();
-                let backlog: Vec<(u64, Value)> = st
-                    .history
-                    .iter()
-                    .filter(|(rv, _)| *rv > since)
-                    .cloned()
-                    .collect();
-                (backlog, self.events.subscribe())
-            };
-            let last = backlog.last().map_or(since, |(rv, _)| *rv);
-            let live = tokio_stream::wrappers::BroadcastStream::new(live)
-                .filter_map(move |e| async move { e.ok().filter(|(rv, _)| *rv > last) });
-            let stream = futures::stream::iter(backlog)
-                .chain(live)
-                .map(|(_, event)| {
-                    Ok::<_, Infallible>(Frame::data(Bytes::from(format!("{event}\n"))))
-                });
-            Response::builder()
-                .status(200)
-                .body(BodyExt::boxed(http_body_util::StreamBody::new(stream)))
-                .unwrap()
-        }
-    }
-
-    /// Strategic merge of `status.conditions` keyed by type.
-    fn strategic_conditions(node: &mut Value, mut patch: Value) {
-        let updates = patch["status"]["conditions"].take();
-        let conditions = node["status"]["conditions"].as_array_mut().unwrap();
-        for update in updates.as_array().into_iter().flatten() {
-            match conditions.iter_mut().find(|c| c["type"] == update["type"]) {
-                Some(existing) => json_patch::merge(existing, update),
-                None => conditions.push(update.clone()),
-            }
-        }
-    }
-}
-
-use fake::{Fake, pod};
+use agent_support::sim::{AGENT_USER, EVENT, NODE, SHOP, SimApi, shop_pod};
 
 fn args(dir: &Path, flags: &[&str]) -> Args {
     use clap::Parser;
@@ -405,7 +60,7 @@ fn args(dir: &Path, flags: &[&str]) -> Args {
     Cli::try_parse_from(argv).unwrap().args
 }
 
-/// Waits until `check` holds, within [`DEADLINE`].
+/// Waits until `check` (agent state no API request announces) holds, within [`DEADLINE`].
 async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + DEADLINE;
     while !check() {
@@ -417,6 +72,11 @@ async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     }
 }
 
+/// Node `n1` as JSON.
+async fn node_json(api: &SimApi) -> Value {
+    serde_json::to_value(api.node().await).unwrap()
+}
+
 fn condition(node: &Value, type_: &str) -> Value {
     node["status"]["conditions"]
         .as_array()
@@ -425,15 +85,6 @@ fn condition(node: &Value, type_: &str) -> Value {
         .find(|c| c["type"] == type_)
         .cloned()
         .unwrap_or(Value::Null)
-}
-
-fn evictions(fake: &Fake) -> Vec<(String, Value)> {
-    let st = fake.state.lock().unwrap();
-    st.requests
-        .iter()
-        .filter(|(m, p, _)| *m == Method::POST && p.ends_with("/eviction"))
-        .map(|(_, p, b)| (p.clone(), b.clone()))
-        .collect()
 }
 
 async fn readyz(addr: std::net::SocketAddr) -> (u16, String) {
@@ -452,30 +103,83 @@ async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     (code, text)
 }
 
-fn mixed_node(fake: &Fake) {
-    let mut st = fake.state.lock().unwrap();
-    st.daemonsets.insert(("kube-system".into(), "owner".into()));
-    st.pdbs
-        .push(json!({"metadata": {"name": "web-pdb", "namespace": "shop"},
-        "spec": {"selector": {"matchLabels": {"app": "web"}}}}));
-    st.pdb_blocks.insert("web-2".into(), 2);
-    drop(st);
-    fake.add_pod(pod("shop", "web-1", Some("ReplicaSet")));
-    fake.add_pod(pod("shop", "web-2", Some("ReplicaSet")));
-    fake.add_pod(pod("kube-system", "proxy-1", Some("DaemonSet")));
-    let mut mirror = pod("kube-system", "etcd-n1", None);
-    mirror["metadata"]["annotations"] = json!({"kubernetes.io/config.mirror": "hash"});
-    fake.add_pod(mirror);
+/// The node of the first test: web-1 and web-2 (ReplicaSet pods, gone at once when
+/// evicted), web-2 protected by PDB `web-pdb` with no disruption allowed; a DaemonSet pod
+/// and a mirror pod, which stay. Returns the web pods' UIDs by name.
+async fn mixed_node(api: &SimApi) -> Vec<(String, String)> {
+    let web = |name: &str| {
+        shop_pod(name)
+            .label("app", "web")
+            .owned_by_rs("web")
+            .grace_period(0)
+    };
+    let web_1 = api.create(web("web-1")).await;
+    // The budget protects web-2 only, so web-1 goes at its first eviction.
+    let web_2 = api.create(web("web-2").label("role", "primary")).await;
+    let budget = pdb("web-pdb")
+        .ns(SHOP)
+        .selecting(&[("app", "web"), ("role", "primary")])
+        .min_available(1);
+    api.create(budget).await;
+    // What the disruption controller writes for one healthy pod that must stay.
+    let blocked = json!({"observedGeneration": 1, "disruptionsAllowed": 0,
+        "currentHealthy": 1, "desiredHealthy": 1, "expectedPods": 1});
+    api.patch_status::<PodDisruptionBudget>(Some(SHOP), "web-pdb", blocked)
+        .await;
+    api.create(proxy_daemon_set()).await;
+    let proxy = pod("proxy-1")
+        .ns("kube-system")
+        .on_node(NODE)
+        .container("registry.example/proxy:1")
+        .owned_by("DaemonSet", "proxy");
+    api.create(proxy).await;
+    let mirror = pod("etcd-n1")
+        .ns("kube-system")
+        .on_node(NODE)
+        .container("registry.example/etcd:1")
+        .annotate("kubernetes.io/config.mirror", "hash");
+    api.create(mirror).await;
+    [web_1, web_2]
+        .iter()
+        .map(|p| (p.name_any(), p.uid().unwrap()))
+        .collect()
+}
+
+/// DaemonSet `kube-system/proxy`, owner of pod proxy-1.
+fn proxy_daemon_set() -> DaemonSet {
+    let labels = graceful_drain::fixtures::labels(&[("app", "proxy")]);
+    DaemonSet {
+        metadata: ObjectMeta {
+            name: Some("proxy".into()),
+            namespace: Some("kube-system".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(DaemonSetSpec {
+            selector: LabelSelector {
+                match_labels: Some(labels.clone()),
+                ..LabelSelector::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..ObjectMeta::default()
+                }),
+                spec: pod("t").container("registry.example/proxy:1").spec,
+            },
+            ..DaemonSetSpec::default()
+        }),
+        status: None,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubelet_drives_a_drain_to_completion_and_back_to_service() {
     graceful_drain::runtime::init_tracing(Default::default());
     let dir = tempfile::tempdir().unwrap();
-    let fake = Fake::new();
-    mixed_node(&fake);
+    let api = SimApi::start(Faults::default()).await;
+    let uids = mixed_node(&api).await;
     let shutdown = Shutdown::new();
-    let started = agent::start(args(dir.path(), &[]), fake.client(), shutdown.clone())
+    let started = agent::start(args(dir.path(), &[]), api.agent_client(), shutdown.clone())
         .await
         .unwrap();
     let admin = started.admin_addr;
@@ -485,14 +189,18 @@ async fn kubelet_drives_a_drain_to_completion_and_back_to_service() {
     let mut kubelet = Kubelet::register(&reg_socket, NODE).await;
 
     // Both transitions are published for all nodes with our driver; /readyz follows.
-    eventually("transitions published", || {
-        fake.state.lock().unwrap().transitions.len() == 2
+    api.until("transitions published", || async {
+        api.transitions().await.len() == 2
     })
     .await;
-    let t = fake.state.lock().unwrap().transitions["graceful-drain"].clone();
-    assert_eq!(t["spec"]["allNodes"], true);
-    assert_eq!(t["spec"]["driver"], "graceful-drain.io");
-    assert_eq!(t["spec"]["sla"], "15m0s");
+    let transitions = api.transitions().await;
+    let t = transitions
+        .iter()
+        .find(|t| t.name_any() == "graceful-drain")
+        .unwrap();
+    assert_eq!(t.spec.all_nodes, Some(true));
+    assert_eq!(t.spec.driver, "graceful-drain.io");
+    assert_eq!(t.spec.sla.as_deref(), Some("15m0s"));
     let deadline = tokio::time::Instant::now() + DEADLINE;
     while readyz(admin).await.0 != 200 {
         assert!(tokio::time::Instant::now() < deadline, "never ready");
@@ -513,11 +221,22 @@ async fn kubelet_drives_a_drain_to_completion_and_back_to_service() {
             .lifecycle_condition,
         "drain-started"
     );
+    // Two refusals of web-2, then the budget allows one disruption, as the disruption
+    // controller writes once a replacement turned ready (the agent waits at least a
+    // second before its third attempt).
+    let refused = |r: &agent_support::sim::Recorded| r.pod() == "web-2" && r.code == 429;
+    api.until("two refusals of web-2", || async {
+        api.evictions().iter().filter(|r| refused(r)).count() == 2
+    })
+    .await;
+    let relaxed = json!({"disruptionsAllowed": 1, "currentHealthy": 2});
+    api.patch_status::<PodDisruptionBudget>(Some(SHOP), "web-pdb", relaxed)
+        .await;
     let done = kubelet.end_until("graceful-drain", "drain-complete").await;
     assert_eq!(done.error, "");
     assert_eq!(done.lifecycle_condition, "drain-complete");
 
-    let node = fake.state.lock().unwrap().node.clone();
+    let node = node_json(&api).await;
     assert_eq!(node["spec"]["unschedulable"], true);
     assert_eq!(
         node["metadata"]["labels"]["node.kubernetes.io/exclude-from-external-load-balancers"],
@@ -533,8 +252,8 @@ async fn kubelet_drives_a_drain_to_completion_and_back_to_service() {
 
     // Evicted: the two web pods (web-2 after two PDB refusals), each with its UID as
     // precondition; the DaemonSet and mirror pods stay.
-    let evicted = evictions(&fake);
-    let paths: Vec<&str> = evicted.iter().map(|(p, _)| p.as_str()).collect();
+    let evicted = api.evictions();
+    let paths: Vec<&str> = evicted.iter().map(|r| r.path.as_str()).collect();
     assert_eq!(
         paths.iter().filter(|p| p.contains("/web-2/")).count(),
         3,
@@ -549,32 +268,21 @@ async fn kubelet_drives_a_drain_to_completion_and_back_to_service() {
         paths.iter().all(|p| p.contains("/shop/pods/web-")),
         "{paths:?}"
     );
-    for (path, body) in &evicted {
-        let name = path.split('/').nth(6).unwrap();
-        assert_eq!(
-            body["deleteOptions"]["preconditions"]["uid"],
-            format!("uid-{name}")
-        );
+    for eviction in &evicted {
+        let (_, uid) = uids.iter().find(|(n, _)| n == eviction.pod()).unwrap();
+        assert_eq!(eviction.body["deleteOptions"]["preconditions"]["uid"], *uid);
     }
-    {
-        let st = fake.state.lock().unwrap();
-        let left: Vec<&str> = st.pods.keys().map(|(_, n)| n.as_str()).collect();
-        assert_eq!(left, ["etcd-n1", "proxy-1"]);
-        // The block was reported on the Node, naming the pod and its PDB.
-        let blocked: Vec<&Value> = st
-            .events
-            .iter()
-            .filter(|e| e["reason"] == "graceful-drain.io/EvictionBlocked")
-            .collect();
-        assert_eq!(blocked.len(), 1, "repeats are rate-limited: {blocked:?}");
-        let message = blocked[0]["message"].as_str().unwrap();
-        assert!(
-            message.contains("shop/web-2") && message.contains("PDB shop/web-pdb"),
-            "{message}"
-        );
-        assert_eq!(blocked[0]["involvedObject"]["kind"], "Node");
-        assert_eq!(blocked[0]["involvedObject"]["name"], NODE);
-    }
+    assert_eq!(api.pod_names().await, ["etcd-n1", "proxy-1"]);
+    // The block was reported on the Node, naming the pod and its PDB.
+    let blocked = api.events("graceful-drain.io/EvictionBlocked").await;
+    assert_eq!(blocked.len(), 1, "repeats are rate-limited: {blocked:?}");
+    let message = blocked[0].message.as_deref().unwrap();
+    assert!(
+        message.contains("shop/web-2") && message.contains("PDB shop/web-pdb"),
+        "{message}"
+    );
+    assert_eq!(blocked[0].involved_object.kind.as_deref(), Some("Node"));
+    assert_eq!(blocked[0].involved_object.name.as_deref(), Some(NODE));
     let snapshot = agent_state.snapshot();
     assert_eq!(snapshot.message, "0 pods remaining: 2 evicted, 2 skipped");
     let (code, status) = get(admin, "/status").await;
@@ -600,7 +308,7 @@ async fn kubelet_drives_a_drain_to_completion_and_back_to_service() {
         .end_until("graceful-maintenance-complete", "maintenance-complete")
         .await;
     assert_eq!(done.error, "");
-    let node = fake.state.lock().unwrap().node.clone();
+    let node = node_json(&api).await;
     assert_eq!(node["spec"]["unschedulable"], false);
     assert!(
         node["metadata"]["labels"]
@@ -619,10 +327,12 @@ async fn kubelet_drives_a_drain_to_completion_and_back_to_service() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_a_clear_error_and_no_work() {
     let dir = tempfile::tempdir().unwrap();
-    let fake = Fake::new();
-    fake.add_pod(pod("shop", "web-1", Some("ReplicaSet")));
+    let api = SimApi::start(Faults::default()).await;
+    // No kubelet finishes it: once evicted, the pod stays terminating (30 s grace).
+    api.create(shop_pod("web-1").label("app", "web").owned_by_rs("web"))
+        .await;
     let shutdown = Shutdown::new();
-    let started = agent::start(args(dir.path(), &[]), fake.client(), shutdown.clone())
+    let started = agent::start(args(dir.path(), &[]), api.agent_client(), shutdown.clone())
         .await
         .unwrap();
     let mut kubelet = Kubelet::register(&started.registration_socket, NODE).await;
@@ -648,26 +358,19 @@ async fn bad_requests_get_a_clear_error_and_no_work() {
         "{}",
         answer.error
     );
-    assert!(evictions(&fake).is_empty());
-    let patched = fake
-        .state
-        .lock()
-        .unwrap()
-        .requests
-        .iter()
-        .any(|(m, _, _)| *m == Method::PATCH);
+    assert!(api.evictions().is_empty());
+    let patched = api.requests().iter().any(|r| r.method == Method::PATCH);
     assert!(!patched, "no node change for refused requests");
 
     // An expired SLA stops the drain and fails the transition with a message.
-    fake.state.lock().unwrap().hold_deletion = true;
     kubelet.start("graceful-drain", NODE).await;
-    eventually("eviction sent", || !evictions(&fake).is_empty()).await;
+    api.until("eviction sent", || async { !api.evictions().is_empty() })
+        .await;
     let answer = kubelet.end("graceful-drain", true).await;
     assert!(answer.error.contains("SLA"), "{}", answer.error);
     assert!(answer.error.contains(NODE), "{}", answer.error);
-    eventually("DrainInProgress stopped", || {
-        let node = fake.state.lock().unwrap().node.clone();
-        condition(&node, "DrainInProgress")["reason"] == "DrainStopped"
+    api.until("DrainInProgress stopped", || async {
+        condition(&node_json(&api).await, "DrainInProgress")["reason"] == "DrainStopped"
     })
     .await;
     let again = kubelet.end("graceful-drain", false).await;
@@ -681,11 +384,12 @@ async fn bad_requests_get_a_clear_error_and_no_work() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_filter_refusal_fails_the_transition_before_any_eviction() {
     let dir = tempfile::tempdir().unwrap();
-    let fake = Fake::new();
-    fake.add_pod(pod("shop", "web-1", Some("ReplicaSet")));
-    fake.add_pod(pod("shop", "bare", None));
+    let api = SimApi::start(Faults::default()).await;
+    api.create(shop_pod("web-1").label("app", "web").owned_by_rs("web"))
+        .await;
+    api.create(shop_pod("bare").label("app", "bare")).await;
     let shutdown = Shutdown::new();
-    let started = agent::start(args(dir.path(), &[]), fake.client(), shutdown.clone())
+    let started = agent::start(args(dir.path(), &[]), api.agent_client(), shutdown.clone())
         .await
         .unwrap();
     let mut kubelet = Kubelet::register(&started.registration_socket, NODE).await;
@@ -699,8 +403,8 @@ async fn a_filter_refusal_fails_the_transition_before_any_eviction() {
         "{}",
         answer.error
     );
-    assert!(evictions(&fake).is_empty(), "nothing evicted");
-    let node = fake.state.lock().unwrap().node.clone();
+    assert!(api.evictions().is_empty(), "nothing evicted");
+    let node = node_json(&api).await;
     let cond = condition(&node, "DrainInProgress");
     assert_eq!(cond["reason"], "DrainFailed");
     assert!(cond["message"].as_str().unwrap().contains("shop/bare"));
@@ -710,20 +414,23 @@ async fn a_filter_refusal_fails_the_transition_before_any_eviction() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_agent_resumes_the_drain() {
     let dir = tempfile::tempdir().unwrap();
-    let fake = Fake::new();
-    fake.state.lock().unwrap().hold_deletion = true;
-    fake.add_pod(pod("shop", "web-1", Some("ReplicaSet")));
-    fake.add_pod(pod("shop", "web-2", Some("ReplicaSet")));
+    let api = SimApi::start(Faults::default()).await;
+    // Evicted pods stay terminating (30 s grace) until the test plays the kubelet.
+    for name in ["web-1", "web-2"] {
+        api.create(shop_pod(name).label("app", "web").owned_by_rs("web"))
+            .await;
+    }
 
     let first = Shutdown::new();
-    let started = agent::start(args(dir.path(), &[]), fake.client(), first.clone())
+    let started = agent::start(args(dir.path(), &[]), api.agent_client(), first.clone())
         .await
         .unwrap();
     let reg_socket = started.registration_socket.clone();
     let running = tokio::spawn(started.wait());
     let mut kubelet = Kubelet::register(&reg_socket, NODE).await;
     kubelet.start("graceful-drain", NODE).await;
-    eventually("both evicted", || evictions(&fake).len() == 2).await;
+    api.until("both evicted", || async { api.evictions().len() == 2 })
+        .await;
     // The pods are terminating: the drain is not done.
     assert_eq!(
         kubelet
@@ -732,24 +439,24 @@ async fn a_restarted_agent_resumes_the_drain() {
             .lifecycle_condition,
         "drain-started"
     );
-    eventually("progress on the Node", || {
-        let node = fake.state.lock().unwrap().node.clone();
+    api.until("progress on the Node", || async {
+        let node = node_json(&api).await;
         condition(&node, "DrainInProgress")["message"] == "2 pods remaining: 2 terminating"
     })
     .await;
     first.cancel();
     running.await.unwrap();
     assert!(!reg_socket.exists(), "deregistered");
-    let node = fake.state.lock().unwrap().node.clone();
+    let node = node_json(&api).await;
     assert_eq!(
-        node["metadata"]["annotations"]["graceful-drain.io/drain-event"], "ev-1",
+        node["metadata"]["annotations"]["graceful-drain.io/drain-event"], EVENT,
         "the drain names its event on the Node"
     );
-    // Its event (the fake's ev-1) is still claimed and within its SLA.
+    // Its event (ev-1) is still claimed and within its SLA.
 
     // A new agent finds cordoned + DrainInProgress and resumes without a Start.
     let second = Shutdown::new();
-    let started = agent::start(args(dir.path(), &[]), fake.client(), second.clone())
+    let started = agent::start(args(dir.path(), &[]), api.agent_client(), second.clone())
         .await
         .unwrap();
     let resumed = started.agent.clone();
@@ -757,12 +464,12 @@ async fn a_restarted_agent_resumes_the_drain() {
         resumed.phase(agent::OpKind::Drain).is_some()
     })
     .await;
-    fake.finish_terminating();
+    api.finish_terminating().await;
     let mut kubelet = Kubelet::register(&started.registration_socket, NODE).await;
     let done = kubelet.end_until("graceful-drain", "drain-complete").await;
     assert_eq!(done.error, "");
     assert_eq!(done.lifecycle_condition, "drain-complete");
-    let node = fake.state.lock().unwrap().node.clone();
+    let node = node_json(&api).await;
     assert_eq!(condition(&node, "Drained")["status"], "True");
     second.cancel();
 }
@@ -770,10 +477,14 @@ async fn a_restarted_agent_resumes_the_drain() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rpcs_answer_while_the_api_server_hangs() {
     let dir = tempfile::tempdir().unwrap();
-    let fake = Fake::new();
-    fake.state.lock().unwrap().hang = true;
+    // The agent's requests are never answered.
+    let api = SimApi::start(Faults {
+        hung_users: vec![AGENT_USER.into()],
+        ..Faults::default()
+    })
+    .await;
     let shutdown = Shutdown::new();
-    let started = agent::start(args(dir.path(), &[]), fake.client(), shutdown.clone())
+    let started = agent::start(args(dir.path(), &[]), api.agent_client(), shutdown.clone())
         .await
         .unwrap();
     let mut kubelet = Kubelet::register(&started.registration_socket, NODE).await;
@@ -806,15 +517,16 @@ async fn rpcs_answer_while_the_api_server_hangs() {
             .lifecycle_condition,
         "uncordoning"
     );
+    assert!(api.requests().is_empty(), "no request was answered");
     shutdown.cancel();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_registration_shows_on_readyz() {
     let dir = tempfile::tempdir().unwrap();
-    let fake = Fake::new();
+    let api = SimApi::start(Faults::default()).await;
     let shutdown = Shutdown::new();
-    let started = agent::start(args(dir.path(), &[]), fake.client(), shutdown.clone())
+    let started = agent::start(args(dir.path(), &[]), api.agent_client(), shutdown.clone())
         .await
         .unwrap();
     let admin = started.admin_addr;
@@ -836,15 +548,19 @@ async fn a_refused_registration_shows_on_readyz() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_auto_reconciler_a_refusal_counts_when_the_kubelet_owns_the_api() {
     let dir = tempfile::tempdir().unwrap();
-    let fake = Fake::new();
-    let shutdown = Shutdown::new();
+    let api = SimApi::start(Faults::default()).await;
     // `auto` finds the SLM API built in (no CRD): the kubelet must drive us, so its
     // refusal is a real problem.
+    api.hide_lifecycle_crds();
     let flags = ["--lifecycle-reconciler", "auto"];
-
-    let started = agent::start(args(dir.path(), &flags), fake.client(), shutdown.clone())
-        .await
-        .unwrap();
+    let shutdown = Shutdown::new();
+    let started = agent::start(
+        args(dir.path(), &flags),
+        api.agent_client(),
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
     let admin = started.admin_addr;
     let deadline = tokio::time::Instant::now() + DEADLINE;
     while readyz(admin).await.0 != 200 {
@@ -867,12 +583,9 @@ async fn with_auto_reconciler_a_refusal_counts_when_the_kubelet_owns_the_api() {
         assert!(
             tokio::time::Instant::now() < deadline,
             "refusal never showed on /readyz: {:?}",
-            fake.state
-                .lock()
-                .unwrap()
-                .requests
+            api.requests()
                 .iter()
-                .map(|(m, p, _)| format!("{m} {p}"))
+                .map(|r| format!("{} {} {}", r.method, r.path, r.code))
                 .collect::<Vec<_>>()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -883,24 +596,31 @@ async fn with_auto_reconciler_a_refusal_counts_when_the_kubelet_owns_the_api() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_the_agent_may_not_patch_is_reported_not_silently_retried() {
     let dir = tempfile::tempdir().unwrap();
-    let fake = Fake::new();
-    fake.state.lock().unwrap().forbid_node_patch = true;
-    fake.add_pod(pod("shop", "web-1", Some("ReplicaSet")));
+    // Deployed without RBAC to patch Nodes.
+    let api = SimApi::start(Faults {
+        forbidden: vec![
+            Forbidden::new(AGENT_USER, "patch", "nodes"),
+            Forbidden::new(AGENT_USER, "patch", "nodes/status"),
+        ],
+        ..Faults::default()
+    })
+    .await;
+    api.create(shop_pod("web-1").label("app", "web").owned_by_rs("web"))
+        .await;
     let shutdown = Shutdown::new();
-    let started = agent::start(args(dir.path(), &[]), fake.client(), shutdown.clone())
+    let started = agent::start(args(dir.path(), &[]), api.agent_client(), shutdown.clone())
         .await
         .unwrap();
     let mut kubelet = Kubelet::register(&started.registration_socket, NODE).await;
     kubelet.start("graceful-drain", NODE).await;
-    eventually("a NodeUpdateFailed event", || {
-        fake.state.lock().unwrap().events.iter().any(|e| {
-            e["reason"] == "graceful-drain.io/NodeUpdateFailed"
-                && e["message"]
-                    .as_str()
-                    .unwrap()
-                    .contains("prepare node for drain")
-                && e["message"].as_str().unwrap().contains("forbidden")
-        })
+    api.until("a NodeUpdateFailed event", || async {
+        api.events("graceful-drain.io/NodeUpdateFailed")
+            .await
+            .iter()
+            .any(|e| {
+                let message = e.message.as_deref().unwrap_or_default();
+                message.contains("prepare node for drain") && message.contains("forbidden")
+            })
     })
     .await;
     // Still retrying: End says "call me again", and nothing was evicted before the cordon.
@@ -909,37 +629,42 @@ async fn a_node_the_agent_may_not_patch_is_reported_not_silently_retried() {
         (answer.lifecycle_condition.as_str(), answer.error.as_str()),
         ("drain-started", "")
     );
-    assert!(evictions(&fake).is_empty());
+    assert!(api.evictions().is_empty());
     shutdown.cancel();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_sla_is_recorded_even_for_a_drain_this_agent_does_not_run() {
     let dir = tempfile::tempdir().unwrap();
-    let fake = Fake::new();
+    let api = SimApi::start(Faults::default()).await;
     // Left by an earlier agent: a drain marked in progress on an uncordoned node (so this
     // agent does not resume it).
-    fake.state.lock().unwrap().node["status"]["conditions"]
-        .as_array_mut()
-        .unwrap()
-        .push(json!({"type": "DrainInProgress", "status": "True", "reason": "Draining"}));
+    let in_progress = json!({"status": {"conditions": [
+        {"type": "DrainInProgress", "status": "True", "reason": "Draining"}]}});
+    Api::<Node>::all(api.admin())
+        .patch_status(
+            NODE,
+            &PatchParams::default(),
+            &Patch::Strategic(in_progress),
+        )
+        .await
+        .unwrap();
     let shutdown = Shutdown::new();
-    let started = agent::start(args(dir.path(), &[]), fake.client(), shutdown.clone())
+    let started = agent::start(args(dir.path(), &[]), api.agent_client(), shutdown.clone())
         .await
         .unwrap();
     let mut kubelet = Kubelet::register(&started.registration_socket, NODE).await;
     let answer = kubelet.end("graceful-drain", true).await;
     assert!(answer.error.contains("SLA"), "{}", answer.error);
-    eventually("DrainInProgress=False recorded", || {
-        let node = fake.state.lock().unwrap().node.clone();
-        condition(&node, "DrainInProgress")["status"] == "False"
+    api.until("DrainInProgress=False recorded", || async {
+        condition(&node_json(&api).await, "DrainInProgress")["status"] == "False"
     })
     .await;
-    let node = fake.state.lock().unwrap().node.clone();
+    let node = node_json(&api).await;
     assert_eq!(
         condition(&node, "DrainInProgress")["reason"],
         "DrainStopped"
     );
-    assert!(evictions(&fake).is_empty());
+    assert!(api.evictions().is_empty());
     shutdown.cancel();
 }
