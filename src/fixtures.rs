@@ -1,7 +1,8 @@
 //! Test fixtures: builders for the Kubernetes objects that unit tests, integration tests
 //! and the simulated cluster's scenarios need, so no module writes its own `fn pod()`.
 //!
-//! Each builder starts from a constructor ([`pod`], [`node`], [`pdb`], [`replica_set`])
+//! Each builder starts from a constructor ([`pod`], [`node`], [`pdb`], [`replica_set`],
+//! [`stateful_set`], [`daemon_set`])
 //! and is refined by chaining methods of an extension trait on the k8s-openapi type itself,
 //! so a chain is the object, with no `build()`:
 //!
@@ -24,7 +25,11 @@ use std::collections::BTreeMap;
 #[cfg(test)]
 pub mod mock;
 
-use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetSpec};
+use k8s_openapi::api::apps::v1::{
+    DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, ReplicaSet, ReplicaSetSpec,
+    RollingUpdateDaemonSet, RollingUpdateStatefulSetStrategy, StatefulSet, StatefulSetSpec,
+    StatefulSetUpdateStrategy,
+};
 use k8s_openapi::api::core::v1::{
     Container, EmptyDirVolumeSource, Node, NodeCondition, NodeSpec, NodeStatus, Pod, PodCondition,
     PodSpec, PodStatus, PodTemplateSpec, Taint, Toleration, Volume,
@@ -409,6 +414,198 @@ impl ReplicaSetFixture for ReplicaSet {
         let template = spec.template.get_or_insert_with(PodTemplateSpec::default);
         let meta = template.metadata.get_or_insert_with(ObjectMeta::default);
         meta.labels = Some(labels(pairs));
+        self
+    }
+}
+
+/// Sets `labels` as `selector.matchLabels` and as the template's labels.
+fn select(selector: &mut LabelSelector, template: &mut PodTemplateSpec, pairs: &[(&str, &str)]) {
+    *selector = LabelSelector {
+        match_labels: Some(labels(pairs)),
+        ..LabelSelector::default()
+    };
+    let meta = template.metadata.get_or_insert_with(ObjectMeta::default);
+    meta.labels = Some(labels(pairs));
+}
+
+/// Gives `template` one container `app` running `image`.
+fn template_container(template: &mut PodTemplateSpec, image: &str) {
+    template
+        .spec
+        .get_or_insert_with(PodSpec::default)
+        .containers = vec![Container {
+        name: "app".into(),
+        image: Some(image.into()),
+        ..Container::default()
+    }];
+}
+
+/// A StatefulSet `default/<name>` with uid `<name>-uid`, generation 1, an empty selector
+/// and the API server's defaults: 1 replica, OrderedReady, RollingUpdate with partition 0.
+pub fn stateful_set(name: &str) -> StatefulSet {
+    StatefulSet {
+        metadata: ObjectMeta {
+            namespace: Some("default".into()),
+            uid: Some(format!("{name}-uid")),
+            generation: Some(1),
+            ..meta(name)
+        },
+        spec: Some(StatefulSetSpec {
+            replicas: Some(1),
+            pod_management_policy: Some("OrderedReady".into()),
+            service_name: Some(name.into()),
+            update_strategy: Some(StatefulSetUpdateStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateStatefulSetStrategy {
+                    partition: Some(0),
+                    ..RollingUpdateStatefulSetStrategy::default()
+                }),
+            }),
+            ..StatefulSetSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// Refinements of a [`StatefulSet`]; see [`stateful_set`].
+pub trait StatefulSetFixture: Sized {
+    /// Moves the StatefulSet to namespace `ns`.
+    fn ns(self, ns: &str) -> Self;
+    /// Sets the uid.
+    fn with_uid(self, uid: &str) -> Self;
+    /// Sets `spec.replicas`.
+    fn replicas(self, replicas: i32) -> Self;
+    /// Selects (and labels its template with) every label of `pairs`.
+    fn selecting(self, pairs: &[(&str, &str)]) -> Self;
+    /// `podManagementPolicy: Parallel`.
+    fn parallel(self) -> Self;
+    /// Sets the rolling update's `partition`.
+    fn partition(self, partition: i32) -> Self;
+    /// Gives the template one container `app` running `image`.
+    fn container(self, image: &str) -> Self;
+}
+
+fn sts_spec(set: &mut StatefulSet) -> &mut StatefulSetSpec {
+    set.spec.get_or_insert_with(StatefulSetSpec::default)
+}
+
+impl StatefulSetFixture for StatefulSet {
+    fn ns(mut self, ns: &str) -> Self {
+        self.metadata.namespace = Some(ns.into());
+        self
+    }
+    fn with_uid(mut self, uid: &str) -> Self {
+        self.metadata.uid = Some(uid.into());
+        self
+    }
+    fn replicas(mut self, replicas: i32) -> Self {
+        sts_spec(&mut self).replicas = Some(replicas);
+        self
+    }
+    fn selecting(mut self, pairs: &[(&str, &str)]) -> Self {
+        let spec = sts_spec(&mut self);
+        select(&mut spec.selector, &mut spec.template, pairs);
+        self
+    }
+    fn parallel(mut self) -> Self {
+        sts_spec(&mut self).pod_management_policy = Some("Parallel".into());
+        self
+    }
+    fn partition(mut self, partition: i32) -> Self {
+        let strategy = sts_spec(&mut self)
+            .update_strategy
+            .get_or_insert_with(StatefulSetUpdateStrategy::default);
+        strategy.type_ = Some("RollingUpdate".into());
+        strategy
+            .rolling_update
+            .get_or_insert_with(RollingUpdateStatefulSetStrategy::default)
+            .partition = Some(partition);
+        self
+    }
+    fn container(mut self, image: &str) -> Self {
+        template_container(&mut sts_spec(&mut self).template, image);
+        self
+    }
+}
+
+/// A DaemonSet `default/<name>` with uid `<name>-uid`, generation 1, an empty selector
+/// and the API server's default strategy: RollingUpdate, maxUnavailable 1, maxSurge 0.
+pub fn daemon_set(name: &str) -> DaemonSet {
+    DaemonSet {
+        metadata: ObjectMeta {
+            namespace: Some("default".into()),
+            uid: Some(format!("{name}-uid")),
+            generation: Some(1),
+            ..meta(name)
+        },
+        spec: Some(DaemonSetSpec {
+            update_strategy: Some(DaemonSetUpdateStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateDaemonSet {
+                    max_unavailable: Some(IntOrString::Int(1)),
+                    max_surge: Some(IntOrString::Int(0)),
+                }),
+            }),
+            ..DaemonSetSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// Refinements of a [`DaemonSet`]; see [`daemon_set`].
+pub trait DaemonSetFixture: Sized {
+    /// Moves the DaemonSet to namespace `ns`.
+    fn ns(self, ns: &str) -> Self;
+    /// Sets the uid.
+    fn with_uid(self, uid: &str) -> Self;
+    /// Selects (and labels its template with) every label of `pairs`.
+    fn selecting(self, pairs: &[(&str, &str)]) -> Self;
+    /// Sets the template's `nodeSelector`.
+    fn node_selector(self, pairs: &[(&str, &str)]) -> Self;
+    /// Sets the rolling update's `maxUnavailable` and `maxSurge`.
+    fn rolling(self, max_unavailable: IntOrString, max_surge: IntOrString) -> Self;
+    /// Gives the template one container `app` running `image`.
+    fn container(self, image: &str) -> Self;
+}
+
+fn ds_spec(set: &mut DaemonSet) -> &mut DaemonSetSpec {
+    set.spec.get_or_insert_with(DaemonSetSpec::default)
+}
+
+impl DaemonSetFixture for DaemonSet {
+    fn ns(mut self, ns: &str) -> Self {
+        self.metadata.namespace = Some(ns.into());
+        self
+    }
+    fn with_uid(mut self, uid: &str) -> Self {
+        self.metadata.uid = Some(uid.into());
+        self
+    }
+    fn selecting(mut self, pairs: &[(&str, &str)]) -> Self {
+        let spec = ds_spec(&mut self);
+        select(&mut spec.selector, &mut spec.template, pairs);
+        self
+    }
+    fn node_selector(mut self, pairs: &[(&str, &str)]) -> Self {
+        ds_spec(&mut self)
+            .template
+            .spec
+            .get_or_insert_with(PodSpec::default)
+            .node_selector = Some(labels(pairs));
+        self
+    }
+    fn rolling(mut self, max_unavailable: IntOrString, max_surge: IntOrString) -> Self {
+        ds_spec(&mut self).update_strategy = Some(DaemonSetUpdateStrategy {
+            type_: Some("RollingUpdate".into()),
+            rolling_update: Some(RollingUpdateDaemonSet {
+                max_unavailable: Some(max_unavailable),
+                max_surge: Some(max_surge),
+            }),
+        });
+        self
+    }
+    fn container(mut self, image: &str) -> Self {
+        template_container(&mut ds_spec(&mut self).template, image);
         self
     }
 }

@@ -443,7 +443,9 @@ fn spawn_controllers(
     disruption_timeout: Duration,
     s: &Shutdown,
 ) {
-    use controllers::{deployment, disruption, endpointslice, gc, replicaset, scheduler};
+    use controllers::{
+        daemonset, deployment, disruption, endpointslice, gc, replicaset, scheduler, statefulset,
+    };
     let c = |user: &str| api.retrying_client(user);
     spawn_owned(
         "scheduler",
@@ -459,6 +461,16 @@ fn spawn_controllers(
         "deployment-controller",
         s.clone(),
         deployment::run(c(users::DEPLOYMENT), s.clone()),
+    );
+    spawn_owned(
+        "statefulset-controller",
+        s.clone(),
+        statefulset::run(c(users::STATEFULSET), s.clone()),
+    );
+    spawn_owned(
+        "daemon-set-controller",
+        s.clone(),
+        daemonset::run(c(users::DAEMONSET), s.clone()),
     );
     spawn_owned(
         "endpointslice-controller",

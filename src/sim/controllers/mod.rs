@@ -8,6 +8,7 @@
 //! missed. Writes that depend on a cached object carry its resourceVersion, so a stale
 //! cache causes a conflict and a retry, never a wrong write.
 
+pub mod daemonset;
 pub mod deployment;
 pub mod disruption;
 pub mod endpointslice;
@@ -15,6 +16,7 @@ pub mod gc;
 pub mod kubelet;
 pub mod replicaset;
 pub mod scheduler;
+pub mod statefulset;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Debug;
@@ -40,6 +42,8 @@ pub mod users {
     pub const SCHEDULER: &str = "system:kube-scheduler";
     pub const REPLICASET: &str = "system:serviceaccount:kube-system:replicaset-controller";
     pub const DEPLOYMENT: &str = "system:serviceaccount:kube-system:deployment-controller";
+    pub const STATEFULSET: &str = "system:serviceaccount:kube-system:statefulset-controller";
+    pub const DAEMONSET: &str = "system:serviceaccount:kube-system:daemon-set-controller";
     pub const ENDPOINTSLICE: &str = "system:serviceaccount:kube-system:endpointslice-controller";
     pub const DISRUPTION: &str = "system:serviceaccount:kube-system:disruption-controller";
     pub const GARBAGE_COLLECTOR: &str =
