@@ -438,6 +438,33 @@ async fn a_node_store_behind_our_own_condition_write_never_starts_twice() {
 }
 
 #[tokio::test]
+async fn a_throttled_read_of_the_transition_never_fails_a_claimed_event() {
+    let h = Harness::new().await;
+    let driver = h.driver();
+    driver.set_script(plugin::draining(2));
+    let r = h.reconciler().await;
+    let name = h.create_event("graceful-drain").await;
+    let now = Timestamp::now();
+    settle(&r, now).await;
+    assert_eq!(driver.starts(), 1);
+
+    // API Priority and Fairness answers 429 to reads of the transition for a while.
+    h.api.throttle_gets(Some("/lifecycletransitions/"));
+    settle(&r, later(now, 10)).await;
+    assert_eq!(h.statuses(&name).await, ["Pending", "Claimed"]);
+    assert!(
+        h.event(&name).await.is_some(),
+        "not concluded on an unknown transition"
+    );
+
+    h.api.throttle_gets(None);
+    settle(&r, later(now, 20)).await;
+    settle(&r, later(now, 30)).await;
+    assert_eq!(h.statuses(&name).await, ["Pending", "Claimed", "Succeeded"]);
+    assert_eq!(driver.starts(), 1, "{:?}", driver.calls());
+}
+
+#[tokio::test]
 async fn two_reconcilers_on_one_node_claim_once() {
     let h = Harness::new().await;
     let _driver = h.driver();

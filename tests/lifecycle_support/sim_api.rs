@@ -33,6 +33,8 @@ pub struct SimApi {
     shutdown: Shutdown,
     writes: Arc<Mutex<Vec<Write>>>,
     crds_hidden: Arc<std::sync::atomic::AtomicBool>,
+    /// GETs whose path contains this are answered 429 (API Priority and Fairness).
+    throttled: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl Drop for SimApi {
@@ -93,6 +95,7 @@ impl SimApi {
             shutdown,
             writes: Arc::default(),
             crds_hidden: Arc::default(),
+            throttled: Arc::default(),
         };
         let admin = api.server.client("admin");
         for crd in graceful_drain::lifecycle::crds::crds().unwrap() {
@@ -114,9 +117,24 @@ impl SimApi {
         let inner = self.server.client("admin");
         let writes = self.writes.clone();
         let hidden = self.crds_hidden.clone();
+        let throttled = self.throttled.clone();
         let service = tower::service_fn(move |request: Request<Body>| {
             let (inner, writes, hidden) = (inner.clone(), writes.clone(), hidden.clone());
+            let throttled = throttled.clone();
             async move {
+                let throttled = throttled
+                    .lock()
+                    .unwrap()
+                    .as_ref()
+                    .is_some_and(|part| request.uri().path().contains(part.as_str()));
+                if throttled && request.method() == Method::GET {
+                    let body = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"TooManyRequests","message":"Too many requests, please try again later.","code":429}"#;
+                    let response = Response::builder()
+                        .status(429)
+                        .header("retry-after", "1")
+                        .body(Body::from(body.as_bytes().to_vec()));
+                    return Ok::<_, Infallible>(response.unwrap());
+                }
                 if hidden.load(std::sync::atomic::Ordering::SeqCst)
                     && request.uri().path().starts_with(CRD_PATH)
                     && request.uri().path().ends_with(".lifecycle.k8s.io")
@@ -212,6 +230,12 @@ impl SimApi {
     pub fn hide_lifecycle_crds(&self) {
         self.crds_hidden
             .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The client's GETs whose path contains `part` are answered 429 with Retry-After,
+    /// as API Priority and Fairness answers under load; `None` ends it.
+    pub fn throttle_gets(&self, part: Option<&str>) {
+        *self.throttled.lock().unwrap() = part.map(str::to_string);
     }
 
     pub fn writes(&self) -> Vec<Write> {

@@ -235,7 +235,7 @@ impl Reconciler {
             .iter()
             .find(|e| claim_of(e) == ClaimStatus::Claimed)
             .map(|e| e.name_any());
-        let mut resolved: HashMap<String, Option<Resolved>> = HashMap::new();
+        let mut resolved: HashMap<String, Result<Option<Resolved>, ()>> = HashMap::new();
         let mut report = StepReport::default();
         for event in &events {
             let name = event.name_any();
@@ -251,7 +251,12 @@ impl Reconciler {
                     let value = self.resolve(&key, node).await;
                     resolved.insert(key.clone(), value);
                 }
-                resolved.get(&key).and_then(Option::as_ref)
+                match resolved.get(&key) {
+                    Some(Ok(found)) => found.as_ref(),
+                    // Unknown is not missing: a claimed event must not fail because one
+                    // read of its transition was throttled or timed out.
+                    _ => continue,
+                }
             };
             let decide_on = |condition: Option<&ConditionView>| {
                 decide::decide(&Input {
@@ -328,15 +333,15 @@ impl Reconciler {
         events
     }
 
-    /// Reads the transition and looks its driver up; `None` when the transition is
-    /// missing or unusable (logged).
-    async fn resolve(&self, name: &str, node: &Node) -> Option<Resolved> {
+    /// Reads the transition and looks its driver up; `Ok(None)` when the transition is
+    /// missing or unusable, `Err` when it could not be read (both logged).
+    async fn resolve(&self, name: &str, node: &Node) -> Result<Option<Resolved>, ()> {
         let spec = match self.transitions.get_opt(name).await {
             Ok(Some(t)) => t.spec,
-            Ok(None) => return None,
+            Ok(None) => return Ok(None),
             Err(error) => {
-                tracing::warn!(transition = name, error = %crate::error::chain(&error), "read lifecycletransition");
-                return None;
+                tracing::warn!(transition = name, error = %crate::error::chain(&error), "read lifecycletransition; its events wait for the next pass");
+                return Err(());
             }
         };
         let sla = match spec.sla.as_deref() {
@@ -345,7 +350,7 @@ impl Reconciler {
                 Some(d) => Some(d),
                 None => {
                     tracing::warn!(transition = name, sla = text, "transition sla is invalid");
-                    return None;
+                    return Ok(None);
                 }
             },
         };
@@ -363,12 +368,12 @@ impl Reconciler {
                 tracing::warn!(driver = %spec.driver, error = %crate::error::chain(&error), "driver registration check failed");
                 None
             });
-        Some(Resolved {
+        Ok(Some(Resolved {
             name: name.to_string(),
             spec,
             view,
             plugin,
-        })
+        }))
     }
 
     async fn apply(
