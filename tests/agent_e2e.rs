@@ -93,9 +93,10 @@ fn owned_by(mut pod: Pod, kind: &str, api_version: &str, name: &str, uid: &str) 
     pod
 }
 
-/// Puts a DaemonSet pod, a mirror pod, an emptyDir (Job) pod and a bare pod on `NODE`,
-/// next to the two web replicas the least-loaded scheduler placed there.
-async fn mixed_node(cluster: &Cluster) {
+/// Puts a DaemonSet pod (made by the simulated DaemonSet controller), a mirror pod, an
+/// emptyDir (Job) pod and a bare pod on `NODE`, next to the two web replicas the
+/// least-loaded scheduler placed there. Returns the DaemonSet pod's name.
+async fn mixed_node(cluster: &Cluster) -> String {
     let client = cluster.client();
     let pp = PostParams::default();
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
@@ -110,18 +111,29 @@ async fn mixed_node(cluster: &Cluster) {
         .await
         .unwrap();
     let ds_uid = ds.metadata.uid.unwrap();
-    pods.create(
-        &pp,
-        &owned_by(
-            pod_on_node("proxy-w1"),
-            "DaemonSet",
-            "apps/v1",
-            "proxy",
-            &ds_uid,
-        ),
-    )
+    let daemon_pod = || async {
+        let on_node = ListParams::default().fields(&format!("spec.nodeName={NODE}"));
+        pods.list(&on_node)
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find_map(|p| {
+                let owned = p
+                    .metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .any(|r| r.uid == ds_uid && r.controller == Some(true));
+                owned.then(|| p.metadata.name.unwrap_or_default())
+            })
+    };
+    wait_for("the DaemonSet's pod on the node", TIMEOUT, || async {
+        daemon_pod().await.is_some()
+    })
     .await
     .unwrap();
+    let daemon = daemon_pod().await.unwrap();
     let mut mirror = pod_on_node("etcd-worker-1");
     mirror.metadata.annotations =
         Some([("kubernetes.io/config.mirror".to_string(), "h".to_string())].into());
@@ -153,6 +165,7 @@ async fn mixed_node(cluster: &Cluster) {
     ]);
     pods.create(&pp, &cache).await.unwrap();
     pods.create(&pp, &pod_on_node("bare")).await.unwrap();
+    daemon
 }
 
 async fn pods_on_node(client: &kube::Client) -> BTreeSet<String> {
@@ -246,7 +259,7 @@ async fn drains_each_kind_of_pod_like_kubectl_and_waits_out_a_blocking_pdb() {
         ..WebSpec::default()
     };
     cluster.deploy_web(&web, TIMEOUT).await.unwrap();
-    mixed_node(&cluster).await;
+    let daemon = mixed_node(&cluster).await;
     let admin = cluster.client();
     let before = pods_on_node(&admin).await;
     let web_here: BTreeSet<String> = before
@@ -390,7 +403,7 @@ async fn drains_each_kind_of_pod_like_kubectl_and_waits_out_a_blocking_pdb() {
     let after = pods_on_node(&admin).await;
     assert_eq!(
         after,
-        ["etcd-worker-1".to_string(), "proxy-w1".to_string()].into(),
+        ["etcd-worker-1".to_string(), daemon].into(),
         "DaemonSet and mirror pods stay, everything else is gone"
     );
     let evicted: BTreeSet<String> = before.difference(&after).cloned().collect();
