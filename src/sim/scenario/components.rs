@@ -14,7 +14,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinHandle;
 
@@ -84,8 +84,14 @@ impl Drop for TempDir {
 pub struct Components {
     tasks: Vec<(String, JoinHandle<anyhow::Result<()>>)>,
     stop: Shutdown,
-    /// Stops the webhook alone (a child of `stop`).
+    /// Stops the running webhook replica alone (a child of `stop`).
     webhook_stop: Shutdown,
+    /// Task name of the running webhook replica.
+    webhook_task: String,
+    /// Replicas started so far (each gets its own identity for the deleter Lease).
+    webhook_replicas: usize,
+    /// The serving certificate's files and CA, shared by every replica.
+    webhook_tls: Option<(crate::certs::Paths, String)>,
     /// Extra flags of every node agent.
     agent_flags: Vec<String>,
     /// Stops one node agent alone (children of `stop`), by node.
@@ -168,6 +174,9 @@ impl Components {
         let mut this = Components {
             tasks: Vec::new(),
             webhook_stop: stop.child_token(),
+            webhook_task: String::new(),
+            webhook_replicas: 0,
+            webhook_tls: None,
             stop,
             agent_flags: agent_flags.iter().map(|f| f.to_string()).collect(),
             agent_stops: Default::default(),
@@ -182,7 +191,13 @@ impl Components {
     /// calls then fail and failurePolicy decides). Returns the webhook's outcome.
     pub async fn stop_webhook(&mut self) -> Result<(), Error> {
         self.webhook_stop.cancel();
-        let Some(index) = self.tasks.iter().position(|(name, _)| name == "webhook") else {
+        let name = self.webhook_task.clone();
+        self.join_task(&name).await
+    }
+
+    /// Waits until the task called `name` has exited; its outcome.
+    async fn join_task(&mut self, name: &str) -> Result<(), Error> {
+        let Some(index) = self.tasks.iter().position(|(n, _)| n == name) else {
             return Ok(());
         };
         let (name, task) = self.tasks.remove(index);
@@ -191,6 +206,30 @@ impl Components {
             Ok(Err(e)) => Err(component_err(&name)(format!("{e:#}"))),
             Err(e) => Err(component_err(&name)(format!("panicked: {e}"))),
         }
+    }
+
+    /// A rolling update of the webhook's Deployment with one replica: a new replica (a new
+    /// identity, the same certificate) starts and becomes ready, the Service's endpoint
+    /// moves to it (the configurations' URL here), then the old replica shuts down — its
+    /// in-flight calls finish and it hands the deleter Lease over, so the new replica
+    /// deletes the pods the old one isolated.
+    pub async fn roll_webhook(
+        &mut self,
+        cluster: &Cluster,
+        cfg: &ComponentsConfig,
+    ) -> Result<(), Error> {
+        let old_stop = self.webhook_stop.clone();
+        let old_task = self.webhook_task.clone();
+        self.webhook_stop = self.stop.child_token();
+        let listen = self.spawn_webhook(cluster, cfg).await?;
+        let ca = self
+            .webhook_tls
+            .as_ref()
+            .map(|(_, ca)| ca.clone())
+            .unwrap_or_default();
+        point_configurations(cluster, listen, &ca, cfg.timeout_seconds).await?;
+        old_stop.cancel();
+        self.join_task(&old_task).await
     }
 
     fn dir(&self) -> &Path {
@@ -258,6 +297,23 @@ impl Components {
         .map_err(|e| component_err("webhook")(e.to_string()))?;
         let tls = crate::certs::write(&bundle, &self.dir().join("tls"))
             .map_err(|e| component_err("webhook")(e.to_string()))?;
+        self.webhook_tls = Some((tls, bundle.ca_cert.clone()));
+        let listen = self.spawn_webhook(cluster, cfg).await?;
+        create_configurations(cluster, listen, &bundle.ca_cert, cfg.timeout_seconds).await
+    }
+
+    /// Starts one more webhook replica under `webhook_stop` and waits until it is ready;
+    /// returns the address it serves admission on.
+    async fn spawn_webhook(
+        &mut self,
+        cluster: &Cluster,
+        cfg: &ComponentsConfig,
+    ) -> Result<SocketAddr, Error> {
+        let Some((tls, _)) = self.webhook_tls.clone() else {
+            return Err(component_err("webhook")("no serving certificate".into()));
+        };
+        let identity = format!("sim-webhook-{}", self.webhook_replicas);
+        self.webhook_replicas += 1;
         let kubeconfig = self.dir().join("webhook.kubeconfig");
         cluster
             .api()
@@ -281,7 +337,7 @@ impl Components {
             "--lease-namespace",
             NAMESPACE,
             "--identity",
-            "sim-webhook-0",
+            &identity,
             "--own-user",
             WEBHOOK_USER,
             "--kubeconfig",
@@ -297,9 +353,11 @@ impl Components {
             ))
         })?;
         let stop = self.webhook_stop.clone();
-        self.spawn("webhook".into(), crate::webhook::run(cli.args, stop));
-        self.await_ready("webhook", || ready_http(admin)).await?;
-        create_configurations(cluster, listen, &bundle.ca_cert, cfg.timeout_seconds).await
+        let name = format!("webhook {identity}");
+        self.webhook_task = name.clone();
+        self.spawn(name.clone(), crate::webhook::run(cli.args, stop));
+        self.await_ready(&name, || ready_http(admin)).await?;
+        Ok(listen)
     }
 
     async fn start_agents(&mut self, cluster: &Cluster) -> Result<(), Error> {
@@ -391,12 +449,41 @@ impl Components {
 /// Creates the two webhook configurations (url clientConfig, caBundle, failurePolicy
 /// Ignore, timeoutSeconds) pointing at the in-process webhook on `addr`, built by the
 /// webhook module exactly as the chart renders them.
-pub async fn create_configurations(
+/// Points both webhook configurations at `addr` (an update of the Service's endpoint).
+async fn point_configurations(
     cluster: &Cluster,
     addr: SocketAddr,
     ca_pem: &str,
     timeout_seconds: u32,
 ) -> Result<(), Error> {
+    let (mutating, validating) = configurations(addr, ca_pem, timeout_seconds);
+    let params = PatchParams::apply("graceful-drain-sim").force();
+    let err = |what: &str, name: &str| {
+        let object = format!("{what} {name}");
+        move |source| Error::Api {
+            action: "update",
+            object,
+            source,
+        }
+    };
+    let name = mutating.metadata.name.clone().unwrap_or_default();
+    Api::<MutatingWebhookConfiguration>::all(cluster.client())
+        .patch(&name, &params, &Patch::Apply(&mutating))
+        .await
+        .map_err(err("mutatingwebhookconfiguration", &name))?;
+    let name = validating.metadata.name.clone().unwrap_or_default();
+    Api::<ValidatingWebhookConfiguration>::all(cluster.client())
+        .patch(&name, &params, &Patch::Apply(&validating))
+        .await
+        .map_err(err("validatingwebhookconfiguration", &name))?;
+    Ok(())
+}
+
+fn configurations(
+    addr: SocketAddr,
+    ca_pem: &str,
+    timeout_seconds: u32,
+) -> (MutatingWebhookConfiguration, ValidatingWebhookConfiguration) {
     let spec = crate::webhook::ConfigurationsSpec {
         target: crate::webhook::Target::Url(format!("https://127.0.0.1:{}", addr.port())),
         ca_bundle: Some(ca_pem.to_string()),
@@ -404,10 +491,20 @@ pub async fn create_configurations(
         failure_policy: "Ignore".into(),
         ..crate::webhook::ConfigurationsSpec::default()
     };
-    let (mutating, validating) = crate::webhook::webhook_configurations(&spec);
+    crate::webhook::webhook_configurations(&spec)
+}
+
+pub async fn create_configurations(
+    cluster: &Cluster,
+    addr: SocketAddr,
+    ca_pem: &str,
+    timeout_seconds: u32,
+) -> Result<(), Error> {
+    let (mutating, validating) = configurations(addr, ca_pem, timeout_seconds);
     let pp = PostParams::default();
+    let name = mutating.metadata.name.clone().unwrap_or_default();
     let err = |what: &str| {
-        let object = format!("{what} {}", spec.name);
+        let object = format!("{what} {name}");
         move |source| Error::Api {
             action: "create",
             object,

@@ -37,6 +37,9 @@ pub enum Disruption {
     DrainTwoNodes,
     /// Drain the busiest node; restart its node agent once the first pod is isolated.
     DrainRestartingAgent,
+    /// Drain the busiest node; roll the webhook over to a new replica once the first pod
+    /// is isolated.
+    DrainRollingWebhook,
     /// `kubectl rollout restart` of the Deployment.
     Rollout,
 }
@@ -141,6 +144,13 @@ pub fn scenarios() -> Vec<Scenario> {
             "agent-restart-drain",
             "the node agent is restarted while the webhook holds the drained pods (without protection: a plain drain)",
             Disruption::DrainRestartingAgent,
+            Budget::Default,
+            no_tweak,
+        ),
+        s(
+            "webhook-rollout-drain",
+            "the webhook's Deployment is rolled (new replica, Lease handed over) while it holds the drained pods",
+            Disruption::DrainRollingWebhook,
             Budget::Default,
             no_tweak,
         ),
@@ -341,11 +351,14 @@ async fn run_disruption(
             (Disruption::Rollout, _) => {
                 actions::rollout(&client, &cfg.web, cfg.phase_timeout).await
             }
-            (Disruption::DrainRestartingAgent, Protection::GracefulDrain) => {
+            (
+                restart @ (Disruption::DrainRestartingAgent | Disruption::DrainRollingWebhook),
+                Protection::GracefulDrain,
+            ) => {
                 let Some(components) = components.as_mut() else {
                     return Ok(());
                 };
-                drain_restarting_agent(&cluster, cfg, components, &nodes[0]).await
+                drain_restarting(&cluster, cfg, components, &nodes[0], restart).await
             }
             (_, protection) => {
                 let drains = nodes.iter().map(|node| async {
@@ -446,14 +459,16 @@ async fn busiest_nodes(
     Ok(nodes.into_iter().take(count).map(|(n, _)| n).collect())
 }
 
-/// A LifecycleEvent drain of `node` whose node agent is stopped and started again as
-/// soon as the webhook has isolated one of the node's pods: the new agent must resume
-/// the drain and wait for the isolated pods, not fail on them.
-async fn drain_restarting_agent(
+/// A LifecycleEvent drain of `node` during which, as soon as the webhook has isolated one
+/// of the node's pods, either the node agent is stopped and started again (it must
+/// resume the drain and wait for the isolated pods, not fail on them) or the webhook is
+/// rolled to a new replica (which must delete the pods the old one isolated).
+async fn drain_restarting(
     cluster: &Cluster,
     cfg: &ScenarioConfig,
     components: &mut Components,
     node: &str,
+    restart: Disruption,
 ) -> Result<(), Error> {
     let client = cluster.client();
     let drain = actions::lifecycle_drain(&client, node, cfg.phase_timeout);
@@ -474,9 +489,14 @@ async fn drain_restarting_agent(
         done = &mut drain => return done,
         seen = isolated => seen?,
     }
-    cluster.step(format!("restart the node agent of {node}"));
-    components.stop_agent(node).await?;
-    components.start_agent(cluster, node)?;
+    if restart == Disruption::DrainRollingWebhook {
+        cluster.step("roll the webhook to a new replica");
+        components.roll_webhook(cluster, &cfg.components).await?;
+    } else {
+        cluster.step(format!("restart the node agent of {node}"));
+        components.stop_agent(node).await?;
+        components.start_agent(cluster, node)?;
+    }
     drain.await
 }
 
