@@ -71,10 +71,18 @@ pub struct Scenario {
     pub protected_5xx: bool,
 }
 
-fn no_tweak(_: &mut ScenarioConfig) {}
+/// A scenario that keeps the base configuration.
+pub fn no_tweak(_: &mut ScenarioConfig) {}
 
 /// Every scenario of `--matrix`, in table order.
 pub fn scenarios() -> Vec<Scenario> {
+    let mut all = workload_scenarios();
+    all.extend(super::lb_scenarios::scenarios());
+    all
+}
+
+/// The scenarios of the standard Deployment behind an ALB-like load balancer.
+fn workload_scenarios() -> Vec<Scenario> {
     let s = |name, about, disruption, budget, tweak: fn(&mut ScenarioConfig)| Scenario {
         name,
         about,

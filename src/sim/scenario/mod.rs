@@ -6,6 +6,7 @@
 
 pub mod actions;
 pub mod components;
+pub mod lb_scenarios;
 pub mod matrix;
 
 use std::collections::BTreeMap;
