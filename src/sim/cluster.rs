@@ -23,8 +23,9 @@ use kube::api::{ListParams, PostParams};
 
 use super::apiserver::{self, ApiServer};
 use super::controllers::{self, kubelet, users};
-use super::lb::{self, LbConfig, LoadBalancers};
-use super::traffic::apps::Apps;
+use super::lb::{self, LbConfig, LbModel, LoadBalancers};
+use super::traffic::apps::{Apps, Behaviour};
+use super::traffic::clients::Clients;
 use super::traffic::timeline::{EventKind, Timeline};
 use super::traffic::{Target, Traffic, TrafficConfig};
 use crate::runtime::{Shutdown, spawn_owned};
@@ -72,6 +73,10 @@ pub struct ClusterConfig {
     pub kubelet: kubelet::KubeletConfig,
     /// Load-balancer lags.
     pub lb: LbConfig,
+    /// Load-balancer kinds: the default kind, the ALB's nodes, jitter and latency.
+    pub lb_model: LbModel,
+    /// What apps do with SIGTERM, unless their pod's annotation says otherwise.
+    pub app: Behaviour,
     /// API server settings.
     pub api: apiserver::Config,
     /// How long the disruption controller counts a pod listed in a PDB's
@@ -92,6 +97,8 @@ impl Default for ClusterConfig {
                 registration_lag: Duration::from_millis(500),
                 deregistration_lag: Duration::from_secs(3),
             },
+            lb_model: LbModel::default(),
+            app: Behaviour::default(),
             api: apiserver::Config::default(),
             disruption_timeout: controllers::disruption::DELETION_TIMEOUT,
         }
@@ -249,7 +256,7 @@ impl Cluster {
             .map_err(Error::ApiServer)?;
         let timeline = Timeline::new();
         let apps = Apps::default();
-        let lbs = LoadBalancers::new(cfg.lb, timeline.clone());
+        let lbs = LoadBalancers::with_model(cfg.lb, cfg.lb_model, timeline.clone());
         let nodes: Vec<String> = (1..=cfg.nodes).map(|i| format!("worker-{i}")).collect();
         for (index, node) in nodes.iter().enumerate() {
             let client = api.retrying_client(&users::kubelet(node));
@@ -259,6 +266,7 @@ impl Cluster {
                 node: node.clone(),
                 node_index: index,
                 config: cfg.kubelet,
+                app: cfg.app,
                 apps: apps.clone(),
                 timeline: timeline.clone(),
             };
@@ -395,15 +403,21 @@ impl Cluster {
         .await
     }
 
-    /// Starts traffic through the load balancer of `spec`'s Service.
+    /// Starts traffic through the load balancer of `spec`'s Service, a request per
+    /// connection.
     pub fn traffic(&self, spec: &WebSpec, cfg: TrafficConfig) -> Traffic {
+        self.traffic_with(spec, cfg, Clients::PerRequest)
+    }
+
+    /// Starts traffic through the load balancer of `spec`'s Service from `clients`.
+    pub fn traffic_with(&self, spec: &WebSpec, cfg: TrafficConfig, clients: Clients) -> Traffic {
         let target = Target {
             service: spec.service_key(),
             lbs: self.lbs.clone(),
             apps: self.apps.clone(),
             timeline: self.timeline.clone(),
         };
-        Traffic::start(target, cfg, &self.shutdown)
+        Traffic::start_with(target, cfg, clients, &self.shutdown)
     }
 
     /// Records a scenario step on the timeline.

@@ -23,10 +23,12 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use self::cluster::{Cluster, ClusterConfig, WebSpec};
 use self::controllers::kubelet::KubeletConfig;
-use self::lb::LbConfig;
+use self::lb::{LbConfig, LbKind, LbModel};
 use self::scenario::ScenarioConfig;
 use self::scenario::components::ComponentsConfig;
 use self::traffic::TrafficConfig;
+use self::traffic::apps::Behaviour;
+use self::traffic::clients::{Clients, KeepAliveConfig};
 use crate::runtime::Shutdown;
 
 /// How often `--serve` prints the traffic counters.
@@ -88,6 +90,39 @@ pub struct Args {
     /// How long the load balancer keeps sending new requests to a removed target.
     #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
     pub deregistration_lag: Duration,
+    /// Kind of the load balancer of a Service without the
+    /// `sim.graceful-drain.io/load-balancer` annotation: `alb` (per request) or `nlb`
+    /// (per connection, as kube-proxy).
+    #[arg(long, default_value = "alb", value_name = "KIND")]
+    pub load_balancer: LbKind,
+    /// LB nodes of an ALB, each with its own deregistration lag.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub alb_nodes: usize,
+    /// Each ALB node's deregistration lag is drawn within ± this share of
+    /// --deregistration-lag.
+    #[arg(long, default_value_t = 0.0, value_name = "SHARE", value_parser = parse_share)]
+    pub alb_lag_jitter: f64,
+    /// From an EndpointSlice change to the ALB's target change.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    pub alb_controller_latency: Duration,
+    /// What apps do with SIGTERM unless their pod's `sim.graceful-drain.io/app`
+    /// annotation says: `graceful` (stop accepting, close idle connections, finish
+    /// requests in flight, exit) or `naive` (serve until killed at --exit-after-sigterm).
+    #[arg(long, default_value = "graceful", value_name = "BEHAVIOUR")]
+    pub app: Behaviour,
+    /// Keep-alive clients sending requests one after the other on their connection
+    /// (together at --rate); 0 sends every request on a connection of its own.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub keep_alive_clients: usize,
+    /// With --keep-alive-clients: share of requests lasting about --long-request-duration.
+    #[arg(long, default_value_t = 0.0, value_name = "SHARE", value_parser = parse_share)]
+    pub long_request_share: f64,
+    /// With --keep-alive-clients: how long a long request takes (about).
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub long_request_duration: Duration,
+    /// Seed of the load balancers' and clients' random choices.
+    #[arg(long, default_value_t = 0)]
+    pub traffic_seed: u64,
     /// graceful-drain webhook's --deregistration-delay.
     #[arg(long, default_value = "4s", value_parser = humantime::parse_duration)]
     pub deregistration_delay: Duration,
@@ -199,6 +234,14 @@ impl Args {
                 registration_lag: self.registration_lag,
                 deregistration_lag: self.deregistration_lag,
             },
+            lb_model: LbModel {
+                default_kind: self.load_balancer,
+                alb_nodes: self.alb_nodes,
+                alb_lag_jitter: self.alb_lag_jitter,
+                alb_controller_latency: self.alb_controller_latency,
+                seed: self.traffic_seed,
+            },
+            app: self.app,
             api,
             disruption_timeout: self.pdb_deletion_timeout,
         };
@@ -217,6 +260,15 @@ impl Args {
             max_requests: (self.rate * (self.phase_timeout.as_secs_f64() * 2.0 + 60.0)) as u64,
             max_duration: self.phase_timeout * 2 + Duration::from_secs(60),
         };
+        let clients = match self.keep_alive_clients {
+            0 => Clients::PerRequest,
+            connections => Clients::KeepAlive(KeepAliveConfig {
+                connections,
+                long_share: self.long_request_share,
+                long_duration: self.long_request_duration,
+                seed: self.traffic_seed,
+            }),
+        };
         let components = ComponentsConfig {
             deregistration_delay: self.deregistration_delay,
             timeout_seconds: self.webhook_timeout_seconds,
@@ -225,6 +277,7 @@ impl Args {
             cluster,
             web,
             traffic,
+            clients,
             components,
             phase_timeout: self.phase_timeout,
         }
@@ -452,5 +505,53 @@ mod tests {
             Cli::try_parse_from(["simulate", "--route-service", "no-slash=127.0.0.1:1"]).is_err()
         );
         assert!(Cli::try_parse_from(["simulate", "--webhook-client-cert", "c.pem"]).is_err());
+    }
+
+    #[test]
+    fn load_balancer_client_and_app_flags_shape_the_scenario() {
+        let cfg = Cli::parse_from(["simulate"]).args.scenario();
+        assert_eq!(cfg.cluster.lb_model, LbModel::default());
+        assert_eq!(cfg.cluster.app, Behaviour::Graceful);
+        assert_eq!(cfg.clients, Clients::PerRequest, "open loop by default");
+        let cfg = Cli::try_parse_from([
+            "simulate",
+            "--load-balancer",
+            "nlb",
+            "--alb-nodes",
+            "3",
+            "--alb-lag-jitter",
+            "0.2",
+            "--alb-controller-latency",
+            "300ms",
+            "--app",
+            "naive",
+            "--keep-alive-clients",
+            "8",
+            "--long-request-share",
+            "0.1",
+            "--long-request-duration",
+            "4s",
+            "--traffic-seed",
+            "9",
+        ])
+        .unwrap()
+        .args
+        .scenario();
+        let model = cfg.cluster.lb_model;
+        assert_eq!(model.default_kind, LbKind::Nlb);
+        assert_eq!((model.alb_nodes, model.alb_lag_jitter), (3, 0.2));
+        assert_eq!(model.alb_controller_latency, Duration::from_millis(300));
+        assert_eq!(cfg.cluster.app, Behaviour::Naive);
+        assert_eq!(
+            cfg.clients,
+            Clients::KeepAlive(KeepAliveConfig {
+                connections: 8,
+                long_share: 0.1,
+                long_duration: Duration::from_secs(4),
+                seed: 9,
+            })
+        );
+        assert!(Cli::try_parse_from(["simulate", "--load-balancer", "elb"]).is_err());
+        assert!(Cli::try_parse_from(["simulate", "--app", "lazy"]).is_err());
     }
 }

@@ -7,6 +7,14 @@
 //! exits `exit_after_sigterm` after SIGTERM (or when the grace period ends, if sooner),
 //! and the kubelet deletes the pod object (grace 0, UID precondition). A pod object that
 //! disappears takes its app with it. Everything significant goes to the timeline.
+//!
+//! What the app does with SIGTERM is its [`Behaviour`] (the pod's
+//! [`APP_BEHAVIOUR_ANNOTATION`], else the cluster's default): a graceful app closes its
+//! listener after `accept_after_sigterm`, closes its idle keep-alive connections and
+//! exits once its requests in flight are answered (not before `exit_after_sigterm`); a
+//! naive app keeps accepting and serving until it exits at `exit_after_sigterm`, cutting
+//! what is in flight and leaving its connections to be reset. The grace period's end
+//! kills either.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,13 +30,17 @@ use kube::{Api, ResourceExt};
 use super::{Result, Watches, api_err, key, next_pass, ns_name, ready, status_code};
 use crate::labels::DRAINING_LABEL;
 use crate::runtime::Shutdown;
-use crate::sim::traffic::apps::Apps;
+use crate::sim::traffic::apps::{APP_BEHAVIOUR_ANNOTATION, Apps, Behaviour};
 use crate::sim::traffic::timeline::{EventKind, Timeline};
 
 /// Concurrent status patches and deletes of one kubelet.
 const CALL_CONCURRENCY: usize = 16;
 /// Grace period when the pod does not say (the Kubernetes default).
 const DEFAULT_GRACE: Duration = Duration::from_secs(30);
+/// How often a graceful app that is past `exit_after_sigterm` is looked at again, to
+/// see whether its last request in flight was answered (the app does not tell the
+/// kubelet): well under the load-balancer lags, cheap for a handful of pods.
+const DRAIN_POLL: Duration = Duration::from_millis(50);
 
 /// Timings of the simulated containers.
 #[derive(Clone, Copy, Debug)]
@@ -45,6 +57,8 @@ pub struct KubeletConfig {
 #[derive(Debug)]
 struct Local {
     pod: String,
+    /// What its app does with SIGTERM.
+    behaviour: Behaviour,
     ip: String,
     seen: Instant,
     ready_reported: bool,
@@ -67,6 +81,7 @@ impl Local {
     fn new(pod: String, ip: String, now: Instant) -> Local {
         Local {
             pod,
+            behaviour: Behaviour::default(),
             ip,
             seen: now,
             ready_reported: false,
@@ -118,19 +133,7 @@ impl Local {
             env.timeline.record(EventKind::Terminating, &self.pod);
             now
         });
-        let stop_at = sigterm + env.cfg.accept_after_sigterm;
-        let exit_at = sigterm + env.cfg.exit_after_sigterm.min(grace_of(pod));
-        // A pod that never served has nothing to drain.
-        let never_served = !self.ready_reported;
-        if !self.stopped_accepting && (now >= stop_at.min(exit_at) || never_served) {
-            self.stopped_accepting = true;
-            env.apps.stop_accepting(uid);
-            env.timeline.record(EventKind::StoppedAccepting, &self.pod);
-        }
-        if !self.exited && (now >= exit_at || never_served) {
-            self.exited = true;
-            env.apps.exit(uid);
-        }
+        let next = self.shut_down(env, uid, grace_of(pod), sigterm, now);
         let (ns, name) = ns_name(pod);
         if self.exited && !self.deleted {
             return (
@@ -142,17 +145,71 @@ impl Local {
                 None,
             );
         }
-        let next = if self.stopped_accepting {
-            exit_at
-        } else {
-            stop_at.min(exit_at)
-        };
-        let next = (!self.exited).then_some(next);
         if !self.not_ready_reported {
             return (Some(Call::NotReady { ns, name }), next);
         }
         (None, next)
     }
+}
+
+impl Local {
+    /// Plays SIGTERM's effect on the app as its behaviour says: stop accepting (and, for a
+    /// graceful app, close idle connections), then exit. Returns when to look again.
+    fn shut_down(
+        &mut self,
+        env: &Env<'_>,
+        uid: &str,
+        grace: Duration,
+        sigterm: Instant,
+        now: Instant,
+    ) -> Option<Instant> {
+        let graceful = self.behaviour == Behaviour::Graceful;
+        let kill_at = sigterm + grace;
+        let exit_at = sigterm + env.cfg.exit_after_sigterm.min(grace);
+        let stop_at = if graceful {
+            (sigterm + env.cfg.accept_after_sigterm).min(exit_at)
+        } else {
+            exit_at
+        };
+        // A pod that never served has nothing to drain.
+        let never_served = !self.ready_reported;
+        if !self.stopped_accepting && (now >= stop_at || never_served) {
+            self.stopped_accepting = true;
+            env.apps.stop_accepting(uid);
+            env.timeline.record(EventKind::StoppedAccepting, &self.pod);
+            let closed = if graceful {
+                env.apps.close_idle(uid)
+            } else {
+                0
+            };
+            if closed > 0 {
+                let what = format!("{} ({closed} idle)", self.pod);
+                env.timeline.record(EventKind::ClosedConnections, what);
+            }
+        }
+        let drained = !graceful || env.apps.in_flight(uid) == 0;
+        if !self.exited && (never_served || now >= kill_at || (now >= exit_at && drained)) {
+            self.exited = true;
+            env.apps.exit(uid);
+        }
+        if self.exited {
+            None
+        } else if !self.stopped_accepting {
+            Some(stop_at)
+        } else if now < exit_at {
+            Some(exit_at)
+        } else {
+            Some((now + DRAIN_POLL).min(kill_at))
+        }
+    }
+}
+
+/// The SIGTERM behaviour of `pod`'s app: its annotation's, else `default`.
+fn behaviour_of(pod: &Pod, default: Behaviour) -> Behaviour {
+    pod.annotations()
+        .get(APP_BEHAVIOUR_ANNOTATION)
+        .and_then(|b| b.trim().parse().ok())
+        .unwrap_or(default)
 }
 
 /// An API call the kubelet decided on.
@@ -180,6 +237,8 @@ struct Kubelet {
     node: String,
     node_index: usize,
     cfg: KubeletConfig,
+    /// SIGTERM behaviour of apps whose pod does not say.
+    app: Behaviour,
     apps: Apps,
     timeline: Timeline,
     pods: Store<Pod>,
@@ -203,7 +262,8 @@ impl Kubelet {
     fn step(&mut self, pod: &Pod, now: Instant) -> (Option<Call>, Option<Instant>) {
         let uid = pod.uid().unwrap_or_default();
         if !self.local.contains_key(&uid) {
-            let local = Local::new(key(pod), self.new_ip(), now);
+            let mut local = Local::new(key(pod), self.new_ip(), now);
+            local.behaviour = behaviour_of(pod, self.app);
             self.apps.start(&uid, &local.pod);
             self.local.insert(uid.clone(), local);
         }
@@ -405,6 +465,8 @@ pub struct Context {
     /// Distinguishes the pod IP ranges of nodes.
     pub node_index: usize,
     pub config: KubeletConfig,
+    /// SIGTERM behaviour of apps whose pod has no [`APP_BEHAVIOUR_ANNOTATION`].
+    pub app: Behaviour,
     pub apps: Apps,
     pub timeline: Timeline,
 }
@@ -424,6 +486,7 @@ pub async fn run(ctx: Context, shutdown: Shutdown) -> Result<()> {
         node: ctx.node,
         node_index: ctx.node_index,
         cfg: ctx.config,
+        app: ctx.app,
         apps: ctx.apps,
         timeline: ctx.timeline,
         pods,
@@ -442,6 +505,7 @@ pub async fn run(ctx: Context, shutdown: Shutdown) -> Result<()> {
 mod tests {
     use super::*;
     use crate::fixtures::{self, PodFixture};
+    use crate::sim::traffic::apps::Ticket;
 
     fn cfg() -> KubeletConfig {
         KubeletConfig {
@@ -516,5 +580,123 @@ mod tests {
         assert_eq!(next, Some(t0 + Duration::from_secs(1)));
         let (call, _) = local.terminating(&env, "u", &pod(Some(1)), t0 + Duration::from_secs(1));
         assert!(matches!(call, Some(Call::Delete { .. })));
+    }
+
+    /// A served app of `behaviour` with one idle and one busy keep-alive connection.
+    fn serving(behaviour: Behaviour, apps: &Apps, t0: Instant) -> (Local, Ticket) {
+        let mut local = Local::new("ns/p".into(), "10.0.0.1".into(), t0);
+        local.behaviour = behaviour;
+        local.ready_reported = true;
+        local.not_ready_reported = true;
+        apps.start("u", "ns/p");
+        apps.serve("u");
+        apps.connect("u").unwrap();
+        let busy = apps.connect("u").unwrap();
+        (local, apps.send(busy).unwrap())
+    }
+
+    #[test]
+    fn a_graceful_app_closes_idle_connections_and_exits_once_its_requests_are_answered() {
+        let (apps, timeline) = (Apps::default(), Timeline::new());
+        let env = Env {
+            cfg: cfg(),
+            apps: &apps,
+            timeline: &timeline,
+        };
+        let t0 = Instant::now();
+        let s = |n: u64| t0 + Duration::from_secs(n);
+        let (mut local, in_flight) = serving(Behaviour::Graceful, &apps, t0);
+        let deleting = pod(Some(30));
+        assert_eq!(local.terminating(&env, "u", &deleting, t0).1, Some(s(2)));
+        assert_eq!(
+            apps.stranded_connections(),
+            0,
+            "still accepting: nothing stranded"
+        );
+        // At 2 s the listener and the idle connection close; the busy one stays.
+        assert_eq!(local.terminating(&env, "u", &deleting, s(2)).1, Some(s(5)));
+        assert!(!apps.accepting("u"));
+        assert_eq!(apps.stranded_connections(), 1);
+        // At 5 s a request is still in flight: the app waits for it, looking again soon.
+        let (call, next) = local.terminating(&env, "u", &deleting, s(5));
+        assert!(call.is_none());
+        assert_eq!(next, Some(s(5) + DRAIN_POLL));
+        assert!(
+            apps.finish(in_flight),
+            "answered, its connection then closed"
+        );
+        assert_eq!(apps.stranded_connections(), 0);
+        let (call, _) = local.terminating(&env, "u", &deleting, s(6));
+        assert!(matches!(call, Some(Call::Delete { .. })));
+        let closed = timeline.between(t0, s(7));
+        assert!(
+            closed
+                .iter()
+                .any(|e| e.kind == EventKind::ClosedConnections)
+        );
+    }
+
+    #[test]
+    fn a_graceful_app_is_killed_at_the_end_of_the_grace_period() {
+        let (apps, timeline) = (Apps::default(), Timeline::new());
+        let env = Env {
+            cfg: cfg(),
+            apps: &apps,
+            timeline: &timeline,
+        };
+        let t0 = Instant::now();
+        let (mut local, in_flight) = serving(Behaviour::Graceful, &apps, t0);
+        let deleting = pod(Some(8));
+        local.terminating(&env, "u", &deleting, t0);
+        let (_, next) = local.terminating(&env, "u", &deleting, t0 + Duration::from_millis(7_990));
+        assert_eq!(
+            next,
+            Some(t0 + Duration::from_secs(8)),
+            "no later than the kill"
+        );
+        let (call, _) = local.terminating(&env, "u", &deleting, t0 + Duration::from_secs(8));
+        assert!(matches!(call, Some(Call::Delete { .. })));
+        assert!(
+            !apps.finish(in_flight),
+            "the request in flight is cut by the kill"
+        );
+    }
+
+    #[test]
+    fn a_naive_app_serves_until_it_exits_and_leaves_its_connections_to_be_reset() {
+        let (apps, timeline) = (Apps::default(), Timeline::new());
+        let env = Env {
+            cfg: cfg(),
+            apps: &apps,
+            timeline: &timeline,
+        };
+        let t0 = Instant::now();
+        let s = |n: u64| t0 + Duration::from_secs(n);
+        let (mut local, in_flight) = serving(Behaviour::Naive, &apps, t0);
+        let deleting = pod(Some(30));
+        // accept_after_sigterm means nothing to it: it accepts until it exits at 5 s.
+        assert_eq!(local.terminating(&env, "u", &deleting, t0).1, Some(s(5)));
+        assert!(local.terminating(&env, "u", &deleting, s(2)).1 == Some(s(5)));
+        assert!(apps.accepting("u"));
+        assert_eq!(apps.stranded_connections(), 0);
+        let (call, _) = local.terminating(&env, "u", &deleting, s(5));
+        assert!(matches!(call, Some(Call::Delete { .. })));
+        assert!(!apps.finish(in_flight), "the request in flight is cut");
+        assert_eq!(
+            apps.stranded_connections(),
+            2,
+            "both connections reset, not closed"
+        );
+        let annotated = {
+            let mut p = pod(None);
+            p.metadata.annotations =
+                Some([(APP_BEHAVIOUR_ANNOTATION.to_string(), "naive".to_string())].into());
+            p
+        };
+        assert_eq!(
+            behaviour_of(&annotated, Behaviour::Graceful),
+            Behaviour::Naive
+        );
+        assert_eq!(behaviour_of(&pod(None), Behaviour::Naive), Behaviour::Naive);
     }
 }

@@ -20,6 +20,7 @@ use kube::api::ListParams;
 use self::components::{Components, ComponentsConfig};
 use super::cluster::{self, Cluster, ClusterConfig, WebSpec, wait_for};
 use super::traffic::TrafficConfig;
+use super::traffic::clients::Clients;
 use super::traffic::timeline::Event;
 use crate::runtime::Shutdown;
 
@@ -70,6 +71,8 @@ pub struct ScenarioConfig {
     pub web: WebSpec,
     /// Traffic shape; its bounds apply to each phase.
     pub traffic: TrafficConfig,
+    /// Where the traffic comes from: a connection per request, or keep-alive clients.
+    pub clients: Clients,
     pub components: ComponentsConfig,
     /// Bound of each phase (deploy, drain, rollout).
     pub phase_timeout: Duration,
@@ -130,17 +133,17 @@ pub(crate) async fn measure<F>(
 where
     F: std::future::Future<Output = Result<(), Error>>,
 {
-    let traffic = cluster.traffic(&cfg.web, cfg.traffic);
+    let traffic = cluster.traffic_with(&cfg.web, cfg.traffic, cfg.clients);
     let start = Instant::now();
     let outcome = action.await;
     let duration = start.elapsed();
     let service = cfg.web.service_key();
-    let settle = cfg.cluster.lb.deregistration_lag
-        + cfg.cluster.lb.registration_lag
-        + Duration::from_secs(2);
-    let settled = wait_for("load balancer to settle", settle, || async {
+    let settled = wait_for("load balancer to settle", settle_bound(cfg), || async {
         let targets = cluster.lbs().routable(&service, Instant::now());
+        // Connection-level balancing settles once no client connection is left on a pod
+        // that no longer accepts (each ends in a reconnection or a counted reset).
         targets.iter().all(|uid| cluster.apps().accepting(uid))
+            && cluster.apps().stranded_connections() == 0
     })
     .await;
     let report = traffic.stop().await;
@@ -152,6 +155,28 @@ where
         duration,
         timeline: report.timeline,
     })
+}
+
+/// How long the load balancer may take to settle after a disruption: the slowest ALB
+/// node's deregistration lag, the controller latency and registration lag, and for
+/// keep-alive clients the longest request plus one client's pause between requests.
+fn settle_bound(cfg: &ScenarioConfig) -> Duration {
+    let (lb, model) = (&cfg.cluster.lb, &cfg.cluster.lb_model);
+    let slowest_node = lb
+        .deregistration_lag
+        .mul_f64(1.0 + model.alb_lag_jitter.clamp(0.0, 1.0));
+    let clients = match cfg.clients {
+        Clients::PerRequest => Duration::ZERO,
+        Clients::KeepAlive(ka) => {
+            let pause = ka.connections as f64 / cfg.traffic.rate.max(0.001);
+            ka.longest(&cfg.traffic) + Duration::from_secs_f64(pause)
+        }
+    };
+    slowest_node
+        + model.alb_controller_latency
+        + lb.registration_lag
+        + clients
+        + Duration::from_secs(2)
 }
 
 /// Runs the drain and rollout phases on one cluster with `protection`.

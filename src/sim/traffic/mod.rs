@@ -1,8 +1,12 @@
 //! Traffic through the simulated load balancers: the app registry ([`apps`]), the
-//! timeline ([`timeline`]) and a generator sending requests at a fixed rate, bounded
-//! in count and time, that counts every request a pod cannot answer as a 5xx.
+//! timeline ([`timeline`]) and a generator, bounded in count and time, that counts every
+//! request a pod cannot answer as a 5xx. By default ([`Clients::PerRequest`]) it sends
+//! requests at a fixed rate, each on a connection of its own; with
+//! [`Clients::KeepAlive`] ([`clients`]) a fixed set of clients send requests one after
+//! the other on keep-alive connections, some of them long.
 
 pub mod apps;
+pub mod clients;
 pub mod timeline;
 
 use std::collections::{BTreeSet, VecDeque};
@@ -14,6 +18,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use self::apps::{Apps, Refusal, Ticket};
+use self::clients::Clients;
 use self::timeline::{Event, EventKind, Timeline, bursts};
 use super::lb::LoadBalancers;
 
@@ -42,6 +47,9 @@ pub enum Failure {
     Refused,
     /// The target pod died with the request in flight (502).
     Cut,
+    /// The keep-alive connection the request was sent on was reset: its pod's app died
+    /// or the pod is gone (502).
+    Reset,
 }
 
 /// Counts of a traffic run, readable while it runs.
@@ -52,6 +60,7 @@ pub struct Counts {
     pub no_target: u64,
     pub refused: u64,
     pub cut: u64,
+    pub reset: u64,
 }
 
 /// What a finished traffic run saw.
@@ -62,6 +71,7 @@ pub struct TrafficReport {
     pub no_target: u64,
     pub refused: u64,
     pub cut: u64,
+    pub reset: u64,
     /// Significant events of the cluster during the run, with the 5xx bursts.
     pub timeline: Vec<Event>,
 }
@@ -72,6 +82,7 @@ struct Shared {
     no_target: AtomicU64,
     refused: AtomicU64,
     cut: AtomicU64,
+    reset: AtomicU64,
     errors: Mutex<Vec<(Instant, Failure, Option<String>)>>,
 }
 
@@ -81,6 +92,7 @@ impl Shared {
             Failure::NoTarget => &self.no_target,
             Failure::Refused => &self.refused,
             Failure::Cut => &self.cut,
+            Failure::Reset => &self.reset,
         };
         counter.fetch_add(1, Ordering::Relaxed);
         if let Ok(mut errors) = self.errors.lock() {
@@ -92,12 +104,14 @@ impl Shared {
         let no_target = self.no_target.load(Ordering::Relaxed);
         let refused = self.refused.load(Ordering::Relaxed);
         let cut = self.cut.load(Ordering::Relaxed);
+        let reset = self.reset.load(Ordering::Relaxed);
         Counts {
             requests: self.requests.load(Ordering::Relaxed),
-            errors_5xx: no_target + refused + cut,
+            errors_5xx: no_target + refused + cut + reset,
             no_target,
             refused,
             cut,
+            reset,
         }
     }
 }
@@ -122,12 +136,35 @@ pub struct Target {
 }
 
 impl Traffic {
-    /// Starts sending requests to `target` until stopped, `shutdown`, or a bound is reached.
+    /// Starts sending requests to `target`, each on a connection of its own, until
+    /// stopped, `shutdown`, or a bound is reached.
     pub fn start(target: Target, cfg: TrafficConfig, shutdown: &CancellationToken) -> Traffic {
+        Self::start_with(target, cfg, Clients::PerRequest, shutdown)
+    }
+
+    /// Starts sending requests to `target` as `clients` says, until stopped, `shutdown`,
+    /// or a bound is reached.
+    pub fn start_with(
+        target: Target,
+        cfg: TrafficConfig,
+        clients: Clients,
+        shutdown: &CancellationToken,
+    ) -> Traffic {
         let shared = Arc::new(Shared::default());
         let stop = shutdown.child_token();
         let timeline = target.timeline.clone();
-        let task = tokio::spawn(generate(target, cfg, shared.clone(), stop.clone()));
+        let task = match clients {
+            Clients::PerRequest => {
+                tokio::spawn(generate(target, cfg, shared.clone(), stop.clone()))
+            }
+            Clients::KeepAlive(ka) => tokio::spawn(clients::generate(
+                target,
+                cfg,
+                ka,
+                shared.clone(),
+                stop.clone(),
+            )),
+        };
         Traffic {
             shared,
             stop,
@@ -153,7 +190,6 @@ impl Traffic {
         let _ = self.task.await;
         let counts = self.shared.counts();
         let end = Instant::now();
-        let mut timeline = self.timeline.between(self.started, end);
         let errors = self
             .shared
             .errors
@@ -176,19 +212,17 @@ impl Traffic {
                     format!(" on {}", pods.join(", "))
                 },
             );
-            timeline.push(Event {
-                at: first.saturating_duration_since(self.timeline.start()),
-                kind: EventKind::Burst5xx,
-                subject,
-            });
+            // On the shared timeline, so whoever reads the cluster's events sees them too.
+            self.timeline.record_at(first, EventKind::Burst5xx, subject);
         }
-        timeline.sort_by_key(|e| e.at);
+        let timeline = self.timeline.between(self.started, end);
         TrafficReport {
             requests: counts.requests,
             errors_5xx: counts.errors_5xx,
             no_target: counts.no_target,
             refused: counts.refused,
             cut: counts.cut,
+            reset: counts.reset,
             timeline,
         }
     }

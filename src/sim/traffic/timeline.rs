@@ -23,6 +23,8 @@ pub enum EventKind {
     Deregistered,
     /// The app stopped accepting new requests.
     StoppedAccepting,
+    /// A graceful app closed its idle keep-alive connections (the subject says how many).
+    ClosedConnections,
     /// The pod object was deleted.
     Deleted,
     /// A run of 5xx answers (the subject says how many).
@@ -41,6 +43,7 @@ impl fmt::Display for EventKind {
             EventKind::Registered => "registered in LB",
             EventKind::Deregistered => "deregistered from LB",
             EventKind::StoppedAccepting => "stopped accepting",
+            EventKind::ClosedConnections => "closed idle conns",
             EventKind::Deleted => "deleted",
             EventKind::Burst5xx => "5xx burst",
             EventKind::Step => "step",
