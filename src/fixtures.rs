@@ -2,7 +2,7 @@
 //! and the simulated cluster's scenarios need, so no module writes its own `fn pod()`.
 //!
 //! Each builder starts from a constructor ([`pod`], [`node`], [`pdb`], [`replica_set`],
-//! [`stateful_set`], [`daemon_set`])
+//! [`stateful_set`], [`daemon_set`], [`job`])
 //! and is refined by chaining methods of an extension trait on the k8s-openapi type itself,
 //! so a chain is the object, with no `build()`:
 //!
@@ -29,6 +29,10 @@ use k8s_openapi::api::apps::v1::{
     DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, ReplicaSet, ReplicaSetSpec,
     RollingUpdateDaemonSet, RollingUpdateStatefulSetStrategy, StatefulSet, StatefulSetSpec,
     StatefulSetUpdateStrategy,
+};
+use k8s_openapi::api::batch::v1::{
+    Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement,
+    PodFailurePolicyOnPodConditionsPattern, PodFailurePolicyRule,
 };
 use k8s_openapi::api::core::v1::{
     Container, EmptyDirVolumeSource, Node, NodeCondition, NodeSpec, NodeStatus, Pod, PodCondition,
@@ -606,6 +610,137 @@ impl DaemonSetFixture for DaemonSet {
     }
     fn container(mut self, image: &str) -> Self {
         template_container(&mut ds_spec(&mut self).template, image);
+        self
+    }
+}
+
+/// A Job `default/<name>` with uid `<name>-uid`, generation 1, one completion at a time
+/// (`completions` and `parallelism` 1, `backoffLimit` 6, as the API server defaults them)
+/// and a template with `restartPolicy: Never`, as Jobs require.
+pub fn job(name: &str) -> Job {
+    Job {
+        metadata: ObjectMeta {
+            namespace: Some("default".into()),
+            uid: Some(format!("{name}-uid")),
+            generation: Some(1),
+            ..meta(name)
+        },
+        spec: Some(JobSpec {
+            completions: Some(1),
+            parallelism: Some(1),
+            backoff_limit: Some(6),
+            completion_mode: Some("NonIndexed".into()),
+            template: PodTemplateSpec {
+                metadata: None,
+                spec: Some(PodSpec {
+                    restart_policy: Some("Never".into()),
+                    ..PodSpec::default()
+                }),
+            },
+            ..JobSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// A `podFailurePolicy` rule: `action` when the pod has condition `type_` True.
+pub fn on_pod_condition(action: &str, type_: &str) -> PodFailurePolicyRule {
+    PodFailurePolicyRule {
+        action: action.into(),
+        on_pod_conditions: Some(vec![PodFailurePolicyOnPodConditionsPattern {
+            type_: type_.into(),
+            status: "True".into(),
+        }]),
+        on_exit_codes: None,
+    }
+}
+
+/// A `podFailurePolicy` rule: `action` when a container exited with a code `operator`
+/// (`In` or `NotIn`) `values`.
+pub fn on_exit_codes(action: &str, operator: &str, values: &[i32]) -> PodFailurePolicyRule {
+    PodFailurePolicyRule {
+        action: action.into(),
+        on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
+            container_name: None,
+            operator: operator.into(),
+            values: values.to_vec(),
+        }),
+        on_pod_conditions: None,
+    }
+}
+
+/// Refinements of a [`Job`]; see [`job`].
+pub trait JobFixture: Sized {
+    /// Moves the Job to namespace `ns`.
+    fn ns(self, ns: &str) -> Self;
+    /// Sets `spec.completions` (`None`: a work-queue Job).
+    fn completions(self, completions: Option<i32>) -> Self;
+    /// Sets `spec.parallelism`.
+    fn parallelism(self, parallelism: i32) -> Self;
+    /// Sets `spec.backoffLimit`.
+    fn backoff_limit(self, limit: i32) -> Self;
+    /// Appends a rule to `spec.podFailurePolicy`.
+    fn failure_rule(self, rule: PodFailurePolicyRule) -> Self;
+    /// Labels the template with every label of `pairs`.
+    fn template_labels(self, pairs: &[(&str, &str)]) -> Self;
+    /// Annotates the template with `key=value`.
+    fn template_annotation(self, key: &str, value: &str) -> Self;
+    /// Gives the template one container `app` running `image`.
+    fn container(self, image: &str) -> Self;
+}
+
+fn job_spec(job: &mut Job) -> &mut JobSpec {
+    job.spec.get_or_insert_with(JobSpec::default)
+}
+
+fn job_template_meta(job: &mut Job) -> &mut ObjectMeta {
+    job_spec(job)
+        .template
+        .metadata
+        .get_or_insert_with(ObjectMeta::default)
+}
+
+impl JobFixture for Job {
+    fn ns(mut self, ns: &str) -> Self {
+        self.metadata.namespace = Some(ns.into());
+        self
+    }
+    fn completions(mut self, completions: Option<i32>) -> Self {
+        job_spec(&mut self).completions = completions;
+        self
+    }
+    fn parallelism(mut self, parallelism: i32) -> Self {
+        job_spec(&mut self).parallelism = Some(parallelism);
+        self
+    }
+    fn backoff_limit(mut self, limit: i32) -> Self {
+        job_spec(&mut self).backoff_limit = Some(limit);
+        self
+    }
+    fn failure_rule(mut self, rule: PodFailurePolicyRule) -> Self {
+        job_spec(&mut self)
+            .pod_failure_policy
+            .get_or_insert_with(PodFailurePolicy::default)
+            .rules
+            .push(rule);
+        self
+    }
+    fn template_labels(mut self, pairs: &[(&str, &str)]) -> Self {
+        job_template_meta(&mut self)
+            .labels
+            .get_or_insert_with(BTreeMap::new)
+            .extend(labels(pairs));
+        self
+    }
+    fn template_annotation(mut self, key: &str, value: &str) -> Self {
+        job_template_meta(&mut self)
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(key.into(), value.into());
+        self
+    }
+    fn container(mut self, image: &str) -> Self {
+        template_container(&mut job_spec(&mut self).template, image);
         self
     }
 }

@@ -316,3 +316,119 @@ async fn daemonset_keeps_its_pod_on_a_cordoned_node_and_rolls_one_node_at_a_time
     .await
     .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_completes_when_an_evicted_pod_is_ignored_by_its_pod_failure_policy() {
+    use graceful_drain::fixtures::{JobFixture, on_pod_condition};
+    use graceful_drain::sim::controllers::kubelet::RUN_FOR_ANNOTATION;
+    use k8s_openapi::api::batch::v1::Job;
+    use kube::api::EvictParams;
+
+    let cluster = cluster().await;
+    let client = cluster.client();
+    let mut watch = watch_pods(&cluster, "batch");
+    while !matches!(watch.next("the initial pod list").await, Change::Listed) {}
+    // backoffLimit 0: a single counted failure would fail the Job.
+    let job = fixtures::job("batch")
+        .completions(Some(3))
+        .parallelism(2)
+        .backoff_limit(0)
+        .failure_rule(on_pod_condition("Ignore", "DisruptionTarget"))
+        .template_labels(&[("app", "batch")])
+        .template_annotation(RUN_FOR_ANNOTATION, "3s")
+        .container("sim/batch:1");
+    let jobs: Api<Job> = Api::namespaced(client.clone(), "default");
+    jobs.create(&PostParams::default(), &submitted(job))
+        .await
+        .unwrap();
+
+    // Evict the first pod that serves, through the eviction API (no PDB: it goes at once).
+    let victim = loop {
+        if let Change::Applied(pod) = watch.next("a running job pod").await
+            && serving(&pod)
+        {
+            break pod;
+        }
+    };
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    pods.evict(&victim.name_any(), &EvictParams::default())
+        .await
+        .unwrap();
+
+    let victim_uid = victim.uid().unwrap();
+    let phase = |p: &Pod| p.status.as_ref().and_then(|s| s.phase.clone());
+    let mut seen = BTreeSet::new();
+    let (mut most_active, mut victim_failed, mut victim_gone) = (0, false, false);
+    loop {
+        match watch.next("the job's pods to finish").await {
+            Change::Deleted(p) if p.uid().unwrap() == victim_uid => victim_gone = true,
+            Change::Applied(p) if p.uid().unwrap() == victim_uid => {
+                let disrupted = p
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c.type_ == "DisruptionTarget" && c.status == "True");
+                victim_failed |= phase(&p).as_deref() == Some("Failed") && disrupted;
+            }
+            _ => {}
+        }
+        seen.extend(watch.pods.keys().cloned());
+        let active = watch.pods.values().filter(|p| {
+            p.metadata.deletion_timestamp.is_none()
+                && !matches!(phase(p).as_deref(), Some("Succeeded" | "Failed"))
+        });
+        most_active = most_active.max(active.count());
+        let succeeded = watch
+            .pods
+            .values()
+            .filter(|p| phase(p).as_deref() == Some("Succeeded"))
+            .count();
+        if victim_gone && succeeded == 3 {
+            break;
+        }
+    }
+    assert!(
+        victim_failed,
+        "the kubelet made the evicted pod Failed, keeping its DisruptionTarget condition"
+    );
+    assert_eq!(most_active, 2, "never more than parallelism pods at once");
+    assert_eq!(
+        seen.len(),
+        4,
+        "three completions and the evicted pod: {seen:?}"
+    );
+
+    wait_for("the job to complete", TIMEOUT, || async {
+        let job = jobs.get("batch").await.unwrap();
+        let conditions = job.status.and_then(|s| s.conditions).unwrap_or_default();
+        conditions
+            .iter()
+            .any(|c| c.type_ == "Complete" && c.status == "True")
+    })
+    .await
+    .unwrap();
+    let status = jobs.get("batch").await.unwrap().status.unwrap();
+    assert_eq!(status.succeeded, Some(3));
+    assert_eq!(status.failed.unwrap_or(0), 0, "the eviction is ignored");
+    assert_eq!((status.active, status.ready), (Some(0), Some(0)));
+    let types: BTreeSet<&str> = status
+        .conditions
+        .iter()
+        .flatten()
+        .filter(|c| c.status == "True")
+        .map(|c| c.type_.as_str())
+        .collect();
+    assert_eq!(types, BTreeSet::from(["Complete", "SuccessCriteriaMet"]));
+    assert!(status.start_time.is_some() && status.completion_time.is_some());
+    let uncounted = status.uncounted_terminated_pods.unwrap_or_default();
+    assert!(uncounted.succeeded.unwrap_or_default().is_empty());
+    // The completed pods stay, without the tracking finalizer.
+    let left = pods
+        .list(&ListParams::default().labels("app=batch"))
+        .await
+        .unwrap();
+    assert_eq!(left.items.len(), 3);
+    assert!(left.items.iter().all(|p| p.finalizers().is_empty()));
+}

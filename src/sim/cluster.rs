@@ -458,7 +458,8 @@ fn spawn_controllers(
     s: &Shutdown,
 ) {
     use controllers::{
-        daemonset, deployment, disruption, endpointslice, gc, replicaset, scheduler, statefulset,
+        daemonset, deployment, disruption, endpointslice, gc, job, replicaset, scheduler,
+        statefulset,
     };
     let c = |user: &str| api.retrying_client(user);
     spawn_owned(
@@ -485,6 +486,11 @@ fn spawn_controllers(
         "daemon-set-controller",
         s.clone(),
         daemonset::run(c(users::DAEMONSET), s.clone()),
+    );
+    spawn_owned(
+        "job-controller",
+        s.clone(),
+        job::run(c(users::JOB), s.clone()),
     );
     spawn_owned(
         "endpointslice-controller",

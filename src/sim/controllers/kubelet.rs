@@ -15,6 +15,18 @@
 //! naive app keeps accepting and serving until it exits at `exit_after_sigterm`, cutting
 //! what is in flight and leaving its connections to be reset. The grace period's end
 //! kills either.
+//!
+//! Batch pods — `restartPolicy` Never or OnFailure, as a Job's — can also finish: with the
+//! [`RUN_FOR_ANNOTATION`] (`sim.graceful-drain.io/run-for: 2s`, usually set on a Job's pod
+//! template) the container exits on its own that long after it started serving, with the
+//! [`EXIT_CODE_ANNOTATION`] (default 0), and the pod gets its terminal phase: Succeeded for
+//! 0, Failed otherwise, with the code in its container's `terminated` state. A batch pod
+//! that is deleted first reports phase Failed (exit code 143 after SIGTERM, 137 when the
+//! grace period ran out) before its object is deleted, as upstream's kubelet makes a pod
+//! terminal before deleting it (KEP-3329), so a Job controller can see how it ended.
+//! Container restarts are not modelled, so OnFailure behaves like Never. Pods with
+//! `restartPolicy: Always` (every Deployment, StatefulSet and DaemonSet pod) ignore the
+//! annotations and behave as before.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -41,6 +53,15 @@ const DEFAULT_GRACE: Duration = Duration::from_secs(30);
 /// see whether its last request in flight was answered (the app does not tell the
 /// kubelet): well under the load-balancer lags, cheap for a handful of pods.
 const DRAIN_POLL: Duration = Duration::from_millis(50);
+/// How long after it started serving a batch pod's container exits on its own (a
+/// humantime duration such as `2s`); without it, it runs until the pod is deleted.
+pub const RUN_FOR_ANNOTATION: &str = "sim.graceful-drain.io/run-for";
+/// The exit code of a container that ends per [`RUN_FOR_ANNOTATION`] (default 0).
+pub const EXIT_CODE_ANNOTATION: &str = "sim.graceful-drain.io/exit-code";
+/// Exit code of a process that ended on SIGTERM (128 + 15).
+const SIGTERM_EXIT_CODE: i32 = 143;
+/// Exit code of a process killed when the grace period ran out (128 + 9).
+const SIGKILL_EXIT_CODE: i32 = 137;
 
 /// Timings of the simulated containers.
 #[derive(Clone, Copy, Debug)]
@@ -67,6 +88,8 @@ struct Local {
     not_ready_reported: bool,
     stopped_accepting: bool,
     exited: bool,
+    /// A batch pod's terminal phase has been reported.
+    terminal_reported: bool,
     deleted: bool,
 }
 
@@ -90,6 +113,7 @@ impl Local {
             not_ready_reported: false,
             stopped_accepting: false,
             exited: false,
+            terminal_reported: false,
             deleted: false,
         }
     }
@@ -102,20 +126,40 @@ impl Local {
         pod: &Pod,
         now: Instant,
     ) -> (Option<Call>, Option<Instant>) {
+        if self.terminal_reported {
+            return (None, None);
+        }
         let serve_at = self.seen + env.cfg.start_delay;
         if now < serve_at {
             return (None, Some(serve_at));
         }
         env.apps.serve(uid);
-        if self.ready_reported {
-            return (None, None);
-        }
         let (ns, name) = ns_name(pod);
-        let call = Call::Ready {
+        if !self.ready_reported {
+            let call = Call::Ready {
+                ns,
+                name,
+                ip: self.ip.clone(),
+                containers: container_names(pod),
+            };
+            return (Some(call), None);
+        }
+        let Some(run_for) = run_for(pod) else {
+            return (None, None);
+        };
+        let end = serve_at + run_for;
+        if now < end {
+            return (None, Some(end));
+        }
+        if !self.exited {
+            self.exited = true;
+            env.apps.exit(uid);
+        }
+        let call = Call::Terminal {
             ns,
             name,
-            ip: self.ip.clone(),
             containers: container_names(pod),
+            exit_code: exit_code(pod),
         };
         (Some(call), None)
     }
@@ -128,13 +172,36 @@ impl Local {
         pod: &Pod,
         now: Instant,
     ) -> (Option<Call>, Option<Instant>) {
+        let (ns, name) = ns_name(pod);
+        if self.terminal_reported {
+            // Finished (on its own, or reported Failed below): nothing left but the object.
+            let call = (!self.deleted).then(|| Call::Delete {
+                ns,
+                name,
+                uid: uid.to_string(),
+            });
+            return (call, None);
+        }
         let sigterm = *self.sigterm.get_or_insert_with(|| {
             env.apps.sigterm(uid);
             env.timeline.record(EventKind::Terminating, &self.pod);
             now
         });
         let next = self.shut_down(env, uid, grace_of(pod), sigterm, now);
-        let (ns, name) = ns_name(pod);
+        if self.exited && !self.deleted && is_batch(pod) {
+            let killed = env.cfg.exit_after_sigterm > grace_of(pod);
+            let call = Call::Terminal {
+                ns,
+                name,
+                containers: container_names(pod),
+                exit_code: if killed {
+                    SIGKILL_EXIT_CODE
+                } else {
+                    SIGTERM_EXIT_CODE
+                },
+            };
+            return (Some(call), None);
+        }
         if self.exited && !self.deleted {
             return (
                 Some(Call::Delete {
@@ -213,7 +280,7 @@ fn behaviour_of(pod: &Pod, default: Behaviour) -> Behaviour {
 }
 
 /// An API call the kubelet decided on.
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq)]
 enum Call {
     Ready {
         ns: String,
@@ -224,6 +291,13 @@ enum Call {
     NotReady {
         ns: String,
         name: String,
+    },
+    /// A batch pod's containers exited with `exit_code`: phase Succeeded or Failed.
+    Terminal {
+        ns: String,
+        name: String,
+        containers: Vec<String>,
+        exit_code: i32,
     },
     Delete {
         ns: String,
@@ -324,6 +398,7 @@ impl Kubelet {
                     self.timeline.record(EventKind::Ready, &st.pod);
                 }
                 Call::NotReady { .. } => st.not_ready_reported = true,
+                Call::Terminal { .. } => st.terminal_reported = true,
                 Call::Delete { .. } => st.deleted = true,
             }
         }
@@ -353,6 +428,32 @@ fn grace_of(pod: &Pod) -> Duration {
         .deletion_grace_period_seconds
         .and_then(|s| u64::try_from(s).ok())
         .map_or(DEFAULT_GRACE, Duration::from_secs)
+}
+
+/// Whether the pod's containers are not restarted when they exit (`restartPolicy` Never or
+/// OnFailure): only such pods reach a terminal phase here.
+fn is_batch(pod: &Pod) -> bool {
+    matches!(
+        pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref()),
+        Some("Never" | "OnFailure")
+    )
+}
+
+/// The [`RUN_FOR_ANNOTATION`] of a batch pod, if it has a valid one.
+fn run_for(pod: &Pod) -> Option<Duration> {
+    if !is_batch(pod) {
+        return None;
+    }
+    let text = pod.annotations().get(RUN_FOR_ANNOTATION)?;
+    humantime::parse_duration(text.trim()).ok()
+}
+
+/// The [`EXIT_CODE_ANNOTATION`] of a pod (0 when absent or invalid).
+fn exit_code(pod: &Pod) -> i32 {
+    pod.annotations()
+        .get(EXIT_CODE_ANNOTATION)
+        .and_then(|c| c.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 fn container_names(pod: &Pod) -> Vec<String> {
@@ -393,6 +494,37 @@ fn ready_status(ip: &str, containers: &[String], ready: bool) -> serde_json::Val
     serde_json::json!({ "status": status })
 }
 
+/// The status of a pod whose containers all exited with `exit_code`, as a strategic merge
+/// patch so that conditions the kubelet does not own (`DisruptionTarget`) stay.
+fn terminal_status(containers: &[String], exit_code: i32) -> serde_json::Value {
+    let now = jiff::Timestamp::now().to_string();
+    let (phase, reason) = match exit_code {
+        0 => ("Succeeded", "Completed"),
+        _ => ("Failed", "Error"),
+    };
+    let statuses: Vec<serde_json::Value> = containers
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "name": c, "ready": false, "started": false, "restartCount": 0,
+                "image": "sim", "imageID": "sim", "containerID": format!("sim://{c}"),
+                "state": {"running": null, "terminated": {
+                    "exitCode": exit_code, "reason": reason, "finishedAt": now,
+                    "containerID": format!("sim://{c}"),
+                }},
+            })
+        })
+        .collect();
+    serde_json::json!({"status": {
+        "phase": phase,
+        "conditions": [
+            {"type": "ContainersReady", "status": "False", "reason": "PodCompleted", "lastTransitionTime": now},
+            {"type": "Ready", "status": "False", "reason": "PodCompleted", "lastTransitionTime": now},
+        ],
+        "containerStatuses": statuses,
+    }})
+}
+
 async fn make_call(client: &kube::Client, call: &Call) -> Result<()> {
     let pp = PatchParams::default();
     match call {
@@ -413,10 +545,27 @@ async fn make_call(client: &kube::Client, call: &Call) -> Result<()> {
         }
         Call::NotReady { ns, name } => {
             let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-            let patch = Patch::Merge(ready_status("", &[], false));
+            // Strategic: conditions merge by type, so an eviction's DisruptionTarget stays
+            // (upstream's status manager keeps conditions the kubelet does not own).
+            let patch = Patch::Strategic(ready_status("", &[], false));
             match api.patch_status(name, &pp, &patch).await {
                 Err(e) if status_code(&e) != Some(404) => {
                     Err(api_err("report not ready", format!("pod {ns}/{name}"))(e))
+                }
+                _ => Ok(()),
+            }
+        }
+        Call::Terminal {
+            ns,
+            name,
+            containers,
+            exit_code,
+        } => {
+            let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+            let patch = Patch::Strategic(terminal_status(containers, *exit_code));
+            match api.patch_status(name, &pp, &patch).await {
+                Err(e) if status_code(&e) != Some(404) => {
+                    Err(api_err("report terminated", format!("pod {ns}/{name}"))(e))
                 }
                 _ => Ok(()),
             }
@@ -559,6 +708,100 @@ mod tests {
             apps.phase("u"),
             Some(crate::sim::traffic::apps::Phase::Exited)
         );
+    }
+
+    /// `pod(deleting)` with `restartPolicy` and the run-for and exit-code annotations.
+    fn batch(deleting: Option<i64>, restart: &str, exit_code: &str) -> Pod {
+        let mut pod = pod(deleting)
+            .container("sim/batch:1")
+            .annotate(RUN_FOR_ANNOTATION, "2s")
+            .annotate(EXIT_CODE_ANNOTATION, exit_code);
+        pod.spec.as_mut().unwrap().restart_policy = Some(restart.into());
+        pod
+    }
+
+    #[test]
+    fn a_batch_pod_exits_on_its_own_with_its_exit_code() {
+        let (apps, timeline) = (Apps::default(), Timeline::new());
+        let env = Env {
+            cfg: cfg(),
+            apps: &apps,
+            timeline: &timeline,
+        };
+        let t0 = Instant::now();
+        let s = |n: u64| t0 + Duration::from_secs(n);
+        let mut local = Local::new("ns/p".into(), "10.0.0.1".into(), t0);
+        apps.start("u", "ns/p");
+        let job_pod = batch(None, "Never", "3");
+        assert!(matches!(
+            local.running(&env, "u", &job_pod, s(1)),
+            (Some(Call::Ready { .. }), None)
+        ));
+        local.ready_reported = true;
+        // Serving since 1 s, runs for 2 s.
+        assert_eq!(local.running(&env, "u", &job_pod, s(2)), (None, Some(s(3))));
+        let (call, _) = local.running(&env, "u", &job_pod, s(3));
+        assert!(matches!(call, Some(Call::Terminal { exit_code: 3, .. })));
+        assert_eq!(
+            apps.phase("u"),
+            Some(crate::sim::traffic::apps::Phase::Exited)
+        );
+        local.terminal_reported = true;
+        assert_eq!(local.running(&env, "u", &job_pod, s(4)), (None, None));
+        // Deleted afterwards: nothing to drain, the object goes at once.
+        let (call, _) = local.terminating(&env, "u", &batch(Some(30), "Never", "3"), s(5));
+        assert!(matches!(call, Some(Call::Delete { .. })));
+        let status = terminal_status(&["app".into()], 3);
+        assert_eq!(status["status"]["phase"], "Failed");
+        let terminated = &status["status"]["containerStatuses"][0]["state"]["terminated"];
+        assert_eq!(terminated["exitCode"], 3);
+        assert_eq!(
+            terminal_status(&["app".into()], 0)["status"]["phase"],
+            "Succeeded"
+        );
+    }
+
+    #[test]
+    fn a_deleted_batch_pod_is_failed_before_its_object_goes_and_others_are_unchanged() {
+        let (apps, timeline) = (Apps::default(), Timeline::new());
+        let env = Env {
+            cfg: cfg(),
+            apps: &apps,
+            timeline: &timeline,
+        };
+        let t0 = Instant::now();
+        let s = |n: u64| t0 + Duration::from_secs(n);
+        let mut local = Local::new("ns/p".into(), "10.0.0.1".into(), t0);
+        local.ready_reported = true;
+        local.not_ready_reported = true;
+        apps.start("u", "ns/p");
+        apps.serve("u");
+        let evicted = batch(Some(30), "Never", "0");
+        local.terminating(&env, "u", &evicted, t0);
+        // Exits 5 s after SIGTERM, within the grace period: 143.
+        let (call, _) = local.terminating(&env, "u", &evicted, s(5));
+        assert!(matches!(call, Some(Call::Terminal { exit_code: 143, .. })));
+        local.terminal_reported = true;
+        let (call, _) = local.terminating(&env, "u", &evicted, s(5));
+        assert!(matches!(call, Some(Call::Delete { .. })));
+        // Killed when a 1 s grace period ran out: 137.
+        let mut local = Local::new("ns/q".into(), "10.0.0.2".into(), t0);
+        local.ready_reported = true;
+        local.not_ready_reported = true;
+        let killed = batch(Some(1), "OnFailure", "0");
+        local.terminating(&env, "v", &killed, t0);
+        let (call, _) = local.terminating(&env, "v", &killed, s(1));
+        assert!(matches!(call, Some(Call::Terminal { exit_code: 137, .. })));
+        // A server pod (restartPolicy Always) ignores the annotations: it serves on.
+        let mut local = Local::new("ns/r".into(), "10.0.0.3".into(), t0);
+        local.ready_reported = true;
+        let server = batch(None, "Always", "0");
+        assert_eq!(local.running(&env, "w", &server, s(10)), (None, None));
+        let deleted = batch(Some(30), "Always", "0");
+        local.not_ready_reported = true;
+        local.terminating(&env, "w", &deleted, s(10));
+        let (call, _) = local.terminating(&env, "w", &deleted, s(15));
+        assert!(matches!(call, Some(Call::Delete { .. })));
     }
 
     #[test]

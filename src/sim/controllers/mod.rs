@@ -13,6 +13,7 @@ pub mod deployment;
 pub mod disruption;
 pub mod endpointslice;
 pub mod gc;
+pub mod job;
 pub mod kubelet;
 pub mod replicaset;
 pub mod scheduler;
@@ -46,6 +47,7 @@ pub mod users {
     pub const DAEMONSET: &str = "system:serviceaccount:kube-system:daemon-set-controller";
     pub const ENDPOINTSLICE: &str = "system:serviceaccount:kube-system:endpointslice-controller";
     pub const DISRUPTION: &str = "system:serviceaccount:kube-system:disruption-controller";
+    pub const JOB: &str = "system:serviceaccount:kube-system:job-controller";
     pub const GARBAGE_COLLECTOR: &str =
         "system:serviceaccount:kube-system:generic-garbage-collector";
     pub const SERVICE_CONTROLLER: &str = "system:serviceaccount:kube-system:service-controller";
