@@ -237,6 +237,10 @@ async fn watch_readiness(
 /// The long-running pieces behind the admission endpoints.
 struct Workers {
     ctx: isolate::Context,
+    /// The deleter's client: without kube's hidden retries, so a PDB's 429 to its
+    /// eviction comes back at once and the pod is deleted instead (kube would retry the
+    /// 429 up to 15 times with backoff, holding the pod far past its delete time).
+    deleter_client: kube::Client,
     resolver: Arc<tls::ReloadingResolver>,
     readiness: Readiness,
     metrics: Arc<metrics::Metrics>,
@@ -252,6 +256,7 @@ struct Workers {
 fn spawn_workers(w: Workers, shutdown: &Shutdown) -> Vec<tokio::task::JoinHandle<()>> {
     let Workers {
         ctx,
+        deleter_client,
         resolver,
         readiness,
         metrics,
@@ -286,7 +291,11 @@ fn spawn_workers(w: Workers, shutdown: &Shutdown) -> Vec<tokio::task::JoinHandle
         shutdown.clone(),
         elector.run(leader_tx, shutdown.clone()),
     );
-    let mut deleter = deleter::Deleter::new(ctx, metrics, wait_for_endpoints);
+    let deleter_ctx = isolate::Context {
+        client: deleter_client,
+        ..ctx
+    };
+    let mut deleter = deleter::Deleter::new(deleter_ctx, metrics, wait_for_endpoints);
     if let Some(name) = &deployment {
         deleter = deleter.finishing_on_uninstall(&lease_namespace, name);
     }
@@ -396,6 +405,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
     };
     let workers = Workers {
         ctx,
+        deleter_client: admission_ctx.client.clone(),
         resolver,
         readiness: readiness.clone(),
         metrics: metrics.clone(),
