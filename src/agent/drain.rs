@@ -355,6 +355,24 @@ impl TaskCtx {
         }
     }
 
+    /// Whether the pod with `uid` still exists under `key`. Read before retrying a
+    /// refused eviction: the API server charges the PDB before it checks the UID
+    /// precondition (pkg/registry/core/pod/storage/eviction.go), so an eviction naming a
+    /// pod that was meanwhile replaced under the same name (a StatefulSet's `web-0`) would
+    /// spend the replacement's disruption and then fail with 409. An unreadable pod counts
+    /// as present: the precondition still protects the replacement from deletion.
+    async fn still_there(&self, key: &PodKey, uid: &str) -> bool {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &key.namespace);
+        match api.get_metadata_opt(&key.name).await {
+            Ok(Some(meta)) => meta.metadata.uid.as_deref() == Some(uid),
+            Ok(None) => false,
+            Err(error) => {
+                tracing::debug!(pod = %key, error = %crate::error::chain(&error), "re-read pod before retrying its eviction");
+                true
+            }
+        }
+    }
+
     /// Names the PDB(s) behind a 429 or 500 (one API list per new block).
     async fn resolve(&self, pod: &Pod, blocker: Blocker) -> Blocker {
         match blocker {
@@ -379,6 +397,11 @@ async fn evict_pod(ctx: Arc<TaskCtx>, pod: Pod) {
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     let mut last: Option<Blocker> = None;
     for attempt in 0u32.. {
+        if attempt > 0 && !ctx.still_there(&key, &uid).await {
+            tracing::info!(pod = %key, "gone or replaced while its eviction was refused");
+            let _ = ctx.updates.send(Update::Accepted(key));
+            return;
+        }
         let answer = {
             let Ok(_permit) = ctx.permits.acquire().await else {
                 return;
