@@ -441,6 +441,13 @@ impl Controller {
             if pdb.status.as_ref() == Some(&sync.status) {
                 continue;
             }
+            tracing::debug!(
+                pdb = %format!("{ns}/{name}"),
+                healthy = sync.status.current_healthy,
+                allowed = sync.status.disruptions_allowed,
+                disrupted = ?sync.status.disrupted_pods.as_ref().map(|d| d.keys().collect::<Vec<_>>()),
+                "pdb status"
+            );
             if let Err(error) = self.write(&pdb, sync.status).await {
                 tracing::debug!(%error, "pdb status write failed; will retry");
             }
