@@ -350,15 +350,11 @@ async fn run_matrix(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> {
     })
     .await;
     print!("{}", scenario::matrix::table(&report));
-    if args.timeline {
-        for row in &report.rows {
+    // Failed or unexpected rows are explained even without --timeline.
+    for row in &report.rows {
+        if args.timeline || row.unexpected.is_some() {
             println!("\n{} / {}:", row.scenario, row.protection);
-            for event in row
-                .result
-                .as_ref()
-                .map(|m| m.timeline.as_slice())
-                .unwrap_or_default()
-            {
+            for event in &row.timeline {
                 println!("  {event}");
             }
         }

@@ -22,7 +22,9 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 
 use super::components::Components;
-use super::{Error, Measured, Protection, ScenarioConfig, actions, busiest_node, measure};
+use super::{
+    Error, Measured, Protection, ScenarioConfig, actions, busiest_node, measure, workloads,
+};
 use crate::labels::DRAINING_LABEL;
 use crate::runtime::Shutdown;
 use crate::sim::cluster::{Cluster, wait_for};
@@ -57,12 +59,30 @@ pub enum Budget {
     None,
 }
 
+/// The workload a scenario runs behind its load balancer (named `cfg.web.name`, with a
+/// LoadBalancer Service and the PDB of [`Budget`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    /// The standard Deployment of `simulate`.
+    Deployment,
+    /// A StatefulSet (Parallel pod management) selecting `app` only; its Service selects
+    /// `app` and `role`, a key of its own, so the webhook can take a pod out of the
+    /// Service without releasing it from the StatefulSet.
+    StatefulSet,
+    /// The same StatefulSet behind a Service that selects only the StatefulSet's own key:
+    /// the webhook refuses to release the pods, so they go unprotected (with a Warning).
+    StatefulSetSharedSelector,
+    /// A DaemonSet (maxUnavailable 1) behind a Service with a key of its own.
+    DaemonSet,
+}
+
 /// One named scenario of the matrix.
 #[derive(Clone, Debug)]
 pub struct Scenario {
     pub name: &'static str,
     /// One line for `--help`-like listings and docs/simulate.md.
     pub about: &'static str,
+    pub workload: Workload,
     pub disruption: Disruption,
     pub budget: Budget,
     /// Changes to the base configuration (timings, faults, grace periods).
@@ -74,6 +94,28 @@ pub struct Scenario {
 /// A scenario that keeps the base configuration.
 pub fn no_tweak(_: &mut ScenarioConfig) {}
 
+impl Scenario {
+    /// A Deployment scenario expecting no 5xx with protection; refine with struct update
+    /// syntax (`Scenario { protected_5xx: true, ..Scenario::new(...) }`).
+    pub fn new(
+        name: &'static str,
+        about: &'static str,
+        disruption: Disruption,
+        budget: Budget,
+        tweak: fn(&mut ScenarioConfig),
+    ) -> Self {
+        Self {
+            name,
+            about,
+            workload: Workload::Deployment,
+            disruption,
+            budget,
+            tweak,
+            protected_5xx: false,
+        }
+    }
+}
+
 /// Every scenario of `--matrix`, in table order.
 pub fn scenarios() -> Vec<Scenario> {
     let mut all = workload_scenarios();
@@ -83,14 +125,7 @@ pub fn scenarios() -> Vec<Scenario> {
 
 /// The scenarios of the standard Deployment behind an ALB-like load balancer.
 fn workload_scenarios() -> Vec<Scenario> {
-    let s = |name, about, disruption, budget, tweak: fn(&mut ScenarioConfig)| Scenario {
-        name,
-        about,
-        disruption,
-        budget,
-        tweak,
-        protected_5xx: false,
-    };
+    let s = Scenario::new;
     vec![
         s(
             "deployment-drain",
@@ -170,6 +205,47 @@ fn workload_scenarios() -> Vec<Scenario> {
             |cfg| cfg.web.grace_period_seconds = 0,
         ),
         Scenario {
+            workload: Workload::StatefulSet,
+            ..s(
+                "statefulset-drain",
+                "drain of a StatefulSet whose Service selects a key of its own: pods leave the Service, never their StatefulSet",
+                Disruption::Drain,
+                Budget::Default,
+                no_tweak,
+            )
+        },
+        Scenario {
+            workload: Workload::StatefulSet,
+            ..s(
+                "statefulset-rollout",
+                "rolling update of that StatefulSet: each DELETE is held while the pod leaves the Service",
+                Disruption::Rollout,
+                Budget::Default,
+                no_tweak,
+            )
+        },
+        Scenario {
+            workload: Workload::StatefulSetSharedSelector,
+            protected_5xx: true,
+            ..s(
+                "statefulset-shared-selector-drain",
+                "StatefulSet whose Service selects only the StatefulSet's own key: not released, so unprotected (Warning Event names the Service): 5xx expected",
+                Disruption::Drain,
+                Budget::Default,
+                no_tweak,
+            )
+        },
+        Scenario {
+            workload: Workload::DaemonSet,
+            ..s(
+                "daemonset-rollout",
+                "rolling update of a DaemonSet (maxUnavailable 1) whose Service selects a key of its own",
+                Disruption::Rollout,
+                Budget::None,
+                no_tweak,
+            )
+        },
+        Scenario {
             protected_5xx: true,
             ..s(
                 "lag-beyond-delay-drain",
@@ -193,6 +269,8 @@ pub struct Row {
     pub lower_bound: Duration,
     /// Why the row differs from what its scenario expects, if it does.
     pub unexpected: Option<String>,
+    /// The cluster's events from the disruption on, also for a run that failed.
+    pub timeline: Vec<Event>,
 }
 
 /// The rows of a matrix run.
@@ -245,7 +323,8 @@ async fn run_one(
 ) -> Row {
     let lower_bound = lower_bound(cfg, scenario.disruption, protection);
     let mut unprotected = 0;
-    let result = match run_disruption(cfg, scenario, protection, shutdown).await {
+    let (outcome, timeline) = run_disruption(cfg, scenario, protection, shutdown).await;
+    let result = match outcome {
         Ok((measured, count)) => {
             unprotected = count;
             Ok(measured)
@@ -259,6 +338,7 @@ async fn run_one(
         unprotected,
         lower_bound,
         unexpected: None,
+        timeline,
     };
     row.unexpected = judge(&row, scenario);
     row
@@ -332,33 +412,57 @@ fn scaled(value: &IntOrString, total: u32, round_up: bool) -> u32 {
     }
 }
 
-/// One scenario on a fresh cluster: deploy, set the budget, disrupt under traffic.
+/// One scenario on a fresh cluster: deploy, set the budget, disrupt under traffic. The
+/// timeline of the disruption comes back whatever the outcome, so a failed row can be
+/// explained.
 async fn run_disruption(
     cfg: &ScenarioConfig,
     scenario: &Scenario,
     protection: Protection,
     shutdown: &Shutdown,
+) -> (Result<(Measured, usize), Error>, Vec<Event>) {
+    let cluster = match Cluster::start(cfg.cluster.clone(), shutdown.clone()).await {
+        Ok(cluster) => cluster,
+        Err(e) => return (Err(e.into()), Vec::new()),
+    };
+    let started = std::sync::Mutex::new(None);
+    let outcome = disrupt(&cluster, cfg, scenario, protection, &started).await;
+    let from = started
+        .lock()
+        .ok()
+        .and_then(|s| *s)
+        .unwrap_or_else(Instant::now);
+    (outcome, cluster.timeline().between(from, Instant::now()))
+}
+
+/// The body of [`run_disruption`]; `started` records when the disruption began.
+async fn disrupt(
+    cluster: &Cluster,
+    cfg: &ScenarioConfig,
+    scenario: &Scenario,
+    protection: Protection,
+    started_at: &std::sync::Mutex<Option<Instant>>,
 ) -> Result<(Measured, usize), Error> {
-    let cluster = Cluster::start(cfg.cluster.clone(), shutdown.clone()).await?;
     let mut components = match protection {
         Protection::None => None,
-        Protection::GracefulDrain => Some(Components::start(&cluster, &cfg.components).await?),
+        Protection::GracefulDrain => Some(Components::start(cluster, &cfg.components).await?),
     };
-    cluster.deploy_web(&cfg.web, cfg.phase_timeout).await?;
-    set_budget(&cluster, cfg, &scenario.budget).await?;
+    workloads::deploy(cluster, cfg, scenario.workload).await?;
+    set_budget(cluster, cfg, &scenario.budget).await?;
     let client = cluster.client();
     let started = Instant::now();
+    if let Ok(mut at) = started_at.lock() {
+        *at = Some(started);
+    }
     let action = async {
         let nodes = match scenario.disruption {
             Disruption::Rollout => Vec::new(),
-            Disruption::DrainTwoNodes => busiest_nodes(&cluster, cfg, 2).await?,
-            _ => vec![busiest_node(&cluster, &cfg.web).await?],
+            Disruption::DrainTwoNodes => busiest_nodes(cluster, cfg, 2).await?,
+            _ => vec![busiest_node(cluster, &cfg.web).await?],
         };
         cluster.step(format!("{}: {}", scenario.name, scenario.about));
         match (scenario.disruption, protection) {
-            (Disruption::Rollout, _) => {
-                actions::rollout(&client, &cfg.web, cfg.phase_timeout).await
-            }
+            (Disruption::Rollout, _) => workloads::rollout(cluster, cfg, scenario.workload).await,
             (
                 restart @ (Disruption::DrainRestartingAgent | Disruption::DrainRollingWebhook),
                 Protection::GracefulDrain,
@@ -366,7 +470,7 @@ async fn run_disruption(
                 let Some(components) = components.as_mut() else {
                     return Ok(());
                 };
-                drain_restarting(&cluster, cfg, components, &nodes[0], restart).await
+                drain_restarting(cluster, cfg, components, &nodes[0], restart).await
             }
             (_, protection) => {
                 let drains = nodes.iter().map(|node| async {
@@ -383,7 +487,7 @@ async fn run_disruption(
             }
         }
     };
-    let measured = measure(&cluster, cfg, action).await?;
+    let measured = measure(cluster, cfg, action).await?;
     if let Some(c) = components.as_mut() {
         c.check().await?;
     }
@@ -643,6 +747,7 @@ mod tests {
             unprotected,
             lower_bound: Duration::ZERO,
             unexpected: None,
+            timeline: Vec::new(),
         };
         assert!(judge(&row(Protection::None, measured(3), 1), &scenario).is_none());
         assert!(judge(&row(Protection::None, measured(0), 0), &scenario).is_some());

@@ -1,0 +1,180 @@
+//! The workloads of the scenario matrix besides the standard Deployment: a StatefulSet
+//! and a DaemonSet behind a LoadBalancer Service, created through the API like a user
+//! would, plus their rollouts (a template change, as `kubectl rollout restart` does).
+//!
+//! Every workload is named after `cfg.web` (its Service, PDB and `app` label), so the
+//! traffic, the load balancer and the node choice of a scenario work alike for all.
+
+use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+
+use super::matrix::Workload;
+use super::{Error, ScenarioConfig};
+use crate::fixtures::{DaemonSetFixture, StatefulSetFixture, daemon_set, stateful_set};
+use crate::sim::cluster::{Cluster, wait_for};
+
+/// The label the Services of these workloads select besides `app`: a key the controller
+/// does not select on, so the webhook can leave the Service and keep the controller.
+const ROLE: (&str, &str) = ("role", "serving");
+
+fn api(action: &'static str, object: String) -> impl FnOnce(kube::Error) -> Error {
+    move |source| Error::Api {
+        action,
+        object,
+        source,
+    }
+}
+
+/// Creates the workload, its Service and PDB, and waits until every pod serves behind
+/// the load balancer.
+pub async fn deploy(
+    cluster: &Cluster,
+    cfg: &ScenarioConfig,
+    workload: Workload,
+) -> Result<(), Error> {
+    if workload == Workload::Deployment {
+        return Ok(cluster.deploy_web(&cfg.web, cfg.phase_timeout).await?);
+    }
+    let web = &cfg.web;
+    let client = cluster.client();
+    let ns = &web.namespace;
+    let app = [("app", web.name.as_str())];
+    let mut service = web.service();
+    if workload != Workload::StatefulSetSharedSelector
+        && let Some(selector) = service.spec.as_mut().and_then(|s| s.selector.as_mut())
+    {
+        selector.insert(ROLE.0.into(), ROLE.1.into());
+    }
+    Api::<Service>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &service)
+        .await
+        .map_err(api("create service", web.service_key()))?;
+    Api::<PodDisruptionBudget>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &web.pdb())
+        .await
+        .map_err(api("create pdb", web.service_key()))?;
+    let expected = match workload {
+        Workload::DaemonSet => {
+            let mut ds = daemon_set(&web.name)
+                .ns(ns)
+                .selecting(&app)
+                .rolling(IntOrString::Int(1), IntOrString::Int(0))
+                .container("sim/web:1");
+            let template = &mut ds.spec.get_or_insert_with(Default::default).template;
+            template_extras(template, web.grace_period_seconds);
+            ds.metadata.uid = None;
+            Api::<DaemonSet>::namespaced(client.clone(), ns)
+                .create(&PostParams::default(), &ds)
+                .await
+                .map_err(api("create daemonset", web.service_key()))?;
+            cluster.nodes().len()
+        }
+        _ => {
+            let mut sts = stateful_set(&web.name)
+                .ns(ns)
+                .replicas(web.replicas)
+                .selecting(&app)
+                .parallel()
+                .container("sim/web:1");
+            let template = &mut sts.spec.get_or_insert_with(Default::default).template;
+            template_extras(template, web.grace_period_seconds);
+            sts.metadata.uid = None;
+            Api::<StatefulSet>::namespaced(client.clone(), ns)
+                .create(&PostParams::default(), &sts)
+                .await
+                .map_err(api("create statefulset", web.service_key()))?;
+            usize::try_from(web.replicas).unwrap_or(0)
+        }
+    };
+    let what = format!(
+        "{workload:?} {} serving behind its load balancer",
+        web.service_key()
+    );
+    wait_for(&what, cfg.phase_timeout, || async {
+        let now = std::time::Instant::now();
+        cluster.lbs().registered(&web.service_key(), now).len() == expected
+    })
+    .await?;
+    Ok(())
+}
+
+/// The pods' `role` label, an HTTP port and the grace period.
+fn template_extras(template: &mut k8s_openapi::api::core::v1::PodTemplateSpec, grace: i64) {
+    let meta = template.metadata.get_or_insert_with(Default::default);
+    meta.labels
+        .get_or_insert_with(Default::default)
+        .insert(ROLE.0.into(), ROLE.1.into());
+    let spec = template.spec.get_or_insert_with(Default::default);
+    spec.termination_grace_period_seconds = Some(grace);
+    for container in &mut spec.containers {
+        container.ports = Some(vec![k8s_openapi::api::core::v1::ContainerPort {
+            name: Some("http".into()),
+            container_port: 8080,
+            ..Default::default()
+        }]);
+    }
+}
+
+/// Restarts the workload's pods by changing its template, as `kubectl rollout restart`
+/// does, and waits until its controller reports every pod updated and ready.
+pub async fn rollout(
+    cluster: &Cluster,
+    cfg: &ScenarioConfig,
+    workload: Workload,
+) -> Result<(), Error> {
+    let web = &cfg.web;
+    let client = cluster.client();
+    let now = jiff::Timestamp::now().to_string();
+    let patch = Patch::Merge(serde_json::json!({"spec": {"template": {"metadata": {
+        "annotations": {"kubectl.kubernetes.io/restartedAt": now}}}}}));
+    let params = PatchParams::default();
+    let object = web.service_key();
+    let what = format!("rollout of {workload:?} {object}");
+    match workload {
+        Workload::Deployment => {
+            return crate::sim::scenario::actions::rollout(&client, web, cfg.phase_timeout).await;
+        }
+        Workload::DaemonSet => {
+            let sets: Api<DaemonSet> = Api::namespaced(client, &web.namespace);
+            sets.patch(&web.name, &params, &patch)
+                .await
+                .map_err(api("restart daemonset", object))?;
+            wait_for(&what, cfg.phase_timeout, || async {
+                sets.get(&web.name).await.is_ok_and(|ds| {
+                    let generation = ds.metadata.generation;
+                    ds.status.is_some_and(|s| {
+                        s.observed_generation == generation
+                            && s.updated_number_scheduled == Some(s.desired_number_scheduled)
+                            && s.number_ready == s.desired_number_scheduled
+                            && s.number_available == Some(s.desired_number_scheduled)
+                    })
+                })
+            })
+            .await?;
+        }
+        _ => {
+            let sets: Api<StatefulSet> = Api::namespaced(client, &web.namespace);
+            sets.patch(&web.name, &params, &patch)
+                .await
+                .map_err(api("restart statefulset", object))?;
+            wait_for(&what, cfg.phase_timeout, || async {
+                sets.get(&web.name).await.is_ok_and(|sts| {
+                    let generation = sts.metadata.generation;
+                    sts.status.is_some_and(|s| {
+                        s.observed_generation == generation
+                            && s.updated_replicas == Some(web.replicas)
+                            && s.ready_replicas == Some(web.replicas)
+                            && s.current_revision.is_some()
+                            && s.current_revision == s.update_revision
+                    })
+                })
+            })
+            .await?;
+        }
+    }
+    Ok(())
+}
