@@ -865,3 +865,117 @@ fn base64_of(text: &str) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(text)
 }
+
+/// Evicts `name` through the eviction API as the admin (what `kubectl drain` sends).
+async fn evict(cluster: &Cluster, name: &str) {
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let body = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": name, "namespace": "default"}});
+    pods.create_subresource::<_, serde_json::Value>(
+        "eviction",
+        name,
+        &PostParams::default(),
+        &body,
+    )
+    .await
+    .unwrap();
+}
+
+fn controller_kind(pod: &Pod) -> Option<String> {
+    pod.owner_references()
+        .iter()
+        .find(|r| r.controller == Some(true))
+        .map(|r| r.kind.clone())
+}
+
+/// A StatefulSet pod whose Service selects a key of its own leaves the Service and its
+/// load balancer but stays its StatefulSet's (no same-name replacement is attempted
+/// while it serves); one whose Service selects only the StatefulSet's key cannot leave
+/// the Service without being released, so the eviction goes through unprotected with a
+/// Warning Event naming the Service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statefulset_pods_leave_their_service_but_never_their_statefulset() {
+    use graceful_drain::sim::scenario::matrix::Workload;
+    use graceful_drain::sim::scenario::workloads;
+    graceful_drain::runtime::install_crypto_provider();
+    let cluster = Cluster::start(ClusterConfig::default(), Shutdown::new())
+        .await
+        .unwrap();
+    let _webhook = start_webhook(&cluster, Duration::from_secs(30), 10).await;
+    let web = WebSpec {
+        replicas: 3,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    workloads::deploy(&cluster, &web, TIMEOUT, Workload::StatefulSet)
+        .await
+        .unwrap();
+    let db = WebSpec {
+        name: "db".into(),
+        replicas: 3,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    workloads::deploy(&cluster, &db, TIMEOUT, Workload::StatefulSetSharedSelector)
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(cluster.client(), "default");
+    for name in ["web", "db"] {
+        wait_for("pdb allows a disruption", TIMEOUT, || async {
+            pdbs.get(name)
+                .await
+                .ok()
+                .and_then(|p| p.status)
+                .is_some_and(|s| s.disruptions_allowed > 0)
+        })
+        .await
+        .unwrap();
+    }
+
+    let before = pods.get("web-1").await.unwrap();
+    evict(&cluster, "web-1").await;
+    let after = pods.get("web-1").await.unwrap();
+    assert_eq!(after.uid(), before.uid(), "not deleted: isolated");
+    assert!(is_draining(&after));
+    let labels = after.labels();
+    assert_eq!(
+        labels.get("app").map(String::as_str),
+        Some("web"),
+        "the StatefulSet's key stays"
+    );
+    assert!(
+        !labels.contains_key("role"),
+        "the Service's own key is removed"
+    );
+    assert_eq!(
+        controller_kind(&after).as_deref(),
+        Some("StatefulSet"),
+        "never released"
+    );
+    let service = web.service_key();
+    wait_for("web-1 out of its load balancer", TIMEOUT, || async {
+        !cluster
+            .lbs()
+            .registered(&service, Instant::now())
+            .contains(&before.uid().unwrap())
+    })
+    .await
+    .unwrap();
+    let still = pods.get("web-1").await.unwrap();
+    assert_eq!(still.uid(), before.uid(), "no replacement while it serves");
+    assert_eq!(controller_kind(&still).as_deref(), Some("StatefulSet"));
+
+    let db0 = pods.get("db-0").await.unwrap();
+    evict(&cluster, "db-0").await;
+    let gone = pods.get_opt("db-0").await.unwrap();
+    assert!(
+        gone.is_none_or(|p| p.uid() != db0.uid() || p.metadata.deletion_timestamp.is_some()),
+        "the eviction went through"
+    );
+    assert!(
+        has_event(&cluster, "db-0", "graceful-drain.io/IsolationFailed").await,
+        "{:?}",
+        event_reasons(&cluster, "default", "db-0").await
+    );
+}

@@ -447,7 +447,7 @@ async fn disrupt(
         Protection::None => None,
         Protection::GracefulDrain => Some(Components::start(cluster, &cfg.components).await?),
     };
-    workloads::deploy(cluster, cfg, scenario.workload).await?;
+    workloads::deploy(cluster, &cfg.web, cfg.phase_timeout, scenario.workload).await?;
     set_budget(cluster, cfg, &scenario.budget).await?;
     let client = cluster.client();
     let started = Instant::now();

@@ -5,6 +5,8 @@
 //! Every workload is named after `cfg.web` (its Service, PDB and `app` label), so the
 //! traffic, the load balancer and the node choice of a scenario work alike for all.
 
+use std::time::Duration;
+
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -15,7 +17,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use super::matrix::Workload;
 use super::{Error, ScenarioConfig};
 use crate::fixtures::{DaemonSetFixture, StatefulSetFixture, daemon_set, stateful_set};
-use crate::sim::cluster::{Cluster, wait_for};
+use crate::sim::cluster::{Cluster, WebSpec, wait_for};
 
 /// The label the Services of these workloads select besides `app`: a key the controller
 /// does not select on, so the webhook can leave the Service and keep the controller.
@@ -29,17 +31,17 @@ fn api(action: &'static str, object: String) -> impl FnOnce(kube::Error) -> Erro
     }
 }
 
-/// Creates the workload, its Service and PDB, and waits until every pod serves behind
-/// the load balancer.
+/// Creates the workload named after `web`, its Service and PDB, and waits (up to
+/// `timeout`) until every pod serves behind the load balancer.
 pub async fn deploy(
     cluster: &Cluster,
-    cfg: &ScenarioConfig,
+    web: &WebSpec,
+    timeout: Duration,
     workload: Workload,
 ) -> Result<(), Error> {
     if workload == Workload::Deployment {
-        return Ok(cluster.deploy_web(&cfg.web, cfg.phase_timeout).await?);
+        return Ok(cluster.deploy_web(web, timeout).await?);
     }
-    let web = &cfg.web;
     let client = cluster.client();
     let ns = &web.namespace;
     let app = [("app", web.name.as_str())];
@@ -94,7 +96,7 @@ pub async fn deploy(
         "{workload:?} {} serving behind its load balancer",
         web.service_key()
     );
-    wait_for(&what, cfg.phase_timeout, || async {
+    wait_for(&what, timeout, || async {
         let now = std::time::Instant::now();
         cluster.lbs().registered(&web.service_key(), now).len() == expected
     })
