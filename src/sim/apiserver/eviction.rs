@@ -427,7 +427,12 @@ fn check_and_decrement(ctx: &Ctx, pdb: &Value, pod_name: &str, dry_run: bool) ->
         updated["status"]["disruptedPods"] = json!({});
     }
     updated["status"]["disruptedPods"][pod_name] = json!(now());
-    tracing::debug!(pdb = pdb_name, pod = pod_name, allowed, "eviction records a disruption");
+    tracing::debug!(
+        pdb = pdb_name,
+        pod = pod_name,
+        allowed,
+        "eviction records a disruption"
+    );
     check_deadline()?;
     let key = format!("{}/{pdb_name}", str_at(pdb, "/metadata/namespace"));
     match ctx.store.update(PDB_TABLE, &key, rv_of(pdb), updated) {
