@@ -292,7 +292,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
     }
     if args.list_scenarios {
         for s in scenario::matrix::scenarios() {
-            println!("{:<26} {}", s.name, s.about);
+            println!("{:<33} {}", s.name, s.about);
         }
         return Ok(());
     }

@@ -364,9 +364,10 @@ fn judge(row: &Row, scenario: &Scenario) -> Option<String> {
     }
 }
 
-/// The shortest the disruption can take: the slowest pod's exit after SIGTERM, plus the
-/// deregistration delay when the webhook isolates the pods; a rollout adds one pod start
-/// per wave of `maxSurge + maxUnavailable` pods.
+/// The shortest the disruption can take, plus the deregistration delay when the webhook
+/// isolates the pods: a drain waits for the slowest pod's exit after SIGTERM; a rollout
+/// for one pod start per wave of `maxSurge + maxUnavailable` pods (an old pod's exit
+/// overlaps the next wave's start).
 pub fn lower_bound(
     cfg: &ScenarioConfig,
     disruption: Disruption,
@@ -384,16 +385,16 @@ pub fn lower_bound(
         Protection::None => Duration::ZERO,
         Protection::GracefulDrain => cfg.components.deregistration_delay,
     };
-    let starts = match disruption {
+    let work = match disruption {
         Disruption::Rollout => {
             let replicas = u32::try_from(cfg.web.replicas).unwrap_or(0);
             let surge = scaled(&cfg.web.max_surge, replicas, true);
             let unavailable = scaled(&cfg.web.max_unavailable, replicas, false);
             kubelet.start_delay * replicas.div_ceil((surge + unavailable).max(1))
         }
-        _ => Duration::ZERO,
+        _ => exit,
     };
-    starts + exit + delay
+    work + delay
 }
 
 /// An int-or-percent of `total`, rounded up or down like the Deployment controller does.
@@ -648,7 +649,7 @@ pub fn unprotected_deletions(events: &[Event], from: Duration) -> usize {
 /// Renders the matrix table.
 pub fn table(report: &Report) -> String {
     let mut out = format!(
-        "{:<26} {:<15} {:>8} {:>5} {:>11} {:>9} {:>11}  {}\n",
+        "{:<33} {:<15} {:>8} {:>5} {:>11} {:>9} {:>11}  {}\n",
         "scenario",
         "protection",
         "requests",
@@ -666,7 +667,7 @@ pub fn table(report: &Report) -> String {
         let _ = match &r.result {
             Ok(m) => writeln!(
                 out,
-                "{:<26} {:<15} {:>8} {:>5} {:>11} {:>8.1}s {:>10.1}s  {check}",
+                "{:<33} {:<15} {:>8} {:>5} {:>11} {:>8.1}s {:>10.1}s  {check}",
                 r.scenario,
                 r.protection.to_string(),
                 m.requests,
@@ -677,7 +678,7 @@ pub fn table(report: &Report) -> String {
             ),
             Err(_) => writeln!(
                 out,
-                "{:<26} {:<15} {:>8} {:>5} {:>11} {:>9} {:>10.1}s  {check}",
+                "{:<33} {:<15} {:>8} {:>5} {:>11} {:>9} {:>10.1}s  {check}",
                 r.scenario,
                 r.protection.to_string(),
                 "-",
