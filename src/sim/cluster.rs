@@ -82,6 +82,8 @@ pub struct ClusterConfig {
     /// How long the disruption controller counts a pod listed in a PDB's
     /// `disruptedPods` as disrupted without it being deleted (upstream: 2 minutes).
     pub disruption_timeout: Duration,
+    /// ReplicaSets synced at once (upstream `--concurrent-replicaset-syncs`, 5).
+    pub replicaset_workers: usize,
 }
 
 impl Default for ClusterConfig {
@@ -101,6 +103,7 @@ impl Default for ClusterConfig {
             app: Behaviour::default(),
             api: apiserver::Config::default(),
             disruption_timeout: controllers::disruption::DELETION_TIMEOUT,
+            replicaset_workers: controllers::replicaset::DEFAULT_WORKERS,
         }
     }
 }
@@ -276,7 +279,7 @@ impl Cluster {
                 kubelet::run(ctx, shutdown.clone()),
             );
         }
-        spawn_controllers(&api, &lbs, cfg.disruption_timeout, &shutdown);
+        spawn_controllers(&api, &lbs, &cfg, &shutdown);
         let cluster = Cluster {
             api,
             apps,
@@ -451,12 +454,8 @@ where
 }
 
 /// Starts the scheduler, the controllers and the load balancers, each with its user.
-fn spawn_controllers(
-    api: &ApiServer,
-    lbs: &LoadBalancers,
-    disruption_timeout: Duration,
-    s: &Shutdown,
-) {
+fn spawn_controllers(api: &ApiServer, lbs: &LoadBalancers, cfg: &ClusterConfig, s: &Shutdown) {
+    let disruption_timeout = cfg.disruption_timeout;
     use controllers::{
         daemonset, deployment, disruption, endpointslice, gc, job, replicaset, scheduler,
         statefulset,
@@ -470,7 +469,7 @@ fn spawn_controllers(
     spawn_owned(
         "replicaset-controller",
         s.clone(),
-        replicaset::run(c(users::REPLICASET), s.clone()),
+        replicaset::run(c(users::REPLICASET), s.clone(), cfg.replicaset_workers),
     );
     spawn_owned(
         "deployment-controller",

@@ -156,6 +156,10 @@ pub struct Args {
     /// `disruptedPods` as disrupted while it is not deleted (upstream DeletionTimeout).
     #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
     pub pdb_deletion_timeout: Duration,
+    /// ReplicaSets the ReplicaSet controller syncs at once, each waiting for its DELETE
+    /// calls (upstream `--concurrent-replicaset-syncs`).
+    #[arg(long, default_value_t = controllers::replicaset::DEFAULT_WORKERS)]
+    pub replicaset_workers: usize,
     /// Fault: share (0.0–1.0) of API requests answered 429 TooManyRequests, as API
     /// Priority and Fairness does under load (cluster admins are exempt).
     #[arg(long, default_value_t = 0.0, value_name = "SHARE", value_parser = parse_share)]
@@ -244,6 +248,7 @@ impl Args {
             app: self.app,
             api,
             disruption_timeout: self.pdb_deletion_timeout,
+            replicaset_workers: self.replicaset_workers,
         };
         let web = WebSpec {
             replicas: self.replicas,
@@ -304,6 +309,10 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
     cfg.cluster.api.addr = apiserver::Config::default().addr;
     let rows = scenario::run_all(&cfg, &shutdown).await;
     print!("{}", scenario::table(&rows));
+    println!(
+        "\nmore: `graceful-drain simulate --matrix` runs {} scenarios (StatefulSets, DaemonSets, NLBs, keep-alive clients, PDB kinds, API 429s, restarts) as a scoreboard; --list-scenarios names them",
+        scenario::matrix::scenarios().len()
+    );
     if args.timeline {
         for row in &rows {
             println!("\n{} / {}:", row.scenario, row.protection);

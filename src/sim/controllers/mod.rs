@@ -226,6 +226,8 @@ where
 pub struct Workers {
     running: HashMap<String, JoinHandle<()>>,
     wake: Arc<Notify>,
+    /// At most this many objects worked on at once (the controller's worker count).
+    limit: Option<usize>,
 }
 
 impl Workers {
@@ -234,7 +236,26 @@ impl Workers {
         Self {
             running: HashMap::new(),
             wake,
+            limit: None,
         }
+    }
+
+    /// Work on at most `limit` objects at once, like a controller with `limit` workers
+    /// (kube-controller-manager's `--concurrent-*-syncs`): while every worker waits on its
+    /// API calls (a DELETE held by an admission webhook), no other object is synced.
+    pub fn with_limit(mut self, limit: usize) -> Self {
+        self.limit = Some(limit.max(1));
+        self
+    }
+
+    /// Whether every worker is busy: start no new work until one finishes (it wakes the
+    /// controller).
+    pub fn full(&mut self) -> bool {
+        let Some(limit) = self.limit else {
+            return false;
+        };
+        self.running.retain(|_, handle| !handle.is_finished());
+        self.running.len() >= limit
     }
 
     /// Whether work on `key` is still running.
@@ -425,5 +446,34 @@ mod tests {
         );
         assert_eq!(scaled(None, 10, "25%", false).unwrap(), 2);
         assert!(scaled(Some(&IntOrString::String("x%".into())), 3, "0", false).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_controller_with_n_workers_starts_no_work_while_n_objects_are_in_flight() {
+        let wake = Arc::new(Notify::new());
+        let mut workers = Workers::new(wake.clone()).with_limit(2);
+        let (release_a, held_a) = tokio::sync::oneshot::channel::<()>();
+        let (_release_b, held_b) = tokio::sync::oneshot::channel::<()>();
+        workers.spawn("a".into(), async move {
+            let _ = held_a.await;
+            Ok(())
+        });
+        assert!(!workers.full(), "one of two workers busy");
+        workers.spawn("b".into(), async move {
+            let _ = held_b.await;
+            Ok(())
+        });
+        assert!(workers.full(), "both workers wait on their calls");
+        release_a.send(()).unwrap();
+        wake.notified().await;
+        // The wake comes from inside the finishing task: let it complete.
+        let mut spins = 0;
+        while workers.full() && spins < 1000 {
+            tokio::task::yield_now().await;
+            spins += 1;
+        }
+        assert!(!workers.full(), "a finished worker takes new work");
+        assert!(workers.busy("b"));
+        assert!(!Workers::new(wake).full(), "no limit, never full");
     }
 }

@@ -234,6 +234,9 @@ impl Controller {
             if rs.metadata.deletion_timestamp.is_some() || self.workers.busy(&uid) {
                 continue;
             }
+            if self.workers.full() {
+                break;
+            }
             let pods = by_ns
                 .get(&rs.namespace().unwrap_or_default())
                 .cloned()
@@ -442,8 +445,11 @@ where
         .await
 }
 
-/// Runs the ReplicaSet controller until `shutdown`.
-pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
+/// Upstream's `--concurrent-replicaset-syncs` default.
+pub const DEFAULT_WORKERS: usize = 5;
+
+/// Runs the ReplicaSet controller with `workers` workers until `shutdown`.
+pub async fn run(client: kube::Client, shutdown: Shutdown, workers: usize) -> Result<()> {
     let watches = Watches::new(client.clone(), shutdown.clone());
     let wake = watches.wake();
     let sets = watches.all::<ReplicaSet>();
@@ -455,7 +461,7 @@ pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
         client,
         sets,
         pods,
-        workers: Workers::new(wake.clone()),
+        workers: Workers::new(wake.clone()).with_limit(workers),
         expectations: Arc::default(),
     };
     loop {
