@@ -74,6 +74,9 @@ pub enum Workload {
     StatefulSetSharedSelector,
     /// A DaemonSet (maxUnavailable 1) behind a Service with a key of its own.
     DaemonSet,
+    /// The standard Deployment plus a batch Job spread over every node, whose
+    /// podFailurePolicy ignores disruptions: it must complete without a counted failure.
+    DeploymentWithJob,
 }
 
 /// One named scenario of the matrix.
@@ -89,6 +92,9 @@ pub struct Scenario {
     pub tweak: fn(&mut ScenarioConfig),
     /// Whether the protected row is expected to show 5xx (a lag beyond the delay).
     pub protected_5xx: bool,
+    /// Whether the unprotected row is expected to show 5xx (not when nothing serving is
+    /// disrupted, as in a drain that leaves DaemonSet pods alone).
+    pub unprotected_5xx: bool,
 }
 
 /// A scenario that keeps the base configuration.
@@ -112,6 +118,7 @@ impl Scenario {
             budget,
             tweak,
             protected_5xx: false,
+            unprotected_5xx: true,
         }
     }
 }
@@ -237,6 +244,27 @@ fn workload_scenarios() -> Vec<Scenario> {
         },
         Scenario {
             workload: Workload::DaemonSet,
+            unprotected_5xx: false,
+            ..s(
+                "daemonset-drain",
+                "drain of a node running a DaemonSet's serving pod: like kubectl drain --ignore-daemonsets, it stays and serves",
+                Disruption::Drain,
+                Budget::None,
+                no_tweak,
+            )
+        },
+        Scenario {
+            workload: Workload::DeploymentWithJob,
+            ..s(
+                "job-drain",
+                "drain while a Job (podFailurePolicy: Ignore on DisruptionTarget) runs on every node: it completes with no counted failure",
+                Disruption::Drain,
+                Budget::Default,
+                no_tweak,
+            )
+        },
+        Scenario {
+            workload: Workload::DaemonSet,
             ..s(
                 "daemonset-rollout",
                 "rolling update of a DaemonSet (maxUnavailable 1) whose Service selects a key of its own",
@@ -321,7 +349,11 @@ async fn run_one(
     protection: Protection,
     shutdown: &Shutdown,
 ) -> Row {
-    let lower_bound = lower_bound(cfg, scenario.disruption, protection);
+    let lower_bound = match (scenario.workload, scenario.disruption) {
+        // A drain evicts no DaemonSet pod: nothing to wait for.
+        (Workload::DaemonSet, Disruption::Drain) => Duration::ZERO,
+        (_, disruption) => lower_bound(cfg, disruption, protection),
+    };
     let mut unprotected = 0;
     let (outcome, timeline) = run_disruption(cfg, scenario, protection, shutdown).await;
     let result = match outcome {
@@ -352,7 +384,13 @@ fn judge(row: &Row, scenario: &Scenario) -> Option<String> {
     };
     let errors = measured.errors_5xx > 0 || row.unprotected > 0;
     match row.protection {
-        Protection::None if !errors => Some("expected 5xx without protection, saw none".into()),
+        Protection::None if !errors && scenario.unprotected_5xx => {
+            Some("expected 5xx without protection, saw none".into())
+        }
+        Protection::None if errors && !scenario.unprotected_5xx => Some(format!(
+            "{} 5xx and {} pods deleted unprotected where nothing serving is disrupted",
+            measured.errors_5xx, row.unprotected
+        )),
         Protection::GracefulDrain if errors && !scenario.protected_5xx => Some(format!(
             "{} 5xx and {} pods deleted unprotected",
             measured.errors_5xx, row.unprotected
@@ -489,6 +527,9 @@ async fn disrupt(
         }
     };
     let measured = measure(cluster, cfg, action).await?;
+    if scenario.workload == Workload::DeploymentWithJob {
+        workloads::job_completed(cluster, &cfg.web, cfg.phase_timeout).await?;
+    }
     if let Some(c) = components.as_mut() {
         c.check().await?;
     }

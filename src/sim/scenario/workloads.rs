@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -41,6 +42,10 @@ pub async fn deploy(
 ) -> Result<(), Error> {
     if workload == Workload::Deployment {
         return Ok(cluster.deploy_web(web, timeout).await?);
+    }
+    if workload == Workload::DeploymentWithJob {
+        cluster.deploy_web(web, timeout).await?;
+        return start_job(cluster, web).await;
     }
     let client = cluster.client();
     let ns = &web.namespace;
@@ -158,6 +163,9 @@ pub async fn rollout(
             })
             .await?;
         }
+        Workload::DeploymentWithJob => {
+            return crate::sim::scenario::actions::rollout(&client, web, cfg.phase_timeout).await;
+        }
         _ => {
             let sets: Api<StatefulSet> = Api::namespaced(client, &web.namespace);
             sets.patch(&web.name, &params, &patch)
@@ -179,4 +187,76 @@ pub async fn rollout(
         }
     }
     Ok(())
+}
+
+/// Name of the batch Job of [`Workload::DeploymentWithJob`].
+const JOB: &str = "batch";
+/// Its pods run this long, so a drain meets them running.
+const JOB_RUN_FOR: &str = "8s";
+/// Pods of the Job per node: enough that the drained node runs some.
+const JOB_PODS_PER_NODE: usize = 2;
+
+/// Starts the Job of [`Workload::DeploymentWithJob`]: [`JOB_PODS_PER_NODE`] parallel pods
+/// per node, `backoffLimit: 0` (one counted failure fails it) and a podFailurePolicy that
+/// ignores disruptions, as batch users configure to survive drains.
+async fn start_job(cluster: &Cluster, web: &WebSpec) -> Result<(), Error> {
+    use crate::fixtures::{JobFixture, job, on_pod_condition};
+    let pods = i32::try_from(cluster.nodes().len() * JOB_PODS_PER_NODE).unwrap_or(i32::MAX);
+    let mut batch = job(JOB)
+        .ns(&web.namespace)
+        .completions(Some(pods))
+        .parallelism(pods)
+        .backoff_limit(0)
+        .failure_rule(on_pod_condition("Ignore", "DisruptionTarget"))
+        .template_annotation(
+            crate::sim::controllers::kubelet::RUN_FOR_ANNOTATION,
+            JOB_RUN_FOR,
+        )
+        .container("sim/batch:1");
+    batch.metadata.uid = None;
+    Api::<Job>::namespaced(cluster.client(), &web.namespace)
+        .create(&PostParams::default(), &batch)
+        .await
+        .map_err(api("create job", format!("{}/{JOB}", web.namespace)))?;
+    Ok(())
+}
+
+/// The condition (`Complete` or `Failed`) a Job finished with, if it did.
+fn finished(job: &Job) -> Option<String> {
+    let conditions = job.status.as_ref().and_then(|s| s.conditions.clone());
+    conditions
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.status == "True" && (c.type_ == "Complete" || c.type_ == "Failed"))
+        .map(|c| c.type_)
+}
+
+/// Waits until the Job finished, and fails if it failed or counted a failure: a drain
+/// must not cost a batch job its completion.
+pub async fn job_completed(
+    cluster: &Cluster,
+    web: &WebSpec,
+    timeout: Duration,
+) -> Result<(), Error> {
+    let jobs: Api<Job> = Api::namespaced(cluster.client(), &web.namespace);
+    let what = format!("job {}/{JOB} finished", web.namespace);
+    wait_for(&what, timeout, || async {
+        jobs.get(JOB).await.is_ok_and(|j| finished(&j).is_some())
+    })
+    .await?;
+    let job = jobs
+        .get(JOB)
+        .await
+        .map_err(api("get job", format!("{}/{JOB}", web.namespace)))?;
+    let failed = job.status.as_ref().and_then(|s| s.failed).unwrap_or(0);
+    match finished(&job).as_deref() {
+        Some("Complete") if failed == 0 => Ok(()),
+        outcome => Err(Error::Drain {
+            node: "-".into(),
+            reason: format!(
+                "job {}/{JOB} ended {outcome:?} with {failed} counted failures",
+                web.namespace
+            ),
+        }),
+    }
 }
