@@ -41,6 +41,8 @@ struct Webhook {
     stop: Shutdown,
     /// Where it serves admission reviews.
     listen: std::net::SocketAddr,
+    /// Its plain-HTTP admin port (`/readyz`, `/metrics`).
+    admin: std::net::SocketAddr,
     /// The CA of its serving certificate (PEM).
     ca: String,
     task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
@@ -90,6 +92,22 @@ async fn start_webhook(cluster: &Cluster, delay: Duration, timeout_seconds: u32)
 
 /// [`start_webhook`] with extra command-line flags.
 async fn start_webhook_with(
+    cluster: &Cluster,
+    delay: Duration,
+    timeout_seconds: u32,
+    extra: &[&str],
+) -> Webhook {
+    let webhook = launch_webhook(cluster, delay, timeout_seconds, extra).await;
+    wait_for("webhook ready", TIMEOUT, || ready(webhook.admin))
+        .await
+        .unwrap();
+    register_webhook(cluster, &webhook, timeout_seconds).await;
+    webhook
+}
+
+/// Starts `graceful-drain webhook` from its documented flags against `cluster`, without
+/// waiting for it to be ready nor registering it.
+async fn launch_webhook(
     cluster: &Cluster,
     delay: Duration,
     timeout_seconds: u32,
@@ -148,12 +166,21 @@ async fn start_webhook_with(
     let cli = WebhookCli::try_parse_from(argv).unwrap();
     let stop = Shutdown::new();
     let task = tokio::spawn(graceful_drain::webhook::run(cli.args, stop.clone()));
-    wait_for("webhook ready", TIMEOUT, || ready(admin))
-        .await
-        .unwrap();
+    Webhook {
+        stop,
+        listen,
+        admin,
+        ca: bundle.ca_cert,
+        task: Some(task),
+        _dir: dir,
+    }
+}
+
+/// Registers `webhook` with the configurations [`webhook_configurations`] builds.
+async fn register_webhook(cluster: &Cluster, webhook: &Webhook, timeout_seconds: u32) {
     let (mutating, validating) = webhook_configurations(&ConfigurationsSpec {
-        target: Target::Url(format!("https://127.0.0.1:{}", listen.port())),
-        ca_bundle: Some(bundle.ca_cert.clone()),
+        target: Target::Url(format!("https://127.0.0.1:{}", webhook.listen.port())),
+        ca_bundle: Some(webhook.ca.clone()),
         timeout_seconds: i32::try_from(timeout_seconds).unwrap(),
         ..ConfigurationsSpec::default()
     });
@@ -166,22 +193,24 @@ async fn start_webhook_with(
         .create(&pp, &validating)
         .await
         .unwrap();
-    Webhook {
-        stop,
-        listen,
-        ca: bundle.ca_cert,
-        task: Some(task),
-        _dir: dir,
-    }
 }
 
 async fn setup(spec: &WebSpec, delay: Duration, timeout_seconds: u32) -> (Cluster, Webhook) {
+    setup_with(ClusterConfig::default(), spec, delay, timeout_seconds, &[]).await
+}
+
+/// [`setup`] on a cluster started from `config`, the webhook given `extra` flags.
+async fn setup_with(
+    config: ClusterConfig,
+    spec: &WebSpec,
+    delay: Duration,
+    timeout_seconds: u32,
+    extra: &[&str],
+) -> (Cluster, Webhook) {
     graceful_drain::runtime::install_crypto_provider();
     graceful_drain::runtime::init_tracing(graceful_drain::runtime::LogFormat::Text);
-    let cluster = Cluster::start(ClusterConfig::default(), Shutdown::new())
-        .await
-        .unwrap();
-    let webhook = start_webhook(&cluster, delay, timeout_seconds).await;
+    let cluster = Cluster::start(config, Shutdown::new()).await.unwrap();
+    let webhook = start_webhook_with(&cluster, delay, timeout_seconds, extra).await;
     cluster.deploy_web(spec, TIMEOUT).await.unwrap();
     // Isolation needs an observed PDB, exactly like an eviction does.
     let pdbs: Api<PodDisruptionBudget> = Api::namespaced(cluster.client(), &spec.namespace);
@@ -977,5 +1006,431 @@ async fn statefulset_pods_leave_their_service_but_never_their_statefulset() {
         has_event(&cluster, "db-0", "graceful-drain.io/IsolationFailed").await,
         "{:?}",
         event_reasons(&cluster, "default", "db-0").await
+    );
+}
+
+/// Merge-patches pod `name` in the default namespace as the admin.
+async fn patch_pod(cluster: &Cluster, name: &str, patch: serde_json::Value) {
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    pods.patch(
+        name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .unwrap();
+}
+
+/// Evicts `name` in the default namespace as the admin, returning the API's answer.
+async fn try_evict(cluster: &Cluster, name: &str) -> Result<serde_json::Value, kube::Error> {
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let body = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": name, "namespace": "default"}});
+    pods.create_subresource("eviction", name, &PostParams::default(), &body)
+        .await
+}
+
+/// The refusal message of a 429, if `result` is one.
+fn too_many_requests(result: &Result<serde_json::Value, kube::Error>) -> Option<&str> {
+    match result {
+        Err(kube::Error::Api(s)) if s.code == 429 => Some(s.message.as_str()),
+        _ => None,
+    }
+}
+
+/// Whether the live PDB `web` is observed at its generation and allows `allowed`.
+async fn pdb_allows(cluster: &Cluster, allowed: i32) -> bool {
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(cluster.client(), "default");
+    let Ok(pdb) = pdbs.get("web").await else {
+        return false;
+    };
+    let generation = pdb.metadata.generation;
+    pdb.status
+        .is_some_and(|s| s.observed_generation == generation && s.disruptions_allowed == allowed)
+}
+
+/// The same pod (UID), alive and not draining.
+fn untouched(before: &Pod, now: Option<Pod>) -> bool {
+    now.is_some_and(|p| {
+        p.uid() == before.uid() && p.metadata.deletion_timestamp.is_none() && !is_draining(&p)
+    })
+}
+
+/// A PDB that allowed nothing and allows one disruption moments before the eviction
+/// (the webhook's cache may still say exhausted): the eviction is decided on the live
+/// PDB, so the pod is isolated, not refused. The next eviction finds the live budget
+/// spent and is refused with 429 by the webhook itself — never let through as a real
+/// eviction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evictions_are_decided_on_the_live_pdb_not_on_a_stale_cache() {
+    let spec = WebSpec {
+        replicas: 3,
+        min_available: 3,
+        ..WebSpec::default()
+    };
+    let (cluster, _webhook) = setup(&spec, Duration::from_secs(30), 10).await;
+    wait_for("pdb exhausted", TIMEOUT, || pdb_allows(&cluster, 0))
+        .await
+        .unwrap();
+    let pods = web_pods(&cluster, &spec).await;
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(cluster.client(), "default");
+    pdbs.patch(
+        "web",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(serde_json::json!({"spec": {"minAvailable": 2}})),
+    )
+    .await
+    .unwrap();
+    // The eviction follows the disruption controller's status update at once.
+    wait_for("pdb allows one", TIMEOUT, || pdb_allows(&cluster, 1))
+        .await
+        .unwrap();
+    let first = pods[0].name_any();
+    let evicted = try_evict(&cluster, &first).await;
+    assert!(evicted.is_ok(), "refused on a stale budget: {evicted:?}");
+    let live: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let isolated = live.get(&first).await.unwrap();
+    assert!(is_draining(&isolated), "evicted pod isolated");
+    assert!(
+        isolated.metadata.deletion_timestamp.is_none(),
+        "still serving"
+    );
+    assert!(has_event(&cluster, &first, "graceful-drain.io/Isolated").await);
+
+    // The live budget is spent now: the webhook refuses, changing nothing.
+    let second = &pods[1];
+    let refused = try_evict(&cluster, &second.name_any()).await;
+    let message = too_many_requests(&refused).unwrap_or_else(|| panic!("{refused:?}"));
+    assert!(
+        message.starts_with("admission webhook \"eviction.graceful-drain.io\" denied")
+            && message.contains("disruption budget"),
+        "refused by the API server, not by the webhook: {message}"
+    );
+    let now = live.get_opt(&second.name_any()).await.unwrap();
+    assert!(untouched(second, now), "the refused pod was touched");
+}
+
+/// The API server answers slowly (700 ms per request): the webhook cannot isolate
+/// within a 2 s webhook timeout, yet answers every call before the API server's
+/// deadline — an eviction is refused with 429 (retry later) instead of timing out and
+/// going through as a real eviction, and a DELETE is allowed in time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_api_latency_every_call_is_answered_inside_the_deadline() {
+    use graceful_drain::sim::apiserver::Faults;
+    let latency = Duration::from_millis(700);
+    let mut config = ClusterConfig::default();
+    config.api.faults = Faults {
+        latency,
+        ..Faults::default()
+    };
+    let spec = WebSpec {
+        replicas: 3,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    let (cluster, _webhook) = setup_with(config, &spec, Duration::from_secs(30), 2, &[]).await;
+    // Our own request's latency plus the API server's 2 s deadline for the webhook.
+    let bound = latency + Duration::from_secs(2);
+    let pods = web_pods(&cluster, &spec).await;
+    let live: Api<Pod> = Api::namespaced(cluster.client(), "default");
+
+    let started = Instant::now();
+    let refused = try_evict(&cluster, &pods[0].name_any()).await;
+    let took = started.elapsed();
+    let message = too_many_requests(&refused).unwrap_or_else(|| panic!("{refused:?}"));
+    assert!(
+        message.contains("within the admission deadline"),
+        "{message}"
+    );
+    assert!(took < bound, "answered after the deadline: {took:?}");
+    let now = live.get_opt(&pods[0].name_any()).await.unwrap();
+    assert!(
+        now.is_some_and(|p| p.uid() == pods[0].uid() && p.metadata.deletion_timestamp.is_none()),
+        "the eviction went through"
+    );
+
+    let started = Instant::now();
+    live.delete(&pods[1].name_any(), &DeleteParams::default())
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert!(took < bound, "DELETE answered after the deadline: {took:?}");
+    let stats = cluster.api().stats();
+    assert!(stats.admission_total() >= 2, "{stats:?}");
+    assert!(
+        stats.admission_failures.is_empty(),
+        "a webhook call timed out: {stats:?}"
+    );
+}
+
+/// The body of `GET path` on the admin port (status line included).
+async fn admin_get(admin: std::net::SocketAddr, path: &str) -> String {
+    let Ok(mut stream) = tokio::net::TcpStream::connect(admin).await else {
+        return String::new();
+    };
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return String::new();
+    }
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.read_to_end(&mut answer)).await;
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// While the webhook may not create the deleter's Lease (RBAC without `create leases`),
+/// nobody would delete an isolated pod: `/readyz` says so and an eviction is not
+/// isolated (it goes through as without graceful-drain). Once the Lease exists, the
+/// webhook takes it, becomes ready and isolates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_deleter_lease_the_webhook_is_not_ready_and_isolates_nothing() {
+    use graceful_drain::sim::apiserver::{Faults, Forbidden};
+    graceful_drain::runtime::install_crypto_provider();
+    let mut config = ClusterConfig::default();
+    config.api.faults = Faults {
+        forbidden: vec![Forbidden::new(WEBHOOK_USER, "create", "leases")],
+        ..Faults::default()
+    };
+    let cluster = Cluster::start(config, Shutdown::new()).await.unwrap();
+    let spec = WebSpec {
+        replicas: 3,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    cluster.deploy_web(&spec, TIMEOUT).await.unwrap();
+    wait_for("pdb observed", TIMEOUT, || pdb_allows(&cluster, 2))
+        .await
+        .unwrap();
+    let webhook = launch_webhook(&cluster, Duration::from_secs(30), 10, &[]).await;
+    // Everything but the deleter is ready: caches listed, certificate loaded.
+    let only_deleter = "not ready:\ndeleter: no replica holds the deleter Lease\n";
+    wait_for("webhook waiting only for the Lease", TIMEOUT, || async {
+        admin_get(webhook.admin, "/readyz")
+            .await
+            .ends_with(only_deleter)
+    })
+    .await
+    .unwrap();
+    register_webhook(&cluster, &webhook, 10).await;
+    let pods = web_pods(&cluster, &spec).await;
+    let live: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let first = pods[0].name_any();
+    evict(&cluster, &first).await;
+    let now = live.get_opt(&first).await.unwrap();
+    assert!(
+        now.is_none_or(|p| p.uid() != pods[0].uid()
+            || (p.metadata.deletion_timestamp.is_some() && !is_draining(&p))),
+        "isolated with nobody to delete it"
+    );
+    assert!(!has_event(&cluster, &first, "graceful-drain.io/Isolated").await);
+    assert!(!ready(webhook.admin).await);
+
+    // The Lease appears (another installation's RBAC, an operator): the webhook takes it.
+    let lease: k8s_openapi::api::coordination::v1::Lease = serde_json::from_value(
+        serde_json::json!({"metadata": {"name": "graceful-drain-webhook", "namespace": "graceful-drain"},
+            "spec": {}}),
+    )
+    .unwrap();
+    Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+        cluster.client(),
+        "graceful-drain",
+    )
+    .create(&PostParams::default(), &lease)
+    .await
+    .unwrap();
+    wait_for("webhook ready with the Lease", TIMEOUT, || {
+        ready(webhook.admin)
+    })
+    .await
+    .unwrap();
+    let second = pods[1].name_any();
+    evict(&cluster, &second).await;
+    let isolated = live.get(&second).await.unwrap();
+    assert!(is_draining(&isolated), "isolated once a deleter exists");
+    assert!(isolated.metadata.deletion_timestamp.is_none());
+}
+
+/// A pod asking for an hour of deregistration delay (a typo for a minute, say) is kept
+/// out of its Services only for `--max-deregistration-delay`: the delete time uses the
+/// cap and a Warning Event `graceful-drain.io/DelayCapped` says so on the pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delay_annotation_above_the_cap_is_cut_to_it_with_a_warning() {
+    let spec = WebSpec {
+        replicas: 2,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    let extra = ["--max-deregistration-delay", "20s"];
+    let (cluster, _webhook) = setup_with(
+        ClusterConfig::default(),
+        &spec,
+        Duration::from_secs(5),
+        10,
+        &extra,
+    )
+    .await;
+    let victim = web_pods(&cluster, &spec).await.remove(0).name_any();
+    let annotation = serde_json::json!({"metadata": {"annotations":
+        {"graceful-drain.io/deregistration-delay": "1h"}}});
+    patch_pod(&cluster, &victim, annotation).await;
+    let evicted_at = jiff::Timestamp::now();
+    evict(&cluster, &victim).await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let isolated = pods.get(&victim).await.unwrap();
+    assert!(is_draining(&isolated));
+    let delete_at: jiff::Timestamp = isolated
+        .annotations()
+        .get("graceful-drain.io/delete-at")
+        .expect("delete time recorded")
+        .parse()
+        .unwrap();
+    let after = delete_at.duration_since(evicted_at);
+    assert!(
+        (15..=25).contains(&after.as_secs()),
+        "deleted {after:?} after the eviction, not at the 20 s cap"
+    );
+    let events: Api<Event> = Api::namespaced(cluster.client(), "default");
+    let capped = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some(victim.as_str()))
+        .find(|e| e.reason.as_deref() == Some("graceful-drain.io/DelayCapped"));
+    assert_eq!(
+        capped.as_ref().and_then(|e| e.type_.as_deref()),
+        Some("Warning"),
+        "{:?}",
+        event_reasons(&cluster, "default", &victim).await
+    );
+}
+
+/// With `--keep-label team`, an isolated pod leaves its Service and ReplicaSet (their
+/// keys removed) but keeps `team`, so NetworkPolicies and dashboards selecting on it
+/// still match; `kubectl get pods -l graceful-drain.io/draining=web` finds the app's
+/// isolated pods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_labels_stay_on_an_isolated_pod_and_the_draining_label_names_the_app() {
+    let spec = WebSpec {
+        replicas: 2,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    let extra = ["--keep-label", "team"];
+    let (cluster, _webhook) = setup_with(
+        ClusterConfig::default(),
+        &spec,
+        Duration::from_secs(30),
+        10,
+        &extra,
+    )
+    .await;
+    let victim = web_pods(&cluster, &spec).await.remove(0).name_any();
+    patch_pod(
+        &cluster,
+        &victim,
+        serde_json::json!({"metadata": {"labels": {"team": "payments"}}}),
+    )
+    .await;
+    evict(&cluster, &victim).await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let isolated = pods.get(&victim).await.unwrap();
+    let labels = isolated.labels();
+    assert_eq!(
+        labels.get("team").map(String::as_str),
+        Some("payments"),
+        "{labels:?}"
+    );
+    assert!(
+        !labels.contains_key("app") && !labels.contains_key("pod-template-hash"),
+        "the Service's and ReplicaSet's keys are removed: {labels:?}"
+    );
+    assert_eq!(
+        labels.get("graceful-drain.io/draining").map(String::as_str),
+        Some("web"),
+        "{labels:?}"
+    );
+    let listed = pods
+        .list(&ListParams::default().labels("graceful-drain.io/draining=web"))
+        .await
+        .unwrap();
+    assert_eq!(
+        listed
+            .items
+            .iter()
+            .map(|p| p.name_any())
+            .collect::<Vec<_>>(),
+        vec![victim]
+    );
+}
+
+/// The garbage collector deleting a pod, and anyone deleting a pod of a namespace being
+/// deleted, is answered at once: nothing is held or isolated, so neither an owner's
+/// cascading deletion nor `kubectl delete namespace` waits on graceful-drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_garbage_collector_and_namespace_deletion_pass_straight_through() {
+    let spec = WebSpec {
+        replicas: 2,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    // A held DELETE would take about 8 s of the 10 s webhook timeout.
+    let (cluster, _webhook) = setup(&spec, Duration::from_secs(30), 10).await;
+    let quick = Duration::from_secs(3);
+    let gc = cluster
+        .api()
+        .client(graceful_drain::webhook::decide::GARBAGE_COLLECTOR);
+    let victim = web_pods(&cluster, &spec).await.remove(0);
+    let started = Instant::now();
+    Api::<Pod>::namespaced(gc, "default")
+        .delete(&victim.name_any(), &DeleteParams::default())
+        .await
+        .unwrap();
+    assert!(started.elapsed() < quick, "held: {:?}", started.elapsed());
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let now = pods.get_opt(&victim.name_any()).await.unwrap();
+    assert!(now.is_none_or(|p| p.uid() != victim.uid() || !is_draining(&p)));
+    assert!(!has_event(&cluster, &victim.name_any(), "graceful-drain.io/Isolated").await);
+
+    // A namespace being deleted (a finalizer keeps it terminating while its pods go).
+    let shop = WebSpec {
+        namespace: "shop".into(),
+        ..spec.clone()
+    };
+    let namespaces: Api<Namespace> = Api::all(cluster.client());
+    let ns = serde_json::from_value(serde_json::json!({"metadata": {"name": "shop",
+        "finalizers": ["example.com/cleanup"]}}))
+    .unwrap();
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    cluster.deploy_web(&shop, TIMEOUT).await.unwrap();
+    let shop_pods: Api<Pod> = Api::namespaced(cluster.client(), "shop");
+    let victim = web_pods(&cluster, &shop).await.remove(0);
+    namespaces
+        .delete("shop", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("namespace terminating", TIMEOUT, || async {
+        namespaces
+            .get("shop")
+            .await
+            .is_ok_and(|n| n.metadata.deletion_timestamp.is_some())
+    })
+    .await
+    .unwrap();
+    let started = Instant::now();
+    shop_pods
+        .delete(&victim.name_any(), &DeleteParams::default())
+        .await
+        .unwrap();
+    assert!(started.elapsed() < quick, "held: {:?}", started.elapsed());
+    let now = shop_pods.get_opt(&victim.name_any()).await.unwrap();
+    assert!(now.is_none_or(|p| p.uid() != victim.uid() || !is_draining(&p)));
+    let reasons = event_reasons(&cluster, "shop", &victim.name_any()).await;
+    assert!(
+        !reasons.iter().any(|r| r == "graceful-drain.io/Isolated"),
+        "{reasons:?}"
     );
 }
