@@ -515,7 +515,9 @@ fn interpret(hook: &Hook, attrs: &Attributes<'_>, response: &Value) -> Result<Ou
 
 /// A denial as the API server surfaces it: upstream's `ToStatusErr`
 /// (`admission/plugin/webhook/errors/statuserror.go`, Kubernetes 1.33) raises a code
-/// below 400 — a missing one included — to 400 Bad Request.
+/// below 400 — a missing one included — to 400 Bad Request and keeps the rest of the
+/// webhook's Status, `details` included, so `details.retryAfterSeconds` becomes the
+/// answer's `Retry-After` header (`responsewriters.ErrorNegotiated`).
 fn denial(name: &str, result: Option<&Value>) -> ApiError {
     let field = |k: &str| {
         result
@@ -537,7 +539,33 @@ fn denial(name: &str, result: Option<&Value>) -> ApiError {
         (true, false) => format!("{denied_by}: {reason}"),
         (true, true) => format!("{denied_by} without explanation"),
     };
-    ApiError::new(code, &reason, text)
+    let mut error = ApiError::new(code, &reason, text);
+    let Some(details) = result.and_then(|r| r.get("details")) else {
+        return error;
+    };
+    let text = |k: &str| details.get(k).and_then(Value::as_str).unwrap_or("");
+    if !(text("group").is_empty() && text("kind").is_empty() && text("name").is_empty()) {
+        error = error.with_details(text("group"), text("kind"), text("name"));
+    }
+    if let Some(seconds) = details.get("retryAfterSeconds").and_then(Value::as_u64) {
+        error = error.with_retry(seconds);
+    }
+    for cause in details
+        .get("causes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let field = |k: &str| {
+            cause
+                .get(k)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
+        error.causes.push((field("reason"), field("message")));
+    }
+    error
 }
 
 /// Where and how to reach a webhook.
@@ -741,6 +769,25 @@ mod tests {
         assert!(patch_bytes(&json!({"patch": [1, 300]})).is_err());
         assert!(patch_bytes(&json!({"patch": {"op": "add"}})).is_err());
         assert!(patch_bytes(&json!({"patch": "not base64!"})).is_err());
+    }
+
+    #[test]
+    fn denials_keep_the_webhooks_details_and_retry_after_like_to_status_err() {
+        let e = denial(
+            "eviction.graceful-drain.io",
+            Some(
+                &json!({"code": 429, "reason": "TooManyRequests", "message": "budget",
+                "details": {"retryAfterSeconds": 5,
+                    "causes": [{"reason": "DisruptionBudget", "message": "pdb web"}]}}),
+            ),
+        );
+        assert_eq!((e.code, e.retry_after), (429, Some(5)));
+        assert_eq!(
+            e.causes,
+            [("DisruptionBudget".to_string(), "pdb web".to_string())]
+        );
+        let plain = denial("x", Some(&json!({"code": 403, "message": "no"})));
+        assert_eq!((plain.retry_after, plain.causes.len()), (None, 0));
     }
 
     #[test]
