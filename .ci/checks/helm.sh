@@ -5,9 +5,9 @@
 #
 # Certificates use the chart's self-signed mode (no cert-manager in the simulated cluster);
 # the lifecycle CRDs are not installed by the chart because the simulated cluster already
-# serves them; the first install leaves the node agent out because the simulated cluster
-# has no DaemonSet controller, so `--wait` could never see a DaemonSet roll out — the
-# upgrade then adds it without --wait.
+# serves them; the first install leaves the node agent out and the upgrade adds it (its
+# pods come from the simulated DaemonSet controller, and the uninstall check sees the
+# garbage collector remove them).
 #   bash .ci/checks/helm.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -1,13 +1,16 @@
 //! A minimal garbage collector, as
 //! `system:serviceaccount:kube-system:generic-garbage-collector`: deletes pods whose
-//! controlling ReplicaSet is gone and ReplicaSets whose controlling Deployment is gone
-//! (background cascading deletion, what `kubectl delete deployment` relies on). An owner
+//! controlling ReplicaSet, StatefulSet, DaemonSet or Job is gone and ReplicaSets whose
+//! controlling Deployment is gone (background cascading deletion, what `kubectl delete`
+//! and `helm uninstall` rely on; upstream's pkg/controller/garbagecollector does this for
+//! any owner reference, these are the ones our workloads use). An owner
 //! missing from the cache is confirmed with a GET first, so a cache lag never deletes.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::reflector::Store;
@@ -89,9 +92,15 @@ pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
     let deployments = watches.all::<Deployment>();
     let sets = watches.all::<ReplicaSet>();
     let pods = watches.all::<Pod>();
+    let statefulsets = watches.all::<StatefulSet>();
+    let daemonsets = watches.all::<DaemonSet>();
+    let jobs = watches.all::<Job>();
     if !(ready(&deployments, &shutdown).await
         && ready(&sets, &shutdown).await
-        && ready(&pods, &shutdown).await)
+        && ready(&pods, &shutdown).await
+        && ready(&statefulsets, &shutdown).await
+        && ready(&daemonsets, &shutdown).await
+        && ready(&jobs, &shutdown).await)
     {
         return Ok(());
     }
@@ -103,9 +112,14 @@ pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
         {
             tracing::info!(%error, "garbage collection failed; will retry");
         }
-        if let Err(error) =
-            collect::<Pod, ReplicaSet>(&client, &pods.state(), &sets, "ReplicaSet").await
-        {
+        let pods = pods.state();
+        let passes = [
+            collect::<Pod, ReplicaSet>(&client, &pods, &sets, "ReplicaSet").await,
+            collect::<Pod, StatefulSet>(&client, &pods, &statefulsets, "StatefulSet").await,
+            collect::<Pod, DaemonSet>(&client, &pods, &daemonsets, "DaemonSet").await,
+            collect::<Pod, Job>(&client, &pods, &jobs, "Job").await,
+        ];
+        for error in passes.into_iter().filter_map(Result::err) {
             tracing::info!(%error, "garbage collection failed; will retry");
         }
         if !next_pass(&wake, &shutdown, next).await {
