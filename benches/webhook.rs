@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use graceful_drain::certs;
+use graceful_drain::fixtures::{self, PodFixture, to_json};
 use graceful_drain::runtime::Shutdown;
 use graceful_drain::webhook::{cache, decide, isolate, metrics, server, tls};
 use http_body_util::{BodyExt, Full};
@@ -30,15 +31,33 @@ const RUN_FOR: Duration = Duration::from_secs(3);
 /// …and sends at most this many reviews per connection.
 const MAX_PER_CONNECTION: usize = 50_000;
 
+/// A serving pod `web/<name>` of the size a real one has (ports, requests, two conditions).
 fn pod_json(name: &str) -> Value {
-    json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "web", "uid": format!("uid-{name}"), "resourceVersion": "12",
-            "labels": {"app": "web", "pod-template-hash": "h", "team": "payments"},
-            "annotations": {"prometheus.io/scrape": "true"}},
-        "spec": {"nodeName": "node-1", "containers": [{"name": "app", "image": "registry.example/app:1.2.3",
-            "ports": [{"containerPort": 8080}], "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}]},
-        "status": {"phase": "Running", "podIP": "10.0.0.1",
-            "conditions": [{"type": "Ready", "status": "True"}, {"type": "ContainersReady", "status": "True"}]}})
+    let mut pod = to_json(
+        &fixtures::pod(name)
+            .ns("web")
+            .with_uid(&format!("uid-{name}"))
+            .at_version("12")
+            .with_labels(&[
+                ("app", "web"),
+                ("pod-template-hash", "h"),
+                ("team", "payments"),
+            ])
+            .annotate("prometheus.io/scrape", "true")
+            .on_node("node-1")
+            .container("registry.example/app:1.2.3")
+            .running()
+            .ip("10.0.0.1")
+            .ready(),
+    );
+    let container = &mut pod["spec"]["containers"][0];
+    container["ports"] = json!([{"containerPort": 8080}]);
+    container["resources"] = json!({"requests": {"cpu": "100m", "memory": "128Mi"}});
+    let conditions = &mut pod["status"]["conditions"];
+    if let Some(list) = conditions.as_array_mut() {
+        list.push(json!({"type": "ContainersReady", "status": "True"}));
+    }
+    pod
 }
 
 /// The fake API: GET pod, PATCH pod, POST event answer at once.

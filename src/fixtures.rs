@@ -14,7 +14,9 @@
 //! ```
 //!
 //! For exact request shapes, unit tests script the one mock API server, `fixtures::mock` (test
-//! builds only: it needs the `tower-test` dev-dependency).
+//! builds only: it needs the `tower-test` dev-dependency). A pod's chain ends in
+//! [`PodFixture::facts`] where the webhook's pure decision wants [`PodFacts`], and any
+//! object becomes the JSON a scripted answer or the simulated API server takes with [`to_json`].
 //!
 //! Method names avoid those of `kube::ResourceExt` (`labels`, `namespace`, …), so both
 //! traits can be in scope. Only in test builds and with the `sim` feature: nothing here
@@ -45,6 +47,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, ObjectMeta, OwnerReference, Time,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde_json::Value;
+
+use crate::webhook::decide::PodFacts;
 
 /// `pairs` as a label map.
 pub fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -52,6 +57,12 @@ pub fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
+}
+
+/// `obj` as JSON (`apiVersion` and `kind` included), for scripted answers and raw requests.
+pub fn to_json(obj: &impl serde::Serialize) -> Value {
+    // Kubernetes objects always serialise; `Null` would only hide a bug in a test.
+    serde_json::to_value(obj).unwrap_or(Value::Null)
 }
 
 fn meta(name: &str) -> ObjectMeta {
@@ -79,6 +90,8 @@ pub trait PodFixture: Sized {
     fn ns(self, ns: &str) -> Self;
     /// Sets the uid.
     fn with_uid(self, uid: &str) -> Self;
+    /// Sets `metadata.resourceVersion`.
+    fn at_version(self, rv: &str) -> Self;
     /// Adds the label `key=value`.
     fn label(self, key: &str, value: &str) -> Self;
     /// Adds every label of `pairs`.
@@ -117,6 +130,8 @@ pub trait PodFixture: Sized {
     fn ready(self) -> Self;
     /// Ready condition True or False.
     fn ready_is(self, ready: bool) -> Self;
+    /// What the webhook's decision reads of the pod (`review::pod_facts`).
+    fn facts(self) -> PodFacts;
 }
 
 fn pod_spec(pod: &mut Pod) -> &mut PodSpec {
@@ -134,6 +149,10 @@ impl PodFixture for Pod {
     }
     fn with_uid(mut self, uid: &str) -> Self {
         self.metadata.uid = Some(uid.into());
+        self
+    }
+    fn at_version(mut self, rv: &str) -> Self {
+        self.metadata.resource_version = Some(rv.into());
         self
     }
     fn label(mut self, key: &str, value: &str) -> Self {
@@ -252,6 +271,9 @@ impl PodFixture for Pod {
         });
         self
     }
+    fn facts(self) -> PodFacts {
+        crate::webhook::review::pod_facts(&self)
+    }
 }
 
 /// A node `<name>` with no spec and no status.
@@ -318,6 +340,8 @@ pub fn pdb(name: &str) -> PodDisruptionBudget {
 pub trait PdbFixture: Sized {
     /// Moves the budget to namespace `ns`.
     fn ns(self, ns: &str) -> Self;
+    /// Sets `metadata.resourceVersion`.
+    fn at_version(self, rv: &str) -> Self;
     /// Sets `metadata.generation`.
     fn generation(self, generation: i64) -> Self;
     /// Selects pods carrying every label of `pairs` (matchLabels).
@@ -326,6 +350,11 @@ pub trait PdbFixture: Sized {
     fn min_available(self, count: i32) -> Self;
     /// Sets `status.disruptedPods`: pod name and the Unix second it was disrupted at.
     fn disrupted(self, pods: &[(&str, i64)]) -> Self;
+    /// Sets the status counts `currentHealthy`, `desiredHealthy` and `expectedPods`.
+    fn healthy(self, current: i32, desired: i32, expected: i32) -> Self;
+    /// Sets `status.disruptionsAllowed`, as the disruption controller computed it for the
+    /// budget's current generation (`observedGeneration` follows `metadata.generation`).
+    fn allowing(self, disruptions: i32) -> Self;
 }
 
 fn pdb_spec(pdb: &mut PodDisruptionBudget) -> &mut PodDisruptionBudgetSpec {
@@ -336,6 +365,10 @@ fn pdb_spec(pdb: &mut PodDisruptionBudget) -> &mut PodDisruptionBudgetSpec {
 impl PdbFixture for PodDisruptionBudget {
     fn ns(mut self, ns: &str) -> Self {
         self.metadata.namespace = Some(ns.into());
+        self
+    }
+    fn at_version(mut self, rv: &str) -> Self {
+        self.metadata.resource_version = Some(rv.into());
         self
     }
     fn generation(mut self, generation: i64) -> Self {
@@ -365,6 +398,24 @@ impl PdbFixture for PodDisruptionBudget {
                 })
                 .collect(),
         );
+        self
+    }
+    fn healthy(mut self, current: i32, desired: i32, expected: i32) -> Self {
+        let status = self
+            .status
+            .get_or_insert_with(PodDisruptionBudgetStatus::default);
+        status.current_healthy = current;
+        status.desired_healthy = desired;
+        status.expected_pods = expected;
+        self
+    }
+    fn allowing(mut self, disruptions: i32) -> Self {
+        let generation = self.metadata.generation;
+        let status = self
+            .status
+            .get_or_insert_with(PodDisruptionBudgetStatus::default);
+        status.disruptions_allowed = disruptions;
+        status.observed_generation = generation;
         self
     }
 }

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
+use graceful_drain::fixtures::{self, PodFixture, to_json};
 use graceful_drain::runtime::Shutdown;
 use graceful_drain::sim::apiserver::{ApiServer, Config};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
@@ -29,20 +30,13 @@ fn api_error(err: kube::Error) -> Status {
     }
 }
 
-fn pod_json(name: &str, node: Option<&str>, labels: Value) -> Value {
-    let mut pod = json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {"containers": [{"name": "app", "image": "web:1"}]},
-    });
-    if let Some(node) = node {
-        pod["spec"]["nodeName"] = json!(node);
+/// Pod `default/<name>` running `web:1` with these labels, bound to `node` if given.
+fn pod(name: &str, node: Option<&str>, labels: &[(&str, &str)]) -> Pod {
+    let pod = fixtures::pod(name).with_labels(labels).container("web:1");
+    match node {
+        Some(node) => pod.on_node(node),
+        None => pod,
     }
-    pod
-}
-
-fn pod(name: &str, node: Option<&str>, labels: Value) -> Pod {
-    serde_json::from_value(pod_json(name, node, labels)).unwrap()
 }
 
 #[tokio::test]
@@ -52,11 +46,11 @@ async fn create_get_list_with_selectors_and_pagination() {
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
 
     // Unknown fields vanish like on a real API server; server-set metadata appears.
-    let mut body = pod_json(
+    let mut body = to_json(&pod(
         "web-1",
         Some("node-a"),
-        json!({"app": "web", "tier": "front"}),
-    );
+        &[("app", "web"), ("tier", "front")],
+    ));
     body["spec"]["nodeNmae"] = json!("typo");
     let raw: Pod = serde_json::from_value(body.clone()).unwrap();
     let created = pods.create(&PostParams::default(), &raw).await.unwrap();
@@ -75,7 +69,7 @@ async fn create_get_list_with_selectors_and_pagination() {
         .unwrap();
     assert!(stored.pointer("/spec/nodeNmae").is_none(), "{stored}");
 
-    let mut generated = pod("", Some("node-b"), json!({"app": "web", "tier": "back"}));
+    let mut generated = pod("", Some("node-b"), &[("app", "web"), ("tier", "back")]);
     generated.metadata.generate_name = Some("web-".into());
     let generated = pods
         .create(&PostParams::default(), &generated)
@@ -85,13 +79,13 @@ async fn create_get_list_with_selectors_and_pagination() {
     assert!(generated_name.starts_with("web-") && generated_name.len() == 9);
     pods.create(
         &PostParams::default(),
-        &pod("db-1", Some("node-a"), json!({"app": "db"})),
+        &pod("db-1", Some("node-a"), &[("app", "db")]),
     )
     .await
     .unwrap();
 
     let dup = pods
-        .create(&PostParams::default(), &pod("db-1", None, json!({})))
+        .create(&PostParams::default(), &pod("db-1", None, &[]))
         .await
         .unwrap_err();
     let dup = api_error(dup);
@@ -168,7 +162,7 @@ async fn create_get_list_with_selectors_and_pagination() {
     let elsewhere: Api<Pod> = Api::namespaced(client.clone(), "missing");
     let err = api_error(
         elsewhere
-            .create(&PostParams::default(), &pod("x", None, json!({})))
+            .create(&PostParams::default(), &pod("x", None, &[]).ns("missing"))
             .await
             .unwrap_err(),
     );
@@ -270,7 +264,7 @@ async fn updates_conflict_on_stale_resource_version_and_patch_kinds_apply() {
     // Status goes through the status subresource only.
     let status_patch = Patch::Merge(json!({"status": {"phase": "Running"}}));
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    pods.create(&PostParams::default(), &pod("p", Some("n1"), json!({})))
+    pods.create(&PostParams::default(), &pod("p", Some("n1"), &[]))
         .await
         .unwrap();
     let ignored = pods
@@ -289,9 +283,7 @@ async fn updates_conflict_on_stale_resource_version_and_patch_kinds_apply() {
         dry_run: true,
         ..PostParams::default()
     };
-    pods.create(&dry, &pod("ghost", None, json!({})))
-        .await
-        .unwrap();
+    pods.create(&dry, &pod("ghost", None, &[])).await.unwrap();
     assert_eq!(api_error(pods.get("ghost").await.unwrap_err()).code, 404);
     // Server-side apply needs a field manager (upstream handlers/patch.go: 400).
     let err = api_error(
@@ -313,7 +305,7 @@ async fn delete_lifecycle_grace_periods_preconditions_and_finalizers() {
     let client = api.client("admin");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let bound = pods
-        .create(&PostParams::default(), &pod("bound", Some("n1"), json!({})))
+        .create(&PostParams::default(), &pod("bound", Some("n1"), &[]))
         .await
         .unwrap();
 
@@ -352,7 +344,7 @@ async fn delete_lifecycle_grace_periods_preconditions_and_finalizers() {
     assert_eq!(api_error(pods.get("bound").await.unwrap_err()).code, 404);
 
     // An unbound pod goes at once.
-    pods.create(&PostParams::default(), &pod("loose", None, json!({})))
+    pods.create(&PostParams::default(), &pod("loose", None, &[]))
         .await
         .unwrap();
     pods.delete("loose", &DeleteParams::default())
@@ -362,7 +354,7 @@ async fn delete_lifecycle_grace_periods_preconditions_and_finalizers() {
 
     // Finalizers hold an object until they are emptied.
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    let mut held = pod("held", None, json!({}));
+    let mut held = pod("held", None, &[]);
     held.metadata.finalizers = Some(vec!["example.com/hold".into()]);
     pods.create(&PostParams::default(), &held).await.unwrap();
     pods.delete("held", &DeleteParams::default()).await.unwrap();
@@ -406,7 +398,7 @@ async fn delete_lifecycle_grace_periods_preconditions_and_finalizers() {
         .unwrap();
     let scratch: Api<Pod> = Api::namespaced(client.clone(), "scratch");
     scratch
-        .create(&PostParams::default(), &pod("tmp", None, json!({})))
+        .create(&PostParams::default(), &pod("tmp", None, &[]).ns("scratch"))
         .await
         .unwrap();
     namespaces
@@ -429,14 +421,14 @@ async fn watch_resumes_sends_bookmarks_and_expires_old_versions() {
     let first = pods
         .create(
             &PostParams::default(),
-            &pod("w1", Some("n1"), json!({"app": "web"})),
+            &pod("w1", Some("n1"), &[("app", "web")]),
         )
         .await
         .unwrap();
     let rv = first.metadata.resource_version.clone().unwrap();
     pods.create(
         &PostParams::default(),
-        &pod("w2", Some("n2"), json!({"app": "web"})),
+        &pod("w2", Some("n2"), &[("app", "web")]),
     )
     .await
     .unwrap();
@@ -491,7 +483,7 @@ async fn watch_resumes_sends_bookmarks_and_expires_old_versions() {
     let creator = pods.clone();
     tokio::spawn(async move {
         creator
-            .create(&PostParams::default(), &pod("w3", None, json!({})))
+            .create(&PostParams::default(), &pod("w3", None, &[]))
             .await
             .unwrap();
     });
@@ -545,7 +537,7 @@ fn eviction(name: &str, options: Value) -> Value {
            "metadata": {"name": name, "namespace": "default"}, "deleteOptions": options})
 }
 
-async fn running_pod(pods: &Api<Pod>, name: &str, labels: Value) -> Pod {
+async fn running_pod(pods: &Api<Pod>, name: &str, labels: &[(&str, &str)]) -> Pod {
     let created = pods
         .create(&PostParams::default(), &pod(name, Some("n1"), labels))
         .await
@@ -591,7 +583,7 @@ async fn eviction_follows_the_upstream_disruption_budget_rules() {
     assert_eq!((code, body["reason"].as_str()), (404, Some("NotFound")));
 
     // No PDB: deleted with the eviction's grace period; a wrong UID precondition is 409.
-    let free = running_pod(&pods, "free", json!({"app": "free"})).await;
+    let free = running_pod(&pods, "free", &[("app", "free")]).await;
     let wrong = json!({"preconditions": {"uid": "not-the-uid"}});
     let (code, _, _) = post_raw(&api, &evict_path("free"), eviction("free", wrong)).await;
     assert_eq!(code, 409);
@@ -604,7 +596,7 @@ async fn eviction_follows_the_upstream_disruption_budget_rules() {
     assert!(conditions.iter().any(|c| c.type_ == "DisruptionTarget"));
 
     // PDB not observed yet → 429 with Retry-After 10.
-    running_pod(&pods, "new-1", json!({"app": "new"})).await;
+    running_pod(&pods, "new-1", &[("app", "new")]).await;
     pdb(&client, "new-pdb", "new", false, 1).await;
     let (code, retry, body) =
         post_raw(&api, &evict_path("new-1"), eviction("new-1", json!({}))).await;
@@ -613,8 +605,8 @@ async fn eviction_follows_the_upstream_disruption_budget_rules() {
 
     // One disruption allowed: the first eviction is recorded in the PDB, the second
     // is refused with Retry-After 0 and a message naming the budget.
-    running_pod(&pods, "web-1", json!({"app": "web"})).await;
-    running_pod(&pods, "web-2", json!({"app": "web"})).await;
+    running_pod(&pods, "web-1", &[("app", "web")]).await;
+    running_pod(&pods, "web-2", &[("app", "web")]).await;
     pdb(&client, "web-pdb", "web", true, 1).await;
     let dry = json!({"dryRun": ["All"]});
     let (code, _, _) = post_raw(&api, &evict_path("web-1"), eviction("web-1", dry)).await;
@@ -681,7 +673,7 @@ async fn eviction_options_under_a_misspelled_key_are_dropped() {
     let (api, _shutdown) = server(Config::default()).await;
     let client = api.client("admin");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    running_pod(&pods, "victim", json!({"app": "x"})).await;
+    running_pod(&pods, "victim", &[("app", "x")]).await;
     let params = kube::api::EvictParams {
         delete_options: Some(DeleteParams {
             grace_period_seconds: Some(3),
@@ -866,8 +858,8 @@ impl AdmissionFixture {
         let (hook_addr, ca, seen) = webhook_server(shutdown.clone()).await;
         let client = api.client("admin");
         let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-        running_pod(&pods, "web-1", json!({"app": "web"})).await;
-        running_pod(&pods, "web-2", json!({"app": "web"})).await;
+        running_pod(&pods, "web-1", &[("app", "web")]).await;
+        running_pod(&pods, "web-2", &[("app", "web")]).await;
         Self {
             api,
             client,
@@ -1042,7 +1034,10 @@ async fn validating_webhook_behind_a_service_denies_with_the_api_server_wording(
         .unwrap();
     let other: Api<Pod> = Api::namespaced(fx.client.clone(), "skipped");
     other
-        .create(&PostParams::default(), &pod("free", None, json!({})))
+        .create(
+            &PostParams::default(),
+            &pod("free", None, &[]).ns("skipped"),
+        )
         .await
         .unwrap();
     other
@@ -1337,7 +1332,7 @@ async fn binding_assigns_a_pod_once_and_pod_specs_stay_immutable() {
     let (api, _shutdown) = server(Config::default()).await;
     let client = api.client("system:kube-scheduler");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    pods.create(&PostParams::default(), &pod("p", None, json!({})))
+    pods.create(&PostParams::default(), &pod("p", None, &[]))
         .await
         .unwrap();
     let binding = |node: &str| {
@@ -1391,7 +1386,7 @@ async fn concurrent_evictions_serialise_on_the_disruption_budget() {
     let client = api.client("admin");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     for i in 0..6 {
-        running_pod(&pods, &format!("web-{i}"), json!({"app": "web"})).await;
+        running_pod(&pods, &format!("web-{i}"), &[("app", "web")]).await;
     }
     pdb(&client, "web-pdb", "web", true, 2).await;
     let attempts = (0..6).map(|i| {
@@ -1687,15 +1682,8 @@ async fn self_subject_review_returns_the_callers_user_info() {
 
 /// A pod bound to `n1` with this termination grace period (and phase).
 async fn bound_pod(pods: &Api<Pod>, name: &str, grace: i64, phase: &str) -> Pod {
-    let mut body = pod_json(name, Some("n1"), json!({"app": name}));
-    body["spec"]["terminationGracePeriodSeconds"] = json!(grace);
-    let created = pods
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(body).unwrap(),
-        )
-        .await
-        .unwrap();
+    let body = pod(name, Some("n1"), &[("app", name)]).grace_period(grace);
+    let created = pods.create(&PostParams::default(), &body).await.unwrap();
     let status = json!({"status": {"phase": phase}});
     pods.patch_status(name, &PatchParams::default(), &Patch::Merge(status))
         .await
@@ -1756,7 +1744,7 @@ async fn delete_without_grace_uses_pod_termination_grace_like_check_graceful_del
 
     // Unscheduled and finished pods go at once, whatever was asked.
     fx.pods
-        .create(&PostParams::default(), &pod("unscheduled", None, json!({})))
+        .create(&PostParams::default(), &pod("unscheduled", None, &[]))
         .await
         .unwrap();
     fx.pods
@@ -2020,8 +2008,8 @@ async fn eviction_refusals_carry_the_upstream_status_bodies() {
     let (api, _shutdown) = server(Config::default()).await;
     let client = api.client("admin");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    running_pod(&pods, "web-1", json!({"app": "web"})).await;
-    running_pod(&pods, "new-1", json!({"app": "new"})).await;
+    running_pod(&pods, "web-1", &[("app", "web")]).await;
+    running_pod(&pods, "new-1", &[("app", "new")]).await;
     pdb(&client, "web-pdb", "web", true, 0).await;
     pdb(&client, "new-pdb", "new", false, 1).await;
 
@@ -2068,7 +2056,7 @@ async fn unhealthy_pod_eviction_policy_always_allow_evicts_unready_pods_for_free
     let client = api.client("admin");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), "default");
-    running_pod(&pods, "sick", json!({"app": "web"})).await;
+    running_pod(&pods, "sick", &[("app", "web")]).await;
     let unready = json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}});
     pods.patch_status("sick", &PatchParams::default(), &Patch::Merge(unready))
         .await
@@ -2107,7 +2095,7 @@ async fn unhealthy_pod_eviction_policy_always_allow_evicts_unready_pods_for_free
     // A pending pod skips the budget altogether.
     pods.create(
         &PostParams::default(),
-        &pod("waiting", Some("n1"), json!({"app": "web"})),
+        &pod("waiting", Some("n1"), &[("app", "web")]),
     )
     .await
     .unwrap();
@@ -2227,7 +2215,7 @@ async fn watches_cut_with_410_gone_force_a_relist() {
     };
     let (api, _shutdown) = server(config).await;
     let pods: Api<Pod> = Api::namespaced(api.client("admin"), "default");
-    pods.create(&PostParams::default(), &pod("w", None, json!({})))
+    pods.create(&PostParams::default(), &pod("w", None, &[]))
         .await
         .unwrap();
     let rv = pods

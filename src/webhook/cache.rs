@@ -571,6 +571,7 @@ pub async fn run(cache: Arc<Cache>, client: kube::Client) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::{self, PodFixture};
     use serde_json::json;
 
     fn slice(name: &str, pods: &[(&str, &str, bool)]) -> EndpointSlice {
@@ -587,18 +588,6 @@ mod tests {
             "endpoints": endpoints
         }))
         .unwrap()
-    }
-
-    fn pod(name: &str, labels: &[(&str, &str)]) -> PodFacts {
-        PodFacts {
-            namespace: "web".into(),
-            name: name.into(),
-            labels: labels
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            ..PodFacts::default()
-        }
     }
 
     #[test]
@@ -653,7 +642,11 @@ mod tests {
             "annotations": {DELAY_ANNOTATION: "90s"}}))
             .unwrap(),
         );
-        let snap = cache.snapshot(&pod("p1", &[("app", "web"), ("tier", "front")]));
+        let p1 = fixtures::pod("p1")
+            .ns("web")
+            .with_labels(&[("app", "web"), ("tier", "front")])
+            .facts();
+        let snap = cache.snapshot(&p1);
         assert_eq!(snap.services.len(), 1);
         assert_eq!(snap.services[0].service_type, ServiceType::NodePort);
         let mut pdbs: Vec<&str> = snap.pdbs.iter().map(|p| p.name.as_str()).collect();

@@ -547,6 +547,7 @@ pub fn service_left_only_by_pinned<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::{self, PodFixture};
 
     fn now() -> Timestamp {
         "2026-01-01T00:00:00Z".parse().unwrap()
@@ -572,20 +573,17 @@ mod tests {
         }
     }
 
+    /// `web/web-1` of ReplicaSet `web-abc`, running and ready.
     fn pod() -> PodFacts {
-        PodFacts {
-            namespace: "web".into(),
-            name: "web-1".into(),
-            uid: "uid-1".into(),
-            resource_version: "7".into(),
-            labels: [("app".to_string(), "web".to_string())].into(),
-            annotations: BTreeMap::new(),
-            running: true,
-            ready: true,
-            terminating: false,
-            owner: Some((OwnerKind::ReplicaSet, "web-abc".into())),
-            owner_refs: Vec::new(),
-        }
+        fixtures::pod("web-1")
+            .ns("web")
+            .with_uid("uid-1")
+            .at_version("7")
+            .label("app", "web")
+            .running()
+            .ready()
+            .owned_by_rs("web-abc")
+            .facts()
     }
 
     fn exposed() -> Snapshot {

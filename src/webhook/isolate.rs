@@ -755,7 +755,7 @@ pub async fn send_events(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
 
     use http::Method;
@@ -763,39 +763,40 @@ mod tests {
 
     use super::*;
     use crate::fixtures::mock::{self, expect};
+    use crate::fixtures::{self, PdbFixture, PodFixture, to_json};
     use crate::webhook::decide::{PdbFacts, ServiceFacts, ServiceType};
 
     fn now() -> Timestamp {
         "2026-01-01T00:00:00Z".parse().unwrap()
     }
 
+    /// `web/web-1` of ReplicaSet `web-abc`, serving, at resourceVersion 41.
     fn pod() -> PodFacts {
-        PodFacts {
-            namespace: "web".into(),
-            name: "web-1".into(),
-            uid: "uid-1".into(),
-            resource_version: "41".into(),
-            labels: [("app", "web"), ("pod-template-hash", "abc"), ("team", "a")]
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            annotations: [("note".to_string(), "x".to_string())].into(),
-            running: true,
-            ready: true,
-            terminating: false,
-            owner: Some((OwnerKind::ReplicaSet, "web-abc".into())),
-            owner_refs: Vec::new(),
-        }
+        fixtures::pod("web-1")
+            .ns("web")
+            .with_uid("uid-1")
+            .at_version("41")
+            .with_labels(&[("app", "web"), ("pod-template-hash", "abc"), ("team", "a")])
+            .annotate("note", "x")
+            .running()
+            .ready()
+            .owned_by_rs("web-abc")
+            .facts()
     }
 
-    fn pdb_json(rv: &str, allowed: i32) -> Value {
-        json!({
-            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-            "metadata": {"name": "web", "namespace": "web", "resourceVersion": rv, "generation": 1},
-            "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}},
-            "status": {"observedGeneration": 1, "disruptionsAllowed": allowed, "currentHealthy": 3,
-                       "desiredHealthy": 2, "expectedPods": 3}
-        })
+    /// The budget `web/web` (minAvailable 2 of 3 healthy) at resourceVersion `rv`; the
+    /// server's tests use it too.
+    pub(crate) fn pdb_json(rv: &str, allowed: i32) -> Value {
+        to_json(
+            &fixtures::pdb("web")
+                .ns("web")
+                .at_version(rv)
+                .generation(1)
+                .selecting(&[("app", "web")])
+                .min_available(2)
+                .healthy(3, 2, 3)
+                .allowing(allowed),
+        )
     }
 
     fn evict_plan() -> Plan {
@@ -1201,108 +1202,50 @@ mod tests {
         );
     }
 
-    /// A tiny in-memory API server with real resourceVersion semantics for the PDB
-    /// status and JSON-patch `test` ops on pods, shared by several webhook "replicas".
-    #[derive(Default)]
-    struct Fake {
-        pdb: Value,
-        pods: std::collections::HashMap<String, Value>,
-        isolated: usize,
-        fewest_serving: usize,
-    }
-
-    const PODS: usize = 6;
-    const MIN_AVAILABLE: usize = 4;
-
-    fn fake_pod(i: usize) -> Value {
-        json!({"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": format!("web-{i}"), "namespace": "web", "uid": format!("uid-{i}"),
-                            "resourceVersion": "1", "labels": {"app": "web"}}})
-    }
-
-    async fn serve_fake(
-        fake: Arc<std::sync::Mutex<Fake>>,
-        req: http::Request<kube::client::Body>,
-    ) -> Result<http::Response<kube::client::Body>, std::convert::Infallible> {
-        use http_body_util::BodyExt;
-        let (parts, body) = req.into_parts();
-        let body: Value = serde_json::from_slice(&body.collect().await.unwrap().to_bytes())
-            .unwrap_or(Value::Null);
-        let path = parts.uri.path().to_string();
-        let (code, reply) = {
-            let mut f = fake.lock().unwrap();
-            let pdb_path = "/apis/policy/v1/namespaces/web/poddisruptionbudgets/web";
-            match parts.method {
-                Method::GET if path == pdb_path => (200, f.pdb.clone()),
-                Method::PUT if path == format!("{pdb_path}/status") => {
-                    let current = f.pdb["metadata"]["resourceVersion"]
-                        .as_str()
-                        .unwrap()
-                        .parse::<u64>()
-                        .unwrap();
-                    if body["metadata"]["resourceVersion"] != json!(current.to_string()) {
-                        (409, mock::status(409, "Conflict"))
-                    } else {
-                        let mut next = body.clone();
-                        next["metadata"]["resourceVersion"] = json!((current + 1).to_string());
-                        f.pdb = next.clone();
-                        (200, next)
-                    }
-                }
-                Method::PATCH => {
-                    let name = path.rsplit('/').next().unwrap().to_string();
-                    let patch: json_patch::Patch = serde_json::from_value(body).unwrap();
-                    let mut pod = f.pods[&name].clone();
-                    match json_patch::patch(&mut pod, &patch) {
-                        Err(_) => (422, mock::status(422, "Invalid")),
-                        Ok(()) => {
-                            let rv: u64 = pod["metadata"]["resourceVersion"]
-                                .as_str()
-                                .unwrap()
-                                .parse()
-                                .unwrap();
-                            pod["metadata"]["resourceVersion"] = json!((rv + 1).to_string());
-                            f.pods.insert(name, pod.clone());
-                            f.isolated += 1;
-                            f.fewest_serving = f.fewest_serving.min(PODS - f.isolated);
-                            (200, pod)
-                        }
-                    }
-                }
-                Method::POST => (201, json!({})),
-                _ => (404, mock::status(404, "NotFound")),
-            }
-        };
-        Ok(http::Response::builder()
-            .status(code)
-            .body(kube::client::Body::from(
-                serde_json::to_vec(&reply).unwrap(),
-            ))
-            .unwrap())
-    }
-
     /// Three replicas with stale caches race to isolate six pods behind a PDB with
-    /// minAvailable 4: exactly two are isolated and at no moment do fewer than four serve.
+    /// minAvailable 4, on the simulated API server (resourceVersion-guarded status
+    /// updates, JSON-patch `test` ops): exactly two are isolated and the budget lists
+    /// both. An isolated pod never gets its labels back, so the four still serving at
+    /// the end are the fewest that ever served.
+    #[cfg(feature = "sim")]
     #[tokio::test]
     async fn concurrent_isolations_never_break_min_available() {
-        let mut pdb = pdb_json("1", 2);
-        pdb["spec"]["minAvailable"] = json!(MIN_AVAILABLE);
-        let fake = Arc::new(std::sync::Mutex::new(Fake {
-            pdb: pdb.clone(),
-            pods: (0..PODS)
-                .map(|i| (format!("web-{i}"), fake_pod(i)))
-                .collect(),
-            fewest_serving: PODS,
-            ..Fake::default()
-        }));
+        use kube::api::ListParams;
+
+        use crate::sim::apiserver::{ApiServer, Config};
+
+        const PODS: usize = 6;
+        const MIN_AVAILABLE: usize = 4;
+        let shutdown = crate::runtime::Shutdown::new();
+        let mut config = Config::default();
+        config.namespaces.push("web".into());
+        let server = ApiServer::start(config, shutdown.clone()).await.unwrap();
+        let pods: Api<Pod> = Api::namespaced(server.client("admin"), "web");
+        let mut created = Vec::new();
+        for i in 0..PODS {
+            let pod = fixtures::pod(&format!("web-{i}"))
+                .ns("web")
+                .label("app", "web")
+                .container("web:1");
+            created.push(pods.create(&PostParams::default(), &pod).await.unwrap());
+        }
+        let pdbs: Api<PodDisruptionBudget> = Api::namespaced(server.client("admin"), "web");
+        let budget = fixtures::pdb("web")
+            .ns("web")
+            .selecting(&[("app", "web")])
+            .min_available(MIN_AVAILABLE as i32);
+        let budget = pdbs.create(&PostParams::default(), &budget).await.unwrap();
+        let budget = budget.healthy(6, 4, 6).allowing(2);
+        let pdb = pdbs
+            .replace_status("web", &PostParams::default(), &budget)
+            .await
+            .unwrap();
         let replicas: Vec<Context> = (0..3)
             .map(|r| {
-                let fake = fake.clone();
-                let service = tower::service_fn(move |req| serve_fake(fake.clone(), req));
                 let cache = Arc::new(Cache::default());
-                cache.apply_pdb(&serde_json::from_value(pdb.clone()).unwrap());
+                cache.apply_pdb(&pdb);
                 Context {
-                    client: kube::Client::new(service, "default"),
+                    client: server.client(&format!("w{r}")),
                     cache,
                     identity: format!("w{r}"),
                     events: EventSink::Inline,
@@ -1311,17 +1254,10 @@ mod tests {
             })
             .collect();
         let mut tasks = Vec::new();
-        for i in 0..PODS {
+        for (i, pod) in created.into_iter().enumerate() {
             let ctx = replicas[i % 3].clone();
             tasks.push(tokio::spawn(async move {
-                let mut facts = pod();
-                facts.name = format!("web-{i}");
-                facts.uid = format!("uid-{i}");
-                facts.resource_version = "1".into();
-                facts.labels = [("app".to_string(), "web".to_string())].into();
-                facts.owner = None;
-                facts.annotations.clear();
-                isolate(&ctx, &facts, &snapshot(), evict_plan(), now()).await
+                isolate(&ctx, &pod.facts(), &snapshot(), evict_plan(), now()).await
             }));
         }
         let mut isolated = 0;
@@ -1332,18 +1268,15 @@ mod tests {
                 other => panic!("unexpected {other:?}"),
             }
         }
-        let f = fake.lock().unwrap();
         assert_eq!(isolated, 2);
-        assert_eq!(f.isolated, 2);
-        assert!(
-            f.fewest_serving >= MIN_AVAILABLE,
-            "only {} served",
-            f.fewest_serving
-        );
-        assert_eq!(f.pdb["status"]["disruptionsAllowed"], 0);
-        assert_eq!(
-            f.pdb["status"]["disruptedPods"].as_object().unwrap().len(),
-            2
-        );
+        let draining = ListParams::default().labels(DRAINING_LABEL);
+        assert_eq!(pods.list(&draining).await.unwrap().items.len(), 2);
+        let serving = ListParams::default().labels("app=web");
+        let serving = pods.list(&serving).await.unwrap().items.len();
+        assert!(serving >= MIN_AVAILABLE, "only {serving} served");
+        let status = pdbs.get("web").await.unwrap().status.unwrap();
+        assert_eq!(status.disruptions_allowed, 0);
+        assert_eq!(status.disrupted_pods.unwrap().len(), 2);
+        shutdown.cancel();
     }
 }

@@ -808,20 +808,21 @@ mod tests_support {
     pub(super) use super::tests::{call, state};
     use serde_json::{Value, json};
 
-    pub(super) fn pod_json(uid: &str) -> Value {
-        json!({"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "web-1", "namespace": "web", "uid": uid, "resourceVersion": "12",
-                         "labels": {"app": "web"}},
-            "spec": {"containers": [{"name": "c"}]},
-            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})
-    }
+    use crate::fixtures::{self, PodFixture, to_json};
+    pub(super) use crate::webhook::isolate::tests::pdb_json;
 
-    pub(super) fn pdb(allowed: i32, rv: &str) -> Value {
-        json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-            "metadata": {"name": "web", "namespace": "web", "resourceVersion": rv, "generation": 1},
-            "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}},
-            "status": {"observedGeneration": 1, "disruptionsAllowed": allowed,
-                       "currentHealthy": 2, "desiredHealthy": 2, "expectedPods": 3}})
+    /// `web/web-1`, running and ready, at resourceVersion 12.
+    pub(super) fn pod_json(uid: &str) -> Value {
+        to_json(
+            &fixtures::pod("web-1")
+                .ns("web")
+                .with_uid(uid)
+                .at_version("12")
+                .label("app", "web")
+                .container("web:1")
+                .running()
+                .ready(),
+        )
     }
 
     /// An eviction review of `web/web-1` with these deleteOptions.
@@ -883,20 +884,20 @@ mod issue_tests {
         let st = state(client);
         st.ctx
             .cache
-            .apply_pdb(&serde_json::from_value(pdb(0, "1")).unwrap());
+            .apply_pdb(&serde_json::from_value(pdb_json("1", 0)).unwrap());
         let call = tokio::spawn(call(
             st,
             "/mutate/eviction?timeout=10s",
             eviction(json!({})),
         ));
         expect(&mut api, Method::GET, POD_PATH, 200, pod_json("uid-1")).await;
-        expect(&mut api, Method::GET, PDB_PATH, 200, pdb(1, "2")).await;
+        expect(&mut api, Method::GET, PDB_PATH, 200, pdb_json("2", 1)).await;
         let put = expect(
             &mut api,
             Method::PUT,
             &format!("{PDB_PATH}/status"),
             200,
-            pdb(0, "3"),
+            pdb_json("3", 0),
         )
         .await;
         assert_eq!(put.body["metadata"]["resourceVersion"], "2");
@@ -922,14 +923,14 @@ mod issue_tests {
         let st = state(client);
         st.ctx
             .cache
-            .apply_pdb(&serde_json::from_value(pdb(0, "1")).unwrap());
+            .apply_pdb(&serde_json::from_value(pdb_json("1", 0)).unwrap());
         let call = tokio::spawn(call(
             st,
             "/mutate/eviction?timeout=10s",
             eviction(json!({})),
         ));
         expect(&mut api, Method::GET, POD_PATH, 200, pod_json("uid-1")).await;
-        expect(&mut api, Method::GET, PDB_PATH, 200, pdb(0, "2")).await;
+        expect(&mut api, Method::GET, PDB_PATH, 200, pdb_json("2", 0)).await;
         let (_, review) = call.await.unwrap();
         assert_eq!(review["response"]["allowed"], false);
         assert_eq!(review["response"]["status"]["code"], 429);
@@ -949,9 +950,9 @@ mod issue_tests {
         let st = state(client);
         st.ctx
             .cache
-            .apply_pdb(&serde_json::from_value(pdb(0, "1")).unwrap());
+            .apply_pdb(&serde_json::from_value(pdb_json("1", 0)).unwrap());
         let call = tokio::spawn(call(st, "/validate/delete?timeout=2s", deletion()));
-        expect(&mut api, Method::GET, PDB_PATH, 200, pdb(0, "2")).await;
+        expect(&mut api, Method::GET, PDB_PATH, 200, pdb_json("2", 0)).await;
         let patch = expect(&mut api, Method::PATCH, POD_PATH, 200, json!({})).await;
         assert!(
             patch

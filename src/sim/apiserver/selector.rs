@@ -179,15 +179,21 @@ pub(crate) fn field_value(obj: &Value, path: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::fixtures::{self, PodFixture, to_json};
 
-    fn pod(labels: Value) -> Value {
-        json!({"metadata": {"name": "p", "namespace": "ns", "labels": labels}, "spec": {"nodeName": "n1"}})
+    /// Pod `ns/p` on node `n1` with these labels, as the store holds it.
+    fn pod(labels: &[(&str, &str)]) -> Value {
+        to_json(
+            &fixtures::pod("p")
+                .ns("ns")
+                .with_labels(labels)
+                .on_node("n1"),
+        )
     }
 
     #[test]
     fn label_selector_operators() {
-        let obj = pod(json!({"app": "web", "tier": "front"}));
+        let obj = pod(&[("app", "web"), ("tier", "front")]);
         let cases = [
             ("app=web", true),
             ("app==web", true),
@@ -212,7 +218,7 @@ mod tests {
     fn field_selector_rejects_unknown_fields() {
         let allowed = vec!["spec.nodeName".to_string()];
         let sel = FieldSelector::parse("spec.nodeName=n1,metadata.namespace!=x", &allowed).unwrap();
-        assert!(sel.matches(&pod(json!({}))));
+        assert!(sel.matches(&pod(&[])));
         let err = FieldSelector::parse("spec.bogus=1", &allowed).unwrap_err();
         assert!(err.contains("spec.bogus"), "{err}");
     }
