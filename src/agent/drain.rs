@@ -302,14 +302,37 @@ pub async fn send(client: &kube::Client, request: Request<Vec<u8>>) -> Answer {
     }
 }
 
-/// `namespace/name` of every PDB in the pod's namespace whose selector matches it.
-pub async fn selecting_pdbs(client: &kube::Client, pod: &Pod) -> Result<Vec<String>, String> {
+/// Why the PDBs selecting a pod could not be listed.
+#[derive(Debug, thiserror::Error)]
+pub enum PdbLookupError {
+    /// The API server did not answer in time.
+    #[error("list PDBs in namespace {namespace}: no answer within {API_TIMEOUT:?}")]
+    TimedOut { namespace: String },
+    /// The list failed.
+    #[error("list PDBs in namespace {namespace}")]
+    Api {
+        namespace: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// `namespace/name` of every PDB in the pod's namespace whose selector matches it. An
+/// empty selector selects nothing, as the eviction API reads it
+/// (pkg/registry/core/pod/storage/eviction.go `getPodDisruptionBudgets`).
+pub async fn selecting_pdbs(
+    client: &kube::Client,
+    pod: &Pod,
+) -> Result<Vec<String>, PdbLookupError> {
     let key = PodKey::of(pod);
     let api: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &key.namespace);
+    let namespace = key.namespace.clone();
     let list = tokio::time::timeout(API_TIMEOUT, api.list(&ListParams::default()))
         .await
-        .map_err(|_| "list PDBs: timed out".to_string())?
-        .map_err(|e| format!("list PDBs: {e}"))?;
+        .map_err(|_| PdbLookupError::TimedOut {
+            namespace: namespace.clone(),
+        })?
+        .map_err(|source| PdbLookupError::Api { namespace, source })?;
     let labels = pod.metadata.labels.clone().unwrap_or_default();
     Ok(list
         .items
@@ -317,6 +340,10 @@ pub async fn selecting_pdbs(client: &kube::Client, pod: &Pod) -> Result<Vec<Stri
         .filter(|pdb| {
             let selector = pdb.spec.as_ref().and_then(|s| s.selector.clone());
             selector
+                .filter(|s| {
+                    s.match_labels.as_ref().is_some_and(|m| !m.is_empty())
+                        || s.match_expressions.as_ref().is_some_and(|e| !e.is_empty())
+                })
                 .and_then(|s| Selector::try_from(s).ok())
                 .is_some_and(|s| s.matches(&labels))
         })
@@ -380,7 +407,7 @@ impl TaskCtx {
                 Ok(names) if names.len() == 1 => Blocker::Pdb(names.join("")),
                 Ok(names) if names.len() > 1 => Blocker::MultiplePdbs(names),
                 Ok(_) => Blocker::Pdb("(unknown)".into()),
-                Err(error) => Blocker::Pdb(format!("(unknown: {error})")),
+                Err(error) => Blocker::Pdb(format!("(unknown: {})", crate::error::chain(&error))),
             },
             Blocker::MultiplePdbs(_) => match selecting_pdbs(&self.client, pod).await {
                 Ok(names) => Blocker::MultiplePdbs(names),
@@ -1286,6 +1313,8 @@ mod tests {
             {"metadata": {"name": "db-pdb", "namespace": "shop"},
              "spec": {"selector": {"matchLabels": {"app": "db"}}}},
             {"metadata": {"name": "nil-selector", "namespace": "shop"}, "spec": {}},
+            {"metadata": {"name": "empty-selector", "namespace": "shop"},
+             "spec": {"selector": {}}},
         ]});
         respond.send_response(Response::new(Body::from(list.to_string().into_bytes())));
         assert_eq!(
