@@ -68,6 +68,9 @@ async fn cluster(nodes: usize) -> Cluster {
 }
 
 /// Idle load of `nodes` agents over `window`: (requests in the window, per node per s).
+/// Longest wait for every reconciler to be watching before the idle window.
+const STARTUP_BOUND: Duration = Duration::from_secs(300);
+
 async fn idle(nodes: usize, warmup: Duration, window: Duration) -> (u64, f64) {
     let cluster = cluster(nodes).await;
     let dir = tempfile::tempdir().unwrap();
@@ -78,6 +81,23 @@ async fn idle(nodes: usize, warmup: Duration, window: Duration) -> (u64, f64) {
             .await
             .unwrap();
     }
+    // Idle means every reconciler has started and watches its events and its Node: with
+    // many nodes start-up takes longer than any fixed warm-up, and its lists and gets
+    // would be counted as idle load.
+    let api = cluster.api();
+    let started = tokio::time::Instant::now();
+    while started.elapsed() < STARTUP_BOUND {
+        let stats = api.stats();
+        let n = u64::try_from(nodes).unwrap_or(u64::MAX);
+        if stats.count("watch", "lifecycleevents") >= n && stats.count("watch", "nodes") >= n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "  {nodes} reconcilers watching after {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
     tokio::time::sleep(warmup).await;
     let before = cluster.api().stats();
     tokio::time::sleep(window).await;
@@ -86,6 +106,12 @@ async fn idle(nodes: usize, warmup: Duration, window: Duration) -> (u64, f64) {
     cluster.shutdown().cancel();
     let requests = during.by_user.get(AGENT_USER).copied().unwrap_or_default();
     let rate = requests as f64 / nodes as f64 / window.as_secs_f64();
+    // Where the window's requests went (every user), most frequent first.
+    let mut kinds: Vec<_> = during.requests.iter().collect();
+    kinds.sort_by(|a, b| b.1.cmp(a.1));
+    for ((verb, resource), count) in kinds.into_iter().take(6) {
+        eprintln!("  window: {count:>6} {verb} {resource}");
+    }
     (requests, rate)
 }
 
