@@ -24,7 +24,7 @@
 //! Not modelled: node affinity, `minReadySeconds`, the failed-pod backoff and
 //! ControllerRevision objects (the revision is the template hash).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -38,8 +38,8 @@ use kube::{Api, ResourceExt};
 use super::deployment::template_hash;
 use super::statefulset::{Expectations, REVISION_LABEL, delete_pod, set_owner};
 use super::{
-    Result, Watches, Workers, api_err, controller_of, key, labels_of, next_pass, ns_name,
-    pod_finished, pod_ready, ready, scaled, selector_matches,
+    Result, Watches, Workers, api_err, by_namespace, controller_of, key, labels_of, next_pass,
+    ns_name, pod_finished, pod_ready, ready, scaled, selector_matches,
 };
 use crate::runtime::Shutdown;
 
@@ -648,13 +648,7 @@ impl Controller {
         let now = Instant::now();
         let all = self.pods.state();
         let nodes = self.nodes.state();
-        let mut by_ns: HashMap<String, Vec<Arc<Pod>>> = HashMap::new();
-        for pod in &all {
-            by_ns
-                .entry(pod.namespace().unwrap_or_default())
-                .or_default()
-                .push(pod.clone());
-        }
+        let by_ns = by_namespace(&all);
         let mut next: Option<Instant> = None;
         for ds in self.sets.state() {
             let uid = ds.uid().unwrap_or_default();

@@ -34,8 +34,8 @@ use kube::runtime::reflector::Store;
 use kube::{Api, Resource, ResourceExt};
 
 use super::{
-    Result, Watches, api_err, controller_of, labels_of, next_pass, ns_name, pod_ready, ready,
-    scaled, selector_matches, status_code,
+    Result, Watches, api_err, by_namespace, controller_of, labels_of, next_pass, ns_name,
+    pod_ready, ready, scaled, selector_matches, status_code,
 };
 use crate::runtime::Shutdown;
 
@@ -407,13 +407,7 @@ impl Controller {
         let now = jiff::Timestamp::now();
         let (sets, deployments) = (self.sets.state(), self.deployments.state());
         let statefulsets = self.statefulsets.state();
-        let mut by_ns: BTreeMap<String, Vec<Arc<Pod>>> = BTreeMap::new();
-        for pod in self.pods.state() {
-            by_ns
-                .entry(pod.namespace().unwrap_or_default())
-                .or_default()
-                .push(pod);
-        }
+        let by_ns = by_namespace(&self.pods.state());
         let mut next = None;
         for pdb in self.pdbs.state() {
             let pods = by_ns

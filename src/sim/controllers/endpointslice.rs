@@ -22,8 +22,8 @@ use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 
 use super::{
-    Result, Watches, api_err, labels_of, map_selector_matches, next_pass, ns_name, pod_finished,
-    pod_ready, ready, status_code,
+    Result, Watches, api_err, by_namespace, labels_of, map_selector_matches, next_pass, ns_name,
+    pod_finished, pod_ready, ready, status_code,
 };
 use crate::runtime::Shutdown;
 use crate::sim::lb::SERVICE_NAME_LABEL;
@@ -182,13 +182,7 @@ fn fresher<'a>(
 
 impl Controller {
     async fn pass(&mut self) -> Option<Instant> {
-        let mut by_ns: BTreeMap<String, Vec<Arc<Pod>>> = BTreeMap::new();
-        for pod in self.pods.state() {
-            by_ns
-                .entry(pod.namespace().unwrap_or_default())
-                .or_default()
-                .push(pod);
-        }
+        let by_ns = by_namespace(&self.pods.state());
         let slices = self.slices.state();
         let mut wanted = Vec::new();
         for svc in self.services.state() {

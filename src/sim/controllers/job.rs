@@ -58,8 +58,8 @@ use kube::{Api, ResourceExt};
 
 use super::statefulset::{Expectations, delete_pod, set_owner};
 use super::{
-    Result, Watches, Workers, api_err, controller_of, key, labels_of, next_pass, ns_name,
-    pod_active, pod_ready, ready, selector_matches, status_code,
+    Result, Watches, Workers, api_err, by_namespace, controller_of, key, labels_of, next_pass,
+    ns_name, pod_active, pod_ready, ready, selector_matches, status_code,
 };
 use crate::runtime::Shutdown;
 
@@ -818,13 +818,7 @@ impl Controller {
         let all = self.pods.state();
         let jobs = self.jobs.state();
         self.release_orphans(&jobs, &all);
-        let mut by_ns: BTreeMap<String, Vec<Arc<Pod>>> = BTreeMap::new();
-        for pod in &all {
-            by_ns
-                .entry(pod.namespace().unwrap_or_default())
-                .or_default()
-                .push(pod.clone());
-        }
+        let by_ns = by_namespace(&all);
         let mut next: Option<Instant> = None;
         for job in jobs {
             let uid = job.uid().unwrap_or_default();

@@ -220,6 +220,18 @@ where
     }
 }
 
+/// `pods` grouped by namespace: a controller's pass looks up each owner's pods there.
+pub fn by_namespace(pods: &[Arc<Pod>]) -> BTreeMap<String, Vec<Arc<Pod>>> {
+    let mut grouped: BTreeMap<String, Vec<Arc<Pod>>> = BTreeMap::new();
+    for pod in pods {
+        grouped
+            .entry(pod.namespace().unwrap_or_default())
+            .or_default()
+            .push(pod.clone());
+    }
+    grouped
+}
+
 /// Work in flight per object: a controller does not start new work on an object
 /// while earlier work on it (possibly an API call held by a webhook) is running, and is
 /// woken when that work ends. Dropping it aborts the work.

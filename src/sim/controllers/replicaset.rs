@@ -10,7 +10,7 @@
 //! stale cache from causing a second round of creations.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,8 +23,8 @@ use kube::runtime::reflector::Store;
 use kube::{Api, ResourceExt};
 
 use super::{
-    Result, Watches, Workers, api_err, controller_of, key, labels_of, next_pass, ns_name,
-    pod_active, pod_ready, ready, selector_matches, status_code,
+    Result, Watches, Workers, api_err, by_namespace, controller_of, key, labels_of, next_pass,
+    ns_name, pod_active, pod_ready, ready, selector_matches, status_code,
 };
 use crate::runtime::Shutdown;
 
@@ -219,15 +219,9 @@ struct Controller {
 impl Controller {
     async fn pass(&mut self) -> Option<Instant> {
         let now = Instant::now();
-        let mut by_ns: BTreeMap<String, Vec<Arc<Pod>>> = BTreeMap::new();
         let all = self.pods.state();
         let seen = Seen::new(&all);
-        for pod in all {
-            by_ns
-                .entry(pod.namespace().unwrap_or_default())
-                .or_default()
-                .push(pod);
-        }
+        let by_ns = by_namespace(&all);
         let mut next: Option<Instant> = None;
         for rs in self.sets.state() {
             let uid = rs.uid().unwrap_or_default();

@@ -34,8 +34,8 @@ use kube::{Api, Resource, ResourceExt};
 
 use super::deployment::template_hash;
 use super::{
-    Result, Watches, Workers, api_err, controller_of, key, labels_of, next_pass, ns_name,
-    pod_finished, pod_ready, ready, selector_matches, status_code,
+    Result, Watches, Workers, api_err, by_namespace, controller_of, key, labels_of, next_pass,
+    ns_name, pod_finished, pod_ready, ready, selector_matches, status_code,
 };
 use crate::runtime::Shutdown;
 
@@ -568,13 +568,7 @@ impl Controller {
     async fn pass(&mut self) -> Option<Instant> {
         let now = Instant::now();
         let all = self.pods.state();
-        let mut by_ns: BTreeMap<String, Vec<Arc<Pod>>> = BTreeMap::new();
-        for pod in &all {
-            by_ns
-                .entry(pod.namespace().unwrap_or_default())
-                .or_default()
-                .push(pod.clone());
-        }
+        let by_ns = by_namespace(&all);
         let mut next: Option<Instant> = None;
         for set in self.sets.state() {
             let uid = set.uid().unwrap_or_default();
