@@ -611,6 +611,50 @@ async fn run_drives_events_from_the_watch_until_shutdown() {
     task.await.unwrap().unwrap();
 }
 
+/// A pass that could not read the transition (a 429 from Priority and Fairness) is run
+/// again within a second, not at the next tick: with an hour-long tick and nothing else
+/// changing, the event is still claimed once the reads are answered again.
+#[tokio::test]
+async fn a_failed_pass_is_retried_without_waiting_for_the_tick() {
+    let h = Harness::new().await;
+    let driver = h.driver();
+    h.api.throttle_gets(Some("/lifecycletransitions/"));
+    let args = ReconcilerArgs {
+        mode: Mode::On,
+        tick: Duration::from_secs(3600),
+        call_timeout: Duration::from_secs(5),
+    };
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn({
+        let (ctx, shutdown) = (h.context(), shutdown.clone());
+        async move { reconciler::run(&args, ctx, shutdown).await }
+    });
+    let name = h.create_event("graceful-drain").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    // Two throttled passes: the one the new event woke, and a retry of it.
+    while h.api.throttled_gets() < 2 {
+        let seen = h.api.throttled_gets();
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the throttled pass was not run again ({seen} throttled reads)"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(h.statuses(&name).await, ["Pending"]);
+    h.api.throttle_gets(None);
+    while driver.starts() == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the event waits for the tick: {:?}",
+            h.statuses(&name).await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(h.statuses(&name).await[..2], ["Pending", "Claimed"]);
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
+
 #[tokio::test]
 async fn auto_stays_off_when_the_api_is_built_in_and_off_returns_at_once() {
     let h = Harness::new().await;

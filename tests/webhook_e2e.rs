@@ -1163,6 +1163,43 @@ async fn under_api_latency_every_call_is_answered_inside_the_deadline() {
     );
 }
 
+/// Priority and Fairness throttles the webhook's first two relabels of the pod it
+/// isolates, and the first read of the PDB whose charge it then refunds: the webhook
+/// refunds the charge all the same and settles the eviction again within the review
+/// instead of answering 429, so one eviction isolates the pod. (Answering 429 costs the
+/// caller its retry pause, 5 s for kubectl, and on the DELETE path lets the pod go
+/// unprotected.) The PDB has one disruption to spare: a charge left behind would make
+/// the webhook refuse the eviction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_call_while_isolating_is_retried_within_the_review() {
+    use graceful_drain::sim::apiserver::{Burst, Faults};
+    let mut config = ClusterConfig::default();
+    config.api.faults = Faults {
+        bursts: vec![
+            Burst::new(WEBHOOK_USER, "patch", "pods", 2),
+            Burst::new(WEBHOOK_USER, "get", "poddisruptionbudgets", 1),
+        ],
+        ..Faults::default()
+    };
+    let spec = WebSpec {
+        replicas: 3,
+        min_available: 2,
+        ..WebSpec::default()
+    };
+    let (cluster, _webhook) = setup_with(config, &spec, Duration::from_secs(30), 10, &[]).await;
+    let pods = web_pods(&cluster, &spec).await;
+    let first = pods[0].name_any();
+    let answer = try_evict(&cluster, &first).await;
+    assert!(answer.is_ok(), "eviction refused: {answer:?}");
+    let live: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let isolated = live.get(&first).await.unwrap();
+    assert!(is_draining(&isolated), "evicted pod not isolated");
+    assert!(
+        isolated.metadata.deletion_timestamp.is_none(),
+        "deleted before its delay"
+    );
+}
+
 /// The body of `GET path` on the admin port (status line included).
 async fn admin_get(admin: std::net::SocketAddr, path: &str) -> String {
     let Ok(mut stream) = tokio::net::TcpStream::connect(admin).await else {

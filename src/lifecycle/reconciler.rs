@@ -279,10 +279,12 @@ pub async fn run(
         .boxed();
     let mut tick = tokio::time::interval(args.tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut retry = Retry::new(args.tick);
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
             _ = tick.tick() => {}
+            () = retry.due() => {}
             item = event_changes.next() => match item {
                 None => return Err(Error::WatchEnded { node }),
                 Some(Err(error)) => {
@@ -310,10 +312,64 @@ pub async fn run(
         // the successor resumes from what the objects record.
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
-            outcome = step => if let Err(error) = outcome {
-                tracing::warn!(error = %crate::error::chain(&error), "lifecycle reconcile failed; retrying at the next change or tick");
+            outcome = step => match outcome {
+                Ok(report) if !report.unfinished => retry.succeeded(),
+                Ok(_) => {
+                    retry.failed();
+                }
+                Err(error) => {
+                    let pause = retry.failed();
+                    tracing::warn!(error = %crate::error::chain(&error), retry_in = ?pause, "lifecycle reconcile failed; retrying");
+                }
             },
         }
+    }
+}
+
+/// First pause before a pass that failed is run again; it doubles with each failure in
+/// a row, up to the tick.
+const RETRY_FIRST: Duration = Duration::from_millis(500);
+
+/// When a failed pass is run again: a throttled or failed API call must not hold a drain
+/// for a whole tick (10 s) — it did, once per failed call, under 10 % 429s — while a
+/// persistent failure backs off to the tick's pace.
+struct Retry {
+    at: Option<tokio::time::Instant>,
+    pause: Duration,
+    max: Duration,
+}
+
+impl Retry {
+    fn new(max: Duration) -> Self {
+        Self {
+            at: None,
+            pause: RETRY_FIRST.min(max),
+            max,
+        }
+    }
+
+    /// Resolves when a retry is due; never while none is planned.
+    async fn due(&mut self) {
+        match self.at {
+            Some(at) => {
+                tokio::time::sleep_until(at).await;
+                self.at = None;
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Plans the next retry; returns its pause.
+    fn failed(&mut self) -> Duration {
+        let pause = self.pause;
+        self.at = Some(tokio::time::Instant::now() + pause);
+        self.pause = (self.pause * 2).min(self.max);
+        pause
+    }
+
+    fn succeeded(&mut self) {
+        self.at = None;
+        self.pause = RETRY_FIRST.min(self.max);
     }
 }
 

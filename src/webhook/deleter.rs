@@ -35,8 +35,17 @@ use crate::runtime::Shutdown;
 /// Period of the due-pod scan. Delete times are whole seconds; one second keeps the
 /// deletion within a second of the recorded time at negligible cost.
 const TICK: Duration = Duration::from_secs(1);
-/// After a failed delete, wait this long before trying the same pod again.
-const RETRY_AFTER: Duration = Duration::from_secs(10);
+/// After a failed removal, the first pause before trying the same pod again; it doubles
+/// with each failure up to [`RETRY_MAX`]. A pod past its delete time holds the drain, so
+/// a one-off refusal (a throttled request, a connection the server closed) is retried
+/// within a second.
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+/// Longest pause between removals of the same pod, and the pause after a removal the API
+/// server accepted (the watch shows the pod terminating well before).
+const RETRY_MAX: Duration = Duration::from_secs(10);
+/// Longest wait for the API server to answer one removal: pods are removed one after
+/// another, so an unanswered call must not hold the others.
+const CALL_TIMEOUT: Duration = Duration::from_secs(15);
 /// In wait-for-endpoints mode, give up waiting for the slices this long after the delete
 /// time: a Service selecting the draining label would otherwise keep the pod forever.
 pub const MAX_ENDPOINT_WAIT: Duration = Duration::from_secs(600);
@@ -100,6 +109,39 @@ pub fn is_due(
     left_slices_at.is_some_and(|t| now >= super::decide::add(t, margin))
 }
 
+/// `call`, abandoned (as a transport error) when the API server has not answered within
+/// [`CALL_TIMEOUT`].
+async fn bounded<T>(call: impl Future<Output = Result<T, kube::Error>>) -> Result<T, kube::Error> {
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(result) => result,
+        Err(_) => Err(kube::Error::Service(Box::new(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("the API server did not answer within {CALL_TIMEOUT:?}"),
+        )))),
+    }
+}
+
+/// The last removal tried for one pod.
+#[derive(Clone, Copy, Debug)]
+struct Attempt {
+    at: tokio::time::Instant,
+    /// Removals refused in a row (0 after an accepted one).
+    failures: u32,
+}
+
+impl Attempt {
+    /// Whether the pod may be tried again.
+    fn elapsed(&self) -> bool {
+        let pause = match self.failures {
+            0 => RETRY_MAX,
+            n => RETRY_FIRST
+                .saturating_mul(1 << (n - 1).min(8))
+                .min(RETRY_MAX),
+        };
+        self.at.elapsed() >= pause
+    }
+}
+
 /// The deleter and its state.
 pub struct Deleter {
     pub ctx: isolate::Context,
@@ -108,7 +150,7 @@ pub struct Deleter {
     pub wait_for_endpoints: Option<Duration>,
     pending: HashMap<String, Pending>,
     left_slices: HashMap<String, Timestamp>,
-    attempted: HashMap<String, tokio::time::Instant>,
+    attempted: HashMap<String, Attempt>,
     /// The webhook's own Deployment (namespace, name): gone or being deleted at shutdown
     /// means the webhook is being uninstalled, and pending pods are removed before exit.
     release: Option<(String, String)>,
@@ -226,11 +268,7 @@ impl Deleter {
     pub fn due(&self, now: Timestamp) -> Vec<Pending> {
         self.pending
             .iter()
-            .filter(|(uid, _)| {
-                self.attempted
-                    .get(*uid)
-                    .is_none_or(|t| t.elapsed() >= RETRY_AFTER)
-            })
+            .filter(|(uid, _)| self.attempted.get(*uid).is_none_or(Attempt::elapsed))
             .filter(|(uid, p)| {
                 is_due(
                     p,
@@ -248,8 +286,12 @@ impl Deleter {
     /// (its disruption was accounted at isolation and its delay is over). Both carry a UID
     /// precondition and the recorded grace period.
     async fn delete(&mut self, pod: Pending) {
-        self.attempted
-            .insert(pod.uid.clone(), tokio::time::Instant::now());
+        let failures = self.attempted.get(&pod.uid).map_or(0, |a| a.failures);
+        let attempt = Attempt {
+            at: tokio::time::Instant::now(),
+            failures: 0,
+        };
+        self.attempted.insert(pod.uid.clone(), attempt);
         let span = tracing::info_span!("delete", namespace = %pod.namespace, pod = %pod.name);
         let _enter = span.enter();
         let result = match self.evict(&pod).await {
@@ -285,7 +327,11 @@ impl Deleter {
                 self.forget(&pod.uid);
             }
             Err(error) => {
-                tracing::warn!(error = %crate::error::chain(&error), "remove isolated pod; will retry")
+                let failures = failures.saturating_add(1);
+                if let Some(attempt) = self.attempted.get_mut(&pod.uid) {
+                    attempt.failures = failures;
+                }
+                tracing::warn!(error = %crate::error::chain(&error), failures, "remove isolated pod; will retry")
             }
         }
     }
@@ -301,14 +347,10 @@ impl Deleter {
         let eviction = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
             "metadata": {"name": pod.name, "namespace": pod.namespace},
             "deleteOptions": options});
-        api.create_subresource::<_, serde_json::Value>(
-            "eviction",
-            &pod.name,
-            &PostParams::default(),
-            &eviction,
-        )
-        .await
-        .map(|_| ())
+        let params = PostParams::default();
+        let call = api
+            .create_subresource::<_, serde_json::Value>("eviction", &pod.name, &params, &eviction);
+        bounded(call).await.map(|_| ())
     }
 
     async fn delete_now(&self, pod: &Pending) -> Result<(), kube::Error> {
@@ -321,7 +363,7 @@ impl Deleter {
             }),
             ..DeleteParams::default()
         };
-        api.delete(&pod.name, &params).await.map(|_| ())
+        bounded(api.delete(&pod.name, &params)).await.map(|_| ())
     }
 
     /// One scan: delete every due pod when leading.
@@ -480,6 +522,27 @@ mod tests {
             ..pod
         };
         assert!(!is_due(&terminating, after, None, None));
+    }
+
+    /// A refused removal (a throttled request, a dropped connection) is tried again after
+    /// a second, then less and less often up to every 10 s; an accepted one is not
+    /// repeated for 10 s, while the watch brings the pod's deletion.
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_removal_is_retried_within_a_second_then_less_often() {
+        let mut pauses = Vec::new();
+        for failures in [1, 2, 3, 4, 5, 30, 0] {
+            let attempt = Attempt {
+                at: tokio::time::Instant::now(),
+                failures,
+            };
+            let mut waited = 0;
+            while !attempt.elapsed() {
+                tokio::time::advance(Duration::from_millis(100)).await;
+                waited += 100;
+            }
+            pauses.push(waited);
+        }
+        assert_eq!(pauses, [1000, 2000, 4000, 8000, 10000, 10000, 10000]);
     }
 
     /// A restarted replica lists isolated pods and deletes the due one, with its UID

@@ -212,6 +212,21 @@ fn is_status(err: &kube::Error, codes: &[u16]) -> bool {
     matches!(err, kube::Error::Api(s) if codes.contains(&s.code))
 }
 
+/// A refusal that says nothing about the request: throttled (429), a server error or
+/// timeout (5xx), or no answer at all (a transport error).
+fn is_transient(err: &kube::Error) -> bool {
+    match err {
+        kube::Error::Api(s) => s.code == 429 || s.code >= 500,
+        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+        _ => false,
+    }
+}
+
+/// First pause of a refund after a transient failure; doubles up to [`REFUND_PAUSE_MAX`].
+const REFUND_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
+/// Longest pause between two attempts of a refund.
+const REFUND_PAUSE_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Isolates `pod`: PDB accounting, then the relabelling patch, then an Event.
 pub async fn isolate(
     ctx: &Context,
@@ -339,15 +354,24 @@ async fn account(
 
 /// Gives back the disruption this call recorded for `pod` in PDB `namespace/name`: the pod
 /// leaves `status.disruptedPods` and `disruptionsAllowed` goes up by one, in one
-/// resourceVersion-guarded update (retried on 409). Failures are logged; the disruption
+/// resourceVersion-guarded update (retried on 409, and after a short pause on a throttled
+/// or failed call: the refund usually follows a relabel that was itself throttled, and a
+/// charge left behind would hold the budget's disruption for two minutes — the caller
+/// retrying at once would find the budget spent). Failures are logged; the disruption
 /// controller drops the entry after about two minutes anyway.
 pub async fn refund_disruption(ctx: &Context, namespace: &str, name: &str, pod: &str) {
     let api = Api::<PodDisruptionBudget>::namespaced(ctx.client.clone(), namespace);
     let lock = ctx.cache.pdb_lock(namespace, name);
     let _serialised = lock.lock().await;
+    let mut pause = REFUND_PAUSE;
     for _ in 0..PDB_ATTEMPTS {
         let mut pdb = match api.get(name).await {
             Ok(pdb) => pdb,
+            Err(error) if is_transient(&error) => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(REFUND_PAUSE_MAX);
+                continue;
+            }
             Err(error) => {
                 tracing::warn!(%error, pdb = %format!("{namespace}/{name}"), "refund PDB: read");
                 return;
@@ -371,6 +395,10 @@ pub async fn refund_disruption(ctx: &Context, namespace: &str, name: &str, pod: 
                 return;
             }
             Err(e) if is_status(&e, &[409]) => continue,
+            Err(error) if is_transient(&error) => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(REFUND_PAUSE_MAX);
+            }
             Err(error) => {
                 tracing::warn!(%error, pdb = %format!("{namespace}/{name}"), "refund PDB: update");
                 return;

@@ -44,17 +44,14 @@ pub const DEFAULT_DEREGISTRATION_DELAY: &str = "60s";
 /// objects of any review while bounding memory per connection.
 pub const DEFAULT_MAX_BODY: usize = 8 * 1024 * 1024;
 
-/// Read timeout of the admission path's API client: a single API call that sends
-/// nothing for this long is abandoned. Every admission call is further bounded by the API
-/// server's own deadline; 5 s lets one slow call fail while a 10 s budget still has room
-/// to answer.
-const ADMISSION_READ_TIMEOUT: Duration = Duration::from_secs(5);
-
 /// The admission path's client: no hidden retries (kube retries 429/503/504 up to 15
-/// times by default, far past any admission deadline) and a read timeout.
+/// times by default, far past any admission deadline). Its calls are bounded by the
+/// review's deadline and the deleter's own timeout, not by a short read timeout: that
+/// timer also runs on an idle pooled connection, kills it after that long, and the next
+/// request sent on it fails ("connection error: timed out") — it delayed removals of
+/// isolated pods by a whole retry pause and cut the deleter's watch whenever it was quiet.
 fn admission_client(mut config: kube::Config) -> anyhow::Result<kube::Client> {
     config.default_retry = false;
-    config.read_timeout = Some(ADMISSION_READ_TIMEOUT);
     kube::Client::try_from(config).context("build admission client")
 }
 

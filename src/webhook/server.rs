@@ -242,7 +242,8 @@ async fn respond_evict(
     deadline: Instant,
 ) -> (AdmissionResponse, &'static str) {
     let allow = review::allow(request);
-    let settled = tokio::time::timeout_at(deadline, settle_eviction(state, &ev))
+    let settled = settle_until(deadline, || settle_eviction(state, &ev));
+    let settled = tokio::time::timeout_at(deadline, settled)
         .await
         .unwrap_or(Settled::Deadline);
     let outcome = settled.outcome();
@@ -294,6 +295,37 @@ async fn respond_evict(
             tracing::error!(error = %crate::error::chain(&error), "serialise dry-run patch");
             (review::allow(request), "error")
         }
+    }
+}
+
+/// First pause before settling a request again after a transient failure; it doubles up
+/// to [`TRANSIENT_PAUSE_MAX`].
+const TRANSIENT_PAUSE: Duration = Duration::from_millis(250);
+/// Longest pause between two attempts at settling one request.
+const TRANSIENT_PAUSE_MAX: Duration = Duration::from_secs(2);
+
+/// Settles a request again after a transient failure (a throttled or failed API call, a
+/// pod that kept changing) while the deadline leaves room for a pause: one 429 from
+/// Priority and Fairness must not cost an eviction the caller's whole retry pause (5 s for
+/// kubectl), nor let a DELETE through unprotected. The last failure is returned when time
+/// runs out.
+async fn settle_until<F, Fut>(deadline: Instant, mut attempt: F) -> Settled
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Settled>,
+{
+    let mut pause = TRANSIENT_PAUSE;
+    loop {
+        let settled = attempt().await;
+        let Settled::Failed(why) = &settled else {
+            return settled;
+        };
+        if Instant::now() + pause >= deadline {
+            return settled;
+        }
+        tracing::info!(%why, retry_in = ?pause, "transient failure; settling again");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(TRANSIENT_PAUSE_MAX);
     }
 }
 
@@ -496,7 +528,8 @@ async fn respond_delete(
     let owned_by_rs = matches!(pod.owner, Some((OwnerKind::ReplicaSet, _)));
     // A DELETE is never denied for want of time: past the deadline it is allowed (the
     // pod isolated if that finished, as it usually has).
-    let settled = tokio::time::timeout_at(deadline, settle(state, &req, pod.clone()))
+    let settled = settle_until(deadline, || settle(state, &req, pod.clone()));
+    let settled = tokio::time::timeout_at(deadline, settled)
         .await
         .unwrap_or(Settled::Deadline);
     let outcome = settled.outcome();

@@ -35,6 +35,8 @@ pub struct SimApi {
     crds_hidden: Arc<std::sync::atomic::AtomicBool>,
     /// GETs whose path contains this are answered 429 (API Priority and Fairness).
     throttled: Arc<std::sync::Mutex<Option<String>>>,
+    /// How many GETs were answered 429.
+    throttled_count: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Drop for SimApi {
@@ -96,6 +98,7 @@ impl SimApi {
             writes: Arc::default(),
             crds_hidden: Arc::default(),
             throttled: Arc::default(),
+            throttled_count: Arc::default(),
         };
         let admin = api.server.client("admin");
         for crd in graceful_drain::lifecycle::crds::crds().unwrap() {
@@ -118,9 +121,11 @@ impl SimApi {
         let writes = self.writes.clone();
         let hidden = self.crds_hidden.clone();
         let throttled = self.throttled.clone();
+        let throttled_count = self.throttled_count.clone();
         let service = tower::service_fn(move |request: Request<Body>| {
             let (inner, writes, hidden) = (inner.clone(), writes.clone(), hidden.clone());
             let throttled = throttled.clone();
+            let throttled_count = throttled_count.clone();
             async move {
                 let throttled = throttled
                     .lock()
@@ -128,6 +133,7 @@ impl SimApi {
                     .as_ref()
                     .is_some_and(|part| request.uri().path().contains(part.as_str()));
                 if throttled && request.method() == Method::GET {
+                    throttled_count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     let body = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"TooManyRequests","message":"Too many requests, please try again later.","code":429}"#;
                     let response = Response::builder()
                         .status(429)
@@ -236,6 +242,12 @@ impl SimApi {
     /// as API Priority and Fairness answers under load; `None` ends it.
     pub fn throttle_gets(&self, part: Option<&str>) {
         *self.throttled.lock().unwrap() = part.map(str::to_string);
+    }
+
+    /// How many GETs were answered 429 so far.
+    pub fn throttled_gets(&self) -> usize {
+        self.throttled_count
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub fn writes(&self) -> Vec<Write> {

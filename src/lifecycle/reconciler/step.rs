@@ -71,6 +71,9 @@ pub struct StepReport {
     pub actions: Vec<(String, Action)>,
     /// Something changed (or a write lost a race); another pass may act at once.
     pub progressed: bool,
+    /// A read or an action failed (a throttled or failed API call): the pass left work
+    /// for the next one, which should come soon rather than at the next tick.
+    pub unfinished: bool,
 }
 
 /// The transition of one event, resolved for this pass.
@@ -255,7 +258,10 @@ impl Reconciler {
                     Some(Ok(found)) => found.as_ref(),
                     // Unknown is not missing: a claimed event must not fail because one
                     // read of its transition was throttled or timed out.
-                    _ => continue,
+                    _ => {
+                        report.unfinished = true;
+                        continue;
+                    }
                 }
             };
             let decide_on = |condition: Option<&ConditionView>| {
@@ -297,6 +303,7 @@ impl Reconciler {
                     report.progressed = true;
                 }
                 Err(error) => {
+                    report.unfinished = true;
                     tracing::warn!(event = %name, error = %crate::error::chain(&error), "lifecycle action failed")
                 }
             }

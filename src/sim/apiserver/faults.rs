@@ -6,6 +6,8 @@
 //!   429 `TooManyRequests` with `Retry-After`. Requests of `system:masters` are exempt,
 //!   like upstream's mandatory `exempt` FlowSchema.
 //! * Added latency before every resource request is served.
+//! * A burst of 429s: the next few requests of one user with one verb on one resource
+//!   throttled, so a test can show exactly which call a client must survive.
 //! * Watch streams cut with an ERROR event carrying a 410 Gone Status (what a client sees
 //!   when etcd compacted past its resourceVersion), which forces a relist.
 //! * A verb on a resource refused to one user with 403 `Forbidden`, worded as RBAC words
@@ -44,6 +46,9 @@ pub struct Faults {
     pub watch_gone_after: Option<Duration>,
     /// Requests refused with 403 Forbidden, as RBAC refuses a verb no role grants.
     pub forbidden: Vec<Forbidden>,
+    /// The first `times` requests matching each rule are answered 429 (with the
+    /// `throttle_retry_after`), whatever `throttle_share` draws.
+    pub bursts: Vec<Burst>,
     /// Users whose requests are never answered (until the server shuts down).
     pub hung_users: Vec<String>,
     /// Seed of the random choices.
@@ -62,7 +67,30 @@ pub struct Forbidden {
     pub resource: String,
 }
 
+/// The first `times` requests of `user` with `verb` on `resource` are throttled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Burst {
+    /// The requests it applies to (user, RBAC verb, resource with its subresource).
+    pub rule: Forbidden,
+    /// How many of them are throttled.
+    pub times: u32,
+}
+
+impl Burst {
+    /// Throttles the next `times` requests of `user` with `verb` on `resource`.
+    pub fn new(user: &str, verb: &str, resource: &str, times: u32) -> Self {
+        Self {
+            rule: Forbidden::new(user, verb, resource),
+            times,
+        }
+    }
+}
+
 impl Forbidden {
+    fn matches(&self, user: &UserInfo, verb: &str, resource: &str) -> bool {
+        self.user == user.username && self.verb == verb && self.resource == resource
+    }
+
     /// `user` may not `verb` the `resource`.
     pub fn new(user: &str, verb: &str, resource: &str) -> Self {
         Self {
@@ -82,6 +110,7 @@ impl Default for Faults {
             latency: Duration::ZERO,
             watch_gone_after: None,
             forbidden: Vec::new(),
+            bursts: Vec::new(),
             hung_users: Vec::new(),
             seed: 0,
         }
@@ -92,6 +121,8 @@ impl Default for Faults {
 pub(crate) struct Injector {
     faults: Faults,
     rng: Mutex<StdRng>,
+    /// Requests each burst still throttles.
+    burst_left: Mutex<Vec<u32>>,
     /// Ends the hang of hung users' requests.
     shutdown: Shutdown,
 }
@@ -99,9 +130,11 @@ pub(crate) struct Injector {
 impl Injector {
     pub(crate) fn new(faults: Faults, shutdown: Shutdown) -> Self {
         let rng = Mutex::new(StdRng::seed_from_u64(faults.seed));
+        let burst_left = Mutex::new(faults.bursts.iter().map(|b| b.times).collect());
         Self {
             faults,
             rng,
+            burst_left,
             shutdown,
         }
     }
@@ -133,17 +166,39 @@ impl Injector {
         if !self.faults.latency.is_zero() {
             tokio::time::sleep(self.faults.latency).await;
         }
-        self.throttle(user)
+        self.throttle(user, verb, target)
             .or_else(|| self.forbid(user, verb, target))
     }
 
-    fn throttle(&self, user: &UserInfo) -> Option<ApiError> {
-        let share = self.faults.throttle_share.clamp(0.0, 1.0);
-        if share <= 0.0 || user.groups.iter().any(|g| g == "system:masters") {
-            return None;
+    /// Whether a burst still throttles this request (and counts it).
+    fn in_burst(&self, user: &UserInfo, verb: &str, target: &Target) -> bool {
+        if self.faults.bursts.is_empty() {
+            return false;
         }
-        if !self.draw(|rng| rng.random_bool(share)) {
-            return None;
+        let resource = target.resource_label();
+        let mut left = match self.burst_left.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let rules = self.faults.bursts.iter().zip(left.iter_mut());
+        for (burst, left) in rules {
+            if *left > 0 && burst.rule.matches(user, verb, &resource) {
+                *left -= 1;
+                return true;
+            }
+        }
+        false
+    }
+
+    fn throttle(&self, user: &UserInfo, verb: &str, target: &Target) -> Option<ApiError> {
+        if !self.in_burst(user, verb, target) {
+            let share = self.faults.throttle_share.clamp(0.0, 1.0);
+            if share <= 0.0 || user.groups.iter().any(|g| g == "system:masters") {
+                return None;
+            }
+            if !self.draw(|rng| rng.random_bool(share)) {
+                return None;
+            }
         }
         let retry = self.faults.throttle_retry_after;
         Some(
@@ -162,7 +217,7 @@ impl Injector {
         self.faults
             .forbidden
             .iter()
-            .find(|f| f.user == user.username && f.verb == verb && f.resource == resource)?;
+            .find(|f| f.matches(user, verb, &resource))?;
         let def = &target.def;
         let scope = if target.namespace.is_empty() {
             "at the cluster scope".to_string()
@@ -305,6 +360,52 @@ mod tests {
                 "{who} {verb}"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn a_burst_throttles_the_next_matching_requests_only() {
+        let webhook = "system:serviceaccount:graceful-drain:webhook";
+        let injector = with_faults(Faults {
+            bursts: vec![Burst::new(webhook, "get", "poddisruptionbudgets", 2)],
+            ..Faults::default()
+        });
+        let pdb = Target {
+            def: Registry::default()
+                .find("policy", "v1", "poddisruptionbudgets")
+                .unwrap(),
+            namespace: "shop".into(),
+            name: Some("web".into()),
+            sub: None,
+        };
+        let pods = target("pods", "shop", "web-0", None);
+        // Other verbs, resources and users are not counted against the burst.
+        assert!(
+            injector
+                .before_request(&user(webhook), "list", &pdb)
+                .await
+                .is_none()
+        );
+        assert!(
+            injector
+                .before_request(&user(webhook), "get", &pods)
+                .await
+                .is_none()
+        );
+        assert!(
+            injector
+                .before_request(&user("admin"), "get", &pdb)
+                .await
+                .is_none()
+        );
+        let mut answers = Vec::new();
+        for _ in 0..4 {
+            let answer = injector.before_request(&user(webhook), "get", &pdb).await;
+            answers.push(answer.map(|e| (e.code, e.retry_after)));
+        }
+        assert_eq!(
+            answers,
+            [Some((429, Some(1))), Some((429, Some(1))), None, None]
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -47,7 +47,7 @@ use kube::config::{
 
 use crate::runtime::Shutdown;
 
-pub use self::faults::{Faults, Forbidden};
+pub use self::faults::{Burst, Faults, Forbidden};
 pub use routing::{Route, RouteFrom};
 
 /// Errors starting the simulated API server.
