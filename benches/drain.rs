@@ -17,7 +17,8 @@ use graceful_drain::runtime::Shutdown;
 use graceful_drain::sim::cluster::{Cluster, ClusterConfig, WebSpec};
 use graceful_drain::sim::controllers::kubelet::KubeletConfig;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, Patch, PatchParams};
+use graceful_drain::lifecycle::{LifecycleEvent, LifecycleEventSpec};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 #[path = "../tests/agent_support/kubelet.rs"]
@@ -106,6 +107,18 @@ async fn drain(pods: usize) -> Row {
         .await
         .unwrap();
     let mut kubelet = kubelet::Kubelet::register(&started.registration_socket, NODE).await;
+    // The agent's drain lives as long as the LifecycleEvent the kubelet drives (`ev-1`).
+    let event = LifecycleEvent::new(
+        "ev-1",
+        LifecycleEventSpec {
+            transition_name: graceful_drain::lifecycle::DRAIN_TRANSITION.into(),
+            binding_node: NODE.into(),
+        },
+    );
+    Api::<LifecycleEvent>::all(admin.clone())
+        .create(&PostParams::default(), &event)
+        .await
+        .unwrap();
     let before = cluster.api().stats();
     let t0 = Instant::now();
     kubelet.start("graceful-drain", NODE).await;
