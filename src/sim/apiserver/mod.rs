@@ -7,10 +7,12 @@
 //! with resourceVersion compare-and-swap; `watch` streams the store's change feed.
 //! `eviction` implements `pods/eviction` with the upstream PodDisruptionBudget rules.
 //! Every request is counted in [`Stats`], runs under a deadline (60 s or `?timeout=`)
-//! and may meet the `faults` a test asked for.
+//! and may meet the `faults` a test asked for. Benchmarks fill the store without HTTP
+//! through `bulk` ([`ApiServer::load`]).
 
 mod admission;
 mod apply;
+mod bulk;
 mod convert;
 mod defaults;
 mod delete;
@@ -47,6 +49,7 @@ use kube::config::{
 
 use crate::runtime::Shutdown;
 
+pub use self::bulk::LoadError;
 pub use self::faults::{Burst, Faults, Forbidden};
 pub use routing::{Route, RouteFrom};
 

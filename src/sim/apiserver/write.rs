@@ -198,7 +198,7 @@ fn resolve_name(def: &ResourceDef, meta: &Map<String, Value>) -> ApiResult<Strin
 }
 
 /// Server-set metadata of a new object.
-fn init_metadata(ctx: &Ctx, target: &Target, obj: &mut Value) -> ApiResult<()> {
+pub(crate) fn init_metadata(ctx: &Ctx, target: &Target, obj: &mut Value) -> ApiResult<()> {
     let def = &target.def;
     let body_ns = meta_str(obj, "namespace").to_string();
     let meta = meta_mut(obj).ok_or_else(no_metadata)?;
@@ -273,7 +273,7 @@ fn label_namespace(def: &ResourceDef, obj: &mut Value) {
 }
 
 /// Status a new object starts with (upstream strategies' PrepareForCreate).
-fn prepare_for_create(def: &ResourceDef, obj: &mut Value) {
+pub(crate) fn prepare_for_create(def: &ResourceDef, obj: &mut Value) {
     label_namespace(def, obj);
     let Some(map) = obj.as_object_mut() else {
         return;
