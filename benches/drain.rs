@@ -13,11 +13,11 @@
 use std::time::{Duration, Instant};
 
 use graceful_drain::agent;
+use graceful_drain::lifecycle::{LifecycleEvent, LifecycleEventSpec};
 use graceful_drain::runtime::Shutdown;
 use graceful_drain::sim::cluster::{Cluster, ClusterConfig, WebSpec};
 use graceful_drain::sim::controllers::kubelet::KubeletConfig;
 use k8s_openapi::api::core::v1::Node;
-use graceful_drain::lifecycle::{LifecycleEvent, LifecycleEventSpec};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 

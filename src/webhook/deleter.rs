@@ -22,6 +22,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use tokio::sync::watch;
+use tracing::Instrument;
 
 use super::cache::Cache;
 use super::decide::PodFacts;
@@ -32,8 +33,8 @@ use crate::labels::{
 };
 use crate::runtime::Shutdown;
 
-/// Period of the due-pod scan. Delete times are whole seconds; one second keeps the
-/// deletion within a second of the recorded time at negligible cost.
+/// Longest pause between two scans of the pending pods (the deleter also wakes at each
+/// pod's delete time).
 const TICK: Duration = Duration::from_secs(1);
 /// After a failed removal, the first pause before trying the same pod again; it doubles
 /// with each failure up to [`RETRY_MAX`]. A pod past its delete time holds the drain, so
@@ -43,6 +44,13 @@ const RETRY_FIRST: Duration = Duration::from_secs(1);
 /// Longest pause between removals of the same pod, and the pause after a removal the API
 /// server accepted (the watch shows the pod terminating well before).
 const RETRY_MAX: Duration = Duration::from_secs(10);
+/// How long after a delete time its scan runs: system time and the runtime's clock are
+/// read apart, and a scan a hair early would find nothing due.
+const SCAN_SLACK: Duration = Duration::from_millis(5);
+/// Removals in flight at once: a drained node's pods fall due together (a 100-pod node
+/// within a second or two), and one at a time they would wait for each other's round
+/// trips; 16 matches the node agent's eviction concurrency.
+const REMOVALS_IN_FLIGHT: usize = 16;
 /// Longest wait for the API server to answer one removal: pods are removed one after
 /// another, so an unanswered call must not hold the others.
 const CALL_TIMEOUT: Duration = Duration::from_secs(15);
@@ -130,15 +138,20 @@ struct Attempt {
 }
 
 impl Attempt {
-    /// Whether the pod may be tried again.
-    fn elapsed(&self) -> bool {
+    /// When the pod may be tried again.
+    fn next_try(&self) -> tokio::time::Instant {
         let pause = match self.failures {
             0 => RETRY_MAX,
             n => RETRY_FIRST
                 .saturating_mul(1 << (n - 1).min(8))
                 .min(RETRY_MAX),
         };
-        self.at.elapsed() >= pause
+        self.at + pause
+    }
+
+    /// Whether the pod may be tried again.
+    fn elapsed(&self) -> bool {
+        tokio::time::Instant::now() >= self.next_try()
     }
 }
 
@@ -209,9 +222,7 @@ impl Deleter {
             pending = pending.len(),
             "uninstalling: removing every isolated pod now"
         );
-        for pod in pending {
-            self.delete(pod).await;
-        }
+        self.delete_all(pending).await;
     }
 
     fn cache(&self) -> &Cache {
@@ -281,26 +292,54 @@ impl Deleter {
             .collect()
     }
 
-    /// Removes a due pod: by eviction, so it gets the `DisruptionTarget` condition and
-    /// its controllers see an eviction; by DELETE when a PDB still selecting it refuses
-    /// (its disruption was accounted at isolation and its delay is over). Both carry a UID
-    /// precondition and the recorded grace period.
-    async fn delete(&mut self, pod: Pending) {
-        let failures = self.attempted.get(&pod.uid).map_or(0, |a| a.failures);
-        let attempt = Attempt {
-            at: tokio::time::Instant::now(),
-            failures: 0,
-        };
-        self.attempted.insert(pod.uid.clone(), attempt);
-        let span = tracing::info_span!("delete", namespace = %pod.namespace, pod = %pod.name);
-        let _enter = span.enter();
-        let result = match self.evict(&pod).await {
+    /// Removes due pods, [`REMOVALS_IN_FLIGHT`] at a time: by eviction, so each gets the
+    /// `DisruptionTarget` condition and its controllers see an eviction; by DELETE when a
+    /// PDB still selecting it refuses (its disruption was accounted at isolation and its
+    /// delay is over). Both carry a UID precondition and the recorded grace period.
+    async fn delete_all(&mut self, pods: Vec<Pending>) {
+        let now = tokio::time::Instant::now();
+        let mut failures = HashMap::new();
+        for pod in &pods {
+            let before = self.attempted.get(&pod.uid).map_or(0, |a| a.failures);
+            failures.insert(pod.uid.clone(), before);
+            let attempt = Attempt {
+                at: now,
+                failures: 0,
+            };
+            self.attempted.insert(pod.uid.clone(), attempt);
+        }
+        let this = &*self;
+        let results: Vec<(Pending, Result<(), kube::Error>)> = futures::stream::iter(pods)
+            .map(|pod| async move {
+                let span =
+                    tracing::info_span!("delete", namespace = %pod.namespace, pod = %pod.name);
+                let result = this.remove(&pod).instrument(span).await;
+                (pod, result)
+            })
+            .buffer_unordered(REMOVALS_IN_FLIGHT)
+            .collect()
+            .await;
+        for (pod, result) in results {
+            let failures = failures.get(&pod.uid).copied().unwrap_or(0);
+            self.conclude(pod, result, failures).await;
+        }
+    }
+
+    /// Evicts `pod`, or deletes it when a PDB still selecting it refuses.
+    async fn remove(&self, pod: &Pending) -> Result<(), kube::Error> {
+        match self.evict(pod).await {
             Err(kube::Error::Api(s)) if s.code == 429 || s.code == 500 => {
                 tracing::info!(code = s.code, message = %s.message, "eviction refused; deleting");
-                self.delete_now(&pod).await
+                self.delete_now(pod).await
             }
             other => other,
-        };
+        }
+    }
+
+    /// Records what became of one removal; `failures` is how many failed before it.
+    async fn conclude(&mut self, pod: Pending, result: Result<(), kube::Error>, failures: u32) {
+        let span = tracing::info_span!("delete", namespace = %pod.namespace, pod = %pod.name);
+        let _enter = span.enter();
         match result {
             Ok(()) => {
                 tracing::info!(delete_at = %pod.delete_at, "removed isolated pod");
@@ -366,6 +405,31 @@ impl Deleter {
         bounded(api.delete(&pod.name, &params)).await.map(|_| ())
     }
 
+    /// When the next scan should run: the earliest delete time (or retry) of a pending pod,
+    /// and at least every [`TICK`] (for the slices and the gauge). Waking at the delete
+    /// time itself, not at the next tick after it, takes up to a second off every drain.
+    fn next_scan(&self, leading: bool) -> tokio::time::Instant {
+        let now = tokio::time::Instant::now();
+        let tick = now + TICK;
+        if !leading || self.wait_for_endpoints.is_some() {
+            return tick;
+        }
+        let wall = Timestamp::now();
+        let due = self
+            .pending
+            .iter()
+            .filter(|(_, p)| !p.terminating)
+            .map(|(uid, p)| {
+                let until = wall.duration_until(p.delete_at);
+                // A millisecond past, so the scan finds the pod due on the wall clock.
+                let until = Duration::try_from(until).unwrap_or(Duration::ZERO) + SCAN_SLACK;
+                let at = now + until;
+                self.attempted.get(uid).map_or(at, |a| at.max(a.next_try()))
+            })
+            .min();
+        due.map_or(tick, |at| at.min(tick))
+    }
+
     /// One scan: delete every due pod when leading.
     pub async fn tick(&mut self, leading: bool) {
         let now = Timestamp::now();
@@ -375,9 +439,8 @@ impl Deleter {
         if !leading {
             return;
         }
-        for pod in self.due(now) {
-            self.delete(pod).await;
-        }
+        let due = self.due(now);
+        self.delete_all(due).await;
     }
 
     /// Watches isolated pods and deletes them when due, while `leader` says so.
@@ -392,7 +455,7 @@ impl Deleter {
             .any_semantic();
         let events = watcher::watcher(api, config).default_backoff();
         let mut events = std::pin::pin!(events);
-        let mut tick = tokio::time::interval(TICK);
+        let mut scan_at = tokio::time::Instant::now();
         let mut relist: Option<Vec<ObjectMeta>> = None;
         loop {
             tokio::select! {
@@ -405,15 +468,17 @@ impl Deleter {
                     Some(Ok(Event::Apply(m) | Event::InitApply(m))) => {
                         if let Some(list) = relist.as_mut() { list.push(m.metadata.clone()); }
                         self.apply(&m.metadata);
+                        scan_at = scan_at.min(self.next_scan(*leader.borrow()));
                     }
                     Some(Ok(Event::Delete(m))) => self.forget(m.metadata.uid.as_deref().unwrap_or_default()),
                     Some(Ok(Event::Init)) => relist = Some(Vec::new()),
                     Some(Ok(Event::InitDone)) => self.finish_relist(relist.take()),
                     Some(Err(error)) => tracing::warn!(error = %crate::error::chain(&error), "watch isolated pods; retrying"),
                 },
-                _ = tick.tick() => {
+                () = tokio::time::sleep_until(scan_at) => {
                     let leading = *leader.borrow();
                     self.tick(leading).await;
+                    scan_at = self.next_scan(leading);
                 }
             }
         }
