@@ -1,13 +1,16 @@
 //! Small, indexed caches of the cluster state the decision needs.
 //!
 //! Four watches feed compact projections, never whole objects: EndpointSlices (only
-//! `service-name`, and per endpoint the pod name, UID and readiness, indexed by pod),
+//! `service-name`, and per endpoint hashes of the pod's key and UID and its readiness,
+//! indexed by pod),
 //! Services (type and selector), Namespaces (metadata only: opt-out label and delay
 //! annotation) and PodDisruptionBudgets (kept whole: they are few and the status update
 //! needs them). No pod is cached here; the deferred deleter watches isolated pods only.
 //! Lookups are hash-map hits per pod, never a scan of all Services.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::hash::{BuildHasher, RandomState};
+use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -20,6 +23,7 @@ use kube::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
+use smallvec::SmallVec;
 
 use super::decide::{
     EndpointFacts, NamespaceFacts, PdbFacts, PodFacts, ServiceFacts, ServiceType, Snapshot,
@@ -39,27 +43,49 @@ pub enum Error {
 
 type Key = (String, String);
 
-#[derive(Clone, Debug)]
-struct SliceEndpoint {
-    pod: Box<str>,
-    uid: Option<Box<str>>,
+/// One endpoint naming a pod, as the slice index keeps it: 16 bytes, no strings.
+#[derive(Clone, Copy, Debug)]
+struct PodEndpoint {
+    /// Slot of the slice in [`Slices::slots`].
+    slice: u32,
     ready: bool,
+    /// Hash of the targetRef UID, when the slice carries one.
+    uid: Option<NonZeroU64>,
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Debug)]
 struct SliceEntry {
     service: Option<Box<str>>,
-    endpoints: Vec<SliceEndpoint>,
+    /// Index keys of the pods the slice names, each once.
+    pods: Box<[u64]>,
 }
 
 /// EndpointSlices projected and indexed by the pods they name.
+///
+/// At 150,000 endpoints the index is the webhook's largest table, so it keeps no pod
+/// name or UID: a pod is found by a keyed 64-bit hash of its namespace and name, and an
+/// endpoint's UID is kept as a hash too. Two pods whose keys collide share one entry and
+/// each sees the other's endpoints, which the UID comparison then tells apart; the only
+/// way to be wrong is to see a pod as exposed that is not, which delays its deletion and
+/// never lets an exposed pod die unprotected. The hash keys are random per process.
 #[derive(Debug, Default)]
 pub struct Slices {
-    by_slice: HashMap<Key, SliceEntry>,
-    by_pod: HashMap<Key, Vec<Box<str>>>,
+    hasher: RandomState,
+    ids: HashMap<Key, u32>,
+    slots: Vec<Option<SliceEntry>>,
+    free: Vec<u32>,
+    by_pod: HashMap<u64, SmallVec<[PodEndpoint; 1]>>,
 }
 
 impl Slices {
+    fn pod_key(&self, namespace: &str, name: &str) -> u64 {
+        self.hasher.hash_one((namespace, name))
+    }
+
+    fn uid_key(&self, uid: &str) -> NonZeroU64 {
+        NonZeroU64::new(self.hasher.hash_one(uid) | 1).unwrap_or(NonZeroU64::MIN)
+    }
+
     fn upsert(&mut self, slice: &EndpointSlice) {
         let key = key_of(&slice.metadata);
         self.remove(&key);
@@ -69,73 +95,92 @@ impl Slices {
             .as_ref()
             .and_then(|l| l.get(SERVICE_NAME_LABEL))
             .map(|s| s.as_str().into());
-        let endpoints: Vec<SliceEndpoint> = slice
-            .endpoints
-            .iter()
-            .filter_map(|ep| {
-                let target = ep.target_ref.as_ref()?;
-                if target.kind.as_deref() != Some("Pod") {
-                    return None;
-                }
-                Some(SliceEndpoint {
-                    pod: target.name.as_deref()?.into(),
-                    uid: target.uid.as_deref().map(Into::into),
-                    ready: ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true),
-                })
-            })
-            .collect();
-        for ep in &endpoints {
-            let pods = self
-                .by_pod
-                .entry((key.0.clone(), ep.pod.to_string()))
-                .or_default();
-            if !pods.iter().any(|s| **s == *key.1) {
-                pods.push(key.1.as_str().into());
+        let id = match self.free.pop() {
+            Some(id) => id,
+            None => {
+                self.slots.push(None);
+                u32::try_from(self.slots.len() - 1).unwrap_or(u32::MAX)
             }
+        };
+        let mut pods = Vec::new();
+        for ep in &slice.endpoints {
+            let Some(target) = ep.target_ref.as_ref() else {
+                continue;
+            };
+            let Some(name) = target.name.as_deref() else {
+                continue;
+            };
+            if target.kind.as_deref() != Some("Pod") {
+                continue;
+            }
+            let pod = self.pod_key(&key.0, name);
+            let entry = PodEndpoint {
+                slice: id,
+                ready: ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true),
+                uid: target.uid.as_deref().map(|u| self.uid_key(u)),
+            };
+            self.by_pod.entry(pod).or_default().push(entry);
+            pods.push(pod);
         }
-        self.by_slice.insert(key, SliceEntry { service, endpoints });
+        pods.sort_unstable();
+        pods.dedup();
+        if let Some(slot) = self.slots.get_mut(id as usize) {
+            *slot = Some(SliceEntry {
+                service,
+                pods: pods.into_boxed_slice(),
+            });
+        }
+        self.ids.insert(key, id);
     }
 
     fn remove(&mut self, key: &Key) {
-        let Some(old) = self.by_slice.remove(key) else {
+        let Some(id) = self.ids.remove(key) else {
             return;
         };
-        for ep in old.endpoints {
-            let pod_key = (key.0.clone(), ep.pod.to_string());
-            if let Some(slices) = self.by_pod.get_mut(&pod_key) {
-                slices.retain(|s| **s != *key.1);
-                if slices.is_empty() {
-                    self.by_pod.remove(&pod_key);
+        let Some(old) = self.slots.get_mut(id as usize).and_then(Option::take) else {
+            return;
+        };
+        for pod in old.pods {
+            if let Some(endpoints) = self.by_pod.get_mut(&pod) {
+                endpoints.retain(|ep| ep.slice != id);
+                if endpoints.is_empty() {
+                    self.by_pod.remove(&pod);
                 }
             }
         }
+        self.free.push(id);
     }
 
-    /// Every endpoint naming pod `namespace/name`.
-    pub fn endpoints_of(&self, namespace: &str, name: &str) -> Vec<EndpointFacts> {
-        let key = (namespace.to_string(), name.to_string());
-        let Some(slices) = self.by_pod.get(&key) else {
+    /// Every endpoint naming pod `namespace/name`; with the pod's `uid`, an endpoint
+    /// whose targetRef names another UID is marked as an earlier pod of that name.
+    pub fn endpoints_of(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: Option<&str>,
+    ) -> Vec<EndpointFacts> {
+        let Some(endpoints) = self.by_pod.get(&self.pod_key(namespace, name)) else {
             return Vec::new();
         };
-        let mut out = Vec::new();
-        for slice in slices {
-            let Some(entry) = self.by_slice.get(&(key.0.clone(), slice.to_string())) else {
-                continue;
-            };
-            for ep in entry.endpoints.iter().filter(|ep| *ep.pod == *name) {
-                out.push(EndpointFacts {
-                    service: entry.service.as_deref().map(str::to_string),
-                    ready: ep.ready,
-                    uid: ep.uid.as_deref().map(str::to_string),
-                });
-            }
-        }
-        out
+        let uid = uid.map(|u| self.uid_key(u));
+        endpoints
+            .iter()
+            .map(|ep| EndpointFacts {
+                service: self
+                    .slots
+                    .get(ep.slice as usize)
+                    .and_then(Option::as_ref)
+                    .and_then(|s| s.service.as_deref())
+                    .map(str::to_string),
+                ready: ep.ready,
+                earlier_pod: matches!((ep.uid, uid), (Some(listed), Some(ours)) if listed != ours),
+            })
+            .collect()
     }
 
     /// Number of slices and indexed pods (for tests and the benchmark).
     pub fn len(&self) -> (usize, usize) {
-        (self.by_slice.len(), self.by_pod.len())
+        (self.ids.len(), self.by_pod.len())
     }
 }
 
@@ -166,6 +211,49 @@ pub struct Cache {
     /// One async lock per PDB, so this replica's concurrent isolations charge a budget one
     /// after another instead of racing each other into resourceVersion conflicts.
     pdb_locks: std::sync::Mutex<HashMap<Key, Arc<tokio::sync::Mutex<()>>>>,
+    /// What isolations read from pods' controllers, by controller UID (see [`Owners`]).
+    owners: std::sync::Mutex<Owners>,
+}
+
+/// What the relabelling needs from a pod's controller: its selector's keys and, for a
+/// ReplicaSet, its own controller reference (the Deployment the pod is handed to).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OwnerFacts {
+    pub selector_keys: BTreeSet<String>,
+    pub controller: Option<serde_json::Value>,
+}
+
+/// How long a controller read stays in [`Owners`]. A drain evicts the pods of one
+/// ReplicaSet within seconds, so most of them reuse the first pod's read.
+pub const OWNER_TTL: std::time::Duration = std::time::Duration::from_secs(60);
+/// Most controllers remembered at once.
+const OWNERS_MAX: usize = 4096;
+
+/// Controllers read by recent isolations, keyed by UID. Keyed by UID, an entry never
+/// describes a newer object of the same name; the selector of a ReplicaSet, StatefulSet,
+/// DaemonSet or Job is immutable, so only a ReplicaSet's own controller reference could
+/// change (an orphaned and re-adopted ReplicaSet), which the TTL bounds.
+#[derive(Debug, Default)]
+pub struct Owners {
+    by_uid: HashMap<String, (std::time::Instant, OwnerFacts)>,
+}
+
+impl Owners {
+    fn get(&self, uid: &str, now: std::time::Instant) -> Option<OwnerFacts> {
+        let (read_at, facts) = self.by_uid.get(uid)?;
+        (now.duration_since(*read_at) < OWNER_TTL).then(|| facts.clone())
+    }
+
+    fn put(&mut self, uid: String, facts: OwnerFacts, now: std::time::Instant) {
+        if self.by_uid.len() >= OWNERS_MAX {
+            self.by_uid
+                .retain(|_, (read_at, _)| now.duration_since(*read_at) < OWNER_TTL);
+        }
+        if self.by_uid.len() >= OWNERS_MAX {
+            self.by_uid.clear();
+        }
+        self.by_uid.insert(uid, (now, facts));
+    }
 }
 
 fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Key {
@@ -251,6 +339,18 @@ impl Cache {
             .clone()
     }
 
+    /// The controller with `uid` as an isolation read it less than [`OWNER_TTL`] ago.
+    pub fn owner(&self, uid: &str) -> Option<OwnerFacts> {
+        let owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
+        owners.get(uid, std::time::Instant::now())
+    }
+
+    /// Remembers what an isolation read from the controller with `uid`.
+    pub fn remember_owner(&self, uid: &str, facts: OwnerFacts) {
+        let mut owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
+        owners.put(uid.to_string(), facts, std::time::Instant::now());
+    }
+
     /// Turns on the rule that nothing is isolated while no replica holds the Lease.
     pub fn enable_deleter_gate(&self) {
         self.deleter_gate.store(true, Ordering::Release);
@@ -285,14 +385,20 @@ impl Cache {
     /// Fast path: does any slice name `namespace/pod` as a ready endpoint?
     pub fn has_ready_endpoint(&self, namespace: &str, pod: &str) -> bool {
         read(&self.slices)
-            .endpoints_of(namespace, pod)
+            .endpoints_of(namespace, pod, None)
             .iter()
             .any(|e| e.ready)
     }
 
-    /// Every endpoint naming pod `namespace/pod`.
-    pub fn endpoints_of(&self, namespace: &str, pod: &str) -> Vec<EndpointFacts> {
-        read(&self.slices).endpoints_of(namespace, pod)
+    /// Every endpoint naming pod `namespace/pod`; with its `uid`, those of an earlier pod
+    /// of that name are marked.
+    pub fn endpoints_of(
+        &self,
+        namespace: &str,
+        pod: &str,
+        uid: Option<&str>,
+    ) -> Vec<EndpointFacts> {
+        read(&self.slices).endpoints_of(namespace, pod, uid)
     }
 
     /// The delete time of pod `namespace/pod` if the deleter knows it as isolated. An
@@ -330,7 +436,7 @@ impl Cache {
 
     /// Everything [`super::decide::decide`] needs about `pod`'s surroundings.
     pub fn snapshot(&self, pod: &PodFacts) -> Snapshot {
-        let endpoints = self.endpoints_of(&pod.namespace, &pod.name);
+        let endpoints = self.endpoints_of(&pod.namespace, &pod.name, Some(&pod.uid));
         let names: BTreeSet<&str> = endpoints
             .iter()
             .filter_map(|e| e.service.as_deref())
@@ -447,7 +553,7 @@ impl Cache {
 
     fn keys(&self, kind: Kind) -> Vec<Key> {
         match kind {
-            Kind::Slices => read(&self.slices).by_slice.keys().cloned().collect(),
+            Kind::Slices => read(&self.slices).ids.keys().cloned().collect(),
             Kind::Services => read(&self.services).keys().cloned().collect(),
             Kind::Namespaces => read(&self.namespaces)
                 .keys()
@@ -600,18 +706,56 @@ mod tests {
             !cache.has_ready_endpoint("web", "p2"),
             "listed but not ready"
         );
-        assert_eq!(cache.endpoints_of("web", "p1").len(), 2);
+        assert_eq!(cache.endpoints_of("web", "p1", None).len(), 2);
         // The slice drops p1 (the pod left the Service): only web-b still lists it.
         cache.apply_slice(&slice("web-a", &[("p2", "u2", true)]));
-        assert_eq!(cache.endpoints_of("web", "p1").len(), 1);
+        assert_eq!(cache.endpoints_of("web", "p1", None).len(), 1);
         assert!(cache.has_ready_endpoint("web", "p2"));
         cache.remove(Kind::Slices, &("web".into(), "web-b".into()));
-        assert!(cache.endpoints_of("web", "p1").is_empty());
+        assert!(cache.endpoints_of("web", "p1", None).is_empty());
         assert_eq!(read(&cache.slices).len(), (1, 1), "no stale index entries");
         assert!(
             !cache.has_ready_endpoint("other", "p2"),
             "namespaced lookups"
         );
+    }
+
+    #[test]
+    fn an_endpoint_of_an_earlier_pod_of_the_same_name_is_marked() {
+        let cache = Cache::new([]);
+        cache.apply_slice(&slice(
+            "web-a",
+            &[("p1", "u-old", true), ("p2", "u2", true)],
+        ));
+        let seen = |uid| cache.endpoints_of("web", "p1", uid);
+        assert!(
+            seen(Some("u-new"))[0].earlier_pod,
+            "listed under the old UID"
+        );
+        assert!(!seen(Some("u-old"))[0].earlier_pod);
+        assert!(
+            !seen(None)[0].earlier_pod,
+            "without a UID nothing is told apart"
+        );
+        assert_eq!(seen(Some("u-new"))[0].service.as_deref(), Some("web"));
+        let mut slots = (0..40).map(|i| format!("s{i}")).collect::<Vec<_>>();
+        // Slots of removed slices are reused, and an update keeps one entry per slice.
+        for name in &slots {
+            cache.apply_slice(&slice(name, &[("p3", "u3", true)]));
+        }
+        for name in slots.drain(..39) {
+            cache.remove(Kind::Slices, &("web".into(), name));
+        }
+        for i in 0..30 {
+            cache.apply_slice(&slice(&format!("t{i}"), &[]));
+        }
+        cache.apply_slice(&slice("web-a", &[("p1", "u-old", false)]));
+        assert_eq!(cache.endpoints_of("web", "p3", Some("u3")).len(), 1);
+        assert!(!cache.has_ready_endpoint("web", "p1"));
+        assert!(!cache.has_ready_endpoint("web", "p2"), "p2 left web-a");
+        let table = read(&cache.slices);
+        assert_eq!(table.len(), (32, 2));
+        assert_eq!(table.slots.len(), 41, "slots of removed slices are reused");
     }
 
     #[test]

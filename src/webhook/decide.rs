@@ -160,8 +160,8 @@ pub struct EndpointFacts {
     pub service: Option<String>,
     /// The endpoint's `conditions.ready` (absent counts as ready, as the API documents).
     pub ready: bool,
-    /// The targetRef UID, when the slice carries one.
-    pub uid: Option<String>,
+    /// The targetRef names another UID: an earlier pod of the same name.
+    pub earlier_pod: bool,
 }
 
 /// A Service selecting the pod (found through its EndpointSlices).
@@ -380,18 +380,16 @@ fn pass_for_pod(pod: &PodFacts, snap: &Snapshot, settings: &Settings) -> Option<
     if !pod.ready {
         return Some(Pass::NotReady);
     }
-    if !is_exposed(pod, snap, settings.exposure) {
+    if !is_exposed(snap, settings.exposure) {
         return Some(Pass::NotExposed);
     }
     None
 }
 
 /// Whether the pod is a ready endpoint of a slice that counts under `mode`.
-pub fn is_exposed(pod: &PodFacts, snap: &Snapshot, mode: Exposure) -> bool {
+pub fn is_exposed(snap: &Snapshot, mode: Exposure) -> bool {
     snap.endpoints.iter().any(|ep| {
-        ep.ready
-            && ep.uid.as_deref().is_none_or(|uid| uid == pod.uid)
-            && service_counts(ep.service.as_deref(), &snap.services, mode)
+        ep.ready && !ep.earlier_pod && service_counts(ep.service.as_deref(), &snap.services, mode)
     })
 }
 
@@ -591,7 +589,7 @@ mod tests {
             endpoints: vec![EndpointFacts {
                 service: Some("web".into()),
                 ready: true,
-                uid: Some("uid-1".into()),
+                earlier_pod: false,
             }],
             services: vec![ServiceFacts {
                 name: "web".into(),
@@ -660,7 +658,7 @@ mod tests {
         let mut not_ready_ep = exposed();
         not_ready_ep.endpoints[0].ready = false;
         let mut other_uid = exposed();
-        other_uid.endpoints[0].uid = Some("uid-old".into());
+        other_uid.endpoints[0].earlier_pod = true;
         let with_pdb = |p: PdbFacts| {
             let mut s = exposed();
             s.pdbs = vec![p];
@@ -989,16 +987,12 @@ mod tests {
         ];
         for (ty, mode, want) in cases {
             snap.services[0].service_type = ty;
-            assert_eq!(
-                is_exposed(&pod(), &snap, mode),
-                want,
-                "{ty:?} under {mode:?}"
-            );
+            assert_eq!(is_exposed(&snap, mode), want, "{ty:?} under {mode:?}");
         }
         // A slice without a Service (e.g. a Gateway's own slice) counts only in the default mode.
         snap.endpoints[0].service = None;
-        assert!(is_exposed(&pod(), &snap, Exposure::EndpointSlice));
-        assert!(!is_exposed(&pod(), &snap, Exposure::External));
+        assert!(is_exposed(&snap, Exposure::EndpointSlice));
+        assert!(!is_exposed(&snap, Exposure::External));
     }
 
     fn keys(ks: &[&str]) -> BTreeSet<String> {

@@ -264,9 +264,9 @@ impl Deleter {
         for (uid, pod) in &self.pending {
             let listed = self
                 .cache()
-                .endpoints_of(&pod.namespace, &pod.name)
+                .endpoints_of(&pod.namespace, &pod.name, Some(uid))
                 .iter()
-                .any(|e| e.uid.as_deref().is_none_or(|u| u == uid));
+                .any(|e| !e.earlier_pod);
             if listed {
                 self.left_slices.remove(uid);
             } else {
