@@ -129,6 +129,28 @@ async fn create_get_list_with_selectors_and_pagination() {
         .unwrap();
     assert_eq!(rest.items.len(), 1);
     assert!(rest.metadata.continue_.as_deref().unwrap_or("").is_empty());
+    assert_eq!(first.metadata.remaining_item_count, Some(1));
+    // With a selector the count is not given, only the token.
+    let selected = pods
+        .list(&ListParams::default().labels("app=web").limit(1))
+        .await
+        .unwrap();
+    assert_eq!(selected.items.len(), 1);
+    assert!(selected.metadata.continue_.is_some());
+    assert_eq!(selected.metadata.remaining_item_count, None);
+    // At resourceVersion "0" the watch cache answers whole, whatever the limit (kube-rs
+    // never sends both, so the request is written out).
+    let cached = client
+        .request::<Value>(
+            http::Request::get("/api/v1/namespaces/default/pods?resourceVersion=0&limit=2")
+                .body(Vec::new())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let items = cached["items"].as_array().unwrap();
+    assert_eq!(items.len(), 3, "the limit is ignored at resourceVersion 0");
+    assert!(cached.pointer("/metadata/continue").is_none(), "{cached}");
 
     // Re-creating an object from a fetched copy (resourceVersion set) is refused.
     let mut copy = pods.get("db-1").await.unwrap();

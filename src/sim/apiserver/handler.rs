@@ -476,29 +476,53 @@ pub(crate) fn prefix_of(target: &Target) -> String {
 fn list(ctx: &Ctx, target: &Target, req: &Req) -> ApiResult<Value> {
     let filter = filter_of(target, req)?;
     let def = &target.def;
-    let (items, rv) = ctx.store.list(&def.table(), &prefix_of(target));
     let after = match req.param("continue") {
         Some(token) => Some(decode_continue(token)?),
         None => None,
     };
+    // A list at resourceVersion "0" is served whole from the watch cache: the cacher
+    // only delegates a list with a limit to etcd when resourceVersion is unset or the
+    // match is Exact, and the cache itself ignores the limit (staging/src/k8s.io/apiserver/
+    // pkg/storage/cacher/delegator.go, shouldDelegateList; ListOptions.ResourceVersion in
+    // apimachinery/pkg/apis/meta/internalversion/types.go: "if it's 0, then we simply
+    // return what we currently have in cache"). A client asking for pages this way gets
+    // everything in one response, as it would from kube-apiserver.
+    let from_cache = req.param("resourceVersion") == Some("0") && after.is_none();
     let limit: usize = req
         .param("limit")
         .and_then(|l| l.parse().ok())
-        .filter(|l| *l > 0)
+        .filter(|l| *l > 0 && !from_cache)
         .unwrap_or(usize::MAX);
-    let mut matching = items
-        .into_iter()
-        .map(|(key, obj)| (key, def.view.served(obj)))
-        .filter(|(key, _)| after.as_ref().is_none_or(|a| key > a))
-        .filter(|(_, obj)| filter.matches(obj));
-    let page: Vec<(String, Value)> = matching.by_ref().take(limit).collect();
-    let remaining = matching.count();
+    // remainingItemCount is only given for a list without selectors (ListMeta in
+    // apimachinery/pkg/apis/meta/v1/types.go); with selectors one more stored object is
+    // enough to hand out a continue token.
+    let selective = !filter.labels.0.selects_all() || !filter.fields.0.is_empty();
+    let mut page: Vec<(String, Value)> = Vec::new();
+    let mut remaining = 0usize;
+    let rv = ctx.store.scan(
+        &def.table(),
+        &prefix_of(target),
+        after.as_deref(),
+        |key, obj| {
+            if page.len() < limit {
+                let obj = def.view.served(obj.clone());
+                if filter.matches(&obj) {
+                    page.push((key.to_string(), obj));
+                }
+                return true;
+            }
+            remaining += 1;
+            !selective
+        },
+    );
     let mut metadata = json!({"resourceVersion": rv.to_string()});
     if remaining > 0
         && let Some((last, _)) = page.last()
     {
         metadata["continue"] = json!(encode_continue(last));
-        metadata["remainingItemCount"] = json!(remaining);
+        if !selective {
+            metadata["remainingItemCount"] = json!(remaining);
+        }
     }
     let items: Vec<Value> = page.into_iter().map(|(_, v)| v).collect();
     if let Some(full) = req.table() {

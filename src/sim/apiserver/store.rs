@@ -156,6 +156,36 @@ impl Store {
         (items, state.rv)
     }
 
+    /// Visits, in key order, the objects of `table` under `prefix` whose key comes after
+    /// `after`, until `visit` returns false; returns the store's resourceVersion. A page
+    /// of a long list clones only what it serves.
+    pub(crate) fn scan(
+        &self,
+        table: &str,
+        prefix: &str,
+        after: Option<&str>,
+        mut visit: impl FnMut(&str, &Value) -> bool,
+    ) -> u64 {
+        use std::ops::Bound;
+        let state = self.lock();
+        if let Some(t) = state.tables.get(table) {
+            let start = match after {
+                Some(key) if key >= prefix => Bound::Excluded(key.to_string()),
+                _ => Bound::Included(prefix.to_string()),
+            };
+            for (key, obj) in t
+                .objects
+                .range((start, Bound::Unbounded))
+                .take_while(|(k, _)| k.starts_with(prefix))
+            {
+                if !visit(key, obj) {
+                    break;
+                }
+            }
+        }
+        state.rv
+    }
+
     fn record(&self, state: &mut State, change: Change) -> Arc<Change> {
         let change = Arc::new(change);
         let table = state.tables.entry(change.table.clone()).or_default();
