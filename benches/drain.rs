@@ -1,9 +1,10 @@
 //! Drain benchmark on the simulated cluster: 100- and 500-pod nodes drained by the node
-//! agent through the SLM Start/End loop (as the kubelet drives it), and a 100-pod node
+//! agent through the SLM Start/End loop (as the kubelet drives it), and the same nodes
 //! drained with the real webhook through a LifecycleEvent; each compared with the lower
 //! bound — the slowest pod's exit after SIGTERM, plus the deregistration delay when the
-//! webhook holds pods for load balancers — with the API requests the agent made per pod.
-//! ("all evictions answered" is not measured in the webhook row and shows the wall time.)
+//! webhook holds pods for load balancers — with the API requests the agent made per pod
+//! and the share of the cores the process (simulator included) kept busy. ("all
+//! evictions answered" is not measured in the webhook rows and shows the wall time.)
 //!
 //! Run: `cargo bench --bench drain` (or, without an optimised build,
 //! `cargo test --bench drain`: wall times are dominated by the simulated timings).
@@ -17,8 +18,8 @@ use graceful_drain::lifecycle::{LifecycleEvent, LifecycleEventSpec};
 use graceful_drain::runtime::Shutdown;
 use graceful_drain::sim::cluster::{Cluster, ClusterConfig, WebSpec};
 use graceful_drain::sim::controllers::kubelet::KubeletConfig;
-use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 #[path = "../tests/agent_support/kubelet.rs"]
@@ -38,9 +39,37 @@ struct Row {
     wall: Duration,
     /// When the last eviction request was answered.
     evictions_sent: Duration,
+    /// When the API first listed no pod on the node (agent rows only).
+    last_pod_gone: Option<Duration>,
+    /// Share of the machine's cores the whole process (simulated cluster, kubelets,
+    /// controllers, agent and webhook together) kept busy during the drain.
+    cpu_busy: f64,
     lower_bound: Duration,
     requests: u64,
     evictions: u64,
+}
+
+/// CPU seconds this process has used (user + system, from /proc/self/stat in USER_HZ
+/// ticks, 100 a second on Linux).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which is in parentheses): utime is the 12th, stime
+    // the 13th.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Share of all cores busy between `cpu0` (CPU seconds) and now, over `wall`.
+fn busy_since(cpu0: f64, wall: Duration) -> f64 {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
+    (cpu_seconds() - cpu0) / wall.as_secs_f64() / cores
 }
 
 async fn set_unschedulable(client: &kube::Client, node: &str, on: bool) {
@@ -119,16 +148,28 @@ async fn drain(pods: usize) -> Row {
         .create(&PostParams::default(), &event)
         .await
         .unwrap();
+    let on_node: Api<Pod> = Api::all(admin.clone());
+    let on_node_params = ListParams::default().fields(&format!("spec.nodeName={NODE}"));
     let before = cluster.api().stats();
     let t0 = Instant::now();
+    let cpu0 = cpu_seconds();
     kubelet.start("graceful-drain", NODE).await;
     let deadline = Instant::now() + TIMEOUT;
     let mut all_evicted = None;
+    let mut last_pod_gone = None;
     loop {
         let evicted = cluster.api().stats().count("create", "pods/eviction")
             - before.count("create", "pods/eviction");
         if all_evicted.is_none() && evicted >= pods as u64 {
             all_evicted = Some(t0.elapsed());
+        }
+        if last_pod_gone.is_none()
+            && on_node
+                .list_metadata(&on_node_params)
+                .await
+                .is_ok_and(|l| l.items.is_empty())
+        {
+            last_pod_gone = Some(t0.elapsed());
         }
         let answer = kubelet.end("graceful-drain", false).await;
         assert_eq!(answer.error, "");
@@ -142,6 +183,7 @@ async fn drain(pods: usize) -> Row {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let wall = t0.elapsed();
+    let cpu_busy = busy_since(cpu0, wall);
     let after = cluster.api().stats();
     let user =
         |s: &graceful_drain::sim::apiserver::Stats| s.by_user.get(AGENT_USER).copied().unwrap_or(0);
@@ -150,6 +192,8 @@ async fn drain(pods: usize) -> Row {
         pods,
         wall,
         evictions_sent: all_evicted.unwrap_or(wall),
+        last_pod_gone,
+        cpu_busy,
         lower_bound: EXIT_AFTER_SIGTERM,
         requests: user(&after) - user(&before),
         evictions: after.count("create", "pods/eviction") - before.count("create", "pods/eviction"),
@@ -195,10 +239,12 @@ async fn drain_with_webhook(pods: usize, delay: Duration) -> Row {
     };
     let before = cluster.api().stats();
     let t0 = Instant::now();
+    let cpu0 = cpu_seconds();
     actions::lifecycle_drain(&admin, NODE, TIMEOUT)
         .await
         .unwrap();
     let wall = t0.elapsed();
+    let cpu_busy = busy_since(cpu0, wall);
     let after = cluster.api().stats();
     shutdown.cancel();
     Row {
@@ -206,6 +252,8 @@ async fn drain_with_webhook(pods: usize, delay: Duration) -> Row {
         pods,
         wall,
         evictions_sent: wall,
+        last_pod_gone: None,
+        cpu_busy,
         lower_bound: delay + EXIT_AFTER_SIGTERM,
         requests: user(&after) - user(&before),
         evictions: after.count("create", "pods/eviction") - before.count("create", "pods/eviction"),
@@ -223,23 +271,29 @@ fn main() {
         .into_iter()
         .map(|n| rt.block_on(drain(n)))
         .collect();
-    rows.push(rt.block_on(drain_with_webhook(100, Duration::from_secs(3))));
+    for n in [100, 500] {
+        rows.push(rt.block_on(drain_with_webhook(n, Duration::from_secs(3))));
+    }
     println!();
     println!(
-        "| setup | pods | drain wall time | all evictions answered | lower bound | ratio | agent API requests | per pod | evictions |"
+        "| setup | pods | drain wall time | all evictions answered | last pod gone | lower bound | ratio | CPU busy | agent API requests | per pod | evictions |"
     );
     println!(
-        "|-------|-----:|----------------:|-----------------------:|------------:|------:|-------------------:|--------:|----------:|"
+        "|-------|-----:|----------------:|-----------------------:|--------------:|------------:|------:|---------:|-------------------:|--------:|----------:|"
     );
     for r in &rows {
+        let gone = r
+            .last_pod_gone
+            .map_or("—".to_string(), |d| format!("{:.2} s", d.as_secs_f64()));
         println!(
-            "| {} | {} | {:.2} s | {:.2} s | {:.2} s | {:.1}x | {} | {:.2} | {} |",
+            "| {} | {} | {:.2} s | {:.2} s | {gone} | {:.2} s | {:.1}x | {:.0}% | {} | {:.2} | {} |",
             r.setup,
             r.pods,
             r.wall.as_secs_f64(),
             r.evictions_sent.as_secs_f64(),
             r.lower_bound.as_secs_f64(),
             r.wall.as_secs_f64() / r.lower_bound.as_secs_f64(),
+            r.cpu_busy * 100.0,
             r.requests,
             r.requests as f64 / r.pods as f64,
             r.evictions,
