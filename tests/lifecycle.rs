@@ -581,14 +581,18 @@ async fn writes_are_guarded_by_resource_version() {
     );
 }
 
-#[tokio::test]
-async fn run_drives_events_from_the_watch_until_shutdown() {
-    let h = Harness::new().await;
-    let _driver = h.driver();
-    // The lifecycle CRDs the harness installs make `auto` turn the reconciler on.
+/// Runs the reconciler in `mode` with `tick` until the returned token is cancelled.
+fn run_reconciler(
+    h: &Harness,
+    mode: Mode,
+    tick: Duration,
+) -> (
+    tokio::task::JoinHandle<Result<(), reconciler::Error>>,
+    CancellationToken,
+) {
     let args = ReconcilerArgs {
-        mode: Mode::Auto,
-        tick: Duration::from_millis(100),
+        mode,
+        tick,
         call_timeout: Duration::from_secs(5),
     };
     let shutdown = CancellationToken::new();
@@ -596,6 +600,15 @@ async fn run_drives_events_from_the_watch_until_shutdown() {
         let (ctx, shutdown) = (h.context(), shutdown.clone());
         async move { reconciler::run(&args, ctx, shutdown).await }
     });
+    (task, shutdown)
+}
+
+#[tokio::test]
+async fn run_drives_events_from_the_watch_until_shutdown() {
+    let h = Harness::new().await;
+    let _driver = h.driver();
+    // The lifecycle CRDs the harness installs make `auto` turn the reconciler on.
+    let (task, shutdown) = run_reconciler(&h, Mode::Auto, Duration::from_millis(100));
     let name = h.create_event("graceful-drain").await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while h.event(&name).await.is_some() {
@@ -619,16 +632,7 @@ async fn a_failed_pass_is_retried_without_waiting_for_the_tick() {
     let h = Harness::new().await;
     let driver = h.driver();
     h.api.throttle_gets(Some("/lifecycletransitions/"));
-    let args = ReconcilerArgs {
-        mode: Mode::On,
-        tick: Duration::from_secs(3600),
-        call_timeout: Duration::from_secs(5),
-    };
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn({
-        let (ctx, shutdown) = (h.context(), shutdown.clone());
-        async move { reconciler::run(&args, ctx, shutdown).await }
-    });
+    let (task, shutdown) = run_reconciler(&h, Mode::On, Duration::from_secs(3600));
     let name = h.create_event("graceful-drain").await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     // Two throttled passes: the one the new event woke, and a retry of it.
@@ -699,15 +703,7 @@ fn request(verb: &'static str, transition: &str, timeout: Duration) -> Request {
 
 /// Runs the reconciler loop in the background, as the node agent does.
 fn spawn_reconciler(h: &Harness) -> CancellationToken {
-    let args = ReconcilerArgs {
-        mode: Mode::On,
-        tick: Duration::from_millis(50),
-        call_timeout: Duration::from_secs(5),
-    };
-    let shutdown = CancellationToken::new();
-    let (ctx, token) = (h.context(), shutdown.clone());
-    tokio::spawn(async move { reconciler::run(&args, ctx, token).await.unwrap() });
-    shutdown
+    run_reconciler(h, Mode::On, Duration::from_millis(50)).1
 }
 
 #[tokio::test]
