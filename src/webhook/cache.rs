@@ -210,7 +210,7 @@ pub struct Cache {
     isolated_synced: AtomicBool,
     /// One async lock per PDB, so this replica's concurrent isolations charge a budget one
     /// after another instead of racing each other into resourceVersion conflicts.
-    pdb_locks: std::sync::Mutex<HashMap<Key, Arc<tokio::sync::Mutex<()>>>>,
+    pdb_locks: std::sync::Mutex<HashMap<Key, Arc<super::isolate::PdbGate>>>,
     /// What isolations read from pods' controllers, by controller UID (see [`Owners`]).
     owners: std::sync::Mutex<Owners>,
 }
@@ -330,8 +330,8 @@ impl Cache {
         }
     }
 
-    /// The lock serialising this replica's charges to PDB `namespace/name`.
-    pub fn pdb_lock(&self, namespace: &str, name: &str) -> Arc<tokio::sync::Mutex<()>> {
+    /// The gate serialising this replica's charges to PDB `namespace/name`.
+    pub fn pdb_lock(&self, namespace: &str, name: &str) -> Arc<super::isolate::PdbGate> {
         let mut locks = self.pdb_locks.lock().unwrap_or_else(|e| e.into_inner());
         locks
             .entry((namespace.to_string(), name.to_string()))

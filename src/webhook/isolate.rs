@@ -32,7 +32,7 @@ use crate::labels::{
 };
 
 /// How often a PDB status update is retried after a 409 before giving up. Charges from
-/// this replica are serialised by [`Cache::pdb_lock`], so conflicts come only from other
+/// this replica are serialised (and grouped) by [`PdbGate`], so conflicts come only from other
 /// replicas (or the disruption controller); each retry re-reads the PDB after a short
 /// jittered pause. 20 attempts of at most [`PDB_RETRY_MAX_PAUSE`] stay well inside one
 /// admission call even with several replicas evicting from the same budget.
@@ -133,6 +133,13 @@ pub enum Budget {
     Exhausted { pdb: String },
     /// The disruption controller has not observed the PDB's latest generation.
     NotObserved { pdb: String },
+}
+
+impl Budget {
+    /// Whether the budget let the disruption happen (recorded now or before).
+    pub fn allows(&self) -> bool {
+        matches!(self, Budget::Consumed | Budget::Listed)
+    }
 }
 
 /// Result of [`isolate`].
@@ -361,8 +368,8 @@ async fn account(
 /// controller drops the entry after about two minutes anyway.
 pub async fn refund_disruption(ctx: &Context, namespace: &str, name: &str, pod: &str) {
     let api = Api::<PodDisruptionBudget>::namespaced(ctx.client.clone(), namespace);
-    let lock = ctx.cache.pdb_lock(namespace, name);
-    let _serialised = lock.lock().await;
+    let gate = ctx.cache.pdb_lock(namespace, name);
+    let _serialised = gate.turn.lock().await;
     let mut pause = REFUND_PAUSE;
     for _ in 0..PDB_ATTEMPTS {
         let mut pdb = match api.get(name).await {
@@ -617,10 +624,35 @@ pub fn isolation_patch(
     Patch(ops)
 }
 
-/// Records the disruption of `pod` in PDB `namespace/name`, serialised by resourceVersion.
-/// The cached PDB is only a first guess: a refusal is confirmed on the live PDB, so a
-/// stale cache never refuses (nor, on the eviction path, lets through) what the API server
-/// would decide otherwise.
+/// Charges waiting for their turn on one PDB, and the turn itself.
+///
+/// Concurrent isolations of pods behind one budget (a drain evicting 16 pods of one
+/// Deployment at once) would otherwise write the PDB's status once each, one after the
+/// other. Whoever gets the turn charges every pod waiting at that moment in one
+/// resourceVersion-guarded update and hands each its answer, so the writes come in
+/// groups: the budget arithmetic is the same, applied pod by pod in arrival order.
+#[derive(Debug, Default)]
+pub struct PdbGate {
+    /// Held while one caller reads and writes the PDB (charges and refunds).
+    pub turn: tokio::sync::Mutex<()>,
+    waiting: std::sync::Mutex<Vec<Waiter>>,
+    next_id: std::sync::atomic::AtomicU64,
+}
+
+/// A pod waiting for its charge. `None` as the answer: the group's write failed, and the
+/// waiter charges again itself (so every error is met by the call it belongs to).
+#[derive(Debug)]
+struct Waiter {
+    id: u64,
+    pod: String,
+    answer: tokio::sync::oneshot::Sender<Option<Budget>>,
+}
+
+/// Records the disruption of `pod` in PDB `namespace/name`, serialised by resourceVersion
+/// and grouped with the charges waiting beside it (see [`PdbGate`]). The cached PDB is
+/// only a first guess: a refusal is confirmed on the live PDB, so a stale cache never
+/// refuses (nor, on the eviction path, lets through) what the API server would decide
+/// otherwise.
 pub async fn consume_disruption(
     ctx: &Context,
     namespace: &str,
@@ -628,6 +660,76 @@ pub async fn consume_disruption(
     pod: &str,
     now: Timestamp,
 ) -> Result<Budget, Error> {
+    let gate = ctx.cache.pdb_lock(namespace, name);
+    loop {
+        let id = gate
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (answer, mut answered) = tokio::sync::oneshot::channel();
+        lock_waiting(&gate).push(Waiter {
+            id,
+            pod: pod.to_string(),
+            answer,
+        });
+        let _turn = gate.turn.lock().await;
+        match answered.try_recv() {
+            // A group before ours charged this pod.
+            Ok(Some(budget)) => return Ok(budget),
+            // That group's write failed: queue again and take a turn.
+            Ok(None) | Err(tokio::sync::oneshot::error::TryRecvError::Closed) => continue,
+            Err(tokio::sync::oneshot::error::TryRecvError::Empty) => {}
+        }
+        // A waiter whose admission call gave up (its deadline) is not charged.
+        let group: Vec<Waiter> = std::mem::take(&mut *lock_waiting(&gate))
+            .into_iter()
+            .filter(|w| w.id == id || !w.answer.is_closed())
+            .collect();
+        let pods: Vec<&str> = group.iter().map(|w| w.pod.as_str()).collect();
+        let result = charge_group(ctx, namespace, name, &pods, pod, now).await;
+        let mut ours = None;
+        match result {
+            Ok(budgets) => {
+                for (waiter, budget) in group.into_iter().zip(budgets) {
+                    if waiter.id == id {
+                        ours = Some(budget);
+                    } else if let Err(Some(Budget::Consumed)) = waiter.answer.send(Some(budget)) {
+                        // Its call gave up while the group was written: give the
+                        // disruption back, as a failed relabel does.
+                        let (ctx, namespace, name) =
+                            (ctx.clone(), namespace.to_string(), name.to_string());
+                        tokio::spawn(async move {
+                            refund_disruption(&ctx, &namespace, &name, &waiter.pod).await;
+                        });
+                    }
+                }
+            }
+            Err(error) => {
+                for waiter in group {
+                    let _ = waiter.answer.send(None);
+                }
+                return Err(error);
+            }
+        }
+        if let Some(budget) = ours {
+            return Ok(budget);
+        }
+    }
+}
+
+fn lock_waiting(gate: &PdbGate) -> std::sync::MutexGuard<'_, Vec<Waiter>> {
+    gate.waiting.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Charges `pods` (in order) to PDB `namespace/name` in one status update, retried on
+/// 409; errors name `pod`, the caller's own pod.
+async fn charge_group(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+    pods: &[&str],
+    pod: &str,
+    now: Timestamp,
+) -> Result<Vec<Budget>, Error> {
     let api = Api::<PodDisruptionBudget>::namespaced(ctx.client.clone(), namespace);
     let pod_name = format!("{namespace}/{pod}");
     let err = |action: &str, source| Error::Api {
@@ -635,25 +737,20 @@ pub async fn consume_disruption(
         action: format!("{action} PDB {namespace}/{name}"),
         source,
     };
-    let lock = ctx.cache.pdb_lock(namespace, name);
-    let _serialised = lock.lock().await;
     let (mut current, mut live) = match ctx.cache.pdb(namespace, name) {
         Some(pdb) => ((*pdb).clone(), false),
         None => (api.get(name).await.map_err(|e| err("get", e))?, true),
     };
     let mut conflicts = 0;
     loop {
-        let next = match charge(&current, pod, now) {
-            Ok(next) => next,
-            Err(budget) if live => return Ok(budget),
-            Err(_) => {
-                current = api.get(name).await.map_err(|e| err("get", e))?;
-                live = true;
-                continue;
-            }
-        };
+        let (next, budgets) = charge_all(&current, pods, now);
+        if !live && budgets.iter().any(|b| !b.allows()) {
+            current = api.get(name).await.map_err(|e| err("get", e))?;
+            live = true;
+            continue;
+        }
         let Some(next) = next else {
-            return Ok(Budget::Listed);
+            return Ok(budgets);
         };
         match api
             .replace_status(name, &PostParams::default(), &next)
@@ -661,7 +758,7 @@ pub async fn consume_disruption(
         {
             Ok(updated) => {
                 ctx.cache.apply_pdb(&updated);
-                return Ok(Budget::Consumed);
+                return Ok(budgets);
             }
             Err(e) if is_status(&e, &[409]) => {
                 conflicts += 1;
@@ -680,6 +777,28 @@ pub async fn consume_disruption(
             Err(e) => return Err(err("update status of", e)),
         }
     }
+}
+
+/// [`charge`] applied to `pods` one after another: the PDB with every disruption it
+/// allowed recorded (`None` when nothing changed) and each pod's answer.
+pub fn charge_all(
+    pdb: &PodDisruptionBudget,
+    pods: &[&str],
+    now: Timestamp,
+) -> (Option<PodDisruptionBudget>, Vec<Budget>) {
+    let mut next: Option<PodDisruptionBudget> = None;
+    let budgets = pods
+        .iter()
+        .map(|pod| match charge(next.as_ref().unwrap_or(pdb), pod, now) {
+            Ok(Some(charged)) => {
+                next = Some(charged);
+                Budget::Consumed
+            }
+            Ok(None) => Budget::Listed,
+            Err(refused) => refused,
+        })
+        .collect();
+    (next, budgets)
 }
 
 /// The PDB with `pod` charged as disrupted: `Ok(None)` when already listed, `Err` when
@@ -1314,6 +1433,104 @@ pub(crate) mod tests {
     /// both. An isolated pod never gets its labels back, so the four still serving at
     /// the end are the fewest that ever served.
     #[cfg(feature = "sim")]
+    /// [`charge_all`] applies the single-pod rules in arrival order: a repeated pod is
+    /// listed, and the budget runs out part-way through the group.
+    #[test]
+    fn a_group_charge_follows_the_rules_pod_by_pod() {
+        let pdb = |v: Value| serde_json::from_value::<PodDisruptionBudget>(v).unwrap();
+        let (next, budgets) = charge_all(&pdb(pdb_json("5", 2)), &["a", "b", "a", "c"], now());
+        assert_eq!(
+            budgets,
+            [
+                Budget::Consumed,
+                Budget::Consumed,
+                Budget::Listed,
+                Budget::Exhausted {
+                    pdb: "web/web".into()
+                }
+            ]
+        );
+        let status = next.unwrap().status.unwrap();
+        assert_eq!(status.disruptions_allowed, 0);
+        assert_eq!(status.disrupted_pods.unwrap().len(), 2);
+        let (next, budgets) = charge_all(&pdb(pdb_json("5", 0)), &["a"], now());
+        assert!(next.is_none() && !budgets[0].allows());
+    }
+
+    /// Twelve evictions at once behind one budget allowing eight: eight pods are
+    /// isolated and the budget is written in a few grouped updates, not eight.
+    #[tokio::test]
+    async fn concurrent_charges_to_one_budget_are_written_together() {
+        use crate::sim::apiserver::{ApiServer, Config};
+
+        let shutdown = crate::runtime::Shutdown::new();
+        let mut config = Config::default();
+        config.namespaces.push("web".into());
+        let server = ApiServer::start(config, shutdown.clone()).await.unwrap();
+        let pods: Api<Pod> = Api::namespaced(server.client("admin"), "web");
+        let mut created = Vec::new();
+        for i in 0..12 {
+            let pod = fixtures::pod(&format!("web-{i}"))
+                .ns("web")
+                .label("app", "web")
+                .container("web:1");
+            created.push(pods.create(&PostParams::default(), &pod).await.unwrap());
+        }
+        let pdbs: Api<PodDisruptionBudget> = Api::namespaced(server.client("admin"), "web");
+        let budget = fixtures::pdb("web")
+            .ns("web")
+            .selecting(&[("app", "web")])
+            .min_available(4);
+        pdbs.create(&PostParams::default(), &budget).await.unwrap();
+        let budget = pdbs
+            .get("web")
+            .await
+            .unwrap()
+            .healthy(12, 4, 12)
+            .allowing(8);
+        let pdb = pdbs
+            .replace_status("web", &PostParams::default(), &budget)
+            .await
+            .unwrap();
+        let cache = Arc::new(Cache::default());
+        cache.apply_pdb(&pdb);
+        let ctx = Context {
+            client: server.client("webhook"),
+            cache,
+            identity: "webhook".into(),
+            events: EventSink::Inline,
+            keep_labels: Default::default(),
+        };
+        let before = server.stats();
+        let tasks: Vec<_> = created
+            .into_iter()
+            .map(|pod| {
+                let ctx = ctx.clone();
+                tokio::spawn(async move {
+                    isolate(&ctx, &pod.facts(), &snapshot(), evict_plan(), now()).await
+                })
+            })
+            .collect();
+        let mut isolated = 0;
+        for task in tasks {
+            match task.await.unwrap().unwrap() {
+                Outcome::Isolated { .. } => isolated += 1,
+                Outcome::Refused(Budget::Exhausted { .. }) => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(isolated, 8);
+        let status = pdbs.get("web").await.unwrap().status.unwrap();
+        assert_eq!(status.disruptions_allowed, 0);
+        assert_eq!(status.disrupted_pods.unwrap().len(), 8);
+        let writes = server
+            .stats()
+            .count("update", "poddisruptionbudgets/status")
+            - before.count("update", "poddisruptionbudgets/status");
+        assert!(writes <= 3, "{writes} status updates for 8 charges");
+        shutdown.cancel();
+    }
+
     #[tokio::test]
     async fn concurrent_isolations_never_break_min_available() {
         use kube::api::ListParams;
