@@ -668,3 +668,75 @@ async fn an_expired_sla_is_recorded_even_for_a_drain_this_agent_does_not_run() {
     assert!(api.evictions().is_empty());
     shutdown.cancel();
 }
+
+/// Eviction tiers: an ordinary pod first, a system-critical one once it is gone, and the
+/// pod `--last-pod-selector` picks last; each tier starts only when the one before it has
+/// left the node, and the node condition says which tier the drain is in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_are_evicted_tier_by_tier() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = SimApi::start(Faults::default()).await;
+    // Grace periods keep evicted pods terminating until the test plays the kubelet.
+    let owned = |name: &str| shop_pod(name).owned_by_rs(name).grace_period(30);
+    api.create(owned("web-1")).await;
+    let mut dns = owned("dns-1");
+    dns.spec.as_mut().unwrap().priority_class_name = Some("system-cluster-critical".into());
+    api.create(dns).await;
+    api.create(owned("ingress-1").label("app", "ingress")).await;
+    let flags = ["--last-pod-selector", "app=ingress"];
+    let shutdown = Shutdown::new();
+    let started = agent::start(
+        args(dir.path(), &flags),
+        api.agent_client(),
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    let agent_state = started.agent.clone();
+    let mut kubelet = Kubelet::register(&started.registration_socket, NODE).await;
+    let running = tokio::spawn(started.wait());
+    kubelet.start("graceful-drain", NODE).await;
+
+    let evicted = || -> Vec<String> {
+        let mut pods: Vec<String> = api
+            .evictions()
+            .iter()
+            .map(|r| r.pod().to_string())
+            .collect();
+        pods.dedup();
+        pods
+    };
+    for (message, pods) in [
+        (
+            "tier 1/3 (workloads): 1 pod remaining: 1 terminating; 2 in later tiers",
+            vec!["web-1"],
+        ),
+        (
+            "tier 2/3 (system-critical): 1 pod remaining: 1 terminating; 1 in later tiers",
+            vec!["web-1", "dns-1"],
+        ),
+        (
+            "tier 3/3 (last): 1 pod remaining: 1 terminating",
+            vec!["web-1", "dns-1", "ingress-1"],
+        ),
+    ] {
+        eventually(message, || agent_state.snapshot().message == message).await;
+        assert_eq!(evicted(), pods, "at {message}");
+        api.finish_terminating().await;
+    }
+    let done = kubelet.end_until("graceful-drain", "drain-complete").await;
+    assert_eq!(done.error, "");
+    assert!(api.pod_names().await.is_empty());
+    let tiers = api.events("graceful-drain.io/EvictionTier").await;
+    let messages: Vec<&str> = tiers.iter().filter_map(|e| e.message.as_deref()).collect();
+    assert_eq!(
+        messages,
+        [
+            "eviction tier 1/3 (workloads): 1 pod",
+            "eviction tier 2/3 (system-critical): 1 pod",
+            "eviction tier 3/3 (last): 1 pod",
+        ]
+    );
+    shutdown.cancel();
+    running.await.unwrap();
+}

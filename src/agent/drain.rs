@@ -12,7 +12,7 @@
 //! terminating count as remaining. Progress is published on a `watch` channel after every
 //! change.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,8 +33,9 @@ use tracing::Instrument;
 
 use super::filters::{self, DaemonSetLookup, FilterOptions, PodKey, Refused};
 use super::node::API_TIMEOUT;
-use super::progress::{Blocker, PodState, Progress};
+use super::progress::{Blocker, PodState, Progress, TierStep};
 use super::report::{EventType, EvictionOutcome, Metrics, NodeEvents, reason};
+use super::tiers::{self, Tier};
 use crate::labels::DRAINING_LABEL;
 
 /// First retry delay of a refused eviction.
@@ -72,6 +73,8 @@ pub struct DrainConfig {
     pub grace_period: Option<i64>,
     /// Label selector restricting the drained pods (on the list, not a filter).
     pub pod_selector: Option<String>,
+    /// Label selector of the pods evicted in the last tier (see [`super::tiers`]).
+    pub last_pod_selector: Option<String>,
     /// DELETE pods instead of evicting them (bypasses PDBs).
     pub disable_eviction: bool,
     /// Give up after this long; `None` waits until done or stopped.
@@ -88,6 +91,7 @@ impl Default for DrainConfig {
             filters: FilterOptions::default(),
             grace_period: None,
             pod_selector: None,
+            last_pod_selector: None,
             disable_eviction: false,
             timeout: None,
             concurrency: 16,
@@ -524,9 +528,41 @@ struct State {
     planned: usize,
     skipped: usize,
     done: usize,
+    /// Later eviction tiers, not started yet, in order.
+    waiting: VecDeque<(Tier, Vec<Pod>)>,
+    /// The tier being evicted, its 1-based position and the drain's number of tiers.
+    tier: Option<(Tier, usize, usize)>,
 }
 
 impl State {
+    /// Starts the next tier: returns its pods, `None` when no tier is left.
+    fn next_tier(&mut self) -> Option<(Tier, Vec<Pod>)> {
+        let (tier, pods) = self.waiting.pop_front()?;
+        let index = self.tier.map_or(1, |(_, i, _)| i + 1);
+        let count = self.tier.map_or(self.waiting.len() + 1, |(_, _, c)| c);
+        self.tier = Some((tier, index, count.max(index)));
+        Some((tier, pods))
+    }
+
+    /// Keeps a newcomer of a later tier than the one being evicted for its tier; returns
+    /// it when its tier has started (or passed) and it is to be evicted now.
+    fn defer(&mut self, tier: Tier, pod: Pod) -> Option<Pod> {
+        if self.tier.is_none_or(|(current, _, _)| tier <= current) {
+            return Some(pod);
+        }
+        match self.waiting.iter_mut().find(|(t, _)| *t == tier) {
+            Some((_, pods)) => pods.push(pod),
+            None => {
+                let at = self.waiting.partition_point(|(t, _)| *t < tier);
+                self.waiting.insert(at, (tier, vec![pod]));
+                if let Some((_, _, count)) = self.tier.as_mut() {
+                    *count += 1;
+                }
+            }
+        }
+        None
+    }
+
     /// Applies one watch event; returns a pod never seen before (a newcomer to classify).
     fn apply(&mut self, event: watcher::Event<Pod>) -> Option<Pod> {
         match event {
@@ -607,6 +643,12 @@ impl State {
             skipped: self.skipped,
             done: self.done,
             remaining,
+            tier: self.tier.map(|(tier, index, count)| TierStep {
+                index,
+                count,
+                name: tier.name(),
+            }),
+            waiting: self.waiting.iter().map(|(_, pods)| pods.len()).sum(),
         }
     }
 }
@@ -711,7 +753,24 @@ impl Engine {
     /// `name` in `namespace`), from a LIST with both selectors, as kubectl selects them;
     /// `None` without a selector.
     async fn selected(&self, pod: Option<&PodKey>) -> Result<Option<HashSet<String>>, Error> {
-        let Some(selector) = &self.config.pod_selector else {
+        self.matching(self.config.pod_selector.as_deref(), pod)
+            .await
+    }
+
+    /// UIDs of the node's pods `--last-pod-selector` selects (see [`Engine::selected`]).
+    async fn last_tier(&self, pod: Option<&PodKey>) -> Result<Option<HashSet<String>>, Error> {
+        self.matching(self.config.last_pod_selector.as_deref(), pod)
+            .await
+    }
+
+    /// UIDs of the node's pods (or of pod `pod` only) that `selector` selects, from a LIST
+    /// with both selectors; `None` without a selector.
+    async fn matching(
+        &self,
+        selector: Option<&str>,
+        pod: Option<&PodKey>,
+    ) -> Result<Option<HashSet<String>>, Error> {
+        let Some(selector) = selector else {
             return Ok(None);
         };
         let mut fields = format!("spec.nodeName={}", self.node);
@@ -725,7 +784,7 @@ impl Engine {
         let params = ListParams::default().fields(&fields).labels(selector);
         let failed = |message: String| Error::Select {
             node: self.node.clone(),
-            selector: selector.clone(),
+            selector: selector.to_string(),
             message,
         };
         let list = tokio::time::timeout(API_TIMEOUT, api.list_metadata(&params))
@@ -829,10 +888,10 @@ impl Engine {
         state
             .seen
             .extend(state.pods.values().filter_map(|p| p.metadata.uid.clone()));
+        let last = self.last_tier(None).await?;
+        state.waiting = tiers::split(plan.evict, last.as_ref()).into();
         let mut tasks = JoinSet::new();
-        for pod in plan.evict {
-            track(&mut state, &mut tasks, &ctx, pod);
-        }
+        self.start_tier(&mut state, &mut tasks, &ctx).await;
         for pod in plan.awaited {
             await_isolated(&mut state, pod);
         }
@@ -844,6 +903,9 @@ impl Engine {
             self.metrics.set_remaining(current.remaining.len());
             progress.send_if_modified(|p| replace_if_changed(p, &current));
             if current.remaining.is_empty() {
+                if self.start_tier(&mut state, &mut tasks, &ctx).await {
+                    continue;
+                }
                 return Ok(current);
             }
             tokio::select! {
@@ -872,6 +934,34 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// Starts evicting the next tier (the first at the start); false when none is left.
+    async fn start_tier(
+        &self,
+        state: &mut State,
+        tasks: &mut JoinSet<()>,
+        ctx: &Arc<TaskCtx>,
+    ) -> bool {
+        let Some((tier, pods)) = state.next_tier() else {
+            return false;
+        };
+        if let Some((_, index, count)) = state.tier.filter(|(_, _, count)| *count > 1) {
+            let n = pods.len();
+            let message = format!(
+                "eviction tier {index}/{count} ({}): {n} {}",
+                tier.name(),
+                if n == 1 { "pod" } else { "pods" }
+            );
+            tracing::info!(node = %self.node, tier = tier.name(), index, count, pods = pods.len(), "eviction tier starts");
+            self.events
+                .post(EventType::Normal, reason::EVICTION_TIER, "", message)
+                .await;
+        }
+        for pod in pods {
+            track(state, tasks, ctx, pod);
+        }
+        true
     }
 
     /// Applies one watch event; pods that appear after the first list and pass the
@@ -928,7 +1018,19 @@ impl Engine {
                     .post(EventType::Normal, reason, &key.to_string(), message)
                     .await;
             }
-            filters::Verdict::Evict(_) => track(state, tasks, ctx, pod),
+            filters::Verdict::Evict(_) => {
+                let last = match self.last_tier(Some(&key)).await {
+                    Ok(last) => last,
+                    Err(error) => {
+                        // Not knowing its tier, evict it with the current one.
+                        tracing::warn!(pod = %key, error = %crate::error::chain(&error), "new pod's tier unknown");
+                        None
+                    }
+                };
+                if let Some(pod) = state.defer(tiers::tier_of(&pod, last.as_ref()), pod) {
+                    track(state, tasks, ctx, pod);
+                }
+            }
             filters::Verdict::Await => await_isolated(state, pod),
             filters::Verdict::Skip(_) => state.skipped += 1,
             filters::Verdict::Refuse(refusal) => {
@@ -1087,6 +1189,46 @@ mod tests {
         let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
             "message": message, "code": code});
         Body::from(status.to_string().into_bytes())
+    }
+
+    #[test]
+    fn tiers_start_in_order_and_newcomers_wait_for_theirs() {
+        use crate::fixtures::{self, PodFixture};
+        let pod = |name: &str| fixtures::pod(name).with_uid(name);
+        let names = |pods: &[Pod]| -> Vec<String> {
+            pods.iter()
+                .filter_map(|p| p.metadata.name.clone())
+                .collect()
+        };
+        let mut state = State {
+            waiting: VecDeque::from([
+                (Tier::Workloads, vec![pod("web")]),
+                (Tier::Last, vec![pod("ingress")]),
+            ]),
+            ..State::default()
+        };
+        let (tier, pods) = state.next_tier().unwrap();
+        assert_eq!((tier, names(&pods)), (Tier::Workloads, vec!["web".into()]));
+        assert_eq!(state.tier, Some((Tier::Workloads, 1, 2)));
+        // A critical pod arriving now waits, in a tier of its own between the two.
+        assert!(state.defer(Tier::SystemCritical, pod("dns")).is_none());
+        assert_eq!(state.tier, Some((Tier::Workloads, 1, 3)));
+        // A newcomer of the tier being evicted goes now.
+        assert!(state.defer(Tier::Workloads, pod("web-2")).is_some());
+        let progress = state.progress(&FilterOptions::default());
+        assert_eq!(progress.waiting, 2);
+        let (tier, pods) = state.next_tier().unwrap();
+        assert_eq!(
+            (tier, names(&pods)),
+            (Tier::SystemCritical, vec!["dns".into()])
+        );
+        assert_eq!(state.tier, Some((Tier::SystemCritical, 2, 3)));
+        // A workload pod arriving after its tier is evicted at once.
+        assert!(state.defer(Tier::Workloads, pod("web-3")).is_some());
+        let (tier, _) = state.next_tier().unwrap();
+        assert_eq!(state.tier, Some((Tier::Last, 3, 3)));
+        assert_eq!(tier, Tier::Last);
+        assert!(state.next_tier().is_none());
     }
 
     #[tokio::test]

@@ -15,6 +15,7 @@ pub mod progress;
 pub mod registration;
 pub mod report;
 pub mod slm;
+pub mod tiers;
 pub mod transitions;
 
 use std::net::SocketAddr;
@@ -108,6 +109,14 @@ pub struct DrainArgs {
     /// Only drain pods matching this label selector.
     #[arg(long, value_name = "SELECTOR", env = "GRACEFUL_DRAIN_POD_SELECTOR")]
     pub pod_selector: Option<String>,
+    /// Evict the pods this label selector picks last, once every other pod is gone (after
+    /// the system-critical tier), e.g. an ingress controller or a log shipper.
+    #[arg(
+        long,
+        value_name = "SELECTOR",
+        env = "GRACEFUL_DRAIN_LAST_POD_SELECTOR"
+    )]
+    pub last_pod_selector: Option<String>,
     /// Pods deleted longer than this many seconds ago are skipped and not waited for (0: off).
     #[arg(
         long,
@@ -148,6 +157,7 @@ impl DrainArgs {
             },
             grace_period: (self.grace_period >= 0).then_some(self.grace_period),
             pod_selector: self.pod_selector.clone().filter(|s| !s.is_empty()),
+            last_pod_selector: self.last_pod_selector.clone().filter(|s| !s.is_empty()),
             disable_eviction: self.disable_eviction,
             timeout: (!self.drain_timeout.is_zero()).then_some(self.drain_timeout),
             concurrency: self.max_concurrent_evictions.max(1),

@@ -72,8 +72,28 @@ pub struct Progress {
     pub skipped: usize,
     /// Planned pods that are gone.
     pub done: usize,
-    /// Planned pods still on the node.
+    /// Planned pods of the tier being evicted still on the node.
     pub remaining: BTreeMap<PodKey, PodState>,
+    /// The tier being evicted, when the drain has more than one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier: Option<TierStep>,
+    /// Pods of later tiers, not evicted yet.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub waiting: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// Where a drain with several eviction tiers is (see [`crate::agent::tiers`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TierStep {
+    /// 1-based position of the tier being evicted.
+    pub index: usize,
+    /// Tiers in the drain.
+    pub count: usize,
+    pub name: &'static str,
 }
 
 impl Serialize for PodKey {
@@ -89,6 +109,22 @@ fn pods(n: usize) -> &'static str {
 impl Progress {
     /// The condition message (see the module documentation).
     pub fn message(&self) -> String {
+        let message = self.pods_message();
+        let Some(tier) = self.tier.as_ref().filter(|t| t.count > 1) else {
+            return message;
+        };
+        let later = if self.waiting > 0 {
+            format!("; {} in later tiers", self.waiting)
+        } else {
+            String::new()
+        };
+        format!(
+            "tier {}/{} ({}): {message}{later}",
+            tier.index, tier.count, tier.name
+        )
+    }
+
+    fn pods_message(&self) -> String {
         let n = self.remaining.len();
         if n == 0 {
             return format!(
@@ -155,7 +191,40 @@ mod tests {
             skipped: 2,
             done: 10 - states.len(),
             remaining: states.iter().map(|(n, s)| (key(n), s.clone())).collect(),
+            ..Progress::default()
         }
+    }
+
+    #[test]
+    fn a_drain_with_tiers_says_which_tier_it_is_in() {
+        let mut p = progress(&[("a", PodState::Evicting), ("b", PodState::Isolated)]);
+        p.tier = Some(TierStep {
+            index: 1,
+            count: 3,
+            name: "workloads",
+        });
+        p.waiting = 4;
+        assert_eq!(
+            p.message(),
+            "tier 1/3 (workloads): 2 pods remaining: 1 isolated, 1 evicting; 4 in later tiers"
+        );
+        p.tier = Some(TierStep {
+            index: 3,
+            count: 3,
+            name: "last",
+        });
+        p.waiting = 0;
+        assert_eq!(
+            p.message(),
+            "tier 3/3 (last): 2 pods remaining: 1 isolated, 1 evicting"
+        );
+        // One tier: the message is as it always was.
+        p.tier = Some(TierStep {
+            index: 1,
+            count: 1,
+            name: "workloads",
+        });
+        assert_eq!(p.message(), "2 pods remaining: 1 isolated, 1 evicting");
     }
 
     #[test]

@@ -36,6 +36,8 @@ pub mod reason {
     pub const EVICTION_BLOCKED: &str = "graceful-drain.io/EvictionBlocked";
     /// A pod that arrived during the drain is left alone (it would come straight back).
     pub const EVICTION_SKIPPED: &str = "graceful-drain.io/EvictionSkipped";
+    /// A drain with several eviction tiers starts the next one.
+    pub const EVICTION_TIER: &str = "graceful-drain.io/EvictionTier";
     pub const DRAIN_COMPLETE: &str = "graceful-drain.io/DrainComplete";
     pub const DRAIN_FAILED: &str = "graceful-drain.io/DrainFailed";
     pub const DRAIN_STOPPED: &str = "graceful-drain.io/DrainStopped";
