@@ -20,6 +20,9 @@ pub const EXCLUDE_FROM_LB_LABEL: &str = "node.kubernetes.io/exclude-from-externa
 /// Node annotation naming the LifecycleEvent whose drain runs on the node, so a restarted
 /// node agent resumes a drain only while that event is still live.
 pub const DRAIN_EVENT_ANNOTATION: &str = "graceful-drain.io/drain-event";
+/// LifecycleEvent annotation overriding the node agent's `--last-pod-selector` for that
+/// drain (an empty value: no last tier).
+pub const LAST_POD_SELECTOR_ANNOTATION: &str = "graceful-drain.io/last-pod-selector";
 /// Field manager and user-agent we present to the API server.
 pub const FIELD_MANAGER: &str = "graceful-drain";
 /// Mirror-pod annotation set by the kubelet on static pods.

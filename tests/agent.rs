@@ -740,3 +740,53 @@ async fn pods_are_evicted_tier_by_tier() {
     shutdown.cancel();
     running.await.unwrap();
 }
+
+/// A LifecycleEvent's `graceful-drain.io/last-pod-selector` annotation sets the last tier
+/// for its drain, though the agent has no `--last-pod-selector`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_annotation_sets_the_last_tier_of_its_drain() {
+    use graceful_drain::lifecycle::LifecycleEvent;
+    let dir = tempfile::tempdir().unwrap();
+    let api = SimApi::start(Faults::default()).await;
+    let owned = |name: &str| shop_pod(name).owned_by_rs(name).grace_period(30);
+    api.create(owned("web-1")).await;
+    api.create(owned("ingress-1").label("app", "ingress")).await;
+    let annotate = Patch::Merge(json!({"metadata": {"annotations": {
+        "graceful-drain.io/last-pod-selector": "app=ingress"}}}));
+    Api::<LifecycleEvent>::all(api.admin())
+        .patch(EVENT, &PatchParams::default(), &annotate)
+        .await
+        .unwrap();
+    let shutdown = Shutdown::new();
+    let started = agent::start(args(dir.path(), &[]), api.agent_client(), shutdown.clone())
+        .await
+        .unwrap();
+    let agent_state = started.agent.clone();
+    let mut kubelet = Kubelet::register(&started.registration_socket, NODE).await;
+    let running = tokio::spawn(started.wait());
+    kubelet.start("graceful-drain", NODE).await;
+    for (message, evicted) in [
+        (
+            "tier 1/2 (workloads): 1 pod remaining: 1 terminating; 1 in later tiers",
+            vec!["web-1"],
+        ),
+        (
+            "tier 2/2 (last): 1 pod remaining: 1 terminating",
+            vec!["web-1", "ingress-1"],
+        ),
+    ] {
+        eventually(message, || agent_state.snapshot().message == message).await;
+        let mut pods: Vec<String> = api
+            .evictions()
+            .iter()
+            .map(|r| r.pod().to_string())
+            .collect();
+        pods.dedup();
+        assert_eq!(pods, evicted, "at {message}");
+        api.finish_terminating().await;
+    }
+    let done = kubelet.end_until("graceful-drain", "drain-complete").await;
+    assert_eq!(done.error, "");
+    shutdown.cancel();
+    running.await.unwrap();
+}

@@ -32,6 +32,7 @@ use super::drain::{self, DrainConfig, Engine};
 use super::node::{self, Condition, DRAIN_IN_PROGRESS, DRAINED, reason as cond};
 use super::progress::Progress;
 use super::report::{DrainOutcome, EventType, Metrics, NodeEvents, reason as ev};
+use crate::labels::LAST_POD_SELECTOR_ANNOTATION;
 use crate::lifecycle::{ClaimStatus, LifecycleEvent};
 use crate::runtime::Shutdown;
 
@@ -478,7 +479,7 @@ impl Run {
                 let engine = Engine {
                     client: inner.client.clone(),
                     node: inner.node.clone(),
-                    config: inner.config.clone(),
+                    config: self.config_for_event().await,
                     metrics: inner.metrics.clone(),
                     events: inner.events.clone(),
                     cordoned_at: jiff::Timestamp::now(),
@@ -492,6 +493,37 @@ impl Run {
             }
         };
         self.finish_drain(ended, started.elapsed()).await;
+    }
+
+    /// The drain's configuration with what its LifecycleEvent overrides: the annotation
+    /// `graceful-drain.io/last-pod-selector` replaces `--last-pod-selector` (empty: no
+    /// last tier). An event that cannot be read leaves the agent's own configuration.
+    async fn config_for_event(&self) -> Arc<DrainConfig> {
+        let base = self.inner.config.clone();
+        let Some(name) = self.event() else {
+            return base;
+        };
+        let api: kube::Api<LifecycleEvent> = kube::Api::all(self.inner.client.clone());
+        let event = match tokio::time::timeout(node::API_TIMEOUT, api.get_opt(&name)).await {
+            Ok(Ok(Some(event))) => event,
+            Ok(Ok(None)) => return base,
+            Ok(Err(error)) => {
+                tracing::warn!(event = %name, error = %crate::error::chain(&error), "read the drain's lifecycle event for overrides; using the agent's settings");
+                return base;
+            }
+            Err(_) => {
+                tracing::warn!(event = %name, "read the drain's lifecycle event for overrides: timed out; using the agent's settings");
+                return base;
+            }
+        };
+        let annotations = event.metadata.annotations.as_ref();
+        let Some(selector) = annotations.and_then(|a| a.get(LAST_POD_SELECTOR_ANNOTATION)) else {
+            return base;
+        };
+        tracing::info!(event = %name, selector = %selector, "the event overrides --last-pod-selector");
+        let mut config = (*base).clone();
+        config.last_pod_selector = Some(selector.clone()).filter(|s| !s.is_empty());
+        Arc::new(config)
     }
 
     fn event(&self) -> Option<String> {
