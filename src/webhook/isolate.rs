@@ -1427,12 +1427,6 @@ pub(crate) mod tests {
         );
     }
 
-    /// Three replicas with stale caches race to isolate six pods behind a PDB with
-    /// minAvailable 4, on the simulated API server (resourceVersion-guarded status
-    /// updates, JSON-patch `test` ops): exactly two are isolated and the budget lists
-    /// both. An isolated pod never gets its labels back, so the four still serving at
-    /// the end are the fewest that ever served.
-    #[cfg(feature = "sim")]
     /// [`charge_all`] applies the single-pod rules in arrival order: a repeated pod is
     /// listed, and the budget runs out part-way through the group.
     #[test]
@@ -1457,149 +1451,138 @@ pub(crate) mod tests {
         assert!(next.is_none() && !budgets[0].allows());
     }
 
-    /// Twelve evictions at once behind one budget allowing eight: eight pods are
-    /// isolated and the budget is written in a few grouped updates, not eight.
-    #[tokio::test]
-    async fn concurrent_charges_to_one_budget_are_written_together() {
-        use crate::sim::apiserver::{ApiServer, Config};
+    /// A namespace `web` on the simulated API server: `count` serving pods `app=web` and
+    /// PDB `web` (minAvailable `min_available`) whose status allows `allowed` disruptions.
+    #[cfg(feature = "sim")]
+    struct SimBudget {
+        server: crate::sim::apiserver::ApiServer,
+        shutdown: crate::runtime::Shutdown,
+        pods: Api<Pod>,
+        pdbs: Api<PodDisruptionBudget>,
+        created: Vec<Pod>,
+        pdb: PodDisruptionBudget,
+    }
 
-        let shutdown = crate::runtime::Shutdown::new();
-        let mut config = Config::default();
-        config.namespaces.push("web".into());
-        let server = ApiServer::start(config, shutdown.clone()).await.unwrap();
-        let pods: Api<Pod> = Api::namespaced(server.client("admin"), "web");
-        let mut created = Vec::new();
-        for i in 0..12 {
-            let pod = fixtures::pod(&format!("web-{i}"))
+    #[cfg(feature = "sim")]
+    impl SimBudget {
+        async fn start(count: usize, min_available: usize, allowed: i32) -> SimBudget {
+            use crate::sim::apiserver::{ApiServer, Config};
+            let shutdown = crate::runtime::Shutdown::new();
+            let mut config = Config::default();
+            config.namespaces.push("web".into());
+            let server = ApiServer::start(config, shutdown.clone()).await.unwrap();
+            let pods: Api<Pod> = Api::namespaced(server.client("admin"), "web");
+            let mut created = Vec::new();
+            for i in 0..count {
+                let pod = fixtures::pod(&format!("web-{i}"))
+                    .ns("web")
+                    .label("app", "web")
+                    .container("web:1");
+                created.push(pods.create(&PostParams::default(), &pod).await.unwrap());
+            }
+            let pdbs: Api<PodDisruptionBudget> = Api::namespaced(server.client("admin"), "web");
+            let budget = fixtures::pdb("web")
                 .ns("web")
-                .label("app", "web")
-                .container("web:1");
-            created.push(pods.create(&PostParams::default(), &pod).await.unwrap());
-        }
-        let pdbs: Api<PodDisruptionBudget> = Api::namespaced(server.client("admin"), "web");
-        let budget = fixtures::pdb("web")
-            .ns("web")
-            .selecting(&[("app", "web")])
-            .min_available(4);
-        pdbs.create(&PostParams::default(), &budget).await.unwrap();
-        let budget = pdbs
-            .get("web")
-            .await
-            .unwrap()
-            .healthy(12, 4, 12)
-            .allowing(8);
-        let pdb = pdbs
-            .replace_status("web", &PostParams::default(), &budget)
-            .await
-            .unwrap();
-        let cache = Arc::new(Cache::default());
-        cache.apply_pdb(&pdb);
-        let ctx = Context {
-            client: server.client("webhook"),
-            cache,
-            identity: "webhook".into(),
-            events: EventSink::Inline,
-            keep_labels: Default::default(),
-        };
-        let before = server.stats();
-        let tasks: Vec<_> = created
-            .into_iter()
-            .map(|pod| {
-                let ctx = ctx.clone();
-                tokio::spawn(async move {
-                    isolate(&ctx, &pod.facts(), &snapshot(), evict_plan(), now()).await
-                })
-            })
-            .collect();
-        let mut isolated = 0;
-        for task in tasks {
-            match task.await.unwrap().unwrap() {
-                Outcome::Isolated { .. } => isolated += 1,
-                Outcome::Refused(Budget::Exhausted { .. }) => {}
-                other => panic!("unexpected {other:?}"),
+                .selecting(&[("app", "web")])
+                .min_available(min_available as i32);
+            let budget = pdbs.create(&PostParams::default(), &budget).await.unwrap();
+            let (n, min) = (count as i32, min_available as i32);
+            let budget = budget.healthy(n, min, n).allowing(allowed);
+            let pdb = pdbs
+                .replace_status("web", &PostParams::default(), &budget)
+                .await
+                .unwrap();
+            SimBudget {
+                server,
+                shutdown,
+                pods,
+                pdbs,
+                created,
+                pdb,
             }
         }
-        assert_eq!(isolated, 8);
-        let status = pdbs.get("web").await.unwrap().status.unwrap();
+
+        /// A webhook replica acting as `user`, whose cache holds the PDB as set up.
+        fn replica(&self, user: &str) -> Context {
+            let cache = Arc::new(Cache::default());
+            cache.apply_pdb(&self.pdb);
+            Context {
+                client: self.server.client(user),
+                cache,
+                identity: user.into(),
+                events: EventSink::Inline,
+                keep_labels: Default::default(),
+            }
+        }
+
+        /// Evicts every pod at once, pod `i` through `replicas[i % replicas.len()]`;
+        /// returns how many were isolated (the others must be refused by the budget).
+        async fn evict_all(&mut self, replicas: &[Context]) -> usize {
+            let tasks: Vec<_> = std::mem::take(&mut self.created)
+                .into_iter()
+                .enumerate()
+                .map(|(i, pod)| {
+                    let ctx = replicas[i % replicas.len()].clone();
+                    tokio::spawn(async move {
+                        isolate(&ctx, &pod.facts(), &snapshot(), evict_plan(), now()).await
+                    })
+                })
+                .collect();
+            let mut isolated = 0;
+            for task in tasks {
+                match task.await.unwrap().unwrap() {
+                    Outcome::Isolated { .. } => isolated += 1,
+                    Outcome::Refused(Budget::Exhausted { .. }) => {}
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+            isolated
+        }
+    }
+
+    /// Twelve evictions at once behind one budget allowing eight: eight pods are
+    /// isolated and the budget is written in a few grouped updates, not eight.
+    #[cfg(feature = "sim")]
+    #[tokio::test]
+    async fn concurrent_charges_to_one_budget_are_written_together() {
+        let mut sim = SimBudget::start(12, 4, 8).await;
+        let replica = sim.replica("webhook");
+        let before = sim.server.stats();
+        assert_eq!(sim.evict_all(&[replica]).await, 8);
+        let status = sim.pdbs.get("web").await.unwrap().status.unwrap();
         assert_eq!(status.disruptions_allowed, 0);
         assert_eq!(status.disrupted_pods.unwrap().len(), 8);
-        let writes = server
+        let writes = sim
+            .server
             .stats()
             .count("update", "poddisruptionbudgets/status")
             - before.count("update", "poddisruptionbudgets/status");
         assert!(writes <= 3, "{writes} status updates for 8 charges");
-        shutdown.cancel();
+        sim.shutdown.cancel();
     }
 
+    /// Three replicas with stale caches race to isolate six pods behind a PDB with
+    /// minAvailable 4, on the simulated API server (resourceVersion-guarded status
+    /// updates, JSON-patch `test` ops): exactly two are isolated and the budget lists
+    /// both. An isolated pod never gets its labels back, so the four still serving at
+    /// the end are the fewest that ever served.
+    #[cfg(feature = "sim")]
     #[tokio::test]
     async fn concurrent_isolations_never_break_min_available() {
         use kube::api::ListParams;
 
-        use crate::sim::apiserver::{ApiServer, Config};
-
-        const PODS: usize = 6;
         const MIN_AVAILABLE: usize = 4;
-        let shutdown = crate::runtime::Shutdown::new();
-        let mut config = Config::default();
-        config.namespaces.push("web".into());
-        let server = ApiServer::start(config, shutdown.clone()).await.unwrap();
-        let pods: Api<Pod> = Api::namespaced(server.client("admin"), "web");
-        let mut created = Vec::new();
-        for i in 0..PODS {
-            let pod = fixtures::pod(&format!("web-{i}"))
-                .ns("web")
-                .label("app", "web")
-                .container("web:1");
-            created.push(pods.create(&PostParams::default(), &pod).await.unwrap());
-        }
-        let pdbs: Api<PodDisruptionBudget> = Api::namespaced(server.client("admin"), "web");
-        let budget = fixtures::pdb("web")
-            .ns("web")
-            .selecting(&[("app", "web")])
-            .min_available(MIN_AVAILABLE as i32);
-        let budget = pdbs.create(&PostParams::default(), &budget).await.unwrap();
-        let budget = budget.healthy(6, 4, 6).allowing(2);
-        let pdb = pdbs
-            .replace_status("web", &PostParams::default(), &budget)
-            .await
-            .unwrap();
-        let replicas: Vec<Context> = (0..3)
-            .map(|r| {
-                let cache = Arc::new(Cache::default());
-                cache.apply_pdb(&pdb);
-                Context {
-                    client: server.client(&format!("w{r}")),
-                    cache,
-                    identity: format!("w{r}"),
-                    events: EventSink::Inline,
-                    keep_labels: Default::default(),
-                }
-            })
-            .collect();
-        let mut tasks = Vec::new();
-        for (i, pod) in created.into_iter().enumerate() {
-            let ctx = replicas[i % 3].clone();
-            tasks.push(tokio::spawn(async move {
-                isolate(&ctx, &pod.facts(), &snapshot(), evict_plan(), now()).await
-            }));
-        }
-        let mut isolated = 0;
-        for task in tasks {
-            match task.await.unwrap().unwrap() {
-                Outcome::Isolated { .. } => isolated += 1,
-                Outcome::Refused(Budget::Exhausted { .. }) => {}
-                other => panic!("unexpected {other:?}"),
-            }
-        }
-        assert_eq!(isolated, 2);
+        let mut sim = SimBudget::start(6, MIN_AVAILABLE, 2).await;
+        let replicas: Vec<Context> = (0..3).map(|r| sim.replica(&format!("w{r}"))).collect();
+        assert_eq!(sim.evict_all(&replicas).await, 2);
         let draining = ListParams::default().labels(DRAINING_LABEL);
-        assert_eq!(pods.list(&draining).await.unwrap().items.len(), 2);
+        assert_eq!(sim.pods.list(&draining).await.unwrap().items.len(), 2);
         let serving = ListParams::default().labels("app=web");
-        let serving = pods.list(&serving).await.unwrap().items.len();
+        let serving = sim.pods.list(&serving).await.unwrap().items.len();
         assert!(serving >= MIN_AVAILABLE, "only {serving} served");
-        let status = pdbs.get("web").await.unwrap().status.unwrap();
+        let status = sim.pdbs.get("web").await.unwrap().status.unwrap();
         assert_eq!(status.disruptions_allowed, 0);
         assert_eq!(status.disrupted_pods.unwrap().len(), 2);
-        shutdown.cancel();
+        sim.shutdown.cancel();
     }
 }
