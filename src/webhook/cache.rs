@@ -178,6 +178,14 @@ impl Slices {
             .collect()
     }
 
+    /// Whether any slice names pod `namespace/name` as a ready endpoint (whatever its UID),
+    /// without building the endpoints' facts: every admission call asks this first.
+    pub fn has_ready(&self, namespace: &str, name: &str) -> bool {
+        self.by_pod
+            .get(&self.pod_key(namespace, name))
+            .is_some_and(|endpoints| endpoints.iter().any(|ep| ep.ready))
+    }
+
     /// Number of slices and indexed pods (for tests and the benchmark).
     pub fn len(&self) -> (usize, usize) {
         (self.ids.len(), self.by_pod.len())
@@ -208,9 +216,10 @@ pub struct Cache {
     deleter_gate: AtomicBool,
     /// The deferred deleter's watch of isolated pods has listed once.
     isolated_synced: AtomicBool,
-    /// One async lock per PDB, so this replica's concurrent isolations charge a budget one
-    /// after another instead of racing each other into resourceVersion conflicts.
-    pdb_locks: std::sync::Mutex<HashMap<Key, Arc<super::isolate::PdbGate>>>,
+    /// One gate per PDB, so this replica's concurrent isolations charge a budget in turns
+    /// (grouped, see [`super::isolate::PdbGate`]) instead of racing each other into
+    /// resourceVersion conflicts.
+    pdb_gates: std::sync::Mutex<HashMap<Key, Arc<super::isolate::PdbGate>>>,
     /// What isolations read from pods' controllers, by controller UID (see [`Owners`]).
     owners: std::sync::Mutex<Owners>,
 }
@@ -331,9 +340,9 @@ impl Cache {
     }
 
     /// The gate serialising this replica's charges to PDB `namespace/name`.
-    pub fn pdb_lock(&self, namespace: &str, name: &str) -> Arc<super::isolate::PdbGate> {
-        let mut locks = self.pdb_locks.lock().unwrap_or_else(|e| e.into_inner());
-        locks
+    pub fn pdb_gate(&self, namespace: &str, name: &str) -> Arc<super::isolate::PdbGate> {
+        let mut gates = self.pdb_gates.lock().unwrap_or_else(|e| e.into_inner());
+        gates
             .entry((namespace.to_string(), name.to_string()))
             .or_default()
             .clone()
@@ -384,10 +393,7 @@ impl Cache {
 
     /// Fast path: does any slice name `namespace/pod` as a ready endpoint?
     pub fn has_ready_endpoint(&self, namespace: &str, pod: &str) -> bool {
-        read(&self.slices)
-            .endpoints_of(namespace, pod, None)
-            .iter()
-            .any(|e| e.ready)
+        read(&self.slices).has_ready(namespace, pod)
     }
 
     /// Every endpoint naming pod `namespace/pod`; with its `uid`, those of an earlier pod

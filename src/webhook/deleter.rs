@@ -298,29 +298,30 @@ impl Deleter {
     /// delay is over). Both carry a UID precondition and the recorded grace period.
     async fn delete_all(&mut self, pods: Vec<Pending>) {
         let now = tokio::time::Instant::now();
-        let mut failures = HashMap::new();
-        for pod in &pods {
-            let before = self.attempted.get(&pod.uid).map_or(0, |a| a.failures);
-            failures.insert(pod.uid.clone(), before);
-            let attempt = Attempt {
-                at: now,
-                failures: 0,
-            };
-            self.attempted.insert(pod.uid.clone(), attempt);
-        }
+        // Each pod with the failures before this attempt, which starts its new record.
+        let started: Vec<(Pending, u32)> = pods
+            .into_iter()
+            .map(|pod| {
+                let attempt = Attempt {
+                    at: now,
+                    failures: 0,
+                };
+                let before = self.attempted.insert(pod.uid.clone(), attempt);
+                (pod, before.map_or(0, |a| a.failures))
+            })
+            .collect();
         let this = &*self;
-        let results: Vec<(Pending, Result<(), kube::Error>)> = futures::stream::iter(pods)
-            .map(|pod| async move {
+        let results: Vec<(Pending, u32, Result<(), kube::Error>)> = futures::stream::iter(started)
+            .map(|(pod, failures)| async move {
                 let span =
                     tracing::info_span!("delete", namespace = %pod.namespace, pod = %pod.name);
                 let result = this.remove(&pod).instrument(span).await;
-                (pod, result)
+                (pod, failures, result)
             })
             .buffer_unordered(REMOVALS_IN_FLIGHT)
             .collect()
             .await;
-        for (pod, result) in results {
-            let failures = failures.get(&pod.uid).copied().unwrap_or(0);
+        for (pod, failures, result) in results {
             self.conclude(pod, result, failures).await;
         }
     }
@@ -421,7 +422,7 @@ impl Deleter {
             .filter(|(_, p)| !p.terminating)
             .map(|(uid, p)| {
                 let until = wall.duration_until(p.delete_at);
-                // A millisecond past, so the scan finds the pod due on the wall clock.
+                // A little past, so the scan finds the pod due on the wall clock.
                 let until = Duration::try_from(until).unwrap_or(Duration::ZERO) + SCAN_SLACK;
                 let at = now + until;
                 self.attempted.get(uid).map_or(at, |a| at.max(a.next_try()))

@@ -368,7 +368,7 @@ async fn account(
 /// controller drops the entry after about two minutes anyway.
 pub async fn refund_disruption(ctx: &Context, namespace: &str, name: &str, pod: &str) {
     let api = Api::<PodDisruptionBudget>::namespaced(ctx.client.clone(), namespace);
-    let gate = ctx.cache.pdb_lock(namespace, name);
+    let gate = ctx.cache.pdb_gate(namespace, name);
     let _serialised = gate.turn.lock().await;
     let mut pause = REFUND_PAUSE;
     for _ in 0..PDB_ATTEMPTS {
@@ -660,7 +660,7 @@ pub async fn consume_disruption(
     pod: &str,
     now: Timestamp,
 ) -> Result<Budget, Error> {
-    let gate = ctx.cache.pdb_lock(namespace, name);
+    let gate = ctx.cache.pdb_gate(namespace, name);
     loop {
         let id = gate
             .next_id
