@@ -669,24 +669,20 @@ async fn an_expired_sla_is_recorded_even_for_a_drain_this_agent_does_not_run() {
     shutdown.cancel();
 }
 
-/// Eviction tiers: an ordinary pod first, a system-critical one once it is gone, and the
-/// pod `--last-pod-selector` picks last; each tier starts only when the one before it has
-/// left the node, and the node condition says which tier the drain is in.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pods_are_evicted_tier_by_tier() {
+/// A pod of the `shop` namespace owned by its own ReplicaSet, whose grace period keeps it
+/// terminating after its eviction until the test plays the kubelet.
+fn lingering(name: &str) -> k8s_openapi::api::core::v1::Pod {
+    shop_pod(name).owned_by_rs(name).grace_period(30)
+}
+
+/// Runs a drain with the agent's `flags` through `steps`: at each, waits for the node
+/// condition `message`, checks that exactly `evicted` have been evicted (in that order),
+/// then lets the terminating pods go; the drain must then complete.
+async fn drain_in_tiers(api: &SimApi, flags: &[&str], steps: &[(&str, &[&str])]) {
     let dir = tempfile::tempdir().unwrap();
-    let api = SimApi::start(Faults::default()).await;
-    // Grace periods keep evicted pods terminating until the test plays the kubelet.
-    let owned = |name: &str| shop_pod(name).owned_by_rs(name).grace_period(30);
-    api.create(owned("web-1")).await;
-    let mut dns = owned("dns-1");
-    dns.spec.as_mut().unwrap().priority_class_name = Some("system-cluster-critical".into());
-    api.create(dns).await;
-    api.create(owned("ingress-1").label("app", "ingress")).await;
-    let flags = ["--last-pod-selector", "app=ingress"];
     let shutdown = Shutdown::new();
     let started = agent::start(
-        args(dir.path(), &flags),
+        args(dir.path(), flags),
         api.agent_client(),
         shutdown.clone(),
     )
@@ -696,37 +692,51 @@ async fn pods_are_evicted_tier_by_tier() {
     let mut kubelet = Kubelet::register(&started.registration_socket, NODE).await;
     let running = tokio::spawn(started.wait());
     kubelet.start("graceful-drain", NODE).await;
-
-    let evicted = || -> Vec<String> {
+    for (message, evicted) in steps {
+        eventually(message, || agent_state.snapshot().message == *message).await;
         let mut pods: Vec<String> = api
             .evictions()
             .iter()
             .map(|r| r.pod().to_string())
             .collect();
         pods.dedup();
-        pods
-    };
-    for (message, pods) in [
-        (
-            "tier 1/3 (workloads): 1 pod remaining: 1 terminating; 2 in later tiers",
-            vec!["web-1"],
-        ),
-        (
-            "tier 2/3 (system-critical): 1 pod remaining: 1 terminating; 1 in later tiers",
-            vec!["web-1", "dns-1"],
-        ),
-        (
-            "tier 3/3 (last): 1 pod remaining: 1 terminating",
-            vec!["web-1", "dns-1", "ingress-1"],
-        ),
-    ] {
-        eventually(message, || agent_state.snapshot().message == message).await;
-        assert_eq!(evicted(), pods, "at {message}");
+        assert_eq!(pods, *evicted, "at {message}");
         api.finish_terminating().await;
     }
     let done = kubelet.end_until("graceful-drain", "drain-complete").await;
     assert_eq!(done.error, "");
     assert!(api.pod_names().await.is_empty());
+    shutdown.cancel();
+    running.await.unwrap();
+}
+
+/// Eviction tiers: an ordinary pod first, a system-critical one once it is gone, and the
+/// pod `--last-pod-selector` picks last; each tier starts only when the one before it has
+/// left the node, and the node condition says which tier the drain is in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_are_evicted_tier_by_tier() {
+    let api = SimApi::start(Faults::default()).await;
+    api.create(lingering("web-1")).await;
+    let mut dns = lingering("dns-1");
+    dns.spec.as_mut().unwrap().priority_class_name = Some("system-cluster-critical".into());
+    api.create(dns).await;
+    api.create(lingering("ingress-1").label("app", "ingress"))
+        .await;
+    let steps: [(&str, &[&str]); 3] = [
+        (
+            "tier 1/3 (workloads): 1 pod remaining: 1 terminating; 2 in later tiers",
+            &["web-1"],
+        ),
+        (
+            "tier 2/3 (system-critical): 1 pod remaining: 1 terminating; 1 in later tiers",
+            &["web-1", "dns-1"],
+        ),
+        (
+            "tier 3/3 (last): 1 pod remaining: 1 terminating",
+            &["web-1", "dns-1", "ingress-1"],
+        ),
+    ];
+    drain_in_tiers(&api, &["--last-pod-selector", "app=ingress"], &steps).await;
     let tiers = api.events("graceful-drain.io/EvictionTier").await;
     let messages: Vec<&str> = tiers.iter().filter_map(|e| e.message.as_deref()).collect();
     assert_eq!(
@@ -737,8 +747,6 @@ async fn pods_are_evicted_tier_by_tier() {
             "eviction tier 3/3 (last): 1 pod",
         ]
     );
-    shutdown.cancel();
-    running.await.unwrap();
 }
 
 /// A LifecycleEvent's `graceful-drain.io/last-pod-selector` annotation sets the last tier
@@ -746,47 +754,25 @@ async fn pods_are_evicted_tier_by_tier() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_annotation_sets_the_last_tier_of_its_drain() {
     use graceful_drain::lifecycle::LifecycleEvent;
-    let dir = tempfile::tempdir().unwrap();
     let api = SimApi::start(Faults::default()).await;
-    let owned = |name: &str| shop_pod(name).owned_by_rs(name).grace_period(30);
-    api.create(owned("web-1")).await;
-    api.create(owned("ingress-1").label("app", "ingress")).await;
+    api.create(lingering("web-1")).await;
+    api.create(lingering("ingress-1").label("app", "ingress"))
+        .await;
     let annotate = Patch::Merge(json!({"metadata": {"annotations": {
         "graceful-drain.io/last-pod-selector": "app=ingress"}}}));
     Api::<LifecycleEvent>::all(api.admin())
         .patch(EVENT, &PatchParams::default(), &annotate)
         .await
         .unwrap();
-    let shutdown = Shutdown::new();
-    let started = agent::start(args(dir.path(), &[]), api.agent_client(), shutdown.clone())
-        .await
-        .unwrap();
-    let agent_state = started.agent.clone();
-    let mut kubelet = Kubelet::register(&started.registration_socket, NODE).await;
-    let running = tokio::spawn(started.wait());
-    kubelet.start("graceful-drain", NODE).await;
-    for (message, evicted) in [
+    let steps: [(&str, &[&str]); 2] = [
         (
             "tier 1/2 (workloads): 1 pod remaining: 1 terminating; 1 in later tiers",
-            vec!["web-1"],
+            &["web-1"],
         ),
         (
             "tier 2/2 (last): 1 pod remaining: 1 terminating",
-            vec!["web-1", "ingress-1"],
+            &["web-1", "ingress-1"],
         ),
-    ] {
-        eventually(message, || agent_state.snapshot().message == message).await;
-        let mut pods: Vec<String> = api
-            .evictions()
-            .iter()
-            .map(|r| r.pod().to_string())
-            .collect();
-        pods.dedup();
-        assert_eq!(pods, evicted, "at {message}");
-        api.finish_terminating().await;
-    }
-    let done = kubelet.end_until("graceful-drain", "drain-complete").await;
-    assert_eq!(done.error, "");
-    shutdown.cancel();
-    running.await.unwrap();
+    ];
+    drain_in_tiers(&api, &[], &steps).await;
 }

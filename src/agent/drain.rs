@@ -900,7 +900,7 @@ impl Engine {
         recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let current = state.progress(&self.config.filters);
-            self.metrics.set_remaining(current.remaining.len());
+            self.metrics.set_remaining(current.left());
             progress.send_if_modified(|p| replace_if_changed(p, &current));
             if current.remaining.is_empty() {
                 if self.start_tier(&mut state, &mut tasks, &ctx).await {
@@ -951,9 +951,9 @@ impl Engine {
             let message = format!(
                 "eviction tier {index}/{count} ({}): {n} {}",
                 tier.name(),
-                if n == 1 { "pod" } else { "pods" }
+                super::progress::pods(n)
             );
-            tracing::info!(node = %self.node, tier = tier.name(), index, count, pods = pods.len(), "eviction tier starts");
+            tracing::info!(node = %self.node, tier = tier.name(), index, count, pods = n, "eviction tier starts");
             self.events
                 .post(EventType::Normal, reason::EVICTION_TIER, "", message)
                 .await;

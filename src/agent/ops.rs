@@ -635,9 +635,7 @@ impl Run {
         };
         self.finishing.store(true, Ordering::SeqCst);
         inner.metrics.drain_finished(outcome.metric, took);
-        inner
-            .metrics
-            .set_remaining(self.progress.borrow().remaining.len());
+        inner.metrics.set_remaining(self.progress.borrow().left());
         // Written even when the operation was stopped, but never past process shutdown.
         let shutdown = inner.shutdown.clone();
         let release = outcome.phase != Phase::Complete;

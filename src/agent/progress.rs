@@ -102,7 +102,8 @@ impl Serialize for PodKey {
     }
 }
 
-fn pods(n: usize) -> &'static str {
+/// "pod" or "pods", for `n` of them.
+pub(crate) fn pods(n: usize) -> &'static str {
     if n == 1 { "pod" } else { "pods" }
 }
 
@@ -165,6 +166,12 @@ impl Progress {
         format!("{n} {} remaining: {}", pods(n), parts.join(", "))
     }
 
+    /// Pods the drain still has to see gone: those of the tier being evicted and those of
+    /// later tiers.
+    pub fn left(&self) -> usize {
+        self.remaining.len() + self.waiting
+    }
+
     /// Remaining pods that are blocked, with their blocker.
     pub fn blocked(&self) -> impl Iterator<Item = (&PodKey, &Blocker)> {
         self.remaining.iter().filter_map(|(k, s)| match s {
@@ -197,33 +204,23 @@ mod tests {
 
     #[test]
     fn a_drain_with_tiers_says_which_tier_it_is_in() {
+        let step = |index, count, name| Some(TierStep { index, count, name });
         let mut p = progress(&[("a", PodState::Evicting), ("b", PodState::Isolated)]);
-        p.tier = Some(TierStep {
-            index: 1,
-            count: 3,
-            name: "workloads",
-        });
+        p.tier = step(1, 3, "workloads");
         p.waiting = 4;
         assert_eq!(
             p.message(),
             "tier 1/3 (workloads): 2 pods remaining: 1 isolated, 1 evicting; 4 in later tiers"
         );
-        p.tier = Some(TierStep {
-            index: 3,
-            count: 3,
-            name: "last",
-        });
+        assert_eq!(p.left(), 6, "later tiers count as left");
+        p.tier = step(3, 3, "last");
         p.waiting = 0;
         assert_eq!(
             p.message(),
             "tier 3/3 (last): 2 pods remaining: 1 isolated, 1 evicting"
         );
         // One tier: the message is as it always was.
-        p.tier = Some(TierStep {
-            index: 1,
-            count: 1,
-            name: "workloads",
-        });
+        p.tier = step(1, 1, "workloads");
         assert_eq!(p.message(), "2 pods remaining: 1 isolated, 1 evicting");
     }
 
