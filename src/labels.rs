@@ -20,6 +20,12 @@ pub const EXCLUDE_FROM_LB_LABEL: &str = "node.kubernetes.io/exclude-from-externa
 /// Node annotation naming the LifecycleEvent whose drain runs on the node, so a restarted
 /// node agent resumes a drain only while that event is still live.
 pub const DRAIN_EVENT_ANNOTATION: &str = "graceful-drain.io/drain-event";
+/// Node annotation: the state of each maintenance hook's last run (JSON, see
+/// `agent::hooks::HookRecord`), so a restarted agent polls a hook in progress instead of
+/// starting it again.
+pub const HOOKS_ANNOTATION: &str = "graceful-drain.io/hooks";
+/// Label on the Jobs (and their pods) that maintenance hooks create: the hook's name.
+pub const HOOK_LABEL: &str = "graceful-drain.io/hook";
 /// LifecycleEvent annotation overriding the node agent's `--last-pod-selector` for that
 /// drain (an empty value: no last tier).
 pub const LAST_POD_SELECTOR_ANNOTATION: &str = "graceful-drain.io/last-pod-selector";

@@ -7,10 +7,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
 
-use std::path::Path;
 use std::time::Duration;
 
-use graceful_drain::agent::{self, Args};
+use graceful_drain::agent;
 use graceful_drain::fixtures::{PdbFixture, PodFixture, pdb, pod};
 use graceful_drain::proto::registration::RegistrationStatus;
 use graceful_drain::proto::registration::registration_client::RegistrationClient;
@@ -26,51 +25,13 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
 mod agent_support {
+    pub mod harness;
     pub mod kubelet;
     pub mod sim;
 }
+use agent_support::harness::{args, eventually};
 use agent_support::kubelet::{DEADLINE, Kubelet, connect};
 use agent_support::sim::{AGENT_USER, EVENT, NODE, SHOP, SimApi, shop_pod};
-
-fn args(dir: &Path, flags: &[&str]) -> Args {
-    use clap::Parser;
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: Args,
-    }
-    let plugins = dir.join("plugins");
-    let registry = dir.join("plugins_registry");
-    let mut argv: Vec<String> = [
-        "node-agent",
-        "--node-name",
-        NODE,
-        "--admin-listen",
-        "127.0.0.1:0",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    argv.extend(["--plugins-dir".into(), plugins.display().to_string()]);
-    argv.extend(["--registry-dir".into(), registry.display().to_string()]);
-    if !flags.contains(&"--lifecycle-reconciler") {
-        argv.extend(["--lifecycle-reconciler".into(), "off".into()]);
-    }
-    argv.extend(flags.iter().map(|s| s.to_string()));
-    Cli::try_parse_from(argv).unwrap().args
-}
-
-/// Waits until `check` (agent state no API request announces) holds, within [`DEADLINE`].
-async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while !check() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 /// Node `n1` as JSON.
 async fn node_json(api: &SimApi) -> Value {

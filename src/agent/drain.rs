@@ -649,6 +649,7 @@ impl State {
                 name: tier.name(),
             }),
             waiting: self.waiting.iter().map(|(_, pods)| pods.len()).sum(),
+            hook: None,
         }
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod drain;
 pub mod filters;
+pub mod hooks;
 pub mod node;
 pub mod ops;
 pub mod progress;
@@ -81,6 +82,11 @@ pub struct Args {
     pub maintenance_transition: String,
     #[command(flatten)]
     pub drain: DrainArgs,
+    /// Maintenance hooks: a JSON list of {name, at (drain-start | before-eviction |
+    /// after-last-pod | after-uncordon), https {url, caBundle} or job {namespace, template},
+    /// timeout, pollInterval, optional}; see docs/hooks.md.
+    #[arg(long, default_value = "", hide_default_value = true, value_name = "JSON", value_parser = hooks::parse_arg, env = "GRACEFUL_DRAIN_HOOKS")]
+    pub hooks: hooks::Hooks,
     #[command(flatten)]
     pub reconciler: ReconcilerArgs,
     #[command(flatten)]
@@ -236,6 +242,7 @@ pub async fn start(args: Args, client: kube::Client, shutdown: Shutdown) -> Resu
         drain_transition,
         maintenance_transition,
         drain,
+        hooks,
         reconciler: reconciler_args,
         kube: _,
     } = args;
@@ -255,6 +262,7 @@ pub async fn start(args: Args, client: kube::Client, shutdown: Shutdown) -> Resu
         node: node_name.clone(),
         exclude_from_lb: drain.exclude_from_lb_label,
         config: Arc::new(drain.config()),
+        hooks,
         metrics: metrics.clone(),
         events: report::NodeEvents::new(client.clone(), node_name.clone()),
         shutdown: shutdown.clone(),

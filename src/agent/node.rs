@@ -272,6 +272,18 @@ pub async fn release(client: &kube::Client, node: &Node) -> Result<Node> {
     .await
 }
 
+/// Patches the Node (`action` names the call in errors); returns the patched Node.
+pub async fn patch(
+    client: &kube::Client,
+    name: &str,
+    action: &'static str,
+    patch: Patch<serde_json::Value>,
+    params: PatchParams,
+) -> Result<Node> {
+    let api: Api<Node> = Api::all(client.clone());
+    bounded(action, name, api.patch(name, &params, &patch)).await
+}
+
 /// Sets `conditions` on the node's status; returns the patched Node.
 pub async fn set_conditions(
     client: &kube::Client,

@@ -29,6 +29,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::drain::{self, DrainConfig, Engine};
+use super::hooks::{HookContext, HookError, HookPoint, HookStep, Hooks};
 use super::node::{self, Condition, DRAIN_IN_PROGRESS, DRAINED, reason as cond};
 use super::progress::Progress;
 use super::report::{DrainOutcome, EventType, Metrics, NodeEvents, reason as ev};
@@ -100,6 +101,8 @@ pub struct Inner {
     pub node: String,
     pub exclude_from_lb: bool,
     pub config: Arc<DrainConfig>,
+    /// Maintenance hooks run at the points of both transitions.
+    pub hooks: Hooks,
     pub metrics: Metrics,
     pub events: NodeEvents,
     pub shutdown: Shutdown,
@@ -278,6 +281,7 @@ impl Agent {
         let (progress_tx, progress) = watch::channel(Progress::default());
         let run = Run {
             inner: self.inner.clone(),
+            operation_id: uuid::Uuid::new_v4().simple().to_string(),
             event: event.clone(),
             finishing: finishing.clone(),
             token: token.clone(),
@@ -438,6 +442,8 @@ where
 /// One operation's task.
 struct Run {
     inner: Arc<Inner>,
+    /// Ties hook records to this operation when it serves no LifecycleEvent.
+    operation_id: String,
     event: Arc<Mutex<Option<String>>>,
     finishing: Arc<std::sync::atomic::AtomicBool>,
     token: CancellationToken,
@@ -448,6 +454,8 @@ struct Run {
 
 enum Ended {
     Done(Result<Progress, drain::Error>),
+    /// A maintenance hook failed the drain.
+    Hook(HookError),
     /// Stopped on request, with the reason.
     Stopped(String),
     /// The process is shutting down: leave the Node as it is so the next agent resumes.
@@ -469,30 +477,67 @@ impl Run {
 
     async fn drain(self) {
         let started = Instant::now();
-        let inner = self.inner.clone();
-        let prepared = retry("prepare node for drain", &inner, &self.token, || {
-            self.prepare()
-        });
-        let ended = match prepared.await {
-            None => self.ended_by_token(),
-            Some(()) => {
-                let engine = Engine {
-                    client: inner.client.clone(),
-                    node: inner.node.clone(),
-                    config: self.config_for_event().await,
-                    metrics: inner.metrics.clone(),
-                    events: inner.events.clone(),
-                    cordoned_at: jiff::Timestamp::now(),
-                };
-                tokio::select! {
-                    result = engine.run(&self.progress) => Ended::Done(result),
-                    () = self.publish_progress() => Ended::Shutdown,
-                    reason = self.watch_event() => Ended::Stopped(reason),
-                    () = self.token.cancelled() => self.ended_by_token(),
-                }
-            }
+        let ended = tokio::select! {
+            ended = self.drain_steps() => ended,
+            () = self.publish_progress() => Ended::Shutdown,
+            reason = self.watch_event() => Ended::Stopped(reason),
+            () = self.token.cancelled() => self.ended_by_token(),
         };
         self.finish_drain(ended, started.elapsed()).await;
+    }
+
+    /// The drain itself: the drain-start hooks, the cordon, the before-eviction hooks,
+    /// the evictions until every pod is gone, the after-last-pod hooks.
+    async fn drain_steps(&self) -> Ended {
+        let inner = &self.inner;
+        if let Err(error) = self.hooks(HookPoint::DrainStart).await {
+            return Ended::Hook(error);
+        }
+        let prepared = retry("prepare node for drain", inner, &self.token, || {
+            self.prepare()
+        });
+        if prepared.await.is_none() {
+            return self.ended_by_token();
+        }
+        if let Err(error) = self.hooks(HookPoint::BeforeEviction).await {
+            return Ended::Hook(error);
+        }
+        let engine = Engine {
+            client: inner.client.clone(),
+            node: inner.node.clone(),
+            config: self.config_for_event().await,
+            metrics: inner.metrics.clone(),
+            events: inner.events.clone(),
+            cordoned_at: jiff::Timestamp::now(),
+        };
+        let progress = match engine.run(&self.progress).await {
+            Ok(progress) => progress,
+            Err(error) => return Ended::Done(Err(error)),
+        };
+        if let Err(error) = self.hooks(HookPoint::AfterLastPod).await {
+            return Ended::Hook(error);
+        }
+        Ended::Done(Ok(progress))
+    }
+
+    /// Runs the hooks of `point`, showing the running one in the progress.
+    async fn hooks(&self, point: HookPoint) -> Result<(), HookError> {
+        let hooks = &self.inner.hooks;
+        if hooks.at(point).next().is_none() {
+            return Ok(());
+        }
+        let event = self.event();
+        let ctx = HookContext {
+            client: &self.inner.client,
+            node: &self.inner.node,
+            event: event.as_deref(),
+            operation: event.as_deref().unwrap_or(&self.operation_id),
+            events: &self.inner.events,
+        };
+        let show = |step: Option<HookStep>| {
+            self.progress.send_modify(|p| p.hook = step);
+        };
+        hooks.run(point, &ctx, &show).await
     }
 
     /// The drain's configuration with what its LifecycleEvent overrides: the annotation
@@ -652,17 +697,29 @@ impl Run {
 
     async fn maintenance(self) {
         let inner = self.inner.clone();
-        let done = retry("return node to service", &inner, &self.token, || {
-            self.uncordon()
-        });
-        match done.await {
-            Some(()) => {
-                let message = "node uncordoned and back in service".to_string();
-                inner
-                    .events
-                    .post(EventType::Normal, ev::UNCORDONED, "", message)
-                    .await;
+        let steps = async {
+            let done = retry("return node to service", &inner, &self.token, || {
+                self.uncordon()
+            });
+            done.await?;
+            let message = "node uncordoned and back in service".to_string();
+            inner
+                .events
+                .post(EventType::Normal, ev::UNCORDONED, "", message)
+                .await;
+            Some(self.hooks(HookPoint::AfterUncordon).await)
+        };
+        let ended = tokio::select! {
+            ended = steps => ended,
+            () = self.token.cancelled() => None,
+        };
+        match ended {
+            Some(Ok(())) => {
                 self.phase.send_replace(Phase::Complete);
+            }
+            Some(Err(error)) => {
+                let reason = format!("{error}; the node is uncordoned");
+                self.phase.send_replace(Phase::Failed(reason));
             }
             None => {
                 if let Ended::Stopped(reason) = self.ended_by_token() {
@@ -722,6 +779,15 @@ fn drain_outcome(ended: Ended, took: Duration, remaining: &str) -> Option<DrainE
             message,
         ),
     };
+    let failed = |error: String| {
+        let message = format!("{error}; {RELEASED}");
+        stopped(
+            Phase::Failed(error),
+            DrainOutcome::Failed,
+            cond::DRAIN_FAILED,
+            message,
+        )
+    };
     match ended {
         Ended::Shutdown => None,
         Ended::Done(Ok(progress)) => {
@@ -741,17 +807,8 @@ fn drain_outcome(ended: Ended, took: Duration, remaining: &str) -> Option<DrainE
                 event: (EventType::Normal, ev::DRAIN_COMPLETE, summary),
             })
         }
-        Ended::Done(Err(error)) => {
-            let error = crate::error::chain(&error).to_string();
-            let phase = Phase::Failed(error.clone());
-            let message = format!("{error}; {RELEASED}");
-            Some(stopped(
-                phase,
-                DrainOutcome::Failed,
-                cond::DRAIN_FAILED,
-                message,
-            ))
-        }
+        Ended::Done(Err(error)) => Some(failed(crate::error::chain(&error).to_string())),
+        Ended::Hook(error) => Some(failed(error.to_string())),
         Ended::Stopped(reason) => {
             let message = format!("{reason}; {remaining}; {RELEASED}");
             let phase = Phase::Stopped(reason);

@@ -12,6 +12,7 @@ use std::fmt;
 use serde::Serialize;
 
 use super::filters::PodKey;
+use super::hooks::HookStep;
 
 /// Most blocker groups named in the condition message; more are summed into one group so
 /// the message stays short enough to read in `kubectl describe node`.
@@ -80,6 +81,9 @@ pub struct Progress {
     /// Pods of later tiers, not evicted yet.
     #[serde(skip_serializing_if = "is_zero")]
     pub waiting: usize,
+    /// The maintenance hook running now, if one is (see [`crate::agent::hooks`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hook: Option<HookStep>,
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -110,6 +114,9 @@ pub(crate) fn pods(n: usize) -> &'static str {
 impl Progress {
     /// The condition message (see the module documentation).
     pub fn message(&self) -> String {
+        if let Some(hook) = &self.hook {
+            return hook.to_string();
+        }
         let message = self.pods_message();
         let Some(tier) = self.tier.as_ref().filter(|t| t.count > 1) else {
             return message;

@@ -42,6 +42,14 @@ pub mod reason {
     pub const DRAIN_FAILED: &str = "graceful-drain.io/DrainFailed";
     pub const DRAIN_STOPPED: &str = "graceful-drain.io/DrainStopped";
     pub const UNCORDONED: &str = "graceful-drain.io/Uncordoned";
+    /// A maintenance hook was started.
+    pub const HOOK_STARTED: &str = "graceful-drain.io/HookStarted";
+    /// A maintenance hook answered done.
+    pub const HOOK_SUCCEEDED: &str = "graceful-drain.io/HookSucceeded";
+    /// A maintenance hook failed or timed out.
+    pub const HOOK_FAILED: &str = "graceful-drain.io/HookFailed";
+    /// A maintenance hook could not be called or gave no usable answer (retried).
+    pub const HOOK_UNREACHABLE: &str = "graceful-drain.io/HookUnreachable";
     /// A Node read or write keeps failing (retried).
     pub const NODE_UPDATE_FAILED: &str = "graceful-drain.io/NodeUpdateFailed";
     /// The watch on the node's pods keeps failing (retried).

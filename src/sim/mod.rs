@@ -13,6 +13,7 @@ pub mod controllers;
 pub mod lb;
 pub mod scenario;
 pub mod traffic;
+pub mod vmhost;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

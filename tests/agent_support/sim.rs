@@ -102,11 +102,18 @@ impl SimApi {
             api.create(crd).await;
         }
         api.create(node(NODE).ready_is(true)).await;
+        api.create_event(EVENT, graceful_drain::lifecycle::DRAIN_TRANSITION)
+            .await;
+        api
+    }
+
+    /// Creates LifecycleEvent `name` for `transition` on `n1`, claimed, its SLA an hour away.
+    pub async fn create_event(&self, name: &str, transition: &str) {
         let sla = jiff::Timestamp::now() + std::time::Duration::from_secs(3600);
         let mut event = LifecycleEvent::new(
-            EVENT,
+            name,
             LifecycleEventSpec {
-                transition_name: graceful_drain::lifecycle::DRAIN_TRANSITION.into(),
+                transition_name: transition.into(),
                 binding_node: NODE.into(),
             },
         );
@@ -115,8 +122,7 @@ impl SimApi {
             sla: Some(sla.to_string()),
             ..LifecycleEventStatus::default()
         });
-        api.create(event).await;
-        api
+        self.create(event).await;
     }
 
     /// A cluster admin's client (setup and reads; not recorded).
