@@ -91,7 +91,8 @@ render everything cert-manager --set metrics.serviceMonitor.enabled=true \
   --set webhook.podAntiAffinity=hard --set certificates.certManager.issuerRef.name=corp-ca \
   --set certificates.certManager.issuerRef.kind=ClusterIssuer --set webhook.failurePolicy=Fail \
   --set agent.drain.force=true --set agent.drain.gracePeriodSeconds=30 --set agent.drain.timeout=10m \
-  --set agent.drain.ignoreDaemonsets=false --set webhook.deregistrationDelay=45s
+  --set agent.drain.ignoreDaemonsets=false --set webhook.deregistrationDelay=45s \
+  --set-json "agent.hooks=[{\"name\":\"evacuate-vms\",\"at\":\"before-eviction\",\"timeout\":\"30m\",\"https\":{\"url\":\"https://vm-evacuator.ops.svc/evacuate\",\"caBundle\":\"$CA_BUNDLE\"}},{\"name\":\"report\",\"at\":\"after-last-pod\",\"optional\":true,\"job\":{\"namespace\":\"ops\",\"template\":{\"spec\":{\"template\":{\"spec\":{\"containers\":[{\"name\":\"report\",\"image\":\"busybox\"}]}}}}}}]"
 render minimal self-signed --set agent.enabled=false --set lifecycleCrds.install=false
 
 for name in cert-manager self-signed secret everything minimal; do
@@ -145,6 +146,7 @@ bad_values=(
   "webhook.bogus=1"                         # unknown key
   "unknownTopLevel=1"                       # unknown key
   "agent.drain.forse=true"                  # unknown (misspelt) key
+  "agent.hooks[0].name=x"                   # a hook without at, https or job
   "certificates.mode=secret"                # secret mode without name/caBundle
 )
 for bad in "${bad_values[@]}"; do

@@ -786,7 +786,7 @@ impl Hook {
         id: &str,
     ) -> Result<Answer, CallError> {
         let name = self.job_name(id);
-        let job = job_for(spec, &name, &self.spec, ctx);
+        let job = job_for(spec, &name, &self.spec, ctx.node, ctx.event);
         let api: Api<Job> = Api::namespaced(ctx.client.clone(), &spec.namespace);
         let created =
             tokio::time::timeout(API_TIMEOUT, api.create(&PostParams::default(), &job)).await;
@@ -904,7 +904,7 @@ async fn post(
 
 /// The Job a hook run creates: the template's, named `name`, pinned to the node,
 /// tolerating its cordon, labelled with the hook, and told where it runs.
-fn job_for(spec: &JobSpec, name: &str, hook: &HookSpec, ctx: &HookContext<'_>) -> Job {
+fn job_for(spec: &JobSpec, name: &str, hook: &HookSpec, node: &str, event: Option<&str>) -> Job {
     let mut metadata = spec.template.metadata.clone().unwrap_or_default();
     metadata.name = Some(name.to_string());
     metadata.namespace = Some(spec.namespace.clone());
@@ -921,7 +921,7 @@ fn job_for(spec: &JobSpec, name: &str, hook: &HookSpec, ctx: &HookContext<'_>) -
         .get_or_insert_with(Default::default)
         .insert(crate::labels::HOOK_LABEL.into(), hook.name.clone());
     let pod_spec = pod.spec.get_or_insert_with(Default::default);
-    pod_spec.node_name = Some(ctx.node.to_string());
+    pod_spec.node_name = Some(node.to_string());
     if pod_spec.restart_policy.is_none() {
         pod_spec.restart_policy = Some("Never".into());
     }
@@ -935,11 +935,11 @@ fn job_for(spec: &JobSpec, name: &str, hook: &HookSpec, ctx: &HookContext<'_>) -
             ..Toleration::default()
         });
     let env = [
-        ("GRACEFUL_DRAIN_NODE", ctx.node.to_string()),
+        ("GRACEFUL_DRAIN_NODE", node.to_string()),
         ("GRACEFUL_DRAIN_HOOK_AT", hook.at.name().to_string()),
         (
             "GRACEFUL_DRAIN_LIFECYCLE_EVENT",
-            ctx.event.unwrap_or_default().to_string(),
+            event.unwrap_or_default().to_string(),
         ),
     ];
     for container in &mut pod_spec.containers {
@@ -1022,4 +1022,146 @@ async fn write_record(
     )
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn job_spec() -> JobSpec {
+        serde_json::from_value(json!({"namespace": "ops", "template": {
+            "metadata": {"labels": {"team": "infra"}},
+            "spec": {"template": {"spec": {"containers": [
+                {"name": "a", "image": "busybox", "env": [{"name": "GRACEFUL_DRAIN_NODE", "value": "stale"}]},
+                {"name": "b", "image": "busybox"}]}}}}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_hook_job_is_pinned_to_the_node_and_told_where_it_runs() {
+        let spec = job_spec();
+        let hook: HookSpec =
+            serde_json::from_value(json!({"name": "report", "at": "after-last-pod",
+            "job": serde_json::to_value(&spec).unwrap()}))
+            .unwrap();
+        let job = job_for(&spec, "gd-report-0123abcd", &hook, "w1", Some("drain-w1"));
+        let value = serde_json::to_value(&job).unwrap();
+        assert_eq!(value["metadata"]["name"], "gd-report-0123abcd");
+        assert_eq!(value["metadata"]["namespace"], "ops");
+        assert_eq!(
+            value["metadata"]["labels"],
+            json!({"team": "infra", "graceful-drain.io/hook": "report"})
+        );
+        assert_eq!(value["spec"]["ttlSecondsAfterFinished"], JOB_TTL_SECONDS);
+        let pod = &value["spec"]["template"]["spec"];
+        assert_eq!(pod["nodeName"], "w1");
+        assert_eq!(pod["restartPolicy"], "Never");
+        assert_eq!(
+            pod["tolerations"][0]["key"],
+            "node.kubernetes.io/unschedulable"
+        );
+        for container in pod["containers"].as_array().unwrap() {
+            let env: BTreeMap<String, String> = container["env"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| {
+                    (
+                        e["name"].as_str().unwrap().into(),
+                        e["value"].as_str().unwrap().into(),
+                    )
+                })
+                .collect();
+            assert_eq!(
+                env["GRACEFUL_DRAIN_NODE"], "w1",
+                "ours replaces the template's"
+            );
+            assert_eq!(env["GRACEFUL_DRAIN_HOOK_AT"], "after-last-pod");
+            assert_eq!(env["GRACEFUL_DRAIN_LIFECYCLE_EVENT"], "drain-w1");
+            assert_eq!(env.len(), 3);
+        }
+    }
+
+    #[test]
+    fn a_jobs_conditions_are_its_answer() {
+        let job = |conditions: serde_json::Value, active: i32| -> Job {
+            serde_json::from_value(json!({"metadata": {"name": "j"}, "status": {"conditions": conditions, "active": active}}))
+                .unwrap()
+        };
+        let answer = |j: &Job| job_progress(j, "ops", "j");
+        assert_eq!(answer(&job(json!([]), 1)).status, HookStatus::InProgress);
+        assert_eq!(answer(&job(json!([]), 1)).message, "job ops/j: 1 active");
+        let done = job(json!([{"type": "Complete", "status": "True"}]), 0);
+        assert_eq!(answer(&done).status, HookStatus::Done);
+        let criteria = job(json!([{"type": "SuccessCriteriaMet", "status": "True"}]), 0);
+        assert_eq!(answer(&criteria).status, HookStatus::Done);
+        let failed = job(
+            json!([{"type": "FailureTarget", "status": "True"},
+            {"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}]),
+            0,
+        );
+        assert_eq!(
+            answer(&failed),
+            HookResponse {
+                status: HookStatus::Failed,
+                message: "job ops/j failed: DeadlineExceeded".into()
+            }
+        );
+        let not_yet = job(json!([{"type": "Complete", "status": "False"}]), 0);
+        assert_eq!(answer(&not_yet).status, HookStatus::InProgress);
+    }
+
+    #[test]
+    fn the_wire_format_is_camel_case() {
+        let request = HookRequest {
+            api_version: HOOK_API_VERSION.into(),
+            kind: "HookRequest".into(),
+            action: HookAction::Poll,
+            id: "abc".into(),
+            hook: "evacuate-vms".into(),
+            at: HookPoint::BeforeEviction,
+            node: "w1".into(),
+            lifecycle_event: Some("drain-w1".into()),
+        };
+        assert_eq!(
+            serde_json::to_value(&request).unwrap(),
+            json!({"apiVersion": "graceful-drain.io/v1", "kind": "HookRequest", "action": "poll",
+                "id": "abc", "hook": "evacuate-vms", "at": "before-eviction", "node": "w1",
+                "lifecycleEvent": "drain-w1"})
+        );
+        let answer: HookResponse = serde_json::from_value(json!({"status": "inProgress"})).unwrap();
+        assert_eq!(answer.status, HookStatus::InProgress);
+        assert!(serde_json::from_value::<HookResponse>(json!({"status": "maybe"})).is_err());
+        let step = HookStep {
+            name: "evacuate-vms".into(),
+            at: HookPoint::BeforeEviction,
+            message: "2/6 VMs moved".into(),
+        };
+        assert_eq!(
+            step.to_string(),
+            "hook evacuate-vms (before-eviction): 2/6 VMs moved"
+        );
+    }
+
+    #[test]
+    fn the_timeout_counts_from_the_recorded_start() {
+        let started: jiff::Timestamp = "2025-01-15T08:00:00Z".parse().unwrap();
+        let record = HookRecord {
+            at: HookPoint::BeforeEviction,
+            operation: "drain-w1".into(),
+            id: "a".into(),
+            state: RecordState::InProgress,
+            message: String::new(),
+            started_at: started,
+            finished_at: None,
+        };
+        let deadline = deadline_of(&record, Duration::from_secs(600));
+        assert_eq!(deadline.to_string(), "2025-01-15T08:10:00Z");
+        assert_eq!(
+            until(started),
+            Duration::ZERO,
+            "a past deadline leaves nothing"
+        );
+    }
 }

@@ -47,7 +47,42 @@ pub async fn render(client: &kube::Client, node: Option<&str>, now: Timestamp) -
     };
     out.push('\n');
     out.push_str(&nodes_table(&nodes));
+    let hooks = hooks_table(&nodes, now);
+    if !hooks.is_empty() {
+        out.push('\n');
+        out.push_str(&hooks);
+    }
     Ok(out)
+}
+
+/// The last run of each maintenance hook on the nodes (the `graceful-drain.io/hooks`
+/// annotation); empty when no node has run one.
+pub fn hooks_table(nodes: &[Node], now: Timestamp) -> String {
+    let mut table =
+        vec![["NODE", "HOOK", "AT", "EVENT", "STATE", "AGE", "MESSAGE"].map(String::from)];
+    for n in nodes {
+        let mut records: Vec<_> = crate::agent::hooks::records(n).into_iter().collect();
+        records.sort_by_key(|(_, r)| r.started_at);
+        for (name, r) in records {
+            let state = serde_json::to_value(r.state)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default();
+            table.push([
+                n.name_any(),
+                name,
+                r.at.name().to_string(),
+                r.operation,
+                state,
+                age(now, r.started_at),
+                r.message,
+            ]);
+        }
+    }
+    if table.len() == 1 {
+        return String::new();
+    }
+    format_table(&table)
 }
 
 /// The events table (sorted by creation), or a line saying there are none.
@@ -252,6 +287,32 @@ mod tests {
                 "no (cordoned)"
             ]
         );
+    }
+
+    #[test]
+    fn hooks_table_shows_each_hooks_last_run() {
+        let records = serde_json::json!({
+            "evacuate-vms": {"at": "before-eviction", "operation": "drain-w1", "id": "a1",
+                "state": "inProgress", "message": "migrating: 2/6 VMs moved",
+                "startedAt": "2027-01-15T08:00:00Z"},
+            "enable-vms": {"at": "after-uncordon", "operation": "uncordon-w1", "id": "b2",
+                "state": "done", "message": "node w1 accepts VMs again",
+                "startedAt": "2027-01-15T07:00:00Z"},
+        });
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "w1", "annotations": {"graceful-drain.io/hooks": records.to_string()}},
+        }))
+        .unwrap();
+        let now: Timestamp = "2027-01-15T08:00:45Z".parse().unwrap();
+        assert_eq!(
+            hooks_table(std::slice::from_ref(&node), now),
+            "NODE   HOOK           AT                EVENT         STATE        AGE   MESSAGE\n\
+             w1     enable-vms     after-uncordon    uncordon-w1   done         60m   node w1 accepts VMs again\n\
+             w1     evacuate-vms   before-eviction   drain-w1      inProgress   45s   migrating: 2/6 VMs moved\n"
+        );
+        let plain: Node =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "w2"}})).unwrap();
+        assert_eq!(hooks_table(&[plain], now), "", "no table without hooks");
     }
 
     #[test]
