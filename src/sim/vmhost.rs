@@ -30,6 +30,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::agent::hooks::{HookAction, HookRequest, HookResponse, HookStatus};
 use crate::runtime::Shutdown;
+use crate::sim::traffic::timeline::{EventKind, Timeline};
 
 /// How the service answers.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,6 +68,8 @@ struct Inventory {
     /// When each node was left without VMs, and when it was enabled again.
     emptied: HashMap<String, Instant>,
     enabled_at: HashMap<String, Instant>,
+    /// Where the service's steps are told, if anywhere.
+    timeline: Option<Timeline>,
 }
 
 /// What the service did, for checks.
@@ -112,6 +115,7 @@ impl VmHost {
             polls: 0,
             emptied: HashMap::new(),
             enabled_at: HashMap::new(),
+            timeline: None,
         }));
         let bundle =
             crate::certs::generate("vmhost", &["localhost".into()], &[[127, 0, 0, 1].into()])?;
@@ -167,6 +171,12 @@ impl VmHost {
         .to_string()
     }
 
+    /// Records the service's steps (node disabled, each VM moved, node enabled) as steps
+    /// of `timeline`.
+    pub fn record_to(&self, timeline: Timeline) {
+        self.lock().timeline = Some(timeline);
+    }
+
     pub fn set_behaviour(&self, behaviour: Behaviour) {
         self.lock().behaviour = behaviour;
     }
@@ -218,11 +228,13 @@ impl Inventory {
             let due = (now.duration_since(run.started).as_nanos() / each.as_nanos()) as usize;
             let due = due.min(run.vms.len());
             while run.moved < due {
-                moves.push((run.node.clone(), run.vms[run.moved].clone()));
                 run.moved += 1;
+                // When the migration finished, which may be before this request.
+                let at = run.started + each * u32::try_from(run.moved).unwrap_or(u32::MAX);
+                moves.push((run.node.clone(), run.vms[run.moved - 1].clone(), at));
             }
         }
-        for (from, vm) in moves {
+        for (from, vm, at) in moves {
             // To the enabled node with the fewest VMs (never back to a disabled one).
             let target = self
                 .vms
@@ -231,13 +243,21 @@ impl Inventory {
                 .min_by_key(|(_, vms)| vms.len())
                 .map(|(n, _)| n.clone());
             let Some(target) = target else { continue };
+            self.tell(at, format!("vm host: {vm} moved {from} -> {target}"));
             if let Some(list) = self.vms.get_mut(&from) {
                 list.retain(|v| *v != vm);
                 if list.is_empty() {
-                    self.emptied.insert(from.clone(), now);
+                    self.emptied.insert(from.clone(), at);
+                    self.tell(at, format!("vm host: no VM left on {from}"));
                 }
             }
             self.vms.entry(target).or_default().push(vm);
+        }
+    }
+
+    fn tell(&self, at: Instant, what: String) {
+        if let Some(timeline) = &self.timeline {
+            timeline.record_at(at, EventKind::Step, what);
         }
     }
 
@@ -297,6 +317,12 @@ async fn evacuate(State(shared): State<Shared>, Json(request): Json<HookRequest>
                 .get(&request.node)
                 .cloned()
                 .unwrap_or_default();
+            let what = format!(
+                "vm host: {} disabled, {} VMs to move",
+                request.node,
+                vms.len()
+            );
+            inventory.tell(now, what);
             if vms.is_empty() {
                 inventory.emptied.entry(request.node.clone()).or_insert(now);
             }
@@ -331,7 +357,9 @@ async fn enable(State(shared): State<Shared>, Json(request): Json<HookRequest>) 
     if let Behaviour::Fail(message) = &inventory.behaviour {
         return failed(message);
     }
-    inventory.disabled.remove(&request.node);
+    if inventory.disabled.remove(&request.node) {
+        inventory.tell(Instant::now(), format!("vm host: {} enabled", request.node));
+    }
     inventory
         .enabled_at
         .insert(request.node.clone(), Instant::now());

@@ -148,16 +148,43 @@ pub async fn lifecycle_drain(
     node: &str,
     timeout: Duration,
 ) -> Result<(), Error> {
+    let transition = (DRAIN_TRANSITION, DRAIN_COMPLETE, "drain");
+    lifecycle_transition(client, node, transition, timeout).await
+}
+
+/// Returns `node` to service through a LifecycleEvent of the maintenance-complete
+/// transition and waits until the node reports `maintenance-complete`.
+pub async fn lifecycle_uncordon(
+    client: &kube::Client,
+    node: &str,
+    timeout: Duration,
+) -> Result<(), Error> {
+    let transition = (
+        crate::lifecycle::MAINTENANCE_TRANSITION,
+        crate::lifecycle::MAINTENANCE_COMPLETE,
+        "uncordon",
+    );
+    lifecycle_transition(client, node, transition, timeout).await
+}
+
+/// Creates a LifecycleEvent (named `<prefix>-<node>-…`) of `transition` for `node` and
+/// waits until the node's transition condition says `end`.
+async fn lifecycle_transition(
+    client: &kube::Client,
+    node: &str,
+    (transition, end, prefix): (&str, &str, &str),
+    timeout: Duration,
+) -> Result<(), Error> {
     let events: Api<LifecycleEvent> = Api::all(client.clone());
     let mut event = LifecycleEvent::new(
         "",
         LifecycleEventSpec {
-            transition_name: DRAIN_TRANSITION.into(),
+            transition_name: transition.into(),
             binding_node: node.into(),
         },
     );
     event.metadata.name = None;
-    event.metadata.generate_name = Some(format!("drain-{node}-"));
+    event.metadata.generate_name = Some(format!("{prefix}-{node}-"));
     let created = events
         .create(&PostParams::default(), &event)
         .await
@@ -182,7 +209,9 @@ pub async fn lifecycle_drain(
                 .find(|c| c.type_ == TRANSITION_CONDITION)
                 .and_then(|c| c.reason)
         });
-        if reason.as_deref() == Some(DRAIN_COMPLETE) {
+        // Only the reason this event's transition ends with (a drain's
+        // `drain-complete` stays on the node until the uncordon replaces it).
+        if reason.as_deref() == Some(end) {
             return Ok(());
         }
         if Instant::now() >= deadline {

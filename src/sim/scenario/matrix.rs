@@ -42,6 +42,11 @@ pub enum Disruption {
     /// Drain the busiest node; roll the webhook over to a new replica once the first pod
     /// is isolated.
     DrainRollingWebhook,
+    /// Drain the busiest node of a cluster whose nodes also host VMs (the simulated VM
+    /// host, [`crate::sim::vmhost`]), then return it to service; with graceful-drain its
+    /// maintenance hooks move the VMs away before any eviction and enable the node again
+    /// after the uncordon (see [`super::vm_scenario`]).
+    DrainWithVms,
     /// `kubectl rollout restart` of the Deployment.
     Rollout,
 }
@@ -273,6 +278,13 @@ fn workload_scenarios() -> Vec<Scenario> {
                 no_tweak,
             )
         },
+        s(
+            "vm-evacuation-drain",
+            "drain of a node that also hosts VMs: maintenance hooks move them away before any eviction and enable the node after uncordon (without protection they are stranded)",
+            Disruption::DrainWithVms,
+            Budget::Default,
+            no_tweak,
+        ),
         Scenario {
             protected_5xx: true,
             ..s(
@@ -297,6 +309,8 @@ pub struct Row {
     pub lower_bound: Duration,
     /// Why the row differs from what its scenario expects, if it does.
     pub unexpected: Option<String>,
+    /// What the scenario checked beyond requests, shown in the check column.
+    pub note: Option<String>,
     /// The cluster's events from the disruption on, also for a run that failed.
     pub timeline: Vec<Event>,
 }
@@ -355,11 +369,13 @@ async fn run_one(
         (_, disruption) => lower_bound(cfg, disruption, protection),
     };
     let mut unprotected = 0;
+    let mut checked = None;
     let (outcome, timeline) = run_disruption(cfg, scenario, protection, shutdown).await;
     let result = match outcome {
-        Ok((measured, count)) => {
-            unprotected = count;
-            Ok(measured)
+        Ok(outcome) => {
+            unprotected = outcome.unprotected;
+            checked = outcome.checked;
+            Ok(outcome.measured)
         }
         Err(e) => Err(crate::error::chain(&e).to_string()),
     };
@@ -370,9 +386,17 @@ async fn run_one(
         unprotected,
         lower_bound,
         unexpected: None,
+        note: None,
         timeline,
     };
     row.unexpected = judge(&row, scenario);
+    match checked {
+        Some(Ok(note)) => row.note = Some(note),
+        Some(Err(problem)) => {
+            row.unexpected.get_or_insert(problem);
+        }
+        None => {}
+    }
     row
 }
 
@@ -459,7 +483,7 @@ async fn run_disruption(
     scenario: &Scenario,
     protection: Protection,
     shutdown: &Shutdown,
-) -> (Result<(Measured, usize), Error>, Vec<Event>) {
+) -> (Result<Outcome, Error>, Vec<Event>) {
     let cluster = match Cluster::start(cfg.cluster.clone(), shutdown.clone()).await {
         Ok(cluster) => cluster,
         Err(e) => return (Err(e.into()), Vec::new()),
@@ -474,6 +498,15 @@ async fn run_disruption(
     (outcome, cluster.timeline().between(from, Instant::now()))
 }
 
+/// What one run measured and checked.
+pub(super) struct Outcome {
+    pub(super) measured: Measured,
+    /// Pods deleted unprotected (see [`unprotected_deletions`]).
+    pub(super) unprotected: usize,
+    /// A scenario's own check: a note when it held, the problem when not.
+    pub(super) checked: Option<Result<String, String>>,
+}
+
 /// The body of [`run_disruption`]; `started` records when the disruption began.
 async fn disrupt(
     cluster: &Cluster,
@@ -481,7 +514,10 @@ async fn disrupt(
     scenario: &Scenario,
     protection: Protection,
     started_at: &std::sync::Mutex<Option<Instant>>,
-) -> Result<(Measured, usize), Error> {
+) -> Result<Outcome, Error> {
+    if scenario.disruption == Disruption::DrainWithVms {
+        return super::vm_scenario::run(cluster, cfg, scenario, protection, started_at).await;
+    }
     let mut components = match protection {
         Protection::None => None,
         Protection::GracefulDrain => Some(Components::start(cluster, &cfg.components).await?),
@@ -537,11 +573,19 @@ async fn disrupt(
         .timeline()
         .between(cluster.timeline().start(), Instant::now());
     let window = started.saturating_duration_since(cluster.timeline().start());
-    Ok((measured, unprotected_deletions(&events, window)))
+    Ok(Outcome {
+        measured,
+        unprotected: unprotected_deletions(&events, window),
+        checked: None,
+    })
 }
 
 /// Replaces the default PDB as `budget` says.
-async fn set_budget(cluster: &Cluster, cfg: &ScenarioConfig, budget: &Budget) -> Result<(), Error> {
+pub(super) async fn set_budget(
+    cluster: &Cluster,
+    cfg: &ScenarioConfig,
+    budget: &Budget,
+) -> Result<(), Error> {
     let api: Api<PodDisruptionBudget> = Api::namespaced(cluster.client(), &cfg.web.namespace);
     let name = &cfg.web.name;
     let object = format!("pdb {}", cfg.web.service_key());
@@ -701,10 +745,11 @@ pub fn table(report: &Report) -> String {
         "check"
     );
     for r in &report.rows {
-        let check = r
-            .unexpected
-            .as_deref()
-            .map_or("ok".to_string(), |why| format!("UNEXPECTED: {why}"));
+        let check = match (&r.unexpected, &r.note) {
+            (Some(why), _) => format!("UNEXPECTED: {why}"),
+            (None, Some(note)) => format!("ok: {note}"),
+            (None, None) => "ok".to_string(),
+        };
         let _ = match &r.result {
             Ok(m) => writeln!(
                 out,
@@ -789,6 +834,7 @@ mod tests {
             unprotected,
             lower_bound: Duration::ZERO,
             unexpected: None,
+            note: None,
             timeline: Vec::new(),
         };
         assert!(judge(&row(Protection::None, measured(3), 1), &scenario).is_none());

@@ -8,6 +8,7 @@ pub mod actions;
 pub mod components;
 pub mod lb_scenarios;
 pub mod matrix;
+mod vm_scenario;
 pub mod workloads;
 
 use std::collections::BTreeMap;
