@@ -45,7 +45,7 @@ pub enum Disruption {
     /// Drain the busiest node of a cluster whose nodes also host VMs (the simulated VM
     /// host, [`crate::sim::vmhost`]), then return it to service; with graceful-drain its
     /// maintenance hooks move the VMs away before any eviction and enable the node again
-    /// after the uncordon (see [`super::vm_scenario`]).
+    /// after the uncordon (the `vm-evacuation-drain` scenario).
     DrainWithVms,
     /// `kubectl rollout restart` of the Deployment.
     Rollout,
