@@ -565,3 +565,74 @@ async fn the_agents_client_hands_every_429_to_the_drain_instead_of_retrying_it()
         other => panic!("expected the 429, got {other:?}"),
     }
 }
+
+/// A Job hook on the simulated cluster's own Job controller and kubelets: once every pod
+/// has left the node, the Job's pod runs on that (cordoned) node, and the drain completes
+/// only after the Job does, with an Event on the Node saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_hook_runs_on_the_drained_node_before_drain_complete() {
+    let hooks = json!([{"name": "report", "at": "after-last-pod", "pollInterval": "200ms",
+        "job": {"namespace": "ops", "template": {"spec": {"backoffLimit": 0, "template": {
+            "metadata": {"annotations": {"sim.graceful-drain.io/run-for": "2s"}},
+            "spec": {"containers": [{"name": "report", "image": "busybox"}]}}}}}}])
+    .to_string();
+    let mut flags = FAST_AGENT.to_vec();
+    flags.extend(["--hooks", hooks.as_str()]);
+    let (cluster, _components) = protected_cluster(Duration::from_secs(1), &flags).await;
+    let admin = cluster.client();
+    let ns = k8s_openapi::api::core::v1::Namespace {
+        metadata: kube::api::ObjectMeta {
+            name: Some("ops".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::all(admin.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+
+    cli(&admin, "drain").await.unwrap();
+    assert_no_web_pods_left(&admin).await;
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(admin.clone(), "default");
+    let done = events
+        .list(&ListParams::default().fields("reason=graceful-drain.io/HookSucceeded"))
+        .await
+        .unwrap()
+        .items;
+    let message = done
+        .first()
+        .and_then(|e| e.message.clone())
+        .unwrap_or_default();
+    assert!(
+        message.starts_with("hook report (after-last-pod) done after"),
+        "{done:?}"
+    );
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(admin.clone(), "ops");
+    let job = jobs.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(job.len(), 1);
+    let complete = job[0]
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| {
+            c.iter()
+                .any(|c| c.type_ == "Complete" && c.status == "True")
+        });
+    assert!(complete, "drain-complete came after the Job completed");
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "ops");
+    let ran = pods
+        .list(&ListParams::default().labels("graceful-drain.io/hook=report"))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(ran.len(), 1);
+    assert_eq!(
+        ran[0].spec.as_ref().unwrap().node_name.as_deref(),
+        Some(NODE)
+    );
+    assert_eq!(
+        ran[0].status.as_ref().unwrap().phase.as_deref(),
+        Some("Succeeded")
+    );
+}
