@@ -29,6 +29,9 @@ pub const HOOK_LABEL: &str = "graceful-drain.io/hook";
 /// LifecycleEvent annotation overriding the node agent's `--last-pod-selector` for that
 /// drain (an empty value: no last tier).
 pub const LAST_POD_SELECTOR_ANNOTATION: &str = "graceful-drain.io/last-pod-selector";
+/// LifecycleEvent annotation replacing the node agent's `--tiers` for that drain (the same
+/// JSON list of eviction tiers); a value that cannot be used fails the drain.
+pub const TIERS_ANNOTATION: &str = "graceful-drain.io/tiers";
 /// Field manager and user-agent we present to the API server.
 pub const FIELD_MANAGER: &str = "graceful-drain";
 /// Mirror-pod annotation set by the kubelet on static pods.

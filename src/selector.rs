@@ -1,12 +1,13 @@
 //! Label selectors: one matcher, kube-core's [`Selector`], for every form a selector takes
 //! here — a typed `metav1.LabelSelector` (ReplicaSets, PodDisruptionBudgets), the same
 //! object as JSON (the simulated API server's PDB and webhook selectors) and the
-//! `labelSelector` query syntax (which the simulated API server parses into a [`Selector`]).
+//! `labelSelector` query syntax ([`parse_label_selector`]: the simulated API server's LIST
+//! parameters, the node agent's eviction tiers).
 //!
 //! A selector that Kubernetes would reject (an unknown operator, `In`/`NotIn` without
 //! values) selects nothing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 pub use kube::core::{Expression, Selector, SelectorExt};
@@ -29,6 +30,91 @@ pub fn selector_object_matches(selector: Option<&Value>, labels: Option<&Value>)
         return false;
     };
     selector_matches(&selector, &json_labels(labels))
+}
+
+/// Parses the `labelSelector` query syntax (`=`, `==`, `!=`, `in (..)`, `notin (..)`,
+/// `key`, `!key`, comma-separated); the empty string selects everything.
+pub fn parse_label_selector(s: &str) -> Result<Selector, String> {
+    if s.trim().is_empty() {
+        return Ok(Selector::default());
+    }
+    split_top_level(s)
+        .into_iter()
+        .map(parse_label_req)
+        .collect()
+}
+
+/// Splits on commas that are not inside parentheses.
+fn split_top_level(s: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let mut depth = 0usize;
+    let mut start = 0;
+    for (i, c) in s.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                parts.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&s[start..]);
+    parts
+}
+
+fn parse_set(rest: &str) -> Result<BTreeSet<String>, String> {
+    let rest = rest.trim();
+    let inner = rest
+        .strip_prefix('(')
+        .and_then(|r| r.strip_suffix(')'))
+        .ok_or_else(|| format!("expected a parenthesised set, got {rest:?}"))?;
+    Ok(inner
+        .split(',')
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+        .collect())
+}
+
+fn valid_key(key: &str) -> Result<String, String> {
+    let key = key.trim();
+    if key.is_empty() || key.contains(char::is_whitespace) {
+        return Err(format!("invalid label key {key:?}"));
+    }
+    Ok(key.to_string())
+}
+
+fn parse_label_req(term: &str) -> Result<Expression, String> {
+    let term = term.trim();
+    if let Some(key) = term.strip_prefix('!') {
+        return Ok(Expression::DoesNotExist(valid_key(key)?));
+    }
+    if let Some((key, value)) = term.split_once("!=") {
+        return Ok(Expression::NotEqual(
+            valid_key(key)?,
+            value.trim().to_string(),
+        ));
+    }
+    if let Some((key, value)) = term.split_once("==") {
+        return Ok(Expression::Equal(valid_key(key)?, value.trim().to_string()));
+    }
+    if let Some((key, value)) = term.split_once('=') {
+        return Ok(Expression::Equal(valid_key(key)?, value.trim().to_string()));
+    }
+    let mut words = term.splitn(2, char::is_whitespace);
+    let key = words.next().unwrap_or_default();
+    let rest = words.next().unwrap_or_default().trim_start();
+    if rest.is_empty() {
+        return Ok(Expression::Exists(valid_key(key)?));
+    }
+    if let Some(set) = rest.strip_prefix("notin") {
+        return Ok(Expression::NotIn(valid_key(key)?, parse_set(set)?));
+    }
+    if let Some(set) = rest.strip_prefix("in") {
+        return Ok(Expression::In(valid_key(key)?, parse_set(set)?));
+    }
+    Err(format!("unable to parse requirement {term:?}"))
 }
 
 /// The string-valued entries of a JSON label map.

@@ -637,9 +637,15 @@ fn lingering(name: &str) -> k8s_openapi::api::core::v1::Pod {
 }
 
 /// Runs a drain with the agent's `flags` through `steps`: at each, waits for the node
-/// condition `message`, checks that exactly `evicted` have been evicted (in that order),
-/// then lets the terminating pods go; the drain must then complete.
-async fn drain_in_tiers(api: &SimApi, flags: &[&str], steps: &[(&str, &[&str])]) {
+/// condition `message`, checks that exactly `evicted` (in any order) have been evicted so far,
+/// then lets the terminating pods go; the drain must then complete. Checks that the
+/// `graceful-drain.io/DrainPlan` Event went out before the first eviction and returns its
+/// message and the agent's `/status` once done.
+async fn drain_in_tiers(
+    api: &SimApi,
+    flags: &[&str],
+    steps: &[(&str, &[&str])],
+) -> (String, Value) {
     let dir = tempfile::tempdir().unwrap();
     let shutdown = Shutdown::new();
     let started = agent::start(
@@ -649,7 +655,7 @@ async fn drain_in_tiers(api: &SimApi, flags: &[&str], steps: &[(&str, &[&str])])
     )
     .await
     .unwrap();
-    let agent_state = started.agent.clone();
+    let (agent_state, admin) = (started.agent.clone(), started.admin_addr);
     let mut kubelet = Kubelet::register(&started.registration_socket, NODE).await;
     let running = tokio::spawn(started.wait());
     kubelet.start("graceful-drain", NODE).await;
@@ -660,15 +666,38 @@ async fn drain_in_tiers(api: &SimApi, flags: &[&str], steps: &[(&str, &[&str])])
             .iter()
             .map(|r| r.pod().to_string())
             .collect();
+        pods.sort();
         pods.dedup();
-        assert_eq!(pods, *evicted, "at {message}");
+        let mut want = evicted.to_vec();
+        want.sort();
+        assert_eq!(pods, want, "at {message}");
         api.finish_terminating().await;
     }
     let done = kubelet.end_until("graceful-drain", "drain-complete").await;
     assert_eq!(done.error, "");
     assert!(api.pod_names().await.is_empty());
+    let requests = api.requests();
+    let is_plan = |r: &agent_support::sim::Recorded| {
+        r.path.ends_with("/events") && r.body["reason"] == "graceful-drain.io/DrainPlan"
+    };
+    let plan_at = requests
+        .iter()
+        .position(is_plan)
+        .expect("a DrainPlan Event");
+    let first_eviction = requests.iter().position(|r| r.path.ends_with("/eviction"));
+    assert!(
+        first_eviction.is_some_and(|at| plan_at < at),
+        "the plan comes first"
+    );
+    let plan = requests[plan_at].body["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (_, status) = get(admin, "/status").await;
+    let status = serde_json::from_str(status.split("\r\n\r\n").nth(1).unwrap()).unwrap();
     shutdown.cancel();
     running.await.unwrap();
+    (plan, status)
 }
 
 /// Eviction tiers: an ordinary pod first, a system-critical one once it is gone, and the
@@ -697,7 +726,19 @@ async fn pods_are_evicted_tier_by_tier() {
             &["web-1", "dns-1", "ingress-1"],
         ),
     ];
-    drain_in_tiers(&api, &["--last-pod-selector", "app=ingress"], &steps).await;
+    let (plan, status) =
+        drain_in_tiers(&api, &["--last-pod-selector", "app=ingress"], &steps).await;
+    assert_eq!(
+        plan,
+        "plan: 1/3 workloads: 1 pod (shop/web-1); 2/3 system-critical: 1 pod (shop/dns-1); \
+         3/3 last: 1 pod (shop/ingress-1)"
+    );
+    assert_eq!(
+        status["progress"]["plan"],
+        json!([{"name": "workloads", "pods": ["shop/web-1"]},
+               {"name": "system-critical", "pods": ["shop/dns-1"]},
+               {"name": "last", "pods": ["shop/ingress-1"]}])
+    );
     let tiers = api.events("graceful-drain.io/EvictionTier").await;
     let messages: Vec<&str> = tiers.iter().filter_map(|e| e.message.as_deref()).collect();
     assert_eq!(
@@ -736,4 +777,145 @@ async fn an_event_annotation_sets_the_last_tier_of_its_drain() {
         ),
     ];
     drain_in_tiers(&api, &[], &steps).await;
+}
+
+/// Tiers configured with `--tiers`: by namespace, then by PriorityClass, with the
+/// `--last-pod-selector` tier after them. A pod goes to the first tier matching it (the
+/// database pod of the critical class is a database), and a system-critical pod is an
+/// ordinary workload once the tiers are configured without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configured_tiers_evict_by_namespace_then_priority_class() {
+    use k8s_openapi::api::core::v1::Namespace;
+    let api = SimApi::start(Faults::default()).await;
+    api.create(Namespace {
+        metadata: ObjectMeta {
+            name: Some("db".into()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    })
+    .await;
+    let with_class = |mut pod: k8s_openapi::api::core::v1::Pod, class: &str| {
+        pod.spec.as_mut().unwrap().priority_class_name = Some(class.into());
+        pod
+    };
+    api.create(lingering("web-1")).await;
+    api.create(with_class(lingering("dns-1"), "system-cluster-critical"))
+        .await;
+    api.create(lingering("pg-0").ns("db")).await;
+    api.create(with_class(lingering("pg-1").ns("db"), "critical-queue"))
+        .await;
+    api.create(with_class(lingering("queue-0"), "critical-queue"))
+        .await;
+    api.create(lingering("ingress-1").label("app", "ingress"))
+        .await;
+    let tiers = r#"[{"name":"databases","match":[{"namespaces":["db"]}]},
+        {"name":"queues","match":[{"priorityClassNames":["critical-queue"]}]}]"#;
+    let steps: [(&str, &[&str]); 4] = [
+        (
+            "tier 1/4 (workloads): 2 pods remaining: 2 terminating; 4 in later tiers",
+            &["dns-1", "web-1"],
+        ),
+        (
+            "tier 2/4 (databases): 2 pods remaining: 2 terminating; 2 in later tiers",
+            &["dns-1", "pg-0", "pg-1", "web-1"],
+        ),
+        (
+            "tier 3/4 (queues): 1 pod remaining: 1 terminating; 1 in later tiers",
+            &["dns-1", "pg-0", "pg-1", "queue-0", "web-1"],
+        ),
+        (
+            "tier 4/4 (last): 1 pod remaining: 1 terminating",
+            &["dns-1", "ingress-1", "pg-0", "pg-1", "queue-0", "web-1"],
+        ),
+    ];
+    let flags = ["--tiers", tiers, "--last-pod-selector", "app=ingress"];
+    let (plan, _) = drain_in_tiers(&api, &flags, &steps).await;
+    assert_eq!(
+        plan,
+        "plan: 1/4 workloads: 2 pods (shop/dns-1, shop/web-1); 2/4 databases: 2 pods \
+         (db/pg-0, db/pg-1); 3/4 queues: 1 pod (shop/queue-0); 4/4 last: 1 pod (shop/ingress-1)"
+    );
+}
+
+/// A LifecycleEvent's `graceful-drain.io/tiers` annotation replaces `--tiers` for its
+/// drain; one that cannot be used fails the drain before any eviction, naming the event
+/// and what is wrong, instead of draining with the agent's tiers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_annotation_sets_the_tiers_and_a_bad_one_fails_the_drain() {
+    use graceful_drain::lifecycle::LifecycleEvent;
+    let annotate = |api: &SimApi, tiers: &str| {
+        let patch = Patch::Merge(json!({"metadata": {"annotations": {
+            "graceful-drain.io/tiers": tiers}}}));
+        let events = Api::<LifecycleEvent>::all(api.admin());
+        async move {
+            events
+                .patch(EVENT, &PatchParams::default(), &patch)
+                .await
+                .unwrap();
+        }
+    };
+    let api = SimApi::start(Faults::default()).await;
+    api.create(lingering("web-1")).await;
+    api.create(lingering("batch-1").label("kind", "batch"))
+        .await;
+    annotate(
+        &api,
+        r#"[{"name":"batch","match":[{"podSelector":"kind=batch"}]},{"name":"rest"}]"#,
+    )
+    .await;
+    let steps: [(&str, &[&str]); 2] = [
+        (
+            "tier 1/2 (batch): 1 pod remaining: 1 terminating; 1 in later tiers",
+            &["batch-1"],
+        ),
+        (
+            "tier 2/2 (rest): 1 pod remaining: 1 terminating",
+            &["batch-1", "web-1"],
+        ),
+    ];
+    drain_in_tiers(&api, &[], &steps).await;
+
+    let api = SimApi::start(Faults::default()).await;
+    api.create(lingering("web-1")).await;
+    annotate(&api, r#"[{"name":"a"},{"name":"b"}]"#).await;
+    let dir = tempfile::tempdir().unwrap();
+    let shutdown = Shutdown::new();
+    let started = agent::start(args(dir.path(), &[]), api.agent_client(), shutdown.clone())
+        .await
+        .unwrap();
+    let mut kubelet = Kubelet::register(&started.registration_socket, NODE).await;
+    kubelet.start("graceful-drain", NODE).await;
+    let answer = kubelet.end_until("graceful-drain", "drain-complete").await;
+    assert!(
+        answer.error.contains(
+            "drain node n1: lifecycleevent ev-1: annotation graceful-drain.io/tiers: \
+             eviction tiers: tiers \"a\" and \"b\" both have no `match`"
+        ),
+        "{}",
+        answer.error
+    );
+    assert!(api.evictions().is_empty(), "nothing evicted");
+    let node = node_json(&api).await;
+    assert_eq!(condition(&node, "DrainInProgress")["reason"], "DrainFailed");
+    shutdown.cancel();
+}
+
+/// A bad `--tiers` stops the agent at startup, naming the tier.
+#[tokio::test]
+async fn a_bad_tiers_flag_stops_the_agent_at_startup() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = SimApi::start(Faults::default()).await;
+    let tiers = r#"[{"name":"edge","match":[{"podSelector":"app in ingress"}]}]"#;
+    let started = agent::start(
+        args(dir.path(), &["--tiers", tiers]),
+        api.agent_client(),
+        Shutdown::new(),
+    )
+    .await;
+    let error = started.err().expect("refused").to_string();
+    assert!(
+        error.starts_with(r#"eviction tiers: tier "edge": podSelector "app in ingress""#),
+        "{error}"
+    );
 }

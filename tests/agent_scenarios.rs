@@ -636,3 +636,64 @@ async fn a_job_hook_runs_on_the_drained_node_before_drain_complete() {
         Some("Succeeded")
     );
 }
+
+/// `graceful-drain drain NODE` prints the drain's plan — each tier with its pods — as the
+/// node agent posts it, before the first tier starts: here the web pods, then the pods of
+/// an `edge` Deployment that `--tiers` puts in a tier of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_cli_prints_the_drain_plan_before_any_eviction() {
+    let tiers = r#"[{"name":"edge","match":[{"podSelector":"app=edge"}]}]"#;
+    let mut flags = FAST_AGENT.to_vec();
+    flags.extend(["--tiers", tiers]);
+    let (cluster, _components) = protected_cluster(Duration::from_secs(1), &flags).await;
+    let edge = WebSpec {
+        name: "edge".into(),
+        replicas: 2,
+        min_available: 1,
+        grace_period_seconds: 1,
+        ..WebSpec::default()
+    };
+    cluster.deploy_web(&edge, TIMEOUT).await.unwrap();
+    let admin = cluster.client();
+    let here: Vec<String> = pods_here(&admin)
+        .await
+        .iter()
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
+    assert!(
+        here.iter().any(|n| n.starts_with("edge-")) && here.iter().any(|n| n.starts_with("web-")),
+        "both Deployments have a pod on {NODE}: {here:?}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("admin.kubeconfig");
+    cluster
+        .api()
+        .write_kubeconfig(&kubeconfig, "admin")
+        .unwrap();
+    let drain = tokio::process::Command::new(env!("CARGO_BIN_EXE_graceful-drain"))
+        .args(["drain", NODE, "--timeout=60s", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(TIMEOUT, drain)
+        .await
+        .expect("drain finished in time")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let at = |text: &str| {
+        stdout
+            .find(text)
+            .unwrap_or_else(|| panic!("{text:?} in {stdout}"))
+    };
+    let plan = at("graceful-drain.io/DrainPlan: eviction plan\n    1/2 workloads: ");
+    let edge_line = &stdout[plan..].lines().nth(2).unwrap_or_default();
+    assert!(edge_line.starts_with("    2/2 edge: "), "{stdout}");
+    assert!(plan < at("eviction tier 1/2 (workloads)"), "{stdout}");
+    assert!(plan < at(" remaining"), "{stdout}");
+    assert_no_web_pods_left(&admin).await;
+}

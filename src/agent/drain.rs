@@ -33,9 +33,9 @@ use tracing::Instrument;
 
 use super::filters::{self, DaemonSetLookup, FilterOptions, PodKey, Refused};
 use super::node::API_TIMEOUT;
-use super::progress::{Blocker, PodState, Progress, TierStep};
+use super::progress::{Blocker, PlannedTier, PodState, Progress, TierStep};
 use super::report::{EventType, EvictionOutcome, Metrics, NodeEvents, reason};
-use super::tiers::{self, Tier};
+use super::tiers::Tiers;
 use crate::labels::DRAINING_LABEL;
 
 /// First retry delay of a refused eviction.
@@ -73,8 +73,8 @@ pub struct DrainConfig {
     pub grace_period: Option<i64>,
     /// Label selector restricting the drained pods (on the list, not a filter).
     pub pod_selector: Option<String>,
-    /// Label selector of the pods evicted in the last tier (see [`super::tiers`]).
-    pub last_pod_selector: Option<String>,
+    /// The eviction tiers (`--tiers`, `--last-pod-selector`; see [`super::tiers`]).
+    pub tiers: Tiers,
     /// DELETE pods instead of evicting them (bypasses PDBs).
     pub disable_eviction: bool,
     /// Give up after this long; `None` waits until done or stopped.
@@ -91,7 +91,7 @@ impl Default for DrainConfig {
             filters: FilterOptions::default(),
             grace_period: None,
             pod_selector: None,
-            last_pod_selector: None,
+            tiers: Tiers::default(),
             disable_eviction: false,
             timeout: None,
             concurrency: 16,
@@ -125,6 +125,15 @@ pub enum Error {
         pod: PodKey,
         blocker: Blocker,
         message: String,
+    },
+    /// The drain's LifecycleEvent carries an override that cannot be used.
+    #[error("drain node {node}: lifecycleevent {event}: annotation {annotation}")]
+    Override {
+        node: String,
+        event: String,
+        annotation: &'static str,
+        #[source]
+        error: super::tiers::Error,
     },
     /// Listing the pods `--pod-selector` selects failed.
     #[error("drain node {node}: list pods matching {selector:?}: {message}")]
@@ -528,15 +537,21 @@ struct State {
     planned: usize,
     skipped: usize,
     done: usize,
-    /// Later eviction tiers, not started yet, in order.
-    waiting: VecDeque<(Tier, Vec<Pod>)>,
-    /// The tier being evicted, its 1-based position and the drain's number of tiers.
-    tier: Option<(Tier, usize, usize)>,
+    /// Names of the configured tiers, by position (see [`Tiers::names`]).
+    tier_names: Vec<String>,
+    /// Later eviction tiers (by position among the configured ones), not started yet, in
+    /// order.
+    waiting: VecDeque<(usize, Vec<Pod>)>,
+    /// The tier being evicted, its 1-based position among the drain's tiers and their
+    /// number.
+    tier: Option<(usize, usize, usize)>,
+    /// The tiers as planned from the first list, before any eviction.
+    plan: Vec<PlannedTier>,
 }
 
 impl State {
     /// Starts the next tier: returns its pods, `None` when no tier is left.
-    fn next_tier(&mut self) -> Option<(Tier, Vec<Pod>)> {
+    fn next_tier(&mut self) -> Option<(usize, Vec<Pod>)> {
         let (tier, pods) = self.waiting.pop_front()?;
         let index = self.tier.map_or(1, |(_, i, _)| i + 1);
         let count = self.tier.map_or(self.waiting.len() + 1, |(_, _, c)| c);
@@ -546,7 +561,7 @@ impl State {
 
     /// Keeps a newcomer of a later tier than the one being evicted for its tier; returns
     /// it when its tier has started (or passed) and it is to be evicted now.
-    fn defer(&mut self, tier: Tier, pod: Pod) -> Option<Pod> {
+    fn defer(&mut self, tier: usize, pod: Pod) -> Option<Pod> {
         if self.tier.is_none_or(|(current, _, _)| tier <= current) {
             return Some(pod);
         }
@@ -646,11 +661,30 @@ impl State {
             tier: self.tier.map(|(tier, index, count)| TierStep {
                 index,
                 count,
-                name: tier.name(),
+                name: self.tier_name(tier),
             }),
+            plan: self.plan.clone(),
             waiting: self.waiting.iter().map(|(_, pods)| pods.len()).sum(),
             hook: None,
         }
+    }
+}
+
+impl State {
+    fn tier_name(&self, tier: usize) -> String {
+        self.tier_names.get(tier).cloned().unwrap_or_default()
+    }
+
+    /// Records the plan: the waiting tiers, numbered as the drain will evict them.
+    fn record_plan(&mut self) {
+        self.plan = self
+            .waiting
+            .iter()
+            .map(|(tier, pods)| PlannedTier {
+                name: self.tier_name(*tier),
+                pods: pods.iter().map(PodKey::of).collect(),
+            })
+            .collect();
     }
 }
 
@@ -755,12 +789,6 @@ impl Engine {
     /// `None` without a selector.
     async fn selected(&self, pod: Option<&PodKey>) -> Result<Option<HashSet<String>>, Error> {
         self.matching(self.config.pod_selector.as_deref(), pod)
-            .await
-    }
-
-    /// UIDs of the node's pods `--last-pod-selector` selects (see [`Engine::selected`]).
-    async fn last_tier(&self, pod: Option<&PodKey>) -> Result<Option<HashSet<String>>, Error> {
-        self.matching(self.config.last_pod_selector.as_deref(), pod)
             .await
     }
 
@@ -889,8 +917,10 @@ impl Engine {
         state
             .seen
             .extend(state.pods.values().filter_map(|p| p.metadata.uid.clone()));
-        let last = self.last_tier(None).await?;
-        state.waiting = tiers::split(plan.evict, last.as_ref()).into();
+        state.tier_names = self.config.tiers.names();
+        state.waiting = self.config.tiers.split(plan.evict).into();
+        state.record_plan();
+        self.post_plan(&state.plan).await;
         let mut tasks = JoinSet::new();
         self.start_tier(&mut state, &mut tasks, &ctx).await;
         for pod in plan.awaited {
@@ -949,12 +979,12 @@ impl Engine {
         };
         if let Some((_, index, count)) = state.tier.filter(|(_, _, count)| *count > 1) {
             let n = pods.len();
+            let name = state.tier_name(tier);
             let message = format!(
-                "eviction tier {index}/{count} ({}): {n} {}",
-                tier.name(),
+                "eviction tier {index}/{count} ({name}): {n} {}",
                 super::progress::pods(n)
             );
-            tracing::info!(node = %self.node, tier = tier.name(), index, count, pods = n, "eviction tier starts");
+            tracing::info!(node = %self.node, tier = %name, index, count, pods = n, "eviction tier starts");
             self.events
                 .post(EventType::Normal, reason::EVICTION_TIER, "", message)
                 .await;
@@ -963,6 +993,19 @@ impl Engine {
             track(state, tasks, ctx, pod);
         }
         true
+    }
+
+    /// Posts the plan on the Node before the first eviction (see [`PlannedTier`]); a drain
+    /// with nothing to evict posts none.
+    async fn post_plan(&self, plan: &[PlannedTier]) {
+        if plan.is_empty() {
+            return;
+        }
+        let message = super::progress::plan_message(plan);
+        tracing::info!(node = %self.node, %message, "drain plan");
+        self.events
+            .post(EventType::Normal, reason::DRAIN_PLAN, "", message)
+            .await;
     }
 
     /// Applies one watch event; pods that appear after the first list and pass the
@@ -1020,15 +1063,7 @@ impl Engine {
                     .await;
             }
             filters::Verdict::Evict(_) => {
-                let last = match self.last_tier(Some(&key)).await {
-                    Ok(last) => last,
-                    Err(error) => {
-                        // Not knowing its tier, evict it with the current one.
-                        tracing::warn!(pod = %key, error = %crate::error::chain(&error), "new pod's tier unknown");
-                        None
-                    }
-                };
-                if let Some(pod) = state.defer(tiers::tier_of(&pod, last.as_ref()), pod) {
+                if let Some(pod) = state.defer(self.config.tiers.tier_of(&pod), pod) {
                     track(state, tasks, ctx, pod);
                 }
             }
@@ -1201,34 +1236,49 @@ mod tests {
                 .filter_map(|p| p.metadata.name.clone())
                 .collect()
         };
+        // Tier positions of the plan workloads, system-critical, last.
+        let (workloads, critical, last) = (0, 1, 2);
         let mut state = State {
-            waiting: VecDeque::from([
-                (Tier::Workloads, vec![pod("web")]),
-                (Tier::Last, vec![pod("ingress")]),
-            ]),
+            tier_names: vec!["workloads".into(), "system-critical".into(), "last".into()],
+            waiting: VecDeque::from([(workloads, vec![pod("web")]), (last, vec![pod("ingress")])]),
             ..State::default()
         };
+        state.record_plan();
         let (tier, pods) = state.next_tier().unwrap();
-        assert_eq!((tier, names(&pods)), (Tier::Workloads, vec!["web".into()]));
-        assert_eq!(state.tier, Some((Tier::Workloads, 1, 2)));
+        assert_eq!((tier, names(&pods)), (workloads, vec!["web".into()]));
+        assert_eq!(state.tier, Some((workloads, 1, 2)));
         // A critical pod arriving now waits, in a tier of its own between the two.
-        assert!(state.defer(Tier::SystemCritical, pod("dns")).is_none());
-        assert_eq!(state.tier, Some((Tier::Workloads, 1, 3)));
+        assert!(state.defer(critical, pod("dns")).is_none());
+        assert_eq!(state.tier, Some((workloads, 1, 3)));
         // A newcomer of the tier being evicted goes now.
-        assert!(state.defer(Tier::Workloads, pod("web-2")).is_some());
+        assert!(state.defer(workloads, pod("web-2")).is_some());
         let progress = state.progress(&FilterOptions::default());
         assert_eq!(progress.waiting, 2);
-        let (tier, pods) = state.next_tier().unwrap();
+        let planned: Vec<(&str, usize)> = progress
+            .plan
+            .iter()
+            .map(|t| (t.name.as_str(), t.pods.len()))
+            .collect();
         assert_eq!(
-            (tier, names(&pods)),
-            (Tier::SystemCritical, vec!["dns".into()])
+            planned,
+            [("workloads", 1), ("last", 1)],
+            "the plan as first listed"
         );
-        assert_eq!(state.tier, Some((Tier::SystemCritical, 2, 3)));
+        let (tier, pods) = state.next_tier().unwrap();
+        assert_eq!((tier, names(&pods)), (critical, vec!["dns".into()]));
+        assert_eq!(state.tier, Some((critical, 2, 3)));
+        assert_eq!(
+            state
+                .progress(&FilterOptions::default())
+                .tier
+                .map(|t| t.name),
+            Some("system-critical".to_string())
+        );
         // A workload pod arriving after its tier is evicted at once.
-        assert!(state.defer(Tier::Workloads, pod("web-3")).is_some());
+        assert!(state.defer(workloads, pod("web-3")).is_some());
         let (tier, _) = state.next_tier().unwrap();
-        assert_eq!(state.tier, Some((Tier::Last, 3, 3)));
-        assert_eq!(tier, Tier::Last);
+        assert_eq!(state.tier, Some((last, 3, 3)));
+        assert_eq!(tier, last);
         assert!(state.next_tier().is_none());
     }
 

@@ -115,14 +115,22 @@ pub struct DrainArgs {
     /// Only drain pods matching this label selector.
     #[arg(long, value_name = "SELECTOR", env = "GRACEFUL_DRAIN_POD_SELECTOR")]
     pub pod_selector: Option<String>,
-    /// Evict the pods this label selector picks last, once every other pod is gone (after
-    /// the system-critical tier), e.g. an ingress controller or a log shipper.
+    /// Evict the pods this label selector picks last, once every other pod is gone (a tier
+    /// `last` after the others, or the `match` of the `--tiers` tier named `last`), e.g. an
+    /// ingress controller or a log shipper.
     #[arg(
         long,
         value_name = "SELECTOR",
         env = "GRACEFUL_DRAIN_LAST_POD_SELECTOR"
     )]
     pub last_pod_selector: Option<String>,
+    /// Eviction tiers, in order, as JSON: `[{"name":"databases","match":[{"namespaces":["db"]},
+    /// {"priorityClassNames":["critical-db"]}]}, …]`. A matcher ANDs what it sets
+    /// (podSelector, namespaces, priorityClassNames, minPriority); a tier's matchers are
+    /// OR'ed; a pod goes to the first tier matching it, else to the tier without `match`
+    /// (or an implicit first tier `workloads`). Unset: workloads, then system-critical.
+    #[arg(long, value_name = "JSON", env = "GRACEFUL_DRAIN_TIERS")]
+    pub tiers: Option<String>,
     /// Pods deleted longer than this many seconds ago are skipped and not waited for (0: off).
     #[arg(
         long,
@@ -151,9 +159,11 @@ pub struct DrainArgs {
 }
 
 impl DrainArgs {
-    /// The engine configuration these flags describe.
-    pub fn config(&self) -> DrainConfig {
-        DrainConfig {
+    /// The engine configuration these flags describe; fails on tiers that cannot be used.
+    pub fn config(&self) -> Result<DrainConfig, tiers::Error> {
+        let specs = tiers::parse_specs(self.tiers.as_deref().unwrap_or_default())?;
+        let tiers = tiers::Tiers::new(specs, self.last_pod_selector.clone())?;
+        Ok(DrainConfig {
             filters: filters::FilterOptions {
                 ignore_daemonsets: self.ignore_daemonsets,
                 delete_emptydir_data: self.delete_emptydir_data,
@@ -163,12 +173,12 @@ impl DrainArgs {
             },
             grace_period: (self.grace_period >= 0).then_some(self.grace_period),
             pod_selector: self.pod_selector.clone().filter(|s| !s.is_empty()),
-            last_pod_selector: self.last_pod_selector.clone().filter(|s| !s.is_empty()),
+            tiers,
             disable_eviction: self.disable_eviction,
             timeout: (!self.drain_timeout.is_zero()).then_some(self.drain_timeout),
             concurrency: self.max_concurrent_evictions.max(1),
             event_check: self.event_check_interval.max(Duration::from_millis(100)),
-        }
+        })
     }
 }
 
@@ -184,6 +194,9 @@ pub enum Error {
     /// A socket could not be prepared.
     #[error(transparent)]
     Socket(#[from] registration::Error),
+    /// `--tiers` or `--last-pod-selector` cannot be used.
+    #[error(transparent)]
+    Tiers(#[from] tiers::Error),
 }
 
 /// A started agent.
@@ -246,6 +259,7 @@ pub async fn start(args: Args, client: kube::Client, shutdown: Shutdown) -> Resu
         reconciler: reconciler_args,
         kube: _,
     } = args;
+    let config = Arc::new(drain.config()?);
     let mut registry = Registry::default();
     let metrics = report::Metrics::register(&mut registry);
     let reconciler_metrics = reconciler::metrics::Metrics::register(&mut registry);
@@ -261,7 +275,7 @@ pub async fn start(args: Args, client: kube::Client, shutdown: Shutdown) -> Resu
         client: client.clone(),
         node: node_name.clone(),
         exclude_from_lb: drain.exclude_from_lb_label,
-        config: Arc::new(drain.config()),
+        config,
         hooks,
         metrics: metrics.clone(),
         events: report::NodeEvents::new(client.clone(), node_name.clone()),
@@ -455,7 +469,7 @@ mod tests {
     #[test]
     fn defaults_are_production_defaults() {
         let args = parse(&[]);
-        let config = args.drain.config();
+        let config = args.drain.config().unwrap();
         assert!(
             config.filters.ignore_daemonsets,
             "DaemonSet pods are skipped by default"
@@ -497,7 +511,7 @@ mod tests {
             "--lifecycle-reconciler",
             "off",
         ]);
-        let config = args.drain.config();
+        let config = args.drain.config().unwrap();
         assert!(!config.filters.ignore_daemonsets);
         assert!(config.filters.delete_emptydir_data && config.filters.force);
         assert!(config.disable_eviction);
@@ -511,9 +525,33 @@ mod tests {
         assert!(!args.drain.exclude_from_lb_label);
         assert_eq!(args.reconciler.mode, Mode::Off);
         assert_eq!(
-            parse(&["--grace-period", "-1"]).drain.config().grace_period,
+            parse(&["--grace-period", "-1"])
+                .drain
+                .config()
+                .unwrap()
+                .grace_period,
             None
         );
+    }
+
+    #[test]
+    fn tiers_are_validated_at_startup() {
+        let tiers = r#"[{"name":"db","match":[{"namespaces":["db"]}]}]"#;
+        let config = parse(&["--tiers", tiers, "--last-pod-selector", "app=ingress"])
+            .drain
+            .config()
+            .unwrap();
+        assert_eq!(config.tiers.names(), ["workloads", "db", "last"]);
+        let defaults = parse(&[]).drain.config().unwrap();
+        assert_eq!(defaults.tiers.names(), ["workloads", "system-critical"]);
+        let twice = r#"[{"name":"db"},{"name":"db","match":[{"minPriority":1}]}]"#;
+        let error = parse(&["--tiers", twice]).drain.config().unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            r#"eviction tiers: two tiers are named "db""#
+        );
+        let error = parse(&["--last-pod-selector", "app in"]).drain.config();
+        assert!(error.unwrap_err().to_string().contains(r#"tier "last""#));
     }
 
     #[test]

@@ -33,7 +33,8 @@ use super::hooks::{HookContext, HookError, HookPoint, HookStep, Hooks};
 use super::node::{self, Condition, DRAIN_IN_PROGRESS, DRAINED, reason as cond};
 use super::progress::Progress;
 use super::report::{DrainOutcome, EventType, Metrics, NodeEvents, reason as ev};
-use crate::labels::LAST_POD_SELECTOR_ANNOTATION;
+use super::tiers;
+use crate::labels::{LAST_POD_SELECTOR_ANNOTATION, TIERS_ANNOTATION};
 use crate::lifecycle::{ClaimStatus, LifecycleEvent};
 use crate::runtime::Shutdown;
 
@@ -486,10 +487,17 @@ impl Run {
         self.finish_drain(ended, started.elapsed()).await;
     }
 
-    /// The drain itself: the drain-start hooks, the cordon, the before-eviction hooks,
-    /// the evictions until every pod is gone, the after-last-pod hooks.
+    /// The drain itself: the event's overrides, the drain-start hooks, the cordon, the
+    /// before-eviction hooks, the evictions until every pod is gone, the after-last-pod
+    /// hooks.
     async fn drain_steps(&self) -> Ended {
         let inner = &self.inner;
+        // A LifecycleEvent whose overrides are unusable fails the drain before anything
+        // is touched.
+        let config = match self.config_for_event().await {
+            Ok(config) => config,
+            Err(error) => return Ended::Done(Err(error)),
+        };
         if let Err(error) = self.hooks(HookPoint::DrainStart).await {
             return Ended::Hook(error);
         }
@@ -505,7 +513,7 @@ impl Run {
         let engine = Engine {
             client: inner.client.clone(),
             node: inner.node.clone(),
-            config: self.config_for_event().await,
+            config,
             metrics: inner.metrics.clone(),
             events: inner.events.clone(),
             cordoned_at: jiff::Timestamp::now(),
@@ -541,34 +549,57 @@ impl Run {
     }
 
     /// The drain's configuration with what its LifecycleEvent overrides: the annotation
-    /// `graceful-drain.io/last-pod-selector` replaces `--last-pod-selector` (empty: no
-    /// last tier). An event that cannot be read leaves the agent's own configuration.
-    async fn config_for_event(&self) -> Arc<DrainConfig> {
+    /// `graceful-drain.io/tiers` replaces `--tiers`, and `graceful-drain.io/last-pod-selector`
+    /// replaces `--last-pod-selector` (empty: no last tier). An annotation that cannot be
+    /// used fails the drain, naming it; an event that cannot be read leaves the agent's own
+    /// configuration.
+    async fn config_for_event(&self) -> Result<Arc<DrainConfig>, drain::Error> {
         let base = self.inner.config.clone();
         let Some(name) = self.event() else {
-            return base;
+            return Ok(base);
         };
         let api: kube::Api<LifecycleEvent> = kube::Api::all(self.inner.client.clone());
         let event = match tokio::time::timeout(node::API_TIMEOUT, api.get_opt(&name)).await {
             Ok(Ok(Some(event))) => event,
-            Ok(Ok(None)) => return base,
+            Ok(Ok(None)) => return Ok(base),
             Ok(Err(error)) => {
                 tracing::warn!(event = %name, error = %crate::error::chain(&error), "read the drain's lifecycle event for overrides; using the agent's settings");
-                return base;
+                return Ok(base);
             }
             Err(_) => {
                 tracing::warn!(event = %name, "read the drain's lifecycle event for overrides: timed out; using the agent's settings");
-                return base;
+                return Ok(base);
             }
         };
-        let annotations = event.metadata.annotations.as_ref();
-        let Some(selector) = annotations.and_then(|a| a.get(LAST_POD_SELECTOR_ANNOTATION)) else {
-            return base;
+        let annotations = event.metadata.annotations.unwrap_or_default();
+        let (specs, last) = (
+            annotations.get(TIERS_ANNOTATION),
+            annotations.get(LAST_POD_SELECTOR_ANNOTATION),
+        );
+        if specs.is_none() && last.is_none() {
+            return Ok(base);
+        }
+        let invalid = |annotation, error| drain::Error::Override {
+            node: self.inner.node.clone(),
+            event: name.clone(),
+            annotation,
+            error,
         };
-        tracing::info!(event = %name, selector = %selector, "the event overrides --last-pod-selector");
+        let mut tiers = base.tiers.clone();
+        if let Some(text) = specs {
+            tiers = tiers::parse_specs(text)
+                .and_then(|specs| tiers.overridden(Some(specs), None))
+                .map_err(|e| invalid(TIERS_ANNOTATION, e))?;
+        }
+        if let Some(selector) = last {
+            tiers = tiers
+                .overridden(None, Some(selector.clone()))
+                .map_err(|e| invalid(LAST_POD_SELECTOR_ANNOTATION, e))?;
+        }
+        tracing::info!(event = %name, tiers = ?tiers.names(), "the event overrides the eviction tiers");
         let mut config = (*base).clone();
-        config.last_pod_selector = Some(selector.clone()).filter(|s| !s.is_empty());
-        Arc::new(config)
+        config.tiers = tiers;
+        Ok(Arc::new(config))
     }
 
     fn event(&self) -> Option<String> {

@@ -84,6 +84,47 @@ pub struct Progress {
     /// The maintenance hook running now, if one is (see [`crate::agent::hooks`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hook: Option<HookStep>,
+    /// The drain's tiers as planned from its first list of the node's pods, in eviction
+    /// order, empty tiers left out (so tier `i` of the plan is `tier i/N` of the message).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub plan: Vec<PlannedTier>,
+}
+
+/// One tier of a drain's plan.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PlannedTier {
+    pub name: String,
+    /// Its pods when the drain listed them.
+    pub pods: Vec<PodKey>,
+}
+
+/// Pods named per tier in the plan's message; the rest are counted, so a node of 100
+/// pods still fits the message in a line of `kubectl describe node`.
+const PLAN_PODS_NAMED: usize = 3;
+
+/// The `graceful-drain.io/DrainPlan` Event message: `plan: 1/2 workloads: 12 pods (shop/web-1,
+/// shop/web-2, shop/web-3, …); 2/2 system-critical: 1 pod (kube-system/coredns-x)`.
+pub fn plan_message(plan: &[PlannedTier]) -> String {
+    let count = plan.len();
+    let tiers: Vec<String> = plan
+        .iter()
+        .enumerate()
+        .map(|(i, tier)| {
+            let n = tier.pods.len();
+            let mut named: Vec<String> = tier
+                .pods
+                .iter()
+                .take(PLAN_PODS_NAMED)
+                .map(ToString::to_string)
+                .collect();
+            if n > PLAN_PODS_NAMED {
+                named.push("…".into());
+            }
+            let (index, name, named) = (i + 1, &tier.name, named.join(", "));
+            format!("{index}/{count} {name}: {n} {} ({named})", pods(n))
+        })
+        .collect();
+    format!("plan: {}", tiers.join("; "))
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -97,7 +138,7 @@ pub struct TierStep {
     pub index: usize,
     /// Tiers in the drain.
     pub count: usize,
-    pub name: &'static str,
+    pub name: String,
 }
 
 impl Serialize for PodKey {
@@ -211,7 +252,13 @@ mod tests {
 
     #[test]
     fn a_drain_with_tiers_says_which_tier_it_is_in() {
-        let step = |index, count, name| Some(TierStep { index, count, name });
+        let step = |index, count, name: &str| {
+            Some(TierStep {
+                index,
+                count,
+                name: name.into(),
+            })
+        };
         let mut p = progress(&[("a", PodState::Evicting), ("b", PodState::Isolated)]);
         p.tier = step(1, 3, "workloads");
         p.waiting = 4;
@@ -229,6 +276,29 @@ mod tests {
         // One tier: the message is as it always was.
         p.tier = step(1, 1, "workloads");
         assert_eq!(p.message(), "2 pods remaining: 1 isolated, 1 evicting");
+    }
+
+    #[test]
+    fn the_plan_names_each_tier_with_its_first_pods() {
+        let tier = |name: &str, pods: &[&str]| PlannedTier {
+            name: name.into(),
+            pods: pods.iter().map(|p| key(p)).collect(),
+        };
+        let plan = [
+            tier("workloads", &["web-1", "web-2", "web-3", "web-4"]),
+            tier("system-critical", &["coredns"]),
+            tier("last", &["ingress-1", "ingress-2"]),
+        ];
+        assert_eq!(
+            plan_message(&plan),
+            "plan: 1/3 workloads: 4 pods (default/web-1, default/web-2, default/web-3, …); \
+             2/3 system-critical: 1 pod (default/coredns); \
+             3/3 last: 2 pods (default/ingress-1, default/ingress-2)"
+        );
+        assert_eq!(
+            plan_message(&plan[1..2]),
+            "plan: 1/1 system-critical: 1 pod (default/coredns)"
+        );
     }
 
     #[test]

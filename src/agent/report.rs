@@ -36,6 +36,9 @@ pub mod reason {
     pub const EVICTION_BLOCKED: &str = "graceful-drain.io/EvictionBlocked";
     /// A pod that arrived during the drain is left alone (it would come straight back).
     pub const EVICTION_SKIPPED: &str = "graceful-drain.io/EvictionSkipped";
+    /// The drain's plan, posted once it listed the node's pods and before any eviction:
+    /// the tiers in order with their pods.
+    pub const DRAIN_PLAN: &str = "graceful-drain.io/DrainPlan";
     /// A drain with several eviction tiers starts the next one.
     pub const EVICTION_TIER: &str = "graceful-drain.io/EvictionTier";
     pub const DRAIN_COMPLETE: &str = "graceful-drain.io/DrainComplete";

@@ -27,6 +27,8 @@ pub const DRAIN_IN_PROGRESS: &str = "DrainInProgress";
 const DRAINED_REASON: &str = crate::agent::node::reason::DRAINED;
 /// Node condition set once a drain finished (KEP-5683 condition type).
 pub const DRAINED: &str = "Drained";
+/// Reason of the node agent's Event listing a drain's tiers before its first eviction.
+const DRAIN_PLAN_REASON: &str = crate::agent::report::reason::DRAIN_PLAN;
 /// Pods named in a failure message; the rest are counted (the condition and
 /// `kubectl get pods --field-selector spec.nodeName=NODE` have them all).
 const MAX_PODS_NAMED: usize = 10;
@@ -428,7 +430,8 @@ impl Follower<'_> {
             .iter()
             .filter(|e| event_time(e).is_some_and(|t| t >= self.since))
             .collect();
-        fresh.sort_by_key(|e| event_time(e));
+        // Ties within a second (the plan and the first tier) keep their order by eventTime.
+        fresh.sort_by_key(|e| (event_time(e), e.event_time.as_ref().map(|t| t.0)));
         for e in fresh {
             let key = format!("{}/{}", e.name_any(), e.count.unwrap_or(1));
             if self.printed_events.insert(key) {
@@ -438,7 +441,7 @@ impl Follower<'_> {
                     e.reason.as_deref().unwrap_or_default(),
                     e.message.as_deref().unwrap_or_default()
                 );
-                display.note(&format!("  node event: {text}"));
+                display.note(&event_note(e));
                 if e.type_.as_deref() == Some("Warning") {
                     self.last_warning = Some(text.clone());
                 }
@@ -475,6 +478,27 @@ fn carry_progress(previous: NodeState, mut fresh: NodeState) -> NodeState {
         fresh.drain_in_progress = previous.drain_in_progress;
     }
     fresh
+}
+
+/// How a node Event is printed: one line, except the drain plan, whose tiers go on lines
+/// of their own under it.
+fn event_note(e: &Event) -> String {
+    let type_ = e.type_.as_deref().unwrap_or("Normal");
+    let reason = e.reason.as_deref().unwrap_or_default();
+    let message = e.message.as_deref().unwrap_or_default();
+    let plan = (reason == DRAIN_PLAN_REASON)
+        .then(|| message.strip_prefix("plan: "))
+        .flatten();
+    match plan {
+        Some(tiers) => {
+            let lines: Vec<String> = tiers.split("; ").map(|t| format!("    {t}")).collect();
+            format!(
+                "  node event: {type_} {reason}: eviction plan\n{}",
+                lines.join("\n")
+            )
+        }
+        None => format!("  node event: {type_} {reason}: {message}"),
+    }
 }
 
 fn event_time(e: &Event) -> Option<Timestamp> {
@@ -539,6 +563,30 @@ mod tests {
             ..node("drain-complete", 2, None)
         };
         assert_eq!(carry_progress(blocked, finished).drain_in_progress, None);
+    }
+
+    #[test]
+    fn the_drain_plan_prints_one_tier_a_line() {
+        let event = |reason: &str, message: &str| Event {
+            type_: Some("Normal".into()),
+            reason: Some(reason.into()),
+            message: Some(message.into()),
+            ..Event::default()
+        };
+        let plan = event(
+            DRAIN_PLAN_REASON,
+            "plan: 1/2 workloads: 2 pods (shop/web-1, shop/web-2); 2/2 last: 1 pod (edge/in-1)",
+        );
+        assert_eq!(
+            event_note(&plan),
+            "  node event: Normal graceful-drain.io/DrainPlan: eviction plan\n    \
+             1/2 workloads: 2 pods (shop/web-1, shop/web-2)\n    2/2 last: 1 pod (edge/in-1)"
+        );
+        let started = event("graceful-drain.io/DrainStarted", "node cordoned");
+        assert_eq!(
+            event_note(&started),
+            "  node event: Normal graceful-drain.io/DrainStarted: node cordoned"
+        );
     }
 
     #[test]

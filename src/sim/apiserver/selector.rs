@@ -4,11 +4,9 @@
 //! Label selectors support `=`, `==`, `!=`, `in (..)`, `notin (..)`, `key` and `!key`;
 //! field selectors support `=`, `==` and `!=` on the fields a resource declares.
 
-use std::collections::BTreeSet;
-
 use serde_json::Value;
 
-use crate::selector::{Expression, Selector, SelectorExt, json_labels};
+use crate::selector::{Selector, SelectorExt, json_labels, parse_label_selector};
 
 /// A parsed label selector (all requirements must hold).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -26,90 +24,10 @@ pub(crate) struct FieldReq {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct FieldSelector(pub Vec<FieldReq>);
 
-/// Splits on commas that are not inside parentheses.
-fn split_top_level(s: &str) -> Vec<&str> {
-    let mut parts = Vec::new();
-    let mut depth = 0usize;
-    let mut start = 0;
-    for (i, c) in s.char_indices() {
-        match c {
-            '(' => depth += 1,
-            ')' => depth = depth.saturating_sub(1),
-            ',' if depth == 0 => {
-                parts.push(&s[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    parts.push(&s[start..]);
-    parts
-}
-
-fn parse_set(rest: &str) -> Result<BTreeSet<String>, String> {
-    let rest = rest.trim();
-    let inner = rest
-        .strip_prefix('(')
-        .and_then(|r| r.strip_suffix(')'))
-        .ok_or_else(|| format!("expected a parenthesised set, got {rest:?}"))?;
-    Ok(inner
-        .split(',')
-        .map(|v| v.trim().to_string())
-        .filter(|v| !v.is_empty())
-        .collect())
-}
-
-fn valid_key(key: &str) -> Result<String, String> {
-    let key = key.trim();
-    if key.is_empty() || key.contains(char::is_whitespace) {
-        return Err(format!("invalid label key {key:?}"));
-    }
-    Ok(key.to_string())
-}
-
-fn parse_label_req(term: &str) -> Result<Expression, String> {
-    let term = term.trim();
-    if let Some(key) = term.strip_prefix('!') {
-        return Ok(Expression::DoesNotExist(valid_key(key)?));
-    }
-    if let Some((key, value)) = term.split_once("!=") {
-        return Ok(Expression::NotEqual(
-            valid_key(key)?,
-            value.trim().to_string(),
-        ));
-    }
-    if let Some((key, value)) = term.split_once("==") {
-        return Ok(Expression::Equal(valid_key(key)?, value.trim().to_string()));
-    }
-    if let Some((key, value)) = term.split_once('=') {
-        return Ok(Expression::Equal(valid_key(key)?, value.trim().to_string()));
-    }
-    let mut words = term.splitn(2, char::is_whitespace);
-    let key = words.next().unwrap_or_default();
-    let rest = words.next().unwrap_or_default().trim_start();
-    if rest.is_empty() {
-        return Ok(Expression::Exists(valid_key(key)?));
-    }
-    if let Some(set) = rest.strip_prefix("notin") {
-        return Ok(Expression::NotIn(valid_key(key)?, parse_set(set)?));
-    }
-    if let Some(set) = rest.strip_prefix("in") {
-        return Ok(Expression::In(valid_key(key)?, parse_set(set)?));
-    }
-    Err(format!("unable to parse requirement {term:?}"))
-}
-
 impl LabelSelector {
     /// Parses the `labelSelector` query syntax.
     pub(crate) fn parse(s: &str) -> Result<Self, String> {
-        if s.trim().is_empty() {
-            return Ok(Self::default());
-        }
-        split_top_level(s)
-            .into_iter()
-            .map(parse_label_req)
-            .collect::<Result<Selector, _>>()
-            .map(Self)
+        parse_label_selector(s).map(Self)
     }
 
     /// Whether the object's `metadata.labels` satisfy every requirement.

@@ -23,7 +23,7 @@ use kube::{Api, ResourceExt};
 
 use super::components::Components;
 use super::{
-    Error, Measured, Protection, ScenarioConfig, actions, busiest_node, measure, workloads,
+    Error, Measured, Protection, ScenarioConfig, actions, busiest_node, measure, tiered, workloads,
 };
 use crate::labels::DRAINING_LABEL;
 use crate::runtime::Shutdown;
@@ -82,6 +82,11 @@ pub enum Workload {
     /// The standard Deployment plus a batch Job spread over every node, whose
     /// podFailurePolicy ignores disruptions: it must complete without a counted failure.
     DeploymentWithJob,
+    /// The standard Deployment plus, on the drained node, a DNS-like pod of priority class
+    /// `system-cluster-critical` and an ingress-like pod the node agents'
+    /// `--last-pod-selector` picks (see [`super::tiered`]): with protection, each tier
+    /// must be gone before the next one is evicted.
+    DeploymentWithTiers,
 }
 
 /// One named scenario of the matrix.
@@ -286,6 +291,16 @@ fn workload_scenarios() -> Vec<Scenario> {
             no_tweak,
         ),
         Scenario {
+            workload: Workload::DeploymentWithTiers,
+            ..s(
+                "tiered-drain",
+                "drain of a node whose web pods go first, then a system-critical DNS-like pod, then an ingress-like pod picked by --last-pod-selector: each tier gone before the next is evicted",
+                Disruption::Drain,
+                Budget::Default,
+                no_tweak,
+            )
+        },
+        Scenario {
             protected_5xx: true,
             ..s(
                 "lag-beyond-delay-drain",
@@ -366,6 +381,17 @@ async fn run_one(
     let lower_bound = match (scenario.workload, scenario.disruption) {
         // A drain evicts no DaemonSet pod: nothing to wait for.
         (Workload::DaemonSet, Disruption::Drain) => Duration::ZERO,
+        // With protection the two later tiers (no Service, so no delay) each wait for an
+        // exit after the web tier's.
+        (Workload::DeploymentWithTiers, Disruption::Drain) => {
+            let later = match protection {
+                Protection::None => Duration::ZERO,
+                Protection::GracefulDrain => {
+                    2 * lower_bound(cfg, Disruption::Drain, Protection::None)
+                }
+            };
+            lower_bound(cfg, Disruption::Drain, protection) + later
+        }
         (_, disruption) => lower_bound(cfg, disruption, protection),
     };
     let mut unprotected = 0;
@@ -518,12 +544,22 @@ async fn disrupt(
     if scenario.disruption == Disruption::DrainWithVms {
         return super::vm_scenario::run(cluster, cfg, scenario, protection, started_at).await;
     }
+    let tiered = scenario.workload == Workload::DeploymentWithTiers;
+    let flags = if tiered { tiered::AGENT_FLAGS } else { &[] };
     let mut components = match protection {
         Protection::None => None,
-        Protection::GracefulDrain => Some(Components::start(cluster, &cfg.components).await?),
+        Protection::GracefulDrain => {
+            Some(Components::start_with(cluster, &cfg.components, flags).await?)
+        }
     };
     workloads::deploy(cluster, &cfg.web, cfg.phase_timeout, scenario.workload).await?;
     set_budget(cluster, cfg, &scenario.budget).await?;
+    let tiers = if tiered {
+        let node = busiest_node(cluster, &cfg.web).await?;
+        Some(tiered::place(cluster, cfg, &node).await?)
+    } else {
+        None
+    };
     let client = cluster.client();
     let started = Instant::now();
     if let Ok(mut at) = started_at.lock() {
@@ -572,11 +608,20 @@ async fn disrupt(
     let events = cluster
         .timeline()
         .between(cluster.timeline().start(), Instant::now());
+    let checked = tiers
+        .filter(|_| protection == Protection::GracefulDrain)
+        .map(|tiers| match tiered::check_order(&tiers, &events) {
+            Ok(()) => Ok(format!(
+                "{} tiers, each gone before the next was evicted",
+                tiers.len()
+            )),
+            Err(e) => Err(crate::error::chain(&e).to_string()),
+        });
     let window = started.saturating_duration_since(cluster.timeline().start());
     Ok(Outcome {
         measured,
         unprotected: unprotected_deletions(&events, window),
-        checked: None,
+        checked,
     })
 }
 

@@ -8,6 +8,7 @@ pub mod actions;
 pub mod components;
 pub mod lb_scenarios;
 pub mod matrix;
+pub mod tiered;
 mod vm_scenario;
 pub mod workloads;
 
@@ -46,6 +47,9 @@ pub enum Error {
     /// A drain did not complete.
     #[error("drain node {node}: {reason}")]
     Drain { node: String, reason: String },
+    /// A drain evicted a pod of a tier before the tier before it had left the node.
+    #[error("eviction tiers out of order: {reason}")]
+    TierOrder { reason: String },
 }
 
 /// Whether graceful-drain protects the workload.

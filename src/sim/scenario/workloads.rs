@@ -40,7 +40,10 @@ pub async fn deploy(
     timeout: Duration,
     workload: Workload,
 ) -> Result<(), Error> {
-    if workload == Workload::Deployment {
+    if matches!(
+        workload,
+        Workload::Deployment | Workload::DeploymentWithTiers
+    ) {
         return Ok(cluster.deploy_web(web, timeout).await?);
     }
     if workload == Workload::DeploymentWithJob {
@@ -163,7 +166,7 @@ pub async fn rollout(
             })
             .await?;
         }
-        Workload::DeploymentWithJob => {
+        Workload::DeploymentWithJob | Workload::DeploymentWithTiers => {
             return crate::sim::scenario::actions::rollout(&client, web, cfg.phase_timeout).await;
         }
         _ => {
