@@ -92,6 +92,7 @@ render everything cert-manager --set metrics.serviceMonitor.enabled=true \
   --set certificates.certManager.issuerRef.kind=ClusterIssuer --set webhook.failurePolicy=Fail \
   --set agent.drain.force=true --set agent.drain.gracePeriodSeconds=30 --set agent.drain.timeout=10m \
   --set agent.drain.ignoreDaemonsets=false --set webhook.deregistrationDelay=45s \
+  --set-json 'agent.drain.tiers=[{"name":"databases","match":[{"namespaces":["db"]},{"priorityClassNames":["critical-db"]}]}]' \
   --set-json "agent.hooks=[{\"name\":\"evacuate-vms\",\"at\":\"before-eviction\",\"timeout\":\"30m\",\"https\":{\"url\":\"https://vm-evacuator.ops.svc/evacuate\",\"caBundle\":\"$CA_BUNDLE\"}},{\"name\":\"report\",\"at\":\"after-last-pod\",\"optional\":true,\"job\":{\"namespace\":\"ops\",\"template\":{\"spec\":{\"template\":{\"spec\":{\"containers\":[{\"name\":\"report\",\"image\":\"busybox\"}]}}}}}}]"
 render minimal self-signed --set agent.enabled=false --set lifecycleCrds.install=false
 
