@@ -29,24 +29,9 @@ mod agent_support {
     pub mod kubelet;
     pub mod sim;
 }
-use agent_support::harness::{args, eventually};
+use agent_support::harness::{args, condition, eventually, node_json};
 use agent_support::kubelet::{DEADLINE, Kubelet, connect};
 use agent_support::sim::{AGENT_USER, EVENT, NODE, SHOP, SimApi, shop_pod};
-
-/// Node `n1` as JSON.
-async fn node_json(api: &SimApi) -> Value {
-    serde_json::to_value(api.node().await).unwrap()
-}
-
-fn condition(node: &Value, type_: &str) -> Value {
-    node["status"]["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == type_)
-        .cloned()
-        .unwrap_or(Value::Null)
-}
 
 async fn readyz(addr: std::net::SocketAddr) -> (u16, String) {
     get(addr, "/readyz").await

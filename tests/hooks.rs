@@ -23,7 +23,7 @@ mod agent_support {
     #[allow(dead_code)] // shared by several test binaries; each uses part of it
     pub mod sim;
 }
-use agent_support::harness::{args, eventually};
+use agent_support::harness::{args, condition, eventually, node_json};
 use agent_support::kubelet::Kubelet;
 use agent_support::sim::{NODE, SimApi, shop_pod};
 
@@ -93,16 +93,6 @@ fn messages(events: &[k8s_openapi::api::core::v1::Event]) -> Vec<String> {
     events.iter().filter_map(|e| e.message.clone()).collect()
 }
 
-fn node_condition(node: &Value, type_: &str) -> Value {
-    node["status"]["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == type_)
-        .cloned()
-        .unwrap_or(Value::Null)
-}
-
 /// The worked example: the VMs leave the node before any pod is evicted (the node
 /// condition shows the migration's progress meanwhile), the drain completes, and after the
 /// uncordon the node takes VMs again. Each hook is started once; both leave Events and a
@@ -126,8 +116,8 @@ async fn vms_are_evacuated_before_any_eviction_and_the_node_enabled_after_uncord
     assert!(!hosts.enabled(NODE), "the node takes no new VMs");
     assert!(!hosts.vms_on(NODE).is_empty(), "still migrating");
     api.until("the condition shows the hook", || async {
-        let node = serde_json::to_value(api.node().await).unwrap();
-        let message = node_condition(&node, "DrainInProgress")["message"].clone();
+        let node = node_json(&api).await;
+        let message = condition(&node, "DrainInProgress")["message"].clone();
         message
             .as_str()
             .is_some_and(|m| m.starts_with("hook evacuate-vms (before-eviction)"))
@@ -140,6 +130,8 @@ async fn vms_are_evacuated_before_any_eviction_and_the_node_enabled_after_uncord
         "every VM left before the first eviction"
     );
     assert_eq!(hosts.vms_on("n2").len(), 6);
+    api.until("both evicted", || async { api.evictions().len() == 2 })
+        .await;
     api.finish_terminating().await;
     let done = run.kubelet.end_until(DRAIN, "drain-complete").await;
     assert_eq!(done.error, "");
@@ -172,7 +164,7 @@ async fn vms_are_evacuated_before_any_eviction_and_the_node_enabled_after_uncord
         ),
         "{succeeded:?}"
     );
-    let node = serde_json::to_value(api.node().await).unwrap();
+    let node = node_json(&api).await;
     let records: Value = serde_json::from_str(
         node["metadata"]["annotations"]["graceful-drain.io/hooks"]
             .as_str()
@@ -207,8 +199,8 @@ async fn a_failing_hook_fails_the_drain_before_any_eviction() {
     );
     assert!(api.evictions().is_empty(), "no pod evicted");
     assert_eq!(api.pod_names().await.len(), 2);
-    let node = serde_json::to_value(api.node().await).unwrap();
-    let cond = node_condition(&node, "DrainInProgress");
+    let node = node_json(&api).await;
+    let cond = condition(&node, "DrainInProgress");
     assert_eq!(cond["status"], "False");
     assert_eq!(cond["reason"], "DrainFailed");
     assert!(
@@ -277,7 +269,7 @@ async fn a_restarted_agent_polls_the_hook_in_progress_instead_of_starting_it_aga
     let mut first = Running::start(&api, &hooks).await;
     first.kubelet.start(DRAIN, NODE).await;
     api.until("the hook in progress on the Node", || async {
-        let node = serde_json::to_value(api.node().await).unwrap();
+        let node = node_json(&api).await;
         node["metadata"]["annotations"]["graceful-drain.io/hooks"]
             .as_str()
             .is_some_and(|r| r.contains("\"state\":\"inProgress\""))
@@ -335,12 +327,10 @@ async fn a_job_hook_runs_on_the_node_and_the_drain_waits_for_it() {
         .await;
     api.finish_terminating().await;
     let jobs: Api<Job> = Api::namespaced(api.agent_client(), "ops");
-    let job = loop {
-        if let Some(job) = jobs.list(&ListParams::default()).await.unwrap().items.pop() {
-            break job;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let list = || async { jobs.list(&ListParams::default()).await.unwrap().items };
+    api.until("the hook's Job", || async { !list().await.is_empty() })
+        .await;
+    let job = list().await.remove(0);
     let name = job.metadata.name.clone().unwrap();
     assert!(name.starts_with("gd-report-"), "{name}");
     let pod = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
@@ -377,16 +367,16 @@ async fn a_job_hook_runs_on_the_node_and_the_drain_waits_for_it() {
     api.until("eviction", || async { api.evictions().len() == 3 })
         .await;
     api.finish_terminating().await;
-    let second = loop {
-        let list = jobs.list(&ListParams::default()).await.unwrap().items;
-        if let Some(job) = list
-            .into_iter()
-            .find(|j| j.metadata.name.as_deref() != Some(&name))
-        {
-            break job.metadata.name.unwrap();
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    api.until("the second drain's Job", || async {
+        list().await.len() == 2
+    })
+    .await;
+    let second = list()
+        .await
+        .into_iter()
+        .filter_map(|j| j.metadata.name)
+        .find(|n| *n != name)
+        .unwrap();
     api.patch_status::<Job>(
         Some("ops"),
         &second,

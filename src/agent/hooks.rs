@@ -788,20 +788,15 @@ impl Hook {
         let name = self.job_name(id);
         let job = job_for(spec, &name, &self.spec, ctx.node, ctx.event);
         let api: Api<Job> = Api::namespaced(ctx.client.clone(), &spec.namespace);
-        let created =
-            tokio::time::timeout(API_TIMEOUT, api.create(&PostParams::default(), &job)).await;
-        match created {
-            Ok(Ok(_)) => {}
+        let what = format!("create job {}/{name}", spec.namespace);
+        match bounded(what, api.create(&PostParams::default(), &job)).await {
+            Ok(_) => {}
             // Created by the start before a restart: it is this run's Job.
-            Ok(Err(kube::Error::Api(status))) if status.code == 409 => {}
-            Ok(Err(source)) => {
-                let what = format!("create job {}/{name}", spec.namespace);
-                return Err(CallError::Kube { what, source });
-            }
-            Err(_) => {
-                let what = format!("create job {}/{name}: timed out", spec.namespace);
-                return Err(CallError::Transport(what));
-            }
+            Err(CallError::Kube {
+                source: kube::Error::Api(status),
+                ..
+            }) if status.code == 409 => {}
+            Err(error) => return Err(error),
         }
         Ok(Answer::Said(HookResponse {
             status: HookStatus::InProgress,
@@ -817,18 +812,9 @@ impl Hook {
     ) -> Result<Answer, CallError> {
         let name = self.job_name(id);
         let api: Api<Job> = Api::namespaced(ctx.client.clone(), &spec.namespace);
-        let read = tokio::time::timeout(API_TIMEOUT, api.get_opt(&name)).await;
-        let job = match read {
-            Ok(Ok(Some(job))) => job,
-            Ok(Ok(None)) => return Ok(Answer::Unknown),
-            Ok(Err(source)) => {
-                let what = format!("read job {}/{name}", spec.namespace);
-                return Err(CallError::Kube { what, source });
-            }
-            Err(_) => {
-                let what = format!("read job {}/{name}: timed out", spec.namespace);
-                return Err(CallError::Transport(what));
-            }
+        let what = format!("read job {}/{name}", spec.namespace);
+        let Some(job) = bounded(what, api.get_opt(&name)).await? else {
+            return Ok(Answer::Unknown);
         };
         Ok(Answer::Said(job_progress(&job, &spec.namespace, &name)))
     }
@@ -847,6 +833,18 @@ impl Hook {
             }
             Err(_) => tracing::warn!(job = %name, "delete timed-out hook job: timed out"),
         }
+    }
+}
+
+/// `call` within [`API_TIMEOUT`]; `what` names it in errors.
+async fn bounded<T>(
+    what: String,
+    call: impl std::future::Future<Output = kube::Result<T>>,
+) -> Result<T, CallError> {
+    match tokio::time::timeout(API_TIMEOUT, call).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(source)) => Err(CallError::Kube { what, source }),
+        Err(_) => Err(CallError::Transport(format!("{what}: timed out"))),
     }
 }
 

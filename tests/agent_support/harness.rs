@@ -4,9 +4,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use graceful_drain::agent::Args;
+use serde_json::Value;
 
 use super::kubelet::DEADLINE;
-use super::sim::NODE;
+use super::sim::{NODE, SimApi};
 
 /// The agent's arguments for node `n1`, its sockets under `dir`, the lifecycle reconciler
 /// off unless `flags` name it, then `flags`.
@@ -48,4 +49,20 @@ pub async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Node `n1` as JSON.
+pub async fn node_json(api: &SimApi) -> Value {
+    serde_json::to_value(api.node().await).unwrap()
+}
+
+/// The condition `type_` of a Node as JSON (`null` when absent).
+pub fn condition(node: &Value, type_: &str) -> Value {
+    node["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == type_)
+        .cloned()
+        .unwrap_or(Value::Null)
 }
