@@ -243,6 +243,27 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Logs a warning for each hook whose timeout exceeds the transitions' SLA: the SLA bounds
+/// the whole transition, hooks included, so such a hook can be cut short by it.
+fn warn_hooks_beyond_sla(hooks: &hooks::Hooks, sla: Duration) {
+    let points = [
+        hooks::HookPoint::DrainStart,
+        hooks::HookPoint::BeforeEviction,
+        hooks::HookPoint::AfterLastPod,
+        hooks::HookPoint::AfterUncordon,
+    ];
+    for hook in points.into_iter().flat_map(|p| hooks.at(p)) {
+        if hook.timeout >= sla {
+            tracing::warn!(
+                hook = %hook.spec.name,
+                timeout = ?hook.timeout,
+                ?sla,
+                "the hook's timeout is not shorter than the transition's SLA (--sla), which ends the transition first; raise --sla"
+            );
+        }
+    }
+}
+
 /// Starts every part of the agent with `client` (tests pass a mock or simulator client).
 pub async fn start(args: Args, client: kube::Client, shutdown: Shutdown) -> Result<Started, Error> {
     let Args {
@@ -271,6 +292,7 @@ pub async fn start(args: Args, client: kube::Client, shutdown: Shutdown) -> Resu
     let (slm_listener, service_file) = registration::bind(&service_socket)?;
     let (reg_listener, registration_file) = registration::bind(&registration_socket)?;
 
+    warn_hooks_beyond_sla(&hooks, sla);
     let agent = Agent::new(ops::Inner {
         client: client.clone(),
         node: node_name.clone(),
