@@ -153,6 +153,54 @@ async fn lifecycle_drain_has_no_5xx_when_the_delay_covers_the_lag() {
     assert_eq!(report.errors_5xx, 0, "{}", describe(&report));
 }
 
+/// A Service of more than 100 endpoints has several EndpointSlices, as kube-controller-
+/// manager splits them; a drain of the busiest node still drops nothing: the webhook
+/// finds each pod in whichever slice holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_behind_a_service_of_several_slices_has_no_5xx() {
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    let spec = WebSpec {
+        replicas: 150,
+        min_available: 140,
+        ..WebSpec::default()
+    };
+    let (cluster, mut components) = protected(&spec).await;
+    let slices: kube::Api<EndpointSlice> = kube::Api::namespaced(cluster.client(), &spec.namespace);
+    let label = format!("kubernetes.io/service-name={}", spec.name);
+    let list = slices
+        .list(&kube::api::ListParams::default().labels(&label))
+        .await
+        .unwrap()
+        .items;
+    let sizes: Vec<usize> = list.iter().map(|s| s.endpoints.len()).collect();
+    assert_eq!(sizes.iter().sum::<usize>(), 150, "{sizes:?}");
+    assert!(
+        sizes.len() >= 2 && sizes.iter().all(|n| *n <= 100),
+        "{sizes:?}"
+    );
+    let node = busiest(&cluster, &spec).await;
+    let traffic = cluster.traffic(&spec, traffic());
+    actions::lifecycle_drain(&cluster.client(), &node, TIMEOUT * 2)
+        .await
+        .unwrap();
+    let report = settle(&cluster, &spec, traffic).await;
+    components.check().await.unwrap();
+    assert!(report.requests > 0);
+    assert_eq!(report.errors_5xx, 0, "{}", describe(&report));
+}
+
+async fn busiest(cluster: &Cluster, spec: &WebSpec) -> String {
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(cluster.client(), &spec.namespace);
+    let mut per_node = std::collections::BTreeMap::<String, usize>::new();
+    for pod in pods.list(&Default::default()).await.unwrap().items {
+        if let Some(node) = pod.spec.and_then(|s| s.node_name) {
+            *per_node.entry(node).or_default() += 1;
+        }
+    }
+    per_node.into_iter().max_by_key(|(_, n)| *n).unwrap().0
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pdb_holds_under_concurrent_evictions() {
     let spec = WebSpec {
