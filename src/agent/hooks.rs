@@ -64,6 +64,9 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 const JOB_TTL_SECONDS: i32 = 86_400;
 /// Longest hook name: the Job is named `gd-<name>-<8 hex>` and must stay a 63-byte label.
 const MAX_NAME: usize = 50;
+/// Reads and writes of a hook's record on the Node are tried this often (200 ms doubling
+/// in between, about 3 s in all) before the hook goes on without.
+const RECORD_ATTEMPTS: u32 = 5;
 /// `apiVersion` of the HTTPS hook messages.
 pub const HOOK_API_VERSION: &str = "graceful-drain.io/v1";
 
@@ -646,14 +649,26 @@ impl Hook {
 
     /// The record of this hook for this transition, if an earlier agent left one.
     async fn prior_record(&self, ctx: &HookContext<'_>) -> Option<HookRecord> {
-        let node = match node::get(ctx.client, ctx.node).await {
-            Ok(node) => node,
-            Err(error) => {
-                // Without the record a restarted agent cannot tell a hook in progress
-                // from a new one; the error is loud, and the hook is started afresh.
-                tracing::warn!(hook = %self.spec.name, error = %crate::error::chain(&error), "read hook records from the node");
-                return None;
+        let mut delay = Duration::from_millis(200);
+        let mut attempt = 1;
+        let node = loop {
+            match node::get(ctx.client, ctx.node).await {
+                Ok(node) => break node,
+                Err(error) if attempt < RECORD_ATTEMPTS => {
+                    let error = crate::error::chain(&error).to_string();
+                    tracing::warn!(hook = %self.spec.name, attempt, %error, "read hook records from the node (retrying)");
+                }
+                Err(error) => {
+                    // Without the record a restarted agent cannot tell a hook in progress
+                    // from a new one; the error is loud, and the hook is started afresh.
+                    let error = crate::error::chain(&error).to_string();
+                    tracing::warn!(hook = %self.spec.name, %error, "read hook records from the node; starting the hook afresh");
+                    return None;
+                }
             }
+            tokio::time::sleep(delay).await;
+            delay *= 2;
+            attempt += 1;
         };
         records(&node)
             .remove(&self.spec.name)
@@ -664,7 +679,7 @@ impl Hook {
     /// cannot be written is logged, and the hook goes on).
     async fn write_record(&self, ctx: &HookContext<'_>, record: &HookRecord) {
         let mut delay = Duration::from_millis(200);
-        for attempt in 1..=5 {
+        for attempt in 1..=RECORD_ATTEMPTS {
             match write_record(ctx.client, ctx.node, &self.spec.name, record).await {
                 Ok(()) => return,
                 Err(error) => {
