@@ -40,10 +40,17 @@ struct Plan {
     cut: Option<Duration>,
 }
 
+/// One watch event line, `{"type":…,"object":…}`, serialised straight from `object` (a
+/// `json!` of it would deep-copy the object for every watcher of every change).
 fn line(kind: &str, object: &Value) -> Bytes {
-    let mut text = json!({"type": kind, "object": object}).to_string();
-    text.push('\n');
-    Bytes::from(text)
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(b"{\"type\":");
+    // Writing JSON into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut out, kind);
+    out.extend_from_slice(b",\"object\":");
+    let _ = serde_json::to_writer(&mut out, object);
+    out.extend_from_slice(b"}\n");
+    Bytes::from(out)
 }
 
 fn bookmark(def: &ResourceDef, rv: u64, initial_end: bool) -> Bytes {
