@@ -46,6 +46,8 @@ struct Row {
     cpu_busy: f64,
     lower_bound: Duration,
     requests: u64,
+    /// The webhook's API requests (Lease renewals aside), in the webhook rows.
+    webhook_requests: Option<u64>,
     evictions: u64,
 }
 
@@ -196,6 +198,7 @@ async fn drain(pods: usize) -> Row {
         cpu_busy,
         lower_bound: EXIT_AFTER_SIGTERM,
         requests: user(&after) - user(&before),
+        webhook_requests: None,
         evictions: after.count("create", "pods/eviction") - before.count("create", "pods/eviction"),
     };
     shutdown.cancel();
@@ -247,6 +250,11 @@ async fn drain_with_webhook(pods: usize, delay: Duration) -> Row {
     let cpu_busy = busy_since(cpu0, wall);
     let after = cluster.api().stats();
     shutdown.cancel();
+    let during = after.since(&before);
+    eprintln!("webhook requests, {pods} pods:");
+    for (kind, n) in during.breakdown(components::WEBHOOK_USER) {
+        eprintln!("  {n:>6} {kind}");
+    }
     Row {
         setup: "with webhook",
         pods,
@@ -256,6 +264,7 @@ async fn drain_with_webhook(pods: usize, delay: Duration) -> Row {
         cpu_busy,
         lower_bound: delay + EXIT_AFTER_SIGTERM,
         requests: user(&after) - user(&before),
+        webhook_requests: Some(during.of_user(components::WEBHOOK_USER, &["leases"])),
         evictions: after.count("create", "pods/eviction") - before.count("create", "pods/eviction"),
     }
 }
@@ -276,17 +285,20 @@ fn main() {
     }
     println!();
     println!(
-        "| setup | pods | drain wall time | all evictions answered | last pod gone | lower bound | ratio | CPU busy | agent API requests | per pod | evictions |"
+        "| setup | pods | drain wall time | all evictions answered | last pod gone | lower bound | ratio | CPU busy | agent API requests | per pod | webhook API requests per pod | evictions |"
     );
     println!(
-        "|-------|-----:|----------------:|-----------------------:|--------------:|------------:|------:|---------:|-------------------:|--------:|----------:|"
+        "|-------|-----:|----------------:|-----------------------:|--------------:|------------:|------:|---------:|-------------------:|--------:|--------:|----------:|"
     );
     for r in &rows {
         let gone = r
             .last_pod_gone
             .map_or("—".to_string(), |d| format!("{:.2} s", d.as_secs_f64()));
+        let webhook = r.webhook_requests.map_or("—".to_string(), |n| {
+            format!("{:.2}", n as f64 / r.pods as f64)
+        });
         println!(
-            "| {} | {} | {:.2} s | {:.2} s | {gone} | {:.2} s | {:.1}x | {:.0}% | {} | {:.2} | {} |",
+            "| {} | {} | {:.2} s | {:.2} s | {gone} | {:.2} s | {:.1}x | {:.0}% | {} | {:.2} | {webhook} | {} |",
             r.setup,
             r.pods,
             r.wall.as_secs_f64(),

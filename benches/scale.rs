@@ -35,7 +35,7 @@ use graceful_drain::webhook::{ConfigurationsSpec, Target, webhook_configurations
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -552,34 +552,34 @@ async fn run_evictions(
     }
 }
 
-/// The webhook's requests in `during`, Lease renewals excluded; the busiest kinds of
-/// request (every user) go to stderr.
+/// The webhook's requests in `during`, Lease renewals excluded; their kinds go to stderr.
 fn webhook_requests(during: &Stats) -> u64 {
-    let webhook = during.by_user.get(WEBHOOK_USER).copied().unwrap_or(0);
-    // Only the webhook touches Leases here.
-    let leases: u64 = during
-        .requests
-        .iter()
-        .filter(|((_, r), _)| r == "leases")
-        .map(|(_, n)| n)
-        .sum();
-    let mut kinds: Vec<_> = during.requests.iter().collect();
-    kinds.sort_by(|a, b| b.1.cmp(a.1));
-    for ((verb, resource), n) in kinds.into_iter().take(8) {
-        eprintln!("    {n:>6} {verb} {resource}");
+    for (kind, n) in during.breakdown(WEBHOOK_USER) {
+        eprintln!("    {n:>6} {kind}");
     }
-    webhook.saturating_sub(leases)
+    during.of_user(WEBHOOK_USER, &["leases"])
 }
 
-/// The requests since `before`, once the webhook has sent an Event per isolated pod (it
-/// sends them after answering) or [`EVENTS_BOUND`] passed.
+/// The requests since `before`, once the webhook's Isolated Events cover every isolated
+/// pod (it sends them after answering, those of one ReplicaSet's pods as one Event with
+/// their count) or [`EVENTS_BOUND`] passed.
 async fn wait_for_events(api: &ApiServer, before: &Stats, isolated: usize) -> Stats {
+    let events: Api<Event> = Api::all(api.client(ADMIN));
     let started = Instant::now();
     loop {
-        let during = api.stats().since(before);
-        let events = usize::try_from(during.count("create", "events")).unwrap_or(usize::MAX);
-        if events >= isolated || started.elapsed() > EVENTS_BOUND {
-            return during;
+        let covered: usize = events
+            .list(&ListParams::default())
+            .await
+            .map(|list| {
+                list.items
+                    .iter()
+                    .filter(|e| e.reason.as_deref() == Some("graceful-drain.io/Isolated"))
+                    .map(|e| usize::try_from(e.count.unwrap_or(1)).unwrap_or(1))
+                    .sum()
+            })
+            .unwrap_or(0);
+        if covered >= isolated || started.elapsed() > EVENTS_BOUND {
+            return api.stats().since(before);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

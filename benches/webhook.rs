@@ -285,6 +285,7 @@ async fn async_main() {
         default_timeout: Duration::from_secs(10),
         shutdown: shutdown.clone(),
         holds: server::Holds::default(),
+        watch_drained_nodes: false,
     });
     let resolver = Arc::new(tls::ReloadingResolver::new(paths.cert, paths.key));
     resolver.reload().unwrap();

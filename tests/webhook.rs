@@ -70,6 +70,7 @@ async fn start(cert: &Path, key: &Path, client_ca: Option<&Path>, refuse_rs: boo
         default_timeout: Duration::from_secs(10),
         shutdown: shutdown.clone(),
         holds: server::Holds::default(),
+        watch_drained_nodes: false,
     });
     let resolver = Arc::new(tls::ReloadingResolver::new(
         cert.to_path_buf(),

@@ -239,7 +239,7 @@ async fn event_reasons(cluster: &Cluster, ns: &str, pod: &str) -> Vec<String> {
         .unwrap()
         .items
         .into_iter()
-        .filter(|e| e.involved_object.name.as_deref() == Some(pod))
+        .filter(|e| graceful_drain::webhook::events::names_pod(e, pod))
         .filter_map(|e| e.reason)
         .collect()
 }
@@ -280,15 +280,13 @@ async fn eviction_drain_behind_a_lagging_load_balancer_has_no_5xx() {
     assert!(report.requests > 100, "traffic ran: {}", report.requests);
     assert_eq!(report.errors_5xx, 0, "5xx during a protected drain");
     for pod in &before {
-        let reasons = event_reasons(&cluster, "default", &pod.name_any()).await;
-        assert!(
-            reasons.iter().any(|r| r == "graceful-drain.io/Isolated"),
-            "{reasons:?}"
-        );
-        assert!(
-            reasons.iter().any(|r| r == "graceful-drain.io/Deleted"),
-            "{reasons:?}"
-        );
+        for reason in ["graceful-drain.io/Isolated", "graceful-drain.io/Deleted"] {
+            assert!(
+                event_arrives(&cluster, &pod.name_any(), reason).await,
+                "{reason}: {:?}",
+                event_reasons(&cluster, "default", &pod.name_any()).await
+            );
+        }
     }
 }
 
@@ -367,10 +365,10 @@ async fn delete_is_held_within_the_webhook_timeout_then_allowed() {
         held < Duration::from_secs(4),
         "held past the 4 s webhook timeout: {held:?}"
     );
-    let reasons = event_reasons(&cluster, "default", &victim).await;
     assert!(
-        reasons.iter().any(|r| r == "graceful-drain.io/Isolated"),
-        "{reasons:?}"
+        event_arrives(&cluster, &victim, "graceful-drain.io/Isolated").await,
+        "{:?}",
+        event_reasons(&cluster, "default", &victim).await
     );
     // The replacement was started while the isolated pod was held.
     cluster.wait_web_ready(&spec, TIMEOUT).await.unwrap();
@@ -399,8 +397,9 @@ async fn rollout_behind_a_lagging_load_balancer_has_no_5xx() {
     assert_eq!(report.errors_5xx, 0, "5xx during a protected rollout");
     let mut isolated = 0;
     for pod in &old {
-        let reasons = event_reasons(&cluster, "default", &pod.name_any()).await;
-        isolated += usize::from(reasons.iter().any(|r| r == "graceful-drain.io/Isolated"));
+        isolated += usize::from(
+            event_arrives(&cluster, &pod.name_any(), "graceful-drain.io/Isolated").await,
+        );
     }
     assert_eq!(
         isolated,
@@ -480,6 +479,19 @@ async fn has_event(cluster: &Cluster, pod: &str, reason: &str) -> bool {
         .any(|r| r == reason)
 }
 
+/// How long an Event may take: the webhook sends them in the background, and while they
+/// keep coming it gathers them for half a second to group those of one controller.
+const EVENT_WAIT: Duration = Duration::from_secs(5);
+
+/// Whether an Event with `reason` about `pod` (in `default`) arrives within [`EVENT_WAIT`].
+async fn event_arrives(cluster: &Cluster, pod: &str, reason: &str) -> bool {
+    wait_for(&format!("{reason} Event about {pod}"), EVENT_WAIT, || {
+        has_event(cluster, pod, reason)
+    })
+    .await
+    .is_ok()
+}
+
 /// A rollout deleting two pods at once behind a PDB allowing one disruption (10
 /// replicas, 9 must stay available): PDBs never block a DELETE, so both pods are
 /// isolated and held — neither dies unprotected because the budget was spent.
@@ -507,7 +519,7 @@ async fn two_deletes_behind_a_pdb_allowing_one_disruption_are_both_isolated() {
     }
     for name in &victims {
         assert!(
-            has_event(&cluster, name, "graceful-drain.io/Isolated").await,
+            event_arrives(&cluster, name, "graceful-drain.io/Isolated").await,
             "{name} was deleted without being isolated: {:?}",
             event_reasons(&cluster, "default", name).await
         );
@@ -644,7 +656,7 @@ async fn a_second_kubectl_drain_works_while_isolated_pods_wait() {
             .is_none_or(|p| p.uid() != pod.uid() || p.metadata.deletion_timestamp.is_some());
         assert!(gone, "{} still there after the drain", pod.name_any());
         assert!(
-            has_event(&cluster, &pod.name_any(), "graceful-drain.io/Deleted").await,
+            event_arrives(&cluster, &pod.name_any(), "graceful-drain.io/Deleted").await,
             "{} was not deleted by the deferred deleter",
             pod.name_any()
         );
@@ -884,7 +896,7 @@ async fn a_relabel_refused_by_a_policy_engine_lets_the_eviction_through_with_a_w
         "evicted normally"
     );
     assert!(
-        has_event(&cluster, &victim, "graceful-drain.io/IsolationFailed").await,
+        event_arrives(&cluster, &victim, "graceful-drain.io/IsolationFailed").await,
         "{:?}",
         event_reasons(&cluster, "default", &victim).await
     );
@@ -1003,7 +1015,7 @@ async fn statefulset_pods_leave_their_service_but_never_their_statefulset() {
         "the eviction went through"
     );
     assert!(
-        has_event(&cluster, "db-0", "graceful-drain.io/IsolationFailed").await,
+        event_arrives(&cluster, "db-0", "graceful-drain.io/IsolationFailed").await,
         "{:?}",
         event_reasons(&cluster, "default", "db-0").await
     );
@@ -1095,7 +1107,7 @@ async fn evictions_are_decided_on_the_live_pdb_not_on_a_stale_cache() {
         isolated.metadata.deletion_timestamp.is_none(),
         "still serving"
     );
-    assert!(has_event(&cluster, &first, "graceful-drain.io/Isolated").await);
+    assert!(event_arrives(&cluster, &first, "graceful-drain.io/Isolated").await);
 
     // The live budget is spent now: the webhook refuses, changing nothing.
     let second = &pods[1];
@@ -1325,6 +1337,7 @@ async fn a_delay_annotation_above_the_cap_is_cut_to_it_with_a_warning() {
         (15..=25).contains(&after.as_secs()),
         "deleted {after:?} after the eviction, not at the 20 s cap"
     );
+    assert!(event_arrives(&cluster, &victim, "graceful-drain.io/DelayCapped").await);
     let events: Api<Event> = Api::namespaced(cluster.client(), "default");
     let capped = events
         .list(&ListParams::default())
@@ -1332,7 +1345,7 @@ async fn a_delay_annotation_above_the_cap_is_cut_to_it_with_a_warning() {
         .unwrap()
         .items
         .into_iter()
-        .filter(|e| e.involved_object.name.as_deref() == Some(victim.as_str()))
+        .filter(|e| graceful_drain::webhook::events::names_pod(e, &victim))
         .find(|e| e.reason.as_deref() == Some("graceful-drain.io/DelayCapped"));
     assert_eq!(
         capped.as_ref().and_then(|e| e.type_.as_deref()),
@@ -1469,5 +1482,86 @@ async fn the_garbage_collector_and_namespace_deletion_pass_straight_through() {
     assert!(
         !reasons.iter().any(|r| r == "graceful-drain.io/Isolated"),
         "{reasons:?}"
+    );
+}
+
+/// A drain evicts every pod of a node within seconds. The first eviction there opens a
+/// watch of the node's pods, and the later ones are decided from it instead of a read of
+/// their pod each; the Isolated Events of one ReplicaSet's pods, coming together, become
+/// one Event on the ReplicaSet naming them. Every pod is still isolated and named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_reads_its_pods_from_the_nodes_watch_and_groups_their_events() {
+    let spec = WebSpec {
+        replicas: 12,
+        min_available: 0,
+        ..WebSpec::default()
+    };
+    let config = ClusterConfig {
+        nodes: 2,
+        ..ClusterConfig::default()
+    };
+    let (cluster, _webhook) = setup_with(config, &spec, Duration::from_secs(20), 10, &[]).await;
+    let client = cluster.client();
+    let node = web_pods(&cluster, &spec).await[0]
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap();
+    actions::cordon(&client, &node, true).await.unwrap();
+    let victims: Vec<String> = actions::pods_on(&client, &node)
+        .await
+        .unwrap()
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    assert!(victims.len() >= 4, "pods on {node}: {victims:?}");
+    let before = cluster.api().stats();
+    evict(&cluster, &victims[0]).await;
+    // The first eviction started the node's watch: wait for its list.
+    wait_for("the webhook lists the node's pods", TIMEOUT, || async {
+        let during = cluster.api().stats().since(&before);
+        during
+            .by_user_request
+            .contains_key(&(WEBHOOK_USER.into(), "list".into(), "pods".into()))
+    })
+    .await
+    .unwrap();
+    for name in &victims[1..] {
+        evict(&cluster, name).await;
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    for name in &victims {
+        assert!(
+            is_draining(&pods.get(name).await.unwrap()),
+            "{name} isolated"
+        );
+        assert!(
+            event_arrives(&cluster, name, "graceful-drain.io/Isolated").await,
+            "{name}: {:?}",
+            event_reasons(&cluster, "default", name).await
+        );
+    }
+    let during = cluster.api().stats().since(&before);
+    let count = |verb: &str, resource: &str| {
+        during
+            .by_user_request
+            .get(&(WEBHOOK_USER.into(), verb.into(), resource.into()))
+            .copied()
+            .unwrap_or(0)
+    };
+    // The first eviction's read, and at most one more racing the watch's first list.
+    assert!(
+        count("get", "pods") <= 2,
+        "{} pod reads for {} evictions: {:?}",
+        count("get", "pods"),
+        victims.len(),
+        during.breakdown(WEBHOOK_USER)
+    );
+    assert_eq!(count("patch", "pods"), victims.len() as u64);
+    assert!(
+        count("create", "events") < victims.len() as u64,
+        "{} Events for {} isolated pods of one ReplicaSet",
+        count("create", "events"),
+        victims.len()
     );
 }

@@ -48,6 +48,8 @@ type Key = (String, String);
 struct PodEndpoint {
     /// Slot of the slice in [`Slices::slots`].
     slice: u32,
+    /// The endpoint's `nodeName` as an index into [`Slices::nodes`] ([`NO_NODE`]: none).
+    node: u16,
     ready: bool,
     /// Hash of the targetRef UID, when the slice carries one.
     uid: Option<NonZeroU64>,
@@ -75,7 +77,13 @@ pub struct Slices {
     slots: Vec<Option<SliceEntry>>,
     free: Vec<u32>,
     by_pod: HashMap<u64, SmallVec<[PodEndpoint; 1]>>,
+    /// Node names seen in endpoints, each once (a cluster has at most a few thousand).
+    nodes: Vec<Box<str>>,
+    node_ids: HashMap<Box<str>, u16>,
 }
+
+/// [`PodEndpoint::node`] of an endpoint without `nodeName`, or beyond 65,535 nodes.
+const NO_NODE: u16 = u16::MAX;
 
 impl Slices {
     fn pod_key(&self, namespace: &str, name: &str) -> u64 {
@@ -84,6 +92,23 @@ impl Slices {
 
     fn uid_key(&self, uid: &str) -> NonZeroU64 {
         NonZeroU64::new(self.hasher.hash_one(uid) | 1).unwrap_or(NonZeroU64::MIN)
+    }
+
+    fn node_id(&mut self, node: Option<&str>) -> u16 {
+        let Some(node) = node else {
+            return NO_NODE;
+        };
+        if let Some(id) = self.node_ids.get(node) {
+            return *id;
+        }
+        match u16::try_from(self.nodes.len()) {
+            Ok(id) if id != NO_NODE => {
+                self.nodes.push(node.into());
+                self.node_ids.insert(node.into(), id);
+                id
+            }
+            _ => NO_NODE,
+        }
     }
 
     fn upsert(&mut self, slice: &EndpointSlice) {
@@ -116,6 +141,7 @@ impl Slices {
             let pod = self.pod_key(&key.0, name);
             let entry = PodEndpoint {
                 slice: id,
+                node: self.node_id(ep.node_name.as_deref()),
                 ready: ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true),
                 uid: target.uid.as_deref().map(|u| self.uid_key(u)),
             };
@@ -186,6 +212,15 @@ impl Slices {
             .is_some_and(|endpoints| endpoints.iter().any(|ep| ep.ready))
     }
 
+    /// The node a slice places pod `namespace/name` on (its endpoints' `nodeName`).
+    pub fn node_of(&self, namespace: &str, name: &str) -> Option<&str> {
+        self.by_pod
+            .get(&self.pod_key(namespace, name))?
+            .iter()
+            .find_map(|ep| self.nodes.get(usize::from(ep.node)))
+            .map(|n| &**n)
+    }
+
     /// Number of slices and indexed pods (for tests and the benchmark).
     pub fn len(&self) -> (usize, usize) {
         (self.ids.len(), self.by_pod.len())
@@ -222,6 +257,8 @@ pub struct Cache {
     pdb_gates: std::sync::Mutex<HashMap<Key, Arc<super::isolate::PdbGate>>>,
     /// What isolations read from pods' controllers, by controller UID (see [`Owners`]).
     owners: std::sync::Mutex<Owners>,
+    /// The pods of nodes being drained (see [`super::nodepods`]).
+    pub node_pods: Arc<super::nodepods::NodePods>,
 }
 
 /// What the relabelling needs from a pod's controller: its selector's keys and, for a
@@ -394,6 +431,13 @@ impl Cache {
     /// Fast path: does any slice name `namespace/pod` as a ready endpoint?
     pub fn has_ready_endpoint(&self, namespace: &str, pod: &str) -> bool {
         read(&self.slices).has_ready(namespace, pod)
+    }
+
+    /// The node the EndpointSlices place pod `namespace/pod` on, if any names it.
+    pub fn node_of(&self, namespace: &str, pod: &str) -> Option<String> {
+        read(&self.slices)
+            .node_of(namespace, pod)
+            .map(str::to_string)
     }
 
     /// Every endpoint naming pod `namespace/pod`; with its `uid`, those of an earlier pod

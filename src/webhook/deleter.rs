@@ -75,6 +75,8 @@ pub struct Pending {
     pub delete_at: Timestamp,
     pub grace_period: Option<i64>,
     pub terminating: bool,
+    /// The pod's controller reference, which groups the Events of its pods.
+    pub controller: Option<serde_json::Value>,
 }
 
 /// Reads a pending deletion from pod metadata; `None` unless we isolated the pod (the
@@ -94,6 +96,12 @@ pub fn pending_from(meta: &ObjectMeta) -> Option<Pending> {
             .and_then(|g| g.parse().ok())
             .filter(|g: &i64| *g >= 0),
         terminating: meta.deletion_timestamp.is_some(),
+        controller: meta
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|r| r.controller == Some(true))
+            .and_then(|r| serde_json::to_value(r).ok()),
     })
 }
 
@@ -349,6 +357,7 @@ impl Deleter {
                     namespace: pod.namespace.clone(),
                     name: pod.name.clone(),
                     uid: pod.uid.clone(),
+                    owner_refs: pod.controller.clone().into_iter().collect(),
                     ..PodFacts::default()
                 };
                 let message = format!("Deleted after deregistration (due at {})", pod.delete_at);
@@ -562,6 +571,7 @@ mod tests {
             delete_at: at("2026-01-01T00:01:00Z"),
             grace_period: None,
             terminating: false,
+            controller: None,
         };
         let before = at("2026-01-01T00:00:59Z");
         let after = at("2026-01-01T00:01:01Z");

@@ -193,13 +193,15 @@ pub enum EventSink {
     /// Create the Event in the calling task.
     #[default]
     Inline,
-    /// Queue it for the sender task ([`send_events`]); dropped (and logged) when full.
-    Queue(tokio::sync::mpsc::Sender<Event>),
+    /// Queue it for the sender task ([`super::events::send`], which groups the Events of
+    /// one controller's pods); dropped (and logged) when full.
+    Queue(tokio::sync::mpsc::Sender<super::events::Queued>),
 }
 
 /// Events waiting for the background sender; beyond this they are dropped (logged), so a
-/// slow API server never makes admission calls queue behind Events.
-pub const EVENT_QUEUE: usize = 256;
+/// slow API server never makes admission calls queue behind Events. The sender empties
+/// the queue into its batch as Events come, so a 500-pod drain fits.
+pub const EVENT_QUEUE: usize = 1024;
 
 /// What [`isolate`] needs to reach the cluster.
 #[derive(Clone)]
@@ -287,8 +289,9 @@ pub async fn isolate(
         }
         return Err(match source {
             // 409: resourceVersion moved; 422: a `test` op failed (how the API server
-            // reports it) — or a real validation error, told apart by re-reading the pod.
-            kube::Error::Api(status) if matches!(status.code, 409 | 422) => Error::Conflict {
+            // reports it) — or a real validation error, told apart by re-reading the pod;
+            // 404: the pod (read from a node's watch) is gone, which the re-read tells.
+            kube::Error::Api(status) if matches!(status.code, 404 | 409 | 422) => Error::Conflict {
                 pod: pod_ref(pod),
                 code: status.code,
             },
@@ -890,41 +893,39 @@ pub async fn record_event(
         ..Event::default()
     };
     match &ctx.events {
-        EventSink::Inline => create_event(&ctx.client, event).await,
+        EventSink::Inline => super::events::create(&ctx.client, event).await,
         EventSink::Queue(queue) => {
-            if let Err(error) = queue.try_send(event) {
+            let queued = super::events::Queued {
+                event,
+                controller: controller_reference(pod),
+            };
+            if let Err(error) = queue.try_send(queued) {
                 tracing::warn!(pod = %pod_ref(pod), reason, %error, "event queue full; event dropped");
             }
         }
     }
 }
 
-async fn create_event(client: &kube::Client, event: Event) {
-    let namespace = event.metadata.namespace.clone().unwrap_or_default();
-    let api = Api::<Event>::namespaced(client.clone(), &namespace);
-    if let Err(error) = api.create(&PostParams::default(), &event).await {
-        let pod = event.involved_object.name.unwrap_or_default();
-        tracing::warn!(pod = %format!("{namespace}/{pod}"), reason = ?event.reason, error = %crate::error::chain(&error), "record event");
-    }
-}
-
-/// The background Event sender behind [`EventSink::Queue`]: creates queued Events one by
-/// one until shutdown.
-pub async fn send_events(
-    client: kube::Client,
-    mut queue: tokio::sync::mpsc::Receiver<Event>,
-    shutdown: crate::runtime::Shutdown,
-) -> Result<(), std::convert::Infallible> {
-    loop {
-        let event = tokio::select! {
-            () = shutdown.cancelled() => return Ok(()),
-            event = queue.recv() => match event {
-                Some(event) => event,
-                None => return Ok(()),
-            },
-        };
-        create_event(&client, event).await;
-    }
+/// The controller reference of `pod` as an Event's involvedObject would name it.
+fn controller_reference(pod: &PodFacts) -> Option<ObjectReference> {
+    let controller = pod
+        .owner_refs
+        .iter()
+        .find(|r| r.get("controller").and_then(Value::as_bool) == Some(true))?;
+    let field = |name: &str| {
+        controller
+            .get(name)
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
+    Some(ObjectReference {
+        api_version: field("apiVersion"),
+        kind: field("kind"),
+        name: field("name"),
+        namespace: Some(pod.namespace.clone()),
+        uid: field("uid"),
+        ..ObjectReference::default()
+    })
 }
 
 #[cfg(test)]

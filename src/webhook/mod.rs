@@ -10,9 +10,11 @@ pub mod cache;
 pub mod configurations;
 pub mod decide;
 pub mod deleter;
+pub mod events;
 pub mod isolate;
 pub mod lease;
 pub mod metrics;
+pub mod nodepods;
 pub mod review;
 pub mod server;
 pub mod tls;
@@ -385,19 +387,20 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         resolver.clone(),
         tls.client_ca.as_deref(),
     )?);
+    // Admission calls and the deleter queue their Events for one sender, which groups
+    // those of one controller's pods (see `events`).
+    let (events, queue) = tokio::sync::mpsc::channel(isolate::EVENT_QUEUE);
+    let sender = events::send(client.clone(), queue, shutdown.clone());
+    spawn_owned("events", shutdown.clone(), sender);
     let ctx = isolate::Context {
         client,
         cache: Arc::new(cache::Cache::new(policy.exclude_namespaces)),
         identity,
-        events: isolate::EventSink::Inline,
+        events: isolate::EventSink::Queue(events),
         keep_labels: policy.keep_labels.iter().cloned().collect(),
     };
-    let (events, queue) = tokio::sync::mpsc::channel(isolate::EVENT_QUEUE);
-    let sender = isolate::send_events(ctx.client.clone(), queue, shutdown.clone());
-    spawn_owned("events", shutdown.clone(), sender);
     let admission_ctx = isolate::Context {
         client: admission,
-        events: isolate::EventSink::Queue(events),
         ..ctx.clone()
     };
     let workers = Workers {
@@ -431,6 +434,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         default_timeout: Duration::from_secs(u64::from(timeout_seconds)),
         shutdown: Shutdown::new(),
         holds: server::Holds::default(),
+        watch_drained_nodes: true,
     });
     let holds = state.shutdown.clone();
     let app = server::router(state, policy.max_body_bytes);

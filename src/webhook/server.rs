@@ -28,6 +28,7 @@ use tracing::Instrument;
 use super::decide::{self, Decision, OwnerKind, Pass, Path, PodFacts, Request, Settings};
 use super::isolate::{self, Budget, Outcome};
 use super::metrics::Metrics;
+use super::nodepods::{self, Lookup};
 use super::review::{self, Parsed};
 use crate::runtime::Shutdown;
 
@@ -70,6 +71,9 @@ pub struct AppState {
     pub shutdown: Shutdown,
     /// The hold deadline of each DELETE in flight, so a repeated call continues it.
     pub holds: Holds,
+    /// Evictions open a watch of their pod's node and later ones read their pod from it
+    /// (see [`super::nodepods`]); off, every eviction reads its pod.
+    pub watch_drained_nodes: bool,
 }
 
 /// How long the hold of a DELETE is remembered: the API server's own request deadline
@@ -342,8 +346,12 @@ async fn settle_eviction(state: &AppState, ev: &review::Eviction) -> Settled {
     if !exposed && cache.isolated(&ev.namespace, &ev.pod).is_none() {
         return Settled::Pass(Pass::NotExposed);
     }
-    match fetch_pod(state, &ev.namespace, &ev.pod).await {
-        Ok(Some(pod)) => settle(state, &ev.request, pod).await,
+    let (read, fresh) = match watched_pod(state, &ev.namespace, &ev.pod) {
+        Some(pod) => (Ok(Some(pod)), false),
+        None => (fetch_pod(state, &ev.namespace, &ev.pod).await, true),
+    };
+    match read {
+        Ok(Some(pod)) => settle(state, &ev.request, pod, fresh).await,
         Ok(None) => Settled::Pass(Pass::NotRunning),
         Err(error) => {
             tracing::warn!(error = %crate::error::chain(&error), "read pod for eviction");
@@ -368,6 +376,29 @@ fn request_pass(req: &Request, settings: &Settings) -> Option<Pass> {
     }
 }
 
+/// Pod `namespace/name` from the watch of its node (the node its endpoints name), which
+/// the first eviction there starts; `None` when the pod must be read from the API.
+fn watched_pod(state: &AppState, namespace: &str, name: &str) -> Option<PodFacts> {
+    if !state.watch_drained_nodes {
+        return None;
+    }
+    let cache = &state.ctx.cache;
+    let node = cache.node_of(namespace, name)?;
+    match cache.node_pods.lookup(&node, namespace, name) {
+        Lookup::Found(pod) => Some(*pod),
+        Lookup::Unknown => None,
+        Lookup::NotWatched => {
+            nodepods::watch(
+                cache.node_pods.clone(),
+                state.ctx.client.clone(),
+                &node,
+                state.shutdown.clone(),
+            );
+            None
+        }
+    }
+}
+
 async fn fetch_pod(
     state: &AppState,
     namespace: &str,
@@ -377,12 +408,30 @@ async fn fetch_pod(
     Ok(api.get_opt(name).await?.map(|p| review::pod_facts(&p)))
 }
 
-/// Decide, act, and on a concurrent change re-read the pod and decide again.
-async fn settle(state: &AppState, req: &Request, mut pod: PodFacts) -> Settled {
-    for _ in 0..CONFLICT_ATTEMPTS {
+/// Decide, act, and on a concurrent change re-read the pod and decide again. A pod that
+/// is not `fresh` (from a node's watch, which may lag) is read again before the request
+/// goes through unprotected.
+async fn settle(state: &AppState, req: &Request, mut pod: PodFacts, mut fresh: bool) -> Settled {
+    let attempts = CONFLICT_ATTEMPTS + usize::from(!fresh);
+    for _ in 0..attempts {
         let snap = state.ctx.cache.snapshot(&pod);
         let now = Timestamp::now();
         let plan = match decide::decide(req, &pod, &snap, &state.settings, now) {
+            Decision::Pass(p) if !fresh => {
+                tracing::debug!(pass = ?p, "confirming a watched pod's pass with a read");
+                match fetch_pod(state, &pod.namespace, &pod.name).await {
+                    Ok(Some(read)) => {
+                        pod = read;
+                        fresh = true;
+                        continue;
+                    }
+                    Ok(None) => return Settled::Pass(Pass::NotRunning),
+                    Err(error) => {
+                        tracing::warn!(error = %crate::error::chain(&error), "re-read pod");
+                        return Settled::Failed(format!("read pod: {error}"));
+                    }
+                }
+            }
             Decision::Pass(p) => return Settled::Pass(p),
             Decision::Pending { delete_at } => return Settled::Pending(delete_at),
             Decision::Isolate {
@@ -424,10 +473,13 @@ async fn settle(state: &AppState, req: &Request, mut pod: PodFacts) -> Settled {
                 let tried = pod.resource_version.clone();
                 match fetch_pod(state, &pod.namespace, &pod.name).await {
                     // A 422 on an unchanged pod is no failed `test`: our relabel is invalid.
-                    Ok(Some(fresh)) if code == 422 && fresh.resource_version == tried => {
+                    Ok(Some(read)) if code == 422 && read.resource_version == tried => {
                         return permanent(state, req, &pod, &error).await;
                     }
-                    Ok(Some(fresh)) => pod = fresh,
+                    Ok(Some(read)) => {
+                        pod = read;
+                        fresh = true;
+                    }
                     Ok(None) => return Settled::Pass(Pass::NotRunning),
                     Err(error) => {
                         tracing::warn!(error = %crate::error::chain(&error), "re-read pod");
@@ -528,7 +580,7 @@ async fn respond_delete(
     let owned_by_rs = matches!(pod.owner, Some((OwnerKind::ReplicaSet, _)));
     // A DELETE is never denied for want of time: past the deadline it is allowed (the
     // pod isolated if that finished, as it usually has).
-    let settled = settle_until(deadline, || settle(state, &req, pod.clone()));
+    let settled = settle_until(deadline, || settle(state, &req, pod.clone(), true));
     let settled = tokio::time::timeout_at(deadline, settled)
         .await
         .unwrap_or(Settled::Deadline);
@@ -684,6 +736,7 @@ mod tests {
             default_timeout: Duration::from_secs(10),
             shutdown: Shutdown::new(),
             holds: Holds::default(),
+            watch_drained_nodes: false,
         })
     }
 

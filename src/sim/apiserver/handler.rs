@@ -383,6 +383,14 @@ async fn dispatch(ctx: &Arc<Ctx>, method: Method, target: Target, req: Req) -> R
             .entry((verb.to_string(), target.resource_label()))
             .or_default() += 1;
         *stats.by_user.entry(req.user.username.clone()).or_default() += 1;
+        *stats
+            .by_user_request
+            .entry((
+                req.user.username.clone(),
+                verb.to_string(),
+                target.resource_label(),
+            ))
+            .or_default() += 1;
     }
     let result = match (verb, target.sub.as_deref()) {
         ("watch", _) => return watch::watch(ctx.clone(), &target, &req),

@@ -126,6 +126,8 @@ pub struct Stats {
     pub requests: BTreeMap<(String, String), u64>,
     /// Requests by authenticated user name.
     pub by_user: BTreeMap<String, u64>,
+    /// Requests by (user, verb, resource[/subresource]).
+    pub by_user_request: BTreeMap<(String, String, String), u64>,
     /// Admission webhook calls by webhook name.
     pub admission_calls: BTreeMap<String, u64>,
     /// Failed admission webhook calls (transport, timeout, malformed response) by name.
@@ -141,6 +143,27 @@ impl Stats {
             .get(&(verb.to_string(), resource.to_string()))
             .copied()
             .unwrap_or(0)
+    }
+
+    /// Requests of `user`, leaving out those on the resources in `except` (`leases`).
+    pub fn of_user(&self, user: &str, except: &[&str]) -> u64 {
+        self.by_user_request
+            .iter()
+            .filter(|((u, _, resource), _)| u == user && !except.contains(&resource.as_str()))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// The requests of `user` by verb and resource, most frequent first.
+    pub fn breakdown(&self, user: &str) -> Vec<(String, u64)> {
+        let mut kinds: Vec<(String, u64)> = self
+            .by_user_request
+            .iter()
+            .filter(|((u, _, _), _)| u == user)
+            .map(|((_, verb, resource), n)| (format!("{verb} {resource}"), *n))
+            .collect();
+        kinds.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        kinds
     }
 
     /// All requests.
@@ -173,6 +196,7 @@ impl Stats {
         Stats {
             requests: diff(&self.requests, &earlier.requests),
             by_user: diff(&self.by_user, &earlier.by_user),
+            by_user_request: diff(&self.by_user_request, &earlier.by_user_request),
             admission_calls: diff(&self.admission_calls, &earlier.admission_calls),
             admission_failures: diff(&self.admission_failures, &earlier.admission_failures),
             throttled: self.throttled.saturating_sub(earlier.throttled),
