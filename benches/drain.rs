@@ -3,8 +3,11 @@
 //! drained with the real webhook through a LifecycleEvent; each compared with the lower
 //! bound — the slowest pod's exit after SIGTERM, plus the deregistration delay when the
 //! webhook holds pods for load balancers — with the API requests the agent made per pod
-//! and the share of the cores the process (simulator included) kept busy. ("all
-//! evictions answered" is not measured in the webhook rows and shows the wall time.)
+//! (and, with the webhook, the webhook's per pod) and the share of the cores the process
+//! (simulator included) kept busy. A floor row per size drains the same node with every
+//! eviction sent at once and no agent: what the simulated cluster itself needs, so the
+//! agent's own cost is its row's difference to the floor. ("all evictions answered" is
+//! measured in the agent rows only.)
 //!
 //! Run: `cargo bench --bench drain` (or, without an optimised build,
 //! `cargo test --bench drain`: wall times are dominated by the simulated timings).
@@ -38,7 +41,7 @@ struct Row {
     pods: usize,
     wall: Duration,
     /// When the last eviction request was answered.
-    evictions_sent: Duration,
+    evictions_sent: Option<Duration>,
     /// When the API first listed no pod on the node (agent rows only).
     last_pod_gone: Option<Duration>,
     /// Share of the machine's cores the whole process (simulated cluster, kubelets,
@@ -193,7 +196,7 @@ async fn drain(pods: usize) -> Row {
         setup: "agent only",
         pods,
         wall,
-        evictions_sent: all_evicted.unwrap_or(wall),
+        evictions_sent: all_evicted,
         last_pod_gone,
         cpu_busy,
         lower_bound: EXIT_AFTER_SIGTERM,
@@ -204,6 +207,54 @@ async fn drain(pods: usize) -> Row {
     shutdown.cancel();
     started.wait().await;
     row
+}
+
+/// The simulator's floor for the same node: a client that cordons and sends every
+/// eviction at once (`actions::plain_drain`, no pacing, no agent), timed until the last
+/// pod object has left the API. What the agent adds is the difference to this row.
+async fn plain_drain(pods: usize) -> Row {
+    use graceful_drain::sim::scenario::actions;
+    let cfg = ClusterConfig {
+        nodes: 2,
+        kubelet: KubeletConfig {
+            start_delay: Duration::from_millis(200),
+            accept_after_sigterm: Duration::ZERO,
+            exit_after_sigterm: EXIT_AFTER_SIGTERM,
+        },
+        ..ClusterConfig::default()
+    };
+    let shutdown = Shutdown::new();
+    let cluster = Cluster::start(cfg, shutdown.clone()).await.unwrap();
+    let admin = cluster.client();
+    set_unschedulable(&admin, "worker-2", true).await;
+    let web = WebSpec {
+        replicas: i32::try_from(pods).unwrap(),
+        min_available: 0,
+        grace_period_seconds: 30,
+        ..WebSpec::default()
+    };
+    cluster.deploy_web(&web, TIMEOUT).await.unwrap();
+    set_unschedulable(&admin, "worker-2", false).await;
+    let before = cluster.api().stats();
+    let t0 = Instant::now();
+    let cpu0 = cpu_seconds();
+    actions::plain_drain(&admin, NODE, TIMEOUT).await.unwrap();
+    let wall = t0.elapsed();
+    let cpu_busy = busy_since(cpu0, wall);
+    let after = cluster.api().stats();
+    shutdown.cancel();
+    Row {
+        setup: "floor: every eviction at once, no agent",
+        pods,
+        wall,
+        evictions_sent: None,
+        last_pod_gone: Some(wall),
+        cpu_busy,
+        lower_bound: EXIT_AFTER_SIGTERM,
+        requests: 0,
+        webhook_requests: None,
+        evictions: after.count("create", "pods/eviction") - before.count("create", "pods/eviction"),
+    }
 }
 
 /// The same drain with graceful-drain's real webhook holding each evicted pod for
@@ -259,7 +310,7 @@ async fn drain_with_webhook(pods: usize, delay: Duration) -> Row {
         setup: "with webhook",
         pods,
         wall,
-        evictions_sent: wall,
+        evictions_sent: None,
         last_pod_gone: None,
         cpu_busy,
         lower_bound: delay + EXIT_AFTER_SIGTERM,
@@ -276,10 +327,11 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let mut rows: Vec<Row> = [100, 500]
-        .into_iter()
-        .map(|n| rt.block_on(drain(n)))
-        .collect();
+    let mut rows: Vec<Row> = Vec::new();
+    for n in [100, 500] {
+        rows.push(rt.block_on(plain_drain(n)));
+        rows.push(rt.block_on(drain(n)));
+    }
     for n in [100, 500] {
         rows.push(rt.block_on(drain_with_webhook(n, Duration::from_secs(3))));
     }
@@ -291,6 +343,9 @@ fn main() {
         "|-------|-----:|----------------:|-----------------------:|--------------:|------------:|------:|---------:|-------------------:|--------:|--------:|----------:|"
     );
     for r in &rows {
+        let answered = r
+            .evictions_sent
+            .map_or("—".to_string(), |d| format!("{:.2} s", d.as_secs_f64()));
         let gone = r
             .last_pod_gone
             .map_or("—".to_string(), |d| format!("{:.2} s", d.as_secs_f64()));
@@ -298,11 +353,10 @@ fn main() {
             format!("{:.2}", n as f64 / r.pods as f64)
         });
         println!(
-            "| {} | {} | {:.2} s | {:.2} s | {gone} | {:.2} s | {:.1}x | {:.0}% | {} | {:.2} | {webhook} | {} |",
+            "| {} | {} | {:.2} s | {answered} | {gone} | {:.2} s | {:.1}x | {:.0}% | {} | {:.2} | {webhook} | {} |",
             r.setup,
             r.pods,
             r.wall.as_secs_f64(),
-            r.evictions_sent.as_secs_f64(),
             r.lower_bound.as_secs_f64(),
             r.wall.as_secs_f64() / r.lower_bound.as_secs_f64(),
             r.cpu_busy * 100.0,

@@ -21,13 +21,20 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark may panic
 
+#[path = "../tests/agent_support/kubelet.rs"]
+#[allow(dead_code)]
+mod kubelet;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use graceful_drain::agent;
+use graceful_drain::lifecycle::{DRAIN_TRANSITION, LifecycleEvent, LifecycleEventSpec};
+use graceful_drain::sim::controllers::kubelet as sim_kubelet;
 use graceful_drain::fixtures::{self, NodeFixture, PdbFixture, PodFixture, ReplicaSetFixture};
-use graceful_drain::labels::DRAINING_LABEL;
+use graceful_drain::labels::{DELAY_ANNOTATION, DRAINING_LABEL};
 use graceful_drain::runtime::Shutdown;
 use graceful_drain::sim::apiserver::{self, ApiServer, Stats};
 use graceful_drain::sim::cluster::WebSpec;
@@ -69,6 +76,15 @@ const REQUEST_BOUND: Duration = Duration::from_secs(30);
 const EVENTS_BOUND: Duration = Duration::from_secs(10);
 /// The webhooks' timeoutSeconds.
 const TIMEOUT_SECONDS: u32 = 10;
+/// The deregistration delay annotated on the pods of the drained nodes (the rest keep
+/// the webhook's 10 minutes, so nothing else is deleted while the bench runs).
+const DRAIN_DELAY: &str = "3s";
+/// How long a drained pod's app takes to exit after SIGTERM.
+const EXIT_AFTER_SIGTERM: Duration = Duration::from_secs(1);
+/// Longest wait for the drains of the drained nodes.
+const DRAIN_BOUND: Duration = Duration::from_secs(300);
+/// The node agents' user.
+const AGENT_USER: &str = "system:serviceaccount:graceful-drain:graceful-drain-node-agent";
 
 /// Where every object of a setup goes: pod `p` belongs to Deployment `p / 30` and runs
 /// on node `p % nodes`, so a node's pods come from different Deployments.
@@ -77,6 +93,8 @@ struct Layout {
     nodes: usize,
     pods: usize,
     without: Without,
+    /// Nodes drained together by node agents after the evictions (0: none).
+    drained: usize,
 }
 
 /// Kinds left out of the cluster (`--without services,slices,pdbs`), to tell which of
@@ -145,6 +163,12 @@ impl Layout {
     fn node(n: usize) -> String {
         format!("node-{n:05}")
     }
+    /// The drained nodes: from the middle of the cluster, whose Deployments (each spans
+    /// 30 consecutive nodes) the evictions of the first nodes never touched.
+    fn drained_nodes(self) -> std::ops::Range<usize> {
+        let first = self.nodes / 2;
+        first..first + self.drained
+    }
     fn ip(p: usize) -> String {
         format!("10.{}.{}.{}", (p >> 16) & 255, (p >> 8) & 255, p & 255)
     }
@@ -189,7 +213,8 @@ fn replica_set(layout: Layout, d: usize, deployment_uid: &str) -> Value {
 }
 
 /// A serving pod of the size a real one has (a port, requests, two conditions).
-fn pod(p: usize, nodes: usize, rs_uid: &str) -> Value {
+fn pod(layout: Layout, p: usize, rs_uid: &str) -> Value {
+    let nodes = layout.nodes;
     let app = Layout::app(p / REPLICAS);
     let rs = format!("{app}-{HASH}");
     let pod = fixtures::pod(&Layout::pod_name(p))
@@ -203,6 +228,9 @@ fn pod(p: usize, nodes: usize, rs_uid: &str) -> Value {
         .ready();
     let mut pod = fixtures::to_json(&pod);
     pod["metadata"]["ownerReferences"][0]["uid"] = json!(rs_uid);
+    if layout.drained_nodes().contains(&(p % nodes)) {
+        pod["metadata"]["annotations"] = json!({DELAY_ANNOTATION: DRAIN_DELAY});
+    }
     let container = &mut pod["spec"]["containers"][0];
     container["ports"] = json!([{"name": "http", "containerPort": 8080}]);
     container["resources"] = json!({"requests": {"cpu": "100m", "memory": "128Mi"}});
@@ -261,7 +289,7 @@ fn load_cluster(api: &ApiServer, layout: Layout) -> Result<Vec<String>, apiserve
     )?;
     let replica_sets = (0..deployments).map(|d| replica_set(layout, d, &deployment_uids[d]));
     let rs_uids = api.load("apps/v1", "replicasets", replica_sets)?;
-    let pods = (0..layout.pods).map(|p| pod(p, layout.nodes, &rs_uids[p / REPLICAS]));
+    let pods = (0..layout.pods).map(|p| pod(layout, p, &rs_uids[p / REPLICAS]));
     let pod_uids = api.load("v1", "pods", pods)?;
     let Without {
         services,
@@ -585,6 +613,143 @@ async fn wait_for_events(api: &ApiServer, before: &Stats, isolated: usize) -> St
     }
 }
 
+/// The figures of the drained nodes.
+struct Drains {
+    nodes: usize,
+    pods: usize,
+    /// From the kubelets' Start calls to the last node's drain-complete.
+    wall: Duration,
+    /// The fastest and slowest node's drain.
+    fastest: Duration,
+    lower_bound: Duration,
+    webhook_requests: u64,
+    agent_requests: u64,
+    /// The webhook's RSS once every node is drained.
+    rss: f64,
+}
+
+fn agent_args(dir: &Path, node: &str) -> agent::Args {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: agent::Args,
+    }
+    let (plugins, registry) = (dir.join("plugins"), dir.join("registry"));
+    Cli::try_parse_from([
+        "node-agent",
+        "--node-name",
+        node,
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--lifecycle-reconciler",
+        "off",
+        "--plugins-dir",
+        plugins.to_str().unwrap(),
+        "--registry-dir",
+        registry.to_str().unwrap(),
+    ])
+    .unwrap()
+    .args
+}
+
+/// Drains `layout.drained` nodes at once, each by its own node agent driven through the
+/// SLM Start/End calls as a kubelet drives it, with the webhook isolating every pod and
+/// deleting it after [`DRAIN_DELAY`], and a simulated kubelet per drained node playing
+/// the pods' exit. The rest of the cluster has no kubelet: it only has to be listed.
+async fn run_drains(api: &ApiServer, layout: Layout, webhook: &Webhook) -> Drains {
+    let shutdown = Shutdown::new();
+    let nodes: Vec<String> = layout.drained_nodes().map(Layout::node).collect();
+    for (index, node) in nodes.iter().enumerate() {
+        let ctx = sim_kubelet::Context {
+            client: api.client(&format!("system:node:{node}")),
+            node: node.clone(),
+            node_index: index,
+            config: sim_kubelet::KubeletConfig {
+                start_delay: Duration::ZERO,
+                accept_after_sigterm: Duration::ZERO,
+                exit_after_sigterm: EXIT_AFTER_SIGTERM,
+            },
+            app: Default::default(),
+            apps: Default::default(),
+            timeline: graceful_drain::sim::traffic::timeline::Timeline::new(),
+        };
+        tokio::spawn(sim_kubelet::run(ctx, shutdown.clone()));
+    }
+    let per_node = layout.pods / layout.nodes;
+    // Each kubelet reports its node, lists and watches its pods, and reports each Ready.
+    let settled = Instant::now();
+    while nodes.iter().any(|n| {
+        let user = format!("system:node:{n}");
+        api.stats().by_user.get(&user).copied().unwrap_or(0) < (per_node + 3) as u64
+    }) {
+        assert!(settled.elapsed() < READY_BOUND, "kubelets did not report their pods");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let admin = api.client(ADMIN);
+    let mut dirs = Vec::new();
+    let mut drivers = Vec::new();
+    for node in &nodes {
+        let dir = tempfile::tempdir().unwrap();
+        let started = agent::start(agent_args(dir.path(), node), api.client(AGENT_USER), shutdown.clone())
+            .await
+            .unwrap();
+        let mut driver = kubelet::Kubelet::register(&started.registration_socket, node).await;
+        let name = format!("drain-{node}");
+        let event = LifecycleEvent::new(
+            &name,
+            LifecycleEventSpec {
+                transition_name: DRAIN_TRANSITION.into(),
+                binding_node: node.clone(),
+            },
+        );
+        Api::<LifecycleEvent>::all(admin.clone())
+            .create(&PostParams::default(), &event)
+            .await
+            .unwrap();
+        driver.event = name;
+        dirs.push((dir, started));
+        drivers.push((node.clone(), driver));
+    }
+    eprintln!("  draining {} nodes at once", nodes.len());
+    let before = api.stats();
+    let t0 = Instant::now();
+    let finished = futures::future::join_all(drivers.into_iter().map(|(node, mut driver)| async move {
+        driver.start("graceful-drain", &node).await;
+        loop {
+            let answer = driver.end("graceful-drain", false).await;
+            assert_eq!(answer.error, "", "{node}");
+            if answer.lifecycle_condition == "drain-complete" {
+                return t0.elapsed();
+            }
+            assert!(t0.elapsed() < DRAIN_BOUND, "{node} not drained");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }))
+    .await;
+    let wall = t0.elapsed();
+    let during = api.stats().since(&before);
+    eprintln!("  webhook requests during the drains:");
+    for (kind, n) in during.breakdown(WEBHOOK_USER) {
+        eprintln!("    {n:>6} {kind}");
+    }
+    let rss = webhook.rss_mib();
+    shutdown.cancel();
+    for (_dir, started) in dirs {
+        started.wait().await;
+    }
+    Drains {
+        nodes: nodes.len(),
+        pods: nodes.len() * per_node,
+        wall,
+        fastest: finished.iter().copied().min().unwrap_or_default(),
+        lower_bound: humantime::parse_duration(DRAIN_DELAY).unwrap() + EXIT_AFTER_SIGTERM,
+        webhook_requests: during.of_user(WEBHOOK_USER, &["leases"]),
+        agent_requests: during.of_user(AGENT_USER, &[]),
+        rss,
+    }
+}
+
 /// One setup's figures.
 struct Row {
     setup: &'static str,
@@ -593,6 +758,7 @@ struct Row {
     ready_after: Duration,
     rss: [f64; 3],
     evictions: Evictions,
+    drains: Option<Drains>,
 }
 
 async fn run_setup(setup: &'static str, layout: Layout, count: usize, concurrency: usize) -> Row {
@@ -620,6 +786,11 @@ async fn run_setup(setup: &'static str, layout: Layout, count: usize, concurrenc
     webhook.register(&api.client(ADMIN)).await;
     let evictions = run_evictions(&api, layout, count, concurrency).await;
     let after = webhook.rss_mib();
+    let drains = if layout.drained > 0 {
+        Some(run_drains(&api, layout, &webhook).await)
+    } else {
+        None
+    };
     webhook.stop().await;
     shutdown.cancel();
     Row {
@@ -629,6 +800,7 @@ async fn run_setup(setup: &'static str, layout: Layout, count: usize, concurrenc
         ready_after,
         rss: [at_start, filled, after],
         evictions,
+        drains,
     }
 }
 
@@ -684,6 +856,40 @@ fn print_table(rows: &[Row], concurrency: usize) {
     }
 }
 
+fn print_drains(rows: &[Row]) {
+    let drained: Vec<(&Row, &Drains)> = rows
+        .iter()
+        .filter_map(|r| r.drains.as_ref().map(|d| (r, d)))
+        .collect();
+    if drained.is_empty() {
+        return;
+    }
+    println!("\nNodes drained at once, a node agent each, through the webhook");
+    println!(
+        "| setup | nodes | pods | drained nodes | drained pods | wall time (fastest node) | lower bound | ratio \
+         | webhook API requests per drained pod | agent API requests per drained pod | webhook RSS after |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (row, d) in drained {
+        let pods = d.pods.max(1) as f64;
+        println!(
+            "| {} | {} | {} | {} | {} | {:.1} s ({:.1} s) | {:.1} s | {:.2}x | {:.2} | {:.2} | {:.1} MiB |",
+            row.setup,
+            row.layout.nodes,
+            row.layout.pods,
+            d.nodes,
+            d.pods,
+            d.wall.as_secs_f64(),
+            d.fastest.as_secs_f64(),
+            d.lower_bound.as_secs_f64(),
+            d.wall.as_secs_f64() / d.lower_bound.as_secs_f64(),
+            d.webhook_requests as f64 / pods,
+            d.agent_requests as f64 / pods,
+            d.rss,
+        );
+    }
+}
+
 fn main() {
     graceful_drain::runtime::install_crypto_provider();
     let nodes = flag("--nodes", 5_000);
@@ -692,15 +898,18 @@ fn main() {
     let concurrency = flag("--concurrency", 8).max(1);
     let without = Without::parse(&flag_text("--without").unwrap_or_default());
     let rt = tokio::runtime::Runtime::new().unwrap();
+    let drained = flag("--drain-nodes", 20);
     let small = Layout {
         nodes: SMALL_NODES,
         pods: SMALL_NODES * SMALL_PODS_PER_NODE,
         without,
+        drained: 0,
     };
     let large = Layout {
         nodes,
         pods: nodes * per_node,
         without,
+        drained: drained.min(nodes / 4),
     };
     let rows = rt.block_on(async {
         vec![
@@ -709,6 +918,7 @@ fn main() {
         ]
     });
     print_table(&rows, concurrency);
+    print_drains(&rows);
     let (small, large) = (&rows[0], &rows[1]);
     // A ratio, not a verdict: on the shared 2-core machine a p99 moves by 2x between runs.
     let ratio = |l: &Latency, s: &Latency| l.p99 / s.p99;

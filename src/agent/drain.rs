@@ -58,6 +58,9 @@ const MULTIPLE_PDB_ATTEMPTS: u32 = 5;
 /// webhook's draining label); if neither appeared after this long the eviction was lost
 /// (e.g. another webhook turned it into a dry run), so it is sent again.
 const REEVICT_AFTER: Duration = Duration::from_secs(30);
+/// Shortest pause between two computations of a drain's progress while its pods change
+/// (the drain notices its last pod gone at most this late).
+const REFRESH: Duration = Duration::from_millis(50);
 
 /// How often a drain re-reads its LifecycleEvent: the kubelet's reconciler tick, so a drain
 /// stops at most one tick after its event ended (SLA expired, failed, deleted), at one GET
@@ -929,38 +932,59 @@ impl Engine {
         let deadline = self.config.timeout.map(|t| started + t);
         let mut recheck = tokio::time::interval(REEVICT_AFTER / 3);
         recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Progress (which pods are gone, what is left) is worked out again only after
+        // something changed, and at most every REFRESH: a 500-pod drain brings thousands
+        // of watch events, and recomputing it for every one cost O(pods) each.
+        let mut changed = true;
+        let mut refreshed_at: Option<tokio::time::Instant> = None;
         loop {
-            let current = state.progress(&self.config.filters);
-            self.metrics.set_remaining(current.left());
-            progress.send_if_modified(|p| replace_if_changed(p, &current));
-            if current.remaining.is_empty() {
-                if self.start_tier(&mut state, &mut tasks, &ctx).await {
-                    continue;
+            let due = refreshed_at.is_none_or(|at| at.elapsed() >= REFRESH);
+            if changed && due {
+                changed = false;
+                refreshed_at = Some(tokio::time::Instant::now());
+                let current = state.progress(&self.config.filters);
+                self.metrics.set_remaining(current.left());
+                progress.send_if_modified(|p| replace_if_changed(p, &current));
+                if current.remaining.is_empty() {
+                    if self.start_tier(&mut state, &mut tasks, &ctx).await {
+                        changed = true;
+                        refreshed_at = None;
+                        continue;
+                    }
+                    return Ok(current);
                 }
-                return Ok(current);
             }
+            let refresh_at = changed.then(|| refreshed_at.map(|at| at + REFRESH)).flatten();
             tokio::select! {
-                event = stream.try_next() => match event {
-                    Ok(Some(event)) => self.apply(&mut state, &mut tasks, &ctx, event).await,
-                    Ok(None) => return Err(Error::WatchEnded { node: self.node.clone() }),
-                    Err(error) => self.watch_failed(&error).await,
-                },
+                event = stream.try_next() => {
+                    changed = true;
+                    match event {
+                        Ok(Some(event)) => self.apply(&mut state, &mut tasks, &ctx, event).await,
+                        Ok(None) => return Err(Error::WatchEnded { node: self.node.clone() }),
+                        Err(error) => self.watch_failed(&error).await,
+                    }
+                }
                 Some(update) = updates.recv() => {
+                    changed = true;
                     if let Some(error) = self.apply_update(&mut state, update) {
                         return Err(error);
                     }
                 }
-                _ = recheck.tick() => evict_lost(&mut state, &mut tasks, &ctx),
+                _ = recheck.tick() => {
+                    changed = true;
+                    evict_lost(&mut state, &mut tasks, &ctx);
+                }
                 Some(joined) = tasks.join_next() => {
                     if let Err(error) = joined {
                         tracing::error!(error = %crate::error::chain(&error), "eviction task failed");
                     }
                 }
+                () = sleep_until(refresh_at) => {}
                 () = sleep_until(deadline) => {
                     return Err(Error::TimedOut {
                         node: self.node.clone(),
                         after: self.config.timeout.unwrap_or_default(),
-                        message: current.message(),
+                        message: state.progress(&self.config.filters).message(),
                     });
                 }
             }
