@@ -954,7 +954,9 @@ impl Engine {
                     return Ok(current);
                 }
             }
-            let refresh_at = changed.then(|| refreshed_at.map(|at| at + REFRESH)).flatten();
+            let refresh_at = changed
+                .then(|| refreshed_at.map(|at| at + REFRESH))
+                .flatten();
             tokio::select! {
                 event = stream.try_next() => {
                     changed = true;

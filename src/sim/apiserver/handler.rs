@@ -513,9 +513,11 @@ fn list(ctx: &Ctx, target: &Target, req: &Req) -> ApiResult<Value> {
         after.as_deref(),
         |key, obj| {
             if page.len() < limit {
-                let obj = def.view.served(obj.clone());
-                if filter.matches(&obj) {
-                    page.push((key.to_string(), obj));
+                // Selected on the served view before anything is copied: a list of one
+                // node's pods among 150,000 copies only that node's.
+                let served = def.view.served_ref(obj);
+                if filter.matches(&served) {
+                    page.push((key.to_string(), served.into_owned()));
                 }
                 return true;
             }
