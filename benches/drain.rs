@@ -111,7 +111,9 @@ fn args(dir: &std::path::Path) -> agent::Args {
     .args
 }
 
-async fn drain(pods: usize) -> Row {
+/// A two-node simulated cluster with `pods` replicas of the web Deployment, all on
+/// `worker-1` (the node the benchmark drains).
+async fn cluster_with_web(pods: usize) -> (Shutdown, Cluster) {
     let cfg = ClusterConfig {
         nodes: 2,
         kubelet: KubeletConfig {
@@ -134,6 +136,12 @@ async fn drain(pods: usize) -> Row {
     };
     cluster.deploy_web(&web, TIMEOUT).await.unwrap();
     set_unschedulable(&admin, "worker-2", false).await;
+    (shutdown, cluster)
+}
+
+async fn drain(pods: usize) -> Row {
+    let (shutdown, cluster) = cluster_with_web(pods).await;
+    let admin = cluster.client();
 
     let dir = tempfile::tempdir().unwrap();
     let client = cluster.api().client(AGENT_USER);
@@ -214,27 +222,8 @@ async fn drain(pods: usize) -> Row {
 /// pod object has left the API. What the agent adds is the difference to this row.
 async fn plain_drain(pods: usize) -> Row {
     use graceful_drain::sim::scenario::actions;
-    let cfg = ClusterConfig {
-        nodes: 2,
-        kubelet: KubeletConfig {
-            start_delay: Duration::from_millis(200),
-            accept_after_sigterm: Duration::ZERO,
-            exit_after_sigterm: EXIT_AFTER_SIGTERM,
-        },
-        ..ClusterConfig::default()
-    };
-    let shutdown = Shutdown::new();
-    let cluster = Cluster::start(cfg, shutdown.clone()).await.unwrap();
+    let (shutdown, cluster) = cluster_with_web(pods).await;
     let admin = cluster.client();
-    set_unschedulable(&admin, "worker-2", true).await;
-    let web = WebSpec {
-        replicas: i32::try_from(pods).unwrap(),
-        min_available: 0,
-        grace_period_seconds: 30,
-        ..WebSpec::default()
-    };
-    cluster.deploy_web(&web, TIMEOUT).await.unwrap();
-    set_unschedulable(&admin, "worker-2", false).await;
     let before = cluster.api().stats();
     let t0 = Instant::now();
     let cpu0 = cpu_seconds();

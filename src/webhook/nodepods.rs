@@ -16,7 +16,7 @@
 //! through unprotected is confirmed from a fresh read first (see `server.rs`).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -33,17 +33,41 @@ use crate::runtime::Shutdown;
 pub const IDLE: Duration = Duration::from_secs(120);
 /// Most nodes watched at once (20 nodes drained together fit with room to spare).
 pub const MAX_NODES: usize = 64;
+/// How long an eviction waits for its node's watch to list before reading its pod: a
+/// drain sends many evictions at once, and without the wait each would read its pod.
+pub const SYNC_WAIT: Duration = Duration::from_secs(1);
 
 type Key = (String, String);
 
 /// The pods of one watched node.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct NodeEntry {
     pods: RwLock<HashMap<Key, PodFacts>>,
     /// The watch has listed the node's pods once and not lost its place since.
-    synced: AtomicBool,
+    synced: tokio::sync::watch::Sender<bool>,
     /// Milliseconds after [`NodePods::epoch`] of the last lookup.
     used: AtomicU64,
+}
+
+impl Default for NodeEntry {
+    fn default() -> Self {
+        NodeEntry {
+            pods: RwLock::default(),
+            synced: tokio::sync::watch::Sender::new(false),
+            used: AtomicU64::default(),
+        }
+    }
+}
+
+impl NodeEntry {
+    fn is_synced(&self) -> bool {
+        *self.synced.borrow()
+    }
+
+    fn set_synced(&self, synced: bool) {
+        self.synced
+            .send_if_modified(|s| std::mem::replace(s, synced) != synced);
+    }
 }
 
 /// What a lookup found.
@@ -92,7 +116,7 @@ impl NodePods {
             return Lookup::NotWatched;
         };
         entry.used.store(self.now_ms(), Ordering::Relaxed);
-        if !entry.synced.load(Ordering::Acquire) {
+        if !entry.is_synced() {
             return Lookup::Unknown;
         }
         let pods = entry.pods.read().unwrap_or_else(|e| e.into_inner());
@@ -100,6 +124,19 @@ impl NodePods {
             Some(pod) => Lookup::Found(Box::new(pod.clone())),
             None => Lookup::Unknown,
         }
+    }
+
+    /// Waits up to `bound` for the watch of `node` to have listed; false if it has not
+    /// (or nobody watches the node).
+    pub async fn wait_synced(&self, node: &str, bound: Duration) -> bool {
+        let Some(entry) = self.entry(node) else {
+            return false;
+        };
+        let mut synced = entry.synced.subscribe();
+        matches!(
+            tokio::time::timeout(bound, synced.wait_for(|s| *s)).await,
+            Ok(Ok(_))
+        )
     }
 
     /// Registers a watch of `node`; false when it has one or [`MAX_NODES`] are watched.
@@ -186,7 +223,7 @@ async fn run(
                 table.remove(&(facts.namespace, facts.name));
             }
             Ok(Event::Init) => {
-                entry.synced.store(false, Ordering::Release);
+                entry.set_synced(false);
                 seen = Some(HashSet::new());
             }
             Ok(Event::InitApply(pod)) => {
@@ -201,11 +238,11 @@ async fn run(
                 if let Some(seen) = seen.take() {
                     table.retain(|key, _| seen.contains(key));
                 }
-                entry.synced.store(true, Ordering::Release);
+                entry.set_synced(true);
             }
             Err(error) => {
                 // Until the watcher lists again, lookups read their pod from the API.
-                entry.synced.store(false, Ordering::Release);
+                entry.set_synced(false);
                 tracing::warn!(%node, error = %crate::error::chain(&error), "watch of the node's pods failed; retrying");
             }
         }
@@ -233,7 +270,7 @@ mod tests {
             .write()
             .unwrap()
             .insert(("web".into(), "p".into()), facts);
-        entry.synced.store(true, Ordering::Release);
+        entry.set_synced(true);
         assert!(matches!(pods.lookup("n1", "web", "p"), Lookup::Found(f) if f.name == "p"));
         assert!(matches!(pods.lookup("n1", "web", "q"), Lookup::Unknown));
         assert!(!pods.idle(&entry), "just used");

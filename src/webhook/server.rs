@@ -346,7 +346,7 @@ async fn settle_eviction(state: &AppState, ev: &review::Eviction) -> Settled {
     if !exposed && cache.isolated(&ev.namespace, &ev.pod).is_none() {
         return Settled::Pass(Pass::NotExposed);
     }
-    let (read, fresh) = match watched_pod(state, &ev.namespace, &ev.pod) {
+    let (read, fresh) = match watched_pod(state, &ev.namespace, &ev.pod).await {
         Some(pod) => (Ok(Some(pod)), false),
         None => (fetch_pod(state, &ev.namespace, &ev.pod).await, true),
     };
@@ -377,25 +377,31 @@ fn request_pass(req: &Request, settings: &Settings) -> Option<Pass> {
 }
 
 /// Pod `namespace/name` from the watch of its node (the node its endpoints name), which
-/// the first eviction there starts; `None` when the pod must be read from the API.
-fn watched_pod(state: &AppState, namespace: &str, name: &str) -> Option<PodFacts> {
+/// the first eviction there starts; an eviction arriving while that watch lists waits
+/// for it up to [`nodepods::SYNC_WAIT`]. `None` when the pod must be read from the API.
+async fn watched_pod(state: &AppState, namespace: &str, name: &str) -> Option<PodFacts> {
     if !state.watch_drained_nodes {
         return None;
     }
     let cache = &state.ctx.cache;
     let node = cache.node_of(namespace, name)?;
-    match cache.node_pods.lookup(&node, namespace, name) {
+    let pods = &cache.node_pods;
+    match pods.lookup(&node, namespace, name) {
+        Lookup::Found(pod) => return Some(*pod),
+        Lookup::Unknown => {}
+        Lookup::NotWatched => nodepods::watch(
+            pods.clone(),
+            state.ctx.client.clone(),
+            &node,
+            state.shutdown.clone(),
+        ),
+    }
+    if !pods.wait_synced(&node, nodepods::SYNC_WAIT).await {
+        return None;
+    }
+    match pods.lookup(&node, namespace, name) {
         Lookup::Found(pod) => Some(*pod),
-        Lookup::Unknown => None,
-        Lookup::NotWatched => {
-            nodepods::watch(
-                cache.node_pods.clone(),
-                state.ctx.client.clone(),
-                &node,
-                state.shutdown.clone(),
-            );
-            None
-        }
+        Lookup::Unknown | Lookup::NotWatched => None,
     }
 }
 
