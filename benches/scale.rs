@@ -14,7 +14,7 @@
 //! fixed number in flight. Every one must isolate its pod; the webhook's API requests
 //! in that phase (Lease renewals aside) are counted per isolated pod.
 //!
-//! With `--drain-nodes N` the large setup then drains N nodes at once, a node agent each
+//! The large setup then drains `--drain-nodes` (20) nodes at once, a node agent each
 //! driven through SLM Start/End, a simulated kubelet on each of those nodes, the webhook
 //! isolating and deleting their pods ([`run_drains`]).
 //!
@@ -916,10 +916,8 @@ fn main() {
     let concurrency = flag("--concurrency", 8).max(1);
     let without = Without::parse(&flag_text("--without").unwrap_or_default());
     let rt = tokio::runtime::Runtime::new().unwrap();
-    // Off by default: at 5,000 nodes the simulated API server, which filters a list of
-    // one node's pods by scanning every pod (kube-apiserver's watch cache indexes pods by
-    // spec.nodeName), stalled the agents' calls (see the README's benchmark section).
-    let drained = flag("--drain-nodes", 0);
+    // `--drain-nodes 0` leaves the drain phase out.
+    let drained = flag("--drain-nodes", 20);
     let small = Layout {
         nodes: SMALL_NODES,
         pods: SMALL_NODES * SMALL_PODS_PER_NODE,
