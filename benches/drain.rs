@@ -25,6 +25,9 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
+#[path = "support/agent.rs"]
+mod agent_cli;
+
 #[path = "../tests/agent_support/kubelet.rs"]
 #[allow(dead_code)]
 mod kubelet;
@@ -86,31 +89,6 @@ async fn set_unschedulable(client: &kube::Client, node: &str, on: bool) {
         .unwrap();
 }
 
-fn args(dir: &std::path::Path) -> agent::Args {
-    use clap::Parser;
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: agent::Args,
-    }
-    let (plugins, registry) = (dir.join("plugins"), dir.join("registry"));
-    Cli::try_parse_from([
-        "node-agent",
-        "--node-name",
-        NODE,
-        "--admin-listen",
-        "127.0.0.1:0",
-        "--lifecycle-reconciler",
-        "off",
-        "--plugins-dir",
-        plugins.to_str().unwrap(),
-        "--registry-dir",
-        registry.to_str().unwrap(),
-    ])
-    .unwrap()
-    .args
-}
-
 /// A two-node simulated cluster with `pods` replicas of the web Deployment, all on
 /// `worker-1` (the node the benchmark drains).
 async fn cluster_with_web(pods: usize) -> (Shutdown, Cluster) {
@@ -145,7 +123,7 @@ async fn drain(pods: usize) -> Row {
 
     let dir = tempfile::tempdir().unwrap();
     let client = cluster.api().client(AGENT_USER);
-    let started = agent::start(args(dir.path()), client, shutdown.clone())
+    let started = agent::start(agent_cli::args(dir.path(), NODE), client, shutdown.clone())
         .await
         .unwrap();
     let mut kubelet = kubelet::Kubelet::register(&started.registration_socket, NODE).await;
@@ -198,8 +176,7 @@ async fn drain(pods: usize) -> Row {
     let wall = t0.elapsed();
     let cpu_busy = busy_since(cpu0, wall);
     let after = cluster.api().stats();
-    let user =
-        |s: &graceful_drain::sim::apiserver::Stats| s.by_user.get(AGENT_USER).copied().unwrap_or(0);
+    let user = |s: &graceful_drain::sim::apiserver::Stats| s.of_user(AGENT_USER, &[]);
     let row = Row {
         setup: "agent only",
         pods,
@@ -277,9 +254,7 @@ async fn drain_with_webhook(pods: usize, delay: Duration) -> Row {
     };
     cluster.deploy_web(&web, TIMEOUT).await.unwrap();
     set_unschedulable(&admin, "worker-2", false).await;
-    let user = |s: &graceful_drain::sim::apiserver::Stats| {
-        s.by_user.get(components::AGENT_USER).copied().unwrap_or(0)
-    };
+    let user = |s: &graceful_drain::sim::apiserver::Stats| s.of_user(components::AGENT_USER, &[]);
     let before = cluster.api().stats();
     let t0 = Instant::now();
     let cpu0 = cpu_seconds();

@@ -104,7 +104,7 @@ async fn idle(nodes: usize, warmup: Duration, window: Duration) -> (u64, f64) {
     let during = cluster.api().stats().since(&before);
     shutdown.cancel();
     cluster.shutdown().cancel();
-    let requests = during.by_user.get(AGENT_USER).copied().unwrap_or_default();
+    let requests = during.of_user(AGENT_USER, &[]);
     let rate = requests as f64 / nodes as f64 / window.as_secs_f64();
     // Where the window's requests went (every user), most frequent first.
     let mut kinds: Vec<_> = during.requests.iter().collect();

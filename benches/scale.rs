@@ -25,6 +25,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark may panic
 
+#[path = "support/agent.rs"]
+mod agent_cli;
+
 #[path = "../tests/agent_support/kubelet.rs"]
 #[allow(dead_code)]
 mod kubelet;
@@ -633,31 +636,6 @@ struct Drains {
     rss: f64,
 }
 
-fn agent_args(dir: &Path, node: &str) -> agent::Args {
-    use clap::Parser;
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: agent::Args,
-    }
-    let (plugins, registry) = (dir.join("plugins"), dir.join("registry"));
-    Cli::try_parse_from([
-        "node-agent",
-        "--node-name",
-        node,
-        "--admin-listen",
-        "127.0.0.1:0",
-        "--lifecycle-reconciler",
-        "off",
-        "--plugins-dir",
-        plugins.to_str().unwrap(),
-        "--registry-dir",
-        registry.to_str().unwrap(),
-    ])
-    .unwrap()
-    .args
-}
-
 /// Drains `layout.drained` nodes at once, each by its own node agent driven through the
 /// SLM Start/End calls as a kubelet drives it, with the webhook isolating every pod and
 /// deleting it after [`DRAIN_DELAY`], and a simulated kubelet per drained node playing
@@ -684,10 +662,13 @@ async fn run_drains(api: &ApiServer, layout: Layout, webhook: &Webhook) -> Drain
     let per_node = layout.pods / layout.nodes;
     // Each kubelet reports its node, lists and watches its pods, and reports each Ready.
     let settled = Instant::now();
-    while nodes.iter().any(|n| {
-        let user = format!("system:node:{n}");
-        api.stats().by_user.get(&user).copied().unwrap_or(0) < (per_node + 3) as u64
-    }) {
+    let unsettled = || {
+        let stats = api.stats();
+        nodes
+            .iter()
+            .any(|n| stats.of_user(&format!("system:node:{n}"), &[]) < (per_node + 3) as u64)
+    };
+    while unsettled() {
         assert!(
             settled.elapsed() < READY_BOUND,
             "kubelets did not report their pods"
@@ -705,7 +686,7 @@ async fn run_drains(api: &ApiServer, layout: Layout, webhook: &Webhook) -> Drain
     for node in &nodes {
         let dir = tempfile::tempdir().unwrap();
         let started = agent::start(
-            agent_args(dir.path(), node),
+            agent_cli::args(dir.path(), node),
             api.client(AGENT_USER),
             shutdown.clone(),
         )

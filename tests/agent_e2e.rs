@@ -421,7 +421,7 @@ async fn drains_each_kind_of_pod_like_kubectl_and_waits_out_a_blocking_pdb() {
     cluster.wait_web_ready(&web, TIMEOUT).await.unwrap();
 
     let stats = cluster.api().stats();
-    let requests = stats.by_user.get(AGENT_USER).copied().unwrap_or_default();
+    let requests = stats.of_user(AGENT_USER, &[]);
     println!(
         "agent API requests: {requests} for {} drained pods",
         evicted.len()

@@ -1398,7 +1398,7 @@ async fn binding_assigns_a_pod_once_and_pod_specs_stay_immutable() {
         Some("web:2")
     );
     let stats = api.stats();
-    assert_eq!(stats.by_user["system:kube-scheduler"], 4);
+    assert_eq!(stats.of_user("system:kube-scheduler", &[]), 4);
     assert_eq!(stats.count("create", "pods/binding"), 2);
 }
 

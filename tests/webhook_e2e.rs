@@ -232,6 +232,15 @@ async fn web_pods(cluster: &Cluster, spec: &WebSpec) -> Vec<Pod> {
     api.list(&ListParams::default()).await.unwrap().items
 }
 
+/// The node of the first web pod listed: a node that runs some of the web pods.
+async fn first_web_pod_node(cluster: &Cluster, spec: &WebSpec) -> String {
+    web_pods(cluster, spec).await[0]
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap()
+}
+
 async fn event_reasons(cluster: &Cluster, ns: &str, pod: &str) -> Vec<String> {
     let api: Api<Event> = Api::namespaced(cluster.client(), ns);
     api.list(&ListParams::default())
@@ -595,11 +604,7 @@ async fn a_second_kubectl_drain_works_while_isolated_pods_wait() {
         .write_kubeconfig(&kubeconfig, "admin")
         .unwrap();
     let client = cluster.client();
-    let node = web_pods(&cluster, &spec).await[0]
-        .spec
-        .as_ref()
-        .and_then(|s| s.node_name.clone())
-        .unwrap();
+    let node = first_web_pod_node(&cluster, &spec).await;
     let drain = [
         "drain",
         node.as_str(),
@@ -1501,11 +1506,7 @@ async fn a_drain_reads_its_pods_from_the_nodes_watch_and_groups_their_events() {
     };
     let (cluster, _webhook) = setup_with(config, &spec, Duration::from_secs(20), 10, &[]).await;
     let client = cluster.client();
-    let node = web_pods(&cluster, &spec).await[0]
-        .spec
-        .as_ref()
-        .and_then(|s| s.node_name.clone())
-        .unwrap();
+    let node = first_web_pod_node(&cluster, &spec).await;
     actions::cordon(&client, &node, true).await.unwrap();
     let victims: Vec<String> = actions::pods_on(&client, &node)
         .await

@@ -136,27 +136,26 @@ pub fn coalesce(batch: Vec<Queued>) -> Vec<Event> {
 
 /// One Event for a group: the Event itself when alone, else one on the controller.
 fn merge(mut members: Vec<Queued>) -> Event {
-    if members.len() == 1 {
+    let count = members.len();
+    if count == 1 {
         return members.remove(0).event;
     }
-    let count = members.len();
-    let first = members.remove(0);
-    let controller = first.controller.unwrap_or_default();
-    let mut names: Vec<String> = std::iter::once(&first.event)
-        .chain(members.iter().map(|m| &m.event))
-        .filter_map(|e| e.involved_object.name.clone())
+    let mut names: Vec<String> = members
+        .iter()
+        .filter_map(|m| m.event.involved_object.name.clone())
         .collect();
+    let last_timestamp = members
+        .iter()
+        .filter_map(|m| m.event.last_timestamp.clone())
+        .max_by_key(|t| t.0);
+    let first = members.remove(0);
     let more = names.len().saturating_sub(NAMES_LISTED);
     names.truncate(NAMES_LISTED);
     let mut listed = names.join(", ");
     if more > 0 {
         listed.push_str(&format!(" and {more} more"));
     }
-    let last_timestamp = members
-        .iter()
-        .filter_map(|m| m.event.last_timestamp.clone())
-        .max_by_key(|t| t.0)
-        .or(first.event.last_timestamp.clone());
+    let controller = first.controller.unwrap_or_default();
     let kind = controller
         .kind
         .clone()

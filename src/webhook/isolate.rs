@@ -546,12 +546,16 @@ async fn owner_policy(
     ))
 }
 
-/// The UID in the pod's controller reference.
-fn controller_uid(pod: &PodFacts) -> Option<&str> {
+/// The pod's controller reference, as sent.
+fn controller_ref(pod: &PodFacts) -> Option<&Value> {
     pod.owner_refs
         .iter()
         .find(|r| r.get("controller").and_then(Value::as_bool) == Some(true))
-        .and_then(|r| r.get("uid")?.as_str())
+}
+
+/// The UID in the pod's controller reference.
+fn controller_uid(pod: &PodFacts) -> Option<&str> {
+    controller_ref(pod)?.get("uid")?.as_str()
 }
 
 fn ptr(tokens: &[&str]) -> PointerBuf {
@@ -908,10 +912,7 @@ pub async fn record_event(
 
 /// The controller reference of `pod` as an Event's involvedObject would name it.
 fn controller_reference(pod: &PodFacts) -> Option<ObjectReference> {
-    let controller = pod
-        .owner_refs
-        .iter()
-        .find(|r| r.get("controller").and_then(Value::as_bool) == Some(true))?;
+    let controller = controller_ref(pod)?;
     let field = |name: &str| {
         controller
             .get(name)

@@ -219,8 +219,11 @@ async fn run(
                 table.insert((facts.namespace.clone(), facts.name.clone()), facts);
             }
             Ok(Event::Delete(pod)) => {
-                let facts = super::review::pod_facts(&pod);
-                table.remove(&(facts.namespace, facts.name));
+                let meta = pod.metadata;
+                table.remove(&(
+                    meta.namespace.unwrap_or_default(),
+                    meta.name.unwrap_or_default(),
+                ));
             }
             Ok(Event::Init) => {
                 entry.set_synced(false);

@@ -414,6 +414,19 @@ async fn fetch_pod(
     Ok(api.get_opt(name).await?.map(|p| review::pod_facts(&p)))
 }
 
+/// Reads `pod` again; `Err` is the answer when it is gone (nothing left to protect) or
+/// cannot be read.
+async fn reread(state: &AppState, pod: &PodFacts) -> Result<PodFacts, Settled> {
+    match fetch_pod(state, &pod.namespace, &pod.name).await {
+        Ok(Some(read)) => Ok(read),
+        Ok(None) => Err(Settled::Pass(Pass::NotRunning)),
+        Err(error) => {
+            tracing::warn!(error = %crate::error::chain(&error), "re-read pod");
+            Err(Settled::Failed(format!("re-read pod: {error}")))
+        }
+    }
+}
+
 /// Decide, act, and on a concurrent change re-read the pod and decide again. A pod that
 /// is not `fresh` (from a node's watch, which may lag) is read again before the request
 /// goes through unprotected.
@@ -425,17 +438,13 @@ async fn settle(state: &AppState, req: &Request, mut pod: PodFacts, mut fresh: b
         let plan = match decide::decide(req, &pod, &snap, &state.settings, now) {
             Decision::Pass(p) if !fresh => {
                 tracing::debug!(pass = ?p, "confirming a watched pod's pass with a read");
-                match fetch_pod(state, &pod.namespace, &pod.name).await {
-                    Ok(Some(read)) => {
+                match reread(state, &pod).await {
+                    Ok(read) => {
                         pod = read;
                         fresh = true;
                         continue;
                     }
-                    Ok(None) => return Settled::Pass(Pass::NotRunning),
-                    Err(error) => {
-                        tracing::warn!(error = %crate::error::chain(&error), "re-read pod");
-                        return Settled::Failed(format!("read pod: {error}"));
-                    }
+                    Err(settled) => return settled,
                 }
             }
             Decision::Pass(p) => return Settled::Pass(p),
@@ -476,21 +485,16 @@ async fn settle(state: &AppState, req: &Request, mut pod: PodFacts, mut fresh: b
         match error {
             isolate::Error::Conflict { code, .. } => {
                 tracing::debug!(code, "pod changed while isolating; re-reading");
-                let tried = pod.resource_version.clone();
-                match fetch_pod(state, &pod.namespace, &pod.name).await {
+                match reread(state, &pod).await {
                     // A 422 on an unchanged pod is no failed `test`: our relabel is invalid.
-                    Ok(Some(read)) if code == 422 && read.resource_version == tried => {
+                    Ok(read) if code == 422 && read.resource_version == pod.resource_version => {
                         return permanent(state, req, &pod, &error).await;
                     }
-                    Ok(Some(read)) => {
+                    Ok(read) => {
                         pod = read;
                         fresh = true;
                     }
-                    Ok(None) => return Settled::Pass(Pass::NotRunning),
-                    Err(error) => {
-                        tracing::warn!(error = %crate::error::chain(&error), "re-read pod");
-                        return Settled::Failed(format!("re-read pod: {error}"));
-                    }
+                    Err(settled) => return settled,
                 }
             }
             error if error.is_permanent() => return permanent(state, req, &pod, &error).await,

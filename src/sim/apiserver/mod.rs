@@ -124,9 +124,7 @@ impl Default for Config {
 pub struct Stats {
     /// Requests by (verb, resource[/subresource]), e.g. `("create", "pods/eviction")`.
     pub requests: BTreeMap<(String, String), u64>,
-    /// Requests by authenticated user name.
-    pub by_user: BTreeMap<String, u64>,
-    /// Requests by (user, verb, resource[/subresource]).
+    /// Requests by (authenticated user name, verb, resource[/subresource]).
     pub by_user_request: BTreeMap<(String, String, String), u64>,
     /// Admission webhook calls by webhook name.
     pub admission_calls: BTreeMap<String, u64>,
@@ -145,7 +143,8 @@ impl Stats {
             .unwrap_or(0)
     }
 
-    /// Requests of `user`, leaving out those on the resources in `except` (`leases`).
+    /// Requests of `user`, leaving out those on the resources in `except` (`leases`;
+    /// `&[]` for all of them).
     pub fn of_user(&self, user: &str, except: &[&str]) -> u64 {
         self.by_user_request
             .iter()
@@ -195,7 +194,6 @@ impl Stats {
         }
         Stats {
             requests: diff(&self.requests, &earlier.requests),
-            by_user: diff(&self.by_user, &earlier.by_user),
             by_user_request: diff(&self.by_user_request, &earlier.by_user_request),
             admission_calls: diff(&self.admission_calls, &earlier.admission_calls),
             admission_failures: diff(&self.admission_failures, &earlier.admission_failures),
