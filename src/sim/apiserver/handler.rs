@@ -17,6 +17,7 @@ use super::Ctx;
 use super::resources::ResourceDef;
 use super::selector::{FieldSelector, LabelSelector};
 use super::status::{ApiError, ApiResult};
+use super::store::Scope;
 use super::{delete, eviction, table, watch, write};
 
 /// Largest request body accepted (objects are small; a generous bound against runaways).
@@ -469,6 +470,15 @@ impl Filter {
     pub(crate) fn matches(&self, obj: &Value) -> bool {
         self.labels.matches(obj) && self.fields.matches(obj)
     }
+
+    /// The node an equality requirement on `spec.nodeName` pins the selection to.
+    pub(crate) fn node(&self) -> Option<&str> {
+        self.fields
+            .0
+            .iter()
+            .find(|r| r.path == "spec.nodeName" && !r.negated)
+            .map(|r| r.value.as_str())
+    }
 }
 
 /// Storage key prefix of a list or watch.
@@ -506,11 +516,14 @@ fn list(ctx: &Ctx, target: &Target, req: &Req) -> ApiResult<Value> {
     let selective = !filter.labels.0.selects_all() || !filter.fields.0.is_empty();
     let mut page: Vec<(String, Value)> = Vec::new();
     let mut remaining = 0usize;
-    let rv = ctx.store.scan(
-        &def.table(),
-        &prefix_of(target),
-        after.as_deref(),
-        |key, obj| {
+    let prefix = prefix_of(target);
+    let scope = Scope {
+        prefix: &prefix,
+        node: filter.node(),
+    };
+    let rv = ctx
+        .store
+        .scan(&def.table(), scope, after.as_deref(), |key, obj| {
             if page.len() < limit {
                 // Selected on the served view before anything is copied: a list of one
                 // node's pods among 150,000 copies only that node's.
@@ -522,8 +535,7 @@ fn list(ctx: &Ctx, target: &Target, req: &Req) -> ApiResult<Value> {
             }
             remaining += 1;
             !selective
-        },
-    );
+        });
     let mut metadata = json!({"resourceVersion": rv.to_string()});
     if remaining > 0
         && let Some((last, _)) = page.last()

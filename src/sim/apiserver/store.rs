@@ -5,7 +5,7 @@
 //! watch event in the table's history and broadcasts it. Callers compare-and-swap on
 //! resourceVersion to get optimistic concurrency.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::Value;
@@ -52,9 +52,126 @@ pub(crate) enum StoreError {
 #[derive(Default)]
 struct Table {
     objects: BTreeMap<String, Value>,
+    /// Pods' keys by `spec.nodeName` (empty for other tables). kube-apiserver's watch
+    /// cache keeps the same index for pods (pkg/registry/core/pod/strategy.go, `Indexers`:
+    /// `storage.FieldIndex("spec.nodeName"): NodeNameIndexFunc`), so a kubelet's or a
+    /// drain's list of one node's pods does not walk every pod of the cluster.
+    by_node: HashMap<String, BTreeSet<String>>,
     history: VecDeque<Arc<Change>>,
     /// Highest resourceVersion dropped from the history: watches from older versions get 410.
     compacted: u64,
+}
+
+/// The table whose objects are indexed by `spec.nodeName`.
+const POD_TABLE: &str = "/pods";
+
+/// `scope` as `table` can serve it: only pods are indexed by node.
+fn indexable<'a>(table: &str, scope: Scope<'a>) -> Scope<'a> {
+    if table == POD_TABLE {
+        scope
+    } else {
+        Scope {
+            node: None,
+            ..scope
+        }
+    }
+}
+
+fn node_of(obj: &Value) -> &str {
+    obj.pointer("/spec/nodeName")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+
+impl Table {
+    /// Stores `obj` at `key`, keeping the node index of a pod table in step.
+    fn put(&mut self, indexed: bool, key: &str, obj: Value) {
+        if indexed {
+            let node = node_of(&obj).to_string();
+            if let Some(old) = self.objects.get(key) {
+                let before = node_of(old);
+                if before != node {
+                    self.unindex(before.to_string(), key);
+                }
+            }
+            self.by_node
+                .entry(node)
+                .or_default()
+                .insert(key.to_string());
+        }
+        self.objects.insert(key.to_string(), obj);
+    }
+
+    /// Removes the object at `key`, and its entry in the node index.
+    fn take(&mut self, indexed: bool, key: &str) -> Option<Value> {
+        let obj = self.objects.remove(key)?;
+        if indexed {
+            self.unindex(node_of(&obj).to_string(), key);
+        }
+        Some(obj)
+    }
+
+    fn unindex(&mut self, node: String, key: &str) {
+        if let Some(keys) = self.by_node.get_mut(&node) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.by_node.remove(&node);
+            }
+        }
+    }
+
+    /// Visits the objects under `scope` whose key comes after `after`, in key order,
+    /// until `visit` returns false.
+    fn visit(
+        &self,
+        scope: Scope<'_>,
+        after: Option<&str>,
+        mut visit: impl FnMut(&str, &Value) -> bool,
+    ) {
+        use std::ops::Bound;
+        let start = match after {
+            Some(key) if key >= scope.prefix => Bound::Excluded(key.to_string()),
+            _ => Bound::Included(scope.prefix.to_string()),
+        };
+        let range = (start, Bound::Unbounded);
+        match scope.node {
+            Some(node) => {
+                let Some(keys) = self.by_node.get(node) else {
+                    return;
+                };
+                for key in keys
+                    .range::<String, _>(range)
+                    .take_while(|k| k.starts_with(scope.prefix))
+                {
+                    if let Some(obj) = self.objects.get(key)
+                        && !visit(key, obj)
+                    {
+                        break;
+                    }
+                }
+            }
+            None => {
+                for (key, obj) in self
+                    .objects
+                    .range::<String, _>(range)
+                    .take_while(|(k, _)| k.starts_with(scope.prefix))
+                {
+                    if !visit(key, obj) {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Which objects of a table a list or watch walks: those under a key prefix (a
+/// namespace, or all), narrowed to one node's pods when the request selects on
+/// `spec.nodeName`. The caller still applies its whole selector to what it visits.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Scope<'a> {
+    pub prefix: &'a str,
+    pub node: Option<&'a str>,
 }
 
 struct State {
@@ -156,32 +273,19 @@ impl Store {
         (items, state.rv)
     }
 
-    /// Visits, in key order, the objects of `table` under `prefix` whose key comes after
+    /// Visits, in key order, the objects of `table` under `scope` whose key comes after
     /// `after`, until `visit` returns false; returns the store's resourceVersion. A page
     /// of a long list clones only what it serves.
     pub(crate) fn scan(
         &self,
         table: &str,
-        prefix: &str,
+        scope: Scope<'_>,
         after: Option<&str>,
-        mut visit: impl FnMut(&str, &Value) -> bool,
+        visit: impl FnMut(&str, &Value) -> bool,
     ) -> u64 {
-        use std::ops::Bound;
         let state = self.lock();
         if let Some(t) = state.tables.get(table) {
-            let start = match after {
-                Some(key) if key >= prefix => Bound::Excluded(key.to_string()),
-                _ => Bound::Included(prefix.to_string()),
-            };
-            for (key, obj) in t
-                .objects
-                .range((start, Bound::Unbounded))
-                .take_while(|(k, _)| k.starts_with(prefix))
-            {
-                if !visit(key, obj) {
-                    break;
-                }
-            }
+            t.visit(indexable(table, scope), after, visit);
         }
         state.rv
     }
@@ -214,12 +318,11 @@ impl Store {
         state.rv += 1;
         let rv = state.rv;
         set_rv(&mut obj, rv);
-        state
-            .tables
-            .entry(table.to_string())
-            .or_default()
-            .objects
-            .insert(key.to_string(), obj.clone());
+        state.tables.entry(table.to_string()).or_default().put(
+            table == POD_TABLE,
+            key,
+            obj.clone(),
+        );
         self.record(
             &mut state,
             Change {
@@ -247,7 +350,7 @@ impl Store {
         let rv = state.rv;
         set_rv(&mut obj, rv);
         if let Some(t) = state.tables.get_mut(table) {
-            t.objects.insert(key.to_string(), obj.clone());
+            t.put(table == POD_TABLE, key, obj.clone());
         }
         self.record(
             &mut state,
@@ -277,7 +380,7 @@ impl Store {
         let rv = state.rv;
         set_rv(&mut final_obj, rv);
         if let Some(t) = state.tables.get_mut(table) {
-            t.objects.remove(key);
+            t.take(table == POD_TABLE, key);
         }
         self.record(
             &mut state,
@@ -332,7 +435,7 @@ impl Store {
         let Some(mut obj) = state
             .tables
             .get_mut(table)
-            .and_then(|t| t.objects.remove(key))
+            .and_then(|t| t.take(table == POD_TABLE, key))
         else {
             return;
         };
@@ -371,19 +474,24 @@ impl Store {
         Some(Subscription { replay, live })
     }
 
-    /// A snapshot of a table plus a live feed starting right after it (for watches
-    /// without a resourceVersion, which begin with synthetic ADDED events).
-    pub(crate) fn snapshot_and_subscribe(
+    /// The objects of a table under `scope` that `select` keeps, plus a live feed
+    /// starting right after them (for watches without a resourceVersion, which begin with
+    /// synthetic ADDED events).
+    pub(crate) fn snapshot_and_subscribe<T>(
         &self,
         table: &str,
-    ) -> (Vec<Value>, u64, broadcast::Receiver<Arc<Change>>) {
+        scope: Scope<'_>,
+        mut select: impl FnMut(&Value) -> Option<T>,
+    ) -> (Vec<T>, u64, broadcast::Receiver<Arc<Change>>) {
         let state = self.lock();
         let live = self.changes.subscribe();
-        let items = state
-            .tables
-            .get(table)
-            .map(|t| t.objects.values().cloned().collect())
-            .unwrap_or_default();
+        let mut items = Vec::new();
+        if let Some(t) = state.tables.get(table) {
+            t.visit(indexable(table, scope), None, |_, obj| {
+                items.extend(select(obj));
+                true
+            });
+        }
         (items, state.rv, live)
     }
 }
@@ -417,5 +525,56 @@ mod tests {
         // Three changes with a history of two: the first is compacted away.
         assert!(store.subscribe("/pods", rv - 1).is_none());
         assert_eq!(store.subscribe("/pods", rv).unwrap().replay.len(), 2);
+    }
+
+    fn keys(store: &Store, table: &str, scope: Scope<'_>, after: Option<&str>) -> Vec<String> {
+        let mut keys = Vec::new();
+        store.scan(table, scope, after, |key, _| {
+            keys.push(key.to_string());
+            true
+        });
+        keys
+    }
+
+    #[test]
+    fn a_node_scope_visits_that_nodes_pods_as_they_are_now() {
+        let store = Store::new(16);
+        let pod = |node: &str| json!({"metadata": {}, "spec": {"nodeName": node}});
+        store.create("/pods", "a/p1", pod("n1")).unwrap();
+        store.create("/pods", "b/p2", pod("n1")).unwrap();
+        let moving = store.create("/pods", "a/p3", pod("")).unwrap();
+        store.create("/pods", "a/p4", pod("n2")).unwrap();
+        // A pod bound after its creation moves from the unscheduled entry to its node.
+        store
+            .update("/pods", "a/p3", rv_of(&moving), pod("n1"))
+            .unwrap();
+        let n1 = Scope {
+            prefix: "",
+            node: Some("n1"),
+        };
+        assert_eq!(keys(&store, "/pods", n1, None), ["a/p1", "a/p3", "b/p2"]);
+        assert_eq!(keys(&store, "/pods", n1, Some("a/p1")), ["a/p3", "b/p2"]);
+        let in_a = Scope {
+            prefix: "a/",
+            node: Some("n1"),
+        };
+        assert_eq!(keys(&store, "/pods", in_a, None), ["a/p1", "a/p3"]);
+        let unscheduled = Scope {
+            prefix: "",
+            node: Some(""),
+        };
+        assert!(keys(&store, "/pods", unscheduled, None).is_empty());
+        // A deleted pod leaves the index with its object.
+        let p1 = store.get("/pods", "a/p1").unwrap();
+        store
+            .remove("/pods", "a/p1", rv_of(&p1), p1.clone())
+            .unwrap();
+        assert_eq!(keys(&store, "/pods", n1, None), ["a/p3", "b/p2"]);
+        store.remove_namespace("b");
+        assert_eq!(keys(&store, "/pods", n1, None), ["a/p3"]);
+        // Tables other than pods are not indexed: a node scope walks them whole, and the
+        // caller's selector decides.
+        store.create("/other", "a/x", pod("n9")).unwrap();
+        assert_eq!(keys(&store, "/other", n1, None), ["a/x"]);
     }
 }

@@ -21,7 +21,7 @@ use super::Ctx;
 use super::handler::{Filter, Req, Target, filter_of, prefix_of, stream_response};
 use super::resources::ResourceDef;
 use super::status::ApiError;
-use super::store::{Change, EventType};
+use super::store::{Change, EventType, Scope};
 use super::table;
 
 /// Upper bound of a watch's life when the client sets no `timeoutSeconds` (upstream
@@ -145,14 +145,15 @@ pub(crate) fn watch(ctx: Arc<Ctx>, target: &Target, req: &Req) -> Response {
     let initial = req.flag("sendInitialEvents");
     let mut first: Vec<Bytes> = Vec::new();
     let (live, start_rv) = if since == "0" || initial {
-        let (items, rv, live) = ctx.store.snapshot_and_subscribe(&table);
-        first.extend(
-            items
-                .into_iter()
-                .map(|o| plan.def.view.served(o))
-                .filter(|o| plan.matches(o))
-                .map(|o| plan.event("ADDED", &o)),
-        );
+        let scope = Scope {
+            prefix: &plan.prefix,
+            node: plan.filter.node(),
+        };
+        let (items, rv, live) = ctx.store.snapshot_and_subscribe(&table, scope, |obj| {
+            let served = plan.def.view.served_ref(obj);
+            plan.matches(&served).then(|| plan.event("ADDED", &served))
+        });
+        first.extend(items);
         if initial {
             first.push(bookmark(&plan.def, rv, true));
         }
