@@ -728,9 +728,11 @@ async fn run_drains(api: &ApiServer, layout: Layout, webhook: &Webhook) -> Drain
         .await;
     let wall = t0.elapsed();
     let during = api.stats().since(&before);
-    eprintln!("  webhook requests during the drains:");
-    for (kind, n) in during.breakdown(WEBHOOK_USER) {
-        eprintln!("    {n:>6} {kind}");
+    for (who, user) in [("webhook", WEBHOOK_USER), ("agents'", AGENT_USER)] {
+        eprintln!("  {who} requests during the drains:");
+        for (kind, n) in during.breakdown(user) {
+            eprintln!("    {n:>6} {kind}");
+        }
     }
     let rss = webhook.rss_mib();
     shutdown.cancel();

@@ -289,6 +289,7 @@ impl Agent {
             stop_reason: stop_reason.clone(),
             phase: phase_tx,
             progress: progress_tx,
+            written: Mutex::default(),
         };
         let span = tracing::info_span!(parent: None, "operation", node = %self.inner.node, ?kind);
         let handle = tokio::spawn(tracing::Instrument::instrument(
@@ -451,6 +452,11 @@ struct Run {
     stop_reason: Arc<Mutex<Option<String>>>,
     phase: watch::Sender<Phase>,
     progress: watch::Sender<Progress>,
+    /// The Node as this drain's last condition write returned it. A progress update
+    /// patches from it instead of reading the Node first: the patch merges conditions by
+    /// type, and the only fact taken from the Node — when our own condition last changed
+    /// status — is one this drain wrote. Cleared when a write fails.
+    written: Mutex<Option<k8s_openapi::api::core::v1::Node>>,
 }
 
 enum Ended {
@@ -643,6 +649,7 @@ impl Run {
         };
         let node = node::set_conditions(&inner.client, &cordoned, &[condition]).await?;
         inner.events.set_node_uid(node.metadata.uid.clone());
+        *self.written.lock().unwrap_or_else(|e| e.into_inner()) = Some(node);
         let message = "node cordoned; evicting its pods".to_string();
         inner
             .events
@@ -695,10 +702,21 @@ impl Run {
         Ok(())
     }
 
+    /// Writes the progress condition: one patch from the Node the last write returned,
+    /// or a read and a patch when there is none.
     async fn write_conditions(&self, conditions: &[Condition]) -> Result<(), node::Error> {
         let inner = &self.inner;
-        let current = node::get(&inner.client, &inner.node).await?;
-        node::set_conditions(&inner.client, &current, conditions).await?;
+        let known = self
+            .written
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let current = match known {
+            Some(node) => node,
+            None => node::get(&inner.client, &inner.node).await?,
+        };
+        let patched = node::set_conditions(&inner.client, &current, conditions).await?;
+        *self.written.lock().unwrap_or_else(|e| e.into_inner()) = Some(patched);
         Ok(())
     }
 

@@ -20,7 +20,7 @@ use kube::api::PostParams;
 use crate::runtime::Shutdown;
 
 /// How long the sender waits for more Events after the first of a batch.
-pub const WINDOW: Duration = Duration::from_millis(500);
+pub const WINDOW: Duration = Duration::from_secs(2);
 /// Most Events gathered into one batch.
 const BATCH_MAX: usize = 2048;
 /// Pod names listed in a grouped Event's message; the rest are counted.
