@@ -225,7 +225,7 @@ async fn plain_drain(pods: usize) -> Row {
 
 /// The same drain with graceful-drain's real webhook holding each evicted pod for
 /// `delay` (driven through a LifecycleEvent and the lifecycle reconciler, as in production).
-async fn drain_with_webhook(pods: usize, delay: Duration) -> Row {
+async fn drain_with_webhook(pods: usize, delay: Duration, floor: bool) -> Row {
     use graceful_drain::sim::scenario::actions;
     use graceful_drain::sim::scenario::components::{self, Components, ComponentsConfig};
     let cfg = ClusterConfig {
@@ -258,9 +258,15 @@ async fn drain_with_webhook(pods: usize, delay: Duration) -> Row {
     let before = cluster.api().stats();
     let t0 = Instant::now();
     let cpu0 = cpu_seconds();
-    actions::lifecycle_drain(&admin, NODE, TIMEOUT)
-        .await
-        .unwrap();
+    if floor {
+        // Every eviction at once through the webhook, no agent: timed until the last
+        // isolated pod was deleted and left the API.
+        actions::plain_drain(&admin, NODE, TIMEOUT).await.unwrap();
+    } else {
+        actions::lifecycle_drain(&admin, NODE, TIMEOUT)
+            .await
+            .unwrap();
+    }
     let wall = t0.elapsed();
     let cpu_busy = busy_since(cpu0, wall);
     let after = cluster.api().stats();
@@ -271,11 +277,15 @@ async fn drain_with_webhook(pods: usize, delay: Duration) -> Row {
         eprintln!("  {n:>6} {kind}");
     }
     Row {
-        setup: "with webhook",
+        setup: if floor {
+            "floor with webhook: every eviction at once, no agent"
+        } else {
+            "with webhook"
+        },
         pods,
         wall,
         evictions_sent: None,
-        last_pod_gone: None,
+        last_pod_gone: floor.then_some(wall),
         cpu_busy,
         lower_bound: delay + EXIT_AFTER_SIGTERM,
         requests: user(&after) - user(&before),
@@ -297,7 +307,8 @@ fn main() {
         rows.push(rt.block_on(drain(n)));
     }
     for n in [100, 500] {
-        rows.push(rt.block_on(drain_with_webhook(n, Duration::from_secs(3))));
+        rows.push(rt.block_on(drain_with_webhook(n, Duration::from_secs(3), true)));
+        rows.push(rt.block_on(drain_with_webhook(n, Duration::from_secs(3), false)));
     }
     println!();
     println!(

@@ -257,8 +257,38 @@ pub struct Cache {
     pdb_gates: std::sync::Mutex<HashMap<Key, Arc<super::isolate::PdbGate>>>,
     /// What isolations read from pods' controllers, by controller UID (see [`Owners`]).
     owners: std::sync::Mutex<Owners>,
+    /// Controller reads in flight, by controller UID: `kubectl drain` sends every eviction
+    /// of a node at once, and without a turn each of a ReplicaSet's pods would miss
+    /// [`Owners`] and read the ReplicaSet itself (257 reads for 500 pods in the drain
+    /// bench).
+    owner_reads: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// The pods of nodes being drained (see [`super::nodepods`]).
     pub node_pods: Arc<super::nodepods::NodePods>,
+}
+
+/// One isolation's turn to read a controller (see [`Cache::owner_read_turn`]). Dropping it
+/// lets the next waiter in, and forgets the turn's lock once nobody else holds it.
+pub struct OwnerReadTurn<'a> {
+    cache: &'a Cache,
+    uid: String,
+    _guard: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl Drop for OwnerReadTurn<'_> {
+    fn drop(&mut self) {
+        let mut reads = self
+            .cache
+            .owner_reads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        // Held by the map and by this turn's guard only: no isolation waits behind it.
+        if reads
+            .get(&self.uid)
+            .is_some_and(|lock| Arc::strong_count(lock) <= 2)
+        {
+            reads.remove(&self.uid);
+        }
+    }
 }
 
 /// What the relabelling needs from a pod's controller: its selector's keys and, for a
@@ -395,6 +425,22 @@ impl Cache {
     pub fn remember_owner(&self, uid: &str, facts: OwnerFacts) {
         let mut owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
         owners.put(uid.to_string(), facts, std::time::Instant::now());
+    }
+
+    /// Waits for the turn to read the controller with `uid`; the isolations that waited
+    /// behind the reader find its answer in [`Cache::owner`]. The turn ends when the
+    /// returned guard is dropped.
+    pub async fn owner_read_turn(&self, uid: &str) -> OwnerReadTurn<'_> {
+        let lock = {
+            let mut reads = self.owner_reads.lock().unwrap_or_else(|e| e.into_inner());
+            reads.entry(uid.to_string()).or_default().clone()
+        };
+        let guard = lock.lock_owned().await;
+        OwnerReadTurn {
+            cache: self,
+            uid: uid.to_string(),
+            _guard: guard,
+        }
     }
 
     /// Turns on the rule that nothing is isolated while no replica holds the Lease.
