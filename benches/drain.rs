@@ -21,6 +21,7 @@ use graceful_drain::lifecycle::{LifecycleEvent, LifecycleEventSpec};
 use graceful_drain::runtime::Shutdown;
 use graceful_drain::sim::cluster::{Cluster, ClusterConfig, WebSpec};
 use graceful_drain::sim::controllers::kubelet::KubeletConfig;
+use graceful_drain::sim::scenario::components::{self, Components, ComponentsConfig};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -90,8 +91,12 @@ async fn set_unschedulable(client: &kube::Client, node: &str, on: bool) {
 }
 
 /// A two-node simulated cluster with `pods` replicas of the web Deployment, all on
-/// `worker-1` (the node the benchmark drains).
-async fn cluster_with_web(pods: usize) -> (Shutdown, Cluster) {
+/// `worker-1` (the node the benchmark drains); with `webhook`, graceful-drain's webhook
+/// (holding each evicted pod for that delay) and node agents run in it from the start.
+async fn cluster_with_web(
+    pods: usize,
+    webhook: Option<Duration>,
+) -> (Shutdown, Cluster, Option<Components>) {
     let cfg = ClusterConfig {
         nodes: 2,
         kubelet: KubeletConfig {
@@ -103,6 +108,16 @@ async fn cluster_with_web(pods: usize) -> (Shutdown, Cluster) {
     };
     let shutdown = Shutdown::new();
     let cluster = Cluster::start(cfg, shutdown.clone()).await.unwrap();
+    let components = match webhook {
+        Some(delay) => {
+            let config = ComponentsConfig {
+                deregistration_delay: delay,
+                timeout_seconds: 10,
+            };
+            Some(Components::start(&cluster, &config).await.unwrap())
+        }
+        None => None,
+    };
     let admin = cluster.client();
     // Every replica on the drained node: keep the other one cordoned while deploying.
     set_unschedulable(&admin, "worker-2", true).await;
@@ -114,11 +129,11 @@ async fn cluster_with_web(pods: usize) -> (Shutdown, Cluster) {
     };
     cluster.deploy_web(&web, TIMEOUT).await.unwrap();
     set_unschedulable(&admin, "worker-2", false).await;
-    (shutdown, cluster)
+    (shutdown, cluster, components)
 }
 
 async fn drain(pods: usize) -> Row {
-    let (shutdown, cluster) = cluster_with_web(pods).await;
+    let (shutdown, cluster, _) = cluster_with_web(pods, None).await;
     let admin = cluster.client();
 
     let dir = tempfile::tempdir().unwrap();
@@ -199,7 +214,7 @@ async fn drain(pods: usize) -> Row {
 /// pod object has left the API. What the agent adds is the difference to this row.
 async fn plain_drain(pods: usize) -> Row {
     use graceful_drain::sim::scenario::actions;
-    let (shutdown, cluster) = cluster_with_web(pods).await;
+    let (shutdown, cluster, _) = cluster_with_web(pods, None).await;
     let admin = cluster.client();
     let before = cluster.api().stats();
     let t0 = Instant::now();
@@ -224,36 +239,13 @@ async fn plain_drain(pods: usize) -> Row {
 }
 
 /// The same drain with graceful-drain's real webhook holding each evicted pod for
-/// `delay` (driven through a LifecycleEvent and the lifecycle reconciler, as in production).
+/// `delay`, driven through a LifecycleEvent and the lifecycle reconciler, as in
+/// production; or, as its `floor`, with every eviction sent at once through the webhook
+/// and no agent.
 async fn drain_with_webhook(pods: usize, delay: Duration, floor: bool) -> Row {
     use graceful_drain::sim::scenario::actions;
-    use graceful_drain::sim::scenario::components::{self, Components, ComponentsConfig};
-    let cfg = ClusterConfig {
-        nodes: 2,
-        kubelet: KubeletConfig {
-            start_delay: Duration::from_millis(200),
-            accept_after_sigterm: Duration::ZERO,
-            exit_after_sigterm: EXIT_AFTER_SIGTERM,
-        },
-        ..ClusterConfig::default()
-    };
-    let shutdown = Shutdown::new();
-    let cluster = Cluster::start(cfg, shutdown.clone()).await.unwrap();
-    let components = ComponentsConfig {
-        deregistration_delay: delay,
-        timeout_seconds: 10,
-    };
-    let _components = Components::start(&cluster, &components).await.unwrap();
+    let (shutdown, cluster, _components) = cluster_with_web(pods, Some(delay)).await;
     let admin = cluster.client();
-    set_unschedulable(&admin, "worker-2", true).await;
-    let web = WebSpec {
-        replicas: i32::try_from(pods).unwrap(),
-        min_available: 0,
-        grace_period_seconds: 30,
-        ..WebSpec::default()
-    };
-    cluster.deploy_web(&web, TIMEOUT).await.unwrap();
-    set_unschedulable(&admin, "worker-2", false).await;
     let user = |s: &graceful_drain::sim::apiserver::Stats| s.of_user(components::AGENT_USER, &[]);
     let before = cluster.api().stats();
     let t0 = Instant::now();

@@ -52,6 +52,8 @@ pub(crate) enum StoreError {
 #[derive(Default)]
 struct Table {
     objects: BTreeMap<String, Value>,
+    /// Whether this is the pod table, whose objects `by_node` indexes.
+    indexed: bool,
     /// Pods' keys by `spec.nodeName` (empty for other tables). kube-apiserver's watch
     /// cache keeps the same index for pods (pkg/registry/core/pod/strategy.go, `Indexers`:
     /// `storage.FieldIndex("spec.nodeName"): NodeNameIndexFunc`), so a kubelet's or a
@@ -65,18 +67,6 @@ struct Table {
 /// The table whose objects are indexed by `spec.nodeName`.
 const POD_TABLE: &str = "/pods";
 
-/// `scope` as `table` can serve it: only pods are indexed by node.
-fn indexable<'a>(table: &str, scope: Scope<'a>) -> Scope<'a> {
-    if table == POD_TABLE {
-        scope
-    } else {
-        Scope {
-            node: None,
-            ..scope
-        }
-    }
-}
-
 fn node_of(obj: &Value) -> &str {
     obj.pointer("/spec/nodeName")
         .and_then(Value::as_str)
@@ -84,9 +74,17 @@ fn node_of(obj: &Value) -> &str {
 }
 
 impl Table {
+    /// An empty table named `name` (the pod table is indexed by node).
+    fn named(name: &str) -> Self {
+        Table {
+            indexed: name == POD_TABLE,
+            ..Table::default()
+        }
+    }
+
     /// Stores `obj` at `key`, keeping the node index of a pod table in step.
-    fn put(&mut self, indexed: bool, key: &str, obj: Value) {
-        if indexed {
+    fn put(&mut self, key: &str, obj: Value) {
+        if self.indexed {
             let node = node_of(&obj).to_string();
             if let Some(old) = self.objects.get(key) {
                 let before = node_of(old);
@@ -103,9 +101,9 @@ impl Table {
     }
 
     /// Removes the object at `key`, and its entry in the node index.
-    fn take(&mut self, indexed: bool, key: &str) -> Option<Value> {
+    fn take(&mut self, key: &str) -> Option<Value> {
         let obj = self.objects.remove(key)?;
-        if indexed {
+        if self.indexed {
             self.unindex(node_of(&obj).to_string(), key);
         }
         Some(obj)
@@ -121,7 +119,8 @@ impl Table {
     }
 
     /// Visits the objects under `scope` whose key comes after `after`, in key order,
-    /// until `visit` returns false.
+    /// until `visit` returns false. A node scope narrows only the indexed pod table; other
+    /// tables are walked whole under the prefix.
     fn visit(
         &self,
         scope: Scope<'_>,
@@ -134,7 +133,7 @@ impl Table {
             _ => Bound::Included(scope.prefix.to_string()),
         };
         let range = (start, Bound::Unbounded);
-        match scope.node {
+        match scope.node.filter(|_| self.indexed) {
             Some(node) => {
                 let Some(keys) = self.by_node.get(node) else {
                     return;
@@ -285,14 +284,17 @@ impl Store {
     ) -> u64 {
         let state = self.lock();
         if let Some(t) = state.tables.get(table) {
-            t.visit(indexable(table, scope), after, visit);
+            t.visit(scope, after, visit);
         }
         state.rv
     }
 
     fn record(&self, state: &mut State, change: Change) -> Arc<Change> {
         let change = Arc::new(change);
-        let table = state.tables.entry(change.table.clone()).or_default();
+        let table = state
+            .tables
+            .entry(change.table.clone())
+            .or_insert_with(|| Table::named(&change.table));
         table.history.push_back(change.clone());
         while table.history.len() > self.history_limit {
             if let Some(dropped) = table.history.pop_front() {
@@ -311,18 +313,21 @@ impl Store {
         mut obj: Value,
     ) -> Result<Value, StoreError> {
         let mut state = self.lock();
-        let t = state.tables.entry(table.to_string()).or_default();
+        let t = state
+            .tables
+            .entry(table.to_string())
+            .or_insert_with(|| Table::named(table));
         if t.objects.contains_key(key) {
             return Err(StoreError::AlreadyExists);
         }
         state.rv += 1;
         let rv = state.rv;
         set_rv(&mut obj, rv);
-        state.tables.entry(table.to_string()).or_default().put(
-            table == POD_TABLE,
-            key,
-            obj.clone(),
-        );
+        state
+            .tables
+            .entry(table.to_string())
+            .or_insert_with(|| Table::named(table))
+            .put(key, obj.clone());
         self.record(
             &mut state,
             Change {
@@ -350,7 +355,7 @@ impl Store {
         let rv = state.rv;
         set_rv(&mut obj, rv);
         if let Some(t) = state.tables.get_mut(table) {
-            t.put(table == POD_TABLE, key, obj.clone());
+            t.put(key, obj.clone());
         }
         self.record(
             &mut state,
@@ -380,7 +385,7 @@ impl Store {
         let rv = state.rv;
         set_rv(&mut final_obj, rv);
         if let Some(t) = state.tables.get_mut(table) {
-            t.take(table == POD_TABLE, key);
+            t.take(key);
         }
         self.record(
             &mut state,
@@ -432,11 +437,7 @@ impl Store {
     }
 
     fn remove_locked(&self, state: &mut State, table: &str, key: &str) {
-        let Some(mut obj) = state
-            .tables
-            .get_mut(table)
-            .and_then(|t| t.take(table == POD_TABLE, key))
-        else {
+        let Some(mut obj) = state.tables.get_mut(table).and_then(|t| t.take(key)) else {
             return;
         };
         let old = obj.clone();
@@ -487,7 +488,7 @@ impl Store {
         let live = self.changes.subscribe();
         let mut items = Vec::new();
         if let Some(t) = state.tables.get(table) {
-            t.visit(indexable(table, scope), None, |_, obj| {
+            t.visit(scope, None, |_, obj| {
                 items.extend(select(obj));
                 true
             });
