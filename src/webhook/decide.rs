@@ -432,16 +432,15 @@ pub fn delete_at_of(pod: &PodFacts) -> Option<Timestamp> {
         .and_then(|v| v.parse::<Timestamp>().ok())
 }
 
-/// `now + delay` rounded up to a whole millisecond (annotations stay readable and a pod
-/// is never deleted early), saturating at the largest representable time. Whole seconds
-/// would hold every drained pod up to a second past its delay.
+/// `now + delay` rounded up to a whole second (annotations stay readable and a pod is
+/// never deleted early), saturating at the largest representable time.
 pub fn add(now: Timestamp, delay: Duration) -> Timestamp {
     let exact = jiff::SignedDuration::try_from(delay)
         .ok()
         .and_then(|d| now.checked_add(d).ok())
         .unwrap_or(Timestamp::MAX);
-    let millis = exact.as_millisecond() + i64::from(exact.subsec_nanosecond() % 1_000_000 > 0);
-    Timestamp::from_millisecond(millis).unwrap_or(exact)
+    let whole = exact.as_second() + i64::from(exact.subsec_nanosecond() > 0);
+    Timestamp::from_second(whole).unwrap_or(exact)
 }
 
 /// Which controller labels the relabelling prefers to keep, by owner kind, and whether the
@@ -1104,13 +1103,7 @@ mod tests {
         );
         assert_eq!(
             add(now(), Duration::from_millis(1500)).to_string(),
-            "2026-01-01T00:00:01.5Z"
-        );
-        let sub_milli = now() + jiff::SignedDuration::from_nanos(1);
-        assert_eq!(
-            add(sub_milli, Duration::from_secs(1)).to_string(),
-            "2026-01-01T00:00:01.001Z",
-            "rounded up, never early"
+            "2026-01-01T00:00:02Z"
         );
     }
 }
