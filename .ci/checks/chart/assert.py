@@ -386,9 +386,10 @@ def same_ca(a, b):
 
 
 def docker_context():
-    """The build context must keep every file `cargo build --locked` reads: the manifest,
-    the lock file, build.rs, the protos, the sources and every target Cargo.toml names
-    (a missing [[bench]] file breaks the manifest). Checked against `git ls-files`."""
+    """The build context must keep every file `cargo build --locked` reads: the workspace
+    manifest and lock file, .cargo/config.toml, and every member crate (its manifest,
+    build.rs, protos, sources, and the tests and benches its Cargo.toml names: a missing
+    member or [[bench]] file breaks the workspace). Checked against `git ls-files`."""
     import fnmatch
     with open(".dockerignore", encoding="utf-8") as f:
         patterns = [l.strip().rstrip("/") for l in f if l.strip() and not l.startswith("#")]
@@ -399,12 +400,12 @@ def docker_context():
         prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
         return any(fnmatch.fnmatch(p, pat) or fnmatch.fnmatch(parts[-1], pat)
                    for p in prefixes for pat in patterns)
-    needed = [f for f in files if f in ("Cargo.toml", "Cargo.lock", "build.rs")
-              or f.split("/")[0] in ("src", "proto", "benches", "tests")]
+    needed = [f for f in files if f in ("Cargo.toml", "Cargo.lock", ".cargo/config.toml")
+              or f.split("/")[0] in ("crates", "xtask")]
     missing = [f for f in needed if ignored(f)]
     for f in missing:
         print(f"FAIL .dockerignore leaves out {f}, which cargo build needs")
-    if missing or "src/main.rs" not in needed:
+    if missing or "crates/graceful-drain/src/main.rs" not in needed:
         sys.exit(1)
     print(f"docker context keeps the {len(needed)} files cargo build reads")
 

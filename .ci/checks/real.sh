@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The real tier: `graceful-drain simulate --real` starts etcd, kube-apiserver,
+# kube-controller-manager and kube-scheduler v1.37 (built into the cache by `cargo xtask
+# control-plane build`, which `.ci/run` runs first) and runs the drain, rollout-restart and
+# scale-down-up rows under traffic, without and then with graceful-drain; once with the
+# EvictionRequest API off and once on. It exits non-zero when a row differs from what it
+# expects (rows marked as known failures name the issue that removes them).
+#   bash .ci/checks/real.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BIN="${GRACEFUL_DRAIN_BIN:-${CARGO_TARGET_DIR:-target}/debug/graceful-drain}"
+[ -x "$BIN" ] || cargo build -q --locked --features sim --bin graceful-drain
+LOG="$(mktemp)"
+trap 'rm -f "$LOG"' EXIT
+# 6 replicas on 3 nodes at 100 requests/s, as the runs that found the gaps; a known failure
+# gives up after the phase timeout.
+for api in off on; do
+  flags=(--real --nodes 3 --replicas 6 --min-available 5 --rate 100 --phase-timeout 60s)
+  [ "$api" = on ] || flags+=(--no-eviction-request-api)
+  echo "real: EvictionRequest API $api"
+  if ! RUST_LOG=error NO_COLOR=1 "$BIN" simulate "${flags[@]}" 2> >(tee "$LOG" | grep -a '^\[\|^starting' >&2); then
+    echo "real: FAIL with the EvictionRequest API $api (last log lines follow)" >&2
+    tail -n 60 "$LOG" >&2
+    exit 1
+  fi
+done
+echo "real: ok"

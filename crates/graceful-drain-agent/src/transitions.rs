@@ -1,0 +1,130 @@
+//! The LifecycleTransitions this driver offers, published (create-or-update) at start:
+//! `graceful-drain` (`drain-started` → `drain-complete`) and
+//! `graceful-maintenance-complete` (`uncordoning` → `maintenance-complete`), both for
+//! `allNodes` and naming our driver. Create-or-update is a get followed by a create or a
+//! resourceVersion-guarded replace, which every API server (and our simulator) supports.
+
+use std::time::Duration;
+
+use kube::api::{Api, PostParams};
+
+use super::node::API_TIMEOUT;
+use graceful_drain_core::lifecycle::{
+    DRAIN_COMPLETE, DRAIN_STARTED, LifecycleTransition, LifecycleTransitionSpec,
+    MAINTENANCE_COMPLETE, UNCORDONING,
+};
+
+/// Errors while publishing a transition.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The API server refused or failed the call.
+    #[error("publish LifecycleTransition {name}")]
+    Api {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The call did not finish in time.
+    #[error("publish LifecycleTransition {name}: timed out")]
+    Timeout { name: String },
+}
+
+/// A duration the way Go prints it (`15m0s`, `1h0m0s`, `45s`), the format of `spec.sla`.
+pub fn go_duration(d: Duration) -> String {
+    let secs = d.as_secs();
+    let (h, m, s) = (secs / 3600, secs / 60 % 60, secs % 60);
+    if h > 0 {
+        format!("{h}h{m}m{s}s")
+    } else if m > 0 {
+        format!("{m}m{s}s")
+    } else {
+        format!("{s}s")
+    }
+}
+
+/// The two transitions, named `drain` and `maintenance`.
+pub fn transitions(
+    drain: &str,
+    maintenance: &str,
+    driver: &str,
+    sla: Duration,
+) -> Vec<LifecycleTransition> {
+    let make = |name: &str, start: &str, end: &str| {
+        LifecycleTransition::new(
+            name,
+            LifecycleTransitionSpec {
+                start: start.into(),
+                end: end.into(),
+                all_nodes: Some(true),
+                sla: Some(go_duration(sla)),
+                driver: driver.into(),
+                ..LifecycleTransitionSpec::default()
+            },
+        )
+    };
+    vec![
+        make(drain, DRAIN_STARTED, DRAIN_COMPLETE),
+        make(maintenance, UNCORDONING, MAINTENANCE_COMPLETE),
+    ]
+}
+
+/// Creates `wanted`, or replaces its spec if it exists with a different one.
+pub async fn publish(client: &kube::Client, wanted: &LifecycleTransition) -> Result<(), Error> {
+    let name = wanted.metadata.name.clone().unwrap_or_default();
+    let api: Api<LifecycleTransition> = Api::all(client.clone());
+    let err = |source| Error::Api {
+        name: name.clone(),
+        source,
+    };
+    let call = async {
+        match api.get_opt(&name).await.map_err(err)? {
+            None => {
+                api.create(&PostParams::default(), wanted)
+                    .await
+                    .map_err(err)?;
+                tracing::info!(transition = %name, "created LifecycleTransition");
+            }
+            Some(existing) if existing.spec == wanted.spec => {}
+            Some(mut existing) => {
+                existing.spec = wanted.spec.clone();
+                api.replace(&name, &PostParams::default(), &existing)
+                    .await
+                    .map_err(err)?;
+                tracing::info!(transition = %name, "updated LifecycleTransition");
+            }
+        }
+        Ok(())
+    };
+    tokio::time::timeout(API_TIMEOUT, call)
+        .await
+        .map_err(|_| Error::Timeout { name: name.clone() })?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sla_is_printed_like_go() {
+        assert_eq!(go_duration(Duration::from_secs(900)), "15m0s");
+        assert_eq!(go_duration(Duration::from_secs(3600)), "1h0m0s");
+        assert_eq!(go_duration(Duration::from_secs(45)), "45s");
+        assert_eq!(go_duration(Duration::from_secs(5430)), "1h30m30s");
+    }
+
+    #[test]
+    fn transitions_apply_to_all_nodes_with_our_driver() {
+        let ts = transitions("d", "m", "graceful-drain.io", Duration::from_secs(900));
+        let json = serde_json::to_value(&ts).unwrap();
+        assert_eq!(json[0]["apiVersion"], "lifecycle.k8s.io/v1alpha1");
+        assert_eq!(json[0]["kind"], "LifecycleTransition");
+        assert_eq!(
+            json[0]["spec"],
+            serde_json::json!({"start": "drain-started", "end": "drain-complete",
+                "allNodes": true, "sla": "15m0s", "driver": "graceful-drain.io"})
+        );
+        assert_eq!(json[1]["metadata"]["name"], "m");
+        assert_eq!(json[1]["spec"]["start"], "uncordoning");
+        assert_eq!(json[1]["spec"]["end"], "maintenance-complete");
+    }
+}

@@ -1,0 +1,18 @@
+//! What every graceful-drain component shares: the process runtime (owned tasks, one
+//! shutdown signal, tracing), error helpers, durations and label selectors, the kube
+//! client setup, the admin port, certificates, the generated SLM and plugin-registration
+//! protos, the `graceful-drain.io/…` vocabulary and the lifecycle API types and CRDs.
+//!
+//! Nothing here knows about the webhook, the node agent or the simulated cluster; they all
+//! build on it.
+
+pub mod admin;
+pub mod certs;
+pub mod duration;
+pub mod error;
+pub mod kubeclient;
+pub mod labels;
+pub mod lifecycle;
+pub mod proto;
+pub mod runtime;
+pub mod selector;

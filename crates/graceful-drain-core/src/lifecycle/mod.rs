@@ -1,0 +1,35 @@
+//! The `lifecycle.k8s.io/v1alpha1` API (KEP-5683 Specialized Lifecycle Management):
+//! the CRD types, the `crds` subcommand that prints their definitions, and the lifecycle
+//! reconciler that plays the kubelet's SLM role on clusters whose kubelet lacks it.
+
+pub mod crds;
+pub mod types;
+
+pub use types::{
+    ClaimStatus, LifecycleEvent, LifecycleEventSpec, LifecycleEventStatus, LifecycleTransition,
+    LifecycleTransitionSpec,
+};
+
+/// Finalizer the claimer puts on a LifecycleEvent while it drives it.
+pub const CLAIM_FINALIZER: &str = "lifecycle.k8s.io/claim-protection";
+/// Node condition type that carries the current transition's reason.
+pub const TRANSITION_CONDITION: &str = "LifecycleTransition";
+/// Default driver name, the name the node agent registers with the kubelet.
+pub const DEFAULT_DRIVER: &str = "graceful-drain.io";
+/// Name of the drain transition the node agent publishes.
+pub const DRAIN_TRANSITION: &str = "graceful-drain";
+/// Reasons of the drain transition.
+pub const DRAIN_STARTED: &str = "drain-started";
+pub const DRAIN_COMPLETE: &str = "drain-complete";
+/// Name of the maintenance-complete transition the node agent publishes.
+pub const MAINTENANCE_TRANSITION: &str = "graceful-maintenance-complete";
+/// Reasons of the maintenance-complete transition.
+pub const UNCORDONING: &str = "uncordoning";
+pub const MAINTENANCE_COMPLETE: &str = "maintenance-complete";
+/// Annotation the lifecycle reconciler puts on a claimed LifecycleEvent once it called the
+/// driver's Start for it (RFC3339 time of the call). It makes progress durable across
+/// reconciler restarts and tells a Node condition written for this event from a stale one.
+pub const STARTED_ANNOTATION: &str = "graceful-drain.io/lifecycle-started-at";
+/// Annotation carrying why a LifecycleEvent ended Failed or SlaExpired (written just
+/// before the terminal status, so watchers such as `graceful-drain drain` can show it).
+pub const MESSAGE_ANNOTATION: &str = "graceful-drain.io/lifecycle-message";

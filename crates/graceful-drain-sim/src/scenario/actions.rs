@@ -1,0 +1,278 @@
+//! The disruptions a scenario applies: a plain drain (cordon, then evict every pod on
+//! the node like `kubectl drain`, retrying refusals), a drain through a LifecycleEvent
+//! (what graceful-drain users do), and a rollout (`kubectl rollout restart`).
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+
+use super::Error;
+use graceful_drain_core::lifecycle::{
+    ClaimStatus, DRAIN_COMPLETE, DRAIN_TRANSITION, LifecycleEvent, LifecycleEventSpec,
+    TRANSITION_CONDITION,
+};
+use kube_sim::cluster::{WebSpec, wait_for};
+use kube_sim::controllers::deployment::POD_TEMPLATE_HASH;
+
+/// Pause between eviction attempts refused with 429. kubectl waits 5 s; the simulated
+/// runs last seconds, so a second keeps the same shape at a tenth of the time.
+const EVICTION_RETRY: Duration = Duration::from_secs(1);
+/// Polling period while waiting for pods to go (kubectl polls every second).
+const POLL: Duration = Duration::from_millis(100);
+
+fn api(action: &'static str, object: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+    let object = object.into();
+    move |source| Error::Api {
+        action,
+        object,
+        source,
+    }
+}
+
+/// Marks `node` unschedulable, as `kubectl cordon` does.
+pub async fn cordon(client: &kube::Client, node: &str, on: bool) -> Result<(), Error> {
+    let patch = serde_json::json!({"spec": {"unschedulable": on}});
+    Api::<Node>::all(client.clone())
+        .patch(node, &PatchParams::default(), &Patch::Strategic(patch))
+        .await
+        .map_err(api("cordon", format!("node {node}")))?;
+    Ok(())
+}
+
+/// The pods on `node` a drain evicts (not finished, not mirror or DaemonSet pods).
+pub async fn pods_on(client: &kube::Client, node: &str) -> Result<Vec<Pod>, Error> {
+    let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
+    let pods = Api::<Pod>::all(client.clone())
+        .list(&lp)
+        .await
+        .map_err(api("list pods on", format!("node {node}")))?;
+    Ok(pods
+        .items
+        .into_iter()
+        .filter(|p| !kube_sim::controllers::pod_finished(p))
+        .filter(|p| {
+            !p.annotations()
+                .contains_key(graceful_drain_core::labels::MIRROR_POD_ANNOTATION)
+        })
+        .filter(|p| kube_sim::controllers::controller_of(p).is_none_or(|o| o.kind != "DaemonSet"))
+        .collect())
+}
+
+/// Evicts one pod (UID precondition), retrying 429 until `deadline`.
+async fn evict(client: &kube::Client, pod: &Pod, deadline: Instant) -> Result<(), Error> {
+    let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+    let uid = pod.uid().unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let body = serde_json::json!({
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": name, "namespace": ns},
+        "deleteOptions": {"preconditions": {"uid": uid}},
+    });
+    loop {
+        match pods
+            .create_subresource::<_, serde_json::Value>(
+                "eviction",
+                &name,
+                &PostParams::default(),
+                &body,
+            )
+            .await
+        {
+            Ok(_) => return Ok(()),
+            // Gone, or replaced by a same-name pod: nothing of ours left to evict.
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 429 && Instant::now() < deadline => {
+                tracing::debug!(pod = %format!("{ns}/{name}"), reason = %s.message, "eviction refused; retrying");
+                tokio::time::sleep(EVICTION_RETRY).await;
+            }
+            Err(e) => return Err(api("evict", format!("pod {ns}/{name}"))(e)),
+        }
+    }
+}
+
+/// Waits until none of `uids` is on `node` any more (one list per poll, however many
+/// pods are waited for).
+async fn wait_gone(
+    client: &kube::Client,
+    node: &str,
+    uids: BTreeSet<String>,
+    deadline: Instant,
+) -> Result<(), Error> {
+    let what = format!("evicted pods to leave node {node}");
+    wait_for(
+        &what,
+        deadline.saturating_duration_since(Instant::now()),
+        || async {
+            match pods_on(client, node).await {
+                Ok(pods) => pods
+                    .iter()
+                    .all(|p| p.uid().is_none_or(|u| !uids.contains(&u))),
+                Err(_) => false,
+            }
+        },
+    )
+    .await
+    .map_err(Error::Cluster)
+}
+
+/// Drains `node` without graceful-drain: cordon, then evict every pod concurrently
+/// (retrying refusals) and wait until each is gone.
+pub async fn plain_drain(
+    client: &kube::Client,
+    node: &str,
+    timeout: Duration,
+) -> Result<(), Error> {
+    let deadline = Instant::now() + timeout;
+    cordon(client, node, true).await?;
+    let pods = pods_on(client, node).await?;
+    let results = futures::future::join_all(pods.iter().map(|p| evict(client, p, deadline))).await;
+    results.into_iter().collect::<Result<(), Error>>()?;
+    wait_gone(
+        client,
+        node,
+        pods.iter().filter_map(|p| p.uid()).collect(),
+        deadline,
+    )
+    .await
+}
+
+/// Drains `node` through a LifecycleEvent of the drain transition and waits until the
+/// node reports `drain-complete` (the agent's end reason).
+pub async fn lifecycle_drain(
+    client: &kube::Client,
+    node: &str,
+    timeout: Duration,
+) -> Result<(), Error> {
+    let transition = (DRAIN_TRANSITION, DRAIN_COMPLETE, "drain");
+    lifecycle_transition(client, node, transition, timeout).await
+}
+
+/// Returns `node` to service through a LifecycleEvent of the maintenance-complete
+/// transition and waits until the node reports `maintenance-complete`.
+pub async fn lifecycle_uncordon(
+    client: &kube::Client,
+    node: &str,
+    timeout: Duration,
+) -> Result<(), Error> {
+    let transition = (
+        graceful_drain_core::lifecycle::MAINTENANCE_TRANSITION,
+        graceful_drain_core::lifecycle::MAINTENANCE_COMPLETE,
+        "uncordon",
+    );
+    lifecycle_transition(client, node, transition, timeout).await
+}
+
+/// Creates a LifecycleEvent (named `<prefix>-<node>-…`) of `transition` for `node` and
+/// waits until the node's transition condition says `end`.
+async fn lifecycle_transition(
+    client: &kube::Client,
+    node: &str,
+    (transition, end, prefix): (&str, &str, &str),
+    timeout: Duration,
+) -> Result<(), Error> {
+    let events: Api<LifecycleEvent> = Api::all(client.clone());
+    let mut event = LifecycleEvent::new(
+        "",
+        LifecycleEventSpec {
+            transition_name: transition.into(),
+            binding_node: node.into(),
+        },
+    );
+    event.metadata.name = None;
+    event.metadata.generate_name = Some(format!("{prefix}-{node}-"));
+    let created = events
+        .create(&PostParams::default(), &event)
+        .await
+        .map_err(api("create lifecycleevent for", format!("node {node}")))?;
+    let name = created.name_any();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(Some(e)) = events.get_opt(&name).await {
+            let status = e.status.as_ref().and_then(|s| s.claim_status);
+            if matches!(status, Some(ClaimStatus::Failed | ClaimStatus::SlaExpired)) {
+                return Err(Error::Drain {
+                    node: node.into(),
+                    reason: format!("lifecycleevent {name} ended {status:?}"),
+                });
+            }
+        }
+        let reason = nodes.get(node).await.ok().and_then(|n| {
+            n.status?
+                .conditions?
+                .into_iter()
+                .find(|c| c.type_ == TRANSITION_CONDITION)
+                .and_then(|c| c.reason)
+        });
+        // Only the reason this event's transition ends with (a drain's
+        // `drain-complete` stays on the node until the uncordon replaces it).
+        if reason.as_deref() == Some(end) {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::Drain {
+                node: node.into(),
+                reason: format!(
+                    "lifecycleevent {name} not complete after {timeout:?} (node condition reason {reason:?})"
+                ),
+            });
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// How many of `pods` are ready and not terminating.
+pub fn ready_live(pods: &[Pod]) -> usize {
+    pods.iter()
+        .filter(|p| kube_sim::controllers::pod_ready(p) && p.metadata.deletion_timestamp.is_none())
+        .count()
+}
+
+/// Restarts the Deployment's pods (`kubectl rollout restart`) and waits until only
+/// pods of the new template remain, all ready.
+pub async fn rollout(
+    client: &kube::Client,
+    spec: &WebSpec,
+    timeout: Duration,
+) -> Result<(), Error> {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &spec.namespace);
+    let now = jiff::Timestamp::now().to_string();
+    let patch = serde_json::json!({"spec": {"template": {"metadata": {"annotations": {"kubectl.kubernetes.io/restartedAt": now}}}}});
+    let object = format!("deployment {}", spec.service_key());
+    let d = deployments
+        .patch(
+            &spec.name,
+            &PatchParams::default(),
+            &Patch::Strategic(patch),
+        )
+        .await
+        .map_err(api("restart", object.clone()))?;
+    let hash =
+        kube_sim::controllers::deployment::template_hash(&d.spec.unwrap_or_default().template);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &spec.namespace);
+    let replicas = usize::try_from(spec.replicas).unwrap_or(0);
+    let what = format!("rollout of {object} to replace every pod");
+    wait_for(&what, timeout, || async {
+        let Ok(list) = pods.list(&ListParams::default()).await else {
+            return false;
+        };
+        // Isolated pods lose their `app` label, so look at every pod of the namespace.
+        let hashes: BTreeSet<Option<String>> = list
+            .items
+            .iter()
+            .map(|p| p.labels().get(POD_TEMPLATE_HASH).cloned())
+            .collect();
+        let ready = ready_live(&list.items);
+        hashes.len() == 1
+            && hashes.contains(&Some(hash.clone()))
+            && list.items.len() == replicas
+            && ready == replicas
+    })
+    .await
+    .map_err(Error::Cluster)
+}

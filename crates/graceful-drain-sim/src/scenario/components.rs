@@ -1,0 +1,538 @@
+//! Starting graceful-drain's real components inside the simulator, the way a user
+//! would: each is given its documented command-line flags (parsed by clap, exactly as
+//! the binary parses them), a kubeconfig written by the simulated API server, a
+//! certificate from [`graceful_drain_core::certs::generate`] and temporary socket folders. The
+//! webhook configurations are created through the API with a `url` clientConfig.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::task::JoinHandle;
+
+use super::Error;
+use graceful_drain_core::runtime::Shutdown;
+use kube_sim::cluster::{Access, DataPlane};
+
+/// Namespace of our components (the chart's default).
+pub const NAMESPACE: &str = "graceful-drain";
+/// User of the in-process webhook.
+pub const WEBHOOK_USER: &str = "system:serviceaccount:graceful-drain:graceful-drain-webhook";
+/// User of the in-process node agents (the chart's ServiceAccount of the node agent).
+pub const AGENT_USER: &str = "system:serviceaccount:graceful-drain:graceful-drain-agent";
+/// How long a component may take to become ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How graceful-drain is configured in a scenario.
+#[derive(Clone, Debug)]
+pub struct ComponentsConfig {
+    /// The webhook's `--deregistration-delay`.
+    pub deregistration_delay: Duration,
+    /// The webhook's `--timeout-seconds` (also the configurations' timeoutSeconds).
+    pub timeout_seconds: u32,
+}
+
+#[derive(Parser)]
+#[command(name = "webhook")]
+struct WebhookCli {
+    #[command(flatten)]
+    args: graceful_drain_webhook::Args,
+}
+
+#[derive(Parser)]
+#[command(name = "node-agent")]
+struct AgentCli {
+    #[command(flatten)]
+    args: graceful_drain_agent::Args,
+}
+
+/// A folder under the system temporary directory, removed on drop.
+#[derive(Debug)]
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// Creates a fresh folder.
+    pub fn new(prefix: &str) -> std::io::Result<TempDir> {
+        // Short: unix socket paths inside it must stay under 108 bytes.
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let path = std::env::temp_dir().join(format!("{prefix}-{}", &id[..12]));
+        std::fs::create_dir_all(&path)?;
+        Ok(TempDir(path))
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The running components; dropping them stops them.
+pub struct Components {
+    tasks: Vec<(String, JoinHandle<anyhow::Result<()>>)>,
+    stop: Shutdown,
+    /// Stops the running webhook replica alone (a child of `stop`).
+    webhook_stop: Shutdown,
+    /// Task name of the running webhook replica.
+    webhook_task: String,
+    /// Replicas started so far (each gets its own identity for the deleter Lease).
+    webhook_replicas: usize,
+    /// The serving certificate's files and CA, shared by every replica.
+    webhook_tls: Option<(graceful_drain_core::certs::Paths, String)>,
+    /// Extra flags of every node agent.
+    agent_flags: Vec<String>,
+    /// Stops one node agent alone (children of `stop`), by node.
+    agent_stops: std::collections::BTreeMap<String, Shutdown>,
+    _dir: TempDir,
+}
+
+impl Drop for Components {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+fn component_err(name: &str) -> impl FnOnce(String) -> Error + '_ {
+    move |reason| Error::Component {
+        name: name.to_string(),
+        reason,
+    }
+}
+
+fn free_port() -> Result<SocketAddr, Error> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::Component {
+        name: "port".into(),
+        reason: e.to_string(),
+    })?;
+    listener.local_addr().map_err(|e| Error::Component {
+        name: "port".into(),
+        reason: e.to_string(),
+    })
+}
+
+async fn ready_http(addr: SocketAddr) -> bool {
+    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
+        return false;
+    };
+    let request = "GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.read_to_end(&mut answer)).await;
+    answer.starts_with(b"HTTP/1.1 200")
+}
+
+impl Components {
+    /// Starts the webhook and one node agent per node against `cluster`.
+    pub async fn start(cluster: &impl Access, cfg: &ComponentsConfig) -> Result<Components, Error> {
+        Self::start_with(cluster, cfg, &[]).await
+    }
+
+    /// [`Components::start`], with `agent_flags` added to every node agent's command line
+    /// (e.g. `--lifecycle-tick 1s`, `--pod-selector app=web`).
+    pub async fn start_with(
+        cluster: &impl Access,
+        cfg: &ComponentsConfig,
+        agent_flags: &[&str],
+    ) -> Result<Components, Error> {
+        let dir = TempDir::new("gd-sim").map_err(|e| component_err("temp dir")(e.to_string()))?;
+        cluster.ensure_namespace(NAMESPACE).await?;
+        let stop = cluster.shutdown().child_token();
+        let mut this = Components {
+            tasks: Vec::new(),
+            webhook_stop: stop.child_token(),
+            webhook_task: String::new(),
+            webhook_replicas: 0,
+            webhook_tls: None,
+            stop,
+            agent_flags: agent_flags.iter().map(|f| f.to_string()).collect(),
+            agent_stops: Default::default(),
+            _dir: dir,
+        };
+        this.start_webhook(cluster, cfg).await?;
+        this.start_agents(cluster).await?;
+        Ok(this)
+    }
+
+    /// Stops the webhook and waits until it has exited (an outage: the API server's
+    /// calls then fail and failurePolicy decides). Returns the webhook's outcome.
+    pub async fn stop_webhook(&mut self) -> Result<(), Error> {
+        self.webhook_stop.cancel();
+        let name = self.webhook_task.clone();
+        self.join_task(&name).await
+    }
+
+    /// Waits until the task called `name` has exited; its outcome.
+    async fn join_task(&mut self, name: &str) -> Result<(), Error> {
+        let Some(index) = self.tasks.iter().position(|(n, _)| n == name) else {
+            return Ok(());
+        };
+        let (name, task) = self.tasks.remove(index);
+        match task.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(component_err(&name)(format!("{e:#}"))),
+            Err(e) => Err(component_err(&name)(format!("panicked: {e}"))),
+        }
+    }
+
+    /// A rolling update of the webhook's Deployment with one replica: a new replica (a new
+    /// identity, the same certificate) starts and becomes ready, the Service's endpoint
+    /// moves to it (the configurations' URL here), then the old replica shuts down — its
+    /// in-flight calls finish and it hands the deleter Lease over, so the new replica
+    /// deletes the pods the old one isolated.
+    pub async fn roll_webhook(
+        &mut self,
+        cluster: &impl Access,
+        cfg: &ComponentsConfig,
+    ) -> Result<(), Error> {
+        let old_stop = self.webhook_stop.clone();
+        let old_task = self.webhook_task.clone();
+        self.webhook_stop = self.stop.child_token();
+        let listen = self.spawn_webhook(cluster, cfg).await?;
+        let ca = self
+            .webhook_tls
+            .as_ref()
+            .map(|(_, ca)| ca.clone())
+            .unwrap_or_default();
+        point_configurations(cluster, listen, &ca, cfg.timeout_seconds).await?;
+        old_stop.cancel();
+        self.join_task(&old_task).await
+    }
+
+    fn dir(&self) -> &Path {
+        self._dir.path()
+    }
+
+    fn spawn(
+        &mut self,
+        name: String,
+        fut: impl std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+    ) {
+        self.tasks.push((name, tokio::spawn(fut)));
+    }
+
+    /// The error of a component that stopped on its own, if any.
+    pub async fn check(&mut self) -> Result<(), Error> {
+        for (name, task) in &mut self.tasks {
+            if task.is_finished() {
+                let outcome = task.await;
+                let reason = match outcome {
+                    Ok(Ok(())) => "exited".to_string(),
+                    Ok(Err(e)) => format!("{e:#}"),
+                    Err(e) => format!("panicked: {e}"),
+                };
+                return Err(Error::Component {
+                    name: name.clone(),
+                    reason,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Polls `ready` until it holds, a component fails, or [`READY_TIMEOUT`] passes.
+    async fn await_ready<F, Fut>(&mut self, name: &str, mut ready: F) -> Result<(), Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            self.check().await?;
+            if ready().await {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(component_err(name)(format!(
+                    "not ready after {READY_TIMEOUT:?}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn start_webhook(
+        &mut self,
+        cluster: &impl Access,
+        cfg: &ComponentsConfig,
+    ) -> Result<(), Error> {
+        let bundle = graceful_drain_core::certs::generate(
+            "graceful-drain webhook",
+            &["localhost".to_string()],
+            &[std::net::IpAddr::from([127, 0, 0, 1])],
+        )
+        .map_err(|e| component_err("webhook")(e.to_string()))?;
+        let tls = graceful_drain_core::certs::write(&bundle, &self.dir().join("tls"))
+            .map_err(|e| component_err("webhook")(e.to_string()))?;
+        self.webhook_tls = Some((tls, bundle.ca_cert.clone()));
+        let listen = self.spawn_webhook(cluster, cfg).await?;
+        create_configurations(cluster, listen, &bundle.ca_cert, cfg.timeout_seconds).await
+    }
+
+    /// Starts one more webhook replica under `webhook_stop` and waits until it is ready;
+    /// returns the address it serves admission on.
+    async fn spawn_webhook(
+        &mut self,
+        cluster: &impl Access,
+        cfg: &ComponentsConfig,
+    ) -> Result<SocketAddr, Error> {
+        let Some((tls, _)) = self.webhook_tls.clone() else {
+            return Err(component_err("webhook")("no serving certificate".into()));
+        };
+        let identity = format!("sim-webhook-{}", self.webhook_replicas);
+        self.webhook_replicas += 1;
+        let kubeconfig = self.dir().join("webhook.kubeconfig");
+        cluster.write_kubeconfig(&kubeconfig, WEBHOOK_USER).await?;
+        let (listen, admin) = (free_port()?, free_port()?);
+        let argv: Vec<String> = [
+            "webhook",
+            "--listen",
+            &listen.to_string(),
+            "--admin-listen",
+            &admin.to_string(),
+            "--tls-cert",
+            &tls.cert.display().to_string(),
+            "--tls-key",
+            &tls.key.display().to_string(),
+            "--deregistration-delay",
+            &humantime::format_duration(cfg.deregistration_delay).to_string(),
+            "--timeout-seconds",
+            &cfg.timeout_seconds.to_string(),
+            "--lease-namespace",
+            NAMESPACE,
+            "--identity",
+            &identity,
+            "--own-user",
+            WEBHOOK_USER,
+            "--kubeconfig",
+            &kubeconfig.display().to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let cli = WebhookCli::try_parse_from(&argv).map_err(|e| {
+            component_err("webhook")(format!(
+                "rejects its documented flags: {}",
+                e.to_string().lines().next().unwrap_or_default()
+            ))
+        })?;
+        let stop = self.webhook_stop.clone();
+        let name = format!("webhook {identity}");
+        self.webhook_task = name.clone();
+        self.spawn(name.clone(), graceful_drain_webhook::run(cli.args, stop));
+        self.await_ready(&name, || ready_http(admin)).await?;
+        Ok(listen)
+    }
+
+    async fn start_agents(&mut self, cluster: &impl Access) -> Result<(), Error> {
+        for node in cluster.nodes() {
+            self.start_agent(cluster, node).await?;
+        }
+        let transitions: Api<graceful_drain_core::lifecycle::LifecycleTransition> =
+            Api::all(cluster.client());
+        self.await_ready("node-agent", || async {
+            transitions
+                .get_opt(graceful_drain_core::lifecycle::DRAIN_TRANSITION)
+                .await
+                .ok()
+                .flatten()
+                .is_some()
+        })
+        .await
+    }
+
+    /// Starts the node agent of `node` (with its lifecycle reconciler), as the DaemonSet
+    /// pod on that node would run it; its sockets live in this run's folder.
+    pub async fn start_agent(&mut self, cluster: &impl Access, node: &str) -> Result<(), Error> {
+        let base = self.dir().join(node);
+        // One kubeconfig per agent, written before it starts: a restart never rewrites a
+        // file another agent is reading.
+        let kubeconfig = base.join("agent.kubeconfig");
+        std::fs::create_dir_all(&base).map_err(|e| component_err("node-agent")(e.to_string()))?;
+        cluster.write_kubeconfig(&kubeconfig, AGENT_USER).await?;
+        let (plugins, registry) = (base.join("plugins"), base.join("registry"));
+        for dir in [&plugins, &registry] {
+            std::fs::create_dir_all(dir).map_err(|e| component_err("node-agent")(e.to_string()))?;
+        }
+        let admin = free_port()?;
+        let mut argv: Vec<String> = [
+            "node-agent",
+            "--node-name",
+            node,
+            "--plugins-dir",
+            &plugins.display().to_string(),
+            "--registry-dir",
+            &registry.display().to_string(),
+            "--admin-listen",
+            &admin.to_string(),
+            "--lifecycle-reconciler",
+            "on",
+            "--kubeconfig",
+            &kubeconfig.display().to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        argv.extend(self.agent_flags.iter().cloned());
+        let cli = AgentCli::try_parse_from(&argv).map_err(|e| {
+            component_err("node-agent")(format!(
+                "rejects its documented flags: {}",
+                e.to_string().lines().next().unwrap_or_default()
+            ))
+        })?;
+        let stop = self.stop.child_token();
+        self.agent_stops.insert(node.to_string(), stop.clone());
+        self.spawn(
+            format!("node-agent {node}"),
+            graceful_drain_agent::run(cli.args, stop),
+        );
+        Ok(())
+    }
+
+    /// Deletes both webhook configurations, so the API server stops calling the webhook
+    /// (what `helm uninstall` does first).
+    pub async fn remove_configurations(&self, cluster: &DataPlane) -> Result<(), Error> {
+        let (mutating, validating) = configurations(free_port()?, "", 10);
+        let dp = kube::api::DeleteParams::default();
+        let name = mutating.metadata.name.clone().unwrap_or_default();
+        let err = |what: &str| {
+            let object = format!("{what} {name}");
+            move |source| Error::Api {
+                action: "delete",
+                object,
+                source,
+            }
+        };
+        gone(
+            Api::<MutatingWebhookConfiguration>::all(cluster.client())
+                .delete(&name, &dp)
+                .await
+                .map(|_| ()),
+        )
+        .map_err(err("mutatingwebhookconfiguration"))?;
+        let name = validating.metadata.name.clone().unwrap_or_default();
+        gone(
+            Api::<ValidatingWebhookConfiguration>::all(cluster.client())
+                .delete(&name, &dp)
+                .await
+                .map(|_| ()),
+        )
+        .map_err(err("validatingwebhookconfiguration"))?;
+        Ok(())
+    }
+
+    /// Stops the node agent of `node` (a crash or a DaemonSet rollout: its in-memory state
+    /// is lost) and waits until it exited. Returns its outcome.
+    pub async fn stop_agent(&mut self, node: &str) -> Result<(), Error> {
+        if let Some(stop) = self.agent_stops.remove(node) {
+            stop.cancel();
+        }
+        let name = format!("node-agent {node}");
+        let Some(index) = self.tasks.iter().position(|(n, _)| *n == name) else {
+            return Ok(());
+        };
+        let (name, task) = self.tasks.remove(index);
+        match task.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(component_err(&name)(format!("{e:#}"))),
+            Err(e) => Err(component_err(&name)(format!("panicked: {e}"))),
+        }
+    }
+}
+
+/// An object that was already gone counts as deleted.
+fn gone(r: kube::Result<()>) -> kube::Result<()> {
+    match r {
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        r => r,
+    }
+}
+
+/// Creates the two webhook configurations (url clientConfig, caBundle, failurePolicy
+/// Ignore, timeoutSeconds) pointing at the in-process webhook on `addr`, built by the
+/// webhook module exactly as the chart renders them.
+/// Points both webhook configurations at `addr` (an update of the Service's endpoint).
+async fn point_configurations(
+    cluster: &DataPlane,
+    addr: SocketAddr,
+    ca_pem: &str,
+    timeout_seconds: u32,
+) -> Result<(), Error> {
+    let (mutating, validating) = configurations(addr, ca_pem, timeout_seconds);
+    let params = PatchParams::apply("graceful-drain-sim").force();
+    let err = |what: &str, name: &str| {
+        let object = format!("{what} {name}");
+        move |source| Error::Api {
+            action: "update",
+            object,
+            source,
+        }
+    };
+    let name = mutating.metadata.name.clone().unwrap_or_default();
+    Api::<MutatingWebhookConfiguration>::all(cluster.client())
+        .patch(&name, &params, &Patch::Apply(&mutating))
+        .await
+        .map_err(err("mutatingwebhookconfiguration", &name))?;
+    let name = validating.metadata.name.clone().unwrap_or_default();
+    Api::<ValidatingWebhookConfiguration>::all(cluster.client())
+        .patch(&name, &params, &Patch::Apply(&validating))
+        .await
+        .map_err(err("validatingwebhookconfiguration", &name))?;
+    Ok(())
+}
+
+fn configurations(
+    addr: SocketAddr,
+    ca_pem: &str,
+    timeout_seconds: u32,
+) -> (MutatingWebhookConfiguration, ValidatingWebhookConfiguration) {
+    let spec = graceful_drain_webhook::ConfigurationsSpec {
+        target: graceful_drain_webhook::Target::Url(format!("https://127.0.0.1:{}", addr.port())),
+        ca_bundle: Some(ca_pem.to_string()),
+        timeout_seconds: i32::try_from(timeout_seconds).unwrap_or(10),
+        failure_policy: "Ignore".into(),
+        ..graceful_drain_webhook::ConfigurationsSpec::default()
+    };
+    graceful_drain_webhook::webhook_configurations(&spec)
+}
+
+pub async fn create_configurations(
+    cluster: &DataPlane,
+    addr: SocketAddr,
+    ca_pem: &str,
+    timeout_seconds: u32,
+) -> Result<(), Error> {
+    let (mutating, validating) = configurations(addr, ca_pem, timeout_seconds);
+    let pp = PostParams::default();
+    let name = mutating.metadata.name.clone().unwrap_or_default();
+    let err = |what: &str| {
+        let object = format!("{what} {name}");
+        move |source| Error::Api {
+            action: "create",
+            object,
+            source,
+        }
+    };
+    Api::<MutatingWebhookConfiguration>::all(cluster.client())
+        .create(&pp, &mutating)
+        .await
+        .map_err(err("mutatingwebhookconfiguration"))?;
+    Api::<ValidatingWebhookConfiguration>::all(cluster.client())
+        .create(&pp, &validating)
+        .await
+        .map_err(err("validatingwebhookconfiguration"))?;
+    Ok(())
+}

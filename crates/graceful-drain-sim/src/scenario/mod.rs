@@ -1,0 +1,328 @@
+//! The default scenario of `graceful-drain simulate`: on a fresh simulated cluster with
+//! the standard workload and steady traffic, drain the busiest node, then roll out the
+//! Deployment — once without protection (a plain eviction loop, like `kubectl drain`) and
+//! once with graceful-drain's real webhook and node agents (the drain goes through a
+//! LifecycleEvent) — and measure requests, 5xx and how long each disruption took.
+
+pub mod actions;
+pub mod components;
+pub mod lb_scenarios;
+pub mod matrix;
+pub mod real;
+pub mod tiered;
+mod vm_scenario;
+pub mod workloads;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::ListParams;
+
+use self::components::{Components, ComponentsConfig};
+use graceful_drain_core::runtime::Shutdown;
+use kube_sim::cluster::{self, Cluster, ClusterConfig, DataPlane, WebSpec, wait_for};
+use kube_sim::traffic::TrafficConfig;
+use kube_sim::traffic::clients::Clients;
+use kube_sim::traffic::timeline::Event;
+
+/// Errors of a scenario run.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The simulated cluster failed.
+    #[error(transparent)]
+    Cluster(#[from] cluster::Error),
+    /// An API call of the scenario failed.
+    #[error("{action} {object}")]
+    Api {
+        action: &'static str,
+        object: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// One of graceful-drain's components could not run.
+    #[error("{name}: {reason}")]
+    Component { name: String, reason: String },
+    /// A drain did not complete.
+    #[error("drain node {node}: {reason}")]
+    Drain { node: String, reason: String },
+    /// A drain evicted a pod of a tier before the tier before it had left the node.
+    #[error("eviction tiers out of order: {reason}")]
+    TierOrder { reason: String },
+}
+
+/// Whether graceful-drain protects the workload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Protection {
+    /// No webhook; drains are plain eviction loops.
+    None,
+    /// graceful-drain's webhook and node agents; drains go through LifecycleEvents.
+    GracefulDrain,
+}
+
+impl fmt::Display for Protection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Protection::None => "none",
+            Protection::GracefulDrain => "graceful-drain",
+        })
+    }
+}
+
+/// Everything a scenario run needs.
+#[derive(Clone, Debug)]
+pub struct ScenarioConfig {
+    pub cluster: ClusterConfig,
+    pub web: WebSpec,
+    /// Traffic shape; its bounds apply to each phase.
+    pub traffic: TrafficConfig,
+    /// Where the traffic comes from: a connection per request, or keep-alive clients.
+    pub clients: Clients,
+    pub components: ComponentsConfig,
+    /// Bound of each phase (deploy, drain, rollout).
+    pub phase_timeout: Duration,
+}
+
+/// What one phase measured.
+#[derive(Clone, Debug)]
+pub struct Measured {
+    pub requests: u64,
+    pub errors_5xx: u64,
+    /// From the start of the disruption until it completed.
+    pub duration: Duration,
+    pub timeline: Vec<Event>,
+}
+
+/// One line of the result table.
+#[derive(Debug)]
+pub struct Row {
+    pub scenario: &'static str,
+    pub protection: Protection,
+    pub result: Result<Measured, String>,
+}
+
+/// The node running most pods of `spec` (ties by name).
+pub(crate) async fn busiest_node(cluster: &DataPlane, spec: &WebSpec) -> Result<String, Error> {
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), &spec.namespace);
+    let list = pods
+        .list(&ListParams::default().labels(&format!("app={}", spec.name)))
+        .await
+        .map_err(|source| Error::Api {
+            action: "list pods of",
+            object: spec.service_key(),
+            source,
+        })?;
+    let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
+    for pod in &list.items {
+        if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
+            *per_node.entry(node).or_default() += 1;
+        }
+    }
+    per_node
+        .into_iter()
+        .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
+        .map(|(n, _)| n)
+        .ok_or_else(|| Error::Drain {
+            node: "?".into(),
+            reason: "no pod of the workload is bound to a node".into(),
+        })
+}
+
+/// Runs `action` under traffic and waits until the load balancer only routes to pods
+/// that accept, so late 5xx (deregistration lag) are counted too.
+pub(crate) async fn measure<F>(
+    cluster: &DataPlane,
+    cfg: &ScenarioConfig,
+    action: F,
+) -> Result<Measured, Error>
+where
+    F: std::future::Future<Output = Result<(), Error>>,
+{
+    let traffic = cluster.traffic_with(&cfg.web, cfg.traffic, cfg.clients);
+    let start = Instant::now();
+    let outcome = action.await;
+    let duration = start.elapsed();
+    let service = cfg.web.service_key();
+    let settled = wait_for("load balancer to settle", settle_bound(cfg), || async {
+        let targets = cluster.lbs().routable(&service, Instant::now());
+        // Connection-level balancing settles once no client connection is left on a pod
+        // that no longer accepts (each ends in a reconnection or a counted reset).
+        targets.iter().all(|uid| cluster.apps().accepting(uid))
+            && cluster.apps().stranded_connections() == 0
+    })
+    .await;
+    let report = traffic.stop().await;
+    outcome?;
+    settled?;
+    Ok(Measured {
+        requests: report.requests,
+        errors_5xx: report.errors_5xx,
+        duration,
+        timeline: report.timeline,
+    })
+}
+
+/// How long the load balancer may take to settle after a disruption: the slowest ALB
+/// node's deregistration lag, the controller latency and registration lag, and for
+/// keep-alive clients the longest request plus one client's pause between requests.
+fn settle_bound(cfg: &ScenarioConfig) -> Duration {
+    let (lb, model) = (&cfg.cluster.lb, &cfg.cluster.lb_model);
+    let slowest_node = lb
+        .deregistration_lag
+        .mul_f64(1.0 + model.alb_lag_jitter.clamp(0.0, 1.0));
+    let clients = match cfg.clients {
+        Clients::PerRequest => Duration::ZERO,
+        Clients::KeepAlive(ka) => {
+            let pause = ka.connections as f64 / cfg.traffic.rate.max(0.001);
+            ka.longest(&cfg.traffic) + Duration::from_secs_f64(pause)
+        }
+    };
+    slowest_node
+        + model.alb_controller_latency
+        + lb.registration_lag
+        + clients
+        + Duration::from_secs(2)
+}
+
+/// Runs the drain and rollout phases on one cluster with `protection`.
+pub async fn run_protection(
+    cfg: &ScenarioConfig,
+    protection: Protection,
+    shutdown: &Shutdown,
+) -> Vec<Row> {
+    let row = |scenario, result: Result<Measured, Error>| Row {
+        scenario,
+        protection,
+        result: result.map_err(|e| graceful_drain_core::error::chain(&e).to_string()),
+    };
+    let failed = |reason: String| -> Vec<Row> {
+        ["drain", "rollout"]
+            .into_iter()
+            .map(|scenario| Row {
+                scenario,
+                protection,
+                result: Err(reason.clone()),
+            })
+            .collect()
+    };
+    let cluster = match Cluster::start(cfg.cluster.clone(), shutdown.clone()).await {
+        Ok(c) => c,
+        Err(e) => return failed(graceful_drain_core::error::chain(&e).to_string()),
+    };
+    let mut components = None;
+    if protection == Protection::GracefulDrain {
+        match Components::start(&cluster, &cfg.components).await {
+            Ok(c) => components = Some(c),
+            Err(e) => return failed(graceful_drain_core::error::chain(&e).to_string()),
+        }
+    }
+    if let Err(e) = cluster.deploy_web(&cfg.web, cfg.phase_timeout).await {
+        return failed(graceful_drain_core::error::chain(&e).to_string());
+    }
+    let client = cluster.client();
+    let drain = async {
+        let node = busiest_node(&cluster, &cfg.web).await?;
+        cluster.step(format!("drain node {node}"));
+        match protection {
+            Protection::None => actions::plain_drain(&client, &node, cfg.phase_timeout).await,
+            Protection::GracefulDrain => {
+                actions::lifecycle_drain(&client, &node, cfg.phase_timeout).await
+            }
+        }
+    };
+    let mut rows = vec![row("drain", measure(&cluster, cfg, drain).await)];
+    let rollout = async {
+        cluster.wait_web_ready(&cfg.web, cfg.phase_timeout).await?;
+        cluster.step("rollout restart");
+        actions::rollout(&client, &cfg.web, cfg.phase_timeout).await
+    };
+    rows.push(row("rollout", measure(&cluster, cfg, rollout).await));
+    // A component that died during the run makes its figures meaningless.
+    if let Some(c) = components.as_mut()
+        && let Err(e) = c.check().await
+    {
+        for r in &mut rows {
+            r.result = Err(graceful_drain_core::error::chain(&e).to_string());
+        }
+    }
+    rows
+}
+
+/// Runs every phase without and with graceful-drain, both clusters side by side.
+pub async fn run_all(cfg: &ScenarioConfig, shutdown: &Shutdown) -> Vec<Row> {
+    let (mut without, with) = tokio::join!(
+        run_protection(cfg, Protection::None, shutdown),
+        run_protection(cfg, Protection::GracefulDrain, shutdown)
+    );
+    without.extend(with);
+    without.sort_by_key(|r| (r.scenario, r.protection));
+    without
+}
+
+/// Renders the result table.
+pub fn table(rows: &[Row]) -> String {
+    let mut out = format!(
+        "{:<9} {:<15} {:>9} {:>6} {:>10}\n",
+        "scenario", "protection", "requests", "5xx", "duration"
+    );
+    for r in rows {
+        match &r.result {
+            Ok(m) => out.push_str(&format!(
+                "{:<9} {:<15} {:>9} {:>6} {:>9.1}s\n",
+                r.scenario,
+                r.protection.to_string(),
+                m.requests,
+                m.errors_5xx,
+                m.duration.as_secs_f64()
+            )),
+            Err(e) => out.push_str(&format!(
+                "{:<9} {:<15} error: {e}\n",
+                r.scenario,
+                r.protection.to_string()
+            )),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_shows_figures_and_errors() {
+        let rows = vec![
+            Row {
+                scenario: "drain",
+                protection: Protection::None,
+                result: Ok(Measured {
+                    requests: 812,
+                    errors_5xx: 96,
+                    duration: Duration::from_millis(1234),
+                    timeline: vec![],
+                }),
+            },
+            Row {
+                scenario: "drain",
+                protection: Protection::GracefulDrain,
+                result: Err("webhook: not ready".into()),
+            },
+        ];
+        let t = table(&rows);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].starts_with("scenario"));
+        assert!(
+            lines[1].contains("none")
+                && lines[1].contains("812")
+                && lines[1].contains("96")
+                && lines[1].ends_with("1.2s"),
+            "{t}"
+        );
+        assert!(
+            lines[2].contains("graceful-drain") && lines[2].contains("error: webhook: not ready"),
+            "{t}"
+        );
+    }
+}

@@ -1,0 +1,453 @@
+//! The scoreboard on a real control plane: the disruptions whose outcome depends on the
+//! real kube-controller-manager, kube-scheduler and admission chain, each under traffic
+//! through the simulated load balancer, without and then with graceful-drain.
+//!
+//! One [`RealCluster`] serves every row: its simulated kubelets and load balancers are
+//! attached once, and each row deploys its own workload in a namespace of its own, so a
+//! row never sees another's pods. The rows without protection run first; then the webhook
+//! and node agents start (with ServiceAccount tokens under the chart's RBAC) and the same
+//! rows run again with protection. A row that fails on the real controllers today is a
+//! [`Expect::KnownFailure`]: it stays in the table with the issue that removes it.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+
+use super::actions::ready_live;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Api, ResourceExt};
+
+use super::components::Components;
+use super::{Error, Measured, Protection, ScenarioConfig, actions, busiest_node, measure};
+use graceful_drain_core::runtime::Shutdown;
+use kube_sim::cluster::{DataPlane, RealCluster, WebSpec, wait_for};
+
+/// The pod label the Deployment controller sets on the pods of each ReplicaSet.
+const POD_TEMPLATE_HASH: &str = "pod-template-hash";
+
+/// What a row is expected to show on the real controllers today.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expect {
+    /// It finishes; with protection, with no 5xx.
+    Pass,
+    /// It does not finish on the real controllers yet; the issue that fixes it.
+    KnownFailure(&'static str),
+}
+
+/// A disruption the real tier runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Disruption {
+    /// `kubectl drain` of the busiest node (plain evictions), or a LifecycleEvent drain
+    /// through the node agents with protection.
+    Drain,
+    /// `kubectl rollout restart` of the Deployment.
+    RolloutRestart,
+    /// Scale to half the replicas, then back (what an autoscaler does).
+    ScaleDownUp,
+}
+
+impl fmt::Display for Disruption {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Disruption::Drain => "drain",
+            Disruption::RolloutRestart => "rollout-restart",
+            Disruption::ScaleDownUp => "scale-down-up",
+        })
+    }
+}
+
+/// One row of the real tier.
+#[derive(Clone, Copy, Debug)]
+pub struct RealScenario {
+    pub disruption: Disruption,
+    pub protection: Protection,
+    pub expect: Expect,
+}
+
+/// Every row, unprotected ones first. `upstream_lifecycle_api`: whether the cluster serves
+/// Kubernetes' own `lifecycle.k8s.io` (the EvictionRequest API), which shadows the
+/// group of our lifecycle CRDs.
+pub fn scenarios(upstream_lifecycle_api: bool) -> Vec<RealScenario> {
+    use Disruption::*;
+    let mut all = Vec::new();
+    for protection in [Protection::None, Protection::GracefulDrain] {
+        for disruption in [Drain, RolloutRestart, ScaleDownUp] {
+            let expect = match (protection, disruption) {
+                (Protection::None, _) => Expect::Pass,
+                // Our LifecycleEvent and LifecycleTransition CRDs share the group
+                // lifecycle.k8s.io with the built-in API, which the API server then
+                // serves instead: the agents cannot publish their transitions.
+                _ if upstream_lifecycle_api => Expect::KnownFailure("issue 26"),
+                // The webhook takes a held pod out of its ReplicaSet, which then never
+                // sees the deletion it asked for (docs/design.md §9).
+                (_, RolloutRestart | ScaleDownUp) => Expect::KnownFailure("issue 25"),
+                (_, Drain) => Expect::Pass,
+            };
+            all.push(RealScenario {
+                disruption,
+                protection,
+                expect,
+            });
+        }
+    }
+    all
+}
+
+/// Whether the API server serves Kubernetes' own EvictionRequest API.
+async fn serves_eviction_requests(client: &kube::Client) -> bool {
+    client
+        .list_api_group_resources("lifecycle.k8s.io/v1alpha1")
+        .await
+        .is_ok_and(|list| list.resources.iter().any(|r| r.name == "evictionrequests"))
+}
+
+/// What one row measured, and whether that is what it expects.
+#[derive(Debug)]
+pub struct RealRow {
+    pub scenario: RealScenario,
+    pub result: Result<Measured, String>,
+}
+
+impl RealRow {
+    /// Whether the row shows what it expects: a passing row finished (with protection,
+    /// without a 5xx); a known failure may fail or pass.
+    pub fn as_expected(&self) -> bool {
+        match (self.scenario.expect, &self.result) {
+            (Expect::KnownFailure(_), _) => true,
+            (Expect::Pass, Err(_)) => false,
+            (Expect::Pass, Ok(m)) => {
+                self.scenario.protection == Protection::None || m.errors_5xx == 0
+            }
+        }
+    }
+}
+
+/// Attaches the data plane to the API server of `kubeconfig` and runs every row of
+/// [`scenarios`], printing each as it finishes through `progress`.
+pub async fn run(
+    kubeconfig: &Path,
+    cfg: &ScenarioConfig,
+    shutdown: &Shutdown,
+    progress: &mut dyn FnMut(&RealRow),
+) -> Result<Vec<RealRow>, Error> {
+    let cluster = RealCluster::attach(cfg.cluster.clone(), kubeconfig, shutdown.clone()).await?;
+    let upstream = serves_eviction_requests(&cluster.client()).await;
+    let mut rows = Vec::new();
+    // Started before the first protected row; a failure to start is that row's result
+    // and every later protected row's.
+    let mut components: Option<Result<Components, String>> = None;
+    for scenario in scenarios(upstream) {
+        if scenario.protection == Protection::GracefulDrain && components.is_none() {
+            let started = async {
+                apply_chart_rbac(&cluster).await?;
+                Components::start(&cluster, &cfg.components).await
+            };
+            components = Some(
+                started
+                    .await
+                    .map_err(|e| graceful_drain_core::error::chain(&e).to_string()),
+            );
+        }
+        let result = match &components {
+            Some(Err(e)) => Err(format!("graceful-drain did not start: {e}")),
+            _ => run_row(&cluster, cfg, scenario)
+                .await
+                .map_err(|e| graceful_drain_core::error::chain(&e).to_string()),
+        };
+        let row = RealRow { scenario, result };
+        progress(&row);
+        rows.push(row);
+    }
+    if let Some(Ok(mut c)) = components {
+        c.remove_configurations(&cluster).await?;
+        c.check().await?;
+    }
+    Ok(rows)
+}
+
+async fn run_row(
+    cluster: &RealCluster,
+    cfg: &ScenarioConfig,
+    s: RealScenario,
+) -> Result<Measured, Error> {
+    let mut cfg = cfg.clone();
+    cfg.web.namespace = format!("{}-{}", s.disruption, s.protection);
+    cluster.ensure_namespace(&cfg.web.namespace).await?;
+    cluster.deploy_web(&cfg.web, cfg.phase_timeout).await?;
+    let client = cluster.client();
+    let timeout = cfg.phase_timeout;
+    let outcome = match s.disruption {
+        Disruption::Drain => {
+            let node = busiest_node(cluster, &cfg.web).await?;
+            let drain = async {
+                cluster.step(format!("drain node {node}"));
+                match s.protection {
+                    Protection::None => actions::plain_drain(&client, &node, timeout).await,
+                    Protection::GracefulDrain => {
+                        actions::lifecycle_drain(&client, &node, timeout).await
+                    }
+                }
+            };
+            let measured = measure(cluster, &cfg, drain).await;
+            uncordon(cluster, &node, s.protection, timeout).await?;
+            measured
+        }
+        Disruption::RolloutRestart => {
+            let rollout = async {
+                cluster.step("rollout restart");
+                rollout_restart(&client, &cfg.web, timeout).await
+            };
+            measure(cluster, &cfg, rollout).await
+        }
+        Disruption::ScaleDownUp => {
+            let scale = async {
+                let half = (cfg.web.replicas / 2).max(1);
+                cluster.step(format!("scale to {half}"));
+                scale_and_wait(&client, &cfg.web, half, timeout).await?;
+                cluster.step(format!("scale back to {}", cfg.web.replicas));
+                scale_and_wait(&client, &cfg.web, cfg.web.replicas, timeout).await
+            };
+            measure(cluster, &cfg, scale).await
+        }
+    };
+    // The next row starts from a quiet cluster whatever this one left behind.
+    delete_namespace(cluster, &cfg.web.namespace).await;
+    outcome
+}
+
+/// Returns a drained node to service: a LifecycleEvent of the maintenance transition with
+/// protection (the agents cordoned it), a plain uncordon without.
+async fn uncordon(
+    cluster: &RealCluster,
+    node: &str,
+    protection: Protection,
+    timeout: Duration,
+) -> Result<(), Error> {
+    let client = cluster.client();
+    match protection {
+        Protection::None => actions::cordon(&client, node, false).await,
+        Protection::GracefulDrain => actions::lifecycle_uncordon(&client, node, timeout).await,
+    }
+}
+
+/// `kubectl rollout restart`, then waits as `kubectl rollout status` does and until every
+/// pod of the namespace belongs to the new ReplicaSet (isolated pods lose the Deployment's
+/// labels, so the namespace's pods are what tells the rollout is over).
+pub async fn rollout_restart(
+    client: &kube::Client,
+    spec: &WebSpec,
+    timeout: Duration,
+) -> Result<(), Error> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &spec.namespace);
+    let before: BTreeSet<String> = pods
+        .list(&ListParams::default())
+        .await
+        .map_err(api("list pods in", format!("namespace {}", spec.namespace)))?
+        .items
+        .iter()
+        .filter_map(|p| p.labels().get(POD_TEMPLATE_HASH).cloned())
+        .collect();
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &spec.namespace);
+    let now = jiff::Timestamp::now().to_string();
+    let patch = serde_json::json!({"spec": {"template": {"metadata": {"annotations": {"kubectl.kubernetes.io/restartedAt": now}}}}});
+    let object = format!("deployment {}", spec.service_key());
+    deployments
+        .patch(
+            &spec.name,
+            &PatchParams::default(),
+            &Patch::Strategic(patch),
+        )
+        .await
+        .map_err(api("restart", object.clone()))?;
+    let replicas = usize::try_from(spec.replicas).unwrap_or(0);
+    let what = format!("rollout restart of {object}");
+    wait_for(&what, timeout, || async {
+        let complete = deployments
+            .get(&spec.name)
+            .await
+            .ok()
+            .is_some_and(|d| rolled_out(&d, spec.replicas));
+        let Ok(list) = pods.list(&ListParams::default()).await else {
+            return false;
+        };
+        let hashes: BTreeSet<Option<&String>> = list
+            .items
+            .iter()
+            .map(|p| p.labels().get(POD_TEMPLATE_HASH))
+            .collect();
+        let ready = ready_live(&list.items);
+        complete
+            && hashes.len() == 1
+            && hashes
+                .iter()
+                .all(|h| h.is_some_and(|h| !before.contains(h)))
+            && list.items.len() == replicas
+            && ready == replicas
+    })
+    .await
+    .map_err(Error::Cluster)
+}
+
+/// Whether a Deployment's status says its rollout to `replicas` is over, as `kubectl
+/// rollout status` reads it (observedGeneration caught up; every replica updated and
+/// available; no old replica left).
+fn rolled_out(d: &Deployment, replicas: i32) -> bool {
+    let Some(status) = d.status.as_ref() else {
+        return false;
+    };
+    status.observed_generation >= d.metadata.generation
+        && status.updated_replicas == Some(replicas)
+        && status.replicas == Some(replicas)
+        && status.available_replicas == Some(replicas)
+}
+
+/// Scales the Deployment to `replicas` and waits until it has exactly that many ready
+/// pods in the namespace and its status agrees.
+async fn scale_and_wait(
+    client: &kube::Client,
+    spec: &WebSpec,
+    replicas: i32,
+    timeout: Duration,
+) -> Result<(), Error> {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &spec.namespace);
+    let object = format!("deployment {}", spec.service_key());
+    let patch = serde_json::json!({"spec": {"replicas": replicas}});
+    deployments
+        .patch(&spec.name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .map_err(api("scale", object.clone()))?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &spec.namespace);
+    let want = usize::try_from(replicas).unwrap_or(0);
+    let what = format!("{object} at {replicas} ready replicas");
+    wait_for(&what, timeout, || async {
+        let complete = deployments
+            .get(&spec.name)
+            .await
+            .ok()
+            .is_some_and(|d| rolled_out(&d, replicas));
+        let Ok(list) = pods.list(&ListParams::default()).await else {
+            return false;
+        };
+        let ready = ready_live(&list.items);
+        complete && list.items.len() == want && ready == want
+    })
+    .await
+    .map_err(Error::Cluster)
+}
+
+/// Deletes a row's namespace and waits (bounded) until its pods are gone, so the next
+/// row's traffic and drains see only their own pods.
+async fn delete_namespace(cluster: &DataPlane, name: &str) {
+    let _ = Api::<Namespace>::all(cluster.client())
+        .delete(name, &DeleteParams::default())
+        .await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), name);
+    let _ = wait_for(
+        &format!("namespace {name} emptied"),
+        Duration::from_secs(60),
+        || async {
+            pods.list(&ListParams::default())
+                .await
+                .is_ok_and(|l| l.items.is_empty())
+        },
+    )
+    .await;
+}
+
+/// The chart's manifests as `deploy/graceful-drain.yaml` renders them (release
+/// `graceful-drain` in namespace `graceful-drain`, the names our components' users carry).
+const CHART_MANIFESTS: &str = include_str!("../../../../deploy/graceful-drain.yaml");
+/// The kinds of the chart's RBAC: what the components' ServiceAccounts may do.
+const RBAC_KINDS: [&str; 5] = [
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+];
+
+/// Applies the chart's ServiceAccounts, Roles, ClusterRoles and their bindings (server-side
+/// apply), so the components' tokens get exactly the chart's rights.
+pub async fn apply_chart_rbac(cluster: &DataPlane) -> Result<(), Error> {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(CHART_MANIFESTS).map_err(|e| Error::Component {
+            name: "chart".into(),
+            reason: format!("deploy/graceful-drain.yaml: {e}"),
+        })?;
+    cluster
+        .ensure_namespace(super::components::NAMESPACE)
+        .await?;
+    let params = PatchParams::apply("graceful-drain-sim").force();
+    for doc in docs
+        .iter()
+        .filter(|d| RBAC_KINDS.iter().any(|k| d["kind"] == *k))
+    {
+        let object: DynamicObject =
+            serde_json::from_value(doc.clone()).map_err(|e| Error::Component {
+                name: "chart".into(),
+                reason: format!("deploy/graceful-drain.yaml: {e}"),
+            })?;
+        let Some(types) = object.types.clone() else {
+            continue;
+        };
+        let (group, version) = types
+            .api_version
+            .split_once('/')
+            .unwrap_or(("", &types.api_version));
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &types.kind));
+        let name = object.name_any();
+        let objects: Api<DynamicObject> = match object.metadata.namespace.as_deref() {
+            Some(ns) => Api::namespaced_with(cluster.client(), ns, &resource),
+            None => Api::all_with(cluster.client(), &resource),
+        };
+        objects
+            .patch(&name, &params, &Patch::Apply(&object))
+            .await
+            .map_err(api("apply", format!("{} {name}", types.kind)))?;
+    }
+    Ok(())
+}
+
+fn api(action: &'static str, object: String) -> impl FnOnce(kube::Error) -> Error {
+    move |source| Error::Api {
+        action,
+        object,
+        source,
+    }
+}
+
+/// Renders the real tier's table: the same columns as the matrix's, plus what is expected.
+pub fn table(rows: &[RealRow]) -> String {
+    let mut out = format!(
+        "{:<16} {:<15} {:>9} {:>6} {:>10}  {}\n",
+        "scenario", "protection", "requests", "5xx", "duration", "expected"
+    );
+    for r in rows {
+        let expected = match r.scenario.expect {
+            Expect::Pass => "pass".to_string(),
+            Expect::KnownFailure(issue) => format!("known failure ({issue})"),
+        };
+        let mark = if r.as_expected() { "" } else { "  UNEXPECTED" };
+        match &r.result {
+            Ok(m) => out.push_str(&format!(
+                "{:<16} {:<15} {:>9} {:>6} {:>9.1}s  {expected}{mark}\n",
+                r.scenario.disruption.to_string(),
+                r.scenario.protection.to_string(),
+                m.requests,
+                m.errors_5xx,
+                m.duration.as_secs_f64()
+            )),
+            Err(e) => out.push_str(&format!(
+                "{:<16} {:<15} error: {e}  [{expected}{mark}]\n",
+                r.scenario.disruption.to_string(),
+                r.scenario.protection.to_string(),
+            )),
+        }
+    }
+    out
+}

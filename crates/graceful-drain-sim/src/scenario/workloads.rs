@@ -1,0 +1,267 @@
+//! The workloads of the scenario matrix besides the standard Deployment: a StatefulSet
+//! and a DaemonSet behind a LoadBalancer Service, created through the API like a user
+//! would, plus their rollouts (a template change, as `kubectl rollout restart` does).
+//!
+//! Every workload is named after `cfg.web` (its Service, PDB and `app` label), so the
+//! traffic, the load balancer and the node choice of a scenario work alike for all.
+
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+
+use super::matrix::Workload;
+use super::{Error, ScenarioConfig};
+use graceful_drain_testing::fixtures::{
+    DaemonSetFixture, StatefulSetFixture, daemon_set, stateful_set,
+};
+use kube_sim::cluster::{Cluster, WebSpec, wait_for};
+
+/// The label the Services of these workloads select besides `app`: a key the controller
+/// does not select on, so the webhook can leave the Service and keep the controller.
+const ROLE: (&str, &str) = ("role", "serving");
+
+fn api(action: &'static str, object: String) -> impl FnOnce(kube::Error) -> Error {
+    move |source| Error::Api {
+        action,
+        object,
+        source,
+    }
+}
+
+/// Creates the workload named after `web`, its Service and PDB, and waits (up to
+/// `timeout`) until every pod serves behind the load balancer.
+pub async fn deploy(
+    cluster: &Cluster,
+    web: &WebSpec,
+    timeout: Duration,
+    workload: Workload,
+) -> Result<(), Error> {
+    if matches!(
+        workload,
+        Workload::Deployment | Workload::DeploymentWithTiers
+    ) {
+        return Ok(cluster.deploy_web(web, timeout).await?);
+    }
+    if workload == Workload::DeploymentWithJob {
+        cluster.deploy_web(web, timeout).await?;
+        return start_job(cluster, web).await;
+    }
+    let client = cluster.client();
+    let ns = &web.namespace;
+    let app = [("app", web.name.as_str())];
+    let mut service = web.service();
+    if workload != Workload::StatefulSetSharedSelector
+        && let Some(selector) = service.spec.as_mut().and_then(|s| s.selector.as_mut())
+    {
+        selector.insert(ROLE.0.into(), ROLE.1.into());
+    }
+    Api::<Service>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &service)
+        .await
+        .map_err(api("create service", web.service_key()))?;
+    Api::<PodDisruptionBudget>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &web.pdb())
+        .await
+        .map_err(api("create pdb", web.service_key()))?;
+    let expected = match workload {
+        Workload::DaemonSet => {
+            let mut ds = daemon_set(&web.name)
+                .ns(ns)
+                .selecting(&app)
+                .rolling(IntOrString::Int(1), IntOrString::Int(0))
+                .container("sim/web:1");
+            let template = &mut ds.spec.get_or_insert_with(Default::default).template;
+            template_extras(template, web.grace_period_seconds);
+            ds.metadata.uid = None;
+            Api::<DaemonSet>::namespaced(client.clone(), ns)
+                .create(&PostParams::default(), &ds)
+                .await
+                .map_err(api("create daemonset", web.service_key()))?;
+            cluster.nodes().len()
+        }
+        _ => {
+            let mut sts = stateful_set(&web.name)
+                .ns(ns)
+                .replicas(web.replicas)
+                .selecting(&app)
+                .parallel()
+                .container("sim/web:1");
+            let template = &mut sts.spec.get_or_insert_with(Default::default).template;
+            template_extras(template, web.grace_period_seconds);
+            sts.metadata.uid = None;
+            Api::<StatefulSet>::namespaced(client.clone(), ns)
+                .create(&PostParams::default(), &sts)
+                .await
+                .map_err(api("create statefulset", web.service_key()))?;
+            usize::try_from(web.replicas).unwrap_or(0)
+        }
+    };
+    let what = format!(
+        "{workload:?} {} serving behind its load balancer",
+        web.service_key()
+    );
+    wait_for(&what, timeout, || async {
+        let now = std::time::Instant::now();
+        cluster.lbs().registered(&web.service_key(), now).len() == expected
+    })
+    .await?;
+    Ok(())
+}
+
+/// The pods' `role` label, an HTTP port and the grace period.
+fn template_extras(template: &mut k8s_openapi::api::core::v1::PodTemplateSpec, grace: i64) {
+    let meta = template.metadata.get_or_insert_with(Default::default);
+    meta.labels
+        .get_or_insert_with(Default::default)
+        .insert(ROLE.0.into(), ROLE.1.into());
+    let spec = template.spec.get_or_insert_with(Default::default);
+    spec.termination_grace_period_seconds = Some(grace);
+    for container in &mut spec.containers {
+        container.ports = Some(vec![k8s_openapi::api::core::v1::ContainerPort {
+            name: Some("http".into()),
+            container_port: 8080,
+            ..Default::default()
+        }]);
+    }
+}
+
+/// Restarts the workload's pods by changing its template, as `kubectl rollout restart`
+/// does, and waits until its controller reports every pod updated and ready.
+pub async fn rollout(
+    cluster: &Cluster,
+    cfg: &ScenarioConfig,
+    workload: Workload,
+) -> Result<(), Error> {
+    let web = &cfg.web;
+    let client = cluster.client();
+    let now = jiff::Timestamp::now().to_string();
+    let patch = Patch::Merge(serde_json::json!({"spec": {"template": {"metadata": {
+        "annotations": {"kubectl.kubernetes.io/restartedAt": now}}}}}));
+    let params = PatchParams::default();
+    let object = web.service_key();
+    let what = format!("rollout of {workload:?} {object}");
+    match workload {
+        Workload::Deployment => {
+            return crate::scenario::actions::rollout(&client, web, cfg.phase_timeout).await;
+        }
+        Workload::DaemonSet => {
+            let sets: Api<DaemonSet> = Api::namespaced(client, &web.namespace);
+            sets.patch(&web.name, &params, &patch)
+                .await
+                .map_err(api("restart daemonset", object))?;
+            wait_for(&what, cfg.phase_timeout, || async {
+                sets.get(&web.name).await.is_ok_and(|ds| {
+                    let generation = ds.metadata.generation;
+                    ds.status.is_some_and(|s| {
+                        s.observed_generation == generation
+                            && s.updated_number_scheduled == Some(s.desired_number_scheduled)
+                            && s.number_ready == s.desired_number_scheduled
+                            && s.number_available == Some(s.desired_number_scheduled)
+                    })
+                })
+            })
+            .await?;
+        }
+        Workload::DeploymentWithJob | Workload::DeploymentWithTiers => {
+            return crate::scenario::actions::rollout(&client, web, cfg.phase_timeout).await;
+        }
+        _ => {
+            let sets: Api<StatefulSet> = Api::namespaced(client, &web.namespace);
+            sets.patch(&web.name, &params, &patch)
+                .await
+                .map_err(api("restart statefulset", object))?;
+            wait_for(&what, cfg.phase_timeout, || async {
+                sets.get(&web.name).await.is_ok_and(|sts| {
+                    let generation = sts.metadata.generation;
+                    sts.status.is_some_and(|s| {
+                        s.observed_generation == generation
+                            && s.updated_replicas == Some(web.replicas)
+                            && s.ready_replicas == Some(web.replicas)
+                            && s.current_revision.is_some()
+                            && s.current_revision == s.update_revision
+                    })
+                })
+            })
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Name of the batch Job of [`Workload::DeploymentWithJob`].
+const JOB: &str = "batch";
+/// Its pods run this long, so a drain meets them running.
+const JOB_RUN_FOR: &str = "8s";
+/// Pods of the Job per node: enough that the drained node runs some.
+const JOB_PODS_PER_NODE: usize = 2;
+
+/// Starts the Job of [`Workload::DeploymentWithJob`]: [`JOB_PODS_PER_NODE`] parallel pods
+/// per node, `backoffLimit: 0` (one counted failure fails it) and a podFailurePolicy that
+/// ignores disruptions, as batch users configure to survive drains.
+async fn start_job(cluster: &Cluster, web: &WebSpec) -> Result<(), Error> {
+    use graceful_drain_testing::fixtures::{JobFixture, job, on_pod_condition};
+    let pods = i32::try_from(cluster.nodes().len() * JOB_PODS_PER_NODE).unwrap_or(i32::MAX);
+    let mut batch = job(JOB)
+        .ns(&web.namespace)
+        .completions(Some(pods))
+        .parallelism(pods)
+        .backoff_limit(0)
+        .failure_rule(on_pod_condition("Ignore", "DisruptionTarget"))
+        .template_annotation(
+            kube_sim::controllers::kubelet::RUN_FOR_ANNOTATION,
+            JOB_RUN_FOR,
+        )
+        .container("sim/batch:1");
+    batch.metadata.uid = None;
+    Api::<Job>::namespaced(cluster.client(), &web.namespace)
+        .create(&PostParams::default(), &batch)
+        .await
+        .map_err(api("create job", format!("{}/{JOB}", web.namespace)))?;
+    Ok(())
+}
+
+/// The condition (`Complete` or `Failed`) a Job finished with, if it did.
+fn finished(job: &Job) -> Option<String> {
+    let conditions = job.status.as_ref().and_then(|s| s.conditions.clone());
+    conditions
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.status == "True" && (c.type_ == "Complete" || c.type_ == "Failed"))
+        .map(|c| c.type_)
+}
+
+/// Waits until the Job finished, and fails if it failed or counted a failure: a drain
+/// must not cost a batch job its completion.
+pub async fn job_completed(
+    cluster: &Cluster,
+    web: &WebSpec,
+    timeout: Duration,
+) -> Result<(), Error> {
+    let jobs: Api<Job> = Api::namespaced(cluster.client(), &web.namespace);
+    let what = format!("job {}/{JOB} finished", web.namespace);
+    wait_for(&what, timeout, || async {
+        jobs.get(JOB).await.is_ok_and(|j| finished(&j).is_some())
+    })
+    .await?;
+    let job = jobs
+        .get(JOB)
+        .await
+        .map_err(api("get job", format!("{}/{JOB}", web.namespace)))?;
+    let failed = job.status.as_ref().and_then(|s| s.failed).unwrap_or(0);
+    match finished(&job).as_deref() {
+        Some("Complete") if failed == 0 => Ok(()),
+        outcome => Err(Error::Drain {
+            node: "-".into(),
+            reason: format!(
+                "job {}/{JOB} ended {outcome:?} with {failed} counted failures",
+                web.namespace
+            ),
+        }),
+    }
+}

@@ -1,0 +1,13 @@
+//! Test support shared by every graceful-drain crate: object builders ([`fixtures`]), the
+//! scripted mock API ([`fixtures::mock`]), a test kubelet speaking the plugin registration
+//! and SLM protocols ([`kubelet`]), and the simulated API server wrapped so tests can see
+//! every request their client sent ([`agent_api`], [`lifecycle_api`]).
+//!
+//! A dev-dependency only: nothing that ships depends on it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
+
+pub mod agent_api;
+pub mod fixtures;
+pub mod kubelet;
+pub mod lifecycle_api;

@@ -1,0 +1,366 @@
+//! Admission latency and throughput over HTTPS keep-alive, and cache memory.
+//!
+//! Runs the real router and TLS server in-process on 127.0.0.1 with the Kubernetes API
+//! answered by an in-process fake (so "isolate" excludes API latency), drives it with a
+//! fixed number of keep-alive HTTP/1.1 connections for a bounded time, and prints one
+//! table row per scenario. The load generator shares the machine's cores with the
+//! server, so throughput figures are lower bounds. Then it fills the caches with 10,000
+//! pods in 2,000 EndpointSlices and reports the process RSS.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark may panic on setup errors
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use graceful_drain_core::certs;
+use graceful_drain_core::runtime::Shutdown;
+use graceful_drain_testing::fixtures::{self, PodFixture, to_json};
+use graceful_drain_webhook::{cache, decide, isolate, metrics, server, tls};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use serde_json::{Value, json};
+
+/// Concurrent keep-alive connections for the throughput run (the API server opens
+/// several per webhook); the latency run uses one connection, one review at a time.
+const CONNECTIONS: usize = 8;
+/// Each run lasts this long at most…
+const RUN_FOR: Duration = Duration::from_secs(3);
+/// …and sends at most this many reviews per connection.
+const MAX_PER_CONNECTION: usize = 50_000;
+
+/// A serving pod `web/<name>` of the size a real one has (ports, requests, two conditions).
+fn pod_json(name: &str) -> Value {
+    let mut pod = to_json(
+        &fixtures::pod(name)
+            .ns("web")
+            .with_uid(&format!("uid-{name}"))
+            .at_version("12")
+            .with_labels(&[
+                ("app", "web"),
+                ("pod-template-hash", "h"),
+                ("team", "payments"),
+            ])
+            .annotate("prometheus.io/scrape", "true")
+            .on_node("node-1")
+            .container("registry.example/app:1.2.3")
+            .running()
+            .ip("10.0.0.1")
+            .ready(),
+    );
+    let container = &mut pod["spec"]["containers"][0];
+    container["ports"] = json!([{"containerPort": 8080}]);
+    container["resources"] = json!({"requests": {"cpu": "100m", "memory": "128Mi"}});
+    let conditions = &mut pod["status"]["conditions"];
+    if let Some(list) = conditions.as_array_mut() {
+        list.push(json!({"type": "ContainersReady", "status": "True"}));
+    }
+    pod
+}
+
+/// The fake API: GET pod, PATCH pod, POST event answer at once.
+fn fake_api() -> kube::Client {
+    let service = tower::service_fn(|req: http::Request<kube::client::Body>| async move {
+        let name = req
+            .uri()
+            .path()
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let body = match *req.method() {
+            http::Method::POST => json!({}),
+            _ => pod_json(&name),
+        };
+        Ok::<_, std::convert::Infallible>(
+            http::Response::builder()
+                .status(200)
+                .body(kube::client::Body::from(serde_json::to_vec(&body).unwrap()))
+                .unwrap(),
+        )
+    });
+    kube::Client::new(service, "default")
+}
+
+fn slice(i: usize, pods: std::ops::Range<usize>) -> k8s_openapi::api::discovery::v1::EndpointSlice {
+    let endpoints: Vec<Value> = pods
+        .map(|p| json!({"addresses": [format!("10.{}.{}.{}", p / 65536, (p / 256) % 256, p % 256)],
+            "conditions": {"ready": true, "serving": true, "terminating": false},
+            "nodeName": format!("node-{}", p % 100), "zone": "zone-a",
+            "targetRef": {"kind": "Pod", "name": format!("pod-{p}"), "namespace": "web", "uid": format!("uid-pod-{p}")}}))
+        .collect();
+    serde_json::from_value(json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+        "metadata": {"name": format!("svc-{i}-x"), "namespace": "web",
+                     "labels": {"kubernetes.io/service-name": format!("svc-{i}"), "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": endpoints
+    }))
+    .unwrap()
+}
+
+fn fill(cache: &cache::Cache, pods: usize, slices: usize) {
+    let per = pods / slices;
+    for i in 0..slices {
+        cache.apply_slice(&slice(i, i * per..(i + 1) * per));
+        cache.apply_service(
+            &serde_json::from_value(json!({"apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": format!("svc-{i}"), "namespace": "web"},
+                "spec": {"type": "LoadBalancer", "selector": {"app": format!("app-{i}")}, "ports": [{"port": 80}]}}))
+            .unwrap(),
+        );
+    }
+}
+
+fn eviction(pod: &str, n: usize) -> Vec<u8> {
+    serde_json::to_vec(&json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": format!("uid-{n}"),
+            "kind": {"group": "policy", "version": "v1", "kind": "Eviction"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "subResource": "eviction", "name": pod, "namespace": "web", "operation": "CREATE",
+            "userInfo": {"username": "system:node:node-1"},
+            "object": {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": "web"},
+                       "deleteOptions": {"gracePeriodSeconds": 30}}}}))
+    .unwrap()
+}
+
+fn deletion(pod: &str, n: usize) -> Vec<u8> {
+    serde_json::to_vec(
+        &json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": format!("uid-{n}"),
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "name": pod, "namespace": "web", "operation": "DELETE",
+            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
+            "oldObject": pod_json(pod),
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "DeleteOptions"}}}),
+    )
+    .unwrap()
+}
+
+struct Row {
+    name: &'static str,
+    /// One connection, one review at a time.
+    p50: Duration,
+    p99: Duration,
+    /// Eight connections flat out.
+    count: usize,
+    elapsed: Duration,
+    loaded_p99: Duration,
+}
+
+async fn load(
+    addr: std::net::SocketAddr,
+    ca: &str,
+    path: &'static str,
+    body: fn(usize, usize) -> Vec<u8>,
+    connections: usize,
+) -> (Vec<Duration>, Duration) {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca.as_bytes()).unwrap())
+        .unwrap();
+    let mut config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..connections {
+        let connector = connector.clone();
+        tasks.push(tokio::spawn(async move {
+            let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+            tcp.set_nodelay(true).unwrap();
+            let tls = connector
+                .connect(ServerName::try_from("localhost").unwrap(), tcp)
+                .await
+                .unwrap();
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            let mut latencies = Vec::new();
+            for n in 0..MAX_PER_CONNECTION {
+                if started.elapsed() >= RUN_FOR {
+                    break;
+                }
+                let req = http::Request::post(path)
+                    .header("host", "localhost")
+                    .header("content-type", "application/json")
+                    .body(Full::new(Bytes::from(body(c, n))))
+                    .unwrap();
+                let t = Instant::now();
+                let resp = sender.send_request(req).await.unwrap();
+                assert_eq!(resp.status(), 200);
+                let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+                latencies.push(t.elapsed());
+                assert!(bytes.starts_with(b"{\"apiVersion\":\"admission.k8s.io/v1\""));
+            }
+            latencies
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    (all, started.elapsed())
+}
+
+fn quantile(latencies: &mut [Duration], q: f64) -> Duration {
+    latencies.sort();
+    latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)]
+}
+
+async fn scenario(
+    name: &'static str,
+    addr: std::net::SocketAddr,
+    ca: &str,
+    path: &'static str,
+    body: fn(usize, usize) -> Vec<u8>,
+) -> Row {
+    let (mut single, _) = load(addr, ca, path, body, 1).await;
+    let (mut loaded, elapsed) = load(addr, ca, path, body, CONNECTIONS).await;
+    Row {
+        name,
+        p50: quantile(&mut single, 0.50),
+        p99: quantile(&mut single, 0.99),
+        count: loaded.len(),
+        elapsed,
+        loaded_p99: quantile(&mut loaded, 0.99),
+    }
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .map(str::to_string)
+        })
+        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}
+
+fn main() {
+    graceful_drain_core::runtime::install_crypto_provider();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async_main());
+}
+
+async fn async_main() {
+    let rss_start = rss_kib();
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = certs::generate("bench", &["localhost".into()], &[]).unwrap();
+    let paths = certs::write(&bundle, dir.path()).unwrap();
+    let cache = Arc::new(cache::Cache::new([]));
+    fill(&cache, 10_000, 2_000);
+    let rss_filled = rss_kib();
+
+    let mut registry = prometheus_client::registry::Registry::default();
+    let shutdown = Shutdown::new();
+    let state = Arc::new(server::AppState {
+        ctx: isolate::Context {
+            client: fake_api(),
+            cache,
+            identity: "bench".into(),
+            events: isolate::EventSink::Inline,
+            keep_labels: Default::default(),
+        },
+        settings: decide::Settings {
+            default_delay: Duration::from_secs(60),
+            max_delay: Duration::from_secs(600),
+            exposure: decide::Exposure::EndpointSlice,
+            own_users: Default::default(),
+        },
+        metrics: Arc::new(metrics::Metrics::new(&mut registry)),
+        refuse_replicaset_deletes: false,
+        default_timeout: Duration::from_secs(10),
+        shutdown: shutdown.clone(),
+        holds: server::Holds::default(),
+        watch_drained_nodes: false,
+    });
+    let resolver = Arc::new(tls::ReloadingResolver::new(paths.cert, paths.key));
+    resolver.reload().unwrap();
+    let config = Arc::new(tls::server_config(resolver, None).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(server::serve(
+        listener,
+        config,
+        server::router(state, 8 << 20),
+        shutdown.clone(),
+    ));
+
+    let ca = bundle.ca_cert.as_str();
+    let rows = vec![
+        // Pods outside every slice: answered from the cache alone.
+        scenario(
+            "pass-through eviction (not exposed)",
+            addr,
+            ca,
+            "/mutate/eviction",
+            |c, n| eviction(&format!("batch-{c}-{n}"), n),
+        )
+        .await,
+        scenario(
+            "pass-through DELETE (not exposed)",
+            addr,
+            ca,
+            "/validate/delete",
+            |c, n| deletion(&format!("batch-{c}-{n}"), n),
+        )
+        .await,
+        // Exposed pods: GET pod, relabel PATCH, Event (the fake API answers at once).
+        scenario(
+            "isolate eviction (API mocked)",
+            addr,
+            ca,
+            "/mutate/eviction",
+            |c, n| eviction(&format!("pod-{}", (c * 1000 + n) % 10_000), n),
+        )
+        .await,
+    ];
+    shutdown.cancel();
+    let rss_end = rss_kib();
+
+    println!(
+        "\ngraceful-drain webhook benchmark (HTTPS keep-alive, HTTP/1.1, TLS 1.3, 2 worker threads; load generator in-process)\n"
+    );
+    println!(
+        "| scenario | p50 (1 conn) | p99 (1 conn) | max reviews/s ({CONNECTIONS} conns) | p99 at max |"
+    );
+    println!("|---|---:|---:|---:|---:|");
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    for r in &rows {
+        println!(
+            "| {} | {:.3} ms | {:.3} ms | {:.0} | {:.3} ms |",
+            r.name,
+            ms(r.p50),
+            ms(r.p99),
+            r.count as f64 / r.elapsed.as_secs_f64(),
+            ms(r.loaded_p99)
+        );
+    }
+    println!("\n| memory | RSS |");
+    println!("|---|---:|");
+    println!(
+        "| process at start | {:.1} MiB |",
+        rss_start as f64 / 1024.0
+    );
+    println!(
+        "| caches filled: 10,000 pods in 2,000 EndpointSlices + 2,000 Services | {:.1} MiB |",
+        rss_filled as f64 / 1024.0
+    );
+    println!(
+        "| after all load scenarios | {:.1} MiB |",
+        rss_end as f64 / 1024.0
+    );
+}

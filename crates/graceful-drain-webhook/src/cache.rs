@@ -1,0 +1,916 @@
+//! Small, indexed caches of the cluster state the decision needs.
+//!
+//! Four watches feed compact projections, never whole objects: EndpointSlices (only
+//! `service-name`, and per endpoint hashes of the pod's key and UID and its readiness,
+//! indexed by pod),
+//! Services (type and selector), Namespaces (metadata only: opt-out label and delay
+//! annotation) and PodDisruptionBudgets (kept whole: they are few and the status update
+//! needs them). No pod is cached here; the deferred deleter watches isolated pods only.
+//! Lookups are hash-map hits per pod, never a scan of all Services.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::hash::{BuildHasher, RandomState};
+use std::num::NonZeroU64;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::Api;
+use kube::core::PartialObjectMeta;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use smallvec::SmallVec;
+
+use super::decide::{
+    EndpointFacts, NamespaceFacts, PdbFacts, PodFacts, ServiceFacts, ServiceType, Snapshot,
+};
+use graceful_drain_core::labels::{DELAY_ANNOTATION, OPT_OUT_LABEL};
+
+/// Label EndpointSlice controllers put on a slice naming its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// Errors of the cache watches.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A watch stream ended, which only happens when the client is gone.
+    #[error("watch of {0} ended")]
+    Ended(&'static str),
+}
+
+type Key = (String, String);
+
+/// One endpoint naming a pod, as the slice index keeps it: 16 bytes, no strings.
+#[derive(Clone, Copy, Debug)]
+struct PodEndpoint {
+    /// Slot of the slice in [`Slices::slots`].
+    slice: u32,
+    /// The endpoint's `nodeName` as an index into [`Slices::nodes`] ([`NO_NODE`]: none).
+    node: u16,
+    ready: bool,
+    /// Hash of the targetRef UID, when the slice carries one.
+    uid: Option<NonZeroU64>,
+}
+
+#[derive(Debug)]
+struct SliceEntry {
+    service: Option<Box<str>>,
+    /// Index keys of the pods the slice names, each once.
+    pods: Box<[u64]>,
+}
+
+/// EndpointSlices projected and indexed by the pods they name.
+///
+/// At 150,000 endpoints the index is the webhook's largest table, so it keeps no pod
+/// name or UID: a pod is found by a keyed 64-bit hash of its namespace and name, and an
+/// endpoint's UID is kept as a hash too. Two pods whose keys collide share one entry and
+/// each sees the other's endpoints, which the UID comparison then tells apart; the only
+/// way to be wrong is to see a pod as exposed that is not, which delays its deletion and
+/// never lets an exposed pod die unprotected. The hash keys are random per process.
+#[derive(Debug, Default)]
+pub struct Slices {
+    hasher: RandomState,
+    ids: HashMap<Key, u32>,
+    slots: Vec<Option<SliceEntry>>,
+    free: Vec<u32>,
+    by_pod: HashMap<u64, SmallVec<[PodEndpoint; 1]>>,
+    /// Node names seen in endpoints, each once (a cluster has at most a few thousand).
+    nodes: Vec<Box<str>>,
+    node_ids: HashMap<Box<str>, u16>,
+}
+
+/// [`PodEndpoint::node`] of an endpoint without `nodeName`, or beyond 65,535 nodes.
+const NO_NODE: u16 = u16::MAX;
+
+impl Slices {
+    fn pod_key(&self, namespace: &str, name: &str) -> u64 {
+        self.hasher.hash_one((namespace, name))
+    }
+
+    fn uid_key(&self, uid: &str) -> NonZeroU64 {
+        NonZeroU64::new(self.hasher.hash_one(uid) | 1).unwrap_or(NonZeroU64::MIN)
+    }
+
+    fn node_id(&mut self, node: Option<&str>) -> u16 {
+        let Some(node) = node else {
+            return NO_NODE;
+        };
+        if let Some(id) = self.node_ids.get(node) {
+            return *id;
+        }
+        match u16::try_from(self.nodes.len()) {
+            Ok(id) if id != NO_NODE => {
+                self.nodes.push(node.into());
+                self.node_ids.insert(node.into(), id);
+                id
+            }
+            _ => NO_NODE,
+        }
+    }
+
+    fn upsert(&mut self, slice: &EndpointSlice) {
+        let key = key_of(&slice.metadata);
+        self.remove(&key);
+        let service = slice
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(SERVICE_NAME_LABEL))
+            .map(|s| s.as_str().into());
+        let id = match self.free.pop() {
+            Some(id) => id,
+            None => {
+                self.slots.push(None);
+                u32::try_from(self.slots.len() - 1).unwrap_or(u32::MAX)
+            }
+        };
+        let mut pods = Vec::new();
+        for ep in &slice.endpoints {
+            let Some(target) = ep.target_ref.as_ref() else {
+                continue;
+            };
+            let Some(name) = target.name.as_deref() else {
+                continue;
+            };
+            if target.kind.as_deref() != Some("Pod") {
+                continue;
+            }
+            let pod = self.pod_key(&key.0, name);
+            let entry = PodEndpoint {
+                slice: id,
+                node: self.node_id(ep.node_name.as_deref()),
+                ready: ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true),
+                uid: target.uid.as_deref().map(|u| self.uid_key(u)),
+            };
+            self.by_pod.entry(pod).or_default().push(entry);
+            pods.push(pod);
+        }
+        pods.sort_unstable();
+        pods.dedup();
+        if let Some(slot) = self.slots.get_mut(id as usize) {
+            *slot = Some(SliceEntry {
+                service,
+                pods: pods.into_boxed_slice(),
+            });
+        }
+        self.ids.insert(key, id);
+    }
+
+    fn remove(&mut self, key: &Key) {
+        let Some(id) = self.ids.remove(key) else {
+            return;
+        };
+        let Some(old) = self.slots.get_mut(id as usize).and_then(Option::take) else {
+            return;
+        };
+        for pod in old.pods {
+            if let Some(endpoints) = self.by_pod.get_mut(&pod) {
+                endpoints.retain(|ep| ep.slice != id);
+                if endpoints.is_empty() {
+                    self.by_pod.remove(&pod);
+                }
+            }
+        }
+        self.free.push(id);
+    }
+
+    /// Every endpoint naming pod `namespace/name`; with the pod's `uid`, an endpoint
+    /// whose targetRef names another UID is marked as an earlier pod of that name.
+    pub fn endpoints_of(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: Option<&str>,
+    ) -> Vec<EndpointFacts> {
+        let Some(endpoints) = self.by_pod.get(&self.pod_key(namespace, name)) else {
+            return Vec::new();
+        };
+        let uid = uid.map(|u| self.uid_key(u));
+        endpoints
+            .iter()
+            .map(|ep| EndpointFacts {
+                service: self
+                    .slots
+                    .get(ep.slice as usize)
+                    .and_then(Option::as_ref)
+                    .and_then(|s| s.service.as_deref())
+                    .map(str::to_string),
+                ready: ep.ready,
+                earlier_pod: matches!((ep.uid, uid), (Some(listed), Some(ours)) if listed != ours),
+            })
+            .collect()
+    }
+
+    /// Whether any slice names pod `namespace/name` as a ready endpoint (whatever its UID),
+    /// without building the endpoints' facts: every admission call asks this first.
+    pub fn has_ready(&self, namespace: &str, name: &str) -> bool {
+        self.by_pod
+            .get(&self.pod_key(namespace, name))
+            .is_some_and(|endpoints| endpoints.iter().any(|ep| ep.ready))
+    }
+
+    /// The node a slice places pod `namespace/name` on (its endpoints' `nodeName`).
+    pub fn node_of(&self, namespace: &str, name: &str) -> Option<&str> {
+        self.by_pod
+            .get(&self.pod_key(namespace, name))?
+            .iter()
+            .find_map(|ep| self.nodes.get(usize::from(ep.node)))
+            .map(|n| &**n)
+    }
+
+    /// Number of slices and indexed pods (for tests and the benchmark).
+    pub fn len(&self) -> (usize, usize) {
+        (self.ids.len(), self.by_pod.len())
+    }
+}
+
+#[derive(Clone, Debug)]
+struct ServiceEntry {
+    service_type: ServiceType,
+    selector: Vec<(Box<str>, Box<str>)>,
+}
+
+/// The caches, shared by the admission handlers and the deleter.
+#[derive(Debug, Default)]
+pub struct Cache {
+    slices: RwLock<Slices>,
+    services: RwLock<HashMap<Key, ServiceEntry>>,
+    namespaces: RwLock<HashMap<String, NamespaceFacts>>,
+    pdbs: RwLock<HashMap<String, HashMap<String, Arc<PodDisruptionBudget>>>>,
+    /// Isolated pods and their delete time, fed by the deleter's watch.
+    isolated: RwLock<HashMap<Key, jiff::Timestamp>>,
+    excluded_namespaces: BTreeSet<String>,
+    synced: [AtomicBool; 4],
+    /// Until when some replica holds the deleter Lease (reported by the elector).
+    deleter_lease: RwLock<Option<jiff::Timestamp>>,
+    /// Whether admission refuses to isolate while no replica holds the Lease (on in the
+    /// server, off in unit tests that have no elector).
+    deleter_gate: AtomicBool,
+    /// The deferred deleter's watch of isolated pods has listed once.
+    isolated_synced: AtomicBool,
+    /// One gate per PDB, so this replica's concurrent isolations charge a budget in turns
+    /// (grouped, see [`super::isolate::PdbGate`]) instead of racing each other into
+    /// resourceVersion conflicts.
+    pdb_gates: std::sync::Mutex<HashMap<Key, Arc<super::isolate::PdbGate>>>,
+    /// What isolations read from pods' controllers, by controller UID (see [`Owners`]).
+    owners: std::sync::Mutex<Owners>,
+    /// Controller reads in flight, by controller UID: `kubectl drain` sends every eviction
+    /// of a node at once, and without a turn each of a ReplicaSet's pods would miss
+    /// [`Owners`] and read the ReplicaSet itself (257 reads for 500 pods in the drain
+    /// bench).
+    owner_reads: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The pods of nodes being drained (see [`super::nodepods`]).
+    pub node_pods: Arc<super::nodepods::NodePods>,
+}
+
+/// One isolation's turn to read a controller (see [`Cache::owner_read_turn`]). Dropping it
+/// lets the next waiter in, and forgets the turn's lock once nobody else holds it.
+pub struct OwnerReadTurn<'a> {
+    cache: &'a Cache,
+    uid: String,
+    _guard: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl Drop for OwnerReadTurn<'_> {
+    fn drop(&mut self) {
+        let mut reads = self
+            .cache
+            .owner_reads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        // Held by the map and by this turn's guard only: no isolation waits behind it.
+        if reads
+            .get(&self.uid)
+            .is_some_and(|lock| Arc::strong_count(lock) <= 2)
+        {
+            reads.remove(&self.uid);
+        }
+    }
+}
+
+/// What the relabelling needs from a pod's controller: its selector's keys and, for a
+/// ReplicaSet, its own controller reference (the Deployment the pod is handed to).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OwnerFacts {
+    pub selector_keys: BTreeSet<String>,
+    pub controller: Option<serde_json::Value>,
+}
+
+/// How long a controller read stays in [`Owners`]. A drain evicts the pods of one
+/// ReplicaSet within seconds, so most of them reuse the first pod's read.
+pub const OWNER_TTL: std::time::Duration = std::time::Duration::from_secs(60);
+/// Most controllers remembered at once.
+const OWNERS_MAX: usize = 4096;
+
+/// Controllers read by recent isolations, keyed by UID. Keyed by UID, an entry never
+/// describes a newer object of the same name; the selector of a ReplicaSet, StatefulSet,
+/// DaemonSet or Job is immutable, so only a ReplicaSet's own controller reference could
+/// change (an orphaned and re-adopted ReplicaSet), which the TTL bounds.
+#[derive(Debug, Default)]
+pub struct Owners {
+    by_uid: HashMap<String, (std::time::Instant, OwnerFacts)>,
+}
+
+impl Owners {
+    fn get(&self, uid: &str, now: std::time::Instant) -> Option<OwnerFacts> {
+        let (read_at, facts) = self.by_uid.get(uid)?;
+        (now.duration_since(*read_at) < OWNER_TTL).then(|| facts.clone())
+    }
+
+    fn put(&mut self, uid: String, facts: OwnerFacts, now: std::time::Instant) {
+        if self.by_uid.len() >= OWNERS_MAX {
+            self.by_uid
+                .retain(|_, (read_at, _)| now.duration_since(*read_at) < OWNER_TTL);
+        }
+        if self.by_uid.len() >= OWNERS_MAX {
+            self.by_uid.clear();
+        }
+        self.by_uid.insert(uid, (now, facts));
+    }
+}
+
+fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Key {
+    (
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Label keys whose removal makes `selector` stop matching: `matchLabels` keys and the
+/// keys of `In`/`Exists` expressions.
+pub fn selector_keys(selector: &LabelSelector) -> BTreeSet<String> {
+    let mut keys: BTreeSet<String> = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .map(|(k, _)| k.clone())
+        .collect();
+    for expr in selector.match_expressions.iter().flatten() {
+        if expr.operator == "In" || expr.operator == "Exists" {
+            keys.insert(expr.key.clone());
+        }
+    }
+    keys
+}
+
+/// Whether a PDB selects pods with `labels` (policy/v1: a null selector selects nothing,
+/// an empty one everything).
+fn pdb_selects(
+    pdb: &PodDisruptionBudget,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    let Some(selector) = pdb.spec.as_ref().and_then(|s| s.selector.as_ref()) else {
+        return false;
+    };
+    graceful_drain_core::selector::selector_matches(selector, labels)
+}
+
+fn pdb_facts(pdb: &PodDisruptionBudget, pod: &str) -> PdbFacts {
+    let status = pdb.status.as_ref();
+    let generation = pdb.metadata.generation.unwrap_or(0);
+    PdbFacts {
+        name: pdb.metadata.name.clone().unwrap_or_default(),
+        disruptions_allowed: status.map_or(0, |s| s.disruptions_allowed),
+        observed: status
+            .and_then(|s| s.observed_generation)
+            .is_some_and(|g| g >= generation),
+        lists_pod: status
+            .and_then(|s| s.disrupted_pods.as_ref())
+            .is_some_and(|d| d.contains_key(pod)),
+        selector_keys: pdb
+            .spec
+            .as_ref()
+            .and_then(|s| s.selector.as_ref())
+            .map(selector_keys)
+            .unwrap_or_default(),
+    }
+}
+
+impl Cache {
+    /// An empty cache; namespaces in `excluded` are always opted out.
+    pub fn new(excluded: impl IntoIterator<Item = String>) -> Cache {
+        Cache {
+            excluded_namespaces: excluded.into_iter().collect(),
+            ..Cache::default()
+        }
+    }
+
+    /// The gate serialising this replica's charges to PDB `namespace/name`.
+    pub fn pdb_gate(&self, namespace: &str, name: &str) -> Arc<super::isolate::PdbGate> {
+        let mut gates = self.pdb_gates.lock().unwrap_or_else(|e| e.into_inner());
+        gates
+            .entry((namespace.to_string(), name.to_string()))
+            .or_default()
+            .clone()
+    }
+
+    /// The controller with `uid` as an isolation read it less than [`OWNER_TTL`] ago.
+    pub fn owner(&self, uid: &str) -> Option<OwnerFacts> {
+        let owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
+        owners.get(uid, std::time::Instant::now())
+    }
+
+    /// Remembers what an isolation read from the controller with `uid`.
+    pub fn remember_owner(&self, uid: &str, facts: OwnerFacts) {
+        let mut owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
+        owners.put(uid.to_string(), facts, std::time::Instant::now());
+    }
+
+    /// Waits for the turn to read the controller with `uid`; the isolations that waited
+    /// behind the reader find its answer in [`Cache::owner`]. The turn ends when the
+    /// returned guard is dropped.
+    pub async fn owner_read_turn(&self, uid: &str) -> OwnerReadTurn<'_> {
+        let lock = {
+            let mut reads = self.owner_reads.lock().unwrap_or_else(|e| e.into_inner());
+            reads.entry(uid.to_string()).or_default().clone()
+        };
+        let guard = lock.lock_owned().await;
+        OwnerReadTurn {
+            cache: self,
+            uid: uid.to_string(),
+            _guard: guard,
+        }
+    }
+
+    /// Turns on the rule that nothing is isolated while no replica holds the Lease.
+    pub fn enable_deleter_gate(&self) {
+        self.deleter_gate.store(true, Ordering::Release);
+    }
+
+    /// Records until when the deleter Lease is held (`None`: nobody holds it).
+    pub fn set_deleter_lease(&self, until: Option<jiff::Timestamp>) {
+        *write(&self.deleter_lease) = until;
+    }
+
+    /// Whether some replica holds the deleter Lease at `now` (always true without the gate).
+    pub fn deleter_alive(&self, now: jiff::Timestamp) -> bool {
+        !self.deleter_gate.load(Ordering::Acquire)
+            || read(&self.deleter_lease).is_some_and(|until| until > now)
+    }
+
+    /// Marks the deleter's watch of isolated pods as listed.
+    pub fn set_isolated_synced(&self) {
+        self.isolated_synced.store(true, Ordering::Release);
+    }
+
+    /// Whether the deleter's watch of isolated pods has listed once.
+    pub fn isolated_synced(&self) -> bool {
+        self.isolated_synced.load(Ordering::Acquire)
+    }
+
+    /// Whether every watch has listed its objects once.
+    pub fn synced(&self) -> bool {
+        self.synced.iter().all(|s| s.load(Ordering::Acquire))
+    }
+
+    /// Fast path: does any slice name `namespace/pod` as a ready endpoint?
+    pub fn has_ready_endpoint(&self, namespace: &str, pod: &str) -> bool {
+        read(&self.slices).has_ready(namespace, pod)
+    }
+
+    /// The node the EndpointSlices place pod `namespace/pod` on, if any names it.
+    pub fn node_of(&self, namespace: &str, pod: &str) -> Option<String> {
+        read(&self.slices)
+            .node_of(namespace, pod)
+            .map(str::to_string)
+    }
+
+    /// Every endpoint naming pod `namespace/pod`; with its `uid`, those of an earlier pod
+    /// of that name are marked.
+    pub fn endpoints_of(
+        &self,
+        namespace: &str,
+        pod: &str,
+        uid: Option<&str>,
+    ) -> Vec<EndpointFacts> {
+        read(&self.slices).endpoints_of(namespace, pod, uid)
+    }
+
+    /// The delete time of pod `namespace/pod` if the deleter knows it as isolated. An
+    /// isolated pod may have left every slice already and still must not die early.
+    pub fn isolated(&self, namespace: &str, pod: &str) -> Option<jiff::Timestamp> {
+        read(&self.isolated)
+            .get(&(namespace.to_string(), pod.to_string()))
+            .copied()
+    }
+
+    /// Records (or with `None` forgets) an isolated pod.
+    pub fn set_isolated(&self, namespace: &str, pod: &str, delete_at: Option<jiff::Timestamp>) {
+        let key = (namespace.to_string(), pod.to_string());
+        let mut table = write(&self.isolated);
+        match delete_at {
+            Some(t) => table.insert(key, t),
+            None => table.remove(&key),
+        };
+    }
+
+    /// Namespace settings (flag exclusion, opt-out label, delay annotation).
+    pub fn namespace(&self, namespace: &str) -> NamespaceFacts {
+        let mut facts = read(&self.namespaces)
+            .get(namespace)
+            .cloned()
+            .unwrap_or_default();
+        facts.opted_out |= self.excluded_namespaces.contains(namespace);
+        facts
+    }
+
+    /// The current cached PDB `namespace/name`.
+    pub fn pdb(&self, namespace: &str, name: &str) -> Option<Arc<PodDisruptionBudget>> {
+        read(&self.pdbs).get(namespace)?.get(name).cloned()
+    }
+
+    /// Everything [`super::decide::decide`] needs about `pod`'s surroundings.
+    pub fn snapshot(&self, pod: &PodFacts) -> Snapshot {
+        let endpoints = self.endpoints_of(&pod.namespace, &pod.name, Some(&pod.uid));
+        let names: BTreeSet<&str> = endpoints
+            .iter()
+            .filter_map(|e| e.service.as_deref())
+            .collect();
+        let services = {
+            let table = read(&self.services);
+            names
+                .into_iter()
+                .filter_map(|name| {
+                    let entry = table.get(&(pod.namespace.clone(), name.to_string()))?;
+                    Some(ServiceFacts {
+                        name: name.to_string(),
+                        service_type: entry.service_type,
+                        selector: entry
+                            .selector
+                            .iter()
+                            .map(|(k, v)| (k.to_string(), v.to_string()))
+                            .collect(),
+                    })
+                })
+                .collect()
+        };
+        let pdbs = read(&self.pdbs)
+            .get(&pod.namespace)
+            .map(|m| {
+                m.values()
+                    .filter(|p| pdb_selects(p, &pod.labels))
+                    .map(|p| pdb_facts(p, &pod.name))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Snapshot {
+            endpoints,
+            services,
+            namespace: self.namespace(&pod.namespace),
+            pdbs,
+            no_deleter: !self.deleter_alive(jiff::Timestamp::now()),
+        }
+    }
+
+    /// Applies one EndpointSlice (tests and the benchmark fill the cache this way).
+    pub fn apply_slice(&self, slice: &EndpointSlice) {
+        write(&self.slices).upsert(slice);
+    }
+
+    /// Applies one Service.
+    pub fn apply_service(&self, svc: &Service) {
+        let spec = svc.spec.as_ref();
+        let entry = ServiceEntry {
+            service_type: ServiceType::parse(
+                spec.and_then(|s| s.type_.as_deref()),
+                spec.and_then(|s| s.cluster_ip.as_deref()),
+            ),
+            selector: spec
+                .and_then(|s| s.selector.as_ref())
+                .map(|m| {
+                    m.iter()
+                        .map(|(k, v)| (k.as_str().into(), v.as_str().into()))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        };
+        write(&self.services).insert(key_of(&svc.metadata), entry);
+    }
+
+    /// Applies one namespace's metadata.
+    pub fn apply_namespace(
+        &self,
+        meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    ) {
+        let facts = NamespaceFacts {
+            opted_out: meta
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(OPT_OUT_LABEL))
+                .is_some_and(|v| v == "true"),
+            delay: meta
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(DELAY_ANNOTATION))
+                .cloned(),
+            terminating: meta.deletion_timestamp.is_some(),
+        };
+        write(&self.namespaces).insert(meta.name.clone().unwrap_or_default(), facts);
+    }
+
+    /// Applies one PodDisruptionBudget (managed fields dropped).
+    pub fn apply_pdb(&self, pdb: &PodDisruptionBudget) {
+        let mut pdb = pdb.clone();
+        pdb.metadata.managed_fields = None;
+        let (ns, name) = key_of(&pdb.metadata);
+        write(&self.pdbs)
+            .entry(ns)
+            .or_default()
+            .insert(name, Arc::new(pdb));
+    }
+
+    fn remove(&self, kind: Kind, key: &Key) {
+        match kind {
+            Kind::Slices => write(&self.slices).remove(key),
+            Kind::Services => {
+                write(&self.services).remove(key);
+            }
+            Kind::Namespaces => {
+                write(&self.namespaces).remove(&key.1);
+            }
+            Kind::Pdbs => {
+                if let Some(m) = write(&self.pdbs).get_mut(&key.0) {
+                    m.remove(&key.1);
+                }
+            }
+        }
+    }
+
+    fn keys(&self, kind: Kind) -> Vec<Key> {
+        match kind {
+            Kind::Slices => read(&self.slices).ids.keys().cloned().collect(),
+            Kind::Services => read(&self.services).keys().cloned().collect(),
+            Kind::Namespaces => read(&self.namespaces)
+                .keys()
+                .map(|n| (String::new(), n.clone()))
+                .collect(),
+            Kind::Pdbs => read(&self.pdbs)
+                .iter()
+                .flat_map(|(ns, m)| m.keys().map(|n| (ns.clone(), n.clone())))
+                .collect(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Slices = 0,
+    Services = 1,
+    Namespaces = 2,
+    Pdbs = 3,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Slices => "endpointslices",
+            Kind::Services => "services",
+            Kind::Namespaces => "namespaces",
+            Kind::Pdbs => "poddisruptionbudgets",
+        }
+    }
+}
+
+/// Feeds `events` into the cache table `kind`; objects missing from a relist are removed.
+async fn drive<K, S>(
+    cache: Arc<Cache>,
+    kind: Kind,
+    events: S,
+    apply: impl Fn(&Cache, &K),
+    meta: impl Fn(&K) -> Key,
+) -> Result<(), Error>
+where
+    S: Stream<Item = Result<Event<K>, watcher::Error>>,
+{
+    let mut events = std::pin::pin!(events);
+    let mut seen: Option<HashSet<Key>> = None;
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(Event::Apply(obj)) => apply(&cache, &obj),
+            Ok(Event::Delete(obj)) => cache.remove(kind, &meta(&obj)),
+            Ok(Event::Init) => seen = Some(HashSet::new()),
+            Ok(Event::InitApply(obj)) => {
+                apply(&cache, &obj);
+                if let Some(seen) = seen.as_mut() {
+                    seen.insert(meta(&obj));
+                }
+            }
+            Ok(Event::InitDone) => {
+                if let Some(seen) = seen.take() {
+                    for key in cache.keys(kind).into_iter().filter(|k| !seen.contains(k)) {
+                        cache.remove(kind, &key);
+                    }
+                }
+                cache.synced[kind as usize].store(true, Ordering::Release);
+                tracing::debug!(kind = kind.name(), "cache synced");
+            }
+            Err(error) => {
+                tracing::warn!(kind = kind.name(), error = %graceful_drain_core::error::chain(&error), "watch error; retrying")
+            }
+        }
+    }
+    Err(Error::Ended(kind.name()))
+}
+
+/// EndpointSlices per list page: a slice holds up to 100 endpoints by default (1,000 at
+/// most), so a page stays within a few megabytes of JSON.
+pub const SLICE_PAGE: u32 = 50;
+
+/// Runs the four watches until one ends (owned tasks spawned by the caller).
+///
+/// The lists are paged (kube-rs then sends no `resourceVersion=0`, which the API server
+/// would answer whole from its watch cache), and EndpointSlices come in small pages of
+/// [`SLICE_PAGE`]: a page is decoded in full before the watcher hands out its objects,
+/// and at 150,000 endpoints pages of 500 slices left about 30 MiB more with the
+/// allocator after the initial list than pages of 50 (`cargo bench --bench scale`).
+pub async fn run(cache: Arc<Cache>, client: kube::Client) -> Result<(), Error> {
+    let cfg = watcher::Config::default().any_semantic();
+    let slice_cfg = cfg.clone().page_size(SLICE_PAGE);
+    let slices =
+        watcher::watcher(Api::<EndpointSlice>::all(client.clone()), slice_cfg).default_backoff();
+    let services =
+        watcher::watcher(Api::<Service>::all(client.clone()), cfg.clone()).default_backoff();
+    let namespaces = watcher::watcher(
+        Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+        cfg.clone(),
+    )
+    .default_backoff();
+    let pdbs = watcher::watcher(Api::<PodDisruptionBudget>::all(client), cfg).default_backoff();
+    let meta_key = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| key_of(m);
+    tokio::try_join!(
+        drive(
+            cache.clone(),
+            Kind::Slices,
+            slices,
+            Cache::apply_slice,
+            |o: &EndpointSlice| meta_key(&o.metadata)
+        ),
+        drive(
+            cache.clone(),
+            Kind::Services,
+            services,
+            Cache::apply_service,
+            |o: &Service| meta_key(&o.metadata)
+        ),
+        drive(
+            cache.clone(),
+            Kind::Namespaces,
+            namespaces,
+            |c, o| c.apply_namespace(&o.metadata),
+            |o| (String::new(), o.metadata.name.clone().unwrap_or_default())
+        ),
+        drive(
+            cache.clone(),
+            Kind::Pdbs,
+            pdbs,
+            Cache::apply_pdb,
+            |o: &PodDisruptionBudget| meta_key(&o.metadata)
+        ),
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::review::IntoFacts as _;
+    use graceful_drain_testing::fixtures::{self, PodFixture};
+    use serde_json::json;
+
+    fn slice(name: &str, pods: &[(&str, &str, bool)]) -> EndpointSlice {
+        let endpoints: Vec<_> = pods
+            .iter()
+            .map(|(pod, uid, ready)| {
+                json!({"addresses": ["10.0.0.1"], "conditions": {"ready": ready},
+                "targetRef": {"kind": "Pod", "name": pod, "namespace": "web", "uid": uid}})
+            })
+            .collect();
+        serde_json::from_value(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+            "metadata": {"name": name, "namespace": "web", "labels": {SERVICE_NAME_LABEL: "web"}},
+            "endpoints": endpoints
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn slice_index_follows_updates_and_deletes() {
+        let cache = Cache::new(["kube-system".to_string()]);
+        cache.apply_slice(&slice("web-a", &[("p1", "u1", true), ("p2", "u2", false)]));
+        cache.apply_slice(&slice("web-b", &[("p1", "u1", true)]));
+        assert!(cache.has_ready_endpoint("web", "p1"));
+        assert!(
+            !cache.has_ready_endpoint("web", "p2"),
+            "listed but not ready"
+        );
+        assert_eq!(cache.endpoints_of("web", "p1", None).len(), 2);
+        // The slice drops p1 (the pod left the Service): only web-b still lists it.
+        cache.apply_slice(&slice("web-a", &[("p2", "u2", true)]));
+        assert_eq!(cache.endpoints_of("web", "p1", None).len(), 1);
+        assert!(cache.has_ready_endpoint("web", "p2"));
+        cache.remove(Kind::Slices, &("web".into(), "web-b".into()));
+        assert!(cache.endpoints_of("web", "p1", None).is_empty());
+        assert_eq!(read(&cache.slices).len(), (1, 1), "no stale index entries");
+        assert!(
+            !cache.has_ready_endpoint("other", "p2"),
+            "namespaced lookups"
+        );
+    }
+
+    #[test]
+    fn an_endpoint_of_an_earlier_pod_of_the_same_name_is_marked() {
+        let cache = Cache::new([]);
+        cache.apply_slice(&slice(
+            "web-a",
+            &[("p1", "u-old", true), ("p2", "u2", true)],
+        ));
+        let seen = |uid| cache.endpoints_of("web", "p1", uid);
+        assert!(
+            seen(Some("u-new"))[0].earlier_pod,
+            "listed under the old UID"
+        );
+        assert!(!seen(Some("u-old"))[0].earlier_pod);
+        assert!(
+            !seen(None)[0].earlier_pod,
+            "without a UID nothing is told apart"
+        );
+        assert_eq!(seen(Some("u-new"))[0].service.as_deref(), Some("web"));
+        let mut slots = (0..40).map(|i| format!("s{i}")).collect::<Vec<_>>();
+        // Slots of removed slices are reused, and an update keeps one entry per slice.
+        for name in &slots {
+            cache.apply_slice(&slice(name, &[("p3", "u3", true)]));
+        }
+        for name in slots.drain(..39) {
+            cache.remove(Kind::Slices, &("web".into(), name));
+        }
+        for i in 0..30 {
+            cache.apply_slice(&slice(&format!("t{i}"), &[]));
+        }
+        cache.apply_slice(&slice("web-a", &[("p1", "u-old", false)]));
+        assert_eq!(cache.endpoints_of("web", "p3", Some("u3")).len(), 1);
+        assert!(!cache.has_ready_endpoint("web", "p1"));
+        assert!(!cache.has_ready_endpoint("web", "p2"), "p2 left web-a");
+        let table = read(&cache.slices);
+        assert_eq!(table.len(), (32, 2));
+        assert_eq!(table.slots.len(), 41, "slots of removed slices are reused");
+    }
+
+    #[test]
+    fn snapshot_collects_services_namespace_and_selecting_pdbs() {
+        let cache = Cache::new(["kube-system".to_string()]);
+        cache.apply_slice(&slice("web-a", &[("p1", "u1", true)]));
+        cache.apply_service(
+            &serde_json::from_value(json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "web", "namespace": "web"},
+            "spec": {"type": "NodePort", "selector": {"app": "web"}}}))
+            .unwrap(),
+        );
+        for (name, selector) in [
+            ("match", json!({"matchLabels": {"app": "web"}})),
+            (
+                "expr",
+                json!({"matchExpressions": [{"key": "tier", "operator": "In", "values": ["front"]}]}),
+            ),
+            ("other", json!({"matchLabels": {"app": "db"}})),
+        ] {
+            cache.apply_pdb(&serde_json::from_value(json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                "metadata": {"name": name, "namespace": "web", "generation": 1},
+                "spec": {"selector": selector},
+                "status": {"observedGeneration": 1, "disruptionsAllowed": 1, "currentHealthy": 1, "desiredHealthy": 1, "expectedPods": 1}})).unwrap());
+        }
+        cache.apply_namespace(
+            &serde_json::from_value(json!({"name": "web",
+            "annotations": {DELAY_ANNOTATION: "90s"}}))
+            .unwrap(),
+        );
+        let p1 = fixtures::pod("p1")
+            .ns("web")
+            .with_labels(&[("app", "web"), ("tier", "front")])
+            .facts();
+        let snap = cache.snapshot(&p1);
+        assert_eq!(snap.services.len(), 1);
+        assert_eq!(snap.services[0].service_type, ServiceType::NodePort);
+        let mut pdbs: Vec<&str> = snap.pdbs.iter().map(|p| p.name.as_str()).collect();
+        pdbs.sort();
+        assert_eq!(pdbs, ["expr", "match"]);
+        assert_eq!(snap.namespace.delay.as_deref(), Some("90s"));
+        assert!(!snap.namespace.opted_out);
+        assert!(cache.namespace("kube-system").opted_out, "excluded by flag");
+        cache.apply_namespace(
+            &serde_json::from_value(json!({"name": "web", "labels": {OPT_OUT_LABEL: "true"}}))
+                .unwrap(),
+        );
+        assert!(cache.namespace("web").opted_out, "opted out by label");
+    }
+}

@@ -1,0 +1,1112 @@
+//! The admission decision: a pure function of one parsed request, the pod it is about and
+//! a snapshot of what the caches know (EndpointSlices, Services, the namespace, PDBs).
+//!
+//! Nothing here does I/O or reads the clock: `now` is passed in, so every rule is covered
+//! by table tests. The order of the checks is the order of [`decide`] and is documented in
+//! `docs/webhook.md`; the first rule that applies wins.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use jiff::Timestamp;
+
+use graceful_drain_core::labels::{
+    DELAY_ANNOTATION, DELETE_AT_ANNOTATION, DRAINING_LABEL, OPT_OUT_LABEL,
+};
+
+/// Which admission path a request came through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// CREATE pods/eviction (mutating webhook).
+    Evict,
+    /// DELETE pods (validating webhook).
+    Delete,
+}
+
+impl Path {
+    /// Bounded metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Path::Evict => "evict",
+            Path::Delete => "delete",
+        }
+    }
+}
+
+/// Username of the garbage collector (kube-controller-manager with
+/// `--use-service-account-credentials`, the default of every distribution we know).
+pub const GARBAGE_COLLECTOR: &str = "system:serviceaccount:kube-system:generic-garbage-collector";
+
+/// The preconditions a caller put on its request (`deleteOptions.preconditions`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Preconditions {
+    pub uid: Option<String>,
+    pub resource_version: Option<String>,
+}
+
+/// What the request asks for, independent of the wire format.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub path: Path,
+    /// The request's pod name (`request.name`), never a name taken from the body.
+    pub name: String,
+    /// The caller's preconditions: a request about another incarnation of the pod (a
+    /// same-name replacement) must be left to the API server, which refuses it.
+    pub preconditions: Preconditions,
+    /// `request.dryRun` or a `dryRun` in the options.
+    pub dry_run: bool,
+    /// The grace period the caller asked for, if any.
+    pub grace_period: Option<i64>,
+    /// `request.userInfo.username`.
+    pub user: String,
+}
+
+/// The kind of the pod's controlling owner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OwnerKind {
+    ReplicaSet,
+    StatefulSet,
+    DaemonSet,
+    Job,
+    /// Any other controller (a custom resource); treated like a bare pod.
+    Other(String),
+}
+
+impl OwnerKind {
+    /// The kind as users write it.
+    pub fn name(&self) -> &str {
+        match self {
+            OwnerKind::ReplicaSet => "ReplicaSet",
+            OwnerKind::StatefulSet => "StatefulSet",
+            OwnerKind::DaemonSet => "DaemonSet",
+            OwnerKind::Job => "Job",
+            OwnerKind::Other(kind) => kind,
+        }
+    }
+
+    /// Maps an ownerReference kind (with its API group) to the kinds we know.
+    pub fn from_reference(api_version: &str, kind: &str) -> OwnerKind {
+        match (api_version, kind) {
+            ("apps/v1", "ReplicaSet") => OwnerKind::ReplicaSet,
+            ("apps/v1", "StatefulSet") => OwnerKind::StatefulSet,
+            ("apps/v1", "DaemonSet") => OwnerKind::DaemonSet,
+            ("batch/v1", "Job") => OwnerKind::Job,
+            _ => OwnerKind::Other(format!("{api_version}/{kind}")),
+        }
+    }
+}
+
+/// The facts about a pod the decision needs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodFacts {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub resource_version: String,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    /// `status.phase == Running`.
+    pub running: bool,
+    /// The `Ready` condition is `True`.
+    pub ready: bool,
+    /// `metadata.deletionTimestamp` is set.
+    pub terminating: bool,
+    /// The controlling owner: kind and name.
+    pub owner: Option<(OwnerKind, String)>,
+    /// `metadata.ownerReferences` as sent (the isolation may hand the controller role on).
+    pub owner_refs: Vec<serde_json::Value>,
+}
+
+/// Service types, for the narrower exposure modes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServiceType {
+    ClusterIp,
+    /// A ClusterIP Service with `clusterIP: None`: DNS names for the pods (a StatefulSet's
+    /// governing Service), no virtual IP and no load balancer that could lag behind.
+    Headless,
+    NodePort,
+    LoadBalancer,
+    ExternalName,
+}
+
+impl ServiceType {
+    /// Parses `spec.type` (absent means ClusterIP) and `spec.clusterIP`.
+    pub fn parse(value: Option<&str>, cluster_ip: Option<&str>) -> ServiceType {
+        match value {
+            Some("NodePort") => ServiceType::NodePort,
+            Some("LoadBalancer") => ServiceType::LoadBalancer,
+            Some("ExternalName") => ServiceType::ExternalName,
+            _ if cluster_ip == Some("None") => ServiceType::Headless,
+            _ => ServiceType::ClusterIp,
+        }
+    }
+}
+
+/// Which pods count as exposed to load balancers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Exposure {
+    /// A ready endpoint of any EndpointSlice (any Service type, Ingress or Gateway backend).
+    #[default]
+    EndpointSlice,
+    /// A ready endpoint of a LoadBalancer or NodePort Service (traffic from outside the
+    /// cluster, where load balancers lag).
+    External,
+    /// A ready endpoint of a LoadBalancer Service only.
+    LoadBalancer,
+}
+
+/// One endpoint entry naming the pod, as the EndpointSlice cache sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointFacts {
+    /// The `kubernetes.io/service-name` of the slice, if any.
+    pub service: Option<String>,
+    /// The endpoint's `conditions.ready` (absent counts as ready, as the API documents).
+    pub ready: bool,
+    /// The targetRef names another UID: an earlier pod of the same name.
+    pub earlier_pod: bool,
+}
+
+/// A Service selecting the pod (found through its EndpointSlices).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceFacts {
+    pub name: String,
+    pub service_type: ServiceType,
+    /// `spec.selector`; empty for Services without a selector.
+    pub selector: BTreeMap<String, String>,
+}
+
+/// A PodDisruptionBudget whose selector matches the pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PdbFacts {
+    pub name: String,
+    /// `status.disruptionsAllowed`.
+    pub disruptions_allowed: i32,
+    /// `status.observedGeneration >= metadata.generation`.
+    pub observed: bool,
+    /// Whether the pod is already listed in `status.disruptedPods`.
+    pub lists_pod: bool,
+    /// Label keys whose removal makes the selector stop matching.
+    pub selector_keys: BTreeSet<String>,
+}
+
+/// Namespace-level settings.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NamespaceFacts {
+    /// Excluded by flag or by the opt-out label.
+    pub opted_out: bool,
+    /// The namespace's delay annotation, unparsed.
+    pub delay: Option<String>,
+    /// The namespace is being deleted (`deletionTimestamp` set).
+    pub terminating: bool,
+}
+
+/// What the caches know about the pod's surroundings, taken under the cache locks.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    pub endpoints: Vec<EndpointFacts>,
+    pub services: Vec<ServiceFacts>,
+    pub namespace: NamespaceFacts,
+    pub pdbs: Vec<PdbFacts>,
+    /// No replica holds the deleter Lease: an isolated pod would never be deleted.
+    pub no_deleter: bool,
+}
+
+/// Static decision settings from the command line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    pub default_delay: Duration,
+    /// Upper bound of a delay asked for by annotation (`--max-deregistration-delay`).
+    pub max_delay: Duration,
+    pub exposure: Exposure,
+    /// Usernames whose requests are ours (the webhook's own service account).
+    pub own_users: BTreeSet<String>,
+}
+
+/// Why a request passes through unchanged. Also the `outcome` metric label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    DryRun,
+    OwnRequest,
+    OptedOut,
+    Terminating,
+    ForceDelete,
+    AlreadyDue,
+    NotRunning,
+    NotReady,
+    NotExposed,
+    MultiplePdbs,
+    /// The request's UID or resourceVersion precondition does not match the pod.
+    PreconditionMismatch,
+    /// The garbage collector deletes dependents of a deleted owner.
+    GarbageCollector,
+    /// The pod's namespace is being deleted.
+    NamespaceTerminating,
+    /// No replica holds the deleter Lease, so nobody would delete an isolated pod.
+    NoDeleter,
+}
+
+impl Pass {
+    /// Bounded metric label and log field.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pass::DryRun => "dry_run",
+            Pass::OwnRequest => "own_request",
+            Pass::OptedOut => "opted_out",
+            Pass::Terminating => "terminating",
+            Pass::ForceDelete => "force_delete",
+            Pass::AlreadyDue => "already_due",
+            Pass::NotRunning => "not_running",
+            Pass::NotReady => "not_ready",
+            Pass::NotExposed => "not_exposed",
+            Pass::MultiplePdbs => "multiple_pdbs",
+            Pass::PreconditionMismatch => "precondition_mismatch",
+            Pass::GarbageCollector => "garbage_collector",
+            Pass::NamespaceTerminating => "namespace_terminating",
+            Pass::NoDeleter => "no_deleter",
+        }
+    }
+}
+
+/// How the isolation must be accounted in the pod's PodDisruptionBudget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Charge {
+    /// Eviction: the disruption must be recorded in the PDB, read live; a budget that
+    /// refuses refuses the eviction (429), exactly as the API server would.
+    Required,
+    /// DELETE: PDBs never block a DELETE, so the pod is isolated whatever the budget says;
+    /// the disruption is recorded when the budget allows it.
+    IfPossible,
+}
+
+/// The outcome of [`decide`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Allow the request unchanged.
+    Pass(Pass),
+    /// Isolate the pod now; it may be deleted at `delete_at`.
+    Isolate {
+        delete_at: Timestamp,
+        grace_period: Option<i64>,
+        charge: Charge,
+        /// The annotated delay was longer than the maximum and was cut to it.
+        capped: bool,
+    },
+    /// The pod is already isolated and waits for `delete_at`: no second isolation, but the
+    /// request must not delete it early either.
+    Pending { delete_at: Timestamp },
+}
+
+/// Decides what to do with `req` about `pod`. Pure; see the module docs for the order.
+pub fn decide(
+    req: &Request,
+    pod: &PodFacts,
+    snap: &Snapshot,
+    settings: &Settings,
+    now: Timestamp,
+) -> Decision {
+    if let Some(pass) = pass_for_request(req, settings) {
+        return Decision::Pass(pass);
+    }
+    if snap.namespace.opted_out || pod.labels.get(OPT_OUT_LABEL).is_some_and(|v| v == "true") {
+        return Decision::Pass(Pass::OptedOut);
+    }
+    if snap.namespace.terminating {
+        return Decision::Pass(Pass::NamespaceTerminating);
+    }
+    if !preconditions_hold(&req.preconditions, pod) {
+        return Decision::Pass(Pass::PreconditionMismatch);
+    }
+    if pod.terminating {
+        return Decision::Pass(Pass::Terminating);
+    }
+    if pod.labels.contains_key(DRAINING_LABEL) {
+        return match delete_at_of(pod) {
+            Some(delete_at) if delete_at > now => Decision::Pending { delete_at },
+            _ => Decision::Pass(Pass::AlreadyDue),
+        };
+    }
+    if let Some(pass) = pass_for_pod(pod, snap, settings) {
+        return Decision::Pass(pass);
+    }
+    if snap.no_deleter {
+        return Decision::Pass(Pass::NoDeleter);
+    }
+    // PDBs never block a DELETE. An eviction of a pod selected by several PDBs is an
+    // error the API server answers itself (500); whether a single budget allows the
+    // eviction is decided on the live PDB when charging it, never on the cache.
+    let charge = match req.path {
+        Path::Evict if snap.pdbs.len() > 1 => return Decision::Pass(Pass::MultiplePdbs),
+        Path::Evict => Charge::Required,
+        Path::Delete => Charge::IfPossible,
+    };
+    let asked = delay_for(pod, &snap.namespace, settings.default_delay);
+    let delay = asked.min(settings.max_delay);
+    Decision::Isolate {
+        delete_at: add(now, delay),
+        grace_period: req.grace_period,
+        charge,
+        capped: asked > delay,
+    }
+}
+
+/// Whether the caller's UID and resourceVersion preconditions match `pod`.
+pub fn preconditions_hold(pre: &Preconditions, pod: &PodFacts) -> bool {
+    pre.uid.as_deref().is_none_or(|uid| uid == pod.uid)
+        && pre
+            .resource_version
+            .as_deref()
+            .is_none_or(|rv| rv == pod.resource_version)
+}
+
+fn pass_for_request(req: &Request, settings: &Settings) -> Option<Pass> {
+    if req.dry_run {
+        return Some(Pass::DryRun);
+    }
+    if settings.own_users.contains(&req.user) {
+        return Some(Pass::OwnRequest);
+    }
+    if req.user == GARBAGE_COLLECTOR {
+        return Some(Pass::GarbageCollector);
+    }
+    // An explicit zero grace period is a force delete: the caller wants the pod gone now.
+    if req.path == Path::Delete && req.grace_period == Some(0) {
+        return Some(Pass::ForceDelete);
+    }
+    None
+}
+
+fn pass_for_pod(pod: &PodFacts, snap: &Snapshot, settings: &Settings) -> Option<Pass> {
+    if !pod.running {
+        return Some(Pass::NotRunning);
+    }
+    if !pod.ready {
+        return Some(Pass::NotReady);
+    }
+    if !is_exposed(snap, settings.exposure) {
+        return Some(Pass::NotExposed);
+    }
+    None
+}
+
+/// Whether the pod is a ready endpoint of a slice that counts under `mode`.
+pub fn is_exposed(snap: &Snapshot, mode: Exposure) -> bool {
+    snap.endpoints.iter().any(|ep| {
+        ep.ready && !ep.earlier_pod && service_counts(ep.service.as_deref(), &snap.services, mode)
+    })
+}
+
+/// Whether a slice of `service` counts as exposure under `mode`. A headless Service never
+/// does: nothing balances its traffic, clients resolve the pods' own DNS names. A slice
+/// of no known Service (a Gateway's own slice) counts only in the default mode.
+fn service_counts(service: Option<&str>, services: &[ServiceFacts], mode: Exposure) -> bool {
+    let known = service.and_then(|name| services.iter().find(|s| s.name == name));
+    if mode == Exposure::EndpointSlice {
+        return known.is_none_or(|s| s.service_type != ServiceType::Headless);
+    }
+    known.is_some_and(|s| match mode {
+        Exposure::EndpointSlice => true,
+        Exposure::External => matches!(
+            s.service_type,
+            ServiceType::LoadBalancer | ServiceType::NodePort
+        ),
+        Exposure::LoadBalancer => s.service_type == ServiceType::LoadBalancer,
+    })
+}
+
+/// The deregistration delay for `pod`: pod annotation, else namespace annotation, else the
+/// default. An unparsable annotation is ignored (the default is the safe choice).
+pub fn delay_for(pod: &PodFacts, ns: &NamespaceFacts, default: Duration) -> Duration {
+    pod.annotations
+        .get(DELAY_ANNOTATION)
+        .and_then(|v| humantime::parse_duration(v.trim()).ok())
+        .or_else(|| {
+            ns.delay
+                .as_deref()
+                .and_then(|v| humantime::parse_duration(v.trim()).ok())
+        })
+        .unwrap_or(default)
+}
+
+/// The recorded delete time of an isolated pod.
+pub fn delete_at_of(pod: &PodFacts) -> Option<Timestamp> {
+    pod.annotations
+        .get(DELETE_AT_ANNOTATION)
+        .and_then(|v| v.parse::<Timestamp>().ok())
+}
+
+/// `now + delay` rounded up to a whole second (annotations stay readable and a pod is
+/// never deleted early), saturating at the largest representable time.
+pub fn add(now: Timestamp, delay: Duration) -> Timestamp {
+    let exact = jiff::SignedDuration::try_from(delay)
+        .ok()
+        .and_then(|d| now.checked_add(d).ok())
+        .unwrap_or(Timestamp::MAX);
+    let whole = exact.as_second() + i64::from(exact.subsec_nanosecond() > 0);
+    Timestamp::from_second(whole).unwrap_or(exact)
+}
+
+/// Which controller labels the relabelling prefers to keep, by owner kind, and whether the
+/// owner's selector must be left (see docs/webhook.md, "Relabelling").
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OwnerPolicy {
+    /// Label keys of selectors the pod must stop matching.
+    pub leave: Vec<BTreeSet<String>>,
+    /// Keys to keep unless a selector can only be left by removing them.
+    pub keep: BTreeSet<String>,
+    /// Keys never removed: the selector of a controller that must keep owning the pod.
+    pub pinned: BTreeSet<String>,
+}
+
+impl OwnerPolicy {
+    /// The policy for an owner of `kind` whose selector uses `selector_keys`.
+    pub fn for_owner(kind: &OwnerKind, selector_keys: BTreeSet<String>) -> OwnerPolicy {
+        match kind {
+            // Leave the ReplicaSet so it starts the replacement while this pod still serves.
+            OwnerKind::ReplicaSet => OwnerPolicy {
+                leave: vec![selector_keys],
+                keep: BTreeSet::new(),
+                pinned: BTreeSet::new(),
+            },
+            // A released StatefulSet pod blocks its own replacement (same name) and, under
+            // OrderedReady, every other ordinal; a released DaemonSet pod makes the
+            // DaemonSet start a second pod on the node (colliding on host ports). Their
+            // selectors are never left.
+            OwnerKind::StatefulSet | OwnerKind::DaemonSet => OwnerPolicy {
+                leave: Vec::new(),
+                keep: BTreeSet::new(),
+                pinned: selector_keys,
+            },
+            // A released Job pod is replaced early, which is what an eviction asks for;
+            // the Job's keys are still kept where another key can be removed instead.
+            OwnerKind::Job => OwnerPolicy {
+                leave: Vec::new(),
+                keep: selector_keys,
+                pinned: BTreeSet::new(),
+            },
+            OwnerKind::Other(_) => OwnerPolicy::default(),
+        }
+    }
+}
+
+/// The labels to remove so the pod stops matching every selector in `leave`: each
+/// selector's keys minus `keep`, or all its keys when every one of them is kept. Keys in
+/// `pinned` are never removed, so a selector made only of pinned keys is not left (see
+/// [`service_left_only_by_pinned`]). Only labels the pod carries are returned, with their
+/// values.
+pub fn labels_to_remove(
+    labels: &BTreeMap<String, String>,
+    leave: &[BTreeSet<String>],
+    keep: &BTreeSet<String>,
+    pinned: &BTreeSet<String>,
+) -> BTreeMap<String, String> {
+    let mut remove = BTreeMap::new();
+    for keys in leave {
+        let present: Vec<&String> = keys
+            .iter()
+            .filter(|k| labels.contains_key(*k) && !pinned.contains(*k))
+            .collect();
+        let preferred: Vec<&String> = present
+            .iter()
+            .copied()
+            .filter(|k| !keep.contains(*k))
+            .collect();
+        let chosen = if preferred.is_empty() {
+            present
+        } else {
+            preferred
+        };
+        for key in chosen {
+            if let Some(value) = labels.get(key) {
+                remove.insert(key.clone(), value.clone());
+            }
+        }
+    }
+    remove
+}
+
+/// The first selecting Service the pod can leave only by dropping a `pinned` key (its
+/// controller's): every selector key the pod carries is pinned. Such a pod cannot be
+/// isolated without releasing it from its controller.
+pub fn service_left_only_by_pinned<'a>(
+    labels: &BTreeMap<String, String>,
+    services: &'a [ServiceFacts],
+    pinned: &BTreeSet<String>,
+) -> Option<&'a ServiceFacts> {
+    if pinned.is_empty() {
+        return None;
+    }
+    services.iter().find(|s| {
+        !s.selector.is_empty()
+            && s.selector
+                .keys()
+                .filter(|k| labels.contains_key(*k))
+                .all(|k| pinned.contains(k))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::review::IntoFacts as _;
+    use graceful_drain_testing::fixtures::{self, PodFixture};
+
+    fn now() -> Timestamp {
+        "2026-01-01T00:00:00Z".parse().unwrap()
+    }
+
+    fn settings() -> Settings {
+        Settings {
+            default_delay: Duration::from_secs(60),
+            max_delay: Duration::from_secs(600),
+            exposure: Exposure::EndpointSlice,
+            own_users: ["system:serviceaccount:gd:webhook".to_string()].into(),
+        }
+    }
+
+    fn req(path: Path) -> Request {
+        Request {
+            path,
+            name: "web-1".into(),
+            preconditions: Preconditions::default(),
+            dry_run: false,
+            grace_period: None,
+            user: "alice".into(),
+        }
+    }
+
+    /// `web/web-1` of ReplicaSet `web-abc`, running and ready.
+    fn pod() -> PodFacts {
+        fixtures::pod("web-1")
+            .ns("web")
+            .with_uid("uid-1")
+            .at_version("7")
+            .label("app", "web")
+            .running()
+            .ready()
+            .owned_by_rs("web-abc")
+            .facts()
+    }
+
+    fn exposed() -> Snapshot {
+        Snapshot {
+            endpoints: vec![EndpointFacts {
+                service: Some("web".into()),
+                ready: true,
+                earlier_pod: false,
+            }],
+            services: vec![ServiceFacts {
+                name: "web".into(),
+                service_type: ServiceType::ClusterIp,
+                selector: [("app".to_string(), "web".to_string())].into(),
+            }],
+            ..Snapshot::default()
+        }
+    }
+
+    fn pdb(allowed: i32) -> PdbFacts {
+        PdbFacts {
+            name: "web".into(),
+            disruptions_allowed: allowed,
+            observed: true,
+            lists_pod: false,
+            selector_keys: ["app".to_string()].into(),
+        }
+    }
+
+    fn isolate_at(secs: i64) -> Decision {
+        Decision::Isolate {
+            delete_at: now() + jiff::SignedDuration::from_secs(secs),
+            grace_period: None,
+            charge: Charge::Required,
+            capped: false,
+        }
+    }
+
+    fn isolate_delete_at(secs: i64) -> Decision {
+        Decision::Isolate {
+            delete_at: now() + jiff::SignedDuration::from_secs(secs),
+            grace_period: None,
+            charge: Charge::IfPossible,
+            capped: false,
+        }
+    }
+
+    #[test]
+    fn decision_table() {
+        type Case = (&'static str, Request, PodFacts, Snapshot, Decision);
+        let mut dry = req(Path::Evict);
+        dry.dry_run = true;
+        let mut own = req(Path::Delete);
+        own.user = "system:serviceaccount:gd:webhook".into();
+        let mut force = req(Path::Delete);
+        force.grace_period = Some(0);
+        let mut opted = pod();
+        opted.labels.insert(OPT_OUT_LABEL.into(), "true".into());
+        let mut ns_opted = exposed();
+        ns_opted.namespace.opted_out = true;
+        let mut terminating = pod();
+        terminating.terminating = true;
+        let mut pending = pod();
+        pending.labels.insert(DRAINING_LABEL.into(), "true".into());
+        pending
+            .annotations
+            .insert(DELETE_AT_ANNOTATION.into(), "2026-01-01T00:00:30Z".into());
+        let mut due = pending.clone();
+        due.annotations
+            .insert(DELETE_AT_ANNOTATION.into(), "2025-12-31T23:59:00Z".into());
+        let mut pending_phase = pod();
+        pending_phase.running = false;
+        let mut unready = pod();
+        unready.ready = false;
+        let mut not_ready_ep = exposed();
+        not_ready_ep.endpoints[0].ready = false;
+        let mut other_uid = exposed();
+        other_uid.endpoints[0].earlier_pod = true;
+        let with_pdb = |p: PdbFacts| {
+            let mut s = exposed();
+            s.pdbs = vec![p];
+            s
+        };
+        let mut unobserved = pdb(1);
+        unobserved.observed = false;
+        let mut listed = pdb(0);
+        listed.lists_pod = true;
+        let mut two = exposed();
+        two.pdbs = vec![pdb(1), pdb(1)];
+        let mut pod_delay = pod();
+        pod_delay
+            .annotations
+            .insert(DELAY_ANNOTATION.into(), "45s".into());
+        let mut ns_delay = exposed();
+        ns_delay.namespace.delay = Some("2m".into());
+        let mut long_delay = pod();
+        long_delay
+            .annotations
+            .insert(DELAY_ANNOTATION.into(), "87600h".into());
+        let mut bad_delay = pod();
+        bad_delay
+            .annotations
+            .insert(DELAY_ANNOTATION.into(), "soon".into());
+        let mut graceful = req(Path::Evict);
+        graceful.grace_period = Some(20);
+        let mut uid_pre = req(Path::Evict);
+        uid_pre.preconditions.uid = Some("uid-of-the-previous-web-1".into());
+        let mut rv_pre = req(Path::Evict);
+        rv_pre.preconditions.resource_version = Some("6".into());
+        let mut ok_pre = req(Path::Evict);
+        ok_pre.preconditions = Preconditions {
+            uid: Some("uid-1".into()),
+            resource_version: Some("7".into()),
+        };
+        let mut gc = req(Path::Delete);
+        gc.user = GARBAGE_COLLECTOR.into();
+        let mut no_deleter = exposed();
+        no_deleter.no_deleter = true;
+        let mut ns_terminating = exposed();
+        ns_terminating.namespace.terminating = true;
+
+        let cases: Vec<Case> = vec![
+            (
+                "isolates an exposed ready pod",
+                req(Path::Evict),
+                pod(),
+                exposed(),
+                isolate_at(60),
+            ),
+            (
+                "delete isolates too",
+                req(Path::Delete),
+                pod(),
+                exposed(),
+                isolate_delete_at(60),
+            ),
+            (
+                "dry run passes",
+                dry,
+                pod(),
+                exposed(),
+                Decision::Pass(Pass::DryRun),
+            ),
+            (
+                "own requests pass",
+                own,
+                pod(),
+                exposed(),
+                Decision::Pass(Pass::OwnRequest),
+            ),
+            (
+                "force delete passes",
+                force,
+                pod(),
+                exposed(),
+                Decision::Pass(Pass::ForceDelete),
+            ),
+            (
+                "pod opt-out",
+                req(Path::Evict),
+                opted,
+                exposed(),
+                Decision::Pass(Pass::OptedOut),
+            ),
+            (
+                "namespace opt-out",
+                req(Path::Evict),
+                pod(),
+                ns_opted,
+                Decision::Pass(Pass::OptedOut),
+            ),
+            (
+                "terminating",
+                req(Path::Delete),
+                terminating,
+                exposed(),
+                Decision::Pass(Pass::Terminating),
+            ),
+            (
+                "already isolated waits",
+                req(Path::Evict),
+                pending.clone(),
+                exposed(),
+                Decision::Pending {
+                    delete_at: "2026-01-01T00:00:30Z".parse().unwrap(),
+                },
+            ),
+            (
+                "already isolated and due",
+                req(Path::Delete),
+                due,
+                exposed(),
+                Decision::Pass(Pass::AlreadyDue),
+            ),
+            (
+                "not running",
+                req(Path::Evict),
+                pending_phase,
+                exposed(),
+                Decision::Pass(Pass::NotRunning),
+            ),
+            (
+                "not ready",
+                req(Path::Evict),
+                unready,
+                exposed(),
+                Decision::Pass(Pass::NotReady),
+            ),
+            (
+                "no slice",
+                req(Path::Evict),
+                pod(),
+                Snapshot::default(),
+                Decision::Pass(Pass::NotExposed),
+            ),
+            (
+                "unready endpoint",
+                req(Path::Evict),
+                pod(),
+                not_ready_ep,
+                Decision::Pass(Pass::NotExposed),
+            ),
+            (
+                "endpoint of a previous pod",
+                req(Path::Evict),
+                pod(),
+                other_uid,
+                Decision::Pass(Pass::NotExposed),
+            ),
+            (
+                "pdb with budget",
+                req(Path::Evict),
+                pod(),
+                with_pdb(pdb(1)),
+                isolate_at(60),
+            ),
+            (
+                "eviction behind an exhausted cached pdb: the live PDB decides",
+                req(Path::Evict),
+                pod(),
+                with_pdb(pdb(0)),
+                isolate_at(60),
+            ),
+            (
+                "eviction behind an unobserved cached pdb: the live PDB decides",
+                req(Path::Evict),
+                pod(),
+                with_pdb(unobserved.clone()),
+                isolate_at(60),
+            ),
+            (
+                "a PDB never blocks a delete: exhausted",
+                req(Path::Delete),
+                pod(),
+                with_pdb(pdb(0)),
+                isolate_delete_at(60),
+            ),
+            (
+                "a PDB never blocks a delete: unobserved",
+                req(Path::Delete),
+                pod(),
+                with_pdb(unobserved),
+                isolate_delete_at(60),
+            ),
+            (
+                "a PDB never blocks a delete: several",
+                req(Path::Delete),
+                pod(),
+                two.clone(),
+                isolate_delete_at(60),
+            ),
+            (
+                "eviction with another pod's uid precondition",
+                uid_pre,
+                pod(),
+                exposed(),
+                Decision::Pass(Pass::PreconditionMismatch),
+            ),
+            (
+                "eviction with a stale resourceVersion precondition",
+                rv_pre,
+                pod(),
+                exposed(),
+                Decision::Pass(Pass::PreconditionMismatch),
+            ),
+            (
+                "eviction with matching preconditions",
+                ok_pre,
+                pod(),
+                exposed(),
+                isolate_at(60),
+            ),
+            (
+                "nobody holds the deleter lease",
+                req(Path::Evict),
+                pod(),
+                no_deleter,
+                Decision::Pass(Pass::NoDeleter),
+            ),
+            (
+                "an isolated pod stays protected without a deleter",
+                req(Path::Evict),
+                pending.clone(),
+                {
+                    let mut s = exposed();
+                    s.no_deleter = true;
+                    s
+                },
+                Decision::Pending {
+                    delete_at: "2026-01-01T00:00:30Z".parse().unwrap(),
+                },
+            ),
+            (
+                "garbage collector passes",
+                gc,
+                pod(),
+                exposed(),
+                Decision::Pass(Pass::GarbageCollector),
+            ),
+            (
+                "terminating namespace passes",
+                req(Path::Delete),
+                pod(),
+                ns_terminating,
+                Decision::Pass(Pass::NamespaceTerminating),
+            ),
+            (
+                "pdb already lists the pod",
+                req(Path::Evict),
+                pod(),
+                with_pdb(listed),
+                isolate_at(60),
+            ),
+            (
+                "two pdbs",
+                req(Path::Evict),
+                pod(),
+                two,
+                Decision::Pass(Pass::MultiplePdbs),
+            ),
+            (
+                "pod delay annotation",
+                req(Path::Evict),
+                pod_delay,
+                exposed(),
+                isolate_at(45),
+            ),
+            (
+                "namespace delay annotation",
+                req(Path::Evict),
+                pod(),
+                ns_delay,
+                isolate_at(120),
+            ),
+            (
+                "an annotated delay beyond the maximum is capped",
+                req(Path::Evict),
+                long_delay,
+                exposed(),
+                Decision::Isolate {
+                    delete_at: now() + jiff::SignedDuration::from_secs(600),
+                    grace_period: None,
+                    charge: Charge::Required,
+                    capped: true,
+                },
+            ),
+            (
+                "bad delay falls back",
+                req(Path::Evict),
+                bad_delay,
+                exposed(),
+                isolate_at(60),
+            ),
+            (
+                "grace period recorded",
+                graceful,
+                pod(),
+                exposed(),
+                Decision::Isolate {
+                    delete_at: now() + jiff::SignedDuration::from_secs(60),
+                    grace_period: Some(20),
+                    charge: Charge::Required,
+                    capped: false,
+                },
+            ),
+        ];
+        for (name, r, p, s, want) in cases {
+            assert_eq!(decide(&r, &p, &s, &settings(), now()), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn exposure_modes_filter_by_service_type() {
+        let mut snap = exposed();
+        let cases = [
+            (ServiceType::ClusterIp, Exposure::EndpointSlice, true),
+            (ServiceType::ClusterIp, Exposure::External, false),
+            (ServiceType::NodePort, Exposure::External, true),
+            (ServiceType::NodePort, Exposure::LoadBalancer, false),
+            (ServiceType::LoadBalancer, Exposure::LoadBalancer, true),
+            (ServiceType::LoadBalancer, Exposure::External, true),
+            (ServiceType::Headless, Exposure::EndpointSlice, false),
+            (ServiceType::Headless, Exposure::External, false),
+        ];
+        for (ty, mode, want) in cases {
+            snap.services[0].service_type = ty;
+            assert_eq!(is_exposed(&snap, mode), want, "{ty:?} under {mode:?}");
+        }
+        // A slice without a Service (e.g. a Gateway's own slice) counts only in the default mode.
+        snap.endpoints[0].service = None;
+        assert!(is_exposed(&snap, Exposure::EndpointSlice));
+        assert!(!is_exposed(&snap, Exposure::External));
+    }
+
+    fn keys(ks: &[&str]) -> BTreeSet<String> {
+        ks.iter().map(|k| k.to_string()).collect()
+    }
+
+    fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn relabelling_per_owner_kind() {
+        let service = keys(&["app"]);
+        type Case = (
+            &'static str,
+            OwnerKind,
+            BTreeSet<String>,
+            BTreeMap<String, String>,
+            Vec<&'static str>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "deployment: leave the ReplicaSet and the Service, keep the rest",
+                OwnerKind::ReplicaSet,
+                keys(&["app", "pod-template-hash"]),
+                labels(&[("app", "web"), ("pod-template-hash", "abc"), ("team", "a")]),
+                vec!["app", "pod-template-hash"],
+            ),
+            (
+                "statefulset: keep controller labels, drop only the Service's extra key",
+                OwnerKind::StatefulSet,
+                keys(&["app"]),
+                labels(&[("app", "db"), ("tier", "web")]),
+                vec!["tier"],
+            ),
+            (
+                "statefulset: a Service made only of controller keys is not left (never released)",
+                OwnerKind::StatefulSet,
+                keys(&["app", "tier"]),
+                labels(&[("app", "db"), ("tier", "web")]),
+                vec![],
+            ),
+            (
+                "job: keep the job's controller-uid",
+                OwnerKind::Job,
+                keys(&["batch.kubernetes.io/controller-uid"]),
+                labels(&[
+                    ("batch.kubernetes.io/controller-uid", "u"),
+                    ("app", "w"),
+                    ("tier", "web"),
+                ]),
+                vec!["app", "tier"],
+            ),
+            (
+                "daemonset: keep the DaemonSet selector so no second pod starts on the node",
+                OwnerKind::DaemonSet,
+                keys(&["name"]),
+                labels(&[("name", "agent"), ("app", "w"), ("tier", "web")]),
+                vec!["app", "tier"],
+            ),
+            (
+                "bare pod: only the Service's labels, others kept",
+                OwnerKind::Other("v1/None".into()),
+                BTreeSet::new(),
+                labels(&[("app", "w"), ("tier", "web"), ("version", "1")]),
+                vec!["app", "tier"],
+            ),
+        ];
+        for (name, kind, owner_keys, pod_labels, want) in cases {
+            let policy = OwnerPolicy::for_owner(&kind, owner_keys);
+            let mut leave = policy.leave.clone();
+            // The Service selects app+tier except in the deployment case (app only).
+            let svc = if kind == OwnerKind::ReplicaSet {
+                service.clone()
+            } else {
+                keys(&["app", "tier"])
+            };
+            leave.push(svc.clone());
+            let removed = labels_to_remove(&pod_labels, &leave, &policy.keep, &policy.pinned);
+            let got: Vec<&str> = removed.keys().map(String::as_str).collect();
+            assert_eq!(got, want, "{name}");
+            let service = ServiceFacts {
+                name: "svc".into(),
+                service_type: ServiceType::ClusterIp,
+                selector: svc.iter().map(|k| (k.clone(), String::new())).collect(),
+            };
+            let services = [service];
+            let stuck = service_left_only_by_pinned(&pod_labels, &services, &policy.pinned);
+            assert_eq!(
+                stuck.is_some(),
+                want.is_empty(),
+                "{name}: cannot be isolated"
+            );
+            for (k, v) in &removed {
+                assert_eq!(pod_labels.get(k), Some(v), "{name}: removed value recorded");
+            }
+        }
+    }
+
+    #[test]
+    fn delete_time_saturates_instead_of_overflowing() {
+        assert_eq!(add(Timestamp::MAX, Duration::from_secs(1)), Timestamp::MAX);
+        assert_eq!(
+            add(now(), Duration::from_secs(90)).to_string(),
+            "2026-01-01T00:01:30Z"
+        );
+        assert_eq!(
+            add(now(), Duration::from_millis(1500)).to_string(),
+            "2026-01-01T00:00:02Z"
+        );
+    }
+}

@@ -1,0 +1,735 @@
+//! The deferred deleter: deletes isolated pods once their recorded time has come.
+//!
+//! It watches only pods carrying the draining label (metadata only) and keeps what each
+//! pod's own annotations say: the delete time and the caller's grace period. So a
+//! restarted or failed-over replica resumes every pending deletion from the first list.
+//! It acts only while this replica holds the Lease ([`super::lease`]), deletes with a UID
+//! precondition (a same-name replacement is never touched), records an Event, and never
+//! deletes a pod that lacks our isolation annotations.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use jiff::Timestamp;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Api;
+use kube::api::{DeleteParams, PostParams, Preconditions};
+use kube::core::PartialObjectMeta;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use tokio::sync::watch;
+use tracing::Instrument;
+
+use super::cache::Cache;
+use super::decide::PodFacts;
+use super::isolate::{self, REASON_DELETED};
+use super::metrics::Metrics;
+use graceful_drain_core::labels::{
+    DELETE_AT_ANNOTATION, DRAINING_LABEL, GRACE_PERIOD_ANNOTATION, ORIGINAL_LABELS_ANNOTATION,
+};
+use graceful_drain_core::runtime::Shutdown;
+
+/// Longest pause between two scans of the pending pods (the deleter also wakes at each
+/// pod's delete time).
+const TICK: Duration = Duration::from_secs(1);
+/// After a failed removal, the first pause before trying the same pod again; it doubles
+/// with each failure up to [`RETRY_MAX`]. A pod past its delete time holds the drain, so
+/// a one-off refusal (a throttled request, a connection the server closed) is retried
+/// within a second.
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+/// Longest pause between removals of the same pod, and the pause after a removal the API
+/// server accepted (the watch shows the pod terminating well before).
+const RETRY_MAX: Duration = Duration::from_secs(10);
+/// How long after a delete time its scan runs: system time and the runtime's clock are
+/// read apart, and a scan a hair early would find nothing due.
+const SCAN_SLACK: Duration = Duration::from_millis(5);
+/// Removals in flight at once: a drained node's pods fall due together (a 100-pod node
+/// within a second or two), and one at a time they would wait for each other's round
+/// trips; 16 matches the node agent's eviction concurrency.
+const REMOVALS_IN_FLIGHT: usize = 16;
+/// Longest wait for the API server to answer one removal: pods are removed one after
+/// another, so an unanswered call must not hold the others.
+const CALL_TIMEOUT: Duration = Duration::from_secs(15);
+/// In wait-for-endpoints mode, give up waiting for the slices this long after the delete
+/// time: a Service selecting the draining label would otherwise keep the pod forever.
+pub const MAX_ENDPOINT_WAIT: Duration = Duration::from_secs(600);
+
+/// Deleter errors.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The watch of isolated pods ended.
+    #[error("watch of isolated pods ended")]
+    WatchEnded,
+}
+
+/// One isolated pod waiting for deletion, as recorded on the pod itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pending {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub delete_at: Timestamp,
+    pub grace_period: Option<i64>,
+    pub terminating: bool,
+    /// The pod's controller reference, which groups the Events of its pods.
+    pub controller: Option<serde_json::Value>,
+}
+
+/// Reads a pending deletion from pod metadata; `None` unless we isolated the pod (the
+/// draining label, the original-labels annotation and a valid delete time).
+pub fn pending_from(meta: &ObjectMeta) -> Option<Pending> {
+    meta.labels.as_ref()?.get(DRAINING_LABEL)?;
+    let annotations = meta.annotations.as_ref()?;
+    annotations.get(ORIGINAL_LABELS_ANNOTATION)?;
+    let delete_at = annotations.get(DELETE_AT_ANNOTATION)?.parse().ok()?;
+    Some(Pending {
+        namespace: meta.namespace.clone()?,
+        name: meta.name.clone()?,
+        uid: meta.uid.clone()?,
+        delete_at,
+        grace_period: annotations
+            .get(GRACE_PERIOD_ANNOTATION)
+            .and_then(|g| g.parse().ok())
+            .filter(|g: &i64| *g >= 0),
+        terminating: meta.deletion_timestamp.is_some(),
+        controller: meta
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|r| r.controller == Some(true))
+            .and_then(|r| serde_json::to_value(r).ok()),
+    })
+}
+
+/// Whether `pod` may be deleted at `now`. `left_slices_at` is when the pod was first seen
+/// in no EndpointSlice (wait-for-endpoints mode, with `margin`), `None` while it is listed.
+pub fn is_due(
+    pod: &Pending,
+    now: Timestamp,
+    wait_margin: Option<Duration>,
+    left_slices_at: Option<Timestamp>,
+) -> bool {
+    if pod.terminating || now < pod.delete_at {
+        return false;
+    }
+    let Some(margin) = wait_margin else {
+        return true;
+    };
+    if now >= super::decide::add(pod.delete_at, MAX_ENDPOINT_WAIT) {
+        return true;
+    }
+    left_slices_at.is_some_and(|t| now >= super::decide::add(t, margin))
+}
+
+/// `call`, abandoned (as a transport error) when the API server has not answered within
+/// [`CALL_TIMEOUT`].
+async fn bounded<T>(call: impl Future<Output = Result<T, kube::Error>>) -> Result<T, kube::Error> {
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(result) => result,
+        Err(_) => Err(kube::Error::Service(Box::new(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("the API server did not answer within {CALL_TIMEOUT:?}"),
+        )))),
+    }
+}
+
+/// The last removal tried for one pod.
+#[derive(Clone, Copy, Debug)]
+struct Attempt {
+    at: tokio::time::Instant,
+    /// Removals refused in a row (0 after an accepted one).
+    failures: u32,
+}
+
+impl Attempt {
+    /// When the pod may be tried again.
+    fn next_try(&self) -> tokio::time::Instant {
+        let pause = match self.failures {
+            0 => RETRY_MAX,
+            n => RETRY_FIRST
+                .saturating_mul(1 << (n - 1).min(8))
+                .min(RETRY_MAX),
+        };
+        self.at + pause
+    }
+
+    /// Whether the pod may be tried again.
+    fn elapsed(&self) -> bool {
+        tokio::time::Instant::now() >= self.next_try()
+    }
+}
+
+/// The deleter and its state.
+pub struct Deleter {
+    pub ctx: isolate::Context,
+    pub metrics: Arc<Metrics>,
+    /// `Some(margin)` to wait until the pod left every EndpointSlice plus `margin`.
+    pub wait_for_endpoints: Option<Duration>,
+    pending: HashMap<String, Pending>,
+    left_slices: HashMap<String, Timestamp>,
+    attempted: HashMap<String, Attempt>,
+    /// The webhook's own Deployment (namespace, name): gone or being deleted at shutdown
+    /// means the webhook is being uninstalled, and pending pods are removed before exit.
+    release: Option<(String, String)>,
+}
+
+impl Deleter {
+    /// A deleter with no known pods.
+    pub fn new(ctx: isolate::Context, metrics: Arc<Metrics>, wait: Option<Duration>) -> Deleter {
+        Deleter {
+            ctx,
+            metrics,
+            wait_for_endpoints: wait,
+            pending: HashMap::new(),
+            left_slices: HashMap::new(),
+            attempted: HashMap::new(),
+            release: None,
+        }
+    }
+
+    /// Removes every pending pod at shutdown when Deployment `namespace/name` is gone or
+    /// being deleted (`helm uninstall`): nobody would delete them afterwards.
+    pub fn finishing_on_uninstall(mut self, namespace: &str, name: &str) -> Deleter {
+        self.release = Some((namespace.to_string(), name.to_string()));
+        self
+    }
+
+    /// Whether our own Deployment is gone or being deleted.
+    async fn uninstalling(&self) -> bool {
+        let Some((namespace, name)) = &self.release else {
+            return false;
+        };
+        let api = Api::<Deployment>::namespaced(self.ctx.client.clone(), namespace);
+        match api.get_opt(name).await {
+            Ok(None) => true,
+            Ok(Some(d)) => d.metadata.deletion_timestamp.is_some(),
+            Err(error) => {
+                tracing::warn!(%error, deployment = %format!("{namespace}/{name}"), "read own Deployment at shutdown");
+                false
+            }
+        }
+    }
+
+    /// At shutdown during an uninstall: remove every pending pod now, cutting its delay
+    /// short, instead of leaving it isolated with nobody to delete it.
+    async fn finish_on_uninstall(&mut self) {
+        if !self.uninstalling().await {
+            return;
+        }
+        let pending: Vec<Pending> = self
+            .pending
+            .values()
+            .filter(|p| !p.terminating)
+            .cloned()
+            .collect();
+        tracing::info!(
+            pending = pending.len(),
+            "uninstalling: removing every isolated pod now"
+        );
+        self.delete_all(pending).await;
+    }
+
+    fn cache(&self) -> &Cache {
+        &self.ctx.cache
+    }
+
+    fn apply(&mut self, meta: &ObjectMeta) {
+        let uid = meta.uid.clone().unwrap_or_default();
+        match pending_from(meta) {
+            Some(p) => {
+                self.cache()
+                    .set_isolated(&p.namespace, &p.name, Some(p.delete_at));
+                self.pending.insert(uid, p);
+            }
+            None => self.forget(&uid),
+        }
+    }
+
+    fn forget(&mut self, uid: &str) {
+        if let Some(p) = self.pending.remove(uid) {
+            self.cache().set_isolated(&p.namespace, &p.name, None);
+        }
+        self.left_slices.remove(uid);
+        self.attempted.remove(uid);
+    }
+
+    fn update_gauge(&self) {
+        let count = self.pending.values().filter(|p| !p.terminating).count();
+        self.metrics
+            .pending_deletions
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    /// Tracks when each pending pod left every EndpointSlice.
+    fn observe_slices(&mut self, now: Timestamp) {
+        if self.wait_for_endpoints.is_none() {
+            return;
+        }
+        for (uid, pod) in &self.pending {
+            let listed = self
+                .cache()
+                .endpoints_of(&pod.namespace, &pod.name, Some(uid))
+                .iter()
+                .any(|e| !e.earlier_pod);
+            if listed {
+                self.left_slices.remove(uid);
+            } else {
+                self.left_slices.entry(uid.clone()).or_insert(now);
+            }
+        }
+    }
+
+    /// The pods to delete now.
+    pub fn due(&self, now: Timestamp) -> Vec<Pending> {
+        self.pending
+            .iter()
+            .filter(|(uid, _)| self.attempted.get(*uid).is_none_or(Attempt::elapsed))
+            .filter(|(uid, p)| {
+                is_due(
+                    p,
+                    now,
+                    self.wait_for_endpoints,
+                    self.left_slices.get(*uid).copied(),
+                )
+            })
+            .map(|(_, p)| p.clone())
+            .collect()
+    }
+
+    /// Removes due pods, [`REMOVALS_IN_FLIGHT`] at a time: by eviction, so each gets the
+    /// `DisruptionTarget` condition and its controllers see an eviction; by DELETE when a
+    /// PDB still selecting it refuses (its disruption was accounted at isolation and its
+    /// delay is over). Both carry a UID precondition and the recorded grace period.
+    async fn delete_all(&mut self, pods: Vec<Pending>) {
+        let now = tokio::time::Instant::now();
+        // Each pod with the failures before this attempt, which starts its new record.
+        let started: Vec<(Pending, u32)> = pods
+            .into_iter()
+            .map(|pod| {
+                let attempt = Attempt {
+                    at: now,
+                    failures: 0,
+                };
+                let before = self.attempted.insert(pod.uid.clone(), attempt);
+                (pod, before.map_or(0, |a| a.failures))
+            })
+            .collect();
+        let this = &*self;
+        let results: Vec<(Pending, u32, Result<(), kube::Error>)> = futures::stream::iter(started)
+            .map(|(pod, failures)| async move {
+                let span =
+                    tracing::info_span!("delete", namespace = %pod.namespace, pod = %pod.name);
+                let result = this.remove(&pod).instrument(span).await;
+                (pod, failures, result)
+            })
+            .buffer_unordered(REMOVALS_IN_FLIGHT)
+            .collect()
+            .await;
+        for (pod, failures, result) in results {
+            self.conclude(pod, result, failures).await;
+        }
+    }
+
+    /// Evicts `pod`, or deletes it when a PDB still selecting it refuses.
+    async fn remove(&self, pod: &Pending) -> Result<(), kube::Error> {
+        match self.evict(pod).await {
+            Err(kube::Error::Api(s)) if s.code == 429 || s.code == 500 => {
+                tracing::info!(code = s.code, message = %s.message, "eviction refused; deleting");
+                self.delete_now(pod).await
+            }
+            other => other,
+        }
+    }
+
+    /// Records what became of one removal; `failures` is how many failed before it.
+    async fn conclude(&mut self, pod: Pending, result: Result<(), kube::Error>, failures: u32) {
+        let span = tracing::info_span!("delete", namespace = %pod.namespace, pod = %pod.name);
+        let _enter = span.enter();
+        match result {
+            Ok(()) => {
+                tracing::info!(delete_at = %pod.delete_at, "removed isolated pod");
+                self.metrics.pods_deleted.inc();
+                let facts = PodFacts {
+                    namespace: pod.namespace.clone(),
+                    name: pod.name.clone(),
+                    uid: pod.uid.clone(),
+                    owner_refs: pod.controller.clone().into_iter().collect(),
+                    ..PodFacts::default()
+                };
+                let message = format!("Deleted after deregistration (due at {})", pod.delete_at);
+                isolate::record_event(
+                    &self.ctx,
+                    &facts,
+                    isolate::Severity::Normal,
+                    REASON_DELETED,
+                    &message,
+                    Timestamp::now(),
+                )
+                .await;
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
+                tracing::info!(code = s.code, "isolated pod already gone or replaced");
+                self.forget(&pod.uid);
+            }
+            Err(error) => {
+                let failures = failures.saturating_add(1);
+                if let Some(attempt) = self.attempted.get_mut(&pod.uid) {
+                    attempt.failures = failures;
+                }
+                tracing::warn!(error = %graceful_drain_core::error::chain(&error), failures, "remove isolated pod; will retry")
+            }
+        }
+    }
+
+    /// A proper `policy/v1` Eviction (kube's `Api::evict` sends options the API server
+    /// drops), with the UID precondition and the caller's grace period.
+    async fn evict(&self, pod: &Pending) -> Result<(), kube::Error> {
+        let api = Api::<Pod>::namespaced(self.ctx.client.clone(), &pod.namespace);
+        let mut options = serde_json::json!({"preconditions": {"uid": pod.uid}});
+        if let Some(grace) = pod.grace_period {
+            options["gracePeriodSeconds"] = grace.into();
+        }
+        let eviction = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
+            "metadata": {"name": pod.name, "namespace": pod.namespace},
+            "deleteOptions": options});
+        let params = PostParams::default();
+        let call = api
+            .create_subresource::<_, serde_json::Value>("eviction", &pod.name, &params, &eviction);
+        bounded(call).await.map(|_| ())
+    }
+
+    async fn delete_now(&self, pod: &Pending) -> Result<(), kube::Error> {
+        let api = Api::<Pod>::namespaced(self.ctx.client.clone(), &pod.namespace);
+        let params = DeleteParams {
+            grace_period_seconds: pod.grace_period.and_then(|g| u32::try_from(g).ok()),
+            preconditions: Some(Preconditions {
+                uid: Some(pod.uid.clone()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        bounded(api.delete(&pod.name, &params)).await.map(|_| ())
+    }
+
+    /// When the next scan should run: the earliest delete time (or retry) of a pending pod,
+    /// and at least every [`TICK`] (for the slices and the gauge). Waking at the delete
+    /// time itself, not at the next tick after it, takes up to a second off every drain.
+    fn next_scan(&self, leading: bool) -> tokio::time::Instant {
+        let now = tokio::time::Instant::now();
+        let tick = now + TICK;
+        if !leading || self.wait_for_endpoints.is_some() {
+            return tick;
+        }
+        let wall = Timestamp::now();
+        let due = self
+            .pending
+            .iter()
+            .filter(|(_, p)| !p.terminating)
+            .map(|(uid, p)| {
+                let until = wall.duration_until(p.delete_at);
+                // A little past, so the scan finds the pod due on the wall clock.
+                let until = Duration::try_from(until).unwrap_or(Duration::ZERO) + SCAN_SLACK;
+                let at = now + until;
+                self.attempted.get(uid).map_or(at, |a| at.max(a.next_try()))
+            })
+            .min();
+        due.map_or(tick, |at| at.min(tick))
+    }
+
+    /// One scan: delete every due pod when leading.
+    pub async fn tick(&mut self, leading: bool) {
+        let now = Timestamp::now();
+        self.observe_slices(now);
+        self.update_gauge();
+        self.metrics.leader.set(i64::from(leading));
+        if !leading {
+            return;
+        }
+        let due = self.due(now);
+        self.delete_all(due).await;
+    }
+
+    /// Watches isolated pods and deletes them when due, while `leader` says so.
+    pub async fn run(
+        mut self,
+        leader: watch::Receiver<bool>,
+        shutdown: Shutdown,
+    ) -> Result<(), Error> {
+        let api = Api::<PartialObjectMeta<Pod>>::all(self.ctx.client.clone());
+        let config = watcher::Config::default()
+            .labels(DRAINING_LABEL)
+            .any_semantic();
+        let events = watcher::watcher(api, config).default_backoff();
+        let mut events = std::pin::pin!(events);
+        let mut scan_at = tokio::time::Instant::now();
+        let mut relist: Option<Vec<ObjectMeta>> = None;
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => {
+                    self.finish_on_uninstall().await;
+                    return Ok(());
+                }
+                event = events.next() => match event {
+                    None => return Err(Error::WatchEnded),
+                    Some(Ok(Event::Apply(m) | Event::InitApply(m))) => {
+                        if let Some(list) = relist.as_mut() { list.push(m.metadata.clone()); }
+                        self.apply(&m.metadata);
+                        scan_at = scan_at.min(self.next_scan(*leader.borrow()));
+                    }
+                    Some(Ok(Event::Delete(m))) => self.forget(m.metadata.uid.as_deref().unwrap_or_default()),
+                    Some(Ok(Event::Init)) => relist = Some(Vec::new()),
+                    Some(Ok(Event::InitDone)) => self.finish_relist(relist.take()),
+                    Some(Err(error)) => tracing::warn!(error = %graceful_drain_core::error::chain(&error), "watch isolated pods; retrying"),
+                },
+                () = tokio::time::sleep_until(scan_at) => {
+                    let leading = *leader.borrow();
+                    self.tick(leading).await;
+                    scan_at = self.next_scan(leading);
+                }
+            }
+        }
+    }
+
+    fn finish_relist(&mut self, listed: Option<Vec<ObjectMeta>>) {
+        self.cache().set_isolated_synced();
+        let Some(listed) = listed else { return };
+        let keep: std::collections::HashSet<String> =
+            listed.iter().filter_map(|m| m.uid.clone()).collect();
+        let gone: Vec<String> = self
+            .pending
+            .keys()
+            .filter(|u| !keep.contains(*u))
+            .cloned()
+            .collect();
+        for uid in gone {
+            self.forget(&uid);
+        }
+        tracing::info!(
+            pending = self.pending.len(),
+            "isolated pods listed; resuming deletions"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+    use http::{Method, Response};
+    use http_body_util::BodyExt;
+    use kube::client::Body;
+    use serde_json::{Value, json};
+
+    fn at(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    fn meta(name: &str, uid: &str, delete_at: &str, ours: bool) -> Value {
+        let mut annotations =
+            json!({ DELETE_AT_ANNOTATION: delete_at, GRACE_PERIOD_ANNOTATION: "17" });
+        if ours {
+            annotations[ORIGINAL_LABELS_ANNOTATION] = json!("{\"app\":\"web\"}");
+        }
+        json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+               "metadata": {"name": name, "namespace": "web", "uid": uid, "resourceVersion": "3",
+                            "labels": {DRAINING_LABEL: "true"}, "annotations": annotations}})
+    }
+
+    #[test]
+    fn pending_is_read_only_from_pods_we_isolated() {
+        let ours: ObjectMeta = serde_json::from_value(
+            meta("a", "u-a", "2026-01-01T00:00:00Z", true)["metadata"].clone(),
+        )
+        .unwrap();
+        let pending = pending_from(&ours).unwrap();
+        assert_eq!(pending.grace_period, Some(17));
+        assert_eq!(pending.delete_at, at("2026-01-01T00:00:00Z"));
+        let foreign: ObjectMeta = serde_json::from_value(
+            meta("b", "u-b", "2026-01-01T00:00:00Z", false)["metadata"].clone(),
+        )
+        .unwrap();
+        assert_eq!(
+            pending_from(&foreign),
+            None,
+            "a draining label alone is not ours"
+        );
+        let garbled: ObjectMeta =
+            serde_json::from_value(meta("c", "u-c", "tomorrow", true)["metadata"].clone()).unwrap();
+        assert_eq!(pending_from(&garbled), None);
+    }
+
+    #[test]
+    fn due_rules_with_and_without_waiting_for_endpoints() {
+        let pod = Pending {
+            namespace: "web".into(),
+            name: "a".into(),
+            uid: "u".into(),
+            delete_at: at("2026-01-01T00:01:00Z"),
+            grace_period: None,
+            terminating: false,
+            controller: None,
+        };
+        let before = at("2026-01-01T00:00:59Z");
+        let after = at("2026-01-01T00:01:01Z");
+        assert!(!is_due(&pod, before, None, None));
+        assert!(is_due(&pod, after, None, None));
+        let margin = Some(Duration::from_secs(5));
+        assert!(!is_due(&pod, after, margin, None), "still in a slice");
+        assert!(
+            !is_due(&pod, after, margin, Some(at("2026-01-01T00:00:58Z"))),
+            "margin not over"
+        );
+        assert!(is_due(
+            &pod,
+            after,
+            margin,
+            Some(at("2026-01-01T00:00:50Z"))
+        ));
+        assert!(
+            is_due(&pod, at("2026-01-01T00:11:00Z"), margin, None),
+            "gives up after the cap"
+        );
+        let terminating = Pending {
+            terminating: true,
+            ..pod
+        };
+        assert!(!is_due(&terminating, after, None, None));
+    }
+
+    /// A refused removal (a throttled request, a dropped connection) is tried again after
+    /// a second, then less and less often up to every 10 s; an accepted one is not
+    /// repeated for 10 s, while the watch brings the pod's deletion.
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_removal_is_retried_within_a_second_then_less_often() {
+        let mut pauses = Vec::new();
+        for failures in [1, 2, 3, 4, 5, 30, 0] {
+            let attempt = Attempt {
+                at: tokio::time::Instant::now(),
+                failures,
+            };
+            let mut waited = 0;
+            while !attempt.elapsed() {
+                tokio::time::advance(Duration::from_millis(100)).await;
+                waited += 100;
+            }
+            pauses.push(waited);
+        }
+        assert_eq!(pauses, [1000, 2000, 4000, 8000, 10000, 10000, 10000]);
+    }
+
+    /// A restarted replica lists isolated pods and deletes the due one, with its UID
+    /// precondition and the recorded grace period, leaving future and foreign pods alone.
+    #[tokio::test]
+    async fn resumes_pending_deletions_after_restart() {
+        let (client, mut api) = graceful_drain_testing::fixtures::mock::client();
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = Arc::new(Metrics::new(&mut registry));
+        let cache = Arc::new(Cache::default());
+        let ctx = isolate::Context {
+            client,
+            cache: cache.clone(),
+            identity: "w".into(),
+            events: isolate::EventSink::Inline,
+            keep_labels: Default::default(),
+        };
+        let deleter = Deleter::new(ctx, metrics.clone(), None);
+        let (_leader_tx, leader_rx) = watch::channel(true);
+        let shutdown = Shutdown::new();
+        let task = tokio::spawn(deleter.run(leader_rx, shutdown.clone()));
+
+        let mut held_watch = None;
+        let mut deleted = Vec::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while deleted.is_empty() {
+            let next = tokio::time::timeout_at(deadline, api.next_request())
+                .await
+                .expect("no delete within 20 s");
+            let (req, send) = next.expect("client gone");
+            let (parts, body) = req.into_parts();
+            let query = parts.uri.query().unwrap_or_default().to_string();
+            let body: Value = serde_json::from_slice(&body.collect().await.unwrap().to_bytes())
+                .unwrap_or(Value::Null);
+            let reply = |v: Value, code: u16| {
+                Response::builder()
+                    .status(code)
+                    .body(Body::from(serde_json::to_vec(&v).unwrap()))
+                    .unwrap()
+            };
+            match (parts.method.clone(), parts.uri.path()) {
+                (Method::GET, "/api/v1/pods") if query.contains("watch=true") => {
+                    assert!(
+                        query.contains("labelSelector=graceful-drain.io%2Fdraining"),
+                        "{query}"
+                    );
+                    held_watch = Some(send);
+                }
+                (Method::GET, "/api/v1/pods") => {
+                    assert!(
+                        query.contains("labelSelector=graceful-drain.io%2Fdraining"),
+                        "{query}"
+                    );
+                    send.send_response(reply(
+                        json!({
+                        "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
+                        "metadata": {"resourceVersion": "10"},
+                        "items": [
+                            meta("due", "u-due", "2020-01-01T00:00:00Z", true),
+                            meta("later", "u-later", "2999-01-01T00:00:00Z", true),
+                            meta("foreign", "u-foreign", "2020-01-01T00:00:00Z", false),
+                        ]}),
+                        200,
+                    ));
+                }
+                (Method::POST, path) if path.ends_with("/eviction") => {
+                    deleted.push((path.to_string(), body.clone()));
+                    send.send_response(reply(
+                        json!({"apiVersion": "v1", "kind": "Status", "status": "Success"}),
+                        201,
+                    ));
+                }
+                (method, path) => panic!("unexpected {method} {path}"),
+            }
+        }
+        let events = tokio::time::timeout(Duration::from_secs(5), api.next_request())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(events.0.uri().path(), "/api/v1/namespaces/web/events");
+        events.1.send_response(
+            Response::builder()
+                .status(201)
+                .body(Body::from(b"{}".to_vec()))
+                .unwrap(),
+        );
+        // The first tick may delete the due pod before the rest of the list is applied.
+        let listed = async {
+            while !cache.isolated_synced() {
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), listed)
+            .await
+            .expect("the list of isolated pods is applied");
+        shutdown.cancel();
+        task.await.unwrap().unwrap();
+        drop(held_watch);
+
+        assert_eq!(deleted.len(), 1, "{deleted:?}");
+        let (path, options) = &deleted[0];
+        assert_eq!(path, "/api/v1/namespaces/web/pods/due/eviction");
+        assert_eq!(options["apiVersion"], "policy/v1");
+        assert_eq!(options["kind"], "Eviction");
+        assert_eq!(options["deleteOptions"]["preconditions"]["uid"], "u-due");
+        assert_eq!(options["deleteOptions"]["gracePeriodSeconds"], 17);
+        assert_eq!(metrics.pods_deleted.get(), 1);
+        assert_eq!(
+            cache.isolated("web", "later"),
+            Some(at("2999-01-01T00:00:00Z"))
+        );
+        assert_eq!(cache.isolated("web", "foreign"), None);
+    }
+}

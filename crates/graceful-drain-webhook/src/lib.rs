@@ -1,0 +1,457 @@
+//! `graceful-drain webhook`: HTTPS admission server, deferred deleter and admin port.
+//!
+//! Data flow: four metadata-sized watches fill [`cache::Cache`]; each AdmissionReview is
+//! parsed ([`review`]), decided as a pure function of the request and a cache snapshot
+//! ([`decide`]), acted on ([`isolate`]: PDB accounting, relabelling patch, Event) and
+//! answered ([`server`]). Isolated pods carry their own delete time; the deferred deleter
+//! ([`deleter`]) deletes them while this replica holds the Lease ([`lease`]).
+
+pub mod cache;
+pub mod configurations;
+pub mod decide;
+pub mod deleter;
+pub mod events;
+pub mod isolate;
+pub mod lease;
+pub mod metrics;
+pub mod nodepods;
+pub mod review;
+pub mod server;
+pub mod tls;
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+use kube::Api;
+use kube::api::PostParams;
+use prometheus_client::registry::Registry;
+
+pub use configurations::{ConfigurationsSpec, Target, webhook_configurations};
+pub use decide::Exposure;
+
+use graceful_drain_core::admin::Readiness;
+use graceful_drain_core::runtime::{Shutdown, spawn_owned};
+
+/// Default deregistration delay: ALBs were seen routing to draining targets for 15–19 s
+/// and kube-proxy needs about 1 s; 60 s covers that three times over. Operators with
+/// longer target-group deregistration delays raise it per namespace or pod.
+pub const DEFAULT_DEREGISTRATION_DELAY: &str = "60s";
+/// Default request body limit: a pod is at most ~1.5 MiB in etcd and a DELETE review
+/// carries it once (an eviction carries a tiny Eviction); 8 MiB leaves room for both
+/// objects of any review while bounding memory per connection.
+pub const DEFAULT_MAX_BODY: usize = 8 * 1024 * 1024;
+
+/// The admission path's client: no hidden retries (kube retries 429/503/504 up to 15
+/// times by default, far past any admission deadline). Its calls are bounded by the
+/// review's deadline and the deleter's own timeout, not by a short read timeout: that
+/// timer also runs on an idle pooled connection, kills it after that long, and the next
+/// request sent on it fails ("connection error: timed out") — it delayed removals of
+/// isolated pods by a whole retry pause and cut the deleter's watch whenever it was quiet.
+fn admission_client(mut config: kube::Config) -> anyhow::Result<kube::Client> {
+    config.default_retry = false;
+    kube::Client::try_from(config).context("build admission client")
+}
+
+/// Arguments of `graceful-drain webhook`. Option groups are boxed so the CLI's
+/// subcommand enum stays small.
+#[derive(Clone, Debug, clap::Args)]
+pub struct Args {
+    /// HTTPS address of the admission endpoints (port 0 picks one; the bound address is logged).
+    #[arg(long, env = "GRACEFUL_DRAIN_LISTEN", default_value = "0.0.0.0:9443")]
+    pub listen: SocketAddr,
+    /// Plain-HTTP admin address (/livez, /readyz, /metrics).
+    #[arg(
+        long,
+        env = "GRACEFUL_DRAIN_ADMIN_LISTEN",
+        default_value = "0.0.0.0:9090"
+    )]
+    pub admin_listen: SocketAddr,
+    #[command(flatten)]
+    pub tls: Box<TlsArgs>,
+    /// The webhooks' timeoutSeconds; the budget of a held DELETE when the API server does
+    /// not send one.
+    #[arg(long, env = "GRACEFUL_DRAIN_WEBHOOK_TIMEOUT_SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u32).range(1..=30))]
+    pub timeout_seconds: u32,
+    /// Default time between isolation and deletion.
+    #[arg(long, env = "GRACEFUL_DRAIN_DEREGISTRATION_DELAY", default_value = DEFAULT_DEREGISTRATION_DELAY,
+          value_parser = humantime::parse_duration)]
+    pub deregistration_delay: Duration,
+    /// Longest delay a pod or namespace annotation may ask for; longer ones are cut to it
+    /// with a Warning Event (an isolated pod serves no new connections from its Services,
+    /// and a typo like `5h` must not keep it for hours).
+    #[arg(long, env = "GRACEFUL_DRAIN_MAX_DEREGISTRATION_DELAY", default_value = "10m",
+          value_parser = humantime::parse_duration)]
+    pub max_deregistration_delay: Duration,
+    /// Namespace of the deleter's Lease.
+    #[arg(
+        long,
+        env = "GRACEFUL_DRAIN_NAMESPACE",
+        default_value = "graceful-drain"
+    )]
+    pub lease_namespace: String,
+    /// Name of the deleter's Lease.
+    #[arg(long, default_value = "graceful-drain-webhook")]
+    pub lease_name: String,
+    /// The webhook's own Deployment in the Lease namespace. When it is gone or being
+    /// deleted at shutdown (`helm uninstall`), the deleter removes every isolated pod
+    /// before exiting instead of leaving them to nobody.
+    #[arg(long, env = "GRACEFUL_DRAIN_DEPLOYMENT", value_name = "NAME")]
+    pub deployment: Option<String>,
+    /// Holder identity in the Lease and Events (defaults to the hostname).
+    #[arg(long, env = "GRACEFUL_DRAIN_POD_NAME")]
+    pub identity: Option<String>,
+    #[command(flatten)]
+    pub policy: Box<PolicyArgs>,
+    #[command(flatten)]
+    pub kube: graceful_drain_core::kubeclient::KubeArgs,
+}
+
+/// Serving certificate options.
+#[derive(Clone, Debug, clap::Args)]
+pub struct TlsArgs {
+    /// Serving certificate (PEM); re-read when it changes.
+    #[arg(long, value_name = "FILE", default_value = "/tls/tls.crt")]
+    pub tls_cert: PathBuf,
+    /// Serving key (PEM); re-read when it changes.
+    #[arg(long, value_name = "FILE", default_value = "/tls/tls.key")]
+    pub tls_key: PathBuf,
+    /// Serve only callers presenting a client certificate signed by this CA (PEM).
+    #[arg(long, value_name = "FILE")]
+    pub client_ca: Option<PathBuf>,
+}
+
+/// What the webhook handles and how.
+#[derive(Clone, Debug, clap::Args)]
+pub struct PolicyArgs {
+    /// Which pods count as exposed to load balancers.
+    #[arg(long, value_enum, default_value_t, env = "GRACEFUL_DRAIN_EXPOSURE")]
+    pub exposure: Exposure,
+    /// Delete only once the pod has left every EndpointSlice plus this margin (and its
+    /// delete time has passed). Off by default.
+    #[arg(long, value_name = "MARGIN", value_parser = humantime::parse_duration)]
+    pub wait_for_endpoints: Option<Duration>,
+    /// Namespaces never handled (repeatable), in addition to namespaces labelled
+    /// `graceful-drain.io/exclude=true`.
+    #[arg(long = "exclude-namespace", value_name = "NS", default_values_t = ["kube-system".to_string()])]
+    pub exclude_namespaces: Vec<String>,
+    /// Label keys an isolated pod keeps (repeatable or comma-separated), unless a selector
+    /// it must leave consists only of kept keys. Use it for the keys NetworkPolicies,
+    /// ServiceMonitors or dashboards select on (docs/webhook.md, "Relabelling").
+    #[arg(
+        long = "keep-label",
+        value_name = "KEY",
+        env = "GRACEFUL_DRAIN_KEEP_LABELS",
+        value_delimiter = ','
+    )]
+    pub keep_labels: Vec<String>,
+    /// Refuse the ReplicaSet controller's DELETE of a pod once it is isolated, so rollouts
+    /// wait for the full delay. Never refuses any other caller.
+    #[arg(long, env = "GRACEFUL_DRAIN_REFUSE_REPLICASET_DELETES")]
+    pub refuse_replicaset_deletes: bool,
+    /// Our own username(s), whose requests pass through (repeatable). Discovered with a
+    /// SelfSubjectReview when not given.
+    #[arg(
+        long = "own-user",
+        value_name = "USER",
+        env = "GRACEFUL_DRAIN_OWN_USER",
+        value_delimiter = ','
+    )]
+    pub own_users: Vec<String>,
+    /// Largest accepted AdmissionReview body, in bytes.
+    #[arg(long, default_value_t = DEFAULT_MAX_BODY)]
+    pub max_body_bytes: usize,
+    /// After SIGTERM keep serving this long (not ready) so the Service stops routing to
+    /// us before we stop accepting.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub shutdown_delay: Duration,
+}
+
+fn default_identity() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| format!("graceful-drain-{}", uuid::Uuid::new_v4()))
+}
+
+/// Asks the API server who we are, so our own DELETEs pass through.
+async fn discover_own_user(client: &kube::Client) -> Option<String> {
+    let api = Api::<SelfSubjectReview>::all(client.clone());
+    match api
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await
+    {
+        Ok(review) => review.status?.user_info?.username,
+        Err(error) => {
+            tracing::warn!(error = %graceful_drain_core::error::chain(&error), "SelfSubjectReview failed; pass --own-user so our own deletes pass through");
+            None
+        }
+    }
+}
+
+/// Marks readiness from the certificate and caches, and re-checks the certificate files
+/// even when no handshake happens (so a broken rotation shows on /readyz).
+async fn watch_readiness(
+    resolver: Arc<tls::ReloadingResolver>,
+    cache: Arc<cache::Cache>,
+    readiness: Readiness,
+    shutdown: Shutdown,
+) -> Result<(), std::convert::Infallible> {
+    let mut tick = tokio::time::interval(tls::RECHECK);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => {
+                readiness.not_ready("webhook", "shutting down");
+                return Ok(());
+            }
+            _ = tick.tick() => {}
+        }
+        resolver.maybe_reload();
+        if resolver.loaded() {
+            readiness.ready("certificate");
+        }
+        if cache.synced() {
+            readiness.ready("caches");
+        }
+        if cache.isolated_synced() {
+            readiness.ready("isolated pods");
+        }
+        // Never take requests we would refuse to act on: isolating a pod nobody deletes
+        // would leave it out of its Services for good.
+        if cache.deleter_alive(jiff::Timestamp::now()) {
+            readiness.ready("deleter");
+        } else {
+            readiness.not_ready("deleter", "no replica holds the deleter Lease");
+        }
+    }
+}
+
+/// The long-running pieces behind the admission endpoints.
+struct Workers {
+    ctx: isolate::Context,
+    /// The deleter's client: without kube's hidden retries, so a PDB's 429 to its
+    /// eviction comes back at once and the pod is deleted instead (kube would retry the
+    /// 429 up to 15 times with backoff, holding the pod far past its delete time).
+    deleter_client: kube::Client,
+    resolver: Arc<tls::ReloadingResolver>,
+    readiness: Readiness,
+    metrics: Arc<metrics::Metrics>,
+    lease_namespace: String,
+    lease_name: String,
+    wait_for_endpoints: Option<Duration>,
+    deployment: Option<String>,
+}
+
+/// Spawns the caches, readiness watcher, lease elector and deferred deleter as owned
+/// tasks; returns the elector and deleter, whose shutdown work (releasing the Lease,
+/// removing isolated pods at uninstall) must finish before the process exits.
+fn spawn_workers(w: Workers, shutdown: &Shutdown) -> Vec<tokio::task::JoinHandle<()>> {
+    let Workers {
+        ctx,
+        deleter_client,
+        resolver,
+        readiness,
+        metrics,
+        lease_namespace,
+        lease_name,
+        wait_for_endpoints,
+        deployment,
+    } = w;
+    let cache = ctx.cache.clone();
+    let watches = cache::run(cache.clone(), ctx.client.clone());
+    let stop = shutdown.clone();
+    let watches = async move {
+        tokio::select! {
+            result = watches => result,
+            () = stop.cancelled() => Ok(()),
+        }
+    };
+    spawn_owned("cache", shutdown.clone(), watches);
+    let ready = watch_readiness(resolver, cache.clone(), readiness, shutdown.clone());
+    spawn_owned("readiness", shutdown.clone(), ready);
+    let (leader_tx, leader_rx) = tokio::sync::watch::channel(false);
+    cache.enable_deleter_gate();
+    let elector = lease::Elector::new(
+        ctx.client.clone(),
+        &lease_namespace,
+        &lease_name,
+        &ctx.identity,
+    )
+    .reporting_to(cache.clone());
+    let lease = spawn_owned(
+        "lease",
+        shutdown.clone(),
+        elector.run(leader_tx, shutdown.clone()),
+    );
+    let deleter_ctx = isolate::Context {
+        client: deleter_client,
+        ..ctx
+    };
+    let mut deleter = deleter::Deleter::new(deleter_ctx, metrics, wait_for_endpoints);
+    if let Some(name) = &deployment {
+        deleter = deleter.finishing_on_uninstall(&lease_namespace, name);
+    }
+    let deleter = spawn_owned(
+        "deleter",
+        shutdown.clone(),
+        deleter.run(leader_rx, shutdown.clone()),
+    );
+    vec![lease, deleter]
+}
+
+/// Serves the admission endpoints until `shutdown`, in two stages: first stay up (not
+/// ready) for `delay` so the Service stops routing to us, then stop accepting and answer
+/// held reviews at once.
+async fn serve_admission(
+    listen: SocketAddr,
+    app: axum::Router,
+    tls_config: Arc<rustls::ServerConfig>,
+    holds: Shutdown,
+    (readiness, delay): (Readiness, Duration),
+    shutdown: Shutdown,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("bind webhook port {listen}"))?;
+    let bound = listener.local_addr().context("webhook local address")?;
+    tracing::info!(addr = %bound, "admission webhook listening (HTTPS)");
+    let serving = Shutdown::new();
+    let stages = {
+        let serving = serving.clone();
+        async move {
+            shutdown.cancelled().await;
+            readiness.not_ready("webhook", "shutting down");
+            tokio::time::sleep(delay).await;
+            holds.cancel();
+            serving.cancel();
+        }
+    };
+    tokio::spawn(stages);
+    server::serve(listener, tls_config, app, serving).await?;
+    Ok(())
+}
+
+/// Our own usernames: the flag, else what a SelfSubjectReview says.
+async fn own_users(client: &kube::Client, given: Vec<String>) -> BTreeSet<String> {
+    let mut own: BTreeSet<String> = given.into_iter().collect();
+    if own.is_empty() {
+        own.extend(discover_own_user(client).await);
+    }
+    own
+}
+
+/// Runs the webhook until `shutdown`.
+pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
+    let Args {
+        listen,
+        admin_listen,
+        tls,
+        timeout_seconds,
+        deregistration_delay,
+        max_deregistration_delay,
+        lease_namespace,
+        lease_name,
+        deployment,
+        identity,
+        policy,
+        kube,
+    } = args;
+    let (tls, policy) = (*tls, *policy);
+    let config = kube.config().await?;
+    let client = kube::Client::try_from(config.clone()).context("build client")?;
+    let admission = admission_client(config)?;
+    let identity = identity.unwrap_or_else(default_identity);
+    let own = own_users(&client, policy.own_users).await;
+    tracing::info!(%identity, own_users = ?own, "starting webhook");
+
+    let mut registry = Registry::default();
+    let metrics = Arc::new(metrics::Metrics::new(&mut registry));
+    let readiness = Readiness::default();
+    readiness.register("certificate", "serving certificate not loaded");
+    readiness.register("caches", "caches not synced");
+    readiness.register("isolated pods", "watch of isolated pods not synced");
+    readiness.register("deleter", "no replica holds the deleter Lease");
+    readiness.ready("webhook");
+    let resolver = Arc::new(tls::ReloadingResolver::new(tls.tls_cert, tls.tls_key));
+    if let Err(error) = resolver.reload() {
+        tracing::warn!(error = %graceful_drain_core::error::chain(&error), "serving certificate not available yet; retrying");
+    }
+    let tls_config = Arc::new(tls::server_config(
+        resolver.clone(),
+        tls.client_ca.as_deref(),
+    )?);
+    // Admission calls and the deleter queue their Events for one sender, which groups
+    // those of one controller's pods (see `events`).
+    let (events, queue) = tokio::sync::mpsc::channel(isolate::EVENT_QUEUE);
+    let sender = events::send(client.clone(), queue, shutdown.clone());
+    spawn_owned("events", shutdown.clone(), sender);
+    let ctx = isolate::Context {
+        client,
+        cache: Arc::new(cache::Cache::new(policy.exclude_namespaces)),
+        identity,
+        events: isolate::EventSink::Queue(events),
+        keep_labels: policy.keep_labels.iter().cloned().collect(),
+    };
+    let admission_ctx = isolate::Context {
+        client: admission,
+        ..ctx.clone()
+    };
+    let workers = Workers {
+        ctx,
+        deleter_client: admission_ctx.client.clone(),
+        resolver,
+        readiness: readiness.clone(),
+        metrics: metrics.clone(),
+        lease_namespace,
+        lease_name,
+        wait_for_endpoints: policy.wait_for_endpoints,
+        deployment,
+    };
+    let finishing = spawn_workers(workers, &shutdown);
+    let registry = Arc::new(registry);
+    let (admin_addr, admin) = graceful_drain_core::admin::bind(
+        admin_listen,
+        readiness.clone(),
+        registry,
+        shutdown.clone(),
+    )
+    .await?;
+    tracing::info!(%admin_addr, "admin port listening");
+    spawn_owned("admin", shutdown.clone(), admin);
+
+    let state = Arc::new(server::AppState {
+        ctx: admission_ctx,
+        settings: decide::Settings {
+            default_delay: deregistration_delay,
+            max_delay: max_deregistration_delay,
+            exposure: policy.exposure,
+            own_users: own,
+        },
+        metrics,
+        refuse_replicaset_deletes: policy.refuse_replicaset_deletes,
+        default_timeout: Duration::from_secs(u64::from(timeout_seconds)),
+        shutdown: Shutdown::new(),
+        holds: server::Holds::default(),
+        watch_drained_nodes: true,
+    });
+    let holds = state.shutdown.clone();
+    let app = server::router(state, policy.max_body_bytes);
+    let stage = (readiness, policy.shutdown_delay);
+    let stop = shutdown.clone();
+    let served = serve_admission(listen, app, tls_config, holds, stage, shutdown).await;
+    // Normally already cancelled; after a failed bind it stops the workers too.
+    stop.cancel();
+    for task in finishing {
+        if let Err(error) = task.await {
+            tracing::warn!(%error, "worker did not finish cleanly");
+        }
+    }
+    served
+}

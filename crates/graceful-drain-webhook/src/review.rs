@@ -1,0 +1,643 @@
+//! Parsing AdmissionReviews into what [`super::decide`] needs, and building the replies.
+//!
+//! Malformed JSON and a review without a `request` are errors (HTTP 400). Everything
+//! else that parses — a wrong apiVersion or kind, an operation or resource that is not
+//! ours, a missing object — becomes [`Parsed::NotOurs`], answered with an allowed review
+//! that changes nothing. Every reply is an `admission.k8s.io/v1` `AdmissionReview` built
+//! with kube's `AdmissionResponse::from(&request)`, so the uid is always echoed.
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::admission::{
+    AdmissionRequest, AdmissionResponse, AdmissionReview, META_API_VERSION_V1, META_KIND, Operation,
+};
+use kube::core::{DynamicObject, TypeMeta};
+use serde_json::Value;
+
+use super::decide::{OwnerKind, Path, PodFacts, Preconditions, Request};
+
+/// Why a body could not be read as an AdmissionReview.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The body is not a JSON AdmissionReview.
+    #[error("parse AdmissionReview")]
+    Json(#[source] serde_json::Error),
+    /// The review carries no `request`.
+    #[error("AdmissionReview has no request")]
+    NoRequest,
+}
+
+/// A review on the eviction path.
+#[derive(Clone, Debug)]
+pub struct Eviction {
+    pub request: Request,
+    pub namespace: String,
+    pub pod: String,
+    /// The Eviction's `deleteOptions` (an object) or `Value::Null` when absent.
+    pub delete_options: Value,
+}
+
+/// A review on the delete path. The pod stays a `DynamicObject` until it is needed:
+/// most DELETEs are answered from its metadata and the caches alone.
+#[derive(Clone, Debug)]
+pub struct Deletion {
+    pub request: Request,
+    pub object: Box<DynamicObject>,
+}
+
+impl Deletion {
+    /// The typed pod, `None` when `oldObject` does not parse as one.
+    pub fn pod(self) -> Option<Pod> {
+        self.object.try_parse::<Pod>().ok()
+    }
+}
+
+/// What a review asks of us.
+#[derive(Clone, Debug)]
+pub enum Parsed {
+    Evict(Eviction),
+    Delete(Deletion),
+    /// Valid JSON but nothing for us; the reason is logged.
+    NotOurs(&'static str),
+}
+
+/// A parsed review: the raw request (for the reply) and its meaning.
+#[derive(Clone, Debug)]
+pub struct Review {
+    pub request: AdmissionRequest<DynamicObject>,
+    pub parsed: Parsed,
+}
+
+/// Parses `body` received on `path`.
+pub fn parse(body: &[u8], path: Path) -> Result<Review, Error> {
+    let review: AdmissionReview<DynamicObject> =
+        serde_json::from_slice(body).map_err(Error::Json)?;
+    let types_ok =
+        review.types.api_version == META_API_VERSION_V1 && review.types.kind == META_KIND;
+    let request: AdmissionRequest<DynamicObject> =
+        review.try_into().map_err(|_| Error::NoRequest)?;
+    let mut request = request;
+    let parsed = if types_ok {
+        classify(&mut request, path)
+    } else {
+        Parsed::NotOurs("not an admission.k8s.io/v1 AdmissionReview")
+    };
+    Ok(Review { request, parsed })
+}
+
+fn is_pods(req: &AdmissionRequest<DynamicObject>) -> bool {
+    req.resource.group.is_empty() && req.resource.version == "v1" && req.resource.resource == "pods"
+}
+
+fn classify(req: &mut AdmissionRequest<DynamicObject>, path: Path) -> Parsed {
+    if !is_pods(req) {
+        return Parsed::NotOurs("resource is not v1 pods");
+    }
+    let sub = req.sub_resource.as_deref().unwrap_or("");
+    match path {
+        Path::Evict => {
+            if req.operation != Operation::Create || sub != "eviction" {
+                return Parsed::NotOurs("not a CREATE of pods/eviction");
+            }
+            if req.kind.kind != "Eviction" {
+                return Parsed::NotOurs("object is not an Eviction");
+            }
+            classify_eviction(req)
+        }
+        Path::Delete => {
+            if req.operation != Operation::Delete || !sub.is_empty() {
+                return Parsed::NotOurs("not a DELETE of pods");
+            }
+            classify_deletion(req)
+        }
+    }
+}
+
+fn classify_eviction(req: &AdmissionRequest<DynamicObject>) -> Parsed {
+    let Some(object) = &req.object else {
+        return Parsed::NotOurs("eviction without object");
+    };
+    let Some(namespace) = req.namespace.clone().filter(|ns| !ns.is_empty()) else {
+        return Parsed::NotOurs("eviction without namespace");
+    };
+    // The pod is the one the request is about (the URL's name, `request.name`); the API
+    // server checks that the body names the same pod, so the body is never trusted for it.
+    let pod = req.name.clone();
+    if pod.is_empty() {
+        return Parsed::NotOurs("eviction without pod name");
+    }
+    let delete_options = match object.data.get("deleteOptions") {
+        Some(v @ Value::Object(_)) => v.clone(),
+        _ => Value::Null,
+    };
+    let request = Request {
+        path: Path::Evict,
+        name: pod.clone(),
+        preconditions: preconditions(&delete_options),
+        dry_run: req.dry_run || options_dry_run(&delete_options),
+        grace_period: delete_options
+            .get("gracePeriodSeconds")
+            .and_then(Value::as_i64),
+        user: req.user_info.username.clone().unwrap_or_default(),
+    };
+    Parsed::Evict(Eviction {
+        request,
+        namespace,
+        pod,
+        delete_options,
+    })
+}
+
+fn classify_deletion(req: &mut AdmissionRequest<DynamicObject>) -> Parsed {
+    let Some(old) = &req.old_object else {
+        return Parsed::NotOurs("delete without oldObject");
+    };
+    let is_pod = old
+        .types
+        .as_ref()
+        .is_some_and(|t| t.kind == "Pod" && t.api_version == "v1");
+    if !is_pod {
+        return Parsed::NotOurs("oldObject is not a Pod");
+    }
+    let options = req
+        .options
+        .as_ref()
+        .map(|o| o.0.clone())
+        .unwrap_or(Value::Null);
+    if old.metadata.name.as_deref() != Some(req.name.as_str()) {
+        return Parsed::NotOurs("oldObject is not the request's pod");
+    }
+    let request = Request {
+        path: Path::Delete,
+        name: req.name.clone(),
+        preconditions: preconditions(&options),
+        dry_run: req.dry_run || options_dry_run(&options),
+        grace_period: options.get("gracePeriodSeconds").and_then(Value::as_i64),
+        user: req.user_info.username.clone().unwrap_or_default(),
+    };
+    match req.old_object.take() {
+        Some(object) => Parsed::Delete(Deletion {
+            request,
+            object: Box::new(object),
+        }),
+        None => Parsed::NotOurs("delete without oldObject"),
+    }
+}
+
+fn preconditions(options: &Value) -> Preconditions {
+    let field = |key: &str| {
+        options
+            .pointer(&format!("/preconditions/{key}"))
+            .and_then(Value::as_str)
+            .filter(|v| !v.is_empty())
+            .map(str::to_string)
+    };
+    Preconditions {
+        uid: field("uid"),
+        resource_version: field("resourceVersion"),
+    }
+}
+
+fn options_dry_run(options: &Value) -> bool {
+    options
+        .get("dryRun")
+        .and_then(Value::as_array)
+        .is_some_and(|a| !a.is_empty())
+}
+
+/// The facts [`super::decide::decide`] needs from a full pod.
+pub fn pod_facts(pod: &Pod) -> PodFacts {
+    let meta = &pod.metadata;
+    let status = pod.status.as_ref();
+    let ready = status
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    let owner = meta
+        .owner_references
+        .as_ref()
+        .and_then(|refs| refs.iter().find(|r| r.controller == Some(true)))
+        .map(|r| {
+            (
+                OwnerKind::from_reference(&r.api_version, &r.kind),
+                r.name.clone(),
+            )
+        });
+    PodFacts {
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        name: meta.name.clone().unwrap_or_default(),
+        uid: meta.uid.clone().unwrap_or_default(),
+        resource_version: meta.resource_version.clone().unwrap_or_default(),
+        labels: meta.labels.clone().unwrap_or_default(),
+        annotations: meta.annotations.clone().unwrap_or_default(),
+        running: status.and_then(|s| s.phase.as_deref()) == Some("Running"),
+        ready,
+        terminating: meta.deletion_timestamp.is_some(),
+        owner,
+        owner_refs: meta
+            .owner_references
+            .iter()
+            .flatten()
+            .filter_map(|r| serde_json::to_value(r).ok())
+            .collect(),
+    }
+}
+
+/// A test pod's facts at the end of a fixture chain: `pod("p").ready().facts()`.
+#[cfg(test)]
+pub(crate) trait IntoFacts {
+    fn facts(self) -> PodFacts;
+}
+
+#[cfg(test)]
+impl IntoFacts for Pod {
+    fn facts(self) -> PodFacts {
+        pod_facts(&self)
+    }
+}
+
+/// An allowed reply that changes nothing, for `request`.
+pub fn allow(request: &AdmissionRequest<DynamicObject>) -> AdmissionResponse {
+    let mut response = AdmissionResponse::from(request);
+    // Always answer in v1, whatever the request claimed; the API server rejects anything else.
+    response.types = TypeMeta {
+        api_version: META_API_VERSION_V1.to_string(),
+        kind: META_KIND.to_string(),
+    };
+    response
+}
+
+/// A refusal with HTTP 429 TooManyRequests: the API server hands the code and details
+/// to the caller (`details.retryAfterSeconds` becomes its `Retry-After` header), and
+/// eviction callers retry it like a PodDisruptionBudget refusal.
+pub fn too_many_requests(
+    request: &AdmissionRequest<DynamicObject>,
+    message: impl Into<String>,
+    retry_after_seconds: u32,
+) -> AdmissionResponse {
+    let mut response = allow(request).deny(message.into());
+    response.result.code = 429;
+    response.result.reason = "TooManyRequests".to_string();
+    response.result.details = Some(kube::core::response::StatusDetails {
+        name: request.name.clone(),
+        group: String::new(),
+        kind: "pods".to_string(),
+        uid: String::new(),
+        causes: Vec::new(),
+        retry_after_seconds,
+    });
+    response
+}
+
+/// The JSON patch turning an Eviction into a dry run, keeping its other options.
+pub fn dry_run_patch(delete_options: &Value) -> json_patch::Patch {
+    let mut options = match delete_options {
+        Value::Object(map) => map.clone(),
+        _ => serde_json::Map::new(),
+    };
+    options.insert("dryRun".into(), Value::Array(vec![Value::from("All")]));
+    json_patch::Patch(vec![json_patch::PatchOperation::Add(
+        json_patch::AddOperation {
+            path: json_patch::jsonptr::PointerBuf::from_tokens(["deleteOptions"]),
+            value: Value::Object(options),
+        },
+    )])
+}
+
+/// Serialises `response` as a full AdmissionReview.
+///
+/// kube-core writes `response.patch` (Go `[]byte`) as a JSON array of numbers. The API
+/// server's decoder accepts that, but Go's canonical encoding — and what every other
+/// webhook sends — is a base64 string, so the patch is re-encoded that way.
+pub fn to_body(response: AdmissionResponse) -> Result<Vec<u8>, serde_json::Error> {
+    let review = response.into_review();
+    let patch = review.response.as_ref().and_then(|r| r.patch.as_ref());
+    let Some(patch) = patch else {
+        return serde_json::to_vec(&review);
+    };
+    use base64::Engine as _;
+    let encoded = base64::engine::general_purpose::STANDARD.encode(patch);
+    let mut value = serde_json::to_value(&review)?;
+    if let Some(slot) = value.pointer_mut("/response/patch") {
+        *slot = Value::String(encoded);
+    }
+    serde_json::to_vec(&value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    pub fn eviction_review(uid: &str) -> Value {
+        json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": uid,
+                "kind": {"group": "policy", "version": "v1", "kind": "Eviction"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "subResource": "eviction",
+                "name": "web-1", "namespace": "web", "operation": "CREATE",
+                "userInfo": {"username": "alice"},
+                "object": {"apiVersion": "policy/v1", "kind": "Eviction",
+                           "metadata": {"name": "web-1", "namespace": "web"},
+                           "deleteOptions": {"gracePeriodSeconds": 20}},
+                "oldObject": null, "dryRun": false
+            }
+        })
+    }
+
+    fn delete_review(uid: &str) -> Value {
+        json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": uid,
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "name": "web-1", "namespace": "web", "operation": "DELETE",
+                "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
+                "oldObject": {"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": "web-1", "namespace": "web", "uid": "u1", "resourceVersion": "5",
+                                 "labels": {"app": "web"},
+                                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-abc", "uid": "rs", "controller": true}]},
+                    "spec": {"containers": [{"name": "c"}]},
+                    "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
+                "options": {"apiVersion": "meta.k8s.io/v1", "kind": "DeleteOptions", "gracePeriodSeconds": 30},
+                "dryRun": false
+            }
+        })
+    }
+
+    fn parse_value(v: &Value, path: Path) -> Result<Review, Error> {
+        parse(&serde_json::to_vec(v).unwrap(), path)
+    }
+
+    #[test]
+    fn eviction_is_read_with_its_options() {
+        let review = parse_value(&eviction_review("u-1"), Path::Evict).unwrap();
+        let Parsed::Evict(ev) = review.parsed else {
+            panic!("not an eviction")
+        };
+        assert_eq!((ev.namespace.as_str(), ev.pod.as_str()), ("web", "web-1"));
+        assert_eq!(ev.request.grace_period, Some(20));
+        assert!(!ev.request.dry_run);
+        assert_eq!(ev.request.user, "alice");
+    }
+
+    /// Only the request's pod: a body naming another pod never redirects the webhook, and
+    /// the caller's preconditions are read.
+    #[test]
+    fn eviction_is_about_the_requests_pod_with_its_preconditions() {
+        let mut v = eviction_review("u-3");
+        v["request"]["object"]["metadata"]["name"] = json!("other-pod");
+        v["request"]["object"]["deleteOptions"]["preconditions"] =
+            json!({"uid": "uid-9", "resourceVersion": "12"});
+        let Parsed::Evict(ev) = parse_value(&v, Path::Evict).unwrap().parsed else {
+            panic!("not an eviction")
+        };
+        assert_eq!(ev.pod, "web-1");
+        assert_eq!(ev.request.name, "web-1");
+        assert_eq!(ev.request.preconditions.uid.as_deref(), Some("uid-9"));
+        assert_eq!(
+            ev.request.preconditions.resource_version.as_deref(),
+            Some("12")
+        );
+    }
+
+    #[test]
+    fn deletion_is_read_with_pod_and_options() {
+        let review = parse_value(&delete_review("u-2"), Path::Delete).unwrap();
+        let Parsed::Delete(del) = review.parsed else {
+            panic!("not a delete")
+        };
+        let request = del.request.clone();
+        let facts = pod_facts(&del.pod().unwrap());
+        assert!(facts.running && facts.ready && !facts.terminating);
+        assert_eq!(facts.owner, Some((OwnerKind::ReplicaSet, "web-abc".into())));
+        assert_eq!(request.grace_period, Some(30));
+    }
+
+    #[test]
+    fn dry_run_is_seen_in_request_and_options() {
+        let mut v = eviction_review("u");
+        v["request"]["object"]["deleteOptions"]["dryRun"] = json!(["All"]);
+        let Parsed::Evict(ev) = parse_value(&v, Path::Evict).unwrap().parsed else {
+            panic!()
+        };
+        assert!(ev.request.dry_run);
+        let mut v = delete_review("u");
+        v["request"]["dryRun"] = json!(true);
+        let Parsed::Delete(del) = parse_value(&v, Path::Delete).unwrap().parsed else {
+            panic!()
+        };
+        assert!(del.request.dry_run);
+    }
+
+    #[test]
+    fn bad_input_table() {
+        let not_ours: Vec<(&str, Value, Path)> = vec![
+            (
+                "wrong apiVersion",
+                {
+                    let mut v = eviction_review("u");
+                    v["apiVersion"] = json!("admission.k8s.io/v1beta1");
+                    v
+                },
+                Path::Evict,
+            ),
+            (
+                "wrong kind",
+                {
+                    let mut v = eviction_review("u");
+                    v["kind"] = json!("Pod");
+                    v
+                },
+                Path::Evict,
+            ),
+            (
+                "missing object",
+                {
+                    let mut v = eviction_review("u");
+                    v["request"]["object"] = Value::Null;
+                    v
+                },
+                Path::Evict,
+            ),
+            (
+                "missing oldObject",
+                {
+                    let mut v = delete_review("u");
+                    v["request"]["oldObject"] = Value::Null;
+                    v
+                },
+                Path::Delete,
+            ),
+            (
+                "oldObject not a pod",
+                {
+                    let mut v = delete_review("u");
+                    v["request"]["oldObject"]["kind"] = json!("Service");
+                    v
+                },
+                Path::Delete,
+            ),
+            (
+                "delete sent to the eviction path",
+                delete_review("u"),
+                Path::Evict,
+            ),
+            (
+                "eviction sent to the delete path",
+                eviction_review("u"),
+                Path::Delete,
+            ),
+            (
+                "not pods",
+                {
+                    let mut v = delete_review("u");
+                    v["request"]["resource"]["resource"] = json!("services");
+                    v
+                },
+                Path::Delete,
+            ),
+            (
+                "update",
+                {
+                    let mut v = delete_review("u");
+                    v["request"]["operation"] = json!("UPDATE");
+                    v
+                },
+                Path::Delete,
+            ),
+        ];
+        for (name, v, path) in not_ours {
+            let review = parse_value(&v, path).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(matches!(review.parsed, Parsed::NotOurs(_)), "{name}");
+            let body: Value =
+                serde_json::from_slice(&to_body(allow(&review.request)).unwrap()).unwrap();
+            assert_eq!(body["apiVersion"], "admission.k8s.io/v1", "{name}");
+            assert_eq!(body["kind"], "AdmissionReview", "{name}");
+            assert_eq!(body["response"]["uid"], "u", "{name}");
+            assert_eq!(body["response"]["allowed"], true, "{name}");
+            assert!(body["response"].get("patch").is_none(), "{name}");
+        }
+        for (name, body) in [
+            ("not json", b"{".to_vec()),
+            (
+                "no request",
+                br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#.to_vec(),
+            ),
+            (
+                "request without uid",
+                br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{}}"#
+                    .to_vec(),
+            ),
+        ] {
+            assert!(parse(&body, Path::Evict).is_err(), "{name}");
+        }
+    }
+
+    #[test]
+    fn dry_run_patch_keeps_options_and_travels_with_its_type() {
+        let review = parse_value(&eviction_review("u-9"), Path::Evict).unwrap();
+        let Parsed::Evict(ev) = &review.parsed else {
+            panic!()
+        };
+        let response = allow(&review.request)
+            .with_patch(dry_run_patch(&ev.delete_options))
+            .unwrap();
+        let body: Value = serde_json::from_slice(&to_body(response).unwrap()).unwrap();
+        assert_eq!(body["apiVersion"], "admission.k8s.io/v1");
+        assert_eq!(body["response"]["uid"], "u-9");
+        assert_eq!(body["response"]["patchType"], "JSONPatch");
+        use base64::Engine as _;
+        let patch = base64::engine::general_purpose::STANDARD
+            .decode(
+                body["response"]["patch"]
+                    .as_str()
+                    .expect("patch is a base64 string"),
+            )
+            .unwrap();
+        let patch: Value = serde_json::from_slice(&patch).unwrap();
+        assert_eq!(
+            patch,
+            json!([{"op": "add", "path": "/deleteOptions", "value": {"gracePeriodSeconds": 20, "dryRun": ["All"]}}])
+        );
+        // Applied to the Eviction, the patch yields a dry run with the caller's grace period.
+        let mut eviction = eviction_review("x")["request"]["object"].clone();
+        json_patch::patch(
+            &mut eviction,
+            &serde_json::from_value::<json_patch::Patch>(patch).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(eviction["deleteOptions"]["dryRun"], json!(["All"]));
+    }
+
+    fn arb_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            "[a-zA-Z/.:-]{0,12}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::btree_map("[a-zA-Z]{1,10}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// Replaces one field of a valid review (by a JSON pointer) with arbitrary JSON.
+    fn mutated() -> impl Strategy<Value = (Value, Path)> {
+        let pointers = prop::sample::select(vec![
+            "/apiVersion",
+            "/kind",
+            "/request/uid",
+            "/request/kind",
+            "/request/resource",
+            "/request/subResource",
+            "/request/operation",
+            "/request/userInfo",
+            "/request/object",
+            "/request/object/metadata",
+            "/request/object/deleteOptions",
+            "/request/oldObject",
+            "/request/oldObject/metadata",
+            "/request/oldObject/status",
+            "/request/options",
+            "/request/dryRun",
+            "/request/namespace",
+            "/request/name",
+        ]);
+        (any::<bool>(), pointers, arb_json()).prop_map(|(evict, ptr, value)| {
+            let (mut review, path) = if evict {
+                (eviction_review("fixed-uid"), Path::Evict)
+            } else {
+                (delete_review("fixed-uid"), Path::Delete)
+            };
+            if let Some(slot) = review.pointer_mut(ptr) {
+                *slot = value;
+            }
+            (review, path)
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn parser_never_panics_on_bytes(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+            let _ = parse(&bytes, Path::Evict);
+            let _ = parse(&bytes, Path::Delete);
+        }
+
+        #[test]
+        fn parsed_reviews_always_answer_v1_with_the_uid((review, path) in mutated()) {
+            if let Ok(parsed) = parse_value(&review, path) {
+                let body: Value = serde_json::from_slice(&to_body(allow(&parsed.request)).unwrap()).unwrap();
+                prop_assert_eq!(&body["apiVersion"], "admission.k8s.io/v1");
+                prop_assert_eq!(&body["kind"], "AdmissionReview");
+                prop_assert_eq!(&body["response"]["uid"], &review["request"]["uid"]);
+            }
+        }
+    }
+}

@@ -1,0 +1,1275 @@
+//! The admission endpoints and the HTTPS server around them.
+//!
+//! Each review runs parse → decide → act → respond inside one `review` span (uid,
+//! operation, namespace, pod, outcome). Business outcomes are HTTP 200 AdmissionReviews;
+//! only a body that is not an AdmissionReview gets a 400. The server accepts TCP, does the
+//! TLS handshake with [`super::tls`], and serves HTTP/1.1 or h2 on each connection.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::service::TowerToHyperService;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse};
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use super::decide::{self, Decision, OwnerKind, Pass, Path, PodFacts, Request, Settings};
+use super::isolate::{self, Budget, Outcome};
+use super::metrics::Metrics;
+use super::nodepods::{self, Lookup};
+use super::review::{self, Parsed};
+use graceful_drain_core::runtime::Shutdown;
+
+/// Username of the ReplicaSet controller (kube-controller-manager with
+/// `--use-service-account-credentials`, the default of every distribution we know).
+pub const REPLICASET_CONTROLLER: &str = "system:serviceaccount:kube-system:replicaset-controller";
+/// How long before the API server's deadline a held DELETE is answered. Covers the
+/// response's trip back and clock granularity; capped at half the budget for tiny timeouts.
+const HOLD_MARGIN: Duration = Duration::from_secs(2);
+/// How often a review retries after the pod changed under it (re-read, decide again).
+const CONFLICT_ATTEMPTS: usize = 3;
+/// A TLS handshake that takes longer than this is dropped (slowloris protection).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Pause after a failed accept (e.g. out of file descriptors) before the next one.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
+
+/// Server errors.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The listener failed.
+    #[error("accept on {addr}")]
+    Accept {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Everything the handlers share.
+pub struct AppState {
+    pub ctx: isolate::Context,
+    pub settings: Settings,
+    pub metrics: Arc<Metrics>,
+    /// Refuse the ReplicaSet controller's DELETE of isolated pods (see docs).
+    pub refuse_replicaset_deletes: bool,
+    /// Budget when the API server sends no `timeout` parameter (= `--timeout-seconds`).
+    pub default_timeout: Duration,
+    /// Cancelled at shutdown: held DELETEs are answered at once.
+    pub shutdown: Shutdown,
+    /// The hold deadline of each DELETE in flight, so a repeated call continues it.
+    pub holds: Holds,
+    /// Evictions open a watch of their pod's node and later ones read their pod from it
+    /// (see [`super::nodepods`]); off, every eviction reads its pod.
+    pub watch_drained_nodes: bool,
+}
+
+/// How long the hold of a DELETE is remembered: the API server's own request deadline
+/// (60 s). The API server calls the validating webhook again within the same request when
+/// the pod changed during the call (our relabel, the ReplicaSet releasing it); such a
+/// call continues the first hold instead of starting a new one.
+const REQUEST_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Hold deadlines of recent DELETEs, by pod UID.
+#[derive(Debug, Default)]
+pub struct Holds(std::sync::Mutex<std::collections::HashMap<String, (Instant, Instant)>>);
+
+impl Holds {
+    /// The deadline of a hold of pod `uid` starting now with `deadline`: the first hold's
+    /// deadline when the same DELETE is already being held or was just answered.
+    fn deadline_for(&self, uid: &str, deadline: Instant) -> Instant {
+        let now = Instant::now();
+        let mut holds = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        holds.retain(|_, (_, forget_at)| *forget_at > now);
+        let (first, _) = holds
+            .entry(uid.to_string())
+            .or_insert((deadline, now + REQUEST_DEADLINE));
+        (*first).min(deadline)
+    }
+}
+
+/// The admission router: `POST /mutate/eviction`, `POST /validate/delete`.
+pub fn router(state: Arc<AppState>, max_body: usize) -> axum::Router {
+    axum::Router::new()
+        .route("/mutate/eviction", post(evict))
+        .route("/validate/delete", post(delete))
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(state)
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct TimeoutQuery {
+    timeout: Option<String>,
+}
+
+async fn evict(
+    State(state): State<Arc<AppState>>,
+    Query(q): Query<TimeoutQuery>,
+    body: Bytes,
+) -> Response {
+    handle(state, Path::Evict, q.timeout, body).await
+}
+
+async fn delete(
+    State(state): State<Arc<AppState>>,
+    Query(q): Query<TimeoutQuery>,
+    body: Bytes,
+) -> Response {
+    handle(state, Path::Delete, q.timeout, body).await
+}
+
+/// When a held DELETE must be answered: the API server's budget minus a margin.
+fn hold_deadline(started: Instant, budget: Duration) -> Instant {
+    let margin = HOLD_MARGIN.min(budget / 2);
+    started + budget.saturating_sub(margin)
+}
+
+async fn handle(
+    state: Arc<AppState>,
+    path: Path,
+    timeout: Option<String>,
+    body: Bytes,
+) -> Response {
+    let started = Instant::now();
+    let review = match review::parse(&body, path) {
+        Ok(review) => review,
+        Err(error) => {
+            state
+                .metrics
+                .review(path.as_str(), "malformed", started.elapsed().as_secs_f64());
+            tracing::warn!(operation = path.as_str(), error = %graceful_drain_core::error::chain(&error), "malformed admission review");
+            return (StatusCode::BAD_REQUEST, format!("{error}\n")).into_response();
+        }
+    };
+    let budget = timeout
+        .as_deref()
+        .and_then(graceful_drain_core::duration::parse_go_duration)
+        .unwrap_or(state.default_timeout);
+    let span = tracing::info_span!(
+        "review",
+        uid = %review.request.uid,
+        operation = path.as_str(),
+        namespace = review.request.namespace.as_deref().unwrap_or_default(),
+        pod = %review.request.name,
+        outcome = tracing::field::Empty,
+    );
+    let deadline = hold_deadline(started, budget);
+    let (response, outcome) = respond(&state, review, deadline)
+        .instrument(span.clone())
+        .await;
+    span.record("outcome", outcome);
+    state
+        .metrics
+        .review(path.as_str(), outcome, started.elapsed().as_secs_f64());
+    match review::to_body(response) {
+        Ok(json) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
+        Err(error) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encode review: {error}\n"),
+        )
+            .into_response(),
+    }
+}
+
+/// What the act phase settled on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Settled {
+    Pass(Pass),
+    Isolated(Timestamp),
+    Pending(Timestamp),
+    /// The live PDB refuses the eviction.
+    Refused(Budget),
+    /// Isolation could not be done for now (the API server is unavailable, the pod kept
+    /// changing); the reason, for the caller and the logs.
+    Failed(String),
+    /// Isolation can never succeed for this request (RBAC, another admission webhook or
+    /// policy refusing our relabel): let through unchanged, with a Warning Event.
+    Permanent(&'static str),
+    /// The API server's deadline for this call came first.
+    Deadline,
+}
+
+impl Settled {
+    fn outcome(&self) -> &'static str {
+        match self {
+            Settled::Pass(p) => p.as_str(),
+            Settled::Isolated(_) => "isolated",
+            Settled::Pending(_) => "pending",
+            Settled::Refused(Budget::NotObserved { .. }) => "pdb_not_observed",
+            Settled::Refused(_) => "pdb_exhausted",
+            Settled::Failed(_) => "error",
+            Settled::Permanent(_) => "failed_permanently",
+            Settled::Deadline => "deadline",
+        }
+    }
+}
+
+async fn respond(
+    state: &AppState,
+    review: review::Review,
+    deadline: Instant,
+) -> (AdmissionResponse, &'static str) {
+    let request = review.request;
+    match review.parsed {
+        Parsed::NotOurs(reason) => {
+            tracing::debug!(reason, "not ours; allowing unchanged");
+            (review::allow(&request), "not_ours")
+        }
+        Parsed::Evict(ev) => respond_evict(state, &request, ev, deadline).await,
+        Parsed::Delete(del) => respond_delete(state, &request, del, deadline).await,
+    }
+}
+
+/// Retry-After (seconds) of our own 429s for transient failures and deadlines: kubectl
+/// retries every 5 s whatever it is told; other callers get the same pace.
+const RETRY_AFTER_SECONDS: u32 = 5;
+/// Retry-After of a PDB whose latest generation is not observed yet (the API server's
+/// own value for the same answer).
+const UNOBSERVED_RETRY_SECONDS: u32 = 10;
+
+async fn respond_evict(
+    state: &AppState,
+    request: &AdmissionRequest<DynamicObject>,
+    ev: review::Eviction,
+    deadline: Instant,
+) -> (AdmissionResponse, &'static str) {
+    let allow = review::allow(request);
+    let settled = settle_until(deadline, || settle_eviction(state, &ev));
+    let settled = tokio::time::timeout_at(deadline, settled)
+        .await
+        .unwrap_or(Settled::Deadline);
+    let outcome = settled.outcome();
+    let pod = format!("{}/{}", ev.namespace, ev.pod);
+    let delete_at = match settled {
+        Settled::Isolated(t) | Settled::Pending(t) => t,
+        Settled::Pass(_) | Settled::Permanent(_) => return (allow, outcome),
+        Settled::Refused(budget) => {
+            let (pdb, retry) = match &budget {
+                Budget::NotObserved { pdb } => (pdb.clone(), UNOBSERVED_RETRY_SECONDS),
+                Budget::Exhausted { pdb } => (pdb.clone(), 0),
+                Budget::Consumed | Budget::Listed => (String::new(), 0),
+            };
+            let message = format!(
+                "Cannot evict pod {pod} as it would violate the pod's disruption budget {pdb}"
+            );
+            return (review::too_many_requests(request, message, retry), outcome);
+        }
+        Settled::Failed(why) => {
+            // Letting the eviction through would delete a pod that still serves traffic;
+            // every eviction caller (kubectl drain, our node agent, autoscalers) retries a
+            // 429, so ask it to come back instead of failing open.
+            let message = format!(
+                "graceful-drain could not isolate pod {pod} yet ({why}); retry the eviction"
+            );
+            return (
+                review::too_many_requests(request, message, RETRY_AFTER_SECONDS),
+                outcome,
+            );
+        }
+        Settled::Deadline => {
+            let message = format!(
+                "graceful-drain could not isolate pod {pod} within the admission deadline; retry the eviction"
+            );
+            return (
+                review::too_many_requests(request, message, RETRY_AFTER_SECONDS),
+                outcome,
+            );
+        }
+    };
+    match allow.with_patch(review::dry_run_patch(&ev.delete_options)) {
+        Ok(mut response) => {
+            response.warnings = Some(vec![format!(
+                "graceful-drain: pod {pod} left its load balancers and will be deleted at {delete_at}"
+            )]);
+            (response, outcome)
+        }
+        Err(error) => {
+            tracing::error!(error = %graceful_drain_core::error::chain(&error), "serialise dry-run patch");
+            (review::allow(request), "error")
+        }
+    }
+}
+
+/// First pause before settling a request again after a transient failure; it doubles up
+/// to [`TRANSIENT_PAUSE_MAX`].
+const TRANSIENT_PAUSE: Duration = Duration::from_millis(250);
+/// Longest pause between two attempts at settling one request.
+const TRANSIENT_PAUSE_MAX: Duration = Duration::from_secs(2);
+
+/// Settles a request again after a transient failure (a throttled or failed API call, a
+/// pod that kept changing) while the deadline leaves room for a pause: one 429 from
+/// Priority and Fairness must not cost an eviction the caller's whole retry pause (5 s for
+/// kubectl), nor let a DELETE through unprotected. The last failure is returned when time
+/// runs out.
+async fn settle_until<F, Fut>(deadline: Instant, mut attempt: F) -> Settled
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Settled>,
+{
+    let mut pause = TRANSIENT_PAUSE;
+    loop {
+        let settled = attempt().await;
+        let Settled::Failed(why) = &settled else {
+            return settled;
+        };
+        if Instant::now() + pause >= deadline {
+            return settled;
+        }
+        tracing::info!(%why, retry_in = ?pause, "transient failure; settling again");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(TRANSIENT_PAUSE_MAX);
+    }
+}
+
+async fn settle_eviction(state: &AppState, ev: &review::Eviction) -> Settled {
+    if let Some(pass) = request_pass(&ev.request, &state.settings) {
+        return Settled::Pass(pass);
+    }
+    let cache = &state.ctx.cache;
+    if cache.namespace(&ev.namespace).opted_out {
+        return Settled::Pass(Pass::OptedOut);
+    }
+    // Fast path: a pod no slice lists as ready is not exposed, whatever else is true.
+    let exposed = cache.has_ready_endpoint(&ev.namespace, &ev.pod);
+    if !exposed && cache.isolated(&ev.namespace, &ev.pod).is_none() {
+        return Settled::Pass(Pass::NotExposed);
+    }
+    let (read, fresh) = match watched_pod(state, &ev.namespace, &ev.pod).await {
+        Some(pod) => (Ok(Some(pod)), false),
+        None => (fetch_pod(state, &ev.namespace, &ev.pod).await, true),
+    };
+    match read {
+        Ok(Some(pod)) => settle(state, &ev.request, pod, fresh).await,
+        Ok(None) => Settled::Pass(Pass::NotRunning),
+        Err(error) => {
+            tracing::warn!(error = %graceful_drain_core::error::chain(&error), "read pod for eviction");
+            Settled::Failed(format!("read pod: {error}"))
+        }
+    }
+}
+
+fn request_pass(req: &Request, settings: &Settings) -> Option<Pass> {
+    let probe = PodFacts::default();
+    match decide::decide(
+        req,
+        &probe,
+        &decide::Snapshot::default(),
+        settings,
+        Timestamp::now(),
+    ) {
+        Decision::Pass(
+            p @ (Pass::DryRun | Pass::OwnRequest | Pass::ForceDelete | Pass::GarbageCollector),
+        ) => Some(p),
+        _ => None,
+    }
+}
+
+/// Pod `namespace/name` from the watch of its node (the node its endpoints name), which
+/// the first eviction there starts; an eviction arriving while that watch lists waits
+/// for it up to [`nodepods::SYNC_WAIT`]. `None` when the pod must be read from the API.
+async fn watched_pod(state: &AppState, namespace: &str, name: &str) -> Option<PodFacts> {
+    if !state.watch_drained_nodes {
+        return None;
+    }
+    let cache = &state.ctx.cache;
+    let node = cache.node_of(namespace, name)?;
+    let pods = &cache.node_pods;
+    match pods.lookup(&node, namespace, name) {
+        Lookup::Found(pod) => return Some(*pod),
+        Lookup::Unknown => {}
+        Lookup::NotWatched => nodepods::watch(
+            pods.clone(),
+            state.ctx.client.clone(),
+            &node,
+            state.shutdown.clone(),
+        ),
+    }
+    if !pods.wait_synced(&node, nodepods::SYNC_WAIT).await {
+        return None;
+    }
+    match pods.lookup(&node, namespace, name) {
+        Lookup::Found(pod) => Some(*pod),
+        Lookup::Unknown | Lookup::NotWatched => None,
+    }
+}
+
+async fn fetch_pod(
+    state: &AppState,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<PodFacts>, kube::Error> {
+    let api = Api::<Pod>::namespaced(state.ctx.client.clone(), namespace);
+    Ok(api.get_opt(name).await?.map(|p| review::pod_facts(&p)))
+}
+
+/// Reads `pod` again; `Err` is the answer when it is gone (nothing left to protect) or
+/// cannot be read.
+async fn reread(state: &AppState, pod: &PodFacts) -> Result<PodFacts, Settled> {
+    match fetch_pod(state, &pod.namespace, &pod.name).await {
+        Ok(Some(read)) => Ok(read),
+        Ok(None) => Err(Settled::Pass(Pass::NotRunning)),
+        Err(error) => {
+            tracing::warn!(error = %graceful_drain_core::error::chain(&error), "re-read pod");
+            Err(Settled::Failed(format!("re-read pod: {error}")))
+        }
+    }
+}
+
+/// Decide, act, and on a concurrent change re-read the pod and decide again. A pod that
+/// is not `fresh` (from a node's watch, which may lag) is read again before the request
+/// goes through unprotected.
+async fn settle(state: &AppState, req: &Request, mut pod: PodFacts, mut fresh: bool) -> Settled {
+    let attempts = CONFLICT_ATTEMPTS + usize::from(!fresh);
+    for _ in 0..attempts {
+        let snap = state.ctx.cache.snapshot(&pod);
+        let now = Timestamp::now();
+        let plan = match decide::decide(req, &pod, &snap, &state.settings, now) {
+            Decision::Pass(p) if !fresh => {
+                tracing::debug!(pass = ?p, "confirming a watched pod's pass with a read");
+                match reread(state, &pod).await {
+                    Ok(read) => {
+                        pod = read;
+                        fresh = true;
+                        continue;
+                    }
+                    Err(settled) => return settled,
+                }
+            }
+            Decision::Pass(p) => return Settled::Pass(p),
+            Decision::Pending { delete_at } => return Settled::Pending(delete_at),
+            Decision::Isolate {
+                delete_at,
+                grace_period,
+                charge,
+                capped,
+            } => {
+                if capped {
+                    delay_capped(state, &pod).await;
+                }
+                isolate::Plan {
+                    delete_at,
+                    grace_period,
+                    charge,
+                }
+            }
+        };
+        let error = match isolate::isolate(&state.ctx, &pod, &snap, plan, now).await {
+            Ok(Outcome::Isolated {
+                removed,
+                uncharged,
+                delete_at,
+            }) => {
+                state.metrics.pods_isolated.inc();
+                let removed: Vec<&String> = removed.keys().collect();
+                tracing::info!(%delete_at, ?removed, ?uncharged, "pod isolated");
+                return Settled::Isolated(delete_at);
+            }
+            Ok(Outcome::Refused(budget)) => {
+                tracing::info!(?budget, "PDB refuses the eviction");
+                return Settled::Refused(budget);
+            }
+            Err(error) => error,
+        };
+        match error {
+            isolate::Error::Conflict { code, .. } => {
+                tracing::debug!(code, "pod changed while isolating; re-reading");
+                match reread(state, &pod).await {
+                    // A 422 on an unchanged pod is no failed `test`: our relabel is invalid.
+                    Ok(read) if code == 422 && read.resource_version == pod.resource_version => {
+                        return permanent(state, req, &pod, &error).await;
+                    }
+                    Ok(read) => {
+                        pod = read;
+                        fresh = true;
+                    }
+                    Err(settled) => return settled,
+                }
+            }
+            error if error.is_permanent() => return permanent(state, req, &pod, &error).await,
+            error => {
+                tracing::warn!(error = %graceful_drain_core::error::chain(&error), "isolation failed");
+                return Settled::Failed(graceful_drain_core::error::chain(&error).to_string());
+            }
+        }
+    }
+    tracing::warn!("pod kept changing while isolating");
+    Settled::Failed("the pod kept changing while it was being isolated".to_string())
+}
+
+/// Warns on the pod that its annotated delay exceeds `--max-deregistration-delay`.
+async fn delay_capped(state: &AppState, pod: &PodFacts) {
+    let message = format!(
+        "The deregistration delay annotated on the pod or its namespace exceeds the maximum of {}; using the maximum",
+        humantime::format_duration(state.settings.max_delay)
+    );
+    isolate::record_event(
+        &state.ctx,
+        pod,
+        isolate::Severity::Warning,
+        isolate::REASON_DELAY_CAPPED,
+        &message,
+        Timestamp::now(),
+    )
+    .await;
+}
+
+/// A failure retrying cannot cure: counted, logged, and shown on the pod as a Warning
+/// Event; the request goes through unchanged.
+async fn permanent(
+    state: &AppState,
+    req: &Request,
+    pod: &PodFacts,
+    error: &isolate::Error,
+) -> Settled {
+    let reason = match error {
+        isolate::Error::Conflict { .. } => "invalid",
+        other => other.reason(),
+    };
+    state.metrics.isolation_failure(req.path.as_str(), reason);
+    tracing::warn!(%error, reason, "isolation refused permanently; letting the request through");
+    let message = format!(
+        "Could not isolate the pod before its {}; it went through unprotected: {error}",
+        match req.path {
+            Path::Evict => "eviction",
+            Path::Delete => "deletion",
+        }
+    );
+    isolate::record_event(
+        &state.ctx,
+        pod,
+        isolate::Severity::Warning,
+        isolate::REASON_ISOLATION_FAILED,
+        &message,
+        Timestamp::now(),
+    )
+    .await;
+    Settled::Permanent(reason)
+}
+
+async fn respond_delete(
+    state: &AppState,
+    request: &AdmissionRequest<DynamicObject>,
+    del: review::Deletion,
+    deadline: Instant,
+) -> (AdmissionResponse, &'static str) {
+    let namespace = request.namespace.clone().unwrap_or_default();
+    let name = del.request.name.clone();
+    if let Some(pass) = request_pass(&del.request, &state.settings) {
+        return (review::allow(request), pass.as_str());
+    }
+    // Fast path: neither isolated (its own labels say so) nor listed as a ready endpoint.
+    let draining = del
+        .object
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(graceful_drain_core::labels::DRAINING_LABEL));
+    if !draining && !state.ctx.cache.has_ready_endpoint(&namespace, &name) {
+        return (review::allow(request), Pass::NotExposed.as_str());
+    }
+    let mut req = del.request.clone();
+    let Some(pod) = del.pod() else {
+        return (review::allow(request), "not_ours");
+    };
+    let pod = review::pod_facts(&pod);
+    // The DELETE is about this incarnation of the pod: if a re-read after a conflict finds
+    // a same-name replacement, it is left alone.
+    req.preconditions.uid.get_or_insert_with(|| pod.uid.clone());
+    let owned_by_rs = matches!(pod.owner, Some((OwnerKind::ReplicaSet, _)));
+    // A DELETE is never denied for want of time: past the deadline it is allowed (the
+    // pod isolated if that finished, as it usually has).
+    let settled = settle_until(deadline, || settle(state, &req, pod.clone(), true));
+    let settled = tokio::time::timeout_at(deadline, settled)
+        .await
+        .unwrap_or(Settled::Deadline);
+    let outcome = settled.outcome();
+    let delete_at = match settled {
+        Settled::Isolated(t) | Settled::Pending(t) => t,
+        _ => return (review::allow(request), outcome),
+    };
+    if state.refuse_replicaset_deletes && owned_by_rs && req.user == REPLICASET_CONTROLLER {
+        let message = format!(
+            "graceful-drain: pod {}/{} is isolated and will be deleted at {delete_at}",
+            pod.namespace, pod.name
+        );
+        return (review::allow(request).deny(message), "refused");
+    }
+    let deadline = state.holds.deadline_for(&pod.uid, deadline);
+    hold(state, delete_at, deadline).await;
+    (review::allow(request), outcome)
+}
+
+/// Holds until `delete_at` or `deadline`, whichever is first, or until shutdown.
+async fn hold(state: &AppState, delete_at: Timestamp, deadline: Instant) {
+    let until_delete = Timestamp::now()
+        .duration_until(delete_at)
+        .try_into()
+        .unwrap_or(Duration::ZERO);
+    let until = deadline.min(Instant::now() + until_delete);
+    state.metrics.holds_in_flight.inc();
+    tokio::select! {
+        () = tokio::time::sleep_until(until) => {}
+        () = state.shutdown.cancelled() => {}
+    }
+    state.metrics.holds_in_flight.dec();
+}
+
+/// Serves `app` over TLS on `listener` until `shutdown`, then lets open connections finish
+/// (their held reviews are answered at once by the shutdown signal).
+pub async fn serve(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    app: axum::Router,
+    shutdown: Shutdown,
+) -> Result<(), Error> {
+    let addr = listener
+        .local_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(source) if is_transient(&source) => {
+                    tracing::warn!(error = %graceful_drain_core::error::chain(&source), "accept; retrying");
+                    // Back off briefly so running out of descriptors is not a busy loop.
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+                Err(source) => return Err(Error::Accept { addr, source }),
+            },
+        };
+        let acceptor = acceptor.clone();
+        let service = TowerToHyperService::new(app.clone());
+        let builder = builder.clone();
+        let watcher = graceful.watcher();
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(error)) => {
+                    tracing::debug!(%peer, error = %graceful_drain_core::error::chain(&error), "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            };
+            let conn = builder
+                .serve_connection(TokioIo::new(tls), service)
+                .into_owned();
+            if let Err(error) = watcher.watch(conn).await {
+                tracing::debug!(%peer, error = %graceful_drain_core::error::chain(&*error), "connection ended with an error");
+            }
+        });
+    }
+    graceful.shutdown().await;
+    Ok(())
+}
+
+fn is_transient(error: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        error.kind(),
+        ConnectionAborted | ConnectionReset | Interrupted | WouldBlock | TimedOut
+    ) || error.raw_os_error() == Some(24) // EMFILE: too many open files, retry later
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holds_end_before_the_api_server_gives_up() {
+        let start = Instant::now();
+        assert_eq!(
+            hold_deadline(start, Duration::from_secs(10)),
+            start + Duration::from_secs(8)
+        );
+        assert_eq!(
+            hold_deadline(start, Duration::from_secs(1)),
+            start + Duration::from_millis(500)
+        );
+    }
+
+    use crate::cache::Cache;
+    use graceful_drain_testing::fixtures::mock::{self, expect};
+    use http::Method;
+    use http_body_util::BodyExt;
+    use serde_json::{Value, json};
+    use tower::ServiceExt;
+
+    pub(super) fn state(client: kube::Client) -> Arc<AppState> {
+        let cache = Arc::new(Cache::new([]));
+        cache.apply_slice(&serde_json::from_value(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+            "metadata": {"name": "web-x1", "namespace": "web", "labels": {"kubernetes.io/service-name": "web"}},
+            "endpoints": [{"addresses": ["10.0.0.1"], "conditions": {"ready": true},
+                           "targetRef": {"kind": "Pod", "name": "web-1", "namespace": "web", "uid": "uid-1"}}]
+        })).unwrap());
+        cache.apply_service(&serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "web"},
+            "spec": {"type": "LoadBalancer", "selector": {"app": "web"}}
+        })).unwrap());
+        let mut registry = prometheus_client::registry::Registry::default();
+        Arc::new(AppState {
+            ctx: isolate::Context {
+                client,
+                cache,
+                identity: "w".into(),
+                events: isolate::EventSink::Inline,
+                keep_labels: Default::default(),
+            },
+            settings: Settings {
+                default_delay: Duration::from_secs(30),
+                max_delay: Duration::from_secs(600),
+                exposure: decide::Exposure::EndpointSlice,
+                own_users: Default::default(),
+            },
+            metrics: Arc::new(Metrics::new(&mut registry)),
+            refuse_replicaset_deletes: false,
+            default_timeout: Duration::from_secs(10),
+            shutdown: Shutdown::new(),
+            holds: Holds::default(),
+            watch_drained_nodes: false,
+        })
+    }
+
+    fn eviction_body(pod: &str) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "ev-1",
+                "kind": {"group": "policy", "version": "v1", "kind": "Eviction"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "subResource": "eviction", "name": pod, "namespace": "web", "operation": "CREATE",
+                "userInfo": {"username": "system:node:n1"},
+                "object": {"apiVersion": "policy/v1", "kind": "Eviction",
+                           "metadata": {"name": pod, "namespace": "web"},
+                           "deleteOptions": {"gracePeriodSeconds": 15}}}
+        }))
+        .unwrap()
+    }
+
+    pub(super) async fn call(state: Arc<AppState>, uri: &str, body: Vec<u8>) -> (u16, Value) {
+        let req = http::Request::post(uri)
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(body))
+            .unwrap();
+        let resp = router(state, 1 << 20).oneshot(req).await.unwrap();
+        let status = resp.status().as_u16();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
+
+    #[tokio::test]
+    async fn eviction_of_an_exposed_pod_isolates_it_and_becomes_a_dry_run() {
+        let (client, mut api) = mock::client();
+        let st = state(client);
+        let metrics_state = st.clone();
+        let call = tokio::spawn(call(
+            st,
+            "/mutate/eviction?timeout=10s",
+            eviction_body("web-1"),
+        ));
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web-1", "namespace": "web", "uid": "uid-1", "resourceVersion": "12",
+                         "labels": {"app": "web", "pod-template-hash": "h"}},
+            "spec": {"containers": [{"name": "c"}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}});
+        expect(
+            &mut api,
+            Method::GET,
+            "/api/v1/namespaces/web/pods/web-1",
+            200,
+            pod,
+        )
+        .await;
+        let patch = expect(
+            &mut api,
+            Method::PATCH,
+            "/api/v1/namespaces/web/pods/web-1",
+            200,
+            json!({}),
+        )
+        .await;
+        assert_eq!(patch.body[1]["path"], "/metadata/labels");
+        assert_eq!(
+            patch.body[2],
+            json!({"op": "remove", "path": "/metadata/labels/app"})
+        );
+        let annotations = &patch.body[4]["value"];
+        assert_eq!(
+            annotations["graceful-drain.io/grace-period-seconds"], "15",
+            "{}",
+            patch.body
+        );
+        let delete_at: Timestamp = annotations["graceful-drain.io/delete-at"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let delay = Timestamp::now().duration_until(delete_at).as_secs_f64();
+        assert!(
+            (28.0..=31.0).contains(&delay),
+            "deletion scheduled {delay}s ahead"
+        );
+        expect(
+            &mut api,
+            Method::POST,
+            "/api/v1/namespaces/web/events",
+            201,
+            json!({}),
+        )
+        .await;
+        let (status, review) = call.await.unwrap();
+        assert_eq!(status, 200);
+        assert_eq!(review["apiVersion"], "admission.k8s.io/v1");
+        assert_eq!(review["response"]["uid"], "ev-1");
+        assert_eq!(review["response"]["allowed"], true);
+        assert_eq!(review["response"]["patchType"], "JSONPatch");
+        use base64::Engine as _;
+        let patch = base64::engine::general_purpose::STANDARD
+            .decode(review["response"]["patch"].as_str().unwrap())
+            .unwrap();
+        let patch: Value = serde_json::from_slice(&patch).unwrap();
+        assert_eq!(patch[0]["value"]["dryRun"], json!(["All"]));
+        assert!(
+            review["response"]["warnings"][0]
+                .as_str()
+                .unwrap()
+                .contains("web/web-1")
+        );
+        assert_eq!(metrics_state.metrics.pods_isolated.get(), 1);
+    }
+
+    #[tokio::test]
+    async fn eviction_that_cannot_be_isolated_is_refused_with_429_not_let_through() {
+        let (client, mut api) = mock::client();
+        let call = tokio::spawn(call(
+            state(client),
+            "/mutate/eviction?timeout=10s",
+            eviction_body("web-1"),
+        ));
+        let status = json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+            "message": "etcdserver: request timed out", "reason": "InternalError", "code": 500});
+        expect(
+            &mut api,
+            Method::GET,
+            "/api/v1/namespaces/web/pods/web-1",
+            500,
+            status,
+        )
+        .await;
+        let (http_status, review) = call.await.unwrap();
+        assert_eq!(http_status, 200);
+        assert_eq!(review["response"]["uid"], "ev-1");
+        assert_eq!(review["response"]["allowed"], false);
+        assert_eq!(review["response"]["status"]["code"], 429);
+        let message = review["response"]["status"]["message"].as_str().unwrap();
+        assert!(message.contains("web/web-1"), "{message}");
+        assert!(review["response"].get("patch").is_none());
+    }
+
+    #[tokio::test]
+    async fn eviction_of_a_pod_in_no_slice_needs_no_api_call() {
+        let (client, _api) = mock::client();
+        let (status, review) =
+            call(state(client), "/mutate/eviction", eviction_body("batch-7")).await;
+        assert_eq!(status, 200);
+        assert_eq!(review["response"]["allowed"], true);
+        assert!(review["response"].get("patch").is_none());
+    }
+}
+
+#[cfg(test)]
+mod tests_support {
+    pub(super) use super::tests::{call, state};
+    use serde_json::{Value, json};
+
+    pub(super) use crate::isolate::tests::pdb_json;
+    use graceful_drain_testing::fixtures::{self, PodFixture, to_json};
+
+    /// `web/web-1`, running and ready, at resourceVersion 12.
+    pub(super) fn pod_json(uid: &str) -> Value {
+        to_json(
+            &fixtures::pod("web-1")
+                .ns("web")
+                .with_uid(uid)
+                .at_version("12")
+                .label("app", "web")
+                .container("web:1")
+                .running()
+                .ready(),
+        )
+    }
+
+    /// An eviction review of `web/web-1` with these deleteOptions.
+    pub(super) fn eviction(options: Value) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "ev-1",
+                "kind": {"group": "policy", "version": "v1", "kind": "Eviction"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "subResource": "eviction", "name": "web-1", "namespace": "web", "operation": "CREATE",
+                "userInfo": {"username": "system:node:n1"},
+                "object": {"apiVersion": "policy/v1", "kind": "Eviction",
+                           "metadata": {"name": "web-1", "namespace": "web"},
+                           "deleteOptions": options}}
+        }))
+        .unwrap()
+    }
+
+    /// A DELETE review of the bare pod `web/web-1`.
+    pub(super) fn deletion() -> Vec<u8> {
+        deletion_of(pod_json("uid-1"))
+    }
+
+    /// A DELETE review of `pod`.
+    pub(super) fn deletion_of(pod: Value) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "del-1",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "name": "web-1", "namespace": "web", "operation": "DELETE",
+                "userInfo": {"username": "alice"},
+                "oldObject": pod,
+                "options": {"apiVersion": "meta.k8s.io/v1", "kind": "DeleteOptions"}}
+        }))
+        .unwrap()
+    }
+}
+
+#[cfg(test)]
+mod issue_tests {
+    //! Mock-API tests of the answers that keep exposed pods protected whatever the
+    //! cluster does: live PDB reads, preconditions, permanent failures and deadlines.
+    use super::tests_support::*;
+    use super::*;
+    use graceful_drain_testing::fixtures::mock::{self, expect};
+    use http::Method;
+    use serde_json::json;
+
+    const POD_PATH: &str = "/api/v1/namespaces/web/pods/web-1";
+    const PDB_PATH: &str = "/apis/policy/v1/namespaces/web/poddisruptionbudgets/web";
+
+    /// The cache says the PDB has no disruption left, the live PDB has one: the eviction
+    /// is charged on the live PDB and isolated (before, it passed unchanged on the stale
+    /// view — a real eviction if the API server then allowed it).
+    #[tokio::test]
+    async fn eviction_behind_a_stale_exhausted_pdb_reads_it_live_and_isolates() {
+        let (client, mut api) = mock::client();
+        let st = state(client);
+        st.ctx
+            .cache
+            .apply_pdb(&serde_json::from_value(pdb_json("1", 0)).unwrap());
+        let call = tokio::spawn(call(
+            st,
+            "/mutate/eviction?timeout=10s",
+            eviction(json!({})),
+        ));
+        expect(&mut api, Method::GET, POD_PATH, 200, pod_json("uid-1")).await;
+        expect(&mut api, Method::GET, PDB_PATH, 200, pdb_json("2", 1)).await;
+        let put = expect(
+            &mut api,
+            Method::PUT,
+            &format!("{PDB_PATH}/status"),
+            200,
+            pdb_json("3", 0),
+        )
+        .await;
+        assert_eq!(put.body["metadata"]["resourceVersion"], "2");
+        expect(&mut api, Method::PATCH, POD_PATH, 200, json!({})).await;
+        expect(
+            &mut api,
+            Method::POST,
+            "/api/v1/namespaces/web/events",
+            201,
+            json!({}),
+        )
+        .await;
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], true);
+        assert_eq!(review["response"]["patchType"], "JSONPatch");
+    }
+
+    /// Cache and live PDB agree the budget is exhausted: we answer 429 ourselves and
+    /// change nothing, instead of passing an eviction the API server might let through.
+    #[tokio::test]
+    async fn eviction_behind_an_exhausted_pdb_is_answered_429_by_us() {
+        let (client, mut api) = mock::client();
+        let st = state(client);
+        st.ctx
+            .cache
+            .apply_pdb(&serde_json::from_value(pdb_json("1", 0)).unwrap());
+        let call = tokio::spawn(call(
+            st,
+            "/mutate/eviction?timeout=10s",
+            eviction(json!({})),
+        ));
+        expect(&mut api, Method::GET, POD_PATH, 200, pod_json("uid-1")).await;
+        expect(&mut api, Method::GET, PDB_PATH, 200, pdb_json("2", 0)).await;
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], false);
+        assert_eq!(review["response"]["status"]["code"], 429);
+        let message = review["response"]["status"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("web/web-1") && message.contains("web/web"),
+            "{message}"
+        );
+        assert!(review["response"].get("patch").is_none());
+    }
+
+    /// A DELETE behind an exhausted PDB isolates the pod anyway (PDBs never block a
+    /// DELETE) and is held; before, it passed at once and the pod died unprotected.
+    #[tokio::test]
+    async fn delete_behind_an_exhausted_pdb_is_isolated_and_held() {
+        let (client, mut api) = mock::client();
+        let st = state(client);
+        st.ctx
+            .cache
+            .apply_pdb(&serde_json::from_value(pdb_json("1", 0)).unwrap());
+        let call = tokio::spawn(call(st, "/validate/delete?timeout=2s", deletion()));
+        expect(&mut api, Method::GET, PDB_PATH, 200, pdb_json("2", 0)).await;
+        let patch = expect(&mut api, Method::PATCH, POD_PATH, 200, json!({})).await;
+        assert!(
+            patch
+                .body
+                .to_string()
+                .contains("graceful-drain.io~1draining")
+        );
+        let event = expect(
+            &mut api,
+            Method::POST,
+            "/api/v1/namespaces/web/events",
+            201,
+            json!({}),
+        )
+        .await;
+        assert!(
+            event.body["message"]
+                .as_str()
+                .unwrap()
+                .contains("not charged")
+        );
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], true);
+    }
+
+    /// An eviction carrying the UID precondition of an earlier pod with the same name is
+    /// let through unchanged (the API server answers 409): the live pod is not touched.
+    #[tokio::test]
+    async fn eviction_with_another_pods_uid_precondition_changes_nothing() {
+        let (client, mut api) = mock::client();
+        let options = json!({"preconditions": {"uid": "uid-0"}});
+        let call = tokio::spawn(call(
+            state(client),
+            "/mutate/eviction?timeout=10s",
+            eviction(options),
+        ));
+        expect(&mut api, Method::GET, POD_PATH, 200, pod_json("uid-1")).await;
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], true);
+        assert!(review["response"].get("patch").is_none());
+        drop(api);
+    }
+
+    /// Our relabel refused for good (RBAC 403): the eviction goes through unchanged with a
+    /// Warning Event and a metric, never an endless 429.
+    #[tokio::test]
+    async fn permanently_refused_relabel_lets_the_eviction_through_with_a_warning() {
+        let (client, mut api) = mock::client();
+        let st = state(client);
+        let metrics = st.clone();
+        let call = tokio::spawn(call(
+            st,
+            "/mutate/eviction?timeout=10s",
+            eviction(json!({})),
+        ));
+        expect(&mut api, Method::GET, POD_PATH, 200, pod_json("uid-1")).await;
+        expect(
+            &mut api,
+            Method::PATCH,
+            POD_PATH,
+            403,
+            mock::status(403, "Forbidden"),
+        )
+        .await;
+        let event = expect(
+            &mut api,
+            Method::POST,
+            "/api/v1/namespaces/web/events",
+            201,
+            json!({}),
+        )
+        .await;
+        assert_eq!(event.body["type"], "Warning");
+        assert_eq!(event.body["reason"], isolate::REASON_ISOLATION_FAILED);
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], true);
+        assert!(review["response"].get("patch").is_none());
+        let failures = metrics
+            .metrics
+            .isolation_failures
+            .get_or_create(&crate::metrics::FailureLabels {
+                operation: "evict",
+                reason: "forbidden",
+            })
+            .get();
+        assert_eq!(failures, 1);
+    }
+
+    /// A 422 that is not our `test` op failing (another webhook or policy refusing the
+    /// relabel: the re-read pod is unchanged) is permanent too.
+    #[tokio::test]
+    async fn invalid_relabel_on_an_unchanged_pod_is_permanent() {
+        let (client, mut api) = mock::client();
+        let call = tokio::spawn(call(
+            state(client),
+            "/mutate/eviction?timeout=10s",
+            eviction(json!({})),
+        ));
+        expect(&mut api, Method::GET, POD_PATH, 200, pod_json("uid-1")).await;
+        expect(
+            &mut api,
+            Method::PATCH,
+            POD_PATH,
+            422,
+            mock::status(422, "Invalid"),
+        )
+        .await;
+        expect(&mut api, Method::GET, POD_PATH, 200, pod_json("uid-1")).await;
+        let event = expect(
+            &mut api,
+            Method::POST,
+            "/api/v1/namespaces/web/events",
+            201,
+            json!({}),
+        )
+        .await;
+        assert_eq!(event.body["type"], "Warning");
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], true);
+        assert!(review["response"].get("patch").is_none());
+    }
+
+    /// The API server never answers: the eviction is answered 429 with Retry-After before
+    /// the API server's deadline (virtual time: the API server's 3 s budget).
+    #[tokio::test(start_paused = true)]
+    async fn eviction_is_answered_429_at_the_deadline() {
+        let (client, mut api) = mock::client();
+        let call = tokio::spawn(call(
+            state(client),
+            "/mutate/eviction?timeout=3s",
+            eviction(json!({})),
+        ));
+        let (_request, _never_answered) = api.next_request().await.unwrap();
+        let answered = tokio::time::timeout(Duration::from_secs(3), call).await;
+        let (_, review) = answered
+            .expect("answered within the API server's deadline")
+            .unwrap();
+        assert_eq!(review["response"]["allowed"], false);
+        assert_eq!(review["response"]["status"]["code"], 429);
+        assert_eq!(
+            review["response"]["status"]["details"]["retryAfterSeconds"],
+            RETRY_AFTER_SECONDS
+        );
+    }
+
+    /// The API server calls again within the same DELETE (the pod changed during the
+    /// call): the second call continues the first hold and is answered at once, so the
+    /// caller waits one webhook timeout, not two.
+    #[tokio::test(start_paused = true)]
+    async fn a_repeated_call_for_one_delete_continues_the_first_hold() {
+        let (client, _api) = mock::client();
+        let st = state(client);
+        let mut pod = pod_json("uid-1");
+        pod["metadata"]["labels"] = json!({"graceful-drain.io/draining": "true"});
+        pod["metadata"]["annotations"] = json!({
+            "graceful-drain.io/delete-at": "2999-01-01T00:00:00Z",
+            "graceful-drain.io/original-labels": "{\"app\":\"web\"}"});
+        let body = deletion_of(pod);
+        let started = tokio::time::Instant::now();
+        let (_, first) = call(st.clone(), "/validate/delete?timeout=4s", body.clone()).await;
+        assert_eq!(first["response"]["allowed"], true);
+        let first_held = started.elapsed();
+        assert_eq!(
+            first_held,
+            Duration::from_secs(2),
+            "held until the deadline minus the margin"
+        );
+        let (_, second) = call(st, "/validate/delete?timeout=4s", body).await;
+        assert_eq!(second["response"]["allowed"], true);
+        assert_eq!(
+            started.elapsed(),
+            first_held,
+            "the second call is not held again"
+        );
+    }
+
+    /// The pod was replaced under a DELETE (same name, new UID): the re-read after the
+    /// failed patch finds the replacement, which is left alone.
+    #[tokio::test]
+    async fn delete_never_isolates_a_same_name_replacement() {
+        let (client, mut api) = mock::client();
+        let st = state(client);
+        // The replacement is a ready endpoint too.
+        st.ctx.cache.apply_slice(&serde_json::from_value(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+            "metadata": {"name": "web-x2", "namespace": "web", "labels": {"kubernetes.io/service-name": "web"}},
+            "endpoints": [{"addresses": ["10.0.0.2"], "conditions": {"ready": true},
+                           "targetRef": {"kind": "Pod", "name": "web-1", "namespace": "web", "uid": "uid-2"}}]
+        })).unwrap());
+        let call = tokio::spawn(call(st, "/validate/delete?timeout=4s", deletion()));
+        expect(
+            &mut api,
+            Method::PATCH,
+            POD_PATH,
+            409,
+            mock::status(409, "Conflict"),
+        )
+        .await;
+        let mut replacement = pod_json("uid-2");
+        replacement["metadata"]["resourceVersion"] = json!("20");
+        expect(&mut api, Method::GET, POD_PATH, 200, replacement).await;
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], true);
+        let next = api.next_request().await.map(|(r, _)| r.method().clone());
+        assert_eq!(next, None, "the replacement was touched");
+    }
+
+    /// The relabel never completes: the DELETE is allowed before the API server's deadline.
+    #[tokio::test(start_paused = true)]
+    async fn delete_is_allowed_at_the_deadline() {
+        let (client, mut api) = mock::client();
+        let call = tokio::spawn(call(
+            state(client),
+            "/validate/delete?timeout=3s",
+            deletion(),
+        ));
+        let (_request, _never_answered) = api.next_request().await.unwrap();
+        let answered = tokio::time::timeout(Duration::from_secs(3), call).await;
+        let (_, review) = answered
+            .expect("answered within the API server's deadline")
+            .unwrap();
+        assert_eq!(review["response"]["allowed"], true);
+    }
+}

@@ -1,0 +1,456 @@
+//! In-process HTTPS tests of the admission server over loopback: TLS versions, h2 via
+//! ALPN, certificate rotation through a kubelet-style symlink swap, client-CA
+//! enforcement, bad input, and held DELETEs (including the ReplicaSet refusal mode).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use graceful_drain_core::certs;
+use graceful_drain_core::runtime::Shutdown;
+use graceful_drain_webhook::{cache, decide, isolate, metrics, server, tls};
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use serde_json::{Value, json};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
+struct Server {
+    addr: SocketAddr,
+    shutdown: Shutdown,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+fn bundle() -> certs::Bundle {
+    certs::generate(
+        "test",
+        &["localhost".to_string()],
+        &["127.0.0.1".parse().unwrap()],
+    )
+    .unwrap()
+}
+
+/// Starts the admission server with a mock API client nobody answers (every test here
+/// stays on paths that need no API call) and the given TLS files.
+async fn start(cert: &Path, key: &Path, client_ca: Option<&Path>, refuse_rs: bool) -> Server {
+    graceful_drain_core::runtime::install_crypto_provider();
+    let (service, _handle) =
+        tower_test::mock::pair::<Request<kube::client::Body>, Response<kube::client::Body>>();
+    let client = kube::Client::new(service, "default");
+    let mut registry = prometheus_client::registry::Registry::default();
+    let shutdown = Shutdown::new();
+    let state = Arc::new(server::AppState {
+        ctx: isolate::Context {
+            client,
+            cache: Arc::new(cache::Cache::new([])),
+            identity: "test".into(),
+            events: isolate::EventSink::Inline,
+            keep_labels: Default::default(),
+        },
+        settings: decide::Settings {
+            default_delay: Duration::from_secs(60),
+            max_delay: Duration::from_secs(600),
+            exposure: decide::Exposure::EndpointSlice,
+            own_users: ["system:serviceaccount:gd:webhook".to_string()].into(),
+        },
+        metrics: Arc::new(metrics::Metrics::new(&mut registry)),
+        refuse_replicaset_deletes: refuse_rs,
+        default_timeout: Duration::from_secs(10),
+        shutdown: shutdown.clone(),
+        holds: server::Holds::default(),
+        watch_drained_nodes: false,
+    });
+    let resolver = Arc::new(tls::ReloadingResolver::new(
+        cert.to_path_buf(),
+        key.to_path_buf(),
+    ));
+    resolver.reload().unwrap();
+    let config = Arc::new(tls::server_config(resolver, client_ca).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = server::router(state, 64 * 1024);
+    tokio::spawn(server::serve(listener, config, app, shutdown.clone()));
+    Server { addr, shutdown }
+}
+
+struct ClientOpts<'a> {
+    ca_pem: &'a str,
+    versions: &'a [&'static rustls::SupportedProtocolVersion],
+    alpn: Vec<Vec<u8>>,
+    identity: Option<(&'a str, &'a str)>,
+}
+
+fn client_opts(ca_pem: &str) -> ClientOpts<'_> {
+    ClientOpts {
+        ca_pem,
+        versions: rustls::ALL_VERSIONS,
+        alpn: vec![b"http/1.1".to_vec()],
+        identity: None,
+    }
+}
+
+async fn connect(addr: SocketAddr, opts: &ClientOpts<'_>) -> std::io::Result<TlsStream<TcpStream>> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(opts.ca_pem.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let builder = rustls::ClientConfig::builder_with_protocol_versions(opts.versions)
+        .with_root_certificates(roots);
+    let mut config = match opts.identity {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => {
+            let chain: Vec<_> = CertificateDer::pem_slice_iter(cert.as_bytes())
+                .map(Result::unwrap)
+                .collect();
+            builder
+                .with_client_auth_cert(
+                    chain,
+                    PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
+                )
+                .unwrap()
+        }
+    };
+    config.alpn_protocols = opts.alpn.clone();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = TcpStream::connect(addr).await?;
+    connector
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+}
+
+/// The DER of the certificate the server presented on `stream`.
+fn served_cert(stream: &TlsStream<TcpStream>) -> Vec<u8> {
+    stream.get_ref().1.peer_certificates().unwrap()[0].to_vec()
+}
+
+fn der_of(pem: &str) -> Vec<u8> {
+    CertificateDer::pem_slice_iter(pem.as_bytes())
+        .next()
+        .unwrap()
+        .unwrap()
+        .to_vec()
+}
+
+async fn post_h1(stream: TlsStream<TcpStream>, path: &str, body: Vec<u8>) -> (u16, Bytes) {
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    send(&mut sender, path, body).await
+}
+
+async fn send(
+    sender: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    path: &str,
+    body: Vec<u8>,
+) -> (u16, Bytes) {
+    let req = Request::post(path)
+        .header("content-type", "application/json")
+        .header("host", "localhost")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.into_body().collect().await.unwrap().to_bytes())
+}
+
+fn eviction(uid: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "policy", "version": "v1", "kind": "Eviction"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "subResource": "eviction", "name": "web-1", "namespace": "web", "operation": "CREATE",
+            "userInfo": {"username": "alice"},
+            "object": {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "web-1", "namespace": "web"}}
+        }
+    }))
+    .unwrap()
+}
+
+fn isolated_pod_delete(uid: &str, user: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "name": "web-1", "namespace": "web", "operation": "DELETE",
+            "userInfo": {"username": user},
+            "oldObject": {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "web-1", "namespace": "web", "uid": "p1", "resourceVersion": "9",
+                    "labels": {"graceful-drain.io/draining": "true"},
+                    "annotations": {"graceful-drain.io/delete-at": "2999-01-01T00:00:00Z",
+                                    "graceful-drain.io/original-labels": "{\"app\":\"web\"}"},
+                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-abc", "uid": "r", "controller": true}]},
+                "spec": {"containers": [{"name": "c"}]},
+                "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+        }
+    }))
+    .unwrap()
+}
+
+fn review(body: &[u8]) -> Value {
+    serde_json::from_slice(body).unwrap()
+}
+
+fn write_bundle(dir: &Path) -> (certs::Bundle, PathBuf, PathBuf) {
+    let b = bundle();
+    let paths = certs::write(&b, dir).unwrap();
+    (b, paths.cert, paths.key)
+}
+
+#[tokio::test]
+async fn serves_tls12_and_tls13_with_http1_and_h2() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, cert, key) = write_bundle(dir.path());
+    let srv = start(&cert, &key, None, false).await;
+
+    for (version, want) in [
+        (&rustls::version::TLS12, rustls::ProtocolVersion::TLSv1_2),
+        (&rustls::version::TLS13, rustls::ProtocolVersion::TLSv1_3),
+    ] {
+        let opts = ClientOpts {
+            versions: &[version],
+            ..client_opts(&b.ca_cert)
+        };
+        let stream = connect(srv.addr, &opts).await.unwrap();
+        assert_eq!(stream.get_ref().1.protocol_version(), Some(want));
+        let (status, body) = post_h1(stream, "/mutate/eviction", eviction("tls-uid")).await;
+        assert_eq!(status, 200);
+        let r = review(&body);
+        assert_eq!(r["apiVersion"], "admission.k8s.io/v1");
+        assert_eq!(r["kind"], "AdmissionReview");
+        assert_eq!(r["response"]["uid"], "tls-uid");
+        assert_eq!(r["response"]["allowed"], true);
+    }
+
+    let opts = ClientOpts {
+        alpn: vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+        ..client_opts(&b.ca_cert)
+    };
+    let stream = connect(srv.addr, &opts).await.unwrap();
+    assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (mut h2, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = Request::post("https://localhost/mutate/eviction")
+        .body(Full::new(Bytes::from(eviction("h2-uid"))))
+        .unwrap();
+    let resp = h2.send_request(req).await.unwrap();
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(review(&body)["response"]["uid"], "h2-uid");
+}
+
+#[tokio::test]
+async fn rejects_bad_input_with_400_and_oversized_bodies() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, cert, key) = write_bundle(dir.path());
+    let srv = start(&cert, &key, None, false).await;
+    let stream = connect(srv.addr, &client_opts(&b.ca_cert)).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let (status, body) = send(&mut sender, "/validate/delete", b"{not json".to_vec()).await;
+    assert_eq!(status, 400);
+    assert!(String::from_utf8_lossy(&body).contains("parse AdmissionReview"));
+    // Keep-alive: the same connection serves the next review.
+    let (status, body) = send(&mut sender, "/validate/delete", eviction("wrong-path")).await;
+    assert_eq!(status, 200);
+    assert_eq!(review(&body)["response"]["uid"], "wrong-path");
+    assert!(review(&body)["response"].get("patch").is_none());
+    let (status, _) = send(&mut sender, "/validate/delete", vec![b' '; 128 * 1024]).await;
+    assert_eq!(status, 413);
+}
+
+/// The kubelet's Secret-volume layout: files are symlinks through `..data`, which is
+/// swapped atomically to a new timestamped directory on rotation.
+fn kubelet_volume(root: &Path, first: &Path) -> (PathBuf, PathBuf) {
+    std::os::unix::fs::symlink(first, root.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/tls.crt", root.join("tls.crt")).unwrap();
+    std::os::unix::fs::symlink("..data/tls.key", root.join("tls.key")).unwrap();
+    (root.join("tls.crt"), root.join("tls.key"))
+}
+
+fn swap_data(root: &Path, next: &Path) {
+    let tmp = root.join("..data_tmp");
+    std::os::unix::fs::symlink(next, &tmp).unwrap();
+    std::fs::rename(&tmp, root.join("..data")).unwrap();
+}
+
+#[tokio::test]
+async fn rotated_certificate_is_served_to_new_handshakes_without_dropping_connections() {
+    let root = tempfile::tempdir().unwrap();
+    let v1 = root.path().join("..2026_01_01_v1");
+    let v2 = root.path().join("..2026_01_01_v2");
+    let first = bundle();
+    certs::write(&first, &v1).unwrap();
+    let second = bundle();
+    certs::write(&second, &v2).unwrap();
+    let (cert, key) = kubelet_volume(root.path(), &v1);
+    let srv = start(&cert, &key, None, false).await;
+
+    let opts1 = client_opts(&first.ca_cert);
+    let open = connect(srv.addr, &opts1).await.unwrap();
+    assert_eq!(served_cert(&open), der_of(&first.cert));
+    let (mut kept, conn) = hyper::client::conn::http1::handshake(TokioIo::new(open))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    assert_eq!(
+        send(&mut kept, "/mutate/eviction", eviction("before"))
+            .await
+            .0,
+        200
+    );
+
+    swap_data(root.path(), &v2);
+    let opts2 = client_opts(&second.ca_cert);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Ok(stream) = connect(srv.addr, &opts2).await
+            && served_cert(&stream) == der_of(&second.cert)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "rotated certificate never served"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The connection opened before the rotation still works.
+    let (status, body) = send(&mut kept, "/mutate/eviction", eviction("after")).await;
+    assert_eq!(status, 200);
+    assert_eq!(review(&body)["response"]["uid"], "after");
+}
+
+#[tokio::test]
+async fn client_ca_admits_only_callers_with_a_certificate_it_signed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, cert, key) = write_bundle(dir.path());
+    let clients = bundle();
+    let ca_path = dir.path().join("client-ca.crt");
+    std::fs::write(&ca_path, &clients.ca_cert).unwrap();
+    let srv = start(&cert, &key, Some(&ca_path), false).await;
+
+    let anonymous = connect(srv.addr, &client_opts(&b.ca_cert)).await;
+    let rejected = match anonymous {
+        Err(_) => true,
+        Ok(stream) => {
+            // TLS 1.3 reports the missing certificate after the client's handshake ends.
+            let (mut s, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            let req = Request::post("/mutate/eviction")
+                .body(Full::new(Bytes::from(eviction("x"))))
+                .unwrap();
+            s.send_request(req).await.is_err()
+        }
+    };
+    assert!(rejected, "a client without a certificate was served");
+
+    let stranger = bundle();
+    let wrong = ClientOpts {
+        identity: Some((&stranger.cert, &stranger.key)),
+        ..client_opts(&b.ca_cert)
+    };
+    let served = match connect(srv.addr, &wrong).await {
+        Err(_) => false,
+        Ok(stream) => {
+            let (mut s, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            let req = Request::post("/mutate/eviction")
+                .body(Full::new(Bytes::from(eviction("x"))))
+                .unwrap();
+            s.send_request(req).await.is_ok()
+        }
+    };
+    assert!(!served, "a client certificate from another CA was accepted");
+
+    let good = ClientOpts {
+        identity: Some((&clients.cert, &clients.key)),
+        ..client_opts(&b.ca_cert)
+    };
+    let stream = connect(srv.addr, &good).await.unwrap();
+    let (status, body) = post_h1(stream, "/mutate/eviction", eviction("mtls")).await;
+    assert_eq!(status, 200);
+    assert_eq!(review(&body)["response"]["uid"], "mtls");
+}
+
+#[tokio::test]
+async fn held_delete_answers_before_the_api_server_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, cert, key) = write_bundle(dir.path());
+    let srv = start(&cert, &key, None, true).await;
+    let opts = client_opts(&b.ca_cert);
+
+    // kubectl (a person) deleting an isolated pod is held, then allowed, within `timeout`.
+    let stream = connect(srv.addr, &opts).await.unwrap();
+    let started = Instant::now();
+    let (status, body) = post_h1(
+        stream,
+        "/validate/delete?timeout=3s",
+        isolated_pod_delete("held", "alice"),
+    )
+    .await;
+    let took = started.elapsed();
+    assert_eq!(status, 200);
+    assert_eq!(review(&body)["response"]["allowed"], true);
+    assert!(took >= Duration::from_millis(900), "not held: {took:?}");
+    assert!(
+        took < Duration::from_secs(3),
+        "held past the API server's deadline: {took:?}"
+    );
+
+    // The ReplicaSet controller is refused in that mode (and only it).
+    let stream = connect(srv.addr, &opts).await.unwrap();
+    let rs = "system:serviceaccount:kube-system:replicaset-controller";
+    let (status, body) = post_h1(
+        stream,
+        "/validate/delete?timeout=3s",
+        isolated_pod_delete("rs", rs),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let r = review(&body);
+    assert_eq!(r["response"]["uid"], "rs");
+    assert_eq!(r["response"]["allowed"], false);
+    assert!(
+        r["response"]["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("web/web-1")
+    );
+
+    // Our own deleter passes through at once.
+    let stream = connect(srv.addr, &opts).await.unwrap();
+    let (status, body) = post_h1(
+        stream,
+        "/validate/delete?timeout=3s",
+        isolated_pod_delete("own", "system:serviceaccount:gd:webhook"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(review(&body)["response"]["allowed"], true);
+}

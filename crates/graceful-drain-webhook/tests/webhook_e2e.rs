@@ -1,0 +1,1558 @@
+//! End-to-end scenarios of the webhook on the simulated cluster: the real webhook (started
+//! from its documented flags), the simulated API server calling it over HTTPS, the
+//! ReplicaSet/EndpointSlice controllers, kubelets and load balancers with traffic.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
+
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use graceful_drain_core::runtime::Shutdown;
+use graceful_drain_sim::scenario::actions;
+use graceful_drain_webhook::{ConfigurationsSpec, Target, webhook_configurations};
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, ResourceExt};
+use kube_sim::apiserver::ClientCert;
+use kube_sim::cluster::{Cluster, ClusterConfig, WebSpec, wait_for};
+use kube_sim::traffic::TrafficConfig;
+use rustls::pki_types::pem::PemObject;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Bound for any convergence here; runs take seconds.
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The webhook's service account in these scenarios (passed as `--own-user`; the token
+/// of the kubeconfig is the user name).
+const WEBHOOK_USER: &str = "system:serviceaccount:graceful-drain:graceful-drain-webhook";
+
+#[derive(Parser)]
+struct WebhookCli {
+    #[command(flatten)]
+    args: graceful_drain_webhook::Args,
+}
+
+/// The running webhook; dropping it stops it.
+struct Webhook {
+    stop: Shutdown,
+    /// Where it serves admission reviews.
+    listen: std::net::SocketAddr,
+    /// Its plain-HTTP admin port (`/readyz`, `/metrics`).
+    admin: std::net::SocketAddr,
+    /// The CA of its serving certificate (PEM).
+    ca: String,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Webhook {
+    /// Waits until the stopped webhook has finished its shutdown.
+    async fn stopped(mut self) {
+        if let Some(task) = self.task.take() {
+            task.await.unwrap().unwrap();
+        }
+    }
+}
+
+impl Drop for Webhook {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+fn free_port() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+async fn ready(admin: std::net::SocketAddr) -> bool {
+    let Ok(mut stream) = tokio::net::TcpStream::connect(admin).await else {
+        return false;
+    };
+    let request = "GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.read_to_end(&mut answer)).await;
+    answer.starts_with(b"HTTP/1.1 200")
+}
+
+/// Starts `graceful-drain webhook` from its documented flags against `cluster` and
+/// registers it with the configurations [`webhook_configurations`] builds.
+async fn start_webhook(cluster: &Cluster, delay: Duration, timeout_seconds: u32) -> Webhook {
+    start_webhook_with(cluster, delay, timeout_seconds, &[]).await
+}
+
+/// [`start_webhook`] with extra command-line flags.
+async fn start_webhook_with(
+    cluster: &Cluster,
+    delay: Duration,
+    timeout_seconds: u32,
+    extra: &[&str],
+) -> Webhook {
+    let webhook = launch_webhook(cluster, delay, timeout_seconds, extra).await;
+    wait_for("webhook ready", TIMEOUT, || ready(webhook.admin))
+        .await
+        .unwrap();
+    register_webhook(cluster, &webhook, timeout_seconds).await;
+    webhook
+}
+
+/// Starts `graceful-drain webhook` from its documented flags against `cluster`, without
+/// waiting for it to be ready nor registering it.
+async fn launch_webhook(
+    cluster: &Cluster,
+    delay: Duration,
+    timeout_seconds: u32,
+    extra: &[&str],
+) -> Webhook {
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = graceful_drain_core::certs::generate(
+        "webhook",
+        &["localhost".into()],
+        &["127.0.0.1".parse().unwrap()],
+    )
+    .unwrap();
+    let tls = graceful_drain_core::certs::write(&bundle, dir.path()).unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    cluster
+        .api()
+        .write_kubeconfig(&kubeconfig, WEBHOOK_USER)
+        .unwrap();
+    let namespaces: Api<Namespace> = Api::all(cluster.client());
+    let ns = serde_json::from_value(serde_json::json!({"metadata": {"name": "graceful-drain"}}))
+        .unwrap();
+    let _ = namespaces.create(&PostParams::default(), &ns).await;
+    let (listen, admin) = (free_port(), free_port());
+    let delay = humantime::format_duration(delay).to_string();
+    let (listen_s, admin_s, timeout_s) = (
+        listen.to_string(),
+        admin.to_string(),
+        timeout_seconds.to_string(),
+    );
+    let mut argv = vec![
+        "webhook",
+        "--listen",
+        &listen_s,
+        "--admin-listen",
+        &admin_s,
+        "--tls-cert",
+        tls.cert.to_str().unwrap(),
+        "--tls-key",
+        tls.key.to_str().unwrap(),
+        "--deregistration-delay",
+        &delay,
+        "--timeout-seconds",
+        &timeout_s,
+        "--lease-namespace",
+        "graceful-drain",
+        "--identity",
+        "webhook-0",
+        "--own-user",
+        WEBHOOK_USER,
+        "--shutdown-delay",
+        "0s",
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+    ];
+    argv.extend_from_slice(extra);
+    let cli = WebhookCli::try_parse_from(argv).unwrap();
+    let stop = Shutdown::new();
+    let task = tokio::spawn(graceful_drain_webhook::run(cli.args, stop.clone()));
+    Webhook {
+        stop,
+        listen,
+        admin,
+        ca: bundle.ca_cert,
+        task: Some(task),
+        _dir: dir,
+    }
+}
+
+/// Registers `webhook` with the configurations [`webhook_configurations`] builds.
+async fn register_webhook(cluster: &Cluster, webhook: &Webhook, timeout_seconds: u32) {
+    let (mutating, validating) = webhook_configurations(&ConfigurationsSpec {
+        target: Target::Url(format!("https://127.0.0.1:{}", webhook.listen.port())),
+        ca_bundle: Some(webhook.ca.clone()),
+        timeout_seconds: i32::try_from(timeout_seconds).unwrap(),
+        ..ConfigurationsSpec::default()
+    });
+    let pp = PostParams::default();
+    Api::<MutatingWebhookConfiguration>::all(cluster.client())
+        .create(&pp, &mutating)
+        .await
+        .unwrap();
+    Api::<ValidatingWebhookConfiguration>::all(cluster.client())
+        .create(&pp, &validating)
+        .await
+        .unwrap();
+}
+
+async fn setup(spec: &WebSpec, delay: Duration, timeout_seconds: u32) -> (Cluster, Webhook) {
+    setup_with(ClusterConfig::default(), spec, delay, timeout_seconds, &[]).await
+}
+
+/// [`setup`] on a cluster started from `config`, the webhook given `extra` flags.
+async fn setup_with(
+    config: ClusterConfig,
+    spec: &WebSpec,
+    delay: Duration,
+    timeout_seconds: u32,
+    extra: &[&str],
+) -> (Cluster, Webhook) {
+    graceful_drain_core::runtime::install_crypto_provider();
+    graceful_drain_core::runtime::init_tracing(graceful_drain_core::runtime::LogFormat::Text);
+    let cluster = Cluster::start(config, Shutdown::new()).await.unwrap();
+    let webhook = start_webhook_with(&cluster, delay, timeout_seconds, extra).await;
+    cluster.deploy_web(spec, TIMEOUT).await.unwrap();
+    // Isolation needs an observed PDB, exactly like an eviction does.
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(cluster.client(), &spec.namespace);
+    let allowed = spec.replicas - spec.min_available;
+    wait_for("pdb observed", TIMEOUT, || async {
+        pdbs.get(&spec.name)
+            .await
+            .ok()
+            .and_then(|p| p.status)
+            .is_some_and(|s| s.disruptions_allowed == allowed)
+    })
+    .await
+    .unwrap();
+    (cluster, webhook)
+}
+
+async fn web_pods(cluster: &Cluster, spec: &WebSpec) -> Vec<Pod> {
+    let api: Api<Pod> = Api::namespaced(cluster.client(), &spec.namespace);
+    api.list(&ListParams::default()).await.unwrap().items
+}
+
+/// The node of the first web pod listed: a node that runs some of the web pods.
+async fn first_web_pod_node(cluster: &Cluster, spec: &WebSpec) -> String {
+    web_pods(cluster, spec).await[0]
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap()
+}
+
+async fn event_reasons(cluster: &Cluster, ns: &str, pod: &str) -> Vec<String> {
+    let api: Api<Event> = Api::namespaced(cluster.client(), ns);
+    api.list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| graceful_drain_webhook::events::names_pod(e, pod))
+        .filter_map(|e| e.reason)
+        .collect()
+}
+
+fn is_draining(pod: &Pod) -> bool {
+    pod.labels().contains_key("graceful-drain.io/draining")
+}
+
+/// A plain eviction-based drain (what `kubectl drain` does) with the webhook installed:
+/// every evicted pod is isolated first, keeps serving until the load balancer let go,
+/// and is deleted after the delay — no request fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eviction_drain_behind_a_lagging_load_balancer_has_no_5xx() {
+    let spec = WebSpec::default();
+    // The simulated LB takes 3 s to deregister; 5 s of delay covers it.
+    let (cluster, _webhook) = setup(&spec, Duration::from_secs(5), 10).await;
+    let client = cluster.client();
+    let node = cluster.nodes()[0].clone();
+    let before = actions::pods_on(&client, &node).await.unwrap();
+    assert!(!before.is_empty());
+    let traffic = cluster.traffic(
+        &spec,
+        TrafficConfig {
+            rate: 200.0,
+            request_duration: Duration::from_millis(5),
+            max_requests: 20_000,
+            max_duration: TIMEOUT,
+        },
+    );
+    let started = Instant::now();
+    actions::plain_drain(&client, &node, TIMEOUT).await.unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_secs(4),
+        "pods were deleted before their deregistration delay"
+    );
+    cluster.wait_web_ready(&spec, TIMEOUT).await.unwrap();
+    let report = traffic.stop().await;
+    assert!(report.requests > 100, "traffic ran: {}", report.requests);
+    assert_eq!(report.errors_5xx, 0, "5xx during a protected drain");
+    for pod in &before {
+        for reason in ["graceful-drain.io/Isolated", "graceful-drain.io/Deleted"] {
+            assert!(
+                event_arrives(&cluster, &pod.name_any(), reason).await,
+                "{reason}: {:?}",
+                event_reasons(&cluster, "default", &pod.name_any()).await
+            );
+        }
+    }
+}
+
+/// Concurrent evictions of every pod behind a PDB with one disruption left: exactly one
+/// pod is isolated (the eviction answered as a dry run), the others are refused with 429
+/// by the API server, and the pods still serving are at least minAvailable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_evictions_take_only_the_disruptions_the_pdb_allows() {
+    let spec = WebSpec {
+        replicas: 3,
+        min_available: 2,
+        ..WebSpec::default()
+    };
+    let (cluster, _webhook) = setup(&spec, Duration::from_secs(30), 10).await;
+    let client = cluster.client();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let all = web_pods(&cluster, &spec).await;
+    let evictions = all.iter().map(|pod| {
+        let pods = pods.clone();
+        let name = pod.name_any();
+        async move {
+            let body = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": name, "namespace": "default"}});
+            pods.create_subresource::<_, serde_json::Value>(
+                "eviction",
+                &name,
+                &PostParams::default(),
+                &body,
+            )
+            .await
+        }
+    });
+    let results = futures::future::join_all(evictions).await;
+    let accepted = results.iter().filter(|r| r.is_ok()).count();
+    let refused = results
+        .iter()
+        .filter(|r| matches!(r, Err(kube::Error::Api(s)) if s.code == 429))
+        .count();
+    assert_eq!((accepted, refused), (1, 2), "{results:?}");
+    let now = web_pods(&cluster, &spec).await;
+    let draining: Vec<&Pod> = now.iter().filter(|p| is_draining(p)).collect();
+    assert_eq!(draining.len(), 1, "one isolated pod");
+    assert!(
+        draining[0].metadata.deletion_timestamp.is_none(),
+        "still alive, serving"
+    );
+    // Isolated pods count as unavailable: the ones still serving are at least minAvailable.
+    let serving = now
+        .iter()
+        .filter(|p| !is_draining(p) && p.labels().get("app").map(String::as_str) == Some("web"))
+        .count();
+    assert!(serving >= 2, "only {serving} pods serve");
+}
+
+/// A DELETE (`kubectl delete pod`, `kubectl drain --disable-eviction`) is never denied:
+/// the pod is isolated, the call is held until shortly before the API server's deadline,
+/// then allowed; the ReplicaSet has already started the replacement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_is_held_within_the_webhook_timeout_then_allowed() {
+    let spec = WebSpec {
+        replicas: 2,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    let (cluster, _webhook) = setup(&spec, Duration::from_secs(30), 4).await;
+    let client = cluster.client();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let victim = web_pods(&cluster, &spec).await.remove(0).name_any();
+    let started = Instant::now();
+    pods.delete(&victim, &DeleteParams::default())
+        .await
+        .unwrap();
+    let held = started.elapsed();
+    assert!(held >= Duration::from_millis(1500), "not held: {held:?}");
+    assert!(
+        held < Duration::from_secs(4),
+        "held past the 4 s webhook timeout: {held:?}"
+    );
+    assert!(
+        event_arrives(&cluster, &victim, "graceful-drain.io/Isolated").await,
+        "{:?}",
+        event_reasons(&cluster, "default", &victim).await
+    );
+    // The replacement was started while the isolated pod was held.
+    cluster.wait_web_ready(&spec, TIMEOUT).await.unwrap();
+}
+
+/// `kubectl rollout restart`: the ReplicaSet controller deletes old pods; each DELETE
+/// isolates the pod and is held until the load balancer let go — no request fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollout_behind_a_lagging_load_balancer_has_no_5xx() {
+    let spec = WebSpec::default();
+    let (cluster, _webhook) = setup(&spec, Duration::from_secs(5), 10).await;
+    let client = cluster.client();
+    let traffic = cluster.traffic(
+        &spec,
+        TrafficConfig {
+            rate: 200.0,
+            request_duration: Duration::from_millis(5),
+            max_requests: 40_000,
+            max_duration: TIMEOUT,
+        },
+    );
+    let old = web_pods(&cluster, &spec).await;
+    actions::rollout(&client, &spec, TIMEOUT).await.unwrap();
+    let report = traffic.stop().await;
+    assert!(report.requests > 100, "traffic ran: {}", report.requests);
+    assert_eq!(report.errors_5xx, 0, "5xx during a protected rollout");
+    let mut isolated = 0;
+    for pod in &old {
+        isolated += usize::from(
+            event_arrives(&cluster, &pod.name_any(), "graceful-drain.io/Isolated").await,
+        );
+    }
+    assert_eq!(
+        isolated,
+        old.len(),
+        "every replaced pod was isolated before deletion"
+    );
+}
+
+/// A webhook started with `--client-ca` admits the API server, which presents the
+/// client certificate its configuration names (kube-apiserver's admission kubeconfig),
+/// and refuses at the TLS handshake a caller that presents none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_with_client_ca_admits_the_api_servers_certificate_and_refuses_others() {
+    graceful_drain_core::runtime::install_crypto_provider();
+    let certs_dir = tempfile::tempdir().unwrap();
+    let client =
+        graceful_drain_core::certs::generate("kube-apiserver", &["kube-apiserver".into()], &[])
+            .unwrap();
+    let client = graceful_drain_core::certs::write(&client, certs_dir.path()).unwrap();
+    let mut config = ClusterConfig::default();
+    config.api.webhook_client_cert = Some(ClientCert {
+        cert: client.cert.clone(),
+        key: client.key.clone(),
+    });
+    let cluster = Cluster::start(config, Shutdown::new()).await.unwrap();
+    let webhook = start_webhook_with(
+        &cluster,
+        Duration::from_secs(1),
+        5,
+        &["--client-ca", client.ca_cert.to_str().unwrap()],
+    )
+    .await;
+
+    // The DELETE of a pod reaches the validating webhook, which allows it.
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let pod = serde_json::from_value(serde_json::json!({"metadata": {"name": "bare"},
+        "spec": {"containers": [{"name": "c", "image": "x"}]}}))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    pods.delete("bare", &DeleteParams::default()).await.unwrap();
+    let stats = cluster.api().stats();
+    assert!(stats.admission_total() > 0, "{stats:?}");
+    assert!(stats.admission_failures.is_empty(), "{stats:?}");
+
+    // A caller without a client certificate gets no HTTP answer.
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(webhook.ca.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let tls = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls));
+    let tcp = tokio::net::TcpStream::connect(webhook.listen)
+        .await
+        .unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let refused = match connector.connect(name, tcp).await {
+        Err(_) => true,
+        Ok(mut stream) => {
+            let request = "GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+            let _ = stream.write_all(request.as_bytes()).await;
+            let mut answer = Vec::new();
+            let read = stream.read_to_end(&mut answer).await;
+            read.is_err() || !answer.starts_with(b"HTTP/")
+        }
+    };
+    assert!(
+        refused,
+        "a caller without a client certificate was answered"
+    );
+}
+/// Events with `reason` on pod `name` in the default namespace.
+async fn has_event(cluster: &Cluster, pod: &str, reason: &str) -> bool {
+    event_reasons(cluster, "default", pod)
+        .await
+        .iter()
+        .any(|r| r == reason)
+}
+
+/// How long an Event may take: the webhook sends them in the background, and while they
+/// keep coming it gathers them for half a second to group those of one controller.
+const EVENT_WAIT: Duration = Duration::from_secs(5);
+
+/// Whether an Event with `reason` about `pod` (in `default`) arrives within [`EVENT_WAIT`].
+async fn event_arrives(cluster: &Cluster, pod: &str, reason: &str) -> bool {
+    wait_for(&format!("{reason} Event about {pod}"), EVENT_WAIT, || {
+        has_event(cluster, pod, reason)
+    })
+    .await
+    .is_ok()
+}
+
+/// A rollout deleting two pods at once behind a PDB allowing one disruption (10
+/// replicas, 9 must stay available): PDBs never block a DELETE, so both pods are
+/// isolated and held — neither dies unprotected because the budget was spent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_deletes_behind_a_pdb_allowing_one_disruption_are_both_isolated() {
+    let spec = WebSpec {
+        replicas: 10,
+        min_available: 9,
+        ..WebSpec::default()
+    };
+    let (cluster, _webhook) = setup(&spec, Duration::from_secs(30), 4).await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let victims: Vec<String> = web_pods(&cluster, &spec)
+        .await
+        .iter()
+        .take(2)
+        .map(|p| p.name_any())
+        .collect();
+    let deletes = victims.iter().map(|name| {
+        let pods = pods.clone();
+        async move { pods.delete(name, &DeleteParams::default()).await }
+    });
+    for result in futures::future::join_all(deletes).await {
+        result.unwrap();
+    }
+    for name in &victims {
+        assert!(
+            event_arrives(&cluster, name, "graceful-drain.io/Isolated").await,
+            "{name} was deleted without being isolated: {:?}",
+            event_reasons(&cluster, "default", name).await
+        );
+    }
+}
+
+/// An eviction whose UID precondition names an earlier pod of the same name is refused
+/// by the API server (409) and leaves the live pod alone: the webhook never isolates a
+/// pod the caller did not mean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eviction_with_a_stale_uid_precondition_never_isolates_the_live_pod() {
+    let spec = WebSpec {
+        replicas: 3,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    let (cluster, _webhook) = setup(&spec, Duration::from_secs(30), 10).await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let victim = web_pods(&cluster, &spec).await.remove(0).name_any();
+    let body = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": victim, "namespace": "default"},
+        "deleteOptions": {"preconditions": {"uid": "uid-of-an-earlier-pod"}}});
+    let result = pods
+        .create_subresource::<_, serde_json::Value>(
+            "eviction",
+            &victim,
+            &PostParams::default(),
+            &body,
+        )
+        .await;
+    assert!(
+        matches!(&result, Err(kube::Error::Api(s)) if s.code == 409),
+        "{result:?}"
+    );
+    let live = pods.get(&victim).await.unwrap();
+    assert!(!is_draining(&live), "the live pod was isolated");
+    assert!(!has_event(&cluster, &victim, "graceful-drain.io/Isolated").await);
+}
+
+/// Runs the real kubectl against the simulated cluster.
+async fn kubectl(kubeconfig: &std::path::Path, args: &[&str]) -> (bool, String) {
+    let output = tokio::process::Command::new("/usr/bin/kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+/// While the pods of a first `kubectl drain` wait out their delay, a second `kubectl
+/// drain` of the node succeeds without `--force`: the isolated pods still declare a
+/// controller (the Deployment), and their second eviction is answered as a dry run, so
+/// kubectl waits for the deferred deleter instead of evicting them for real.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_kubectl_drain_works_while_isolated_pods_wait() {
+    let spec = WebSpec {
+        replicas: 4,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    let (cluster, _webhook) = setup(&spec, Duration::from_secs(15), 10).await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    cluster
+        .api()
+        .write_kubeconfig(&kubeconfig, "admin")
+        .unwrap();
+    let client = cluster.client();
+    let node = first_web_pod_node(&cluster, &spec).await;
+    let drain = [
+        "drain",
+        node.as_str(),
+        "--ignore-daemonsets",
+        "--delete-emptydir-data",
+        "--timeout=90s",
+    ];
+    let first = tokio::spawn({
+        let kubeconfig = kubeconfig.clone();
+        let drain: Vec<String> = drain.iter().map(|s| s.to_string()).collect();
+        async move {
+            let args: Vec<&str> = drain.iter().map(String::as_str).collect();
+            kubectl(&kubeconfig, &args).await
+        }
+    });
+    let on_node = || async {
+        actions::pods_on(&client, &node)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect::<Vec<Pod>>()
+    };
+    // Every web pod of the node isolated, and the ReplicaSet has acted on the relabel.
+    wait_for("pods on the node isolated", TIMEOUT, || async {
+        let pods = on_node().await;
+        !pods.is_empty() && pods.iter().all(is_draining)
+    })
+    .await
+    .unwrap();
+    cluster.wait_web_ready(&spec, TIMEOUT).await.unwrap();
+    let isolated = on_node().await;
+    for pod in &isolated {
+        let controller = pod
+            .owner_references()
+            .iter()
+            .find(|r| r.controller == Some(true))
+            .map(|r| r.kind.clone());
+        assert_eq!(
+            controller.as_deref(),
+            Some("Deployment"),
+            "{}",
+            pod.name_any()
+        );
+    }
+    let (ok, text) = kubectl(&kubeconfig, &drain).await;
+    assert!(ok, "second drain failed:\n{text}");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    for pod in &isolated {
+        let gone = pods
+            .get_opt(&pod.name_any())
+            .await
+            .unwrap()
+            .is_none_or(|p| p.uid() != pod.uid() || p.metadata.deletion_timestamp.is_some());
+        assert!(gone, "{} still there after the drain", pod.name_any());
+        assert!(
+            event_arrives(&cluster, &pod.name_any(), "graceful-drain.io/Deleted").await,
+            "{} was not deleted by the deferred deleter",
+            pod.name_any()
+        );
+    }
+    let (ok, text) = first.await.unwrap();
+    assert!(ok, "first drain failed:\n{text}");
+}
+
+/// At its delete time the deferred deleter evicts the isolated pod (it has left its PDBs)
+/// instead of deleting it, so the pod carries the `DisruptionTarget` condition like any
+/// evicted pod; the deleter's own eviction passes the webhook.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deferred_deleter_evicts_so_the_pod_becomes_a_disruption_target() {
+    let spec = WebSpec {
+        replicas: 2,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    let (cluster, _webhook) = setup(&spec, Duration::from_secs(2), 10).await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let victim = web_pods(&cluster, &spec).await.remove(0).name_any();
+    let body = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": victim, "namespace": "default"}});
+    pods.create_subresource::<_, serde_json::Value>(
+        "eviction",
+        &victim,
+        &PostParams::default(),
+        &body,
+    )
+    .await
+    .unwrap();
+    assert!(
+        is_draining(&pods.get(&victim).await.unwrap()),
+        "isolated first"
+    );
+    // Every version of the pod until it is gone: the eviction marks it, then deletes it
+    // (the simulated kubelet rewrites the conditions while it terminates).
+    let config =
+        kube::runtime::watcher::Config::default().fields(&format!("metadata.name={victim}"));
+    let events = kube::runtime::watcher(pods.clone(), config);
+    let mut events = std::pin::pin!(events);
+    let mut marked = false;
+    let watched = tokio::time::timeout(TIMEOUT, async {
+        use futures::StreamExt;
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(kube::runtime::watcher::Event::Apply(p)) => {
+                    let conditions = p.status.and_then(|s| s.conditions).unwrap_or_default();
+                    marked |= conditions
+                        .iter()
+                        .any(|c| c.type_ == "DisruptionTarget" && c.status == "True");
+                }
+                Ok(kube::runtime::watcher::Event::Delete(_)) => return,
+                _ => {}
+            }
+        }
+    })
+    .await;
+    assert!(watched.is_ok(), "the deleter never removed {victim}");
+    assert!(
+        marked,
+        "{victim} was removed without the DisruptionTarget condition of an eviction"
+    );
+}
+
+/// Starts a cluster and a webhook told its Deployment is `graceful-drain-webhook`
+/// (created with 0 replicas when `installed`), isolates one web pod, then stops the
+/// webhook; returns the pods API and the isolated pod.
+async fn isolate_then_stop_webhook(installed: bool) -> (Cluster, Api<Pod>, Pod) {
+    graceful_drain_core::runtime::install_crypto_provider();
+    graceful_drain_core::runtime::init_tracing(graceful_drain_core::runtime::LogFormat::Text);
+    let spec = WebSpec {
+        replicas: 3,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    let cluster = Cluster::start(ClusterConfig::default(), Shutdown::new())
+        .await
+        .unwrap();
+    let extra = ["--deployment", "graceful-drain-webhook"];
+    let webhook = start_webhook_with(&cluster, Duration::from_secs(600), 10, &extra).await;
+    if installed {
+        let mut own = spec.deployment();
+        own.metadata.name = Some("graceful-drain-webhook".into());
+        own.metadata.namespace = Some("graceful-drain".into());
+        if let Some(s) = own.spec.as_mut() {
+            s.replicas = Some(0);
+        }
+        Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(
+            cluster.client(),
+            "graceful-drain",
+        )
+        .create(&PostParams::default(), &own)
+        .await
+        .unwrap();
+    }
+    cluster.deploy_web(&spec, TIMEOUT).await.unwrap();
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(cluster.client(), "default");
+    wait_for("pdb observed", TIMEOUT, || async {
+        pdbs.get("web")
+            .await
+            .ok()
+            .and_then(|p| p.status)
+            .is_some_and(|s| s.disruptions_allowed == 2)
+    })
+    .await
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let victim = web_pods(&cluster, &spec).await.remove(0);
+    let name = victim.name_any();
+    let body = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": name, "namespace": "default"}});
+    pods.create_subresource::<_, serde_json::Value>(
+        "eviction",
+        &name,
+        &PostParams::default(),
+        &body,
+    )
+    .await
+    .unwrap();
+    let isolated = pods.get(&name).await.unwrap();
+    assert!(is_draining(&isolated), "isolated, waiting 600 s");
+    webhook.stop.cancel();
+    webhook.stopped().await;
+    (cluster, pods, isolated)
+}
+
+/// `helm uninstall` deletes the webhook's Deployment, then its replicas stop: the deleter
+/// sees its Deployment gone at shutdown and removes every isolated pod before exiting, so
+/// none is left out of its Services with nobody to delete it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uninstalling_the_webhook_leaves_no_isolated_pod_behind() {
+    let (_cluster, pods, isolated) = isolate_then_stop_webhook(false).await;
+    let live = pods.get_opt(&isolated.name_any()).await.unwrap();
+    assert!(
+        live.is_none_or(|p| p.uid() != isolated.uid() || p.metadata.deletion_timestamp.is_some()),
+        "the isolated pod was left behind"
+    );
+}
+
+/// A restart (the Deployment still there) leaves isolated pods to the next replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarting_the_webhook_keeps_isolated_pods_waiting() {
+    let (_cluster, pods, isolated) = isolate_then_stop_webhook(true).await;
+    let live = pods.get(&isolated.name_any()).await.unwrap();
+    assert!(
+        live.metadata.deletion_timestamp.is_none(),
+        "deleted early at a restart"
+    );
+    assert!(is_draining(&live));
+}
+
+/// A policy engine refusing every UPDATE of a pod that would add the draining label (the
+/// way a Kyverno or Gatekeeper rule on labels would), over HTTPS; returns its URL and CA.
+async fn start_relabel_policy(dir: &std::path::Path) -> (String, String, Shutdown) {
+    use graceful_drain_webhook::{server, tls};
+    let bundle = graceful_drain_core::certs::generate(
+        "policy",
+        &["localhost".into()],
+        &["127.0.0.1".parse().unwrap()],
+    )
+    .unwrap();
+    let paths = graceful_drain_core::certs::write(&bundle, dir).unwrap();
+    let resolver = std::sync::Arc::new(tls::ReloadingResolver::new(paths.cert, paths.key));
+    resolver.reload().unwrap();
+    let config = std::sync::Arc::new(tls::server_config(resolver, None).unwrap());
+    let app = axum::Router::new().route(
+        "/",
+        axum::routing::post(|body: axum::body::Bytes| async move {
+            let review: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let request = &review["request"];
+            let relabel = request["object"]["metadata"]["labels"]
+                .get("graceful-drain.io/draining")
+                .is_some();
+            let mut response = serde_json::json!({"uid": request["uid"], "allowed": !relabel});
+            if relabel {
+                response["status"] =
+                    serde_json::json!({"code": 403, "message": "policy: pod labels are immutable"});
+            }
+            axum::Json(serde_json::json!({"apiVersion": "admission.k8s.io/v1",
+                "kind": "AdmissionReview", "response": response}))
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "https://127.0.0.1:{}/",
+        listener.local_addr().unwrap().port()
+    );
+    let stop = Shutdown::new();
+    tokio::spawn(server::serve(listener, config, app, stop.clone()));
+    (url, bundle.ca_cert, stop)
+}
+
+/// Another admission webhook refuses our relabel for good (403): the eviction is let
+/// through unchanged — the pod is evicted as it would be without graceful-drain — with a
+/// Warning Event on the pod, instead of being answered 429 forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relabel_refused_by_a_policy_engine_lets_the_eviction_through_with_a_warning() {
+    let spec = WebSpec {
+        replicas: 2,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    let (cluster, _webhook) = setup(&spec, Duration::from_secs(30), 10).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (url, ca, _policy) = start_relabel_policy(dir.path()).await;
+    let policy: ValidatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "label-policy"},
+        "webhooks": [{"name": "labels.policy.example", "admissionReviewVersions": ["v1"],
+            "sideEffects": "None", "failurePolicy": "Fail", "timeoutSeconds": 5,
+            "clientConfig": {"url": url, "caBundle": base64_of(&ca)},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                       "resources": ["pods"], "scope": "Namespaced"}]}]
+    }))
+    .unwrap();
+    Api::<ValidatingWebhookConfiguration>::all(cluster.client())
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let victim = web_pods(&cluster, &spec).await.remove(0).name_any();
+    let body = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": victim, "namespace": "default"}});
+    let evicted = pods
+        .create_subresource::<_, serde_json::Value>(
+            "eviction",
+            &victim,
+            &PostParams::default(),
+            &body,
+        )
+        .await;
+    assert!(evicted.is_ok(), "{evicted:?}");
+    let live = pods.get_opt(&victim).await.unwrap();
+    assert!(
+        live.is_none_or(|p| p.metadata.deletion_timestamp.is_some() && !is_draining(&p)),
+        "evicted normally"
+    );
+    assert!(
+        event_arrives(&cluster, &victim, "graceful-drain.io/IsolationFailed").await,
+        "{:?}",
+        event_reasons(&cluster, "default", &victim).await
+    );
+}
+
+fn base64_of(text: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(text)
+}
+
+/// Evicts `name` through the eviction API as the admin (what `kubectl drain` sends).
+async fn evict(cluster: &Cluster, name: &str) {
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let body = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": name, "namespace": "default"}});
+    pods.create_subresource::<_, serde_json::Value>(
+        "eviction",
+        name,
+        &PostParams::default(),
+        &body,
+    )
+    .await
+    .unwrap();
+}
+
+fn controller_kind(pod: &Pod) -> Option<String> {
+    pod.owner_references()
+        .iter()
+        .find(|r| r.controller == Some(true))
+        .map(|r| r.kind.clone())
+}
+
+/// A StatefulSet pod whose Service selects a key of its own leaves the Service and its
+/// load balancer but stays its StatefulSet's (no same-name replacement is attempted
+/// while it serves); one whose Service selects only the StatefulSet's key cannot leave
+/// the Service without being released, so the eviction goes through unprotected with a
+/// Warning Event naming the Service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statefulset_pods_leave_their_service_but_never_their_statefulset() {
+    use graceful_drain_sim::scenario::matrix::Workload;
+    use graceful_drain_sim::scenario::workloads;
+    graceful_drain_core::runtime::install_crypto_provider();
+    let cluster = Cluster::start(ClusterConfig::default(), Shutdown::new())
+        .await
+        .unwrap();
+    let _webhook = start_webhook(&cluster, Duration::from_secs(30), 10).await;
+    let web = WebSpec {
+        replicas: 3,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    workloads::deploy(&cluster, &web, TIMEOUT, Workload::StatefulSet)
+        .await
+        .unwrap();
+    let db = WebSpec {
+        name: "db".into(),
+        replicas: 3,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    workloads::deploy(&cluster, &db, TIMEOUT, Workload::StatefulSetSharedSelector)
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(cluster.client(), "default");
+    for name in ["web", "db"] {
+        wait_for("pdb allows a disruption", TIMEOUT, || async {
+            pdbs.get(name)
+                .await
+                .ok()
+                .and_then(|p| p.status)
+                .is_some_and(|s| s.disruptions_allowed > 0)
+        })
+        .await
+        .unwrap();
+    }
+
+    let before = pods.get("web-1").await.unwrap();
+    evict(&cluster, "web-1").await;
+    let after = pods.get("web-1").await.unwrap();
+    assert_eq!(after.uid(), before.uid(), "not deleted: isolated");
+    assert!(is_draining(&after));
+    let labels = after.labels();
+    assert_eq!(
+        labels.get("app").map(String::as_str),
+        Some("web"),
+        "the StatefulSet's key stays"
+    );
+    assert!(
+        !labels.contains_key("role"),
+        "the Service's own key is removed"
+    );
+    assert_eq!(
+        controller_kind(&after).as_deref(),
+        Some("StatefulSet"),
+        "never released"
+    );
+    let service = web.service_key();
+    wait_for("web-1 out of its load balancer", TIMEOUT, || async {
+        !cluster
+            .lbs()
+            .registered(&service, Instant::now())
+            .contains(&before.uid().unwrap())
+    })
+    .await
+    .unwrap();
+    let still = pods.get("web-1").await.unwrap();
+    assert_eq!(still.uid(), before.uid(), "no replacement while it serves");
+    assert_eq!(controller_kind(&still).as_deref(), Some("StatefulSet"));
+
+    let db0 = pods.get("db-0").await.unwrap();
+    evict(&cluster, "db-0").await;
+    let gone = pods.get_opt("db-0").await.unwrap();
+    assert!(
+        gone.is_none_or(|p| p.uid() != db0.uid() || p.metadata.deletion_timestamp.is_some()),
+        "the eviction went through"
+    );
+    assert!(
+        event_arrives(&cluster, "db-0", "graceful-drain.io/IsolationFailed").await,
+        "{:?}",
+        event_reasons(&cluster, "default", "db-0").await
+    );
+}
+
+/// Merge-patches pod `name` in the default namespace as the admin.
+async fn patch_pod(cluster: &Cluster, name: &str, patch: serde_json::Value) {
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    pods.patch(
+        name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .unwrap();
+}
+
+/// Evicts `name` in the default namespace as the admin, returning the API's answer.
+async fn try_evict(cluster: &Cluster, name: &str) -> Result<serde_json::Value, kube::Error> {
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let body = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": name, "namespace": "default"}});
+    pods.create_subresource("eviction", name, &PostParams::default(), &body)
+        .await
+}
+
+/// The refusal message of a 429, if `result` is one.
+fn too_many_requests(result: &Result<serde_json::Value, kube::Error>) -> Option<&str> {
+    match result {
+        Err(kube::Error::Api(s)) if s.code == 429 => Some(s.message.as_str()),
+        _ => None,
+    }
+}
+
+/// Whether the live PDB `web` is observed at its generation and allows `allowed`.
+async fn pdb_allows(cluster: &Cluster, allowed: i32) -> bool {
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(cluster.client(), "default");
+    let Ok(pdb) = pdbs.get("web").await else {
+        return false;
+    };
+    let generation = pdb.metadata.generation;
+    pdb.status
+        .is_some_and(|s| s.observed_generation == generation && s.disruptions_allowed == allowed)
+}
+
+/// The same pod (UID), alive and not draining.
+fn untouched(before: &Pod, now: Option<Pod>) -> bool {
+    now.is_some_and(|p| {
+        p.uid() == before.uid() && p.metadata.deletion_timestamp.is_none() && !is_draining(&p)
+    })
+}
+
+/// A PDB that allowed nothing and allows one disruption moments before the eviction
+/// (the webhook's cache may still say exhausted): the eviction is decided on the live
+/// PDB, so the pod is isolated, not refused. The next eviction finds the live budget
+/// spent and is refused with 429 by the webhook itself — never let through as a real
+/// eviction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evictions_are_decided_on_the_live_pdb_not_on_a_stale_cache() {
+    let spec = WebSpec {
+        replicas: 3,
+        min_available: 3,
+        ..WebSpec::default()
+    };
+    let (cluster, _webhook) = setup(&spec, Duration::from_secs(30), 10).await;
+    wait_for("pdb exhausted", TIMEOUT, || pdb_allows(&cluster, 0))
+        .await
+        .unwrap();
+    let pods = web_pods(&cluster, &spec).await;
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(cluster.client(), "default");
+    pdbs.patch(
+        "web",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(serde_json::json!({"spec": {"minAvailable": 2}})),
+    )
+    .await
+    .unwrap();
+    // The eviction follows the disruption controller's status update at once.
+    wait_for("pdb allows one", TIMEOUT, || pdb_allows(&cluster, 1))
+        .await
+        .unwrap();
+    let first = pods[0].name_any();
+    let evicted = try_evict(&cluster, &first).await;
+    assert!(evicted.is_ok(), "refused on a stale budget: {evicted:?}");
+    let live: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let isolated = live.get(&first).await.unwrap();
+    assert!(is_draining(&isolated), "evicted pod isolated");
+    assert!(
+        isolated.metadata.deletion_timestamp.is_none(),
+        "still serving"
+    );
+    assert!(event_arrives(&cluster, &first, "graceful-drain.io/Isolated").await);
+
+    // The live budget is spent now: the webhook refuses, changing nothing.
+    let second = &pods[1];
+    let refused = try_evict(&cluster, &second.name_any()).await;
+    let message = too_many_requests(&refused).unwrap_or_else(|| panic!("{refused:?}"));
+    assert!(
+        message.starts_with("admission webhook \"eviction.graceful-drain.io\" denied")
+            && message.contains("disruption budget"),
+        "refused by the API server, not by the webhook: {message}"
+    );
+    let now = live.get_opt(&second.name_any()).await.unwrap();
+    assert!(untouched(second, now), "the refused pod was touched");
+}
+
+/// The API server answers slowly (700 ms per request): the webhook cannot isolate
+/// within a 2 s webhook timeout, yet answers every call before the API server's
+/// deadline — an eviction is refused with 429 (retry later) instead of timing out and
+/// going through as a real eviction, and a DELETE is allowed in time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_api_latency_every_call_is_answered_inside_the_deadline() {
+    use kube_sim::apiserver::Faults;
+    let latency = Duration::from_millis(700);
+    let mut config = ClusterConfig::default();
+    config.api.faults = Faults {
+        latency,
+        ..Faults::default()
+    };
+    let spec = WebSpec {
+        replicas: 3,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    let (cluster, _webhook) = setup_with(config, &spec, Duration::from_secs(30), 2, &[]).await;
+    // Our own request's latency plus the API server's 2 s deadline for the webhook.
+    let bound = latency + Duration::from_secs(2);
+    let pods = web_pods(&cluster, &spec).await;
+    let live: Api<Pod> = Api::namespaced(cluster.client(), "default");
+
+    let started = Instant::now();
+    let refused = try_evict(&cluster, &pods[0].name_any()).await;
+    let took = started.elapsed();
+    let message = too_many_requests(&refused).unwrap_or_else(|| panic!("{refused:?}"));
+    assert!(
+        message.contains("within the admission deadline"),
+        "{message}"
+    );
+    assert!(took < bound, "answered after the deadline: {took:?}");
+    let now = live.get_opt(&pods[0].name_any()).await.unwrap();
+    assert!(
+        now.is_some_and(|p| p.uid() == pods[0].uid() && p.metadata.deletion_timestamp.is_none()),
+        "the eviction went through"
+    );
+
+    let started = Instant::now();
+    live.delete(&pods[1].name_any(), &DeleteParams::default())
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert!(took < bound, "DELETE answered after the deadline: {took:?}");
+    let stats = cluster.api().stats();
+    assert!(stats.admission_total() >= 2, "{stats:?}");
+    assert!(
+        stats.admission_failures.is_empty(),
+        "a webhook call timed out: {stats:?}"
+    );
+}
+
+/// Priority and Fairness throttles the webhook's first two relabels of the pod it
+/// isolates, and the first read of the PDB whose charge it then refunds: the webhook
+/// refunds the charge all the same and settles the eviction again within the review
+/// instead of answering 429, so one eviction isolates the pod. (Answering 429 costs the
+/// caller its retry pause, 5 s for kubectl, and on the DELETE path lets the pod go
+/// unprotected.) The PDB has one disruption to spare: a charge left behind would make
+/// the webhook refuse the eviction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_call_while_isolating_is_retried_within_the_review() {
+    use kube_sim::apiserver::{Burst, Faults};
+    let mut config = ClusterConfig::default();
+    config.api.faults = Faults {
+        bursts: vec![
+            Burst::new(WEBHOOK_USER, "patch", "pods", 2),
+            Burst::new(WEBHOOK_USER, "get", "poddisruptionbudgets", 1),
+        ],
+        ..Faults::default()
+    };
+    let spec = WebSpec {
+        replicas: 3,
+        min_available: 2,
+        ..WebSpec::default()
+    };
+    let (cluster, _webhook) = setup_with(config, &spec, Duration::from_secs(30), 10, &[]).await;
+    let pods = web_pods(&cluster, &spec).await;
+    let first = pods[0].name_any();
+    let answer = try_evict(&cluster, &first).await;
+    assert!(answer.is_ok(), "eviction refused: {answer:?}");
+    let live: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let isolated = live.get(&first).await.unwrap();
+    assert!(is_draining(&isolated), "evicted pod not isolated");
+    assert!(
+        isolated.metadata.deletion_timestamp.is_none(),
+        "deleted before its delay"
+    );
+}
+
+/// The body of `GET path` on the admin port (status line included).
+async fn admin_get(admin: std::net::SocketAddr, path: &str) -> String {
+    let Ok(mut stream) = tokio::net::TcpStream::connect(admin).await else {
+        return String::new();
+    };
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return String::new();
+    }
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.read_to_end(&mut answer)).await;
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// While the webhook may not create the deleter's Lease (RBAC without `create leases`),
+/// nobody would delete an isolated pod: `/readyz` says so and an eviction is not
+/// isolated (it goes through as without graceful-drain). Once the Lease exists, the
+/// webhook takes it, becomes ready and isolates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_deleter_lease_the_webhook_is_not_ready_and_isolates_nothing() {
+    use kube_sim::apiserver::{Faults, Forbidden};
+    graceful_drain_core::runtime::install_crypto_provider();
+    let mut config = ClusterConfig::default();
+    config.api.faults = Faults {
+        forbidden: vec![Forbidden::new(WEBHOOK_USER, "create", "leases")],
+        ..Faults::default()
+    };
+    let cluster = Cluster::start(config, Shutdown::new()).await.unwrap();
+    let spec = WebSpec {
+        replicas: 3,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    cluster.deploy_web(&spec, TIMEOUT).await.unwrap();
+    wait_for("pdb observed", TIMEOUT, || pdb_allows(&cluster, 2))
+        .await
+        .unwrap();
+    let webhook = launch_webhook(&cluster, Duration::from_secs(30), 10, &[]).await;
+    // Everything but the deleter is ready: caches listed, certificate loaded.
+    let only_deleter = "not ready:\ndeleter: no replica holds the deleter Lease\n";
+    wait_for("webhook waiting only for the Lease", TIMEOUT, || async {
+        admin_get(webhook.admin, "/readyz")
+            .await
+            .ends_with(only_deleter)
+    })
+    .await
+    .unwrap();
+    register_webhook(&cluster, &webhook, 10).await;
+    let pods = web_pods(&cluster, &spec).await;
+    let live: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let first = pods[0].name_any();
+    evict(&cluster, &first).await;
+    let now = live.get_opt(&first).await.unwrap();
+    assert!(
+        now.is_none_or(|p| p.uid() != pods[0].uid()
+            || (p.metadata.deletion_timestamp.is_some() && !is_draining(&p))),
+        "isolated with nobody to delete it"
+    );
+    assert!(!has_event(&cluster, &first, "graceful-drain.io/Isolated").await);
+    assert!(!ready(webhook.admin).await);
+
+    // The Lease appears (another installation's RBAC, an operator): the webhook takes it.
+    let lease: k8s_openapi::api::coordination::v1::Lease = serde_json::from_value(
+        serde_json::json!({"metadata": {"name": "graceful-drain-webhook", "namespace": "graceful-drain"},
+            "spec": {}}),
+    )
+    .unwrap();
+    Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+        cluster.client(),
+        "graceful-drain",
+    )
+    .create(&PostParams::default(), &lease)
+    .await
+    .unwrap();
+    wait_for("webhook ready with the Lease", TIMEOUT, || {
+        ready(webhook.admin)
+    })
+    .await
+    .unwrap();
+    let second = pods[1].name_any();
+    evict(&cluster, &second).await;
+    let isolated = live.get(&second).await.unwrap();
+    assert!(is_draining(&isolated), "isolated once a deleter exists");
+    assert!(isolated.metadata.deletion_timestamp.is_none());
+}
+
+/// A pod asking for an hour of deregistration delay (a typo for a minute, say) is kept
+/// out of its Services only for `--max-deregistration-delay`: the delete time uses the
+/// cap and a Warning Event `graceful-drain.io/DelayCapped` says so on the pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delay_annotation_above_the_cap_is_cut_to_it_with_a_warning() {
+    let spec = WebSpec {
+        replicas: 2,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    let extra = ["--max-deregistration-delay", "20s"];
+    let (cluster, _webhook) = setup_with(
+        ClusterConfig::default(),
+        &spec,
+        Duration::from_secs(5),
+        10,
+        &extra,
+    )
+    .await;
+    let victim = web_pods(&cluster, &spec).await.remove(0).name_any();
+    let annotation = serde_json::json!({"metadata": {"annotations":
+        {"graceful-drain.io/deregistration-delay": "1h"}}});
+    patch_pod(&cluster, &victim, annotation).await;
+    let evicted_at = jiff::Timestamp::now();
+    evict(&cluster, &victim).await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let isolated = pods.get(&victim).await.unwrap();
+    assert!(is_draining(&isolated));
+    let delete_at: jiff::Timestamp = isolated
+        .annotations()
+        .get("graceful-drain.io/delete-at")
+        .expect("delete time recorded")
+        .parse()
+        .unwrap();
+    let after = delete_at.duration_since(evicted_at);
+    assert!(
+        (15..=25).contains(&after.as_secs()),
+        "deleted {after:?} after the eviction, not at the 20 s cap"
+    );
+    assert!(event_arrives(&cluster, &victim, "graceful-drain.io/DelayCapped").await);
+    let events: Api<Event> = Api::namespaced(cluster.client(), "default");
+    let capped = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| graceful_drain_webhook::events::names_pod(e, &victim))
+        .find(|e| e.reason.as_deref() == Some("graceful-drain.io/DelayCapped"));
+    assert_eq!(
+        capped.as_ref().and_then(|e| e.type_.as_deref()),
+        Some("Warning"),
+        "{:?}",
+        event_reasons(&cluster, "default", &victim).await
+    );
+}
+
+/// With `--keep-label team`, an isolated pod leaves its Service and ReplicaSet (their
+/// keys removed) but keeps `team`, so NetworkPolicies and dashboards selecting on it
+/// still match; `kubectl get pods -l graceful-drain.io/draining=web` finds the app's
+/// isolated pods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_labels_stay_on_an_isolated_pod_and_the_draining_label_names_the_app() {
+    let spec = WebSpec {
+        replicas: 2,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    let extra = ["--keep-label", "team"];
+    let (cluster, _webhook) = setup_with(
+        ClusterConfig::default(),
+        &spec,
+        Duration::from_secs(30),
+        10,
+        &extra,
+    )
+    .await;
+    let victim = web_pods(&cluster, &spec).await.remove(0).name_any();
+    patch_pod(
+        &cluster,
+        &victim,
+        serde_json::json!({"metadata": {"labels": {"team": "payments"}}}),
+    )
+    .await;
+    evict(&cluster, &victim).await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let isolated = pods.get(&victim).await.unwrap();
+    let labels = isolated.labels();
+    assert_eq!(
+        labels.get("team").map(String::as_str),
+        Some("payments"),
+        "{labels:?}"
+    );
+    assert!(
+        !labels.contains_key("app") && !labels.contains_key("pod-template-hash"),
+        "the Service's and ReplicaSet's keys are removed: {labels:?}"
+    );
+    assert_eq!(
+        labels.get("graceful-drain.io/draining").map(String::as_str),
+        Some("web"),
+        "{labels:?}"
+    );
+    let listed = pods
+        .list(&ListParams::default().labels("graceful-drain.io/draining=web"))
+        .await
+        .unwrap();
+    assert_eq!(
+        listed
+            .items
+            .iter()
+            .map(|p| p.name_any())
+            .collect::<Vec<_>>(),
+        vec![victim]
+    );
+}
+
+/// The garbage collector deleting a pod, and anyone deleting a pod of a namespace being
+/// deleted, is answered at once: nothing is held or isolated, so neither an owner's
+/// cascading deletion nor `kubectl delete namespace` waits on graceful-drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_garbage_collector_and_namespace_deletion_pass_straight_through() {
+    let spec = WebSpec {
+        replicas: 2,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    // A held DELETE would take about 8 s of the 10 s webhook timeout.
+    let (cluster, _webhook) = setup(&spec, Duration::from_secs(30), 10).await;
+    let quick = Duration::from_secs(3);
+    let gc = cluster
+        .api()
+        .client(graceful_drain_webhook::decide::GARBAGE_COLLECTOR);
+    let victim = web_pods(&cluster, &spec).await.remove(0);
+    let started = Instant::now();
+    Api::<Pod>::namespaced(gc, "default")
+        .delete(&victim.name_any(), &DeleteParams::default())
+        .await
+        .unwrap();
+    assert!(started.elapsed() < quick, "held: {:?}", started.elapsed());
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let now = pods.get_opt(&victim.name_any()).await.unwrap();
+    assert!(now.is_none_or(|p| p.uid() != victim.uid() || !is_draining(&p)));
+    assert!(!has_event(&cluster, &victim.name_any(), "graceful-drain.io/Isolated").await);
+
+    // A namespace being deleted (a finalizer keeps it terminating while its pods go).
+    let shop = WebSpec {
+        namespace: "shop".into(),
+        ..spec.clone()
+    };
+    let namespaces: Api<Namespace> = Api::all(cluster.client());
+    let ns = serde_json::from_value(serde_json::json!({"metadata": {"name": "shop",
+        "finalizers": ["example.com/cleanup"]}}))
+    .unwrap();
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    cluster.deploy_web(&shop, TIMEOUT).await.unwrap();
+    let shop_pods: Api<Pod> = Api::namespaced(cluster.client(), "shop");
+    let victim = web_pods(&cluster, &shop).await.remove(0);
+    namespaces
+        .delete("shop", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("namespace terminating", TIMEOUT, || async {
+        namespaces
+            .get("shop")
+            .await
+            .is_ok_and(|n| n.metadata.deletion_timestamp.is_some())
+    })
+    .await
+    .unwrap();
+    let started = Instant::now();
+    shop_pods
+        .delete(&victim.name_any(), &DeleteParams::default())
+        .await
+        .unwrap();
+    assert!(started.elapsed() < quick, "held: {:?}", started.elapsed());
+    let now = shop_pods.get_opt(&victim.name_any()).await.unwrap();
+    assert!(now.is_none_or(|p| p.uid() != victim.uid() || !is_draining(&p)));
+    let reasons = event_reasons(&cluster, "shop", &victim.name_any()).await;
+    assert!(
+        !reasons.iter().any(|r| r == "graceful-drain.io/Isolated"),
+        "{reasons:?}"
+    );
+}
+
+/// A drain evicts every pod of a node at once. The first eviction there opens a watch of
+/// the node's pods, and all are decided from it instead of a read of their pod each; the Isolated Events of one ReplicaSet's pods, coming together, become
+/// one Event on the ReplicaSet naming them. Every pod is still isolated and named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_reads_its_pods_from_the_nodes_watch_and_groups_their_events() {
+    let spec = WebSpec {
+        replicas: 12,
+        min_available: 0,
+        ..WebSpec::default()
+    };
+    let config = ClusterConfig {
+        nodes: 2,
+        ..ClusterConfig::default()
+    };
+    let (cluster, _webhook) = setup_with(config, &spec, Duration::from_secs(20), 10, &[]).await;
+    let client = cluster.client();
+    let node = first_web_pod_node(&cluster, &spec).await;
+    actions::cordon(&client, &node, true).await.unwrap();
+    let victims: Vec<String> = actions::pods_on(&client, &node)
+        .await
+        .unwrap()
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    assert!(victims.len() >= 4, "pods on {node}: {victims:?}");
+    let before = cluster.api().stats();
+    // All at once, as kubectl drain sends them: the first opens the node's watch and the
+    // others wait for its list instead of reading their pod each.
+    futures::future::join_all(victims.iter().map(|name| evict(&cluster, name))).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    for name in &victims {
+        assert!(
+            is_draining(&pods.get(name).await.unwrap()),
+            "{name} isolated"
+        );
+        assert!(
+            event_arrives(&cluster, name, "graceful-drain.io/Isolated").await,
+            "{name}: {:?}",
+            event_reasons(&cluster, "default", name).await
+        );
+    }
+    let during = cluster.api().stats().since(&before);
+    let count = |verb: &str, resource: &str| {
+        during
+            .by_user_request
+            .get(&(WEBHOOK_USER.into(), verb.into(), resource.into()))
+            .copied()
+            .unwrap_or(0)
+    };
+    // Reads only if the node's list took longer than the webhook waits for it.
+    assert!(
+        count("get", "pods") <= 2,
+        "{} pod reads for {} evictions: {:?}",
+        count("get", "pods"),
+        victims.len(),
+        during.breakdown(WEBHOOK_USER)
+    );
+    assert_eq!(count("patch", "pods"), victims.len() as u64);
+    assert!(
+        count("create", "events") < victims.len() as u64,
+        "{} Events for {} isolated pods of one ReplicaSet",
+        count("create", "events"),
+        victims.len()
+    );
+}

@@ -1,0 +1,497 @@
+//! The install manifests on the simulated cluster, as a user without Helm would use them:
+//! `deploy/graceful-drain.yaml` (the chart rendered in cert-manager mode) is applied with
+//! the real `kubectl`; the test plays cert-manager (serving certificate, CA injection) and
+//! the kubelet (it starts the real `graceful-drain webhook` binary with the Deployment's own
+//! command line and environment), then checks what a user would see: evictions and deletes
+//! reach the webhook through the rendered configurations and isolate the pod first, and
+//! the DaemonSet's node agent, started with its rendered command line, drains a node when
+//! `graceful-drain drain NODE` creates a LifecycleEvent.
+//! Every request the webhook and the agent make is also checked against the RBAC rules
+//! the manifests bind to their ServiceAccounts ([`rbac`]), so a missing permission shows
+//! here and not on the first real cluster.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "install_support/rbac.rs"]
+mod rbac;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use base64::Engine;
+use graceful_drain_core::runtime::Shutdown;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube_sim::cluster::{Cluster, ClusterConfig, WebSpec, wait_for};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// Bound for every wait; runs take a few seconds.
+const TIMEOUT: Duration = Duration::from_secs(30);
+const MANIFESTS: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../deploy/graceful-drain.yaml"
+);
+const NAMESPACE: &str = "graceful-drain";
+const NAME: &str = "graceful-drain-webhook";
+/// Kinds the manifests must bring to any cluster; the simulator must serve them all.
+const ESSENTIAL: &[&str] = &[
+    "Namespace",
+    "ServiceAccount",
+    "Service",
+    "Deployment",
+    "DaemonSet",
+    "PodDisruptionBudget",
+    "CustomResourceDefinition",
+    "MutatingWebhookConfiguration",
+    "ValidatingWebhookConfiguration",
+];
+
+fn manifests() -> Vec<Value> {
+    let text = std::fs::read_to_string(MANIFESTS).unwrap();
+    serde_saphyr::from_multiple::<Value>(&text)
+        .unwrap()
+        .into_iter()
+        .filter(|doc| doc.is_object())
+        .collect()
+}
+
+fn kind(doc: &Value) -> &str {
+    doc["kind"].as_str().unwrap_or_default()
+}
+
+/// Runs kubectl against the simulated cluster; panics with its output on failure.
+fn kubectl(kubeconfig: &Path, args: &[&str]) -> String {
+    let out = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "kubectl {}: {stdout}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// `(apiVersion, kind)` pairs the cluster serves, from kubectl's own discovery.
+fn served_kinds(kubeconfig: &Path) -> Vec<(String, String)> {
+    kubectl(kubeconfig, &["api-resources", "--no-headers"])
+        .lines()
+        .filter_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let n = cols.len();
+            (n >= 4).then(|| (cols[n - 3].to_string(), cols[n - 1].to_string()))
+        })
+        .collect()
+}
+
+fn write_docs(path: &Path, docs: &[&Value]) {
+    let text: Vec<String> = docs
+        .iter()
+        .map(|d| serde_json::to_string(d).unwrap())
+        .collect();
+    // JSON documents are YAML documents.
+    std::fs::write(path, text.join("\n---\n")).unwrap();
+}
+
+/// Applies the manifests the cluster can serve, namespace first, like a user would;
+/// returns the kinds it left out (cert-manager's, RBAC where the simulator lacks it).
+fn apply(kubeconfig: &Path, dir: &Path, docs: &[Value]) -> Vec<String> {
+    let served = served_kinds(kubeconfig);
+    let is_served = |d: &Value| {
+        let api = d["apiVersion"].as_str().unwrap_or_default();
+        served.iter().any(|(a, k)| a == api && k == kind(d))
+    };
+    let (namespaces, rest): (Vec<&Value>, Vec<&Value>) =
+        docs.iter().partition(|d| kind(d) == "Namespace");
+    let (applied, skipped): (Vec<&Value>, Vec<&Value>) =
+        rest.into_iter().partition(|d| is_served(d));
+    for want in ESSENTIAL {
+        assert!(
+            namespaces.iter().chain(&applied).any(|d| kind(d) == *want),
+            "{want} missing from the manifests or not served by the simulator"
+        );
+    }
+    let ns_file = dir.join("namespace.yaml");
+    let rest_file = dir.join("rest.yaml");
+    write_docs(&ns_file, &namespaces);
+    write_docs(&rest_file, &applied);
+    kubectl(kubeconfig, &["apply", "-f", ns_file.to_str().unwrap()]);
+    kubectl(kubeconfig, &["apply", "-f", rest_file.to_str().unwrap()]);
+    let mut skipped: Vec<String> = skipped.iter().map(|d| kind(d).to_string()).collect();
+    skipped.dedup();
+    skipped
+}
+
+/// What cert-manager's cainjector does for `cert-manager.io/inject-ca-from`.
+fn inject_ca(kubeconfig: &Path, resource: &str, ca_pem: &str) {
+    let config: Value =
+        serde_json::from_str(&kubectl(kubeconfig, &["get", resource, NAME, "-o", "json"])).unwrap();
+    let annotation = &config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"];
+    assert_eq!(
+        annotation,
+        &json!(format!("{NAMESPACE}/{NAME}")),
+        "{resource}"
+    );
+    let bundle = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    let patch: Vec<Value> = (0..config["webhooks"].as_array().unwrap().len())
+        .map(|i| json!({"op": "add", "path": format!("/webhooks/{i}/clientConfig/caBundle"), "value": bundle}))
+        .collect();
+    let patch = serde_json::to_string(&patch).unwrap();
+    kubectl(
+        kubeconfig,
+        &["patch", resource, NAME, "--type=json", "-p", &patch],
+    );
+}
+
+/// The first container of the workload `kind`/`name`, with its command line and
+/// environment as the kubelet would run it: downward-API fields filled from `fields`,
+/// each argument passed through `rewrite` (files and folders pointed at this machine),
+/// addresses on loopback with any free port (it logs where it listens), JSON logs.
+fn container_command(
+    docs: &[Value],
+    (kind_, name): (&str, &str),
+    fields: &BTreeMap<&str, String>,
+    rewrite: impl Fn(&str) -> String,
+    kubeconfig: &Path,
+) -> tokio::process::Command {
+    let workload = docs
+        .iter()
+        .find(|d| kind(d) == kind_ && d["metadata"]["name"] == name)
+        .unwrap();
+    let container = &workload["spec"]["template"]["spec"]["containers"][0];
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_graceful-drain"));
+    for arg in container["args"].as_array().unwrap() {
+        cmd.arg(rewrite(arg.as_str().unwrap()));
+    }
+    cmd.arg(format!("--kubeconfig={}", kubeconfig.display()));
+    cmd.env_clear();
+    for var in container["env"].as_array().unwrap() {
+        let name = var["name"].as_str().unwrap();
+        let value = match var["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+            Some(field) => fields[field].clone(),
+            None => var["value"].as_str().unwrap().to_string(),
+        };
+        cmd.env(name, value);
+    }
+    cmd.env("GRACEFUL_DRAIN_LISTEN", "127.0.0.1:0")
+        .env("GRACEFUL_DRAIN_ADMIN_LISTEN", "127.0.0.1:0")
+        .env("GRACEFUL_DRAIN_LOG_FORMAT", "json")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// Reads a component's JSON log until it has logged an address under each of `keys`
+/// (e.g. `addr`, `admin_addr`); returns them in that order.
+async fn listening(child: &mut tokio::process::Child, keys: &[&str]) -> Vec<SocketAddr> {
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    let found = tokio::time::timeout(TIMEOUT, async {
+        let mut found: Vec<Option<SocketAddr>> = vec![None; keys.len()];
+        while let Some(line) = lines.next_line().await.unwrap() {
+            let Ok(entry) = serde_json::from_str::<Value>(&line) else {
+                continue;
+            };
+            assert_ne!(entry["level"], "ERROR", "component failed: {line}");
+            for (slot, key) in found.iter_mut().zip(keys) {
+                let addr = entry["fields"][key].as_str().map(|a| a.parse().unwrap());
+                *slot = slot.or(addr);
+            }
+            if found.iter().all(Option::is_some) {
+                return found.into_iter().flatten().collect();
+            }
+        }
+        panic!("component exited before listening");
+    })
+    .await
+    .expect("component listening in time");
+    // Keep draining its log so the process never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    found
+}
+
+/// Whether the admin port answers `/readyz` with 200 (certificate loaded, caches synced).
+async fn ready(admin: SocketAddr) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut conn) = tokio::net::TcpStream::connect(admin).await else {
+        return false;
+    };
+    let request = b"GET /readyz HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n";
+    let mut response = String::new();
+    conn.write_all(request).await.is_ok()
+        && conn.read_to_string(&mut response).await.is_ok()
+        && response.starts_with("HTTP/1.1 200")
+}
+
+fn draining(pod: &Pod) -> bool {
+    pod.metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(graceful_drain_core::labels::DRAINING_LABEL))
+}
+
+/// A simulated cluster with the manifests applied and the webhook running behind its
+/// Service, as after `kubectl apply -f deploy/graceful-drain.yaml` with cert-manager.
+struct Installed {
+    cluster: Cluster,
+    dir: tempfile::TempDir,
+    docs: Vec<Value>,
+    admin: PathBuf,
+    _webhook: tokio::process::Child,
+}
+
+fn fields(pairs: &[(&'static str, &str)]) -> BTreeMap<&'static str, String> {
+    pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
+}
+
+fn sa_kubeconfig(cluster: &Cluster, dir: &Path, sa: &str) -> PathBuf {
+    let path = dir.join(format!("{sa}.kubeconfig"));
+    let user = format!("system:serviceaccount:{NAMESPACE}:{sa}");
+    cluster.api().write_kubeconfig(&path, &user).unwrap();
+    path
+}
+
+/// Installs, deploys `spec` (before the webhook starts, so its caches hold the endpoints
+/// from the first list) and waits until the webhook is ready.
+async fn install(spec: &WebSpec) -> Installed {
+    graceful_drain_core::runtime::install_crypto_provider();
+    rbac::install();
+    let cluster = Cluster::start(ClusterConfig::default(), Shutdown::new())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let admin = dir.path().join("admin.kubeconfig");
+    cluster.api().write_kubeconfig(&admin, "admin").unwrap();
+    let docs = manifests();
+    let skipped = apply(&admin, dir.path(), &docs);
+    eprintln!("applied the manifests; kinds the simulator does not serve: {skipped:?}");
+
+    // cert-manager: a serving certificate for the Service's names, CA injected.
+    let names = graceful_drain_core::certs::service_dns_names(NAME, NAMESPACE);
+    let bundle =
+        graceful_drain_core::certs::generate("graceful-drain webhook", &names, &[]).unwrap();
+    let tls_dir = dir.path().join("tls");
+    graceful_drain_core::certs::write(&bundle, &tls_dir).unwrap();
+    for resource in [
+        "mutatingwebhookconfiguration",
+        "validatingwebhookconfiguration",
+    ] {
+        inject_ca(&admin, resource, &bundle.ca_cert);
+    }
+    cluster.deploy_web(spec, TIMEOUT).await.unwrap();
+    // The webhook refuses to isolate while the PDB's budget is not yet observed.
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(cluster.client(), &spec.namespace);
+    let budget = spec.replicas - spec.min_available;
+    wait_for("PDB budget observed", TIMEOUT, || {
+        let pdbs = pdbs.clone();
+        async move {
+            let pdb = pdbs.get(&spec.name).await.unwrap();
+            pdb.status.is_some_and(|s| s.disruptions_allowed >= budget)
+        }
+    })
+    .await
+    .unwrap();
+
+    // The kubelet: the webhook as its ServiceAccount, reached through its Service.
+    let rewrite = |arg: &str| match arg.split_once('=') {
+        Some(("--tls-cert", _)) => format!("--tls-cert={}", tls_dir.join("tls.crt").display()),
+        Some(("--tls-key", _)) => format!("--tls-key={}", tls_dir.join("tls.key").display()),
+        _ => arg.to_string(),
+    };
+    let fields = fields(&[
+        ("metadata.namespace", NAMESPACE),
+        ("metadata.name", "webhook-0"),
+    ]);
+    let kubeconfig = sa_kubeconfig(&cluster, dir.path(), NAME);
+    let mut cmd = container_command(&docs, ("Deployment", NAME), &fields, rewrite, &kubeconfig);
+    // Seconds instead of the default minute, so isolated pods go within the test's bounds.
+    cmd.env("GRACEFUL_DRAIN_DEREGISTRATION_DELAY", "2s");
+    let mut webhook = cmd.spawn().unwrap();
+    let addrs = listening(&mut webhook, &["addr", "admin_addr"]).await;
+    cluster.api().route_service(NAMESPACE, NAME, addrs[0]);
+    wait_for("webhook ready", TIMEOUT, || ready(addrs[1]))
+        .await
+        .unwrap();
+    Installed {
+        cluster,
+        dir,
+        docs,
+        admin,
+        _webhook: webhook,
+    }
+}
+
+async fn web_pods(cluster: &Cluster, spec: &WebSpec) -> Vec<Pod> {
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), &spec.namespace);
+    pods.list(&ListParams::default().labels(&format!("app={}", spec.name)))
+        .await
+        .unwrap()
+        .items
+}
+
+/// Asserts that each of `accounts` (ServiceAccount names in the release namespace) made
+/// requests, and that the manifests' RBAC allows every one of them.
+fn assert_rbac_allows(installed: &Installed, accounts: &[&str]) {
+    let requests = rbac::recorded();
+    for sa in accounts {
+        let user = format!("system:serviceaccount:{NAMESPACE}:{sa}");
+        let made = requests.iter().filter(|r| r.user == user).count();
+        assert!(made > 0, "no request recorded for {user}");
+        let denied = rbac::denied(&installed.docs, &user, &requests);
+        assert!(
+            denied.is_empty(),
+            "RBAC of {sa} refuses {} of its {made} requests:\n{}",
+            denied.len(),
+            denied.join("\n")
+        );
+    }
+}
+
+/// Budget for two disruptions out of four replicas: each isolation counts as one.
+fn web() -> WebSpec {
+    WebSpec {
+        min_available: 2,
+        ..WebSpec::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manifests_applied_with_kubectl_route_evictions_and_deletes_to_the_webhook() {
+    let spec = web();
+    let installed = install(&spec).await;
+    let cluster = &installed.cluster;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), &spec.namespace);
+    let victims: Vec<String> = web_pods(cluster, &spec)
+        .await
+        .iter()
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
+    let admission_before = cluster.api().stats().admission_total();
+
+    // An eviction (a proper policy/v1 Eviction, as kubectl drain sends it) reaches the
+    // webhook through the rendered MutatingWebhookConfiguration, which isolates the pod:
+    // out of its ReplicaSet and Services, still running, marked draining.
+    let eviction = json!({
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": victims[0], "namespace": spec.namespace},
+    });
+    pods.create_subresource::<_, Value>("eviction", &victims[0], &PostParams::default(), &eviction)
+        .await
+        .unwrap();
+    assert!(cluster.api().stats().admission_total() > admission_before);
+    let isolated = pods.get(&victims[0]).await.unwrap();
+    assert!(
+        draining(&isolated),
+        "evicted pod not isolated: {:?}",
+        isolated.metadata
+    );
+
+    // A direct DELETE (a rollout, kubectl delete) reaches it through the rendered
+    // ValidatingWebhookConfiguration: the pod is isolated before its deletion is admitted.
+    pods.delete(&victims[1], &DeleteParams::default())
+        .await
+        .unwrap();
+    let deleted = pods.get_opt(&victims[1]).await.unwrap();
+    let deleted = deleted.expect("pod still terminating after its grace period started");
+    assert!(deleted.metadata.deletion_timestamp.is_some());
+    assert!(
+        draining(&deleted),
+        "deleted pod not isolated first: {:?}",
+        deleted.metadata
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_agent_from_the_manifests_drains_a_node_through_a_lifecycle_event() {
+    let spec = web();
+    let installed = install(&spec).await;
+    let (cluster, dir) = (&installed.cluster, installed.dir.path());
+    // The node with the most web pods.
+    let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
+    for pod in web_pods(cluster, &spec).await {
+        let node = pod.spec.and_then(|s| s.node_name).unwrap();
+        *per_node.entry(node).or_default() += 1;
+    }
+    let (node, on_node) = per_node.into_iter().max_by_key(|(_, n)| *n).unwrap();
+
+    // The DaemonSet's pod on that node, its kubelet folders under a scratch directory.
+    let kubelet = dir.join("kubelet");
+    std::fs::create_dir_all(kubelet.join("plugins_registry")).unwrap();
+    let rewrite = |arg: &str| arg.replace("=/var/lib/kubelet", &format!("={}", kubelet.display()));
+    let fields = fields(&[("spec.nodeName", &node)]);
+    let kubeconfig = sa_kubeconfig(cluster, dir, "graceful-drain-agent");
+    let agent_name = "graceful-drain-agent";
+    let mut agent = container_command(
+        &installed.docs,
+        ("DaemonSet", agent_name),
+        &fields,
+        rewrite,
+        &kubeconfig,
+    )
+    .spawn()
+    .unwrap();
+    let admin = listening(&mut agent, &["admin_addr"]).await;
+    wait_for("agent ready", TIMEOUT, || ready(admin[0]))
+        .await
+        .unwrap();
+    let evictions_before = cluster.api().stats().admission_total();
+
+    // The user's side: `graceful-drain drain NODE`, which creates the LifecycleEvent and
+    // follows it until the agent reports drain-complete.
+    let drain = tokio::process::Command::new(env!("CARGO_BIN_EXE_graceful-drain"))
+        .args(["drain", &node, "--timeout=60s", "--kubeconfig"])
+        .arg(&installed.admin)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(90), drain)
+        .await
+        .expect("drain finished in time")
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "graceful-drain drain {node}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let nodes: Api<Node> = Api::all(cluster.client());
+    let drained = nodes.get(&node).await.unwrap();
+    assert_eq!(drained.spec.and_then(|s| s.unschedulable), Some(true));
+    let reason = drained
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "LifecycleTransition")
+        .and_then(|c| c.reason);
+    assert_eq!(reason.as_deref(), Some("drain-complete"));
+    // Every pod of the namespace, isolated ones included (they lost the `app` label).
+    let all: Api<Pod> = Api::namespaced(cluster.client(), &spec.namespace);
+    let left: Vec<String> = all
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node.as_str()))
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    assert!(left.is_empty(), "web pods left on {node}: {left:?}");
+    assert!(
+        cluster.api().stats().admission_total() >= evictions_before + on_node as u64,
+        "each of the {on_node} evictions went through the webhook"
+    );
+    assert_rbac_allows(&installed, &[NAME, agent_name]);
+}

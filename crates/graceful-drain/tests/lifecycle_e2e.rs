@@ -1,0 +1,501 @@
+//! End-to-end: LifecycleEvents on the simulated cluster, driven by the real node agents
+//! (drain engine + SLM sockets) and their lifecycle reconcilers, created with the real
+//! `kubectl` and the `graceful-drain` binary.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use clap::Parser;
+use futures::StreamExt;
+use graceful_drain_core::lifecycle::{LifecycleEvent, STARTED_ANNOTATION};
+use graceful_drain_core::runtime::Shutdown;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{ListParams, WatchEvent, WatchParams};
+use kube::{Api, ResourceExt};
+use kube_sim::cluster::{Cluster, ClusterConfig, WebSpec, wait_for};
+
+/// Bound for any convergence here; runs take a few seconds.
+const TIMEOUT: Duration = Duration::from_secs(60);
+const AGENT_USER: &str = "system:serviceaccount:graceful-drain:graceful-drain-agent";
+
+#[derive(Parser)]
+struct AgentCli {
+    #[command(flatten)]
+    args: graceful_drain_agent::Args,
+}
+
+struct Env {
+    cluster: Cluster,
+    dir: tempfile::TempDir,
+    kubeconfig: PathBuf,
+    sla: String,
+    /// Per node: the agent's own stop token and its task.
+    agents: Vec<(Shutdown, tokio::task::JoinHandle<()>)>,
+    stop: AgentsStop,
+}
+
+impl Env {
+    /// Stops the agent of `node` (sockets removed, as a killed pod's volume is left
+    /// empty by the restarted one) and starts a new one with the same directories.
+    async fn restart_agent(&mut self, node: &str) {
+        let index = self.cluster.nodes().iter().position(|n| n == node).unwrap();
+        let (token, task) = self.agents.remove(index);
+        token.cancel();
+        task.await.unwrap();
+        let agent = start_agent(
+            &self.cluster,
+            self.dir.path(),
+            node,
+            &self.sla,
+            &self.stop.0,
+        )
+        .await;
+        self.agents.insert(index, agent);
+    }
+}
+
+/// Starts the node agent of `node` (reconciler in auto mode) under a child of `parent`.
+async fn start_agent(
+    cluster: &Cluster,
+    dir: &Path,
+    node: &str,
+    sla: &str,
+    parent: &Shutdown,
+) -> (Shutdown, tokio::task::JoinHandle<()>) {
+    let root = dir.join(node);
+    let (plugins, registry) = (root.join("plugins"), root.join("plugins_registry"));
+    let argv = [
+        "agent",
+        "--node-name",
+        node,
+        "--plugins-dir",
+        plugins.to_str().unwrap(),
+        "--registry-dir",
+        registry.to_str().unwrap(),
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--sla",
+        sla,
+        // auto: the simulated cluster serves lifecycleevents from a CRD, so no
+        // kubelet implements SLM and the reconciler must turn itself on.
+        "--lifecycle-reconciler",
+        "auto",
+        "--lifecycle-tick",
+        "200ms",
+    ];
+    std::fs::create_dir_all(&plugins).unwrap();
+    std::fs::create_dir_all(&registry).unwrap();
+    let args = AgentCli::try_parse_from(argv).unwrap().args;
+    let token = parent.child_token();
+    let started =
+        graceful_drain_agent::start(args, cluster.api().client(AGENT_USER), token.clone())
+            .await
+            .unwrap();
+    (token, tokio::spawn(started.wait()))
+}
+
+/// Stops the agents when the test ends.
+struct AgentsStop(Shutdown);
+
+impl Drop for AgentsStop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+/// A cluster with `spec` deployed and one node agent (reconciler on) per node.
+async fn env(spec: &WebSpec, sla: &str) -> Env {
+    graceful_drain_core::runtime::install_crypto_provider();
+    graceful_drain_core::runtime::init_tracing(graceful_drain_core::runtime::LogFormat::Text);
+    let cluster = Cluster::start(
+        ClusterConfig {
+            nodes: 2,
+            ..ClusterConfig::default()
+        },
+        Shutdown::new(),
+    )
+    .await
+    .unwrap();
+    cluster.deploy_web(spec, TIMEOUT).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    cluster
+        .api()
+        .write_kubeconfig(&kubeconfig, "admin")
+        .unwrap();
+    // The committed CRDs (what the chart installs) replace the simulator's defaults.
+    let crds = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../charts/graceful-drain/files/lifecycle-crds.yaml"
+    );
+    let out = kubectl(&kubeconfig, &["apply", "-f", crds]);
+    assert!(
+        out.status.success(),
+        "kubectl apply crds: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stop = Shutdown::new();
+    let mut agents = Vec::new();
+    for node in cluster.nodes() {
+        agents.push(start_agent(&cluster, dir.path(), node, sla, &stop).await);
+    }
+    let transitions: Api<graceful_drain_core::lifecycle::LifecycleTransition> =
+        Api::all(cluster.client());
+    wait_for("transitions published", TIMEOUT, || async {
+        transitions
+            .get_opt("graceful-drain")
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+            && transitions
+                .get_opt("graceful-maintenance-complete")
+                .await
+                .ok()
+                .flatten()
+                .is_some()
+    })
+    .await
+    .unwrap();
+    Env {
+        cluster,
+        dir,
+        kubeconfig,
+        sla: sla.to_string(),
+        agents,
+        stop: AgentsStop(stop),
+    }
+}
+
+/// Every version of every LifecycleEvent from now on: (watch type, name, claimStatus,
+/// started annotation).
+type Seen = Arc<Mutex<Vec<(String, String, String, Option<String>)>>>;
+
+async fn record_events(client: kube::Client) -> Seen {
+    let api: Api<LifecycleEvent> = Api::all(client);
+    let rv = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut stream = api
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    let seen: Seen = Arc::default();
+    let out = seen.clone();
+    tokio::spawn(async move {
+        while let Some(Ok(item)) = stream.next().await {
+            let (kind, e) = match item {
+                WatchEvent::Added(e) => ("ADDED", e),
+                WatchEvent::Modified(e) => ("MODIFIED", e),
+                WatchEvent::Deleted(e) => ("DELETED", e),
+                _ => continue,
+            };
+            let status = e
+                .status
+                .as_ref()
+                .and_then(|s| s.claim_status)
+                .map_or("Pending".to_string(), |s| s.to_string());
+            let started = e.annotations().get(STARTED_ANNOTATION).cloned();
+            out.lock()
+                .unwrap()
+                .push((kind.to_string(), e.name_any(), status, started));
+        }
+    });
+    seen
+}
+
+fn statuses(seen: &Seen, name: &str, from: usize) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for (_, n, status, _) in seen.lock().unwrap().iter().skip(from) {
+        if n == name && out.last() != Some(status) {
+            out.push(status.clone());
+        }
+    }
+    out
+}
+
+/// Runs the real kubectl.
+fn kubectl(kubeconfig: &Path, args: &[&str]) -> Output {
+    std::process::Command::new("/usr/bin/kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+async fn graceful_drain(kubeconfig: &Path, args: &[&str]) -> Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_graceful-drain"))
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .output()
+        .await
+        .unwrap()
+}
+
+async fn condition_reason(client: &kube::Client, node: &str, type_: &str) -> Option<String> {
+    let node = Api::<Node>::all(client.clone()).get(node).await.ok()?;
+    node.status?
+        .conditions?
+        .into_iter()
+        .find(|c| c.type_ == type_)?
+        .reason
+}
+
+async fn pods_on(client: &kube::Client, node: &str, app: &str) -> usize {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let params = ListParams::default()
+        .labels(&format!("app={app}"))
+        .fields(&format!("spec.nodeName={node}"));
+    pods.list(&params).await.unwrap().items.len()
+}
+
+async fn wait_gone(events: &Api<LifecycleEvent>, name: &str) {
+    wait_for(
+        &format!("lifecycleevent {name} to finish"),
+        TIMEOUT,
+        || async { matches!(events.get_opt(name).await, Ok(None)) },
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_applied_event_drains_and_a_later_one_drains_again() {
+    let spec = WebSpec {
+        replicas: 4,
+        min_available: 3,
+        grace_period_seconds: 1,
+        ..WebSpec::default()
+    };
+    let env = env(&spec, "5m").await;
+    let client = env.cluster.client();
+    let events: Api<LifecycleEvent> = Api::all(client.clone());
+    let seen = record_events(client.clone()).await;
+    let example = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/examples/drain-event.yaml"
+    );
+
+    let out = kubectl(&env.kubeconfig, &["apply", "-f", example]);
+    assert!(
+        out.status.success(),
+        "kubectl apply: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_gone(&events, "worker-1-drain").await;
+    assert_eq!(
+        statuses(&seen, "worker-1-drain", 0),
+        ["Pending", "Claimed", "Succeeded"]
+    );
+    assert_eq!(
+        condition_reason(&client, "worker-1", "LifecycleTransition")
+            .await
+            .as_deref(),
+        Some("drain-complete")
+    );
+    assert_eq!(
+        pods_on(&client, "worker-1", "web").await,
+        0,
+        "web pods left worker-1"
+    );
+    let node = Api::<Node>::all(client.clone())
+        .get("worker-1")
+        .await
+        .unwrap();
+    assert_eq!(node.spec.unwrap().unschedulable, Some(true), "cordoned");
+
+    // The same file applied later runs the drain again (Start is called although the
+    // node still shows drain-complete).
+    let mark = seen.lock().unwrap().len();
+    let out = kubectl(&env.kubeconfig, &["apply", "-f", example]);
+    assert!(
+        out.status.success(),
+        "kubectl apply: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_gone(&events, "worker-1-drain").await;
+    assert_eq!(
+        statuses(&seen, "worker-1-drain", mark),
+        ["Pending", "Claimed", "Succeeded"]
+    );
+    let started_again = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .skip(mark)
+        .any(|(_, n, _, started)| n == "worker-1-drain" && started.is_some());
+    assert!(started_again, "the second event called Start");
+
+    // The CLI: uncordon worker-1, then drain worker-2 and wait.
+    let out = graceful_drain(
+        &env.kubeconfig,
+        &["uncordon", "worker-1", "--timeout", "60s"],
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "uncordon: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let node = Api::<Node>::all(client.clone())
+        .get("worker-1")
+        .await
+        .unwrap();
+    assert_ne!(
+        node.spec.unwrap().unschedulable,
+        Some(true),
+        "back in service"
+    );
+    let out = graceful_drain(
+        &env.kubeconfig,
+        &["drain", "worker-2", "--wait", "--timeout", "60s"],
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "drain: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("node worker-2 drained"), "{stdout}");
+    assert_eq!(pods_on(&client, "worker-2", "web").await, 0);
+
+    let out = graceful_drain(&env.kubeconfig, &["status"]).await;
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    let row = table.lines().find(|l| l.starts_with("worker-2 ")).unwrap();
+    assert!(
+        row.contains("drain-complete") && row.contains("cordoned"),
+        "{table}"
+    );
+    drop(env.dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_blocked_past_its_sla_fails_and_names_the_blocking_pods() {
+    // minAvailable equals replicas: the PDB never allows an eviction.
+    let spec = WebSpec {
+        replicas: 2,
+        min_available: 2,
+        grace_period_seconds: 1,
+        ..WebSpec::default()
+    };
+    // Long enough for the first eviction to be refused by the PDB before the deadline.
+    let env = env(&spec, "8s").await;
+    let client = env.cluster.client();
+    let on_worker_1 = pods_on(&client, "worker-1", "web").await;
+    let node = if on_worker_1 > 0 {
+        "worker-1"
+    } else {
+        "worker-2"
+    };
+    let out = graceful_drain(&env.kubeconfig, &["drain", node, "--timeout", "60s"]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "drain must fail: {stderr}");
+    assert!(stderr.contains("ended SlaExpired"), "{stderr}");
+    assert!(
+        stderr.contains("pods left on the node: default/web-"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("PDB default/web"), "{stderr}");
+    let events: Api<LifecycleEvent> = Api::all(client.clone());
+    wait_for("expired event deleted", TIMEOUT, || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .is_ok_and(|l| l.items.is_empty())
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_restart_mid_drain_resumes_without_a_second_start() {
+    // The PDB blocks every eviction until the test lowers it, so the drain is surely
+    // running when the agent (and its reconciler) restarts.
+    let spec = WebSpec {
+        replicas: 2,
+        min_available: 2,
+        grace_period_seconds: 1,
+        ..WebSpec::default()
+    };
+    let mut env = env(&spec, "5m").await;
+    let client = env.cluster.client();
+    let node = if pods_on(&client, "worker-1", "web").await > 0 {
+        "worker-1"
+    } else {
+        "worker-2"
+    };
+    let events: Api<LifecycleEvent> = Api::all(client.clone());
+    let seen = record_events(client.clone()).await;
+    let out = graceful_drain(&env.kubeconfig, &["drain", node, "--wait=false"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let name = events.list(&ListParams::default()).await.unwrap().items[0].name_any();
+    let started_at = |e: &LifecycleEvent| e.annotations().get(STARTED_ANNOTATION).cloned();
+    wait_for("drain started", TIMEOUT, || async {
+        events
+            .get(&name)
+            .await
+            .ok()
+            .as_ref()
+            .and_then(started_at)
+            .is_some()
+            && condition_reason(&client, node, "LifecycleTransition")
+                .await
+                .as_deref()
+                == Some("drain-started")
+    })
+    .await
+    .unwrap();
+    let first_start = started_at(&events.get(&name).await.unwrap()).unwrap();
+
+    env.restart_agent(node).await;
+    let pdbs: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        Api::namespaced(client.clone(), "default");
+    let unblock = serde_json::json!({"spec": {"minAvailable": 1}});
+    pdbs.patch(
+        "web",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&unblock),
+    )
+    .await
+    .unwrap();
+
+    wait_gone(&events, &name).await;
+    assert_eq!(
+        statuses(&seen, &name, 0),
+        ["Pending", "Claimed", "Succeeded"]
+    );
+    assert_eq!(
+        condition_reason(&client, node, "LifecycleTransition")
+            .await
+            .as_deref(),
+        Some("drain-complete")
+    );
+    assert_eq!(pods_on(&client, node, "web").await, 0);
+    // The started annotation is written once per Start call: one value means one Start.
+    let values: std::collections::BTreeSet<String> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, n, _, _)| *n == name)
+        .filter_map(|(_, _, _, started)| started.clone())
+        .collect();
+    assert_eq!(values, [first_start].into(), "Start was called once");
+}

@@ -1,0 +1,114 @@
+//! A real Kubernetes control plane on loopback for graceful-drain's real-tier tests and
+//! for developers: etcd, kube-apiserver, kube-controller-manager and kube-scheduler built
+//! from the Go module proxy ([`build`]) and started as processes of their own ([`run`]).
+//!
+//! No kubelet, no kube-proxy, no network: the simulated kubelets, load balancers and
+//! traffic of `kube-sim` play what a control plane lacks (docs/design.md §7).
+
+pub mod build;
+pub mod certs;
+pub mod run;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use build::{bin_dir, is_built};
+pub use run::{ControlPlane, Options, down, up};
+
+/// The Kubernetes release the real tier runs.
+pub const KUBERNETES_VERSION: &str = "v1.37.2";
+/// The etcd release the real tier runs.
+pub const ETCD_VERSION: &str = "v3.6.16";
+
+/// Which releases to build and run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Versions {
+    pub kubernetes: String,
+    pub etcd: String,
+}
+
+impl Default for Versions {
+    fn default() -> Self {
+        Versions {
+            kubernetes: KUBERNETES_VERSION.to_string(),
+            etcd: ETCD_VERSION.to_string(),
+        }
+    }
+}
+
+impl fmt::Display for Versions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Kubernetes {} with etcd {}", self.kubernetes, self.etcd)
+    }
+}
+
+/// Errors of building, starting and stopping a control plane.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// `go` is not on PATH.
+    #[error(
+        "the control plane is built from the Go module proxy, but `go` is not on PATH: install Go 1.26 or newer"
+    )]
+    GoMissing,
+    /// `kubectl` is not on PATH.
+    #[error("`kubectl` is not on PATH: it is used to wait for kube-apiserver")]
+    KubectlMissing,
+    /// A `go` command failed.
+    #[error("{0}")]
+    Go(String),
+    /// A version that is not `v1.Y.Z`.
+    #[error("Kubernetes version {0:?} is not of the form v1.Y.Z")]
+    BadVersion(String),
+    /// A binary is missing from the cache.
+    #[error("{} is not built: run `cargo xtask control-plane build`", .0.display())]
+    NotBuilt(PathBuf),
+    /// A file or process operation failed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A certificate could not be made.
+    #[error("control-plane certificate: {0}")]
+    Certificate(String),
+    /// A component exited while the control plane started.
+    #[error("{component} exited during start-up; logs:\n{log}")]
+    Exited { component: String, log: String },
+    /// kube-apiserver did not become ready in time.
+    #[error("kube-apiserver was not ready after {after:?}; logs:\n{log}")]
+    NotReady { after: Duration, log: String },
+}
+
+impl Error {
+    fn io(path: &Path, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+impl From<rcgen::Error> for Error {
+    fn from(e: rcgen::Error) -> Self {
+        Error::Certificate(e.to_string())
+    }
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// graceful-drain's cache folder: `$GRACEFUL_DRAIN_CACHE`, else `$XDG_CACHE_HOME/graceful-drain`,
+/// else `~/.cache/graceful-drain`. It lives outside any clone, so a fresh clone on the same
+/// machine reuses what an earlier one built.
+pub fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("GRACEFUL_DRAIN_CACHE") {
+        return PathBuf::from(dir);
+    }
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
+        return PathBuf::from(dir).join("graceful-drain");
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/tmp"), PathBuf::from);
+    home.join(".cache").join("graceful-drain")
+}
