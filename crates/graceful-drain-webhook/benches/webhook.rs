@@ -281,7 +281,6 @@ async fn async_main() {
             own_users: Default::default(),
         },
         metrics: Arc::new(metrics::Metrics::new(&mut registry)),
-        refuse_replicaset_deletes: false,
         default_timeout: Duration::from_secs(10),
         shutdown: shutdown.clone(),
         holds: server::Holds::default(),

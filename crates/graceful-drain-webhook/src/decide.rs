@@ -537,6 +537,7 @@ pub fn service_left_only_by_pinned<'a>(
     }
     services.iter().find(|s| {
         !s.selector.is_empty()
+            && s.service_type != ServiceType::Headless
             && s.selector
                 .keys()
                 .filter(|k| labels.contains_key(*k))
@@ -1095,6 +1096,43 @@ mod tests {
                 assert_eq!(pod_labels.get(k), Some(v), "{name}: removed value recorded");
             }
         }
+    }
+
+    #[test]
+    fn a_statefulset_pods_governing_headless_service_neither_blocks_nor_is_left() {
+        // The governing Service selects exactly the StatefulSet's labels; the load
+        // balancer's Service has a label of its own.
+        let pod_labels = labels(&[("app", "db"), ("tier", "db-lb")]);
+        let policy = OwnerPolicy::for_owner(&OwnerKind::StatefulSet, keys(&["app"]));
+        let service = |name: &str, service_type, selector: &[&str]| ServiceFacts {
+            name: name.into(),
+            service_type,
+            selector: selector
+                .iter()
+                .map(|k| (k.to_string(), String::new()))
+                .collect(),
+        };
+        let governing = service("db", ServiceType::Headless, &["app"]);
+        let balanced = service("db-lb", ServiceType::LoadBalancer, &["tier"]);
+        let services = [governing, balanced];
+        assert_eq!(
+            service_left_only_by_pinned(&pod_labels, &services, &policy.pinned),
+            None,
+            "a headless Service balances nothing: the pod may stay in it"
+        );
+        // A balanced Service on the StatefulSet's labels alone still cannot be left.
+        let pinned_only = [service("db-all", ServiceType::ClusterIp, &["app"])];
+        assert!(service_left_only_by_pinned(&pod_labels, &pinned_only, &policy.pinned).is_some());
+        let snap = Snapshot {
+            services: services.to_vec(),
+            ..Snapshot::default()
+        };
+        let leave = crate::isolate::leave_selectors(&snap, policy.leave.clone());
+        let removed = labels_to_remove(&pod_labels, &leave, &policy.keep, &policy.pinned);
+        assert_eq!(
+            removed.keys().map(String::as_str).collect::<Vec<_>>(),
+            vec!["tier"]
+        );
     }
 
     #[test]

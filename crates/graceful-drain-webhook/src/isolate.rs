@@ -23,7 +23,7 @@ use serde_json::Value;
 
 use super::cache::{Cache, OwnerFacts, selector_keys};
 use super::decide::{
-    Charge, OwnerKind, OwnerPolicy, PodFacts, Snapshot, labels_to_remove,
+    Charge, OwnerKind, OwnerPolicy, PodFacts, ServiceType, Snapshot, labels_to_remove,
     service_left_only_by_pinned,
 };
 use graceful_drain_core::labels::{
@@ -462,14 +462,17 @@ fn api_err(pod: &PodFacts, action: &str, source: kube::Error) -> Error {
     }
 }
 
-/// The selectors to leave: selecting Services (with a selector), selecting PDBs (so the
-/// isolated pod stops counting as healthy) and whatever the owner policy adds.
+/// The selectors to leave: selecting Services (with a selector; not headless ones, which
+/// balance nothing — a StatefulSet's governing Service keeps its pods' DNS names while they
+/// serve, and its selector is usually the StatefulSet's own, which the pod must keep),
+/// selecting PDBs (so the isolated pod stops counting as healthy) and whatever the owner
+/// policy adds.
 pub fn leave_selectors(snap: &Snapshot, owner: Vec<BTreeSet<String>>) -> Vec<BTreeSet<String>> {
     let mut leave = owner;
     leave.extend(
         snap.services
             .iter()
-            .filter(|s| !s.selector.is_empty())
+            .filter(|s| !s.selector.is_empty() && s.service_type != ServiceType::Headless)
             .map(|s| s.selector.keys().cloned().collect()),
     );
     leave.extend(

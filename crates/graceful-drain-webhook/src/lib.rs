@@ -150,10 +150,6 @@ pub struct PolicyArgs {
         value_delimiter = ','
     )]
     pub keep_labels: Vec<String>,
-    /// Refuse the ReplicaSet controller's DELETE of a pod once it is isolated, so rollouts
-    /// wait for the full delay. Never refuses any other caller.
-    #[arg(long, env = "GRACEFUL_DRAIN_REFUSE_REPLICASET_DELETES")]
-    pub refuse_replicaset_deletes: bool,
     /// Our own username(s), whose requests pass through (repeatable). Discovered with a
     /// SelfSubjectReview when not given.
     #[arg(
@@ -435,7 +431,6 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
             own_users: own,
         },
         metrics,
-        refuse_replicaset_deletes: policy.refuse_replicaset_deletes,
         default_timeout: Duration::from_secs(u64::from(timeout_seconds)),
         shutdown: Shutdown::new(),
         holds: server::Holds::default(),

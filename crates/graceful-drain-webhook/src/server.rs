@@ -35,6 +35,9 @@ use graceful_drain_core::runtime::Shutdown;
 /// Username of the ReplicaSet controller (kube-controller-manager with
 /// `--use-service-account-credentials`, the default of every distribution we know).
 pub const REPLICASET_CONTROLLER: &str = "system:serviceaccount:kube-system:replicaset-controller";
+/// kube-controller-manager's own username, which its controllers use without
+/// `--use-service-account-credentials`.
+pub const CONTROLLER_MANAGER: &str = "system:kube-controller-manager";
 /// How long before the API server's deadline a held DELETE is answered. Covers the
 /// response's trip back and clock granularity; capped at half the budget for tiny timeouts.
 const HOLD_MARGIN: Duration = Duration::from_secs(2);
@@ -63,8 +66,6 @@ pub struct AppState {
     pub ctx: isolate::Context,
     pub settings: Settings,
     pub metrics: Arc<Metrics>,
-    /// Refuse the ReplicaSet controller's DELETE of isolated pods (see docs).
-    pub refuse_replicaset_deletes: bool,
     /// Budget when the API server sends no `timeout` parameter (= `--timeout-seconds`).
     pub default_timeout: Duration,
     /// Cancelled at shutdown: held DELETEs are answered at once.
@@ -587,7 +588,7 @@ async fn respond_delete(
     // The DELETE is about this incarnation of the pod: if a re-read after a conflict finds
     // a same-name replacement, it is left alone.
     req.preconditions.uid.get_or_insert_with(|| pod.uid.clone());
-    let owned_by_rs = matches!(pod.owner, Some((OwnerKind::ReplicaSet, _)));
+    let owned_by_rs = of_replicaset(&pod);
     // A DELETE is never denied for want of time: past the deadline it is allowed (the
     // pod isolated if that finished, as it usually has).
     let settled = settle_until(deadline, || settle(state, &req, pod.clone(), true));
@@ -599,9 +600,16 @@ async fn respond_delete(
         Settled::Isolated(t) | Settled::Pending(t) => t,
         _ => return (review::allow(request), outcome),
     };
-    if state.refuse_replicaset_deletes && owned_by_rs && req.user == REPLICASET_CONTROLLER {
+    // The ReplicaSet controller counts a deletion it asked for only when it sees a pod it
+    // still controls go away, and the isolated pod is no longer its own: holding and then
+    // allowing its DELETE leaves its expectations waiting five minutes, and the rollout or
+    // scale-up with them (docs/design.md §9). A refused DELETE it counts at once
+    // (`manageReplicas` in pkg/controller/replicaset/replica_set.go calls
+    // `DeletionObserved` when DeletePod fails), and the deferred deleter removes the pod
+    // after its full delay.
+    if owned_by_rs && is_replicaset_controller(&req.user) {
         let message = format!(
-            "graceful-drain: pod {}/{} is isolated and will be deleted at {delete_at}",
+            "graceful-drain: pod {}/{} is isolated (out of its ReplicaSet and Services) and will be deleted at {delete_at}",
             pod.namespace, pod.name
         );
         return (review::allow(request).deny(message), "refused");
@@ -609,6 +617,30 @@ async fn respond_delete(
     let deadline = state.holds.deadline_for(&pod.uid, deadline);
     hold(state, delete_at, deadline).await;
     (review::allow(request), outcome)
+}
+
+/// Whether the pod belongs to a ReplicaSet: its controller, or — once we isolated it and
+/// handed the controller role to the Deployment — an owner without the controller flag.
+/// The API server may call us again for the same DELETE with the pod as our isolation
+/// left it: its storage layer retries a failed update on a fresh read when the first read
+/// came from the watch cache (`GuaranteedUpdate` in
+/// staging/src/k8s.io/apiserver/pkg/storage/etcd3/store.go), so the second call must
+/// decide as the first did.
+fn of_replicaset(pod: &PodFacts) -> bool {
+    matches!(pod.owner, Some((OwnerKind::ReplicaSet, _)))
+        || (pod
+            .labels
+            .contains_key(graceful_drain_core::labels::DRAINING_LABEL)
+            && pod
+                .owner_refs
+                .iter()
+                .any(|r| r.get("kind").and_then(serde_json::Value::as_str) == Some("ReplicaSet")))
+}
+
+/// Whether `user` is the ReplicaSet controller, with or without
+/// `--use-service-account-credentials`.
+fn is_replicaset_controller(user: &str) -> bool {
+    user == REPLICASET_CONTROLLER || user == CONTROLLER_MANAGER
 }
 
 /// Holds until `delete_at` or `deadline`, whichever is first, or until shutdown.
@@ -742,7 +774,6 @@ mod tests {
                 own_users: Default::default(),
             },
             metrics: Arc::new(Metrics::new(&mut registry)),
-            refuse_replicaset_deletes: false,
             default_timeout: Duration::from_secs(10),
             shutdown: Shutdown::new(),
             holds: Holds::default(),

@@ -44,7 +44,7 @@ fn bundle() -> certs::Bundle {
 
 /// Starts the admission server with a mock API client nobody answers (every test here
 /// stays on paths that need no API call) and the given TLS files.
-async fn start(cert: &Path, key: &Path, client_ca: Option<&Path>, refuse_rs: bool) -> Server {
+async fn start(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Server {
     graceful_drain_core::runtime::install_crypto_provider();
     let (service, _handle) =
         tower_test::mock::pair::<Request<kube::client::Body>, Response<kube::client::Body>>();
@@ -66,7 +66,6 @@ async fn start(cert: &Path, key: &Path, client_ca: Option<&Path>, refuse_rs: boo
             own_users: ["system:serviceaccount:gd:webhook".to_string()].into(),
         },
         metrics: Arc::new(metrics::Metrics::new(&mut registry)),
-        refuse_replicaset_deletes: refuse_rs,
         default_timeout: Duration::from_secs(10),
         shutdown: shutdown.clone(),
         holds: server::Holds::default(),
@@ -217,7 +216,7 @@ fn write_bundle(dir: &Path) -> (certs::Bundle, PathBuf, PathBuf) {
 async fn serves_tls12_and_tls13_with_http1_and_h2() {
     let dir = tempfile::tempdir().unwrap();
     let (b, cert, key) = write_bundle(dir.path());
-    let srv = start(&cert, &key, None, false).await;
+    let srv = start(&cert, &key, None).await;
 
     for (version, want) in [
         (&rustls::version::TLS12, rustls::ProtocolVersion::TLSv1_2),
@@ -262,7 +261,7 @@ async fn serves_tls12_and_tls13_with_http1_and_h2() {
 async fn rejects_bad_input_with_400_and_oversized_bodies() {
     let dir = tempfile::tempdir().unwrap();
     let (b, cert, key) = write_bundle(dir.path());
-    let srv = start(&cert, &key, None, false).await;
+    let srv = start(&cert, &key, None).await;
     let stream = connect(srv.addr, &client_opts(&b.ca_cert)).await.unwrap();
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
@@ -305,7 +304,7 @@ async fn rotated_certificate_is_served_to_new_handshakes_without_dropping_connec
     let second = bundle();
     certs::write(&second, &v2).unwrap();
     let (cert, key) = kubelet_volume(root.path(), &v1);
-    let srv = start(&cert, &key, None, false).await;
+    let srv = start(&cert, &key, None).await;
 
     let opts1 = client_opts(&first.ca_cert);
     let open = connect(srv.addr, &opts1).await.unwrap();
@@ -349,7 +348,7 @@ async fn client_ca_admits_only_callers_with_a_certificate_it_signed() {
     let clients = bundle();
     let ca_path = dir.path().join("client-ca.crt");
     std::fs::write(&ca_path, &clients.ca_cert).unwrap();
-    let srv = start(&cert, &key, Some(&ca_path), false).await;
+    let srv = start(&cert, &key, Some(&ca_path)).await;
 
     let anonymous = connect(srv.addr, &client_opts(&b.ca_cert)).await;
     let rejected = match anonymous {
@@ -402,7 +401,7 @@ async fn client_ca_admits_only_callers_with_a_certificate_it_signed() {
 async fn held_delete_answers_before_the_api_server_deadline() {
     let dir = tempfile::tempdir().unwrap();
     let (b, cert, key) = write_bundle(dir.path());
-    let srv = start(&cert, &key, None, true).await;
+    let srv = start(&cert, &key, None).await;
     let opts = client_opts(&b.ca_cert);
 
     // kubectl (a person) deleting an isolated pod is held, then allowed, within `timeout`.
@@ -423,7 +422,8 @@ async fn held_delete_answers_before_the_api_server_deadline() {
         "held past the API server's deadline: {took:?}"
     );
 
-    // The ReplicaSet controller is refused in that mode (and only it).
+    // The ReplicaSet controller is refused (and only it): its DELETE fails, which it
+    // counts as observed, and the deferred deleter removes the pod after its delay.
     let stream = connect(srv.addr, &opts).await.unwrap();
     let rs = "system:serviceaccount:kube-system:replicaset-controller";
     let (status, body) = post_h1(

@@ -298,7 +298,7 @@ fn wait_ready(cp: &ControlPlane) -> Result<()> {
 }
 
 /// Stops the control plane described by `dir/pids`, newest component first, and waits for
-/// each process to exit (SIGKILL after [`STOP_TIMEOUT`]).
+/// each process to exit (SIGKILL after 15 s).
 pub fn down(dir: &Path) -> Result<()> {
     let mut pids = read_pids(dir);
     pids.sort_by_key(|(name, _)| std::cmp::Reverse(ORDER.iter().position(|c| c == name)));

@@ -82,10 +82,7 @@ pub fn scenarios(upstream_lifecycle_api: bool) -> Vec<RealScenario> {
                 // lifecycle.k8s.io with the built-in API, which the API server then
                 // serves instead: the agents cannot publish their transitions.
                 _ if upstream_lifecycle_api => Expect::KnownFailure("issue 26"),
-                // The webhook takes a held pod out of its ReplicaSet, which then never
-                // sees the deletion it asked for (docs/design.md §9).
-                (_, RolloutRestart | ScaleDownUp) => Expect::KnownFailure("issue 25"),
-                (_, Drain) => Expect::Pass,
+                _ => Expect::Pass,
             };
             all.push(RealScenario {
                 disruption,

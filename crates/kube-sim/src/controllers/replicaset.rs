@@ -7,7 +7,15 @@
 //! from the template up to `replicas`, delete the surplus preferring pods that are
 //! unscheduled, pending or not ready, and newest first. Deletions are plain DELETE calls,
 //! so admission webhooks see them. Expectations (names created, UIDs deleted) keep a
-//! stale cache from causing a second round of creations.
+//! stale cache from causing a second round of creations, with upstream's rules
+//! (pkg/controller/replicaset/replica_set.go and pkg/controller/controller_utils.go in
+//! k8s.io/kubernetes v1.37): a deletion counts as observed only when the ReplicaSet sees
+//! a pod *it controls* become terminating or disappear (`updatePod`, `deletePod`:
+//! `DeletionObserved` needs the pod's controller ownerReference to name it), or when its
+//! own DELETE call failed (`manageReplicas`); otherwise the ReplicaSet waits for the
+//! five-minute `ExpectationsTimeout`, and only a later event about it syncs it again
+//! (no periodic requeue: kube-controller-manager's informers resync every 12 hours or
+//! more).
 
 use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet};
@@ -32,9 +40,9 @@ use graceful_drain_core::runtime::Shutdown;
 const CALL_CONCURRENCY: usize = 16;
 /// Upper bound of pods created or deleted in one sync (the upstream `burstReplicas`).
 const BURST: usize = 500;
-/// How long an unobserved creation or deletion holds the ReplicaSet back (upstream
-/// waits five minutes; our watches deliver in milliseconds, so a few seconds suffice).
-const EXPECTATION_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an unobserved creation or deletion holds the ReplicaSet back: upstream's
+/// `ExpectationsTimeout` (pkg/controller/controller_utils.go), five minutes.
+const EXPECTATION_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 
 /// What one sync decided.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -183,6 +191,10 @@ struct Seen {
     names: HashSet<String>,
     /// UIDs of pods not being deleted.
     live: HashSet<String>,
+    /// UIDs of every pod, terminating ones too.
+    uids: HashSet<String>,
+    /// Every pod's controller UID, by pod UID (terminating pods too).
+    controllers: HashMap<String, String>,
 }
 
 impl Seen {
@@ -190,20 +202,47 @@ impl Seen {
         let mut seen = Seen::default();
         for pod in pods {
             seen.names.insert(key(&**pod));
-            if pod.metadata.deletion_timestamp.is_none()
-                && let Some(uid) = pod.uid()
-            {
-                seen.live.insert(uid);
+            let Some(uid) = pod.uid() else { continue };
+            seen.uids.insert(uid.clone());
+            if pod.metadata.deletion_timestamp.is_none() {
+                seen.live.insert(uid.clone());
+            }
+            if let Some(owner) = controller_of(&**pod) {
+                seen.controllers.insert(uid, owner.uid.clone());
             }
         }
         seen
     }
 }
 
+/// The controller each pod had when last seen, kept for pods that disappeared between two
+/// passes: a deletion is observed by the ReplicaSet that controlled the pod then.
+#[derive(Default)]
+struct LastControllers(HashMap<String, String>);
+
+impl LastControllers {
+    /// Records `seen` and returns, for each pod UID of `previous` that is gone now, the
+    /// controller it had (what upstream's `deletePod` reads from the deleted object).
+    fn update(&mut self, seen: &Seen) -> HashMap<String, String> {
+        let previous = std::mem::replace(&mut self.0, seen.controllers.clone());
+        previous
+            .into_iter()
+            .filter(|(uid, _)| !seen.uids.contains(uid))
+            .collect()
+    }
+}
+
+/// Whether `rs` observed the deletion of pod `uid`: the pod is terminating and still
+/// controlled by `rs`, or it disappeared while controlled by `rs`.
+fn deletion_observed(rs: &str, uid: &str, seen: &Seen, gone: &HashMap<String, String>) -> bool {
+    let controlled = |c: Option<&String>| c.is_some_and(|c| c == rs);
+    (seen.uids.contains(uid) && !seen.live.contains(uid) && controlled(seen.controllers.get(uid)))
+        || controlled(gone.get(uid))
+}
+
 fn satisfied(exp: &Expectation, seen: &Seen, now: Instant) -> bool {
     now >= exp.until
-        || (exp.created.iter().all(|name| seen.names.contains(name))
-            && exp.deleted.iter().all(|uid| !seen.live.contains(uid)))
+        || (exp.created.iter().all(|name| seen.names.contains(name)) && exp.deleted.is_empty())
 }
 
 type Expectations = Arc<Mutex<HashMap<String, Expectation>>>;
@@ -214,6 +253,7 @@ struct Controller {
     pods: Store<Pod>,
     workers: Workers,
     expectations: Expectations,
+    last: LastControllers,
 }
 
 impl Controller {
@@ -221,8 +261,17 @@ impl Controller {
         let now = Instant::now();
         let all = self.pods.state();
         let seen = Seen::new(&all);
+        let gone = self.last.update(&seen);
         let by_ns = by_namespace(&all);
-        let mut next: Option<Instant> = None;
+        // Deletions each ReplicaSet observed in this pass lower its expectations for good,
+        // as upstream's `DeletionObserved` does when the event arrives.
+        {
+            let mut exps = self.expectations.lock().unwrap_or_else(|e| e.into_inner());
+            for (rs, exp) in exps.iter_mut() {
+                exp.deleted
+                    .retain(|uid| !deletion_observed(rs, uid, &seen, &gone));
+            }
+        }
         for rs in self.sets.state() {
             let uid = rs.uid().unwrap_or_default();
             if rs.metadata.deletion_timestamp.is_some() || self.workers.busy(&uid) {
@@ -238,8 +287,9 @@ impl Controller {
             {
                 let mut exps = self.expectations.lock().unwrap_or_else(|e| e.into_inner());
                 if let Some(exp) = exps.get(&uid) {
+                    // Unsatisfied: wait for an event about this ReplicaSet, or for the
+                    // timeout to have passed when one comes (nothing requeues it).
                     if !satisfied(exp, &seen, now) {
-                        next = Some(next.map_or(exp.until, |n| n.min(exp.until)));
                         continue;
                     }
                     exps.remove(&uid);
@@ -259,7 +309,7 @@ impl Controller {
             self.workers
                 .spawn(uid, ctx.run(plan, needs_status.then_some(status)));
         }
-        next
+        None
     }
 }
 
@@ -280,20 +330,24 @@ impl Sync {
         for name in &plan.release {
             self.set_owner(&api, name, false).await?;
         }
-        let created = self.create(&api, plan.create).await;
-        let deleted = self.delete(&api, &plan.delete).await;
-        let exp = Expectation {
-            created: created.iter().cloned().collect(),
-            deleted: deleted.iter().cloned().collect(),
-            until: Instant::now() + EXPECTATION_TIMEOUT,
-        };
-        if !exp.created.is_empty() || !exp.deleted.is_empty() {
-            let uid = self.rs.uid().unwrap_or_default();
-            self.expectations
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(uid, exp);
+        let uid = self.rs.uid().unwrap_or_default();
+        let until = Instant::now() + EXPECTATION_TIMEOUT;
+        // Deletions are expected before they are asked for (upstream `ExpectDeletions`),
+        // so a pod that is gone by the next pass still counts; a DELETE that fails is
+        // observed at once, since no event will report it.
+        if !plan.delete.is_empty() {
+            self.expect(&uid, until, |exp| {
+                exp.deleted
+                    .extend(plan.delete.iter().map(|(_, u)| u.clone()));
+            });
         }
+        let created = self.create(&api, plan.create).await;
+        let deleted: HashSet<String> = self.delete(&api, &plan.delete).await.into_iter().collect();
+        self.expect(&uid, until, |exp| {
+            exp.created.extend(created.iter().cloned());
+            exp.deleted
+                .retain(|u| deleted.contains(u) || !plan.delete.iter().any(|(_, d)| d == u));
+        });
         if let Some(status) = status {
             let rs_api: Api<ReplicaSet> = Api::namespaced(self.client.clone(), &ns);
             let patch = Patch::Merge(serde_json::json!({ "status": status }));
@@ -306,6 +360,20 @@ impl Sync {
                 ))?;
         }
         Ok(())
+    }
+
+    /// Adds to (or starts) the expectations of this ReplicaSet; drops them once empty.
+    fn expect(&self, uid: &str, until: Instant, change: impl FnOnce(&mut Expectation)) {
+        let mut exps = self.expectations.lock().unwrap_or_else(|e| e.into_inner());
+        let exp = exps.entry(uid.to_string()).or_insert_with(|| Expectation {
+            created: HashSet::new(),
+            deleted: HashSet::new(),
+            until,
+        });
+        change(exp);
+        if exp.created.is_empty() && exp.deleted.is_empty() {
+            exps.remove(uid);
+        }
     }
 
     fn owner_ref(&self) -> OwnerReference {
@@ -413,9 +481,10 @@ impl Sync {
                     }),
                     ..DeleteParams::default()
                 };
+                // A pod already gone (404) is observed at once, like any failure
+                // (upstream `manageReplicas` calls `DeletionObserved` for every error).
                 match api.delete(&name, &dp).await {
                     Ok(_) => Some(uid),
-                    Err(e) if status_code(&e) == Some(404) => Some(uid),
                     Err(error) => {
                         tracing::info!(replicaset = %rs, pod = %name, %error, "delete pod failed");
                         None
@@ -457,6 +526,7 @@ pub async fn run(client: kube::Client, shutdown: Shutdown, workers: usize) -> Re
         pods,
         workers: Workers::new(wake.clone()).with_limit(workers),
         expectations: Arc::default(),
+        last: LastControllers::default(),
     };
     loop {
         let next = ctl.pass().await;
