@@ -297,6 +297,9 @@ impl Drop for OwnerReadTurn<'_> {
 pub struct OwnerFacts {
     pub selector_keys: BTreeSet<String>,
     pub controller: Option<serde_json::Value>,
+    /// `namespace/name` of the ReplicaSet's Deployment when it rolls out with the
+    /// `Recreate` strategy.
+    pub recreate: Option<String>,
 }
 
 /// How long a controller read stays in [`Owners`]. A drain evicts the pods of one

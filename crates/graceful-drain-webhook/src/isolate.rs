@@ -81,6 +81,15 @@ pub enum Error {
         owner: String,
         service: String,
     },
+    /// The pod's Deployment rolls out with the Recreate strategy, which promises that old
+    /// and new pods never run together: an isolated pod is invisible to the Deployment
+    /// controller (`getPodMapForDeployment` finds pods by their ReplicaSet), which would
+    /// start the new pods while it still serves.
+    #[error(
+        "isolate pod {pod}: Deployment {deployment} uses the Recreate strategy, whose old \
+         pods must be gone before new ones start; graceful-drain does not hold them"
+    )]
+    Recreate { pod: String, deployment: String },
 }
 
 impl Error {
@@ -100,16 +109,20 @@ impl Error {
     /// 422 other than our own `test` op failing, any other 4xx but 408/409/429). Such an
     /// eviction must not be answered 429 forever; it is let through with a Warning Event.
     pub fn is_permanent(&self) -> bool {
-        matches!(self, Error::ControllerSelector { .. })
-            || self
-                .code()
-                .is_some_and(|c| (400..500).contains(&c) && !matches!(c, 404 | 408 | 409 | 429))
+        matches!(
+            self,
+            Error::ControllerSelector { .. } | Error::Recreate { .. }
+        ) || self
+            .code()
+            .is_some_and(|c| (400..500).contains(&c) && !matches!(c, 404 | 408 | 409 | 429))
     }
 
     /// Bounded metric label for a permanent failure.
     pub fn reason(&self) -> &'static str {
-        if let Error::ControllerSelector { .. } = self {
-            return "controller_selector";
+        match self {
+            Error::ControllerSelector { .. } => return "controller_selector",
+            Error::Recreate { .. } => return "recreate",
+            _ => {}
         }
         match self.code() {
             Some(400) => "bad_request",
@@ -245,7 +258,13 @@ pub async fn isolate(
     now: Timestamp,
 ) -> Result<Outcome, Error> {
     let started = std::time::Instant::now();
-    let (mut policy, controller) = owner_policy(ctx, pod).await?;
+    let (mut policy, controller, recreate) = owner_policy(ctx, pod).await?;
+    if let Some(deployment) = recreate {
+        return Err(Error::Recreate {
+            pod: pod_ref(pod),
+            deployment,
+        });
+    }
     if let Some(service) = service_left_only_by_pinned(&pod.labels, &snap.services, &policy.pinned)
     {
         let owner = pod
@@ -492,23 +511,20 @@ pub fn leave_selectors(snap: &Snapshot, owner: Vec<BTreeSet<String>>) -> Vec<BTr
 async fn owner_policy(
     ctx: &Context,
     pod: &PodFacts,
-) -> Result<(OwnerPolicy, Option<Value>), Error> {
+) -> Result<(OwnerPolicy, Option<Value>, Option<String>), Error> {
     let Some((kind, name)) = &pod.owner else {
-        return Ok((OwnerPolicy::default(), None));
+        return Ok((OwnerPolicy::default(), None, None));
     };
     let gvk = match kind {
         OwnerKind::ReplicaSet => GroupVersionKind::gvk("apps", "v1", "ReplicaSet"),
         OwnerKind::StatefulSet => GroupVersionKind::gvk("apps", "v1", "StatefulSet"),
         OwnerKind::DaemonSet => GroupVersionKind::gvk("apps", "v1", "DaemonSet"),
         OwnerKind::Job => GroupVersionKind::gvk("batch", "v1", "Job"),
-        OwnerKind::Other(_) => return Ok((OwnerPolicy::default(), None)),
+        OwnerKind::Other(_) => return Ok((OwnerPolicy::default(), None, None)),
     };
     let uid = controller_uid(pod);
     if let Some(facts) = uid.and_then(|uid| ctx.cache.owner(uid)) {
-        return Ok((
-            OwnerPolicy::for_owner(kind, facts.selector_keys),
-            facts.controller,
-        ));
+        return Ok(policy_of(kind, facts));
     }
     // One read per controller among concurrent isolations: wait for the turn, then look
     // again, since the isolation before may have read it meanwhile.
@@ -517,19 +533,16 @@ async fn owner_policy(
         None => None,
     };
     if let Some(facts) = uid.and_then(|uid| ctx.cache.owner(uid)) {
-        return Ok((
-            OwnerPolicy::for_owner(kind, facts.selector_keys),
-            facts.controller,
-        ));
+        return Ok(policy_of(kind, facts));
     }
     let resource = ApiResource::from_gvk(&gvk);
     let api = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &pod.namespace, &resource);
     let owner = match api.get_opt(name).await {
         Ok(Some(owner)) => owner,
-        Ok(None) => return Ok((OwnerPolicy::default(), None)),
+        Ok(None) => return Ok((OwnerPolicy::default(), None, None)),
         Err(source) => return Err(api_err(pod, &format!("get {} {name}", gvk.kind), source)),
     };
-    let facts = OwnerFacts {
+    let mut facts = OwnerFacts {
         selector_keys: owner
             .data
             .pointer("/spec/selector")
@@ -550,15 +563,53 @@ async fn owner_policy(
                 }),
             _ => None,
         },
+        recreate: None,
     };
+    if let Some(deployment) = facts.controller.as_ref().and_then(deployment_name) {
+        facts.recreate = recreate_deployment(ctx, pod, &deployment).await?;
+    }
     // Only the object the pod's reference names is remembered under its UID.
     if let Some(uid) = uid.filter(|uid| owner.metadata.uid.as_deref() == Some(*uid)) {
         ctx.cache.remember_owner(uid, facts.clone());
     }
-    Ok((
+    Ok(policy_of(kind, facts))
+}
+
+fn policy_of(kind: &OwnerKind, facts: OwnerFacts) -> (OwnerPolicy, Option<Value>, Option<String>) {
+    (
         OwnerPolicy::for_owner(kind, facts.selector_keys),
         facts.controller,
-    ))
+        facts.recreate,
+    )
+}
+
+/// The name of the Deployment a ReplicaSet's controller reference names, if it does.
+fn deployment_name(controller: &Value) -> Option<String> {
+    (controller.get("kind")?.as_str()? == "Deployment"
+        && controller.get("apiVersion")?.as_str()? == "apps/v1")
+        .then(|| controller.get("name")?.as_str().map(str::to_string))
+        .flatten()
+}
+
+/// `namespace/name` of Deployment `name` when its strategy is Recreate (one read per
+/// ReplicaSet, remembered with it); a Deployment already gone protects nothing.
+async fn recreate_deployment(
+    ctx: &Context,
+    pod: &PodFacts,
+    name: &str,
+) -> Result<Option<String>, Error> {
+    let api = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(
+        ctx.client.clone(),
+        &pod.namespace,
+    );
+    let deployment = api
+        .get_opt(name)
+        .await
+        .map_err(|source| api_err(pod, &format!("get Deployment {name}"), source))?;
+    let recreate = deployment
+        .and_then(|d| d.spec?.strategy?.type_)
+        .is_some_and(|t| t == "Recreate");
+    Ok(recreate.then(|| format!("{}/{name}", pod.namespace)))
 }
 
 /// The pod's controller reference, as sent.
@@ -1245,6 +1296,18 @@ pub(crate) mod tests {
             rs,
         )
         .await;
+        let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "web", "uid": "deploy-uid"},
+            "spec": {"selector": {"matchLabels": {"app": "web"}}, "template": {},
+                     "strategy": {"type": "RollingUpdate"}}});
+        expect(
+            &mut api,
+            Method::GET,
+            "/apis/apps/v1/namespaces/web/deployments/web",
+            200,
+            deployment,
+        )
+        .await;
         let patch = expect(
             &mut api,
             Method::PATCH,
@@ -1290,6 +1353,58 @@ pub(crate) mod tests {
         assert!(matches!(task.await.unwrap(), Ok(Outcome::Isolated { .. })));
     }
 
+    /// A Recreate Deployment promises old and new pods never run together; an isolated
+    /// pod would keep serving while the new ones start, so it is not isolated at all
+    /// (the request goes through with a Warning Event saying why).
+    #[tokio::test]
+    async fn a_recreate_deployments_pod_is_not_isolated() {
+        let (client, mut api) = mock::client();
+        let ctx = context(client);
+        let mut facts = pod();
+        facts.owner_refs = vec![json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "name": "web-abc", "uid": "rs-uid", "controller": true})];
+        let task = tokio::spawn(async move {
+            let plan = Plan {
+                delete_at: now(),
+                grace_period: None,
+                charge: Charge::IfPossible,
+            };
+            isolate(&ctx, &facts, &Snapshot::default(), plan, now()).await
+        });
+        let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": "web-abc", "namespace": "web", "uid": "rs-uid",
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web",
+                                     "uid": "deploy-uid", "controller": true}]},
+            "spec": {"selector": {"matchLabels": {"app": "web"}}}});
+        expect(
+            &mut api,
+            Method::GET,
+            "/apis/apps/v1/namespaces/web/replicasets/web-abc",
+            200,
+            rs,
+        )
+        .await;
+        let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "web", "uid": "deploy-uid"},
+            "spec": {"selector": {"matchLabels": {"app": "web"}}, "template": {},
+                     "strategy": {"type": "Recreate"}}});
+        expect(
+            &mut api,
+            Method::GET,
+            "/apis/apps/v1/namespaces/web/deployments/web",
+            200,
+            deployment,
+        )
+        .await;
+        let err = task.await.unwrap().unwrap_err();
+        assert!(err.is_permanent(), "{err}");
+        assert_eq!(err.reason(), "recreate");
+        assert!(
+            err.to_string()
+                .contains("Deployment web/web uses the Recreate strategy"),
+            "{err}"
+        );
+    }
     /// The relabel is refused after the PDB was charged: the disruption is given back at
     /// once, so a pass-through eviction is not refused by a budget we spent for nothing.
     #[tokio::test]

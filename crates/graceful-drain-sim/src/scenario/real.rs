@@ -48,6 +48,12 @@ pub enum Disruption {
     RolloutRestart,
     /// Scale to half the replicas, then back (what an autoscaler does).
     ScaleDownUp,
+    /// `kubectl rollout restart` of a Deployment with the Recreate strategy: old and new
+    /// pods must never run together (a 5xx gap is what Recreate means).
+    RecreateRollout,
+    /// Drain of a node running pods of a StatefulSet behind its governing headless Service
+    /// (whose selector is the StatefulSet's own) and a LoadBalancer Service.
+    StatefulSetDrain,
 }
 
 impl fmt::Display for Disruption {
@@ -56,6 +62,8 @@ impl fmt::Display for Disruption {
             Disruption::Drain => "drain",
             Disruption::RolloutRestart => "rollout-restart",
             Disruption::ScaleDownUp => "scale-down-up",
+            Disruption::RecreateRollout => "recreate-rollout",
+            Disruption::StatefulSetDrain => "statefulset-drain",
         })
     }
 }
@@ -75,7 +83,13 @@ pub fn scenarios(upstream_lifecycle_api: bool) -> Vec<RealScenario> {
     use Disruption::*;
     let mut all = Vec::new();
     for protection in [Protection::None, Protection::GracefulDrain] {
-        for disruption in [Drain, RolloutRestart, ScaleDownUp] {
+        for disruption in [
+            Drain,
+            RolloutRestart,
+            ScaleDownUp,
+            RecreateRollout,
+            StatefulSetDrain,
+        ] {
             let expect = match (protection, disruption) {
                 (Protection::None, _) => Expect::Pass,
                 // Our LifecycleEvent and LifecycleTransition CRDs share the group
@@ -117,7 +131,9 @@ impl RealRow {
             (Expect::KnownFailure(_), _) => true,
             (Expect::Pass, Err(_)) => false,
             (Expect::Pass, Ok(m)) => {
-                self.scenario.protection == Protection::None || m.errors_5xx == 0
+                self.scenario.protection == Protection::None
+                    || self.scenario.disruption == Disruption::RecreateRollout
+                    || m.errors_5xx == 0
             }
         }
     }
@@ -174,11 +190,23 @@ async fn run_row(
     let mut cfg = cfg.clone();
     cfg.web.namespace = format!("{}-{}", s.disruption, s.protection);
     cluster.ensure_namespace(&cfg.web.namespace).await?;
-    cluster.deploy_web(&cfg.web, cfg.phase_timeout).await?;
+    match s.disruption {
+        Disruption::StatefulSetDrain => {
+            create_governing_service(cluster, &cfg.web).await?;
+            super::workloads::deploy(
+                cluster,
+                &cfg.web,
+                cfg.phase_timeout,
+                super::matrix::Workload::StatefulSet,
+            )
+            .await?;
+        }
+        _ => cluster.deploy_web(&cfg.web, cfg.phase_timeout).await?,
+    }
     let client = cluster.client();
     let timeout = cfg.phase_timeout;
     let outcome = match s.disruption {
-        Disruption::Drain => {
+        Disruption::Drain | Disruption::StatefulSetDrain => {
             let node = busiest_node(cluster, &cfg.web).await?;
             let drain = async {
                 cluster.step(format!("drain node {node}"));
@@ -200,6 +228,18 @@ async fn run_row(
             };
             measure(cluster, &cfg, rollout).await
         }
+        Disruption::RecreateRollout => {
+            set_recreate(&client, &cfg.web).await?;
+            let rollout = async {
+                cluster.step("rollout restart (Recreate)");
+                let overlap = never_together(&client, &cfg.web.namespace);
+                tokio::select! {
+                    done = rollout_restart(&client, &cfg.web, timeout) => done,
+                    seen = overlap => Err(seen),
+                }
+            };
+            measure(cluster, &cfg, rollout).await
+        }
         Disruption::ScaleDownUp => {
             let scale = async {
                 let half = (cfg.web.replicas / 2).max(1);
@@ -214,6 +254,76 @@ async fn run_row(
     // The next row starts from a quiet cluster whatever this one left behind.
     delete_namespace(cluster, &cfg.web.namespace).await;
     outcome
+}
+
+/// The StatefulSet's governing Service `<name>-headless`: headless, selecting exactly the
+/// StatefulSet's own label, as typical StatefulSet manifests do. (The load balancer's
+/// Service keeps the workload's name and selects a label of its own.)
+async fn create_governing_service(cluster: &DataPlane, web: &WebSpec) -> Result<(), Error> {
+    use k8s_openapi::api::core::v1::{Service, ServiceSpec};
+    let headless = Service {
+        metadata: kube::api::ObjectMeta {
+            name: Some(format!("{}-headless", web.name)),
+            namespace: Some(web.namespace.clone()),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".into()),
+            selector: Some([("app".to_string(), web.name.clone())].into()),
+            ..Default::default()
+        }),
+        status: None,
+    };
+    Api::<Service>::namespaced(cluster.client(), &web.namespace)
+        .create(&kube::api::PostParams::default(), &headless)
+        .await
+        .map(|_| ())
+        .map_err(api(
+            "create",
+            format!("service {}/{}-headless", web.namespace, web.name),
+        ))
+}
+
+/// Switches the Deployment to the Recreate strategy.
+async fn set_recreate(client: &kube::Client, spec: &WebSpec) -> Result<(), Error> {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &spec.namespace);
+    let patch =
+        serde_json::json!({"spec": {"strategy": {"type": "Recreate", "rollingUpdate": null}}});
+    deployments
+        .patch(&spec.name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .map(|_| ())
+        .map_err(api(
+            "set the Recreate strategy of",
+            format!("deployment {}", spec.service_key()),
+        ))
+}
+
+/// Resolves (with an error) as soon as pods of two ReplicaSets serve at once in
+/// `namespace` — what a Recreate rollout promises never happens; runs until dropped.
+async fn never_together(client: &kube::Client, namespace: &str) -> Error {
+    // Sampling period: far shorter than a pod's start (500 ms) or its exit (1 s).
+    const SAMPLE: Duration = Duration::from_millis(100);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    loop {
+        if let Ok(list) = pods.list(&ListParams::default()).await {
+            let serving: BTreeSet<&String> = list
+                .items
+                .iter()
+                .filter(|p| kube_sim::controllers::pod_ready(p))
+                .filter_map(|p| p.labels().get(POD_TEMPLATE_HASH))
+                .collect();
+            if serving.len() > 1 {
+                return Error::Drain {
+                    node: "-".into(),
+                    reason: format!(
+                        "Recreate rollout in {namespace}: pods of {serving:?} served together"
+                    ),
+                };
+            }
+        }
+        tokio::time::sleep(SAMPLE).await;
+    }
 }
 
 /// Returns a drained node to service: a LifecycleEvent of the maintenance transition with
@@ -421,7 +531,7 @@ fn api(action: &'static str, object: String) -> impl FnOnce(kube::Error) -> Erro
 /// Renders the real tier's table: the same columns as the matrix's, plus what is expected.
 pub fn table(rows: &[RealRow]) -> String {
     let mut out = format!(
-        "{:<16} {:<15} {:>9} {:>6} {:>10}  {}\n",
+        "{:<18} {:<15} {:>9} {:>6} {:>10}  {}\n",
         "scenario", "protection", "requests", "5xx", "duration", "expected"
     );
     for r in rows {
@@ -432,7 +542,7 @@ pub fn table(rows: &[RealRow]) -> String {
         let mark = if r.as_expected() { "" } else { "  UNEXPECTED" };
         match &r.result {
             Ok(m) => out.push_str(&format!(
-                "{:<16} {:<15} {:>9} {:>6} {:>9.1}s  {expected}{mark}\n",
+                "{:<18} {:<15} {:>9} {:>6} {:>9.1}s  {expected}{mark}\n",
                 r.scenario.disruption.to_string(),
                 r.scenario.protection.to_string(),
                 m.requests,
@@ -440,7 +550,7 @@ pub fn table(rows: &[RealRow]) -> String {
                 m.duration.as_secs_f64()
             )),
             Err(e) => out.push_str(&format!(
-                "{:<16} {:<15} error: {e}  [{expected}{mark}]\n",
+                "{:<18} {:<15} error: {e}  [{expected}{mark}]\n",
                 r.scenario.disruption.to_string(),
                 r.scenario.protection.to_string(),
             )),

@@ -20,7 +20,7 @@ use super::{Error, ScenarioConfig};
 use graceful_drain_testing::fixtures::{
     DaemonSetFixture, StatefulSetFixture, daemon_set, stateful_set,
 };
-use kube_sim::cluster::{Cluster, WebSpec, wait_for};
+use kube_sim::cluster::{Cluster, DataPlane, WebSpec, wait_for};
 
 /// The label the Services of these workloads select besides `app`: a key the controller
 /// does not select on, so the webhook can leave the Service and keep the controller.
@@ -37,7 +37,7 @@ fn api(action: &'static str, object: String) -> impl FnOnce(kube::Error) -> Erro
 /// Creates the workload named after `web`, its Service and PDB, and waits (up to
 /// `timeout`) until every pod serves behind the load balancer.
 pub async fn deploy(
-    cluster: &Cluster,
+    cluster: &DataPlane,
     web: &WebSpec,
     timeout: Duration,
     workload: Workload,
@@ -204,7 +204,7 @@ const JOB_PODS_PER_NODE: usize = 2;
 /// Starts the Job of [`Workload::DeploymentWithJob`]: [`JOB_PODS_PER_NODE`] parallel pods
 /// per node, `backoffLimit: 0` (one counted failure fails it) and a podFailurePolicy that
 /// ignores disruptions, as batch users configure to survive drains.
-async fn start_job(cluster: &Cluster, web: &WebSpec) -> Result<(), Error> {
+async fn start_job(cluster: &DataPlane, web: &WebSpec) -> Result<(), Error> {
     use graceful_drain_testing::fixtures::{JobFixture, job, on_pod_condition};
     let pods = i32::try_from(cluster.nodes().len() * JOB_PODS_PER_NODE).unwrap_or(i32::MAX);
     let mut batch = job(JOB)
