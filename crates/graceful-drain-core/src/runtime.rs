@@ -27,8 +27,14 @@ pub enum LogFormat {
 pub fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,graceful_drain=info"));
+    // Colour codes only for a person at a terminal: a log written to a file or a pipe (a
+    // container runtime, Loki, Elasticsearch) gets plain text, or JSON on request. NO_COLOR
+    // turns them off at a terminal too.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
