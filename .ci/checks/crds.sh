@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fails when the committed lifecycle.k8s.io CRDs differ from what `graceful-drain crds`
+# Fails when the committed lifecycle.graceful-drain.io CRDs differ from what `graceful-drain crds`
 # prints. Fix with: cargo run -q -- crds > charts/graceful-drain/files/lifecycle-crds.yaml
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -18,7 +18,7 @@ for api in off on; do
   flags=(--real --nodes 3 --replicas 6 --min-available 5 --rate 100 --phase-timeout 60s)
   [ "$api" = on ] || flags+=(--no-eviction-request-api)
   echo "real: EvictionRequest API $api"
-  if ! RUST_LOG=error NO_COLOR=1 "$BIN" simulate "${flags[@]}" 2> >(tee "$LOG" | grep -a '^\[\|^starting' >&2); then
+  if ! RUST_LOG=error NO_COLOR=1 "$BIN" simulate "${flags[@]}" 2> >(tee "$LOG" | grep -a '^\[\|^starting\|^EvictionRequest' >&2); then
     echo "real: FAIL with the EvictionRequest API $api (last log lines follow)" >&2
     tail -n 60 "$LOG" >&2
     exit 1

@@ -894,7 +894,7 @@ mod tests {
 
     fn event(status: serde_json::Value, deleting: bool) -> LifecycleEvent {
         let mut event: LifecycleEvent = serde_json::from_value(json!({
-            "apiVersion": "lifecycle.k8s.io/v1alpha1", "kind": "LifecycleEvent",
+            "apiVersion": "lifecycle.graceful-drain.io/v1alpha1", "kind": "LifecycleEvent",
             "metadata": {"name": "drain-n1"},
             "spec": {"transitionName": "graceful-drain", "bindingNode": "n1"},
             "status": status,

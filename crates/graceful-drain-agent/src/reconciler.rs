@@ -14,7 +14,7 @@
 //! resourceVersion, so two reconcilers on one node (a restart overlapping its
 //! predecessor, or the kubelet's own SLM) never both claim an event.
 //!
-//! `--lifecycle-reconciler=auto` runs the reconciler when `lifecycleevents.lifecycle.k8s.io`
+//! `--lifecycle-reconciler=auto` runs the reconciler when `lifecycleevents.lifecycle.graceful-drain.io`
 //! is served by a CustomResourceDefinition (the API is not built into this cluster, so no
 //! kubelet implements SLM), and stays off when the API is built in (the kubelet's SLM
 //! reconciler owns the events). See docs/lifecycle.md.
@@ -40,7 +40,7 @@ pub use step::{Reconciler, StepReport};
 use graceful_drain_core::lifecycle::LifecycleEvent;
 
 /// Name of the CRD whose presence makes `auto` turn the reconciler on.
-const EVENT_CRD: &str = "lifecycleevents.lifecycle.k8s.io";
+const EVENT_CRD: &str = "lifecycleevents.lifecycle.graceful-drain.io";
 /// The kubelet's SLM reconciler tick (docs/design.md §3).
 const DEFAULT_TICK: &str = "10s";
 /// The kubelet's per-call timeout (docs/design.md §3): drivers must answer well within it.
@@ -167,19 +167,22 @@ pub async fn auto_enabled(client: &kube::Client) -> Result<bool> {
         Err(source) => return Err(Error::kube(format!("get crd {EVENT_CRD}"), source)),
     }
     match client
-        .list_api_group_resources("lifecycle.k8s.io/v1alpha1")
+        .list_api_group_resources("lifecycle.graceful-drain.io/v1alpha1")
         .await
     {
         Ok(list) if list.resources.iter().any(|r| r.name == "lifecycleevents") => Ok(false),
         Ok(_) => Ok(true),
         Err(kube::Error::Api(status)) if status.code == 404 => {
             tracing::warn!(
-                "lifecycle.k8s.io CRDs not installed; the reconciler waits for them \
+                "lifecycle.graceful-drain.io CRDs not installed; the reconciler waits for them \
                  (graceful-drain crds | kubectl apply -f -)"
             );
             Ok(true)
         }
-        Err(source) => Err(Error::kube("discover lifecycle.k8s.io/v1alpha1", source)),
+        Err(source) => Err(Error::kube(
+            "discover lifecycle.graceful-drain.io/v1alpha1",
+            source,
+        )),
     }
 }
 

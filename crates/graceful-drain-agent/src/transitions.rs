@@ -116,7 +116,10 @@ mod tests {
     fn transitions_apply_to_all_nodes_with_our_driver() {
         let ts = transitions("d", "m", "graceful-drain.io", Duration::from_secs(900));
         let json = serde_json::to_value(&ts).unwrap();
-        assert_eq!(json[0]["apiVersion"], "lifecycle.k8s.io/v1alpha1");
+        assert_eq!(
+            json[0]["apiVersion"],
+            "lifecycle.graceful-drain.io/v1alpha1"
+        );
         assert_eq!(json[0]["kind"], "LifecycleTransition");
         assert_eq!(
             json[0]["spec"],

@@ -140,7 +140,10 @@ impl SimApi {
             let (inner, requests, answered) = (inner.clone(), requests.clone(), answered.clone());
             let hide = hidden.load(Ordering::SeqCst)
                 && request.uri().path().starts_with(CRD_PATH)
-                && request.uri().path().ends_with(".lifecycle.k8s.io");
+                && request
+                    .uri()
+                    .path()
+                    .ends_with(".lifecycle.graceful-drain.io");
             async move {
                 if hide {
                     return Ok::<_, Infallible>(crd_not_found());

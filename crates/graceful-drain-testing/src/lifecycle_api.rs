@@ -52,7 +52,7 @@ fn collection(resource: &str) -> String {
     match resource {
         "nodes" => "/api/v1/nodes".into(),
         "lifecycleevents" | "lifecycletransitions" => {
-            format!("/apis/lifecycle.k8s.io/v1alpha1/{resource}")
+            format!("/apis/lifecycle.graceful-drain.io/v1alpha1/{resource}")
         }
         "customresourcedefinitions" => CRD_PATH.into(),
         other => panic!("no path for {other}"),
@@ -143,7 +143,10 @@ impl SimApi {
                 }
                 if hidden.load(std::sync::atomic::Ordering::SeqCst)
                     && request.uri().path().starts_with(CRD_PATH)
-                    && request.uri().path().ends_with(".lifecycle.k8s.io")
+                    && request
+                        .uri()
+                        .path()
+                        .ends_with(".lifecycle.graceful-drain.io")
                 {
                     let body = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}"#;
                     let response = Response::builder()
@@ -221,11 +224,11 @@ impl SimApi {
         }
     }
 
-    /// Deletes the lifecycle.k8s.io CRDs, as on a cluster without them.
+    /// Deletes the lifecycle.graceful-drain.io CRDs, as on a cluster without them.
     pub async fn remove_lifecycle_api(&self) {
         for crd in self.list("customresourcedefinitions").await {
             let name = crd["metadata"]["name"].as_str().unwrap().to_string();
-            if name.ends_with(".lifecycle.k8s.io") {
+            if name.ends_with(".lifecycle.graceful-drain.io") {
                 self.delete("customresourcedefinitions", &name).await;
             }
         }

@@ -41,7 +41,7 @@ pub enum Command {
     #[cfg(feature = "sim")]
     /// Run the simulated cluster: the default scenario, or `--serve` to keep it up.
     Simulate(graceful_drain_sim::Args),
-    /// Print the lifecycle.k8s.io CustomResourceDefinitions as YAML.
+    /// Print the lifecycle.graceful-drain.io CustomResourceDefinitions as YAML.
     Crds(graceful_drain_core::lifecycle::crds::Args),
     /// Generate a local CA and webhook serving certificate.
     Certs(graceful_drain_core::certs::Args),

@@ -41,7 +41,7 @@ impl Drop for Harness {
 }
 
 fn transition(name: &str, start: &str, end: &str, sla: &str) -> Value {
-    json!({"apiVersion": "lifecycle.k8s.io/v1alpha1", "kind": "LifecycleTransition",
+    json!({"apiVersion": "lifecycle.graceful-drain.io/v1alpha1", "kind": "LifecycleTransition",
         "metadata": {"name": name},
         "spec": {"start": start, "end": end, "allNodes": true, "sla": sla, "driver": DRIVER}})
 }
@@ -196,7 +196,7 @@ async fn drain_event_is_claimed_started_polled_and_succeeds() {
     assert_eq!(ev["status"]["sla"], reconciler_time(later(now, 900)));
     assert_eq!(
         ev["metadata"]["finalizers"],
-        json!(["lifecycle.k8s.io/claim-protection"])
+        json!(["lifecycle.graceful-drain.io/claim-protection"])
     );
 
     settle(&r, now).await;
@@ -820,7 +820,7 @@ async fn cli_reports_missing_node_transition_and_crds() {
     .unwrap_err();
     assert!(
         err.to_string()
-            .contains("lifecycle.k8s.io CRDs not installed"),
+            .contains("lifecycle.graceful-drain.io CRDs not installed"),
         "{err}"
     );
     assert!(

@@ -398,7 +398,7 @@ impl DataPlane {
         &self.shutdown
     }
 
-    /// Registers the `lifecycle.k8s.io` CustomResourceDefinitions.
+    /// Registers the `lifecycle.graceful-drain.io` CustomResourceDefinitions.
     async fn install_lifecycle_crds(&self) -> Result<()> {
         use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
         let api: Api<CustomResourceDefinition> = Api::all(self.client());

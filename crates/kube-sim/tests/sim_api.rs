@@ -1163,7 +1163,10 @@ async fn crds_serve_cluster_scoped_lifecycle_events_with_status() {
     crds.create(&PostParams::default(), &LifecycleEvent::crd())
         .await
         .unwrap();
-    let crd = crds.get("lifecycleevents.lifecycle.k8s.io").await.unwrap();
+    let crd = crds
+        .get("lifecycleevents.lifecycle.graceful-drain.io")
+        .await
+        .unwrap();
     let conditions = crd.status.unwrap().conditions.unwrap();
     assert!(
         conditions
@@ -1173,7 +1176,7 @@ async fn crds_serve_cluster_scoped_lifecycle_events_with_status() {
 
     // Discovery lists the new group for kubectl and kube's dynamic APIs.
     let discovery = kube::Discovery::new(client.clone()).run().await.unwrap();
-    assert!(discovery.has_group("lifecycle.k8s.io"));
+    assert!(discovery.has_group("lifecycle.graceful-drain.io"));
 
     let events: Api<LifecycleEvent> = Api::all(client.clone());
     let mut event = LifecycleEvent::new(
@@ -1227,9 +1230,12 @@ async fn crds_serve_cluster_scoped_lifecycle_events_with_status() {
     assert_eq!(api_error(strategic).code, 415);
 
     // Deleting the CRD stops serving its resources.
-    crds.delete("lifecycleevents.lifecycle.k8s.io", &DeleteParams::default())
-        .await
-        .unwrap();
+    crds.delete(
+        "lifecycleevents.lifecycle.graceful-drain.io",
+        &DeleteParams::default(),
+    )
+    .await
+    .unwrap();
     assert_eq!(
         api_error(events.list(&ListParams::default()).await.unwrap_err()).code,
         404

@@ -1,5 +1,5 @@
 //! `graceful-drain crds`: prints the CustomResourceDefinitions for
-//! `lifecycle.k8s.io/v1alpha1`.
+//! `lifecycle.graceful-drain.io/v1alpha1`.
 //!
 //! The schemas come from the Rust types ([`super::types`]) through kube's
 //! `CustomResourceExt::crd()`; this module then adds what a derive cannot express: the
@@ -99,7 +99,7 @@ const STATUS: &str = "/spec/versions/0/schema/openAPIV3Schema/properties/status"
 const GO_DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$";
 
 fn event_crd() -> Result<(&'static str, Value), Error> {
-    const NAME: &str = "lifecycleevents.lifecycle.k8s.io";
+    const NAME: &str = "lifecycleevents.lifecycle.graceful-drain.io";
     let mut crd = to_value(NAME, LifecycleEvent::crd())?;
     node(&mut crd, NAME, VERSION)?["selectableFields"] = json!([{"jsonPath": ".spec.bindingNode"}]);
     node(&mut crd, NAME, SCHEMA)?["description"] =
@@ -133,7 +133,7 @@ fn event_crd() -> Result<(&'static str, Value), Error> {
 }
 
 fn transition_crd() -> Result<(&'static str, Value), Error> {
-    const NAME: &str = "lifecycletransitions.lifecycle.k8s.io";
+    const NAME: &str = "lifecycletransitions.lifecycle.graceful-drain.io";
     let mut crd = to_value(NAME, LifecycleTransition::crd())?;
     node(&mut crd, NAME, SCHEMA)?["description"] = json!(
         "A node lifecycle change a driver offers, with the Node condition reasons marking its \
@@ -181,12 +181,12 @@ mod tests {
     #[test]
     fn both_crds_are_cluster_scoped_and_approved_experimental() {
         for name in [
-            "lifecycleevents.lifecycle.k8s.io",
-            "lifecycletransitions.lifecycle.k8s.io",
+            "lifecycleevents.lifecycle.graceful-drain.io",
+            "lifecycletransitions.lifecycle.graceful-drain.io",
         ] {
             let crd = by_name(name);
             assert_eq!(crd["spec"]["scope"], "Cluster", "{name}");
-            assert_eq!(crd["spec"]["group"], "lifecycle.k8s.io");
+            assert_eq!(crd["spec"]["group"], "lifecycle.graceful-drain.io");
             assert_eq!(
                 crd["metadata"]["annotations"][APPROVAL_ANNOTATION],
                 "unapproved, experimental-only"
@@ -197,7 +197,7 @@ mod tests {
 
     #[test]
     fn event_has_status_subresource_enum_immutable_spec_and_selectable_node() {
-        let crd = by_name("lifecycleevents.lifecycle.k8s.io");
+        let crd = by_name("lifecycleevents.lifecycle.graceful-drain.io");
         let version = &crd["spec"]["versions"][0];
         assert!(version["subresources"]["status"].is_object());
         assert_eq!(
@@ -233,7 +233,7 @@ mod tests {
 
     #[test]
     fn transition_requires_reasons_and_driver_and_one_target() {
-        let crd = by_name("lifecycletransitions.lifecycle.k8s.io");
+        let crd = by_name("lifecycletransitions.lifecycle.graceful-drain.io");
         let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
         assert_eq!(spec["required"], json!(["driver", "end", "start"]));
         let rule = spec["x-kubernetes-validations"][0]["rule"]

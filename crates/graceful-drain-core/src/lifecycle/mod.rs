@@ -1,4 +1,4 @@
-//! The `lifecycle.k8s.io/v1alpha1` API (KEP-5683 Specialized Lifecycle Management):
+//! The `lifecycle.graceful-drain.io/v1alpha1` API (KEP-5683 Specialized Lifecycle Management):
 //! the CRD types, the `crds` subcommand that prints their definitions, and the lifecycle
 //! reconciler that plays the kubelet's SLM role on clusters whose kubelet lacks it.
 
@@ -11,7 +11,7 @@ pub use types::{
 };
 
 /// Finalizer the claimer puts on a LifecycleEvent while it drives it.
-pub const CLAIM_FINALIZER: &str = "lifecycle.k8s.io/claim-protection";
+pub const CLAIM_FINALIZER: &str = "lifecycle.graceful-drain.io/claim-protection";
 /// Node condition type that carries the current transition's reason.
 pub const TRANSITION_CONDITION: &str = "LifecycleTransition";
 /// Default driver name, the name the node agent registers with the kubelet.

@@ -1,4 +1,4 @@
-//! Rust types for `lifecycle.k8s.io/v1alpha1`, field for field with docs/design.md §3.
+//! Rust types for `lifecycle.graceful-drain.io/v1alpha1`, field for field with docs/design.md §3.
 //! Both kinds are cluster-scoped.
 
 use k8s_openapi::api::core::v1::NodeSelector;
@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 /// Exactly one of `nodeName`, `nodeSelector` or `allNodes` is set.
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
-    group = "lifecycle.k8s.io",
+    group = "lifecycle.graceful-drain.io",
     version = "v1alpha1",
     kind = "LifecycleTransition",
     plural = "lifecycletransitions",
@@ -42,7 +42,7 @@ pub struct LifecycleTransitionSpec {
 /// A request to run one transition on one node.
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
-    group = "lifecycle.k8s.io",
+    group = "lifecycle.graceful-drain.io",
     version = "v1alpha1",
     kind = "LifecycleEvent",
     plural = "lifecycleevents",

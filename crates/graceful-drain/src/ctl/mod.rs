@@ -48,9 +48,9 @@ pub enum Error {
     /// The node does not exist.
     #[error("node {node} not found")]
     NodeNotFound { node: String },
-    /// The lifecycle.k8s.io CRDs are not installed.
+    /// The lifecycle.graceful-drain.io CRDs are not installed.
     #[error(
-        "lifecycle.k8s.io CRDs not installed (no lifecycletransitions resource); \
+        "lifecycle.graceful-drain.io CRDs not installed (no lifecycletransitions resource); \
          run: graceful-drain crds | kubectl apply -f -"
     )]
     CrdsMissing,

@@ -41,7 +41,7 @@ pub async fn render(client: &kube::Client, node: Option<&str>, now: Timestamp) -
     let mut out = match events {
         Some(events) => events_table(&events, node, now),
         None => {
-            "lifecycle.k8s.io CRDs not installed; run: graceful-drain crds | kubectl apply -f -\n"
+            "lifecycle.graceful-drain.io CRDs not installed; run: graceful-drain crds | kubectl apply -f -\n"
                 .to_string()
         }
     };

@@ -543,7 +543,7 @@ fn crd_defs(crd: &Value) -> Vec<ResourceDef> {
             let version = v.get("name")?.as_str()?.to_string();
             let status = v.pointer("/subresources/status").is_some();
             let mut fields = selectable_fields(v);
-            if group == "lifecycle.k8s.io" && plural == "lifecycleevents" {
+            if group == "lifecycle.graceful-drain.io" && plural == "lifecycleevents" {
                 fields.push("spec.bindingNode".into());
                 fields.push("spec.transitionName".into());
             }
@@ -604,18 +604,18 @@ mod tests {
     #[test]
     fn crd_installs_cluster_scoped_resources() {
         let reg = Registry::default();
-        let crd = json!({"spec": {"group": "lifecycle.k8s.io", "scope": "Cluster",
+        let crd = json!({"spec": {"group": "lifecycle.graceful-drain.io", "scope": "Cluster",
             "names": {"plural": "lifecycleevents", "kind": "LifecycleEvent"},
             "versions": [{"name": "v1alpha1", "served": true, "subresources": {"status": {}}}]}});
         reg.install_crd(&crd);
         let def = reg
-            .find("lifecycle.k8s.io", "v1alpha1", "lifecycleevents")
+            .find("lifecycle.graceful-drain.io", "v1alpha1", "lifecycleevents")
             .unwrap();
         assert!(!def.namespaced);
         assert!(def.has_status());
         reg.remove_crd(&crd);
         assert!(
-            reg.find("lifecycle.k8s.io", "v1alpha1", "lifecycleevents")
+            reg.find("lifecycle.graceful-drain.io", "v1alpha1", "lifecycleevents")
                 .is_none()
         );
     }

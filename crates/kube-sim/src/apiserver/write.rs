@@ -302,7 +302,7 @@ pub(crate) fn prepare_for_create(def: &ResourceDef, obj: &mut Value) {
                 }),
             );
         }
-        ("lifecycle.k8s.io", "lifecycleevents") => {
+        ("lifecycle.graceful-drain.io", "lifecycleevents") => {
             map.insert("status".into(), json!({"claimStatus": "Pending"}));
         }
         _ if def.has_status() => {
