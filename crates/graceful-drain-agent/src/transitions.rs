@@ -27,7 +27,16 @@ pub enum Error {
     /// The call did not finish in time.
     #[error("publish LifecycleTransition {name}: timed out")]
     Timeout { name: String },
+    /// Other writers kept changing the object between our read and our write.
+    #[error(
+        "publish LifecycleTransition {name}: changed by others {PUBLISH_ATTEMPTS} times in a row"
+    )]
+    Contended { name: String },
 }
+
+/// Reads and writes of one publication before it gives up to the caller's retry: every
+/// agent of a cluster races once at start, so a few rounds settle it.
+const PUBLISH_ATTEMPTS: usize = 5;
 
 /// A duration the way Go prints it (`15m0s`, `1h0m0s`, `45s`), the format of `spec.sla`.
 pub fn go_duration(d: Duration) -> String {
@@ -76,24 +85,34 @@ pub async fn publish(client: &kube::Client, wanted: &LifecycleTransition) -> Res
         name: name.clone(),
         source,
     };
+    // Every node agent publishes the same transitions at start: whoever loses the race to
+    // create (409 AlreadyExists) or to replace (409 Conflict) reads again and finds the
+    // object in place, so a cluster of agents creates each transition once, quietly.
     let call = async {
-        match api.get_opt(&name).await.map_err(err)? {
-            None => {
-                api.create(&PostParams::default(), wanted)
+        for _ in 0..PUBLISH_ATTEMPTS {
+            let outcome = match api.get_opt(&name).await.map_err(err)? {
+                None => api
+                    .create(&PostParams::default(), wanted)
                     .await
-                    .map_err(err)?;
-                tracing::info!(transition = %name, "created LifecycleTransition");
-            }
-            Some(existing) if existing.spec == wanted.spec => {}
-            Some(mut existing) => {
-                existing.spec = wanted.spec.clone();
-                api.replace(&name, &PostParams::default(), &existing)
-                    .await
-                    .map_err(err)?;
-                tracing::info!(transition = %name, "updated LifecycleTransition");
+                    .map(|_| "created LifecycleTransition"),
+                Some(existing) if existing.spec == wanted.spec => return Ok(()),
+                Some(mut existing) => {
+                    existing.spec = wanted.spec.clone();
+                    api.replace(&name, &PostParams::default(), &existing)
+                        .await
+                        .map(|_| "updated LifecycleTransition")
+                }
+            };
+            match outcome {
+                Ok(what) => {
+                    tracing::info!(transition = %name, "{what}");
+                    return Ok(());
+                }
+                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(source) => return Err(err(source)),
             }
         }
-        Ok(())
+        Err(Error::Contended { name: name.clone() })
     };
     tokio::time::timeout(API_TIMEOUT, call)
         .await
@@ -103,6 +122,42 @@ pub async fn publish(client: &kube::Client, wanted: &LifecycleTransition) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two agents start at once: both read no transition, the other creates it first; ours
+    /// gets 409 AlreadyExists, reads it again, finds the same spec and is done — no error,
+    /// no second write.
+    #[tokio::test]
+    async fn losing_the_race_to_create_a_transition_is_not_an_error() {
+        use graceful_drain_testing::fixtures::mock::{self, expect};
+        use http::Method;
+        let (client, mut api) = mock::client();
+        let wanted = transitions("d", "m", "graceful-drain.io", Duration::from_secs(900))
+            .into_iter()
+            .next()
+            .unwrap();
+        let name = wanted.metadata.name.clone().unwrap();
+        let path =
+            format!("/apis/lifecycle.graceful-drain.io/v1alpha1/lifecycletransitions/{name}");
+        let published = wanted.clone();
+        let task = tokio::spawn(async move { publish(&client, &published).await });
+        let not_found = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "reason": "NotFound", "code": 404, "message": "not found"});
+        expect(&mut api, Method::GET, &path, 404, not_found).await;
+        let exists = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "reason": "AlreadyExists", "code": 409, "message": "already exists"});
+        expect(
+            &mut api,
+            Method::POST,
+            "/apis/lifecycle.graceful-drain.io/v1alpha1/lifecycletransitions",
+            409,
+            exists,
+        )
+        .await;
+        let mut theirs = serde_json::to_value(&wanted).unwrap();
+        theirs["metadata"]["resourceVersion"] = "7".into();
+        expect(&mut api, Method::GET, &path, 200, theirs).await;
+        task.await.unwrap().unwrap();
+    }
 
     #[test]
     fn sla_is_printed_like_go() {
