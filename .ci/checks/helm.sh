@@ -49,7 +49,9 @@ done
 export KUBECONFIG="$KC"
 k() { kubectl "$@"; }
 h() { helm "$@" --namespace "$NS" >"$WORK/helm.log" 2>&1; }
-VALUES=(--set certificates.mode=self-signed --set lifecycleCrds.install=false)
+# The simulated cluster serves no ValidatingAdmissionPolicy (policies-real.sh checks them
+# on a real kube-apiserver).
+VALUES=(--set certificates.mode=self-signed --set lifecycleCrds.install=false --set admissionPolicies.enabled=false)
 
 # The webhook configurations' caBundle (the same in both) and timeoutSeconds.
 ca_bundle() { k get validatingwebhookconfigurations -l "app.kubernetes.io/instance=$REL" -o jsonpath='{.items[0].webhooks[0].clientConfig.caBundle}'; }
@@ -82,7 +84,28 @@ grep -q 'STATUS: deployed' "$WORK/status.txt" || die "release not deployed after
 say "revision 2 deployed: timeoutSeconds=12, same caBundle, agent DaemonSet added"
 
 echo "helm: uninstall"
-h uninstall "$REL" --wait --timeout 60s || die "helm uninstall"
+# The webhook keeps its rights until it has dealt with the pods it isolated: its
+# ClusterRoleBinding and ServiceAccount carry the finalizer graceful-drain.io/uninstall,
+# and Helm keeps its ClusterRole, Role and RoleBinding (helm.sh/resource-policy: keep),
+# which a running webhook makes dependents of those two. The real tier runs that webhook
+# (row uninstall-mid-drain); none runs here, so this script releases the finalizers and
+# removes the kept objects as the webhook and the garbage collector would.
+helm uninstall "$REL" --namespace "$NS" --timeout 60s >"$WORK/uninstall.txt" 2>&1 || { cat "$WORK/uninstall.txt"; die "helm uninstall"; }
+WH="$REL-graceful-drain-webhook"
+held() {
+  k get clusterrolebinding "$WH" -o jsonpath='{.metadata.finalizers}' 2>/dev/null
+  k -n "$NS" get serviceaccount "$WH" -o jsonpath='{.metadata.finalizers}' 2>/dev/null
+}
+[ "$(held)" = '["graceful-drain.io/uninstall"]["graceful-drain.io/uninstall"]' ] \
+  || die "the webhook's binding and ServiceAccount are not held for its uninstall work: $(held)"
+for kept in "[ClusterRole] $WH" "[Role] $WH-leader-election" "[RoleBinding] $WH-leader-election"; do
+  grep -qF "$kept" "$WORK/uninstall.txt" || die "helm uninstall did not keep $kept: $(cat "$WORK/uninstall.txt")"
+done
+k patch clusterrolebinding "$WH" --type=json -p '[{"op":"remove","path":"/metadata/finalizers"}]' >/dev/null
+k -n "$NS" patch serviceaccount "$WH" --type=json -p '[{"op":"remove","path":"/metadata/finalizers"}]' >/dev/null
+k delete clusterrole "$WH" >/dev/null
+k -n "$NS" delete role,rolebinding "$WH-leader-election" >/dev/null
+say "the webhook's rights were kept for its uninstall work (finalizers, resource-policy keep)"
 # What the release owned, directly or through the garbage collector (ReplicaSets), must
 # go; pods may still be terminating gracefully but none may be running.
 leftovers() {

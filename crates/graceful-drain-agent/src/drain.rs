@@ -246,6 +246,9 @@ pub fn classify_answer(status: StatusCode, retry_after: Option<Duration>, body: 
         StatusCode::OK | StatusCode::ACCEPTED => Answer::Done(EvictionOutcome::Deleted),
         StatusCode::NOT_FOUND => Answer::Done(EvictionOutcome::Gone),
         StatusCode::CONFLICT => Answer::Done(EvictionOutcome::Conflict),
+        StatusCode::TOO_MANY_REQUESTS if has_cause(body, DEREGISTERING_CAUSE) => {
+            blocked(EvictionOutcome::Deregistering, Blocker::Deregistering)
+        }
         _ if webhook_name(&message).is_some() => {
             let name = webhook_name(&message).unwrap_or_default().to_string();
             blocked(EvictionOutcome::DeniedWebhook, Blocker::Webhook(name))
@@ -270,14 +273,23 @@ pub fn classify_answer(status: StatusCode, retry_after: Option<Duration>, body: 
 /// `createTooManyRequestsError`), while API Priority and Fairness answers a bare
 /// TooManyRequests ("Too many requests, please try again later.").
 fn is_disruption_budget(body: &[u8], message: &str) -> bool {
-    let causes = serde_json::from_slice::<serde_json::Value>(body)
+    has_cause(body, "DisruptionBudget")
+        || message.to_ascii_lowercase().contains("disruption budget")
+}
+
+/// Cause reason of our webhook's 429 while an isolated pod leaves its load balancers
+/// (the webhook crate's `review::DEREGISTERING_CAUSE`; the API server passes a webhook's
+/// status details through to the caller).
+pub const DEREGISTERING_CAUSE: &str = "graceful-drain.io/Deregistering";
+
+/// Whether a Status body lists a cause with `reason`.
+fn has_cause(body: &[u8], reason: &str) -> bool {
+    serde_json::from_slice::<serde_json::Value>(body)
         .ok()
-        .and_then(|v| v.pointer("/details/causes").cloned());
-    let has_cause = causes
+        .and_then(|v| v.pointer("/details/causes").cloned())
         .as_ref()
         .and_then(|c| c.as_array())
-        .is_some_and(|c| c.iter().any(|c| c["reason"] == "DisruptionBudget"));
-    has_cause || message.to_ascii_lowercase().contains("disruption budget")
+        .is_some_and(|c| c.iter().any(|c| c["reason"] == reason))
 }
 
 /// Delay before retry number `attempt` (0-based): exponential from `RETRY_BASE`, capped
@@ -475,6 +487,18 @@ async fn evict_pod(ctx: Arc<TaskCtx>, pod: Pod) {
                 message,
             } => {
                 ctx.metrics.eviction(outcome);
+                if blocker == Blocker::Deregistering {
+                    // Isolated by our webhook: not a fault, so no Warning Event; come back
+                    // at the time the webhook named (the pod shows as isolated meanwhile).
+                    let delay = retry_after
+                        .unwrap_or(RETRY_BASE)
+                        .clamp(RETRY_BASE, RETRY_AFTER_CAP);
+                    tracing::info!(pod = %key, retry_in = ?delay, "isolated by the webhook; evicting again once it is due");
+                    let _ = ctx.updates.send(Update::Blocked(key.clone(), blocker));
+                    last = None;
+                    tokio::time::sleep(delay).await;
+                    continue;
+                }
                 let same_kind = last
                     .as_ref()
                     .is_some_and(|l| std::mem::discriminant(l) == std::mem::discriminant(&blocker));
@@ -929,8 +953,11 @@ impl Engine {
         self.post_plan(&state.plan).await;
         let mut tasks = JoinSet::new();
         self.start_tier(&mut state, &mut tasks, &ctx).await;
+        // Pods our webhook already isolated (a restarted agent, another drain): evicted
+        // like the others; the webhook refuses with 429 until each is due, then lets the
+        // eviction through (it deletes nothing on its own).
         for pod in plan.awaited {
-            await_isolated(&mut state, pod);
+            track(&mut state, &mut tasks, &ctx, pod);
         }
         let deadline = self.config.timeout.map(|t| started + t);
         let mut recheck = tokio::time::interval(REEVICT_AFTER / 3);
@@ -1096,7 +1123,7 @@ impl Engine {
                     track(state, tasks, ctx, pod);
                 }
             }
-            filters::Verdict::Await => await_isolated(state, pod),
+            filters::Verdict::Await => track(state, tasks, ctx, pod),
             filters::Verdict::Skip(_) => state.skipped += 1,
             filters::Verdict::Refuse(refusal) => {
                 let message = format!(
@@ -1192,19 +1219,6 @@ impl Engine {
         }
         None
     }
-}
-
-/// Waits for a pod our webhook already isolated: tracked as accepted, no request sent.
-fn await_isolated(state: &mut State, pod: Pod) {
-    let uid = pod.metadata.uid.clone().unwrap_or_default();
-    state.seen.insert(uid.clone());
-    state.planned += 1;
-    let tracked = Tracked {
-        uid,
-        blocked: None,
-        accepted_at: Some(tokio::time::Instant::now()),
-    };
-    state.tracked.insert(PodKey::of(&pod), tracked);
 }
 
 fn replace_if_changed(slot: &mut Progress, new: &Progress) -> bool {
@@ -1465,6 +1479,14 @@ mod tests {
             "message": "Too many requests, please try again later.",
             "details": {"retryAfterSeconds": 1}});
         assert_eq!(class(apf), (EvictionOutcome::Throttled, Blocker::Throttled));
+        // What the API server relays of our webhook's answer while the pod deregisters.
+        let ours = json!({"kind": "Status", "code": 429, "reason": "TooManyRequests",
+            "message": "admission webhook \"evict.graceful-drain.io\" denied the request: graceful-drain: pod web/a is leaving its load balancers",
+            "details": {"retryAfterSeconds": 7, "causes": [{"reason": DEREGISTERING_CAUSE}]}});
+        assert_eq!(
+            class(ours),
+            (EvictionOutcome::Deregistering, Blocker::Deregistering)
+        );
     }
 
     #[test]

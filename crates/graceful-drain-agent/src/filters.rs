@@ -3,7 +3,8 @@
 //!
 //! Filters run in kubectl's order and the first one that does not pass decides:
 //! already-deleting (only with `skip_wait_for_delete_timeout`) → DaemonSet-owned → mirror
-//! pods → isolated by our webhook (awaited, not evicted again) → emptyDir → unreplicated.
+//! pods → isolated by our webhook (evicted whatever else holds: the webhook lets the
+//! eviction through once the pod is due) → emptyDir → unreplicated.
 //! Finished pods (Succeeded/Failed) pass the DaemonSet,
 //! emptyDir and unreplicated filters. [`plan`] applies them to a node's pods and either
 //! returns what to evict, or every refusal at once so the operator can fix them together
@@ -159,10 +160,10 @@ pub enum Verdict {
     /// Evict it, possibly with a warning.
     Evict(Option<Warning>),
     /// Our webhook already isolated it for an earlier eviction (label
-    /// `graceful-drain.io/draining`) and its deferred deleter removes it once the load
-    /// balancers let go: it counts as evicted and the drain waits for it, sending nothing.
-    /// The ReplicaSet controller released it (its labels left the selector), so without
-    /// this it would look like a bare pod and refuse the drain.
+    /// `graceful-drain.io/draining`): it is evicted whatever the other filters say (the
+    /// webhook answers 429 until the load balancers have let go, then lets the eviction
+    /// through). Its labels left its controller's selector, so without this it could look
+    /// like a bare pod and refuse the drain.
     Await,
     /// Leave it alone; it does not count as remaining.
     Skip(Skip),
@@ -281,7 +282,7 @@ pub fn classify(
 pub struct Plan {
     /// Pods to evict, in list order.
     pub evict: Vec<Pod>,
-    /// Pods already isolated by our webhook: waited for, not evicted again.
+    /// Pods already isolated by our webhook: evicted once due, whatever else holds.
     pub awaited: Vec<Pod>,
     /// Pods left alone, and why.
     pub skipped: Vec<(PodKey, Skip)>,

@@ -31,6 +31,9 @@ pub enum Blocker {
     /// The API server is shedding load (HTTP 429 without a disruption-budget cause, as API
     /// Priority and Fairness answers); retried after its Retry-After.
     Throttled,
+    /// Our webhook isolated the pod and asks for the eviction again once its load
+    /// balancers have let go of it (not a fault: the pod shows as isolated).
+    Deregistering,
     /// Anything else the API server answered; retried.
     Other(String),
 }
@@ -43,6 +46,7 @@ impl fmt::Display for Blocker {
             Self::MultiplePdbs(names) => write!(f, "several PDBs {}", names.join(" ")),
             Self::Webhook(name) => write!(f, "webhook {name}"),
             Self::Throttled => f.write_str("API server throttling"),
+            Self::Deregistering => f.write_str("deregistration"),
             Self::Other(error) => write!(f, "error ({error})"),
         }
     }

@@ -78,6 +78,9 @@ pub enum EvictionOutcome {
     DeniedWebhook,
     /// 429 without a disruption-budget cause: API Priority and Fairness shed the request.
     Throttled,
+    /// 429 from our webhook: the pod is isolated and leaving its load balancers; the
+    /// eviction goes through once it is due.
+    Deregistering,
     /// Any other failure (retried).
     Error,
 }
@@ -94,6 +97,7 @@ impl EvictionOutcome {
             Self::MultiplePdbs => "multiple_pdbs",
             Self::DeniedWebhook => "denied_webhook",
             Self::Throttled => "throttled",
+            Self::Deregistering => "deregistering",
             Self::Error => "error",
         }
     }

@@ -9,6 +9,12 @@ pub const DRAINING_LABEL: &str = "graceful-drain.io/draining";
 pub const ORIGINAL_LABELS_ANNOTATION: &str = "graceful-drain.io/original-labels";
 /// Annotation holding the RFC3339 time after which the deferred deleter may delete the pod.
 pub const DELETE_AT_ANNOTATION: &str = "graceful-drain.io/delete-at";
+/// Annotation holding the RFC3339 time at which the webhook puts an isolated pod back into
+/// its Services and controller if no authenticated eviction or DELETE has removed it by
+/// then. Its presence also says who deletes the pod: the caller, retrying its eviction or
+/// DELETE. Without it the deferred deleter deletes the pod at its delete time (a
+/// ReplicaSet scale-down whose DELETE the webhook refused, verified on the live ReplicaSet).
+pub const RESTORE_AT_ANNOTATION: &str = "graceful-drain.io/restore-at";
 /// Annotation holding the grace period (seconds) the original caller asked for.
 pub const GRACE_PERIOD_ANNOTATION: &str = "graceful-drain.io/grace-period-seconds";
 /// Pod or namespace annotation overriding the deregistration delay (a duration like `45s`).

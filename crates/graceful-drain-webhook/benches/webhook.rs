@@ -273,6 +273,7 @@ async fn async_main() {
             identity: "bench".into(),
             events: isolate::EventSink::Inline,
             keep_labels: Default::default(),
+            restore_after: isolate::RESTORE_AFTER,
         },
         settings: decide::Settings {
             default_delay: Duration::from_secs(60),

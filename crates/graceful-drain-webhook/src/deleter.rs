@@ -1,4 +1,10 @@
-//! The deferred deleter: deletes isolated pods once their recorded time has come.
+//! The deferred deleter: deletes isolated pods once their recorded time has come, or puts
+//! them back when their isolation was left to a caller that never came.
+//!
+//! A pod isolated for a ReplicaSet scale-down (no `graceful-drain.io/restore-at`) is
+//! deleted here at its delete time. Any other isolated pod is removed by its own caller's
+//! retried eviction or held DELETE, which the API server authenticated; if it is still
+//! there, not terminating, at its restore time, it is restored ([`super::restore`]).
 //!
 //! It watches only pods carrying the draining label (metadata only) and keeps what each
 //! pod's own annotations say: the delete time and the caller's grace period. So a
@@ -26,10 +32,11 @@ use tracing::Instrument;
 
 use super::cache::Cache;
 use super::decide::PodFacts;
-use super::isolate::{self, REASON_DELETED};
+use super::isolate::{self, REASON_DELETED, REASON_RESTORED};
 use super::metrics::Metrics;
 use graceful_drain_core::labels::{
     DELETE_AT_ANNOTATION, DRAINING_LABEL, GRACE_PERIOD_ANNOTATION, ORIGINAL_LABELS_ANNOTATION,
+    RESTORE_AT_ANNOTATION,
 };
 use graceful_drain_core::runtime::Shutdown;
 
@@ -58,6 +65,20 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(15);
 /// time: a Service selecting the draining label would otherwise keep the pod forever.
 pub const MAX_ENDPOINT_WAIT: Duration = Duration::from_secs(600);
 
+/// Why a restore failed (it is tried again).
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    /// The pod's metadata was not seen by the watch.
+    #[error("pod {0} not seen by the watch yet")]
+    Unknown(String),
+    /// The pod's metadata cannot be restored from.
+    #[error(transparent)]
+    Patch(#[from] super::restore::Error),
+    /// The API server refused the patch (a 422 or 409 when the pod changed meanwhile).
+    #[error("patch pod: {0}")]
+    Api(kube::Error),
+}
+
 /// Deleter errors.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -77,6 +98,16 @@ pub struct Pending {
     pub terminating: bool,
     /// The pod's controller reference, which groups the Events of its pods.
     pub controller: Option<serde_json::Value>,
+    /// When the pod goes back into its Services if its caller has not removed it; `None`
+    /// when the deleter removes it at `delete_at`.
+    pub restore_at: Option<Timestamp>,
+}
+
+impl Pending {
+    /// When the deleter next has something to do about the pod.
+    fn acts_at(&self) -> Timestamp {
+        self.restore_at.unwrap_or(self.delete_at)
+    }
 }
 
 /// Reads a pending deletion from pod metadata; `None` unless we isolated the pod (the
@@ -102,10 +133,13 @@ pub fn pending_from(meta: &ObjectMeta) -> Option<Pending> {
             .flatten()
             .find(|r| r.controller == Some(true))
             .and_then(|r| serde_json::to_value(r).ok()),
+        restore_at: annotations
+            .get(RESTORE_AT_ANNOTATION)
+            .and_then(|a| a.parse().ok()),
     })
 }
 
-/// Whether `pod` may be deleted at `now`. `left_slices_at` is when the pod was first seen
+/// Whether `pod` may be deleted at `now` (never one its caller removes). `left_slices_at` is when the pod was first seen
 /// in no EndpointSlice (wait-for-endpoints mode, with `margin`), `None` while it is listed.
 pub fn is_due(
     pod: &Pending,
@@ -113,7 +147,7 @@ pub fn is_due(
     wait_margin: Option<Duration>,
     left_slices_at: Option<Timestamp>,
 ) -> bool {
-    if pod.terminating || now < pod.delete_at {
+    if pod.terminating || pod.restore_at.is_some() || now < pod.delete_at {
         return false;
     }
     let Some(margin) = wait_margin else {
@@ -170,6 +204,8 @@ pub struct Deleter {
     /// `Some(margin)` to wait until the pod left every EndpointSlice plus `margin`.
     pub wait_for_endpoints: Option<Duration>,
     pending: HashMap<String, Pending>,
+    /// The watched metadata of pods their callers remove, to restore them from.
+    metas: HashMap<String, ObjectMeta>,
     left_slices: HashMap<String, Timestamp>,
     attempted: HashMap<String, Attempt>,
     /// The webhook's own Deployment (namespace, name): gone or being deleted at shutdown
@@ -185,14 +221,16 @@ impl Deleter {
             metrics,
             wait_for_endpoints: wait,
             pending: HashMap::new(),
+            metas: HashMap::new(),
             left_slices: HashMap::new(),
             attempted: HashMap::new(),
             release: None,
         }
     }
 
-    /// Removes every pending pod at shutdown when Deployment `namespace/name` is gone or
-    /// being deleted (`helm uninstall`): nobody would delete them afterwards.
+    /// At shutdown when Deployment `namespace/name` is gone or being deleted (`helm
+    /// uninstall`), deletes the pods the deleter was to delete and restores those left to
+    /// their callers: nobody would do either afterwards.
     pub fn finishing_on_uninstall(mut self, namespace: &str, name: &str) -> Deleter {
         self.release = Some((namespace.to_string(), name.to_string()));
         self
@@ -214,23 +252,25 @@ impl Deleter {
         }
     }
 
-    /// At shutdown during an uninstall: remove every pending pod now, cutting its delay
-    /// short, instead of leaving it isolated with nobody to delete it.
+    /// At shutdown during an uninstall: act on every pending pod now, cutting its delay
+    /// short, instead of leaving it isolated with nobody to act on it.
     async fn finish_on_uninstall(&mut self) {
         if !self.uninstalling().await {
             return;
         }
-        let pending: Vec<Pending> = self
+        let (restore, delete): (Vec<Pending>, Vec<Pending>) = self
             .pending
             .values()
             .filter(|p| !p.terminating)
             .cloned()
-            .collect();
+            .partition(|p| p.restore_at.is_some());
         tracing::info!(
-            pending = pending.len(),
-            "uninstalling: removing every isolated pod now"
+            delete = delete.len(),
+            restore = restore.len(),
+            "uninstalling: deleting the isolated pods of ReplicaSet scale-downs, restoring the others"
         );
-        self.delete_all(pending).await;
+        self.delete_all(delete).await;
+        self.restore_all(restore).await;
     }
 
     fn cache(&self) -> &Cache {
@@ -243,6 +283,11 @@ impl Deleter {
             Some(p) => {
                 self.cache()
                     .set_isolated(&p.namespace, &p.name, Some(p.delete_at));
+                if p.restore_at.is_some() {
+                    self.metas.insert(uid.clone(), meta.clone());
+                } else {
+                    self.metas.remove(&uid);
+                }
                 self.pending.insert(uid, p);
             }
             None => self.forget(&uid),
@@ -253,6 +298,7 @@ impl Deleter {
         if let Some(p) = self.pending.remove(uid) {
             self.cache().set_isolated(&p.namespace, &p.name, None);
         }
+        self.metas.remove(uid);
         self.left_slices.remove(uid);
         self.attempted.remove(uid);
     }
@@ -430,7 +476,7 @@ impl Deleter {
             .iter()
             .filter(|(_, p)| !p.terminating)
             .map(|(uid, p)| {
-                let until = wall.duration_until(p.delete_at);
+                let until = wall.duration_until(p.acts_at());
                 // A little past, so the scan finds the pod due on the wall clock.
                 let until = Duration::try_from(until).unwrap_or(Duration::ZERO) + SCAN_SLACK;
                 let at = now + until;
@@ -451,6 +497,98 @@ impl Deleter {
         }
         let due = self.due(now);
         self.delete_all(due).await;
+        let forsaken = self.forsaken(now);
+        self.restore_all(forsaken).await;
+    }
+
+    /// The pods their callers left isolated past their restore time.
+    pub fn forsaken(&self, now: Timestamp) -> Vec<Pending> {
+        self.pending
+            .iter()
+            .filter(|(uid, _)| self.attempted.get(*uid).is_none_or(Attempt::elapsed))
+            .filter(|(_, p)| !p.terminating && p.restore_at.is_some_and(|at| now >= at))
+            .map(|(_, p)| p.clone())
+            .collect()
+    }
+
+    /// Puts each pod back into its Services and controller, one after another (a rare
+    /// event: a forged review, a caller that gave up).
+    async fn restore_all(&mut self, pods: Vec<Pending>) {
+        for pod in pods {
+            let before = self.attempted.insert(
+                pod.uid.clone(),
+                Attempt {
+                    at: tokio::time::Instant::now(),
+                    failures: 0,
+                },
+            );
+            let span = tracing::info_span!("restore", namespace = %pod.namespace, pod = %pod.name);
+            let result = self.restore(&pod).instrument(span.clone()).await;
+            let _enter = span.enter();
+            match result {
+                Ok(()) => {
+                    tracing::warn!(delete_at = %pod.delete_at, "no eviction or DELETE removed the isolated pod; restored it");
+                    self.metrics.pods_restored.inc();
+                }
+                Err(RestoreError::Api(kube::Error::Api(s))) if s.code == 404 => {
+                    tracing::info!("isolated pod already gone");
+                    self.forget(&pod.uid);
+                }
+                Err(error) => {
+                    let failures = before.map_or(0, |a| a.failures).saturating_add(1);
+                    if let Some(attempt) = self.attempted.get_mut(&pod.uid) {
+                        attempt.failures = failures;
+                    }
+                    tracing::warn!(error = %graceful_drain_core::error::chain(&error), failures, "restore isolated pod; will retry");
+                }
+            }
+        }
+    }
+
+    /// Restores one pod from its watched metadata, with a UID-checked patch and an Event.
+    async fn restore(&self, pod: &Pending) -> Result<(), RestoreError> {
+        let meta = self
+            .metas
+            .get(&pod.uid)
+            .ok_or_else(|| RestoreError::Unknown(format!("{}/{}", pod.namespace, pod.name)))?;
+        let mut patch = super::restore::restore_patch(meta)?;
+        patch.0.insert(
+            1,
+            json_patch::PatchOperation::Test(json_patch::TestOperation {
+                path: json_patch::jsonptr::PointerBuf::from_tokens(["metadata", "uid"]),
+                value: pod.uid.clone().into(),
+            }),
+        );
+        let api = Api::<Pod>::namespaced(self.ctx.client.clone(), &pod.namespace);
+        let params = kube::api::PatchParams {
+            field_manager: Some(graceful_drain_core::labels::FIELD_MANAGER.to_string()),
+            ..kube::api::PatchParams::default()
+        };
+        bounded(api.patch(&pod.name, &params, &kube::api::Patch::Json::<()>(patch)))
+            .await
+            .map_err(RestoreError::Api)?;
+        let facts = PodFacts {
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+            owner_refs: pod.controller.clone().into_iter().collect(),
+            ..PodFacts::default()
+        };
+        let message = format!(
+            "Put back into its Services and controller: no eviction or DELETE removed it by {} (due at {})",
+            pod.restore_at.unwrap_or(pod.delete_at),
+            pod.delete_at
+        );
+        isolate::record_event(
+            &self.ctx,
+            &facts,
+            isolate::Severity::Warning,
+            REASON_RESTORED,
+            &message,
+            Timestamp::now(),
+        )
+        .await;
+        Ok(())
     }
 
     /// Watches isolated pods and deletes them when due, while `leader` says so.
@@ -572,11 +710,20 @@ mod tests {
             grace_period: None,
             terminating: false,
             controller: None,
+            restore_at: None,
         };
         let before = at("2026-01-01T00:00:59Z");
         let after = at("2026-01-01T00:01:01Z");
         assert!(!is_due(&pod, before, None, None));
         assert!(is_due(&pod, after, None, None));
+        let callers = Pending {
+            restore_at: Some(at("2026-01-01T00:02:00Z")),
+            ..pod.clone()
+        };
+        assert!(
+            !is_due(&callers, after, None, None),
+            "a pod its caller removes is never deleted by the deleter"
+        );
         let margin = Some(Duration::from_secs(5));
         assert!(!is_due(&pod, after, margin, None), "still in a slice");
         assert!(
@@ -635,6 +782,7 @@ mod tests {
             identity: "w".into(),
             events: isolate::EventSink::Inline,
             keep_labels: Default::default(),
+            restore_after: isolate::RESTORE_AFTER,
         };
         let deleter = Deleter::new(ctx, metrics.clone(), None);
         let (_leader_tx, leader_rx) = watch::channel(true);

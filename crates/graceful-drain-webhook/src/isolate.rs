@@ -28,7 +28,7 @@ use super::decide::{
 };
 use graceful_drain_core::labels::{
     DELETE_AT_ANNOTATION, DRAINING_LABEL, FIELD_MANAGER, GRACE_PERIOD_ANNOTATION,
-    ORIGINAL_LABELS_ANNOTATION,
+    ORIGINAL_LABELS_ANNOTATION, RESTORE_AT_ANNOTATION,
 };
 
 /// How often a PDB status update is retried after a 409 before giving up. Charges from
@@ -43,6 +43,9 @@ const PDB_RETRY_MAX_PAUSE: std::time::Duration = std::time::Duration::from_milli
 
 /// Event reason recorded on a pod when it is isolated.
 pub const REASON_ISOLATED: &str = "graceful-drain.io/Isolated";
+/// Event reason recorded on a pod put back into its Services because no authenticated
+/// eviction or DELETE followed its isolation.
+pub const REASON_RESTORED: &str = "graceful-drain.io/Restored";
 /// Event reason recorded on a pod when the deferred deleter deletes it.
 pub const REASON_DELETED: &str = "graceful-drain.io/Deleted";
 /// Warning Event reason when an annotated delay was cut to `--max-deregistration-delay`.
@@ -176,6 +179,34 @@ pub struct Plan {
     pub delete_at: Timestamp,
     pub grace_period: Option<i64>,
     pub charge: Charge,
+    /// Who removes the pod once it is due (see [`OnDue`]).
+    pub on_due: OnDue,
+}
+
+/// Who removes an isolated pod once its delay is over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnDue {
+    /// The caller, retrying its eviction (refused with 429 until then) or its held DELETE;
+    /// if nobody has [`Context::restore_after`] past the delete time, the webhook puts the
+    /// pod back. A review's word alone (which anyone reaching the webhook's port could forge)
+    /// never deletes anything.
+    Caller,
+    /// The deferred deleter: a ReplicaSet scale-down the webhook refused after checking on
+    /// the live ReplicaSet that it has a replica too many.
+    Deleter,
+}
+
+/// How long after its delete time an isolated pod that nobody evicted or deleted goes back
+/// into its Services (the default of [`Context::restore_after`]): every eviction caller
+/// retries within seconds (kubectl every 5 s, Cluster Autoscaler every 10 s, our node
+/// agent at the Retry-After we send), so a minute without one means none is coming (a
+/// forged or replayed review, a caller that gave up).
+pub const RESTORE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// When a pod due at `delete_at` that no caller removed by `restore_after` later goes
+/// back into its Services.
+pub fn restore_at(delete_at: Timestamp, restore_after: std::time::Duration) -> Timestamp {
+    super::decide::add(delete_at, restore_after)
 }
 
 /// Work before the relabel shorter than this leaves the delete time as decided: the
@@ -228,6 +259,9 @@ pub struct Context {
     /// them (`--keep-label`), so selectors of NetworkPolicies, monitors and dashboards on
     /// those keys keep matching the isolated pod.
     pub keep_labels: BTreeSet<String>,
+    /// How long after its delete time a pod isolated for a caller goes back into its
+    /// Services if that caller never removed it ([`RESTORE_AFTER`] unless tests shorten it).
+    pub restore_after: std::time::Duration,
 }
 
 fn is_status(err: &kube::Error, codes: &[u16]) -> bool {
@@ -288,7 +322,18 @@ pub async fn isolate(
         Accounting::Uncharged(pdb) => (None, Some(pdb)),
     };
     let plan = plan.counted_from_now(started.elapsed());
-    let mut patch = isolation_patch(pod, &removed, plan.delete_at, plan.grace_period);
+    // A pod its PDB still selects after isolation (a StatefulSet's pod behind a budget on
+    // the StatefulSet's own labels, a budget on a kept label) cannot be evicted by its
+    // caller once due: its own disruption spent the budget, and the API server charges
+    // every eviction again (`checkAndDecrement` in pkg/registry/core/pod/storage/
+    // eviction.go exempts no pod already in `disruptedPods`). The deleter removes it.
+    let in_pdb = snap
+        .pdbs
+        .iter()
+        .any(|pdb| !removed.keys().any(|k| pdb.selector_keys.contains(k)));
+    let on_due = if in_pdb { OnDue::Deleter } else { plan.on_due };
+    let restore = (on_due == OnDue::Caller).then(|| restore_at(plan.delete_at, ctx.restore_after));
+    let mut patch = isolation_patch(pod, &removed, plan.delete_at, plan.grace_period, restore);
     if let Some(controller) = controller {
         patch.0.extend(controller_handover(pod, controller));
     }
@@ -652,6 +697,7 @@ pub fn isolation_patch(
     removed: &BTreeMap<String, String>,
     delete_at: Timestamp,
     grace_period: Option<i64>,
+    restore_at: Option<Timestamp>,
 ) -> Patch {
     let mut ops = vec![PatchOperation::Test(TestOperation {
         path: ptr(&["metadata", "resourceVersion"]),
@@ -685,6 +731,9 @@ pub fn isolation_patch(
     annotations.insert(DELETE_AT_ANNOTATION, delete_at.to_string());
     if let Some(grace) = grace_period {
         annotations.insert(GRACE_PERIOD_ANNOTATION, grace.to_string());
+    }
+    if let Some(at) = restore_at {
+        annotations.insert(RESTORE_AT_ANNOTATION, at.to_string());
     }
     if pod.annotations.is_empty() {
         let value = serde_json::to_value(&annotations).unwrap_or(Value::Null);
@@ -1046,6 +1095,7 @@ pub(crate) mod tests {
             delete_at: now(),
             grace_period: None,
             charge: Charge::Required,
+            on_due: OnDue::Caller,
         }
     }
 
@@ -1076,6 +1126,7 @@ pub(crate) mod tests {
             identity: "webhook-0".into(),
             events: EventSink::Inline,
             keep_labels: Default::default(),
+            restore_after: RESTORE_AFTER,
         }
     }
 
@@ -1089,6 +1140,7 @@ pub(crate) mod tests {
                 delete_at,
                 grace_period: Some(20),
                 charge: Charge::Required,
+                on_due: OnDue::Caller,
             };
             isolate(&ctx, &pod(), &snapshot(), plan, now()).await
         });
@@ -1148,6 +1200,10 @@ pub(crate) mod tests {
                  "value": "20"},
                 {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1original-labels",
                  "value": "{\"app\":\"web\",\"pod-template-hash\":\"abc\"}"},
+                // Isolated for an eviction: its caller removes it, else it goes back a
+                // minute after its delete time.
+                {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1restore-at",
+                 "value": "2026-01-01T00:02:00Z"},
             ])
         );
         let event = expect(
@@ -1189,6 +1245,7 @@ pub(crate) mod tests {
                 delete_at: "2026-01-01T00:01:00Z".parse().unwrap(),
                 grace_period: None,
                 charge: Charge::Required,
+                on_due: OnDue::Caller,
             };
             let mut second = pod();
             second.name = "web-2".into();
@@ -1232,6 +1289,7 @@ pub(crate) mod tests {
             delete_at: "2026-01-01T00:01:00Z".parse().unwrap(),
             grace_period: None,
             charge: Charge::Required,
+            on_due: OnDue::Caller,
         };
         let quick = plan.counted_from_now(std::time::Duration::from_millis(40));
         assert_eq!(quick, plan, "a quick relabel keeps the decided time");
@@ -1280,6 +1338,7 @@ pub(crate) mod tests {
                 delete_at: now(),
                 grace_period: None,
                 charge: Charge::IfPossible,
+                on_due: OnDue::Caller,
             };
             isolate(&ctx, &facts, &snap, plan, now()).await
         });
@@ -1368,6 +1427,7 @@ pub(crate) mod tests {
                 delete_at: now(),
                 grace_period: None,
                 charge: Charge::IfPossible,
+                on_due: OnDue::Caller,
             };
             isolate(&ctx, &facts, &Snapshot::default(), plan, now()).await
         });
@@ -1547,7 +1607,8 @@ pub(crate) mod tests {
         bare.labels.clear();
         bare.annotations.clear();
         let patch =
-            serde_json::to_value(isolation_patch(&bare, &BTreeMap::new(), now(), None)).unwrap();
+            serde_json::to_value(isolation_patch(&bare, &BTreeMap::new(), now(), None, None))
+                .unwrap();
         assert_eq!(
             patch,
             json!([
@@ -1661,6 +1722,7 @@ pub(crate) mod tests {
                 identity: user.into(),
                 events: EventSink::Inline,
                 keep_labels: Default::default(),
+                restore_after: RESTORE_AFTER,
             }
         }
 

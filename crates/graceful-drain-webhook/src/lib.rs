@@ -4,7 +4,9 @@
 //! parsed ([`review`]), decided as a pure function of the request and a cache snapshot
 //! ([`decide`]), acted on ([`isolate`]: PDB accounting, relabelling patch, Event) and
 //! answered ([`server`]). Isolated pods carry their own delete time; the deferred deleter
-//! ([`deleter`]) deletes them while this replica holds the Lease ([`lease`]).
+//! ([`deleter`]) deletes them (a refused ReplicaSet scale-down) or puts back those no
+//! authenticated eviction or DELETE removed ([`restore`]) while this replica holds the
+//! Lease ([`lease`]).
 
 pub mod cache;
 pub mod configurations;
@@ -15,9 +17,11 @@ pub mod isolate;
 pub mod lease;
 pub mod metrics;
 pub mod nodepods;
+pub mod restore;
 pub mod review;
 pub mod server;
 pub mod tls;
+pub mod uninstall;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -166,6 +170,11 @@ pub struct PolicyArgs {
     /// us before we stop accepting.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     pub shutdown_delay: Duration,
+    /// How long after its delete time a pod isolated for an eviction or DELETE that nobody
+    /// followed up goes back into its Services. Hidden: the default is the product's
+    /// behaviour; tests shorten it.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration, hide = true)]
+    pub restore_after: Duration,
 }
 
 fn default_identity() -> String {
@@ -394,11 +403,23 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         identity,
         events: isolate::EventSink::Queue(events),
         keep_labels: policy.keep_labels.iter().cloned().collect(),
+        restore_after: policy.restore_after,
     };
     let admission_ctx = isolate::Context {
         client: admission,
         ..ctx.clone()
     };
+    let uninstall = deployment.clone().map(|name| {
+        (
+            ctx.client.clone(),
+            lease_namespace.clone(),
+            name,
+            own.clone(),
+        )
+    });
+    if let Some((client, namespace, name, own)) = &uninstall {
+        uninstall::adopt(client, namespace, name, own).await;
+    }
     let workers = Workers {
         ctx,
         deleter_client: admission_ctx.client.clone(),
@@ -448,5 +469,30 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
             tracing::warn!(%error, "worker did not finish cleanly");
         }
     }
+    // Only now, with the isolated pods deleted or restored, may an uninstall take our
+    // rights away.
+    if let Some((client, namespace, name, own)) = uninstall {
+        uninstall::release_bindings(&client, &namespace, &name, &own).await;
+    }
     served
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    #[test]
+    fn isolated_pods_nobody_removes_go_back_a_minute_after_their_delete_time_by_default() {
+        let cli = Cli::try_parse_from(["webhook"]).unwrap();
+        assert_eq!(cli.args.policy.restore_after, isolate::RESTORE_AFTER);
+        let cli = Cli::try_parse_from(["webhook", "--restore-after", "2s"]).unwrap();
+        assert_eq!(cli.args.policy.restore_after, Duration::from_secs(2));
+    }
 }

@@ -40,6 +40,7 @@ pub struct Metrics {
     pub latency: Family<OperationLabels, Histogram, fn() -> Histogram>,
     pub pods_isolated: Counter,
     pub pods_deleted: Counter,
+    pub pods_restored: Counter,
     pub pending_deletions: Gauge,
     pub holds_in_flight: Gauge,
     pub leader: Gauge,
@@ -62,6 +63,7 @@ impl Metrics {
             latency: Family::new_with_constructor(latency_histogram),
             pods_isolated: Counter::default(),
             pods_deleted: Counter::default(),
+            pods_restored: Counter::default(),
             pending_deletions: Gauge::default(),
             holds_in_flight: Gauge::default(),
             leader: Gauge::default(),
@@ -91,6 +93,11 @@ impl Metrics {
             "pods_deleted",
             "Isolated pods deleted by the deferred deleter",
             metrics.pods_deleted.clone(),
+        );
+        reg.register(
+            "pods_restored",
+            "Isolated pods put back into their Services because no eviction or DELETE removed them",
+            metrics.pods_restored.clone(),
         );
         reg.register(
             "pending_deletions",

@@ -287,19 +287,28 @@ pub fn too_many_requests(
     response
 }
 
-/// The JSON patch turning an Eviction into a dry run, keeping its other options.
-pub fn dry_run_patch(delete_options: &Value) -> json_patch::Patch {
-    let mut options = match delete_options {
-        Value::Object(map) => map.clone(),
-        _ => serde_json::Map::new(),
-    };
-    options.insert("dryRun".into(), Value::Array(vec![Value::from("All")]));
-    json_patch::Patch(vec![json_patch::PatchOperation::Add(
-        json_patch::AddOperation {
-            path: json_patch::jsonptr::PointerBuf::from_tokens(["deleteOptions"]),
-            value: Value::Object(options),
-        },
-    )])
+/// Cause reason of the 429 that asks an eviction's caller to come back once the pod has
+/// left its load balancers; callers that know it (our node agent) show the pod as
+/// deregistering instead of blocked.
+pub const DEREGISTERING_CAUSE: &str = "graceful-drain.io/Deregistering";
+
+/// A 429 refusing an eviction while the isolated pod deregisters, with `Retry-After` at
+/// its delete time and a [`DEREGISTERING_CAUSE`] cause.
+pub fn deregistering(
+    request: &AdmissionRequest<DynamicObject>,
+    message: impl Into<String>,
+    retry_after_seconds: u32,
+) -> AdmissionResponse {
+    let message = message.into();
+    let mut response = too_many_requests(request, message.clone(), retry_after_seconds);
+    if let Some(details) = response.result.details.as_mut() {
+        details.causes.push(kube::core::response::StatusCause {
+            reason: DEREGISTERING_CAUSE.to_string(),
+            message,
+            field: String::new(),
+        });
+    }
+    response
 }
 
 /// Serialises `response` as a full AdmissionReview.
@@ -534,42 +543,6 @@ mod tests {
         ] {
             assert!(parse(&body, Path::Evict).is_err(), "{name}");
         }
-    }
-
-    #[test]
-    fn dry_run_patch_keeps_options_and_travels_with_its_type() {
-        let review = parse_value(&eviction_review("u-9"), Path::Evict).unwrap();
-        let Parsed::Evict(ev) = &review.parsed else {
-            panic!()
-        };
-        let response = allow(&review.request)
-            .with_patch(dry_run_patch(&ev.delete_options))
-            .unwrap();
-        let body: Value = serde_json::from_slice(&to_body(response).unwrap()).unwrap();
-        assert_eq!(body["apiVersion"], "admission.k8s.io/v1");
-        assert_eq!(body["response"]["uid"], "u-9");
-        assert_eq!(body["response"]["patchType"], "JSONPatch");
-        use base64::Engine as _;
-        let patch = base64::engine::general_purpose::STANDARD
-            .decode(
-                body["response"]["patch"]
-                    .as_str()
-                    .expect("patch is a base64 string"),
-            )
-            .unwrap();
-        let patch: Value = serde_json::from_slice(&patch).unwrap();
-        assert_eq!(
-            patch,
-            json!([{"op": "add", "path": "/deleteOptions", "value": {"gracePeriodSeconds": 20, "dryRun": ["All"]}}])
-        );
-        // Applied to the Eviction, the patch yields a dry run with the caller's grace period.
-        let mut eviction = eviction_review("x")["request"]["object"].clone();
-        json_patch::patch(
-            &mut eviction,
-            &serde_json::from_value::<json_patch::Patch>(patch).unwrap(),
-        )
-        .unwrap();
-        assert_eq!(eviction["deleteOptions"]["dryRun"], json!(["All"]));
     }
 
     fn arb_json() -> impl Strategy<Value = Value> {

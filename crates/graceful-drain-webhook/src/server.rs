@@ -17,6 +17,7 @@ use axum::routing::post;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
 use jiff::Timestamp;
+use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::core::DynamicObject;
@@ -289,18 +290,27 @@ async fn respond_evict(
             );
         }
     };
-    match allow.with_patch(review::dry_run_patch(&ev.delete_options)) {
-        Ok(mut response) => {
-            response.warnings = Some(vec![format!(
-                "graceful-drain: pod {pod} left its load balancers and will be deleted at {delete_at}"
-            )]);
-            (response, outcome)
-        }
-        Err(error) => {
-            tracing::error!(error = %graceful_drain_core::error::chain(&error), "serialise dry-run patch");
-            (review::allow(request), "error")
-        }
-    }
+    // The webhook never deletes on a review's word (anyone reaching its port could forge
+    // one): the caller, whose eviction the API server authenticated, evicts again once the
+    // pod has left its load balancers, and that eviction goes through (the pod is due, and
+    // no PDB selects it any more). Every eviction caller retries a 429.
+    let retry = retry_after_until(delete_at, Timestamp::now());
+    let message = format!(
+        "graceful-drain: pod {pod} is leaving its load balancers; evict it again at {delete_at} (in {retry} s)"
+    );
+    (review::deregistering(request, message, retry), outcome)
+}
+
+/// Longest Retry-After of a deregistering pod: callers that honour it (our node agent)
+/// come back at least this often, so a drain's progress stays fresh.
+const DEREGISTERING_RETRY_MAX: u32 = 60;
+
+/// Seconds from `now` until `delete_at`, at least 1 and at most
+/// [`DEREGISTERING_RETRY_MAX`].
+fn retry_after_until(delete_at: Timestamp, now: Timestamp) -> u32 {
+    let left = now.duration_until(delete_at).as_secs_f64().ceil();
+    // Clamped first, so the cast cannot overflow or go negative.
+    left.clamp(1.0, f64::from(DEREGISTERING_RETRY_MAX)) as u32
 }
 
 /// First pause before settling a request again after a transient failure; it doubles up
@@ -463,6 +473,7 @@ async fn settle(state: &AppState, req: &Request, mut pod: PodFacts, mut fresh: b
                     delete_at,
                     grace_period,
                     charge,
+                    on_due: on_due(req, &pod),
                 }
             }
         };
@@ -507,6 +518,18 @@ async fn settle(state: &AppState, req: &Request, mut pod: PodFacts, mut fresh: b
     }
     tracing::warn!("pod kept changing while isolating");
     Settled::Failed("the pod kept changing while it was being isolated".to_string())
+}
+
+/// Who removes the pod once it is due: the deferred deleter only for a ReplicaSet
+/// controller's DELETE of its own pod (refused after isolation, and checked on the live
+/// ReplicaSet by [`replicaset_has_surplus`] first); every other caller comes back itself.
+fn on_due(req: &Request, pod: &PodFacts) -> isolate::OnDue {
+    if req.path == decide::Path::Delete && is_replicaset_controller(&req.user) && of_replicaset(pod)
+    {
+        isolate::OnDue::Deleter
+    } else {
+        isolate::OnDue::Caller
+    }
 }
 
 /// Warns on the pod that its annotated delay exceeds `--max-deregistration-delay`.
@@ -589,6 +612,34 @@ async fn respond_delete(
     // a same-name replacement, it is left alone.
     req.preconditions.uid.get_or_insert_with(|| pod.uid.clone());
     let owned_by_rs = of_replicaset(&pod);
+    let scale_down = owned_by_rs && is_replicaset_controller(&req.user);
+    if scale_down && !draining {
+        // The webhook deletes this pod itself once it is due, so the review's word must not
+        // be all there is: the live ReplicaSet must really have more pods than it wants
+        // (the ReplicaSet controller deletes only then, and writes `status.replicas` after
+        // every sync: `syncReplicaSet` in pkg/controller/replicaset/replica_set.go). A
+        // stale status is answered with a refusal that isolates nothing; the controller
+        // counts the failed DELETE, requeues the ReplicaSet and asks again after its next
+        // status write.
+        match replicaset_has_surplus(state, &pod).await {
+            Ok(None) => {}
+            Ok(Some(why)) => {
+                tracing::info!(%why, "ReplicaSet DELETE not backed by the live ReplicaSet; refused without isolating");
+                let message = format!(
+                    "graceful-drain: not isolating pod {}/{}: {why}; retry once the ReplicaSet's status is current",
+                    pod.namespace, pod.name
+                );
+                return (review::allow(request).deny(message), "unverified");
+            }
+            Err(error) => {
+                let message = format!(
+                    "graceful-drain: could not read the ReplicaSet of pod {}/{} ({error}); retry",
+                    pod.namespace, pod.name
+                );
+                return (review::allow(request).deny(message), "error");
+            }
+        }
+    }
     // A DELETE is never denied for want of time: past the deadline it is allowed (the
     // pod isolated if that finished, as it usually has).
     let settled = settle_until(deadline, || settle(state, &req, pod.clone(), true));
@@ -607,7 +658,7 @@ async fn respond_delete(
     // (`manageReplicas` in pkg/controller/replicaset/replica_set.go calls
     // `DeletionObserved` when DeletePod fails), and the deferred deleter removes the pod
     // after its full delay.
-    if owned_by_rs && is_replicaset_controller(&req.user) {
+    if scale_down {
         let message = format!(
             "graceful-drain: pod {}/{} is isolated (out of its ReplicaSet and Services) and will be deleted at {delete_at}",
             pod.namespace, pod.name
@@ -635,6 +686,30 @@ fn of_replicaset(pod: &PodFacts) -> bool {
                 .owner_refs
                 .iter()
                 .any(|r| r.get("kind").and_then(serde_json::Value::as_str) == Some("ReplicaSet")))
+}
+
+/// Reads the pod's ReplicaSet live: `None` when it has more pods than it wants
+/// (`status.replicas > spec.replicas`), else why not.
+async fn replicaset_has_surplus(
+    state: &AppState,
+    pod: &PodFacts,
+) -> Result<Option<String>, kube::Error> {
+    let Some(name) = pod
+        .owner_refs
+        .iter()
+        .find(|r| r.get("kind").and_then(serde_json::Value::as_str) == Some("ReplicaSet"))
+        .and_then(|r| r.get("name").and_then(serde_json::Value::as_str))
+    else {
+        return Ok(Some("it names no ReplicaSet".to_string()));
+    };
+    let api = Api::<ReplicaSet>::namespaced(state.ctx.client.clone(), &pod.namespace);
+    let Some(rs) = api.get_opt(name).await? else {
+        return Ok(Some(format!("ReplicaSet {name} does not exist")));
+    };
+    let wanted = rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    let has = rs.status.as_ref().map_or(0, |s| s.replicas);
+    Ok((has <= wanted)
+        .then(|| format!("ReplicaSet {name} has {has} replicas and wants {wanted}: none to spare")))
 }
 
 /// Whether `user` is the ReplicaSet controller, with or without
@@ -766,6 +841,7 @@ mod tests {
                 identity: "w".into(),
                 events: isolate::EventSink::Inline,
                 keep_labels: Default::default(),
+                restore_after: isolate::RESTORE_AFTER,
             },
             settings: Settings {
                 default_delay: Duration::from_secs(30),
@@ -810,8 +886,11 @@ mod tests {
         )
     }
 
+    /// The first eviction of an exposed pod isolates it and is refused with a 429 whose
+    /// Retry-After is the pod's delete time: the pod stays alive, and the caller's retry
+    /// once the pod is due evicts it for real. Nothing is deleted on the review's word.
     #[tokio::test]
-    async fn eviction_of_an_exposed_pod_isolates_it_and_becomes_a_dry_run() {
+    async fn eviction_of_an_exposed_pod_isolates_it_and_asks_the_caller_to_come_back_when_due() {
         let (client, mut api) = mock::client();
         let st = state(client);
         let metrics_state = st.clone();
@@ -862,6 +941,16 @@ mod tests {
             (28.0..=31.0).contains(&delay),
             "deletion scheduled {delay}s ahead"
         );
+        let restore_at: Timestamp = annotations["graceful-drain.io/restore-at"]
+            .as_str()
+            .expect("the pod goes back if no retried eviction removes it")
+            .parse()
+            .unwrap();
+        assert_eq!(
+            delete_at.duration_until(restore_at).as_secs(),
+            60,
+            "restored a minute after its delete time"
+        );
         expect(
             &mut api,
             Method::POST,
@@ -873,22 +962,43 @@ mod tests {
         let (status, review) = call.await.unwrap();
         assert_eq!(status, 200);
         assert_eq!(review["apiVersion"], "admission.k8s.io/v1");
-        assert_eq!(review["response"]["uid"], "ev-1");
-        assert_eq!(review["response"]["allowed"], true);
-        assert_eq!(review["response"]["patchType"], "JSONPatch");
-        use base64::Engine as _;
-        let patch = base64::engine::general_purpose::STANDARD
-            .decode(review["response"]["patch"].as_str().unwrap())
-            .unwrap();
-        let patch: Value = serde_json::from_slice(&patch).unwrap();
-        assert_eq!(patch[0]["value"]["dryRun"], json!(["All"]));
+        let response = &review["response"];
+        assert_eq!(response["uid"], "ev-1");
+        assert_eq!(response["allowed"], false);
+        assert!(response.get("patch").is_none(), "no dry run any more");
+        let refusal = &response["status"];
+        assert_eq!(refusal["code"], 429);
+        assert_eq!(refusal["reason"], "TooManyRequests");
+        let retry = refusal["details"]["retryAfterSeconds"].as_u64().unwrap();
+        // The delete time is whole seconds, so up to a second past the 30 s delay.
+        assert!((29..=31).contains(&retry), "Retry-After {retry} s");
+        assert_eq!(
+            refusal["details"]["causes"][0]["reason"],
+            review::DEREGISTERING_CAUSE
+        );
+        let message = refusal["message"].as_str().unwrap();
         assert!(
-            review["response"]["warnings"][0]
-                .as_str()
-                .unwrap()
-                .contains("web/web-1")
+            message.contains("web/web-1") && message.contains("evict it again"),
+            "{message}"
         );
         assert_eq!(metrics_state.metrics.pods_isolated.get(), 1);
+    }
+
+    /// A deregistering pod's Retry-After is the time left until its delete time, rounded
+    /// up so the caller never comes back early, and between 1 s and a minute.
+    #[test]
+    fn retry_after_until_rounds_up_and_stays_within_a_minute() {
+        let now: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let at = |millis: i64| now + jiff::SignedDuration::from_millis(millis);
+        assert_eq!(retry_after_until(at(200), now), 1);
+        assert_eq!(retry_after_until(at(1_000), now), 1);
+        assert_eq!(retry_after_until(at(1_001), now), 2);
+        assert_eq!(retry_after_until(at(29_100), now), 30);
+        assert_eq!(retry_after_until(at(59_999), now), 60);
+        assert_eq!(retry_after_until(at(60_000), now), 60);
+        assert_eq!(retry_after_until(at(600_000), now), 60, "at most a minute");
+        assert_eq!(retry_after_until(now, now), 1, "never 0: no busy retry");
+        assert_eq!(retry_after_until(at(-5_000), now), 1, "already due");
     }
 
     #[tokio::test]
@@ -997,7 +1107,7 @@ mod issue_tests {
     use super::*;
     use graceful_drain_testing::fixtures::mock::{self, expect};
     use http::Method;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     const POD_PATH: &str = "/api/v1/namespaces/web/pods/web-1";
     const PDB_PATH: &str = "/apis/policy/v1/namespaces/web/poddisruptionbudgets/web";
@@ -1038,8 +1148,15 @@ mod issue_tests {
         )
         .await;
         let (_, review) = call.await.unwrap();
-        assert_eq!(review["response"]["allowed"], true);
-        assert_eq!(review["response"]["patchType"], "JSONPatch");
+        assert_eq!(review["response"]["allowed"], false);
+        assert!(review["response"].get("patch").is_none());
+        let refusal = &review["response"]["status"];
+        assert_eq!(refusal["code"], 429);
+        assert_eq!(
+            refusal["details"]["causes"][0]["reason"],
+            review::DEREGISTERING_CAUSE,
+            "isolated, not refused by the PDB: {refusal}"
+        );
     }
 
     /// Cache and live PDB agree the budget is exhausted: we answer 429 ourselves and
@@ -1103,6 +1220,91 @@ mod issue_tests {
         );
         let (_, review) = call.await.unwrap();
         assert_eq!(review["response"]["allowed"], true);
+    }
+
+    const RS_PATH: &str = "/apis/apps/v1/namespaces/web/replicasets/web-abc";
+
+    /// A DELETE of `web/web-1`, a pod of ReplicaSet `web-abc`, by the ReplicaSet controller.
+    fn scale_down_deletion() -> Vec<u8> {
+        let mut pod = pod_json("uid-1");
+        pod["metadata"]["labels"]["pod-template-hash"] = json!("abc");
+        pod["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1",
+            "kind": "ReplicaSet", "name": "web-abc", "uid": "rs-1",
+            "controller": true, "blockOwnerDeletion": true}]);
+        let mut review: Value = serde_json::from_slice(&deletion_of(pod)).unwrap();
+        review["request"]["userInfo"]["username"] = json!(REPLICASET_CONTROLLER);
+        serde_json::to_vec(&review).unwrap()
+    }
+
+    /// ReplicaSet `web-abc` wanting `wanted` pods and reporting `has`.
+    fn replicaset(wanted: i32, has: i32) -> Value {
+        json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": "web-abc", "namespace": "web", "uid": "rs-1"},
+            "spec": {"replicas": wanted,
+                     "selector": {"matchLabels": {"app": "web", "pod-template-hash": "abc"}}},
+            "status": {"replicas": has}})
+    }
+
+    /// A DELETE claiming to come from the ReplicaSet controller while the live ReplicaSet
+    /// has no pod to spare (a forged review, or a status not written yet) is refused
+    /// without isolating: the deferred deleter would otherwise delete the pod on the
+    /// review's word alone.
+    #[tokio::test]
+    async fn a_replicaset_delete_without_a_surplus_is_refused_and_isolates_nothing() {
+        let (client, mut api) = mock::client();
+        let st = state(client);
+        // The metrics only: the state's client must go with the call, ending the mock API.
+        let metrics = st.metrics.clone();
+        let call = tokio::spawn(call(
+            st,
+            "/validate/delete?timeout=10s",
+            scale_down_deletion(),
+        ));
+        expect(&mut api, Method::GET, RS_PATH, 200, replicaset(2, 2)).await;
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], false);
+        let message = review["response"]["status"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("web/web-1") && message.contains("none to spare"),
+            "{message}"
+        );
+        let next = api.next_request().await.map(|(r, _)| r.method().clone());
+        assert_eq!(next, None, "the pod was touched");
+        assert_eq!(metrics.pods_isolated.get(), 0);
+    }
+
+    /// A ReplicaSet scale-down the live ReplicaSet backs (one pod more than it wants) is
+    /// isolated for the deferred deleter, without a restore time, and refused so the
+    /// controller counts the deletion at once.
+    #[tokio::test]
+    async fn a_replicaset_delete_with_a_surplus_isolates_the_pod_for_the_deferred_deleter() {
+        let (client, mut api) = mock::client();
+        let call = tokio::spawn(call(
+            state(client),
+            "/validate/delete?timeout=10s",
+            scale_down_deletion(),
+        ));
+        expect(&mut api, Method::GET, RS_PATH, 200, replicaset(2, 3)).await;
+        expect(&mut api, Method::GET, RS_PATH, 200, replicaset(2, 3)).await;
+        let patch = expect(&mut api, Method::PATCH, POD_PATH, 200, json!({})).await;
+        let patch = patch.body.to_string();
+        assert!(patch.contains("graceful-drain.io/delete-at"), "{patch}");
+        assert!(
+            !patch.contains("restore-at"),
+            "the deferred deleter removes it: {patch}"
+        );
+        expect(
+            &mut api,
+            Method::POST,
+            "/api/v1/namespaces/web/events",
+            201,
+            json!({}),
+        )
+        .await;
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], false);
+        let message = review["response"]["status"]["message"].as_str().unwrap();
+        assert!(message.contains("will be deleted at"), "{message}");
     }
 
     /// An eviction carrying the UID precondition of an earlier pod with the same name is

@@ -58,6 +58,7 @@ async fn start(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Server {
             identity: "test".into(),
             events: isolate::EventSink::Inline,
             keep_labels: Default::default(),
+            restore_after: isolate::RESTORE_AFTER,
         },
         settings: decide::Settings {
             default_delay: Duration::from_secs(60),

@@ -258,8 +258,9 @@ fn is_draining(pod: &Pod) -> bool {
 }
 
 /// A plain eviction-based drain (what `kubectl drain` does) with the webhook installed:
-/// every evicted pod is isolated first, keeps serving until the load balancer let go,
-/// and is deleted after the delay — no request fails.
+/// every evicted pod is isolated first and its eviction refused (429) until the load
+/// balancer let go; the drain's retried eviction then deletes it — no request fails, and
+/// the webhook itself deletes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eviction_drain_behind_a_lagging_load_balancer_has_no_5xx() {
     let spec = WebSpec::default();
@@ -278,6 +279,7 @@ async fn eviction_drain_behind_a_lagging_load_balancer_has_no_5xx() {
             max_duration: TIMEOUT,
         },
     );
+    let stats = cluster.api().stats();
     let started = Instant::now();
     actions::plain_drain(&client, &node, TIMEOUT).await.unwrap();
     assert!(
@@ -289,19 +291,23 @@ async fn eviction_drain_behind_a_lagging_load_balancer_has_no_5xx() {
     assert!(report.requests > 100, "traffic ran: {}", report.requests);
     assert_eq!(report.errors_5xx, 0, "5xx during a protected drain");
     for pod in &before {
-        for reason in ["graceful-drain.io/Isolated", "graceful-drain.io/Deleted"] {
-            assert!(
-                event_arrives(&cluster, &pod.name_any(), reason).await,
-                "{reason}: {:?}",
-                event_reasons(&cluster, "default", &pod.name_any()).await
-            );
-        }
+        assert!(
+            event_arrives(&cluster, &pod.name_any(), "graceful-drain.io/Isolated").await,
+            "{:?}",
+            event_reasons(&cluster, "default", &pod.name_any()).await
+        );
     }
+    assert_eq!(
+        webhook_removals(&cluster.api().stats().since(&stats)),
+        0,
+        "the drain's own evictions remove its pods"
+    );
 }
 
 /// Concurrent evictions of every pod behind a PDB with one disruption left: exactly one
-/// pod is isolated (the eviction answered as a dry run), the others are refused with 429
-/// by the API server, and the pods still serving are at least minAvailable.
+/// pod is isolated (its eviction refused with a deregistering 429 until it is due), the
+/// others are refused with 429 by the budget, and the pods still serving are at least
+/// minAvailable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_evictions_take_only_the_disruptions_the_pdb_allows() {
     let spec = WebSpec {
@@ -329,12 +335,15 @@ async fn concurrent_evictions_take_only_the_disruptions_the_pdb_allows() {
         }
     });
     let results = futures::future::join_all(evictions).await;
-    let accepted = results.iter().filter(|r| r.is_ok()).count();
+    let isolated = results
+        .iter()
+        .filter(|r| deregistering(r).is_some())
+        .count();
     let refused = results
         .iter()
-        .filter(|r| matches!(r, Err(kube::Error::Api(s)) if s.code == 429))
+        .filter(|r| deregistering(r).is_none() && too_many_requests(r).is_some())
         .count();
-    assert_eq!((accepted, refused), (1, 2), "{results:?}");
+    assert_eq!((isolated, refused), (1, 2), "{results:?}");
     let now = web_pods(&cluster, &spec).await;
     let draining: Vec<&Pod> = now.iter().filter(|p| is_draining(p)).collect();
     assert_eq!(draining.len(), 1, "one isolated pod");
@@ -588,8 +597,8 @@ async fn kubectl(kubeconfig: &std::path::Path, args: &[&str]) -> (bool, String) 
 
 /// While the pods of a first `kubectl drain` wait out their delay, a second `kubectl
 /// drain` of the node succeeds without `--force`: the isolated pods still declare a
-/// controller (the Deployment), and their second eviction is answered as a dry run, so
-/// kubectl waits for the deferred deleter instead of evicting them for real.
+/// controller (the Deployment), and their evictions are refused with a deregistering 429
+/// until the pods are due, which kubectl retries until its eviction deletes them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_kubectl_drain_works_while_isolated_pods_wait() {
     let spec = WebSpec {
@@ -651,8 +660,22 @@ async fn a_second_kubectl_drain_works_while_isolated_pods_wait() {
             pod.name_any()
         );
     }
+    let due = isolated
+        .iter()
+        .map(|p| {
+            p.annotations()["graceful-drain.io/delete-at"]
+                .parse::<jiff::Timestamp>()
+                .unwrap()
+        })
+        .max()
+        .unwrap();
+    assert!(jiff::Timestamp::now() < due, "the pods are due already");
     let (ok, text) = kubectl(&kubeconfig, &drain).await;
     assert!(ok, "second drain failed:\n{text}");
+    assert!(
+        jiff::Timestamp::now() >= due,
+        "the second drain evicted the pods before {due}:\n{text}"
+    );
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     for pod in &isolated {
         let gone = pods
@@ -661,21 +684,39 @@ async fn a_second_kubectl_drain_works_while_isolated_pods_wait() {
             .unwrap()
             .is_none_or(|p| p.uid() != pod.uid() || p.metadata.deletion_timestamp.is_some());
         assert!(gone, "{} still there after the drain", pod.name_any());
-        assert!(
-            event_arrives(&cluster, &pod.name_any(), "graceful-drain.io/Deleted").await,
-            "{} was not deleted by the deferred deleter",
-            pod.name_any()
-        );
     }
     let (ok, text) = first.await.unwrap();
     assert!(ok, "first drain failed:\n{text}");
 }
 
-/// At its delete time the deferred deleter evicts the isolated pod (it has left its PDBs)
-/// instead of deleting it, so the pod carries the `DisruptionTarget` condition like any
-/// evicted pod; the deleter's own eviction passes the webhook.
+/// Scales Deployment `name` in the default namespace to `replicas`.
+async fn scale(cluster: &Cluster, name: &str, replicas: i32) {
+    Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(cluster.client(), "default")
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"replicas": replicas}})),
+        )
+        .await
+        .unwrap();
+}
+
+/// Whether the webhook left `pod` to the deferred deleter: isolated without a restore
+/// time (a ReplicaSet scale-down the live ReplicaSet backs).
+fn left_to_the_deleter(pod: &Pod) -> bool {
+    is_draining(pod) && !pod.annotations().contains_key(RESTORE_AT)
+}
+
+/// The annotation saying when an isolated pod nobody removed goes back.
+const RESTORE_AT: &str = "graceful-drain.io/restore-at";
+
+/// A Deployment scaled down: the ReplicaSet controller's DELETE of the pod it picks is
+/// refused after the pod is isolated, and at its delete time the deferred deleter evicts
+/// it (it has left its PDBs) instead of deleting it, so the pod carries the
+/// `DisruptionTarget` condition like any evicted pod; the deleter's own eviction passes
+/// the webhook.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_deferred_deleter_evicts_so_the_pod_becomes_a_disruption_target() {
+async fn a_scaled_down_pod_is_evicted_by_the_deferred_deleter_and_becomes_a_disruption_target() {
     let spec = WebSpec {
         replicas: 2,
         min_available: 1,
@@ -683,55 +724,66 @@ async fn the_deferred_deleter_evicts_so_the_pod_becomes_a_disruption_target() {
     };
     let (cluster, _webhook) = setup(&spec, Duration::from_secs(2), 10).await;
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
-    let victim = web_pods(&cluster, &spec).await.remove(0).name_any();
-    let body = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
-        "metadata": {"name": victim, "namespace": "default"}});
-    pods.create_subresource::<_, serde_json::Value>(
-        "eviction",
-        &victim,
-        &PostParams::default(),
-        &body,
-    )
-    .await
-    .unwrap();
-    assert!(
-        is_draining(&pods.get(&victim).await.unwrap()),
-        "isolated first"
-    );
-    // Every version of the pod until it is gone: the eviction marks it, then deletes it
-    // (the simulated kubelet rewrites the conditions while it terminates).
-    let config =
-        kube::runtime::watcher::Config::default().fields(&format!("metadata.name={victim}"));
+    // Every version of every isolated pod until the scaled-down one is gone: the eviction
+    // marks it, then deletes it (the simulated kubelet rewrites the conditions while it
+    // terminates).
+    let config = kube::runtime::watcher::Config::default().labels("graceful-drain.io/draining");
     let events = kube::runtime::watcher(pods.clone(), config);
     let mut events = std::pin::pin!(events);
+    scale(&cluster, &spec.name, 1).await;
+    let mut victim: Option<Pod> = None;
     let mut marked = false;
     let watched = tokio::time::timeout(TIMEOUT, async {
         use futures::StreamExt;
         while let Some(event) = events.next().await {
             match event {
-                Ok(kube::runtime::watcher::Event::Apply(p)) => {
+                Ok(
+                    kube::runtime::watcher::Event::Apply(p)
+                    | kube::runtime::watcher::Event::InitApply(p),
+                ) => {
+                    let first = victim.get_or_insert_with(|| p.clone());
+                    assert_eq!(first.uid(), p.uid(), "one pod scaled down");
+                    assert!(left_to_the_deleter(&p), "{:?}", p.annotations());
                     let conditions = p.status.and_then(|s| s.conditions).unwrap_or_default();
                     marked |= conditions
                         .iter()
                         .any(|c| c.type_ == "DisruptionTarget" && c.status == "True");
                 }
-                Ok(kube::runtime::watcher::Event::Delete(_)) => return,
+                Ok(kube::runtime::watcher::Event::Delete(p)) if victim.is_some() => {
+                    assert_eq!(victim.as_ref().and_then(ResourceExt::uid), p.uid());
+                    return;
+                }
                 _ => {}
             }
         }
     })
     .await;
+    let victim = victim.expect("the scaled-down pod was isolated").name_any();
     assert!(watched.is_ok(), "the deleter never removed {victim}");
     assert!(
         marked,
         "{victim} was removed without the DisruptionTarget condition of an eviction"
     );
+    assert!(
+        event_arrives(&cluster, &victim, "graceful-drain.io/Deleted").await,
+        "{:?}",
+        event_reasons(&cluster, "default", &victim).await
+    );
+}
+
+/// The pods [`isolate_then_stop_webhook`] isolated before it stopped the webhook.
+struct Isolated {
+    /// Evicted: left to its caller, restored if none comes back.
+    evicted: Pod,
+    /// Scaled down: left to the deferred deleter.
+    scaled_down: Pod,
 }
 
 /// Starts a cluster and a webhook told its Deployment is `graceful-drain-webhook`
-/// (created with 0 replicas when `installed`), isolates one web pod, then stops the
-/// webhook; returns the pods API and the isolated pod.
-async fn isolate_then_stop_webhook(installed: bool) -> (Cluster, Api<Pod>, Pod) {
+/// (created with 0 replicas when `installed`), isolates one web pod by an eviction and
+/// another by scaling the web Deployment down, then stops the webhook; returns the pods
+/// API and the isolated pods.
+async fn isolate_then_stop_webhook(installed: bool) -> (Cluster, Api<Pod>, Isolated) {
     graceful_drain_core::runtime::install_crypto_provider();
     graceful_drain_core::runtime::init_tracing(graceful_drain_core::runtime::LogFormat::Text);
     let spec = WebSpec {
@@ -771,48 +823,90 @@ async fn isolate_then_stop_webhook(installed: bool) -> (Cluster, Api<Pod>, Pod) 
     .await
     .unwrap();
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
-    let victim = web_pods(&cluster, &spec).await.remove(0);
-    let name = victim.name_any();
-    let body = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
-        "metadata": {"name": name, "namespace": "default"}});
-    pods.create_subresource::<_, serde_json::Value>(
-        "eviction",
-        &name,
-        &PostParams::default(),
-        &body,
-    )
+    let name = web_pods(&cluster, &spec).await.remove(0).name_any();
+    assert!(matches!(
+        evict(&cluster, &name).await,
+        Evicted::Deregistering(_)
+    ));
+    let evicted = pods.get(&name).await.unwrap();
+    assert!(is_draining(&evicted), "isolated, waiting 600 s");
+    assert!(evicted.annotations().contains_key(RESTORE_AT));
+    // The ReplicaSet has replaced the evicted pod; one of its three goes now.
+    cluster.wait_web_ready(&spec, TIMEOUT).await.unwrap();
+    scale(&cluster, &spec.name, 2).await;
+    wait_for("a scaled-down pod isolated", TIMEOUT, || async {
+        web_pods(&cluster, &spec)
+            .await
+            .iter()
+            .any(left_to_the_deleter)
+    })
     .await
     .unwrap();
-    let isolated = pods.get(&name).await.unwrap();
-    assert!(is_draining(&isolated), "isolated, waiting 600 s");
+    let scaled_down = web_pods(&cluster, &spec)
+        .await
+        .into_iter()
+        .find(left_to_the_deleter)
+        .unwrap();
+    assert!(scaled_down.metadata.deletion_timestamp.is_none());
     webhook.stop.cancel();
     webhook.stopped().await;
+    let isolated = Isolated {
+        evicted,
+        scaled_down,
+    };
     (cluster, pods, isolated)
 }
 
 /// `helm uninstall` deletes the webhook's Deployment, then its replicas stop: the deleter
-/// sees its Deployment gone at shutdown and removes every isolated pod before exiting, so
-/// none is left out of its Services with nobody to delete it.
+/// sees its Deployment gone at shutdown and acts on every isolated pod before exiting, so
+/// none is left out of its Services with nobody to act on it: the pod a scale-down left
+/// to it is deleted, the evicted pod its caller never came back for is restored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn uninstalling_the_webhook_leaves_no_isolated_pod_behind() {
+async fn uninstalling_the_webhook_deletes_scaled_down_pods_and_restores_evicted_ones() {
     let (_cluster, pods, isolated) = isolate_then_stop_webhook(false).await;
-    let live = pods.get_opt(&isolated.name_any()).await.unwrap();
+    let Isolated {
+        evicted,
+        scaled_down,
+    } = isolated;
+    let live = pods.get_opt(&scaled_down.name_any()).await.unwrap();
     assert!(
-        live.is_none_or(|p| p.uid() != isolated.uid() || p.metadata.deletion_timestamp.is_some()),
-        "the isolated pod was left behind"
+        live.is_none_or(|p| p.uid() != scaled_down.uid() || p.metadata.deletion_timestamp.is_some()),
+        "the scaled-down pod was left behind"
     );
+    let back = pods.get(&evicted.name_any()).await.unwrap();
+    assert_eq!(back.uid(), evicted.uid(), "the evicted pod was deleted");
+    assert!(!is_draining(&back), "{:?}", back.labels());
+    assert_eq!(
+        back.labels().get("app").map(String::as_str),
+        Some("web"),
+        "back in its Service: {:?}",
+        back.labels()
+    );
+    assert!(back.labels().contains_key("pod-template-hash"));
+    assert!(
+        !back
+            .annotations()
+            .keys()
+            .any(|k| k.starts_with("graceful-drain.io/")),
+        "{:?}",
+        back.annotations()
+    );
+    assert_eq!(controller_kind(&back).as_deref(), Some("ReplicaSet"));
 }
 
 /// A restart (the Deployment still there) leaves isolated pods to the next replica.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarting_the_webhook_keeps_isolated_pods_waiting() {
     let (_cluster, pods, isolated) = isolate_then_stop_webhook(true).await;
-    let live = pods.get(&isolated.name_any()).await.unwrap();
-    assert!(
-        live.metadata.deletion_timestamp.is_none(),
-        "deleted early at a restart"
-    );
-    assert!(is_draining(&live));
+    for pod in [isolated.evicted, isolated.scaled_down] {
+        let live = pods.get(&pod.name_any()).await.unwrap();
+        assert_eq!(live.uid(), pod.uid());
+        assert!(
+            live.metadata.deletion_timestamp.is_none(),
+            "deleted early at a restart"
+        );
+        assert!(is_draining(&live), "restored early at a restart");
+    }
 }
 
 /// A policy engine refusing every UPDATE of a pod that would add the draining label (the
@@ -913,19 +1007,72 @@ fn base64_of(text: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(text)
 }
 
-/// Evicts `name` through the eviction API as the admin (what `kubectl drain` sends).
-async fn evict(cluster: &Cluster, name: &str) {
-    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
-    let body = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
-        "metadata": {"name": name, "namespace": "default"}});
-    pods.create_subresource::<_, serde_json::Value>(
-        "eviction",
-        name,
-        &PostParams::default(),
-        &body,
-    )
-    .await
-    .unwrap();
+/// What an eviction the test expects to be answered either way got.
+#[derive(Debug, PartialEq, Eq)]
+enum Evicted {
+    /// It went through: the pod is being deleted.
+    Through,
+    /// Refused with our deregistering 429 and this Retry-After (seconds): the pod is
+    /// isolated and the caller is to come back at its delete time.
+    Deregistering(u32),
+}
+
+/// Evicts `name` through the eviction API as the admin (what `kubectl drain` sends);
+/// panics unless it goes through or is refused while the pod deregisters.
+async fn evict(cluster: &Cluster, name: &str) -> Evicted {
+    let answer = try_evict(cluster, name).await;
+    if let Some(retry) = deregistering(&answer) {
+        return Evicted::Deregistering(retry);
+    }
+    answer.unwrap_or_else(|error| panic!("eviction of {name}: {error:?}"));
+    Evicted::Through
+}
+
+/// The cause our webhook gives the 429 of an eviction whose pod is leaving its load
+/// balancers.
+const DEREGISTERING: &str = "graceful-drain.io/Deregistering";
+
+/// The Retry-After (seconds) of `result` if it is our deregistering 429.
+fn deregistering(result: &Result<serde_json::Value, kube::Error>) -> Option<u32> {
+    match result {
+        Err(kube::Error::Api(s)) if s.code == 429 => s
+            .details
+            .as_ref()
+            .filter(|d| d.causes.iter().any(|c| c.reason == DEREGISTERING))
+            .map(|d| d.retry_after_seconds),
+        _ => None,
+    }
+}
+
+/// Evicts `name` as the admin every second, as a drain retrying its 429s does, until
+/// the eviction goes through (or the pod is gone); panics after `within`.
+async fn evict_until_gone(cluster: &Cluster, name: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        match try_evict(cluster, name).await {
+            Ok(_) => return,
+            Err(kube::Error::Api(s)) if s.code == 404 => return,
+            Err(kube::Error::Api(s)) if s.code == 429 && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(error) => panic!("eviction of {name}: {error:?}"),
+        }
+    }
+}
+
+/// How many pods the webhook removed itself (evictions and DELETEs as its own user).
+fn webhook_removals(stats: &kube_sim::apiserver::Stats) -> u64 {
+    ["pods/eviction", "pods"]
+        .iter()
+        .zip(["create", "delete"])
+        .map(|(resource, verb)| {
+            stats
+                .by_user_request
+                .get(&(WEBHOOK_USER.into(), verb.into(), (*resource).into()))
+                .copied()
+                .unwrap_or(0)
+        })
+        .sum()
 }
 
 fn controller_kind(pod: &Pod) -> Option<String> {
@@ -981,7 +1128,10 @@ async fn statefulset_pods_leave_their_service_but_never_their_statefulset() {
     }
 
     let before = pods.get("web-1").await.unwrap();
-    evict(&cluster, "web-1").await;
+    assert!(matches!(
+        evict(&cluster, "web-1").await,
+        Evicted::Deregistering(_)
+    ));
     let after = pods.get("web-1").await.unwrap();
     assert_eq!(after.uid(), before.uid(), "not deleted: isolated");
     assert!(is_draining(&after));
@@ -1014,7 +1164,7 @@ async fn statefulset_pods_leave_their_service_but_never_their_statefulset() {
     assert_eq!(controller_kind(&still).as_deref(), Some("StatefulSet"));
 
     let db0 = pods.get("db-0").await.unwrap();
-    evict(&cluster, "db-0").await;
+    assert_eq!(evict(&cluster, "db-0").await, Evicted::Through);
     let gone = pods.get_opt("db-0").await.unwrap();
     assert!(
         gone.is_none_or(|p| p.uid() != db0.uid() || p.metadata.deletion_timestamp.is_some()),
@@ -1076,7 +1226,8 @@ fn untouched(before: &Pod, now: Option<Pod>) -> bool {
 
 /// A PDB that allowed nothing and allows one disruption moments before the eviction
 /// (the webhook's cache may still say exhausted): the eviction is decided on the live
-/// PDB, so the pod is isolated, not refused. The next eviction finds the live budget
+/// PDB, so the pod is isolated (its eviction refused only until it is due), not refused
+/// by the budget. The next eviction finds the live budget
 /// spent and is refused with 429 by the webhook itself — never let through as a real
 /// eviction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1105,7 +1256,10 @@ async fn evictions_are_decided_on_the_live_pdb_not_on_a_stale_cache() {
         .unwrap();
     let first = pods[0].name_any();
     let evicted = try_evict(&cluster, &first).await;
-    assert!(evicted.is_ok(), "refused on a stale budget: {evicted:?}");
+    assert!(
+        deregistering(&evicted).is_some(),
+        "refused on a stale budget: {evicted:?}"
+    );
     let live: Api<Pod> = Api::namespaced(cluster.client(), "default");
     let isolated = live.get(&first).await.unwrap();
     assert!(is_draining(&isolated), "evicted pod isolated");
@@ -1124,6 +1278,7 @@ async fn evictions_are_decided_on_the_live_pdb_not_on_a_stale_cache() {
             && message.contains("disruption budget"),
         "refused by the API server, not by the webhook: {message}"
     );
+    assert_eq!(deregistering(&refused), None, "isolated: {refused:?}");
     let now = live.get_opt(&second.name_any()).await.unwrap();
     assert!(untouched(second, now), "the refused pod was touched");
 }
@@ -1184,10 +1339,11 @@ async fn under_api_latency_every_call_is_answered_inside_the_deadline() {
 /// Priority and Fairness throttles the webhook's first two relabels of the pod it
 /// isolates, and the first read of the PDB whose charge it then refunds: the webhook
 /// refunds the charge all the same and settles the eviction again within the review
-/// instead of answering 429, so one eviction isolates the pod. (Answering 429 costs the
-/// caller its retry pause, 5 s for kubectl, and on the DELETE path lets the pod go
+/// instead of answering a 429 that isolated nothing, so one eviction isolates the pod
+/// (and is asked to come back at its delete time). (A 429 that isolated nothing costs
+/// the caller its retry pause, 5 s for kubectl, and on the DELETE path lets the pod go
 /// unprotected.) The PDB has one disruption to spare: a charge left behind would make
-/// the webhook refuse the eviction.
+/// the webhook refuse the eviction by the budget instead of isolating.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_throttled_call_while_isolating_is_retried_within_the_review() {
     use kube_sim::apiserver::{Burst, Faults};
@@ -1208,7 +1364,10 @@ async fn a_throttled_call_while_isolating_is_retried_within_the_review() {
     let pods = web_pods(&cluster, &spec).await;
     let first = pods[0].name_any();
     let answer = try_evict(&cluster, &first).await;
-    assert!(answer.is_ok(), "eviction refused: {answer:?}");
+    assert!(
+        deregistering(&answer).is_some(),
+        "eviction refused without isolating: {answer:?}"
+    );
     let live: Api<Pod> = Api::namespaced(cluster.client(), "default");
     let isolated = live.get(&first).await.unwrap();
     assert!(is_draining(&isolated), "evicted pod not isolated");
@@ -1269,7 +1428,7 @@ async fn without_the_deleter_lease_the_webhook_is_not_ready_and_isolates_nothing
     let pods = web_pods(&cluster, &spec).await;
     let live: Api<Pod> = Api::namespaced(cluster.client(), "default");
     let first = pods[0].name_any();
-    evict(&cluster, &first).await;
+    assert_eq!(evict(&cluster, &first).await, Evicted::Through);
     let now = live.get_opt(&first).await.unwrap();
     assert!(
         now.is_none_or(|p| p.uid() != pods[0].uid()
@@ -1298,7 +1457,10 @@ async fn without_the_deleter_lease_the_webhook_is_not_ready_and_isolates_nothing
     .await
     .unwrap();
     let second = pods[1].name_any();
-    evict(&cluster, &second).await;
+    assert!(matches!(
+        evict(&cluster, &second).await,
+        Evicted::Deregistering(_)
+    ));
     let isolated = live.get(&second).await.unwrap();
     assert!(is_draining(&isolated), "isolated once a deleter exists");
     assert!(isolated.metadata.deletion_timestamp.is_none());
@@ -1306,7 +1468,8 @@ async fn without_the_deleter_lease_the_webhook_is_not_ready_and_isolates_nothing
 
 /// A pod asking for an hour of deregistration delay (a typo for a minute, say) is kept
 /// out of its Services only for `--max-deregistration-delay`: the delete time uses the
-/// cap and a Warning Event `graceful-drain.io/DelayCapped` says so on the pod.
+/// cap, the eviction is asked to come back then, and a Warning Event
+/// `graceful-drain.io/DelayCapped` says so on the pod.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delay_annotation_above_the_cap_is_cut_to_it_with_a_warning() {
     let spec = WebSpec {
@@ -1328,7 +1491,13 @@ async fn a_delay_annotation_above_the_cap_is_cut_to_it_with_a_warning() {
         {"graceful-drain.io/deregistration-delay": "1h"}}});
     patch_pod(&cluster, &victim, annotation).await;
     let evicted_at = jiff::Timestamp::now();
-    evict(&cluster, &victim).await;
+    let Evicted::Deregistering(retry) = evict(&cluster, &victim).await else {
+        panic!("{victim} evicted at once");
+    };
+    assert!(
+        (15..=21).contains(&retry),
+        "asked to come back in {retry} s, not at the 20 s cap"
+    );
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
     let isolated = pods.get(&victim).await.unwrap();
     assert!(is_draining(&isolated));
@@ -1388,7 +1557,10 @@ async fn kept_labels_stay_on_an_isolated_pod_and_the_draining_label_names_the_ap
         serde_json::json!({"metadata": {"labels": {"team": "payments"}}}),
     )
     .await;
-    evict(&cluster, &victim).await;
+    assert!(matches!(
+        evict(&cluster, &victim).await,
+        Evicted::Deregistering(_)
+    ));
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
     let isolated = pods.get(&victim).await.unwrap();
     let labels = isolated.labels();
@@ -1519,7 +1691,13 @@ async fn a_drain_reads_its_pods_from_the_nodes_watch_and_groups_their_events() {
     let before = cluster.api().stats();
     // All at once, as kubectl drain sends them: the first opens the node's watch and the
     // others wait for its list instead of reading their pod each.
-    futures::future::join_all(victims.iter().map(|name| evict(&cluster, name))).await;
+    let answers = futures::future::join_all(victims.iter().map(|name| evict(&cluster, name))).await;
+    assert!(
+        answers
+            .iter()
+            .all(|a| matches!(a, Evicted::Deregistering(_))),
+        "{answers:?}"
+    );
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     for name in &victims {
         assert!(
@@ -1555,4 +1733,220 @@ async fn a_drain_reads_its_pods_from_the_nodes_watch_and_groups_their_events() {
         count("create", "events"),
         victims.len()
     );
+}
+
+/// The first eviction of an exposed pod isolates it and is refused with a 429 carrying
+/// the `graceful-drain.io/Deregistering` cause and a Retry-After at its delete time; the
+/// pod keeps running until then. The caller's retried eviction once the pod is due goes
+/// through and deletes it: the API server's eviction of a caller it authenticated, not
+/// the webhook, removes the pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicted_pod_is_deleted_by_its_callers_retry_once_due() {
+    let spec = WebSpec {
+        replicas: 2,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    let (cluster, _webhook) = setup(&spec, Duration::from_secs(3), 10).await;
+    let stats = cluster.api().stats();
+    let victim = web_pods(&cluster, &spec).await.remove(0);
+    let name = victim.name_any();
+    let first = try_evict(&cluster, &name).await;
+    let retry = deregistering(&first).unwrap_or_else(|| panic!("{first:?}"));
+    assert!(
+        (2..=4).contains(&retry),
+        "Retry-After {retry} s for a 3 s delay"
+    );
+    let message = too_many_requests(&first).unwrap();
+    assert!(
+        message.contains(&format!("default/{name}")) && message.contains("evict it again"),
+        "{message}"
+    );
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let isolated = pods.get(&name).await.unwrap();
+    assert_eq!(isolated.uid(), victim.uid());
+    assert!(is_draining(&isolated));
+    assert!(
+        isolated.metadata.deletion_timestamp.is_none(),
+        "still serving"
+    );
+    let delete_at: jiff::Timestamp = isolated.annotations()["graceful-drain.io/delete-at"]
+        .parse()
+        .unwrap();
+    // Asked again before its delete time: still deregistering, nothing deleted.
+    let again = try_evict(&cluster, &name).await;
+    let sooner = deregistering(&again).unwrap_or_else(|| panic!("{again:?}"));
+    assert!(sooner <= retry, "{sooner} s after {retry} s");
+    evict_until_gone(&cluster, &name, TIMEOUT).await;
+    assert!(
+        jiff::Timestamp::now() >= delete_at,
+        "evicted before its delete time {delete_at}"
+    );
+    let now = pods.get_opt(&name).await.unwrap();
+    assert!(
+        now.is_none_or(|p| p.uid() != victim.uid() || p.metadata.deletion_timestamp.is_some()),
+        "the retried eviction did not go through"
+    );
+    assert_eq!(
+        webhook_removals(&cluster.api().stats().since(&stats)),
+        0,
+        "the webhook removed the pod itself"
+    );
+}
+
+/// Posts `review` straight to the webhook's `path` over HTTPS, as anyone who can reach
+/// its port could, and returns the AdmissionReview it answers.
+async fn post_to_webhook(
+    webhook: &Webhook,
+    path: &str,
+    review: &serde_json::Value,
+) -> serde_json::Value {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(webhook.ca.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let tls = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls));
+    let tcp = tokio::net::TcpStream::connect(webhook.listen)
+        .await
+        .unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut stream = connector.connect(name, tcp).await.unwrap();
+    let body = serde_json::to_vec(review).unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(&body).await.unwrap();
+    let mut answer = Vec::new();
+    // The server may close without a TLS close_notify; what was read is the answer.
+    let _ = tokio::time::timeout(TIMEOUT, stream.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer);
+    let (head, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+/// An eviction AdmissionReview forged by someone who can reach the webhook's port (no
+/// eviction reached the API server) isolates the pod, but nothing ever deletes it: no
+/// eviction comes back for it, and at its restore time the webhook puts it back into its
+/// Service and ReplicaSet with a Warning Event `graceful-drain.io/Restored`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_eviction_review_deletes_nothing_and_the_pod_goes_back_into_its_service() {
+    let spec = WebSpec {
+        replicas: 2,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    let extra = ["--restore-after", "2s"];
+    let (cluster, webhook) = setup_with(
+        ClusterConfig::default(),
+        &spec,
+        Duration::from_secs(2),
+        10,
+        &extra,
+    )
+    .await;
+    let stats = cluster.api().stats();
+    let victim = web_pods(&cluster, &spec).await.remove(0);
+    let name = victim.name_any();
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    // Every version of the pod from now on: the ReplicaSet may scale the restored pod's
+    // replacement down at once, so its restored state is watched for, not polled.
+    let config = kube::runtime::watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let events = kube::runtime::watcher(pods.clone(), config);
+    let mut events = std::pin::pin!(events);
+    let forged = serde_json::json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "forged-1",
+            "kind": {"group": "policy", "version": "v1", "kind": "Eviction"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "subResource": "eviction", "name": name, "namespace": "default",
+            "operation": "CREATE", "userInfo": {"username": "system:node:elsewhere"},
+            "object": {"apiVersion": "policy/v1", "kind": "Eviction",
+                       "metadata": {"name": name, "namespace": "default"}}}});
+    let answer = post_to_webhook(&webhook, "/mutate/eviction?timeout=10s", &forged).await;
+    let response = &answer["response"];
+    assert_eq!(response["allowed"], false, "{answer}");
+    assert_eq!(response["status"]["code"], 429, "{answer}");
+    assert_eq!(
+        response["status"]["details"]["causes"][0]["reason"],
+        DEREGISTERING
+    );
+    let isolated = pods.get(&name).await.unwrap();
+    assert!(is_draining(&isolated), "the forged review isolates");
+    let restore_at: jiff::Timestamp = isolated.annotations()[RESTORE_AT].parse().unwrap();
+
+    let restored = tokio::time::timeout(TIMEOUT, async {
+        use futures::StreamExt;
+        use kube::runtime::watcher::Event as Seen;
+        let mut was_isolated = false;
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(Seen::Apply(p) | Seen::InitApply(p)) => {
+                    assert_eq!(p.uid(), victim.uid(), "{name} was replaced");
+                    assert!(
+                        p.metadata.deletion_timestamp.is_none(),
+                        "{name} is being deleted"
+                    );
+                    let back = !is_draining(&p)
+                        && p.labels().get("app").map(String::as_str) == Some("web")
+                        && p.labels().contains_key("pod-template-hash")
+                        && !p.annotations().contains_key(RESTORE_AT);
+                    if back && was_isolated {
+                        return p;
+                    }
+                    was_isolated |= is_draining(&p);
+                }
+                Ok(kube::runtime::watcher::Event::Delete(_)) => panic!("{name} was deleted"),
+                _ => {}
+            }
+        }
+        panic!("the watch of {name} ended")
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{name} was never restored"));
+    assert!(
+        jiff::Timestamp::now() >= restore_at,
+        "restored before its restore time {restore_at}"
+    );
+    assert_eq!(controller_kind(&restored).as_deref(), Some("ReplicaSet"));
+    assert_eq!(
+        webhook_removals(&cluster.api().stats().since(&stats)),
+        0,
+        "the webhook removed a pod"
+    );
+    assert!(
+        event_arrives(&cluster, &name, "graceful-drain.io/Restored").await,
+        "{:?}",
+        event_reasons(&cluster, "default", &name).await
+    );
+    let events: Api<Event> = Api::namespaced(cluster.client(), "default");
+    let warning = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| graceful_drain_webhook::events::names_pod(e, &name))
+        .find(|e| e.reason.as_deref() == Some("graceful-drain.io/Restored"));
+    assert_eq!(
+        warning.and_then(|e| e.type_).as_deref(),
+        Some("Warning"),
+        "{:?}",
+        event_reasons(&cluster, "default", &name).await
+    );
+    // Back behind its load balancer.
+    let service = spec.service_key();
+    wait_for("back in its load balancer", TIMEOUT, || async {
+        cluster
+            .lbs()
+            .registered(&service, Instant::now())
+            .contains(&victim.uid().unwrap())
+    })
+    .await
+    .unwrap();
 }

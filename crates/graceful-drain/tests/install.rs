@@ -381,15 +381,20 @@ async fn manifests_applied_with_kubectl_route_evictions_and_deletes_to_the_webho
 
     // An eviction (a proper policy/v1 Eviction, as kubectl drain sends it) reaches the
     // webhook through the rendered MutatingWebhookConfiguration, which isolates the pod:
-    // out of its ReplicaSet and Services, still running, marked draining.
+    // out of its ReplicaSet and Services, still running, marked draining; the caller is
+    // told to come back once the pod has left its load balancers (429).
     let eviction = json!({
         "apiVersion": "policy/v1",
         "kind": "Eviction",
         "metadata": {"name": victims[0], "namespace": spec.namespace},
     });
-    pods.create_subresource::<_, Value>("eviction", &victims[0], &PostParams::default(), &eviction)
-        .await
-        .unwrap();
+    let answer = pods
+        .create_subresource::<_, Value>("eviction", &victims[0], &PostParams::default(), &eviction)
+        .await;
+    assert!(
+        matches!(&answer, Err(kube::Error::Api(s)) if s.code == 429 && s.message.contains("leaving its load balancers")),
+        "{answer:?}"
+    );
     assert!(cluster.api().stats().admission_total() > admission_before);
     let isolated = pods.get(&victims[0]).await.unwrap();
     assert!(

@@ -93,6 +93,9 @@ pub struct Components {
     webhook_tls: Option<(graceful_drain_core::certs::Paths, String)>,
     /// Extra flags of every node agent.
     agent_flags: Vec<String>,
+    /// `--deployment` of webhook replicas started from now on: the Deployment whose
+    /// absence at shutdown means an uninstall.
+    webhook_deployment: Option<String>,
     /// Stops one node agent alone (children of `stop`), by node.
     agent_stops: std::collections::BTreeMap<String, Shutdown>,
     _dir: TempDir,
@@ -159,6 +162,7 @@ impl Components {
             webhook_tls: None,
             stop,
             agent_flags: agent_flags.iter().map(|f| f.to_string()).collect(),
+            webhook_deployment: None,
             agent_stops: Default::default(),
             _dir: dir,
         };
@@ -210,6 +214,13 @@ impl Components {
         point_configurations(cluster, listen, &ca, cfg.timeout_seconds).await?;
         old_stop.cancel();
         self.join_task(&old_task).await
+    }
+
+    /// Webhook replicas started from now on get `--deployment name` (the chart sets it to
+    /// the webhook's own Deployment), so a replica stopping once it is gone finishes the
+    /// uninstall.
+    pub fn set_webhook_deployment(&mut self, name: &str) {
+        self.webhook_deployment = Some(name.to_string());
     }
 
     fn dir(&self) -> &Path {
@@ -297,7 +308,7 @@ impl Components {
         let kubeconfig = self.dir().join("webhook.kubeconfig");
         cluster.write_kubeconfig(&kubeconfig, WEBHOOK_USER).await?;
         let (listen, admin) = (free_port()?, free_port()?);
-        let argv: Vec<String> = [
+        let mut argv: Vec<String> = [
             "webhook",
             "--listen",
             &listen.to_string(),
@@ -323,6 +334,9 @@ impl Components {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        if let Some(deployment) = &self.webhook_deployment {
+            argv.extend(["--deployment".to_string(), deployment.clone()]);
+        }
         let cli = WebhookCli::try_parse_from(&argv).map_err(|e| {
             component_err("webhook")(format!(
                 "rejects its documented flags: {}",

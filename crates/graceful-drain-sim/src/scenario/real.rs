@@ -54,6 +54,11 @@ pub enum Disruption {
     /// Drain of a node running pods of a StatefulSet behind its governing headless Service
     /// (whose selector is the StatefulSet's own) and a LoadBalancer Service.
     StatefulSetDrain,
+    /// `helm uninstall` while a `kubectl drain` has pods isolated: Helm's deletions in
+    /// Helm's order, then the webhook replica stops; nothing isolated may be left and the
+    /// webhook's rights must go once it is done. Protected only, and last (it removes the
+    /// webhook).
+    UninstallMidDrain,
 }
 
 impl fmt::Display for Disruption {
@@ -64,6 +69,7 @@ impl fmt::Display for Disruption {
             Disruption::ScaleDownUp => "scale-down-up",
             Disruption::RecreateRollout => "recreate-rollout",
             Disruption::StatefulSetDrain => "statefulset-drain",
+            Disruption::UninstallMidDrain => "uninstall-mid-drain",
         })
     }
 }
@@ -97,6 +103,11 @@ pub fn scenarios() -> Vec<RealScenario> {
             });
         }
     }
+    all.push(RealScenario {
+        disruption: UninstallMidDrain,
+        protection: Protection::GracefulDrain,
+        expect: Expect::Pass,
+    });
     all
 }
 
@@ -130,8 +141,11 @@ impl RealRow {
             (Expect::KnownFailure(_), _) => true,
             (Expect::Pass, Err(_)) => false,
             (Expect::Pass, Ok(m)) => {
+                // Recreate means a gap; after an uninstall the drain's evictions go
+                // through unprotected.
                 self.scenario.protection == Protection::None
                     || self.scenario.disruption == Disruption::RecreateRollout
+                    || self.scenario.disruption == Disruption::UninstallMidDrain
                     || m.errors_5xx == 0
             }
         }
@@ -165,8 +179,11 @@ pub async fn run(
                     .map_err(|e| graceful_drain_core::error::chain(&e).to_string()),
             );
         }
-        let result = match &components {
-            Some(Err(e)) => Err(format!("graceful-drain did not start: {e}")),
+        let result = match (&mut components, scenario.disruption) {
+            (Some(Err(e)), _) => Err(format!("graceful-drain did not start: {e}")),
+            (Some(Ok(c)), Disruption::UninstallMidDrain) => uninstall_mid_drain(&cluster, cfg, c)
+                .await
+                .map_err(|e| graceful_drain_core::error::chain(&e).to_string()),
             _ => run_row(&cluster, cfg, scenario)
                 .await
                 .map_err(|e| graceful_drain_core::error::chain(&e).to_string()),
@@ -240,6 +257,11 @@ async fn run_row(
             };
             measure(cluster, &cfg, rollout).await
         }
+        // Needs the running components (`uninstall_mid_drain`).
+        Disruption::UninstallMidDrain => Err(Error::Component {
+            name: s.disruption.to_string(),
+            reason: "runs only once graceful-drain's components have started".into(),
+        }),
         Disruption::ScaleDownUp => {
             let scale = async {
                 let half = (cfg.web.replicas / 2).max(1);
@@ -254,6 +276,148 @@ async fn run_row(
     // The next row starts from a quiet cluster whatever this one left behind.
     delete_namespace(cluster, &cfg.web.namespace).await;
     outcome
+}
+
+/// The webhook's Deployment as the chart names it (`--deployment`).
+const WEBHOOK_DEPLOYMENT: &str = "graceful-drain-webhook";
+
+/// `helm uninstall` in the middle of a drain, on the real API server with its real RBAC
+/// and token checks: a replica that knows its Deployment starts (a rolling update hands
+/// it the Lease), a `kubectl drain` gets pods isolated, then Helm's deletions come in
+/// Helm's order (webhook configurations, the Deployment, bindings, roles, the
+/// ServiceAccount) and the replica stops. It must delete or restore every pod it isolated
+/// with the rights the chart's finalizers keep for it, then release them.
+async fn uninstall_mid_drain(
+    cluster: &RealCluster,
+    cfg: &ScenarioConfig,
+    components: &mut Components,
+) -> Result<Measured, Error> {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+    let ns = super::components::NAMESPACE;
+    let mut cfg = cfg.clone();
+    cfg.web.namespace = "uninstall-mid-drain-graceful-drain".to_string();
+    // A long delay, so the pods are still isolated when the uninstall comes.
+    cfg.components.deregistration_delay = cfg.phase_timeout;
+    cluster.ensure_namespace(&cfg.web.namespace).await?;
+    cluster.deploy_web(&cfg.web, cfg.phase_timeout).await?;
+    let client = cluster.client();
+    let deployment: Deployment = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": WEBHOOK_DEPLOYMENT, "namespace": ns},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": WEBHOOK_DEPLOYMENT}},
+                 "template": {"metadata": {"labels": {"app": WEBHOOK_DEPLOYMENT}},
+                              "spec": {"containers": [{"name": "webhook", "image": "graceful-drain"}]}}}
+    }))
+    .map_err(|e| Error::Component {
+        name: "uninstall".into(),
+        reason: e.to_string(),
+    })?;
+    let deployments = Api::<Deployment>::namespaced(client.clone(), ns);
+    deployments
+        .create(&kube::api::PostParams::default(), &deployment)
+        .await
+        .map_err(api(
+            "create",
+            format!("deployment {ns}/{WEBHOOK_DEPLOYMENT}"),
+        ))?;
+    components.set_webhook_deployment(WEBHOOK_DEPLOYMENT);
+    components.roll_webhook(cluster, &cfg.components).await?;
+    let node = busiest_node(cluster, &cfg.web).await?;
+    let timeout = cfg.phase_timeout;
+    let pods = Api::<Pod>::namespaced(client.clone(), &cfg.web.namespace);
+    let isolated = ListParams::default().labels(graceful_drain_core::labels::DRAINING_LABEL);
+    let uninstall = async {
+        cluster.step(format!("kubectl drain {node}"));
+        let drain = {
+            let (client, node) = (client.clone(), node.clone());
+            tokio::spawn(async move { actions::plain_drain(&client, &node, timeout * 3).await })
+        };
+        wait_for("a pod isolated by the drain", timeout, || async {
+            pods.list_metadata(&isolated)
+                .await
+                .is_ok_and(|l| !l.items.is_empty())
+        })
+        .await?;
+        cluster.step("helm uninstall");
+        components.remove_configurations(cluster).await?;
+        let dp = DeleteParams::default();
+        let deleted = |what: &'static str, name: &str| api("delete", format!("{what} {name}"));
+        deployments
+            .delete(WEBHOOK_DEPLOYMENT, &dp)
+            .await
+            .map_err(deleted("deployment", WEBHOOK_DEPLOYMENT))?;
+        // The chart marks the ClusterRole, Role and RoleBinding `helm.sh/resource-policy:
+        // keep`: Helm leaves them (to the garbage collector, once the webhook let their
+        // owners go) and deletes the rest.
+        Api::<ClusterRoleBinding>::all(client.clone())
+            .delete(WEBHOOK_DEPLOYMENT, &dp)
+            .await
+            .map_err(deleted("clusterrolebinding", WEBHOOK_DEPLOYMENT))?;
+        Api::<ServiceAccount>::namespaced(client.clone(), ns)
+            .delete(WEBHOOK_DEPLOYMENT, &dp)
+            .await
+            .map_err(deleted("serviceaccount", WEBHOOK_DEPLOYMENT))?;
+        // The kubelet stops the Deployment's pod: SIGTERM to the replica.
+        components.stop_webhook().await?;
+        let left: Vec<String> = pods
+            .list_metadata(&isolated)
+            .await
+            .map_err(api(
+                "list",
+                format!("isolated pods in {}", cfg.web.namespace),
+            ))?
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .map(|p| p.name_any())
+            .collect();
+        if !left.is_empty() {
+            return Err(Error::Component {
+                name: "uninstall".into(),
+                reason: format!("isolated pods left behind: {}", left.join(", ")),
+            });
+        }
+        let leader = format!("{WEBHOOK_DEPLOYMENT}-leader-election");
+        wait_for("the webhook's rights gone", timeout, || async {
+            let gone = |found: kube::Result<bool>| matches!(found, Ok(false));
+            let exists = |r: kube::Result<Option<()>>| r.map(|o| o.is_some());
+            gone(exists(
+                Api::<ClusterRoleBinding>::all(client.clone())
+                    .get_opt(WEBHOOK_DEPLOYMENT)
+                    .await
+                    .map(|o| o.map(|_| ())),
+            )) && gone(exists(
+                Api::<ClusterRole>::all(client.clone())
+                    .get_opt(WEBHOOK_DEPLOYMENT)
+                    .await
+                    .map(|o| o.map(|_| ())),
+            )) && gone(exists(
+                Api::<Role>::namespaced(client.clone(), ns)
+                    .get_opt(&leader)
+                    .await
+                    .map(|o| o.map(|_| ())),
+            )) && gone(exists(
+                Api::<RoleBinding>::namespaced(client.clone(), ns)
+                    .get_opt(&leader)
+                    .await
+                    .map(|o| o.map(|_| ())),
+            )) && gone(exists(
+                Api::<ServiceAccount>::namespaced(client.clone(), ns)
+                    .get_opt(WEBHOOK_DEPLOYMENT)
+                    .await
+                    .map(|o| o.map(|_| ())),
+            ))
+        })
+        .await?;
+        cluster.step("drain finishes unprotected");
+        drain.await.map_err(|e| Error::Component {
+            name: "drain".into(),
+            reason: e.to_string(),
+        })?
+    };
+    let measured = measure(cluster, &cfg, uninstall).await;
+    delete_namespace(cluster, &cfg.web.namespace).await;
+    measured
 }
 
 /// The StatefulSet's governing Service `<name>-headless`: headless, selecting exactly the
@@ -468,17 +632,21 @@ async fn delete_namespace(cluster: &DataPlane, name: &str) {
 /// The chart's manifests as `deploy/graceful-drain.yaml` renders them (release
 /// `graceful-drain` in namespace `graceful-drain`, the names our components' users carry).
 const CHART_MANIFESTS: &str = include_str!("../../../../deploy/graceful-drain.yaml");
-/// The kinds of the chart's RBAC: what the components' ServiceAccounts may do.
-const RBAC_KINDS: [&str; 5] = [
+/// The kinds of the chart's RBAC and admission policies: what the components'
+/// ServiceAccounts may do, and what the API server enforces on top.
+const RBAC_KINDS: [&str; 7] = [
     "ServiceAccount",
     "ClusterRole",
     "ClusterRoleBinding",
     "Role",
     "RoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
 ];
 
-/// Applies the chart's ServiceAccounts, Roles, ClusterRoles and their bindings (server-side
-/// apply), so the components' tokens get exactly the chart's rights.
+/// Applies the chart's ServiceAccounts, Roles, ClusterRoles, their bindings and its
+/// ValidatingAdmissionPolicies (server-side apply), so the components' tokens get exactly
+/// the chart's rights and every isolation and restore passes the chart's policies.
 pub async fn apply_chart_rbac(cluster: &DataPlane) -> Result<(), Error> {
     use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
     let docs: Vec<serde_json::Value> =

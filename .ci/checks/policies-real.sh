@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# The chart's least-privilege policies on a real kube-apiserver (RBAC and admission
+# enforced): every write the webhook's and the node agents' ServiceAccounts must not make is
+# tried and must be refused, and every write they need must pass.
+#   bash .ci/checks/policies-real.sh [XTASK]   (XTASK defaults to target/debug/xtask)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+eval "$(bash .ci/install-tools.sh --print-env)"
+XTASK="${1:-${CARGO_TARGET_DIR:-target}/debug/xtask}"
+[ -x "$XTASK" ] || { echo "policies-real: FAIL $XTASK not built (cargo build -p xtask)" >&2; exit 1; }
+WORK="$(mktemp -d)"
+CP="$WORK/cp"
+cleanup() { "$XTASK" control-plane down "$CP" >/dev/null 2>&1 || true; [ -n "${KEEP_WORK:-}" ] || rm -rf "$WORK"; }
+trap cleanup EXIT
+die() { printf 'policies-real: FAIL %s\n' "$*" >&2; [ -d "$CP/logs" ] && tail -n 20 "$CP"/logs/kube-apiserver.log >&2; exit 1; }
+
+"$XTASK" control-plane up "$CP" >"$WORK/up.log" 2>&1 || { cat "$WORK/up.log"; die "control plane did not start"; }
+ADMIN="$CP/admin.kubeconfig"
+k() { kubectl --kubeconfig "$ADMIN" "$@"; }
+NS=graceful-drain
+k create namespace "$NS" >/dev/null
+k create namespace shop >/dev/null
+# Pods need the namespace's default ServiceAccount, which kube-controller-manager creates a
+# moment after the namespace; create it now if it is not there yet.
+k -n shop create serviceaccount default >/dev/null 2>&1 || true
+# The chart as deploy/graceful-drain.yaml renders it: RBAC and admission policies only.
+helm template graceful-drain charts/graceful-drain --namespace "$NS" \
+  --set certificates.mode=self-signed >"$WORK/chart.yaml"
+python3 - "$WORK/chart.yaml" >"$WORK/apply.yaml" <<'PY'
+import sys, yaml
+keep = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d.get("kind") in keep]
+print(yaml.safe_dump_all(docs))
+PY
+k apply -f "$WORK/apply.yaml" >/dev/null
+for n in node-a node-b; do
+  k create -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Node
+metadata: {name: $n}
+EOF
+done
+
+# A kubeconfig acting as a ServiceAccount (impersonated by the admin), optionally bound to
+# a node the way a token projected into the agent's pod is.
+as_user() { # FILE USER [NODE]
+  python3 - "$ADMIN" "$1" "$2" "${3:-}" <<'PY'
+import sys, yaml
+admin, out, user, node = sys.argv[1:]
+cfg = yaml.safe_load(open(admin))
+u = cfg["users"][0]["user"]
+u["as"] = user
+if node:
+    u["as-user-extra"] = {"authentication.kubernetes.io/node-name": [node]}
+yaml.safe_dump(cfg, open(out, "w"))
+PY
+}
+WEBHOOK="$WORK/webhook.kubeconfig"; as_user "$WEBHOOK" "system:serviceaccount:$NS:graceful-drain-webhook"
+AGENT_B="$WORK/agent-b.kubeconfig"; as_user "$AGENT_B" "system:serviceaccount:$NS:graceful-drain-agent" node-b
+AGENT_A="$WORK/agent-a.kubeconfig"; as_user "$AGENT_A" "system:serviceaccount:$NS:graceful-drain-agent" node-a
+
+pod() { # NAME NODE
+  k apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Pod
+metadata:
+  name: $1
+  namespace: shop
+  labels: {app: web, pod-template-hash: abc, team: a}
+  annotations: {note: mine}
+spec:
+  nodeName: $2
+  containers: [{name: c, image: registry.example/web:1}]
+EOF
+}
+pass=0
+# kubectl cordon reports a refusal but exits 0, so the answer is read from the output too.
+refused() { # DESCRIPTION KUBECONFIG ARGS...
+  local what="$1" cfg="$2" out; shift 2
+  out="$(kubectl --kubeconfig "$cfg" "$@" 2>&1)" || true
+  grep -qi "forbidden\|denied" <<<"$out" || die "$what: not refused: $out"
+  printf '  refused: %s\n' "$what"; pass=$((pass + 1))
+}
+allowed() { # DESCRIPTION KUBECONFIG ARGS...
+  local what="$1" cfg="$2" out; shift 2
+  out="$(kubectl --kubeconfig "$cfg" "$@" 2>&1)" || die "$what: failed: $out"
+  ! grep -qi "forbidden\|denied" <<<"$out" || die "$what: refused: $out"
+  printf '  allowed: %s\n' "$what"; pass=$((pass + 1))
+}
+ISOLATE='[{"op":"remove","path":"/metadata/labels/app"},{"op":"remove","path":"/metadata/labels/pod-template-hash"},
+ {"op":"add","path":"/metadata/labels/graceful-drain.io~1draining","value":"web"},
+ {"op":"add","path":"/metadata/annotations/graceful-drain.io~1original-labels","value":"{\"app\":\"web\",\"pod-template-hash\":\"abc\"}"},
+ {"op":"add","path":"/metadata/annotations/graceful-drain.io~1delete-at","value":"2026-01-01T00:00:00Z"}'
+# Isolated for a caller (evictions, DELETEs by people): restored if the caller never comes.
+ISOLATE_CALLER="$ISOLATE"',{"op":"add","path":"/metadata/annotations/graceful-drain.io~1restore-at","value":"2026-01-01T00:01:00Z"}]'
+# Isolated for a ReplicaSet scale-down (the webhook deletes it once due).
+ISOLATE_SCALE_DOWN="$ISOLATE]"
+RESTORE='[{"op":"remove","path":"/metadata/labels/graceful-drain.io~1draining"},
+ {"op":"add","path":"/metadata/labels/app","value":"web"},{"op":"add","path":"/metadata/labels/pod-template-hash","value":"abc"},
+ {"op":"remove","path":"/metadata/annotations/graceful-drain.io~1original-labels"},
+ {"op":"remove","path":"/metadata/annotations/graceful-drain.io~1delete-at"},
+ {"op":"remove","path":"/metadata/annotations/graceful-drain.io~1restore-at"}]'
+
+echo "policies-real: the webhook's ServiceAccount"
+pod web-1 node-a
+# Policies take effect once the API server's policy informer has loaded them (about a
+# second): wait until a server-side dry run of a forbidden change is refused (at most 30 s).
+for _ in $(seq 1 60); do
+  kubectl --kubeconfig "$WEBHOOK" -n shop label pod web-1 team=b --overwrite --dry-run=server >/dev/null 2>&1 || break
+  sleep 0.5
+done
+k get validatingadmissionpolicies -o jsonpath='{range .items[*]}{.metadata.name}: {.status.typeChecking}{"\n"}{end}'
+refused "change a pod's image" "$WEBHOOK" -n shop patch pod web-1 --type=json \
+  -p '[{"op":"replace","path":"/spec/containers/0/image","value":"registry.example/evil:1"}]'
+refused "set an arbitrary label" "$WEBHOOK" -n shop label pod web-1 team=b --overwrite
+refused "change an annotation not ours" "$WEBHOOK" -n shop annotate pod web-1 note=theirs --overwrite
+refused "delete a pod it did not isolate" "$WEBHOOK" -n shop delete pod web-1 --wait=false
+k -n shop create deployment web --image=registry.example/web:1 --replicas=0 >/dev/null
+refused "change another Deployment" "$WEBHOOK" -n shop scale deployment web --replicas=0
+allowed "isolate a pod (remove its labels, add ours)" "$WEBHOOK" -n shop patch pod web-1 --type=json -p "$ISOLATE_CALLER"
+refused "delete a pod whose caller removes it" "$WEBHOOK" -n shop delete pod web-1 --wait=false
+refused "restore with a label that was never there" "$WEBHOOK" -n shop patch pod web-1 --type=json \
+  -p '[{"op":"remove","path":"/metadata/labels/graceful-drain.io~1draining"},{"op":"add","path":"/metadata/labels/admin","value":"yes"}]'
+allowed "restore the recorded labels" "$WEBHOOK" -n shop patch pod web-1 --type=json -p "$RESTORE"
+[ "$(k -n shop get pod web-1 -o jsonpath='{.metadata.labels}')" = '{"app":"web","pod-template-hash":"abc","team":"a"}' ] \
+  || die "restored labels: $(k -n shop get pod web-1 -o jsonpath='{.metadata.labels}')"
+allowed "isolate for a ReplicaSet scale-down" "$WEBHOOK" -n shop patch pod web-1 --type=json \
+  -p "$ISOLATE_SCALE_DOWN"
+allowed "delete the pod it isolated for a scale-down" "$WEBHOOK" -n shop delete pod web-1 --wait=false
+k -n shop create poddisruptionbudget web --selector=app=web --min-available=1 >/dev/null
+for _ in $(seq 1 60); do # the disruption controller writes its status (at most 30 s)
+  [ -n "$(k -n shop get pdb web -o jsonpath='{.status.observedGeneration}')" ] && break
+  sleep 0.5
+done
+status_with() { # PYTHON-EXPRESSION-ON-status
+  k -n shop get pdb web -o json | python3 -c "import json,sys; p=json.load(sys.stdin); s=p['status']; $1; print(json.dumps(p))" >"$WORK/pdb.json"
+}
+status_with "s['currentHealthy'] = 99"
+refused "change a PDB's healthy count" "$WEBHOOK" replace --subresource=status -f "$WORK/pdb.json"
+status_with "s['disruptedPods'] = {'web-9': '2026-01-01T00:00:00Z'}; s['disruptionsAllowed'] = 0"
+allowed "record a disruption in a PDB's status" "$WEBHOOK" replace --subresource=status -f "$WORK/pdb.json"
+
+echo "policies-real: a node agent's ServiceAccount, bound to node-b"
+pod web-2 node-a
+refused "cordon another node" "$AGENT_B" cordon node-a
+refused "label another node" "$AGENT_B" label node node-a graceful-drain.io/x=y
+refused "delete a pod on another node" "$AGENT_B" -n shop delete pod web-2 --wait=false
+allowed "cordon its own node" "$AGENT_B" cordon node-b
+allowed "uncordon its own node" "$AGENT_B" uncordon node-b
+allowed "delete a pod on its own node (agent on node-a)" "$AGENT_A" -n shop delete pod web-2 --wait=false
+echo "policies-real: ok ($pass checks)"
