@@ -1018,8 +1018,16 @@ pub async fn record_event(
                 event,
                 controller: controller_reference(pod),
             };
-            if let Err(error) = queue.try_send(queued) {
-                tracing::warn!(pod = %pod_ref(pod), reason, %error, "event queue full; event dropped");
+            match queue.try_send(queued) {
+                Ok(()) => {}
+                // The sender has stopped (shutdown: the uninstall work's Events come after
+                // it): sent from here instead.
+                Err(tokio::sync::mpsc::error::TrySendError::Closed(queued)) => {
+                    super::events::create(&ctx.client, queued.event).await;
+                }
+                Err(error) => {
+                    tracing::warn!(pod = %pod_ref(pod), reason, %error, "event queue full; event dropped");
+                }
             }
         }
     }

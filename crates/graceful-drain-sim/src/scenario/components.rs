@@ -96,6 +96,10 @@ pub struct Components {
     /// `--deployment` of webhook replicas started from now on: the Deployment whose
     /// absence at shutdown means an uninstall.
     webhook_deployment: Option<String>,
+    /// Extra flags of webhook replicas started from now on.
+    webhook_flags: Vec<String>,
+    /// Where the running webhook replica serves admission.
+    webhook_listen: Option<SocketAddr>,
     /// Stops one node agent alone (children of `stop`), by node.
     agent_stops: std::collections::BTreeMap<String, Shutdown>,
     _dir: TempDir,
@@ -163,6 +167,8 @@ impl Components {
             stop,
             agent_flags: agent_flags.iter().map(|f| f.to_string()).collect(),
             webhook_deployment: None,
+            webhook_flags: Vec::new(),
+            webhook_listen: None,
             agent_stops: Default::default(),
             _dir: dir,
         };
@@ -206,6 +212,7 @@ impl Components {
         let old_task = self.webhook_task.clone();
         self.webhook_stop = self.stop.child_token();
         let listen = self.spawn_webhook(cluster, cfg).await?;
+        self.webhook_listen = Some(listen);
         let ca = self
             .webhook_tls
             .as_ref()
@@ -221,6 +228,46 @@ impl Components {
     /// uninstall.
     pub fn set_webhook_deployment(&mut self, name: &str) {
         self.webhook_deployment = Some(name.to_string());
+    }
+
+    /// Webhook replicas started from now on get `flags` too.
+    pub fn add_webhook_flags(&mut self, flags: &[&str]) {
+        self.webhook_flags
+            .extend(flags.iter().map(|f| f.to_string()));
+    }
+
+    /// Posts `review` straight to the running webhook's `path` over HTTPS (trusting its
+    /// CA), as anyone who can reach its port could, and returns its answer.
+    pub async fn post_review(
+        &self,
+        path: &str,
+        review: &serde_json::Value,
+    ) -> Result<serde_json::Value, Error> {
+        use rustls_pki_types::pem::PemObject as _;
+        let fail = |reason: String| component_err("forged review")(reason);
+        let (Some(listen), Some((_, ca))) = (self.webhook_listen, self.webhook_tls.as_ref()) else {
+            return Err(fail("no webhook running".into()));
+        };
+        let url = format!("https://localhost:{}", listen.port())
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| fail(e.to_string()))?;
+        let mut config = kube::Config::new(url);
+        config.root_cert = Some(
+            rustls_pki_types::CertificateDer::pem_slice_iter(ca.as_bytes())
+                .map(|c| c.map(|c| c.to_vec()))
+                .collect::<Result<_, _>>()
+                .map_err(|e| fail(e.to_string()))?,
+        );
+        let client = kube::Client::try_from(config).map_err(|e| fail(e.to_string()))?;
+        let body = serde_json::to_vec(review).map_err(|e| fail(e.to_string()))?;
+        let request = http::Request::post(path)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .map_err(|e| fail(e.to_string()))?;
+        client
+            .request::<serde_json::Value>(request)
+            .await
+            .map_err(|e| fail(e.to_string()))
     }
 
     fn dir(&self) -> &Path {
@@ -290,6 +337,7 @@ impl Components {
             .map_err(|e| component_err("webhook")(e.to_string()))?;
         self.webhook_tls = Some((tls, bundle.ca_cert.clone()));
         let listen = self.spawn_webhook(cluster, cfg).await?;
+        self.webhook_listen = Some(listen);
         create_configurations(cluster, listen, &bundle.ca_cert, cfg.timeout_seconds).await
     }
 
@@ -337,6 +385,7 @@ impl Components {
         if let Some(deployment) = &self.webhook_deployment {
             argv.extend(["--deployment".to_string(), deployment.clone()]);
         }
+        argv.extend(self.webhook_flags.iter().cloned());
         let cli = WebhookCli::try_parse_from(&argv).map_err(|e| {
             component_err("webhook")(format!(
                 "rejects its documented flags: {}",

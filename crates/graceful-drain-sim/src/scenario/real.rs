@@ -54,6 +54,10 @@ pub enum Disruption {
     /// Drain of a node running pods of a StatefulSet behind its governing headless Service
     /// (whose selector is the StatefulSet's own) and a LoadBalancer Service.
     StatefulSetDrain,
+    /// An eviction AdmissionReview forged by someone who reaches the webhook's port (no
+    /// eviction reached the API server): the pod is isolated, nothing deletes it, and it
+    /// goes back into its Service at its restore time. Protected only.
+    ForgedReview,
     /// `helm uninstall` while a `kubectl drain` has pods isolated: Helm's deletions in
     /// Helm's order, then the webhook replica stops; nothing isolated may be left and the
     /// webhook's rights must go once it is done. Protected only, and last (it removes the
@@ -69,6 +73,7 @@ impl fmt::Display for Disruption {
             Disruption::ScaleDownUp => "scale-down-up",
             Disruption::RecreateRollout => "recreate-rollout",
             Disruption::StatefulSetDrain => "statefulset-drain",
+            Disruption::ForgedReview => "forged-review",
             Disruption::UninstallMidDrain => "uninstall-mid-drain",
         })
     }
@@ -103,6 +108,11 @@ pub fn scenarios() -> Vec<RealScenario> {
             });
         }
     }
+    all.push(RealScenario {
+        disruption: ForgedReview,
+        protection: Protection::GracefulDrain,
+        expect: Expect::Pass,
+    });
     all.push(RealScenario {
         disruption: UninstallMidDrain,
         protection: Protection::GracefulDrain,
@@ -181,6 +191,9 @@ pub async fn run(
         }
         let result = match (&mut components, scenario.disruption) {
             (Some(Err(e)), _) => Err(format!("graceful-drain did not start: {e}")),
+            (Some(Ok(c)), Disruption::ForgedReview) => forged_review(&cluster, cfg, c)
+                .await
+                .map_err(|e| graceful_drain_core::error::chain(&e).to_string()),
             (Some(Ok(c)), Disruption::UninstallMidDrain) => uninstall_mid_drain(&cluster, cfg, c)
                 .await
                 .map_err(|e| graceful_drain_core::error::chain(&e).to_string()),
@@ -257,8 +270,8 @@ async fn run_row(
             };
             measure(cluster, &cfg, rollout).await
         }
-        // Needs the running components (`uninstall_mid_drain`).
-        Disruption::UninstallMidDrain => Err(Error::Component {
+        // Need the running components (`forged_review`, `uninstall_mid_drain`).
+        Disruption::ForgedReview | Disruption::UninstallMidDrain => Err(Error::Component {
             name: s.disruption.to_string(),
             reason: "runs only once graceful-drain's components have started".into(),
         }),
@@ -276,6 +289,103 @@ async fn run_row(
     // The next row starts from a quiet cluster whatever this one left behind.
     delete_namespace(cluster, &cfg.web.namespace).await;
     outcome
+}
+
+/// How long after its delete time the forged review's pod is put back (`--restore-after`
+/// of the replica this row starts; the product's default is a minute).
+const FORGED_RESTORE_AFTER: &str = "5s";
+
+/// A forged eviction review, on the real API server: posted straight to the webhook's port
+/// for a ready pod, it is answered 429 and the pod is isolated; no eviction follows, so
+/// nothing may delete the pod, and at its restore time it must be back in its Service (a
+/// `graceful-drain.io/Restored` Event) with the Deployment back at its replicas and no
+/// request failed.
+async fn forged_review(
+    cluster: &RealCluster,
+    cfg: &ScenarioConfig,
+    components: &mut Components,
+) -> Result<Measured, Error> {
+    use k8s_openapi::api::core::v1::Event as CoreEvent;
+    let mut cfg = cfg.clone();
+    cfg.web.namespace = "forged-review-graceful-drain".to_string();
+    cluster.ensure_namespace(&cfg.web.namespace).await?;
+    cluster.deploy_web(&cfg.web, cfg.phase_timeout).await?;
+    components.add_webhook_flags(&["--restore-after", FORGED_RESTORE_AFTER]);
+    components.roll_webhook(cluster, &cfg.components).await?;
+    let client = cluster.client();
+    let ns = cfg.web.namespace.clone();
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
+    let victim = pods
+        .list(&ListParams::default())
+        .await
+        .map_err(api("list", format!("pods in {ns}")))?
+        .items
+        .into_iter()
+        .find(|p| kube_sim::controllers::pod_ready(p) && p.metadata.deletion_timestamp.is_none())
+        .ok_or_else(|| Error::Component {
+            name: "forged review".into(),
+            reason: format!("no ready pod in {ns}"),
+        })?;
+    let name = victim.name_any();
+    let uid = victim.metadata.uid.clone().unwrap_or_default();
+    let forged = serde_json::json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "forged-review-1",
+            "kind": {"group": "policy", "version": "v1", "kind": "Eviction"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "subResource": "eviction", "name": name, "namespace": ns,
+            "operation": "CREATE", "userInfo": {"username": "system:node:somewhere-else"},
+            "object": {"apiVersion": "policy/v1", "kind": "Eviction",
+                       "metadata": {"name": name, "namespace": ns}}}});
+    let timeout = cfg.phase_timeout;
+    let failed = |reason: String| Error::Component {
+        name: "forged review".into(),
+        reason,
+    };
+    let check = async {
+        cluster.step(format!(
+            "forged eviction review for {ns}/{name}, straight to the webhook"
+        ));
+        let answer = components
+            .post_review("/mutate/eviction?timeout=10s", &forged)
+            .await?;
+        let response = &answer["response"];
+        if response["allowed"] != false || response["status"]["code"] != 429 {
+            return Err(failed(format!("answered {answer}")));
+        }
+        let events = Api::<CoreEvent>::namespaced(client.clone(), &ns);
+        let restored = ListParams::default().fields(&format!(
+            "involvedObject.name={name},reason={}",
+            graceful_drain_webhook::isolate::REASON_RESTORED
+        ));
+        wait_for("the forged review's pod put back", timeout, || async {
+            events
+                .list(&restored)
+                .await
+                .is_ok_and(|l| !l.items.is_empty())
+        })
+        .await?;
+        let live = pods
+            .get_opt(&name)
+            .await
+            .map_err(api("get", format!("pod {ns}/{name}")))?;
+        match live {
+            Some(p)
+                if p.metadata.uid.as_deref() == Some(uid.as_str())
+                    && p.metadata.deletion_timestamp.is_none() => {}
+            other => {
+                return Err(failed(format!(
+                    "pod {ns}/{name} was deleted or replaced on a forged review's word: {:?}",
+                    other.map(|p| (p.metadata.uid, p.metadata.deletion_timestamp))
+                )));
+            }
+        }
+        cluster.step("the Deployment settles back at its replicas");
+        cluster.wait_web_ready(&cfg.web, timeout).await?;
+        Ok(())
+    };
+    let measured = measure(cluster, &cfg, check).await;
+    delete_namespace(cluster, &cfg.web.namespace).await;
+    measured
 }
 
 /// The webhook's Deployment as the chart names it (`--deployment`).

@@ -1,6 +1,7 @@
 //! `graceful-drain status [NODE]`: a table of LifecycleEvents (name, transition, node,
-//! claim status, age) and one of the nodes' lifecycle condition reasons
-//! (`LifecycleTransition`, `DrainInProgress`, `Drained`).
+//! claim status, age), one of the nodes' lifecycle condition reasons
+//! (`LifecycleTransition`, `DrainInProgress`, `Drained`), and which lifecycle APIs the
+//! cluster serves (ours, and Kubernetes' own EvictionRequest API).
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
@@ -52,7 +53,49 @@ pub async fn render(client: &kube::Client, node: Option<&str>, now: Timestamp) -
         out.push('\n');
         out.push_str(&hooks);
     }
+    let mut served = Vec::new();
+    for group_version in [OURS, UPSTREAM] {
+        let resources = client
+            .list_api_group_resources(group_version)
+            .await
+            .ok()
+            .map(|list| list.resources.into_iter().map(|r| r.name).collect());
+        served.push((group_version, resources));
+    }
+    out.push('\n');
+    out.push_str(&apis_table(&served));
     Ok(out)
+}
+
+/// Our lifecycle API.
+const OURS: &str = "lifecycle.graceful-drain.io/v1alpha1";
+/// Kubernetes' EvictionRequest API (KEP-4563), built in since 1.37 behind a feature gate.
+const UPSTREAM: &str = "lifecycle.k8s.io/v1alpha1";
+
+/// Which lifecycle APIs discovery lists, with their resources (`None`: not served).
+pub fn apis_table(served: &[(&str, Option<Vec<String>>)]) -> String {
+    let mut table = vec![["API", "SERVED", "RESOURCES", "NOTE"].map(String::from)];
+    for (group_version, resources) in served {
+        let (yes, names) = match resources {
+            Some(names) => ("yes", names.join(",")),
+            None => ("no", String::new()),
+        };
+        let note = match (*group_version, resources.is_some()) {
+            (OURS, true) => "LifecycleEvents and transitions",
+            (OURS, false) => "install the CRDs: graceful-drain crds | kubectl apply -f -",
+            (_, true) => {
+                "Kubernetes' EvictionRequest API; no controller acts on it in 1.37, graceful-drain does not use it yet"
+            }
+            (_, false) => "Kubernetes' EvictionRequest API (feature gate EvictionRequestAPI)",
+        };
+        table.push([
+            group_version.to_string(),
+            yes.to_string(),
+            names,
+            note.to_string(),
+        ]);
+    }
+    format_table(&table)
 }
 
 /// The last run of each maintenance hook on the nodes (the `graceful-drain.io/hooks`
@@ -205,6 +248,21 @@ pub fn age(now: Timestamp, then: Timestamp) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_api_table_says_what_the_cluster_serves_and_what_to_do_when_ours_is_missing() {
+        let text = apis_table(&[
+            (OURS, None),
+            (
+                UPSTREAM,
+                Some(vec!["evictionrequests".into(), "evictions".into()]),
+            ),
+        ]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[1].starts_with("lifecycle.graceful-drain.io/v1alpha1"));
+        assert!(lines[1].contains(" no ") && lines[1].contains("graceful-drain crds"));
+        assert!(lines[2].contains(" yes ") && lines[2].contains("evictionrequests,evictions"));
+    }
+
     use k8s_openapi::api::core::v1::{NodeCondition, NodeSpec, NodeStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use kube::api::ObjectMeta;
