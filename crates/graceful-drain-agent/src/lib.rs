@@ -397,8 +397,9 @@ fn spawn_background(
     shutdown: &Shutdown,
 ) {
     let token = shutdown.clone();
+    let events = agent.events();
     spawn_owned("publish-transitions", shutdown.clone(), async move {
-        publish_until_done(&client, &wanted, &token).await;
+        publish_until_done(&client, &wanted, &events, &token).await;
         readiness.ready(TRANSITIONS_CHECK);
         Ok::<(), std::convert::Infallible>(())
     });
@@ -452,6 +453,7 @@ async fn serve_admin(
 async fn publish_until_done(
     client: &kube::Client,
     wanted: &[graceful_drain_core::lifecycle::LifecycleTransition],
+    events: &report::NodeEvents,
     shutdown: &Shutdown,
 ) {
     let mut delay = Duration::from_secs(1);
@@ -459,6 +461,20 @@ async fn publish_until_done(
         loop {
             match transitions::publish(client, transition).await {
                 Ok(()) => break,
+                // Nothing but an operator fixes this: said once as an error and as a
+                // Warning Event on the node (rate-limited), then retried quietly.
+                Err(error) if error.needs_operator() => {
+                    let text = graceful_drain_core::error::chain(&error).to_string();
+                    tracing::error!(error = %text, retry_in = ?delay, "LifecycleEvent drains cannot work on this node");
+                    events
+                        .post(
+                            report::EventType::Warning,
+                            report::reason::LIFECYCLE_API_UNAVAILABLE,
+                            "lifecycletransitions",
+                            text,
+                        )
+                        .await;
+                }
                 Err(error) => {
                     tracing::warn!(error = %graceful_drain_core::error::chain(&error), retry_in = ?delay, "publish transition")
                 }

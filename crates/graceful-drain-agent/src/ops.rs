@@ -218,6 +218,11 @@ impl Agent {
         }
     }
 
+    /// The Events of this agent's node.
+    pub fn events(&self) -> super::report::NodeEvents {
+        self.inner.events.clone()
+    }
+
     /// The current state.
     pub fn snapshot(&self) -> Snapshot {
         let current = self.current.lock().unwrap_or_else(|e| e.into_inner());

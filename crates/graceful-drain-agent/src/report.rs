@@ -57,6 +57,9 @@ pub mod reason {
     pub const NODE_UPDATE_FAILED: &str = "graceful-drain.io/NodeUpdateFailed";
     /// The watch on the node's pods keeps failing (retried).
     pub const POD_WATCH_FAILED: &str = "graceful-drain.io/PodWatchFailed";
+    /// The API server does not serve our lifecycle API (CRDs missing, or Established but
+    /// not served) or RBAC forbids it: LifecycleEvent drains cannot work (retried).
+    pub const LIFECYCLE_API_UNAVAILABLE: &str = "graceful-drain.io/LifecycleAPIUnavailable";
 }
 
 /// Outcome of one eviction (or delete) request.

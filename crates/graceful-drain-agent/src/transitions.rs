@@ -27,6 +27,22 @@ pub enum Error {
     /// The call did not finish in time.
     #[error("publish LifecycleTransition {name}: timed out")]
     Timeout { name: String },
+    /// The API server does not serve the resource at all (a 404 on the collection): the
+    /// CRDs are not installed, or another API owns the group and they are Established but
+    /// never served.
+    #[error(
+        "publish LifecycleTransition {name}: the API server does not serve lifecycletransitions.lifecycle.graceful-drain.io/v1alpha1 — install the CRDs (graceful-drain crds | kubectl apply -f -); `graceful-drain status` shows which lifecycle APIs the cluster serves"
+    )]
+    NotServed { name: String },
+    /// RBAC forbids the call (403).
+    #[error(
+        "publish LifecycleTransition {name}: forbidden — the node agent's ServiceAccount needs get, create and update on lifecycletransitions.lifecycle.graceful-drain.io (the chart's agent ClusterRole)"
+    )]
+    Forbidden {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
     /// Other writers kept changing the object between our read and our write.
     #[error(
         "publish LifecycleTransition {name}: changed by others {PUBLISH_ATTEMPTS} times in a row"
@@ -77,20 +93,39 @@ pub fn transitions(
     ]
 }
 
+/// A refusal, with RBAC's told apart.
+fn classify(name: &str, source: kube::Error) -> Error {
+    match source {
+        kube::Error::Api(ref s) if s.code == 403 => Error::Forbidden {
+            name: name.to_string(),
+            source,
+        },
+        source => Error::Api {
+            name: name.to_string(),
+            source,
+        },
+    }
+}
+
+impl Error {
+    /// Whether an operator must act (install the CRDs, fix RBAC): retrying alone cannot
+    /// succeed.
+    pub fn needs_operator(&self) -> bool {
+        matches!(self, Error::NotServed { .. } | Error::Forbidden { .. })
+    }
+}
+
 /// Creates `wanted`, or replaces its spec if it exists with a different one.
 pub async fn publish(client: &kube::Client, wanted: &LifecycleTransition) -> Result<(), Error> {
     let name = wanted.metadata.name.clone().unwrap_or_default();
     let api: Api<LifecycleTransition> = Api::all(client.clone());
-    let err = |source| Error::Api {
-        name: name.clone(),
-        source,
-    };
     // Every node agent publishes the same transitions at start: whoever loses the race to
     // create (409 AlreadyExists) or to replace (409 Conflict) reads again and finds the
     // object in place, so a cluster of agents creates each transition once, quietly.
     let call = async {
         for _ in 0..PUBLISH_ATTEMPTS {
-            let outcome = match api.get_opt(&name).await.map_err(err)? {
+            let read = api.get_opt(&name).await;
+            let outcome = match read.map_err(|e| classify(&name, e))? {
                 None => api
                     .create(&PostParams::default(), wanted)
                     .await
@@ -109,7 +144,11 @@ pub async fn publish(client: &kube::Client, wanted: &LifecycleTransition) -> Res
                     return Ok(());
                 }
                 Err(kube::Error::Api(s)) if s.code == 409 => continue,
-                Err(source) => return Err(err(source)),
+                // The object was not there (get) and its collection is not either.
+                Err(kube::Error::Api(s)) if s.code == 404 => {
+                    return Err(Error::NotServed { name: name.clone() });
+                }
+                Err(source) => return Err(classify(&name, source)),
             }
         }
         Err(Error::Contended { name: name.clone() })
@@ -157,6 +196,42 @@ mod tests {
         theirs["metadata"]["resourceVersion"] = "7".into();
         expect(&mut api, Method::GET, &path, 200, theirs).await;
         task.await.unwrap().unwrap();
+    }
+
+    /// On a cluster that does not serve our group (CRDs missing, or Established but never
+    /// served because another API took the group), the create answers the API server's
+    /// bare 404: one clear error naming the fix, not an endless generic retry.
+    #[tokio::test]
+    async fn an_unserved_lifecycle_api_is_one_clear_error() {
+        use graceful_drain_testing::fixtures::mock::{self, expect};
+        use http::Method;
+        let (client, mut api) = mock::client();
+        let wanted = transitions("d", "m", "graceful-drain.io", Duration::from_secs(900))
+            .into_iter()
+            .next()
+            .unwrap();
+        let task = tokio::spawn(async move { publish(&client, &wanted).await });
+        let bare = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "reason": "NotFound", "code": 404, "details": {},
+            "message": "the server could not find the requested resource"});
+        let collection = "/apis/lifecycle.graceful-drain.io/v1alpha1/lifecycletransitions";
+        expect(
+            &mut api,
+            Method::GET,
+            &format!("{collection}/d"),
+            404,
+            bare.clone(),
+        )
+        .await;
+        expect(&mut api, Method::POST, collection, 404, bare).await;
+        let error = task.await.unwrap().unwrap_err();
+        assert!(error.needs_operator());
+        assert!(
+            error
+                .to_string()
+                .contains("graceful-drain crds | kubectl apply -f -"),
+            "{error}"
+        );
     }
 
     #[test]

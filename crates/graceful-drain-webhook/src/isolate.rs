@@ -50,6 +50,9 @@ pub const REASON_RESTORED: &str = "graceful-drain.io/Restored";
 pub const REASON_DELETED: &str = "graceful-drain.io/Deleted";
 /// Warning Event reason when an annotated delay was cut to `--max-deregistration-delay`.
 pub const REASON_DELAY_CAPPED: &str = "graceful-drain.io/DelayCapped";
+/// Warning Event reason when an eviction was refused for now (429) because the pod could
+/// not be isolated in time; the caller retries.
+pub const REASON_ISOLATION_DEFERRED: &str = "graceful-drain.io/IsolationDeferred";
 /// Warning Event reason when a pod could not be isolated and its request went through.
 pub const REASON_ISOLATION_FAILED: &str = "graceful-drain.io/IsolationFailed";
 

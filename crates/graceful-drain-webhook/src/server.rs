@@ -275,6 +275,7 @@ async fn respond_evict(
             let message = format!(
                 "graceful-drain could not isolate pod {pod} yet ({why}); retry the eviction"
             );
+            deferred(state, &ev, &message).await;
             return (
                 review::too_many_requests(request, message, RETRY_AFTER_SECONDS),
                 outcome,
@@ -284,6 +285,7 @@ async fn respond_evict(
             let message = format!(
                 "graceful-drain could not isolate pod {pod} within the admission deadline; retry the eviction"
             );
+            deferred(state, &ev, &message).await;
             return (
                 review::too_many_requests(request, message, RETRY_AFTER_SECONDS),
                 outcome,
@@ -299,6 +301,33 @@ async fn respond_evict(
         "graceful-drain: pod {pod} is leaving its load balancers; evict it again at {delete_at} (in {retry} s)"
     );
     (review::deregistering(request, message, retry), outcome)
+}
+
+/// Records on the pod that its eviction was refused for now because isolation could not
+/// finish (a Warning Event `graceful-drain.io/IsolationDeferred`; the metric
+/// `graceful_drain_webhook_reviews{operation="evict",outcome="error"|"deadline"}` counts
+/// them): the caller's retry is expected, and a pod that keeps coming back here points at
+/// a slow or throttled API server. The Event is sent beside the answer, never before it:
+/// the API server that could not serve the isolation in time must not hold the 429 too.
+async fn deferred(state: &AppState, ev: &review::Eviction, message: &str) {
+    let pod = PodFacts {
+        namespace: ev.namespace.clone(),
+        name: ev.pod.clone(),
+        ..PodFacts::default()
+    };
+    let ctx = state.ctx.clone();
+    let message = message.to_string();
+    tokio::spawn(async move {
+        isolate::record_event(
+            &ctx,
+            &pod,
+            isolate::Severity::Warning,
+            isolate::REASON_ISOLATION_DEFERRED,
+            &message,
+            Timestamp::now(),
+        )
+        .await;
+    });
 }
 
 /// Longest Retry-After of a deregistering pod: callers that honour it (our node agent)
@@ -487,6 +516,22 @@ async fn settle(state: &AppState, req: &Request, mut pod: PodFacts, mut fresh: b
                 let removed: Vec<&String> = removed.keys().collect();
                 tracing::info!(%delete_at, ?removed, ?uncharged, "pod isolated");
                 return Settled::Isolated(delete_at);
+            }
+            // The node's watch can still show the pod as it was before our own isolation
+            // of it (which took it out of its PDB): refuse on a read, never on that view.
+            Ok(Outcome::Refused(budget)) if !fresh => {
+                tracing::debug!(
+                    ?budget,
+                    "confirming a watched pod's PDB refusal with a read"
+                );
+                match reread(state, &pod).await {
+                    Ok(read) => {
+                        pod = read;
+                        fresh = true;
+                        continue;
+                    }
+                    Err(settled) => return settled,
+                }
             }
             Ok(Outcome::Refused(budget)) => {
                 tracing::info!(?budget, "PDB refuses the eviction");
@@ -1001,7 +1046,7 @@ mod tests {
         assert_eq!(retry_after_until(at(-5_000), now), 1, "already due");
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn eviction_that_cannot_be_isolated_is_refused_with_429_not_let_through() {
         let (client, mut api) = mock::client();
         let call = tokio::spawn(call(
@@ -1011,14 +1056,24 @@ mod tests {
         ));
         let status = json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
             "message": "etcdserver: request timed out", "reason": "InternalError", "code": 500});
-        expect(
-            &mut api,
-            Method::GET,
-            "/api/v1/namespaces/web/pods/web-1",
-            500,
-            status,
-        )
-        .await;
+        // Every read of the pod fails until the webhook gives up and says why on the pod.
+        let mut reads = 0;
+        let event = loop {
+            let seen = mock::answer(&mut api, |seen| match seen.method {
+                Method::GET => (500, status.clone()),
+                _ => (201, json!({})),
+            })
+            .await;
+            match (seen.method.clone(), seen.path.as_str()) {
+                (Method::GET, "/api/v1/namespaces/web/pods/web-1") => reads += 1,
+                (Method::POST, "/api/v1/namespaces/web/events") => break seen,
+                _ => panic!("unexpected request {seen:?}"),
+            }
+        };
+        assert!(reads >= 1);
+        assert_eq!(event.body["type"], "Warning");
+        assert_eq!(event.body["reason"], isolate::REASON_ISOLATION_DEFERRED);
+        assert_eq!(event.body["involvedObject"]["name"], "web-1");
         let (http_status, review) = call.await.unwrap();
         assert_eq!(http_status, 200);
         assert_eq!(review["response"]["uid"], "ev-1");
