@@ -677,6 +677,12 @@ impl RealCluster {
     pub fn url(&self) -> String {
         self.config.cluster_url.to_string()
     }
+
+    /// The kubeconfig this cluster was attached with (an administrator's), for tools
+    /// such as `kubectl` that a row runs as a user would.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
 }
 
 async fn load_config(path: &Path) -> Result<kube::Config> {

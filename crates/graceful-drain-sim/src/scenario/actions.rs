@@ -152,6 +152,78 @@ pub async fn lifecycle_drain(
     lifecycle_transition(client, node, transition, timeout).await
 }
 
+/// The LifecycleEvent users apply to drain a node (`deploy/examples/drain-event.yaml`).
+pub const DRAIN_EXAMPLE: &str = include_str!("../../../../deploy/examples/drain-event.yaml");
+
+/// Drains `node` as the README tells users to: `kubectl apply -f` of the example
+/// LifecycleEvent with its node and name set, through the `kubectl` on `PATH`, then waits
+/// until the node reports `drain-complete`.
+pub async fn kubectl_apply_drain(
+    kubeconfig: &std::path::Path,
+    client: &kube::Client,
+    node: &str,
+    timeout: Duration,
+) -> Result<(), Error> {
+    let name = format!("{node}-drain");
+    let yaml = example_for(DRAIN_EXAMPLE, node, &name).map_err(|reason| Error::Drain {
+        node: node.into(),
+        reason,
+    })?;
+    kubectl_apply(kubeconfig, &yaml)
+        .await
+        .map_err(|reason| Error::Drain {
+            node: node.into(),
+            reason,
+        })?;
+    await_transition(client, node, &name, DRAIN_COMPLETE, timeout).await
+}
+
+/// The example LifecycleEvent `yaml` (which names `worker-1`) for `node`, named `name`.
+fn example_for(yaml: &str, node: &str, name: &str) -> Result<String, String> {
+    let mut event: serde_json::Value = serde_saphyr::from_str(yaml)
+        .map_err(|e| format!("deploy/examples/drain-event.yaml is not YAML: {e}"))?;
+    if !event.is_object() || !event["metadata"].is_object() || !event["spec"].is_object() {
+        return Err("deploy/examples/drain-event.yaml is not one LifecycleEvent".into());
+    }
+    event["metadata"]["name"] = name.into();
+    event["spec"]["bindingNode"] = node.into();
+    serde_json::to_string(&event).map_err(|e| format!("encode the LifecycleEvent: {e}"))
+}
+
+/// `kubectl --kubeconfig <kubeconfig> apply -f -` of `manifest`.
+async fn kubectl_apply(kubeconfig: &std::path::Path, manifest: &str) -> Result<(), String> {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["apply", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("run kubectl (needed on PATH for this row): {e}"))?;
+    let mut stdin = child.stdin.take().ok_or("kubectl: no stdin")?;
+    stdin
+        .write_all(manifest.as_bytes())
+        .await
+        .map_err(|e| format!("kubectl apply: write the manifest: {e}"))?;
+    drop(stdin);
+    let out = child
+        .wait_with_output()
+        .await
+        .map_err(|e| format!("kubectl apply: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "kubectl apply failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
 /// Returns `node` to service through a LifecycleEvent of the maintenance-complete
 /// transition and waits until the node reports `maintenance-complete`.
 pub async fn lifecycle_uncordon(
@@ -189,11 +261,23 @@ async fn lifecycle_transition(
         .create(&PostParams::default(), &event)
         .await
         .map_err(api("create lifecycleevent for", format!("node {node}")))?;
-    let name = created.name_any();
+    await_transition(client, node, &created.name_any(), end, timeout).await
+}
+
+/// Waits until LifecycleEvent `name` has brought `node`'s transition condition to `end`;
+/// an event that ends Failed or SlaExpired is the error.
+async fn await_transition(
+    client: &kube::Client,
+    node: &str,
+    name: &str,
+    end: &str,
+    timeout: Duration,
+) -> Result<(), Error> {
+    let events: Api<LifecycleEvent> = Api::all(client.clone());
     let nodes: Api<Node> = Api::all(client.clone());
     let deadline = Instant::now() + timeout;
     loop {
-        if let Ok(Some(e)) = events.get_opt(&name).await {
+        if let Ok(Some(e)) = events.get_opt(name).await {
             let status = e.status.as_ref().and_then(|s| s.claim_status);
             if matches!(status, Some(ClaimStatus::Failed | ClaimStatus::SlaExpired)) {
                 return Err(Error::Drain {
@@ -275,4 +359,24 @@ pub async fn rollout(
     })
     .await
     .map_err(Error::Cluster)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The example users apply is a LifecycleEvent of our group and drain transition;
+    /// the row's copy names the drained node instead of `worker-1`.
+    #[test]
+    fn the_drain_example_is_set_to_the_drained_node() {
+        let json = example_for(DRAIN_EXAMPLE, "worker-3", "worker-3-drain").unwrap();
+        let event: LifecycleEvent = serde_json::from_str(&json).unwrap();
+        assert_eq!(event.metadata.name.as_deref(), Some("worker-3-drain"));
+        assert_eq!(event.spec.binding_node, "worker-3");
+        assert_eq!(event.spec.transition_name, DRAIN_TRANSITION);
+        let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(value["apiVersion"], "lifecycle.graceful-drain.io/v1alpha1");
+        assert!(example_for("- not: [an object", "n", "n").is_err());
+        assert!(example_for("- a list\n- of two", "n", "n").is_err());
+    }
 }

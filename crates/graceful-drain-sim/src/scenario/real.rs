@@ -41,8 +41,9 @@ pub enum Expect {
 /// A disruption the real tier runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Disruption {
-    /// `kubectl drain` of the busiest node (plain evictions), or a LifecycleEvent drain
-    /// through the node agents with protection.
+    /// `kubectl drain` of the busiest node (plain evictions), or with protection
+    /// `kubectl apply -f` of deploy/examples/drain-event.yaml naming it (the node agents
+    /// drain it).
     Drain,
     /// `kubectl rollout restart` of the Deployment.
     RolloutRestart,
@@ -242,6 +243,12 @@ async fn run_row(
                 cluster.step(format!("drain node {node}"));
                 match s.protection {
                     Protection::None => actions::plain_drain(&client, &node, timeout).await,
+                    // The drain row runs what the README tells users: `kubectl apply` of
+                    // the example LifecycleEvent.
+                    Protection::GracefulDrain if s.disruption == Disruption::Drain => {
+                        let kubeconfig = cluster.kubeconfig();
+                        actions::kubectl_apply_drain(kubeconfig, &client, &node, timeout).await
+                    }
                     Protection::GracefulDrain => {
                         actions::lifecycle_drain(&client, &node, timeout).await
                     }
