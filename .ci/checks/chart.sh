@@ -95,8 +95,18 @@ render everything cert-manager --set metrics.serviceMonitor.enabled=true \
   --set-json 'agent.drain.tiers=[{"name":"databases","match":[{"namespaces":["db"]},{"priorityClassNames":["critical-db"]}]}]' \
   --set-json "agent.hooks=[{\"name\":\"evacuate-vms\",\"at\":\"before-eviction\",\"timeout\":\"30m\",\"https\":{\"url\":\"https://vm-evacuator.ops.svc/evacuate\",\"caBundle\":\"$CA_BUNDLE\"}},{\"name\":\"report\",\"at\":\"after-last-pod\",\"optional\":true,\"job\":{\"namespace\":\"ops\",\"template\":{\"spec\":{\"template\":{\"spec\":{\"containers\":[{\"name\":\"report\",\"image\":\"busybox\"}]}}}}}}]"
 render minimal self-signed --set agent.enabled=false --set lifecycleCrds.install=false
+render seed self-signed --set lifecycleCrds.seedGroup=true
+grep -q 'name: lifecycleevents.lifecycle.k8s.io' "$WORK/seed.yaml" || die "seedGroup: no seed-group LifecycleEvent CRD"
+# Where Kubernetes serves lifecycle.k8s.io itself, seed-group CRDs would never be served.
+if helm template graceful-drain "$CHART" --namespace "$NS" $(mode_args self-signed) \
+  --set lifecycleCrds.seedGroup=true --api-versions lifecycle.k8s.io/v1alpha1/EvictionRequest \
+  >/dev/null 2>"$WORK/seed-refused.log"; then
+  die "seedGroup rendered on a cluster serving the EvictionRequest API"
+fi
+grep -q "never served" "$WORK/seed-refused.log" || die "seedGroup refusal does not say why: $(cat "$WORK/seed-refused.log")"
+say "seed: refused where Kubernetes serves lifecycle.k8s.io"
 
-for name in cert-manager self-signed secret everything minimal; do
+for name in cert-manager self-signed secret everything minimal seed; do
   for v in $KUBE_VERSIONS; do
     kubernetes-validate --strict --quiet --no-warn -k "$v" "$WORK/$name/core.yaml" >"$WORK/kv.log" 2>&1 \
       || { cat "$WORK/kv.log"; die "kubernetes-validate $name against $v"; }

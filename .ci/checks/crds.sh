@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Fails when the committed lifecycle.graceful-drain.io CRDs differ from what `graceful-drain crds`
-# prints. Fix with: cargo run -q -- crds > charts/graceful-drain/files/lifecycle-crds.yaml
+# Fails when the committed lifecycle.graceful-drain.io CRDs (and their seed-group copies)
+# differ from what `graceful-drain crds` (`--seed-group`) prints. Fix with:
+#   cargo run -q -- crds > charts/graceful-drain/files/lifecycle-crds.yaml
+#   cargo run -q -- crds --seed-group > charts/graceful-drain/files/lifecycle-crds-seed.yaml
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 committed=charts/graceful-drain/files/lifecycle-crds.yaml
@@ -14,6 +16,13 @@ BIN="${GRACEFUL_DRAIN_BIN:-${CARGO_TARGET_DIR:-target}/debug/graceful-drain}"
 if ! diff -u "$committed" "$generated"; then
   echo "error: $committed is stale; regenerate it with:" >&2
   echo "  cargo run -q -- crds > $committed" >&2
+  exit 1
+fi
+seed=charts/graceful-drain/files/lifecycle-crds-seed.yaml
+"$BIN" crds --seed-group >"$generated"
+if ! diff -u "$seed" "$generated"; then
+  echo "error: $seed is stale; regenerate it with:" >&2
+  echo "  cargo run -q -- crds --seed-group > $seed" >&2
   exit 1
 fi
 echo "lifecycle CRDs up to date"

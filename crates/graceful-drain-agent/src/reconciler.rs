@@ -22,6 +22,7 @@
 pub mod decide;
 pub mod metrics;
 pub mod plugin;
+pub mod seed;
 pub mod step;
 pub mod target;
 
@@ -249,6 +250,15 @@ pub async fn run(
     if !enabled {
         return Ok(());
     }
+    // Events written in the seed group (lifecycle.k8s.io) where that group is free.
+    let bridge = seed::run(
+        ctx.client.clone(),
+        ctx.node_name.clone(),
+        args.tick,
+        shutdown.clone(),
+    );
+    let bridge = tokio::spawn(bridge);
+    let _bridge = AbortOnDrop(bridge);
     // Asked again until it answers: a 404 before the CRDs are installed says nothing
     // about whether the field will be selectable once they are.
     let events_api: Api<LifecycleEvent> = Api::all(ctx.client.clone());
@@ -373,6 +383,15 @@ impl Retry {
     fn succeeded(&mut self) {
         self.at = None;
         self.pause = RETRY_FIRST.min(self.max);
+    }
+}
+
+/// Stops a spawned task when the reconciler returns.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

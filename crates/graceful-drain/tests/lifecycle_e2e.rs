@@ -109,6 +109,18 @@ impl Drop for AgentsStop {
 
 /// A cluster with `spec` deployed and one node agent (reconciler on) per node.
 async fn env(spec: &WebSpec, sla: &str) -> Env {
+    env_with(spec, sla, false, &[]).await
+}
+
+/// [`env`], with the seed-group CRDs (the chart's `lifecycleCrds.seedGroup`) installed
+/// before the agents start when `seed_group`, and `old_events` (seed-group LifecycleEvents
+/// with their status, as an earlier release left them) created before the agents start.
+async fn env_with(
+    spec: &WebSpec,
+    sla: &str,
+    seed_group: bool,
+    old_events: &[serde_json::Value],
+) -> Env {
     graceful_drain_core::runtime::install_crypto_provider();
     graceful_drain_core::runtime::init_tracing(graceful_drain_core::runtime::LogFormat::Text);
     let cluster = Cluster::start(
@@ -138,6 +150,38 @@ async fn env(spec: &WebSpec, sla: &str) -> Env {
         "kubectl apply crds: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    if seed_group {
+        let seed = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../charts/graceful-drain/files/lifecycle-crds-seed.yaml"
+        );
+        let out = kubectl(&kubeconfig, &["apply", "-f", seed]);
+        assert!(
+            out.status.success(),
+            "kubectl apply seed crds: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let seeds: Api<kube::api::DynamicObject> = Api::all_with(
+        cluster.client(),
+        &graceful_drain_agent::reconciler::seed::seed_resource(),
+    );
+    for old in old_events {
+        let object = serde_json::from_value(old.clone()).unwrap();
+        let created = seeds
+            .create(&kube::api::PostParams::default(), &object)
+            .await
+            .unwrap();
+        let status = serde_json::json!({"status": old["status"]});
+        seeds
+            .patch_status(
+                &created.name_any(),
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(status),
+            )
+            .await
+            .unwrap();
+    }
     let stop = Shutdown::new();
     let mut agents = Vec::new();
     for node in cluster.nodes() {
@@ -268,6 +312,141 @@ async fn wait_gone(events: &Api<LifecycleEvent>, name: &str) {
     )
     .await
     .unwrap();
+}
+
+/// The seeds' YAML (the example in the seed group lifecycle.k8s.io), applied with kubectl
+/// where that group is free: the node agents carry it over to lifecycle.graceful-drain.io,
+/// the node drains, the seed event shows the progress and is deleted once it succeeded,
+/// and its mirror is gone too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seed_group_event_applied_with_kubectl_drains_through_its_mirror() {
+    use graceful_drain_agent::reconciler::seed;
+    use kube::api::DynamicObject;
+    let spec = WebSpec {
+        replicas: 4,
+        min_available: 3,
+        grace_period_seconds: 1,
+        ..WebSpec::default()
+    };
+    let env = env_with(&spec, "5m", true, &[]).await;
+    let client = env.cluster.client();
+    let seeds: Api<DynamicObject> = Api::all_with(client.clone(), &seed::seed_resource());
+    let rv = seeds
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut stream = seeds
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    let progress: Arc<Mutex<Vec<String>>> = Arc::default();
+    let seen = progress.clone();
+    tokio::spawn(async move {
+        while let Some(item) = stream.next().await {
+            let e = match item {
+                Ok(WatchEvent::Added(e) | WatchEvent::Modified(e)) => e,
+                Ok(_) => continue,
+                Err(error) => panic!("watch of seed events: {error}"),
+            };
+            let status = e
+                .data
+                .pointer("/status/claimStatus")
+                .and_then(|v| v.as_str())
+                .unwrap_or("Pending")
+                .to_string();
+            let mut seen = seen.lock().unwrap();
+            if seen.last() != Some(&status) {
+                seen.push(status);
+            }
+        }
+    });
+    let example = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/examples/drain-event.yaml"
+    ))
+    .unwrap()
+    .replace(
+        "apiVersion: lifecycle.graceful-drain.io/v1alpha1",
+        "apiVersion: lifecycle.k8s.io/v1alpha1",
+    );
+    let file = env.dir.path().join("seed-drain-event.yaml");
+    std::fs::write(&file, example).unwrap();
+    let out = kubectl(&env.kubeconfig, &["apply", "-f", file.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "kubectl apply: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for("the seed event to finish", TIMEOUT, || async {
+        matches!(seeds.get_opt("worker-1-drain").await, Ok(None))
+    })
+    .await
+    .unwrap();
+    let statuses = progress.lock().unwrap().clone();
+    assert!(statuses.contains(&"Claimed".to_string()), "{statuses:?}");
+    assert_eq!(
+        statuses.last().map(String::as_str),
+        Some("Succeeded"),
+        "{statuses:?}"
+    );
+    drained_through_mirror(&client, "worker-1").await;
+}
+
+/// `node` shows drain-complete, no web pod is left on it, and the mirror of its seed
+/// event (`<node>-drain`) is gone.
+async fn drained_through_mirror(client: &kube::Client, node: &str) {
+    assert_eq!(
+        condition_reason(client, node, "LifecycleTransition")
+            .await
+            .as_deref(),
+        Some("drain-complete")
+    );
+    assert_eq!(
+        pods_on(client, node, "web").await,
+        0,
+        "web pods left {node}"
+    );
+    let ours: Api<LifecycleEvent> = Api::all(client.clone());
+    wait_gone(&ours, &format!("{node}-drain")).await;
+}
+
+/// The upgrade path: an event an earlier release (which used the seed group) had
+/// claimed and started when the agents were replaced is carried over by the new agents
+/// (`helm upgrade --set lifecycleCrds.seedGroup=true`): the node drains, and the old event
+/// ends Succeeded and is deleted, its old claim finalizer released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_in_flight_in_the_old_group_finishes_after_the_upgrade() {
+    use graceful_drain_agent::reconciler::seed;
+    let spec = WebSpec {
+        replicas: 4,
+        min_available: 3,
+        grace_period_seconds: 1,
+        ..WebSpec::default()
+    };
+    let in_flight = serde_json::json!({
+        "apiVersion": "lifecycle.k8s.io/v1alpha1", "kind": "LifecycleEvent",
+        "metadata": {
+            "name": "worker-2-drain",
+            "finalizers": [seed::SEED_CLAIM_FINALIZER],
+            "annotations": {STARTED_ANNOTATION: "2026-11-26T12:00:00Z"}
+        },
+        "spec": {"transitionName": "graceful-drain", "bindingNode": "worker-2"},
+        "status": {"claimStatus": "Claimed", "driver": "graceful-drain.io"}
+    });
+    let env = env_with(&spec, "5m", true, &[in_flight]).await;
+    let client = env.cluster.client();
+    let seeds: Api<kube::api::DynamicObject> =
+        Api::all_with(client.clone(), &seed::seed_resource());
+    wait_for("the old event to finish", TIMEOUT, || async {
+        matches!(seeds.get_opt("worker-2-drain").await, Ok(None))
+    })
+    .await
+    .unwrap();
+    drained_through_mirror(&client, "worker-2").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

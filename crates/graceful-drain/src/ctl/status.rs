@@ -80,9 +80,15 @@ pub fn apis_table(served: &[(&str, Option<Vec<String>>)]) -> String {
             Some(names) => ("yes", names.join(",")),
             None => ("no", String::new()),
         };
+        let seed = resources
+            .as_ref()
+            .is_some_and(|r| r.iter().any(|n| n == "lifecycleevents"));
         let note = match (*group_version, resources.is_some()) {
             (OURS, true) => "LifecycleEvents and transitions",
             (OURS, false) => "install the CRDs: graceful-drain crds | kubectl apply -f -",
+            (_, true) if seed => {
+                "the seed group's CRDs (lifecycleCrds.seedGroup): node agents carry its LifecycleEvents over to lifecycle.graceful-drain.io"
+            }
             (_, true) => {
                 "Kubernetes' EvictionRequest API; no controller acts on it in 1.37, graceful-drain does not use it yet"
             }
@@ -261,6 +267,17 @@ mod tests {
         assert!(lines[1].starts_with("lifecycle.graceful-drain.io/v1alpha1"));
         assert!(lines[1].contains(" no ") && lines[1].contains("graceful-drain crds"));
         assert!(lines[2].contains(" yes ") && lines[2].contains("evictionrequests,evictions"));
+        assert!(lines[2].contains("EvictionRequest API"));
+        // Where the seed group is free and its CRDs installed, the table says so.
+        let seed = apis_table(&[(
+            UPSTREAM,
+            Some(vec![
+                "lifecycleevents".into(),
+                "lifecycletransitions".into(),
+            ]),
+        )]);
+        assert!(seed.contains("seedGroup"), "{seed}");
+        assert!(!seed.contains("EvictionRequest API"), "{seed}");
     }
 
     use k8s_openapi::api::core::v1::{NodeCondition, NodeSpec, NodeStatus};
