@@ -4,7 +4,7 @@
 # negative cases, freshness of the rendered deploy/ manifests and, when the binary has a
 # simulated cluster, `kubectl apply` of the rendered manifests to it.
 #   bash .ci/checks/chart.sh            check
-#   bash .ci/checks/chart.sh --update   rewrite deploy/graceful-drain.yaml
+#   bash .ci/checks/chart.sh --update   rewrite deploy/graceful-drain.yaml and deploy/seed-group.yaml
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -59,9 +59,20 @@ HEADER
     --set certificates.mode=cert-manager
 }
 
+# What lifecycleCrds.seedGroup adds, for clusters without Helm (applied over
+# deploy/graceful-drain.yaml) and for the real tier's seed-group row.
+render_seed_group() {
+  echo "# The lifecycle.k8s.io seed group (chart value lifecycleCrds.seedGroup=true), applied over"
+  echo "# graceful-drain.yaml where Kubernetes does not serve that group (docs/lifecycle.md)."
+  helm template graceful-drain "$CHART" --namespace "$NS" --kube-version 1.33.0 \
+    --set certificates.mode=cert-manager --set lifecycleCrds.seedGroup=true \
+    --show-only templates/lifecycle-crds.yaml --show-only templates/agent-rbac.yaml
+}
+
 if [ "${1:-}" = "--update" ]; then
   render_deploy >deploy/graceful-drain.yaml
-  echo "chart: wrote deploy/graceful-drain.yaml"
+  render_seed_group >deploy/seed-group.yaml
+  echo "chart: wrote deploy/graceful-drain.yaml and deploy/seed-group.yaml"
   exit 0
 fi
 
@@ -259,5 +270,9 @@ render_deploy >"$WORK/deploy.yaml"
 diff -u deploy/graceful-drain.yaml "$WORK/deploy.yaml" >"$WORK/deploy.diff" \
   || { head -40 "$WORK/deploy.diff"; die "deploy/graceful-drain.yaml is stale: run bash .ci/checks/chart.sh --update"; }
 say "deploy/graceful-drain.yaml: ok"
+render_seed_group >"$WORK/seed-group.yaml"
+diff -u deploy/seed-group.yaml "$WORK/seed-group.yaml" >"$WORK/seed.diff" \
+  || { head -40 "$WORK/seed.diff"; die "deploy/seed-group.yaml is stale: run bash .ci/checks/chart.sh --update"; }
+say "deploy/seed-group.yaml: ok"
 
 echo "chart: ok"

@@ -155,36 +155,48 @@ pub async fn lifecycle_drain(
 /// The LifecycleEvent users apply to drain a node (`deploy/examples/drain-event.yaml`).
 pub const DRAIN_EXAMPLE: &str = include_str!("../../../../deploy/examples/drain-event.yaml");
 
+/// The API version of our LifecycleEvents.
+pub const OUR_EVENTS: &str = "lifecycle.graceful-drain.io/v1alpha1";
+/// The API version of LifecycleEvents in the seed group (chart value
+/// `lifecycleCrds.seedGroup`), which the node agents carry over to ours.
+pub const SEED_EVENTS: &str = "lifecycle.k8s.io/v1alpha1";
+
 /// Drains `node` as the README tells users to: `kubectl apply -f` of the example
-/// LifecycleEvent with its node and name set, through the `kubectl` on `PATH`, then waits
-/// until the node reports `drain-complete`.
+/// LifecycleEvent with its node and name set (and written in `api_version`: [`OUR_EVENTS`]
+/// or [`SEED_EVENTS`]), through the `kubectl` on `PATH`, then waits until the node reports
+/// `drain-complete`.
 pub async fn kubectl_apply_drain(
     kubeconfig: &std::path::Path,
     client: &kube::Client,
     node: &str,
+    api_version: &str,
     timeout: Duration,
 ) -> Result<(), Error> {
     let name = format!("{node}-drain");
-    let yaml = example_for(DRAIN_EXAMPLE, node, &name).map_err(|reason| Error::Drain {
-        node: node.into(),
-        reason,
-    })?;
+    let yaml =
+        example_for(DRAIN_EXAMPLE, api_version, node, &name).map_err(|reason| Error::Drain {
+            node: node.into(),
+            reason,
+        })?;
     kubectl_apply(kubeconfig, &yaml)
         .await
         .map_err(|reason| Error::Drain {
             node: node.into(),
             reason,
         })?;
+    // A seed-group event is driven through its mirror of the same name in our group.
     await_transition(client, node, &name, DRAIN_COMPLETE, timeout).await
 }
 
-/// The example LifecycleEvent `yaml` (which names `worker-1`) for `node`, named `name`.
-fn example_for(yaml: &str, node: &str, name: &str) -> Result<String, String> {
+/// The example LifecycleEvent `yaml` (which names `worker-1`) for `node`, named `name`, in
+/// `api_version`.
+fn example_for(yaml: &str, api_version: &str, node: &str, name: &str) -> Result<String, String> {
     let mut event: serde_json::Value = serde_saphyr::from_str(yaml)
         .map_err(|e| format!("deploy/examples/drain-event.yaml is not YAML: {e}"))?;
     if !event.is_object() || !event["metadata"].is_object() || !event["spec"].is_object() {
         return Err("deploy/examples/drain-event.yaml is not one LifecycleEvent".into());
     }
+    event["apiVersion"] = api_version.into();
     event["metadata"]["name"] = name.into();
     event["spec"]["bindingNode"] = node.into();
     serde_json::to_string(&event).map_err(|e| format!("encode the LifecycleEvent: {e}"))
@@ -369,14 +381,17 @@ mod tests {
     /// the row's copy names the drained node instead of `worker-1`.
     #[test]
     fn the_drain_example_is_set_to_the_drained_node() {
-        let json = example_for(DRAIN_EXAMPLE, "worker-3", "worker-3-drain").unwrap();
+        let json = example_for(DRAIN_EXAMPLE, OUR_EVENTS, "worker-3", "worker-3-drain").unwrap();
         let event: LifecycleEvent = serde_json::from_str(&json).unwrap();
         assert_eq!(event.metadata.name.as_deref(), Some("worker-3-drain"));
         assert_eq!(event.spec.binding_node, "worker-3");
         assert_eq!(event.spec.transition_name, DRAIN_TRANSITION);
         let value: serde_json::Value = serde_json::from_str(&json).unwrap();
         assert_eq!(value["apiVersion"], "lifecycle.graceful-drain.io/v1alpha1");
-        assert!(example_for("- not: [an object", "n", "n").is_err());
-        assert!(example_for("- a list\n- of two", "n", "n").is_err());
+        let seed = example_for(DRAIN_EXAMPLE, SEED_EVENTS, "worker-3", "worker-3-drain").unwrap();
+        let value: serde_json::Value = serde_json::from_str(&seed).unwrap();
+        assert_eq!(value["apiVersion"], "lifecycle.k8s.io/v1alpha1");
+        assert!(example_for("- not: [an object", OUR_EVENTS, "n", "n").is_err());
+        assert!(example_for("- a list\n- of two", OUR_EVENTS, "n", "n").is_err());
     }
 }

@@ -59,6 +59,12 @@ pub enum Disruption {
     /// eviction reached the API server): the pod is isolated, nothing deletes it, and it
     /// goes back into its Service at its restore time. Protected only.
     ForgedReview,
+    /// `kubectl apply -f` of the example LifecycleEvent written in the seed group
+    /// `lifecycle.k8s.io` (the SLM seeds' YAML), with deploy/seed-group.yaml applied (the
+    /// chart's `lifecycleCrds.seedGroup`): the node agents carry it over to our group and
+    /// drain the node. Protected only, and only where Kubernetes leaves that group free
+    /// (the EvictionRequest API off).
+    SeedGroupDrain,
     /// `helm uninstall` while a `kubectl drain` has pods isolated: Helm's deletions in
     /// Helm's order, then the webhook replica stops; nothing isolated may be left and the
     /// webhook's rights must go once it is done. Protected only, and last (it removes the
@@ -75,6 +81,7 @@ impl fmt::Display for Disruption {
             Disruption::RecreateRollout => "recreate-rollout",
             Disruption::StatefulSetDrain => "statefulset-drain",
             Disruption::ForgedReview => "forged-review",
+            Disruption::SeedGroupDrain => "seed-group-drain",
             Disruption::UninstallMidDrain => "uninstall-mid-drain",
         })
     }
@@ -88,10 +95,11 @@ pub struct RealScenario {
     pub expect: Expect,
 }
 
-/// Every row, unprotected ones first. No row is a known failure today; a row that fails on
+/// Every row, unprotected ones first; the seed-group row only where `upstream` (Kubernetes'
+/// own lifecycle.k8s.io API) is off. No row is a known failure today; a row that fails on
 /// the real controllers before its fix lands is marked [`Expect::KnownFailure`] with the
 /// issue that removes it.
-pub fn scenarios() -> Vec<RealScenario> {
+pub fn scenarios(upstream: bool) -> Vec<RealScenario> {
     use Disruption::*;
     let mut all = Vec::new();
     for protection in [Protection::None, Protection::GracefulDrain] {
@@ -114,6 +122,13 @@ pub fn scenarios() -> Vec<RealScenario> {
         protection: Protection::GracefulDrain,
         expect: Expect::Pass,
     });
+    if !upstream {
+        all.push(RealScenario {
+            disruption: SeedGroupDrain,
+            protection: Protection::GracefulDrain,
+            expect: Expect::Pass,
+        });
+    }
     all.push(RealScenario {
         disruption: UninstallMidDrain,
         protection: Protection::GracefulDrain,
@@ -178,10 +193,18 @@ pub async fn run(
     // Started before the first protected row; a failure to start is that row's result
     // and every later protected row's.
     let mut components: Option<Result<Components, String>> = None;
-    for scenario in scenarios() {
+    if upstream {
+        eprintln!("seed-group-drain: not run, Kubernetes serves lifecycle.k8s.io itself");
+    }
+    for scenario in scenarios(upstream) {
         if scenario.protection == Protection::GracefulDrain && components.is_none() {
             let started = async {
                 apply_chart_rbac(&cluster).await?;
+                // Before the agents start, so their bridge finds the seed group served.
+                if !upstream {
+                    apply_manifests(&cluster, SEED_GROUP_MANIFESTS, "deploy/seed-group.yaml")
+                        .await?;
+                }
                 Components::start(&cluster, &cfg.components).await
             };
             components = Some(
@@ -247,12 +270,28 @@ async fn run_row(
                     // the example LifecycleEvent.
                     Protection::GracefulDrain if s.disruption == Disruption::Drain => {
                         let kubeconfig = cluster.kubeconfig();
-                        actions::kubectl_apply_drain(kubeconfig, &client, &node, timeout).await
+                        let group = actions::OUR_EVENTS;
+                        actions::kubectl_apply_drain(kubeconfig, &client, &node, group, timeout)
+                            .await
                     }
                     Protection::GracefulDrain => {
                         actions::lifecycle_drain(&client, &node, timeout).await
                     }
                 }
+            };
+            let measured = measure(cluster, &cfg, drain).await;
+            uncordon(cluster, &node, s.protection, timeout).await?;
+            measured
+        }
+        Disruption::SeedGroupDrain => {
+            let node = busiest_node(cluster, &cfg.web).await?;
+            let drain = async {
+                cluster.step(format!(
+                    "kubectl apply a lifecycle.k8s.io LifecycleEvent for {node}"
+                ));
+                let kubeconfig = cluster.kubeconfig();
+                let group = actions::SEED_EVENTS;
+                actions::kubectl_apply_drain(kubeconfig, &client, &node, group, timeout).await
             };
             let measured = measure(cluster, &cfg, drain).await;
             uncordon(cluster, &node, s.protection, timeout).await?;
@@ -765,24 +804,77 @@ const RBAC_KINDS: [&str; 7] = [
 /// ValidatingAdmissionPolicies (server-side apply), so the components' tokens get exactly
 /// the chart's rights and every isolation and restore passes the chart's policies.
 pub async fn apply_chart_rbac(cluster: &DataPlane) -> Result<(), Error> {
-    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-    let docs: Vec<serde_json::Value> =
-        serde_saphyr::from_multiple(CHART_MANIFESTS).map_err(|e| Error::Component {
-            name: "chart".into(),
-            reason: format!("deploy/graceful-drain.yaml: {e}"),
-        })?;
     cluster
         .ensure_namespace(super::components::NAMESPACE)
         .await?;
-    let params = PatchParams::apply("graceful-drain-sim").force();
+    let docs = manifests(CHART_MANIFESTS, "deploy/graceful-drain.yaml")?;
+    let rbac: Vec<serde_json::Value> = docs
+        .into_iter()
+        .filter(|d| RBAC_KINDS.iter().any(|k| d["kind"] == *k))
+        .collect();
+    apply_objects(cluster, &rbac, "deploy/graceful-drain.yaml").await
+}
+
+/// The chart's objects for `lifecycleCrds.seedGroup` (its CRDs and the agents'
+/// ClusterRole with the bridge's rights), rendered by `.ci/checks/chart.sh --update`.
+const SEED_GROUP_MANIFESTS: &str = include_str!("../../../../deploy/seed-group.yaml");
+
+/// Applies every object of the manifest `yaml` (named `file` in errors) and, for
+/// CustomResourceDefinitions, waits until they are Established.
+async fn apply_manifests(cluster: &DataPlane, yaml: &str, file: &str) -> Result<(), Error> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let docs = manifests(yaml, file)?;
+    apply_objects(cluster, &docs, file).await?;
+    let crds: Api<CustomResourceDefinition> = Api::all(cluster.client());
     for doc in docs
         .iter()
-        .filter(|d| RBAC_KINDS.iter().any(|k| d["kind"] == *k))
+        .filter(|d| d["kind"] == "CustomResourceDefinition")
     {
+        let name = doc["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let established = || async {
+            crds.get_opt(&name).await.ok().flatten().is_some_and(|c| {
+                c.status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+            })
+        };
+        kube_sim::cluster::wait_for(&format!("crd {name} Established"), CRD_WAIT, established)
+            .await
+            .map_err(Error::Cluster)?;
+    }
+    Ok(())
+}
+
+/// How long a CRD may take to be Established.
+const CRD_WAIT: Duration = Duration::from_secs(30);
+
+fn manifests(yaml: &str, file: &str) -> Result<Vec<serde_json::Value>, Error> {
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(yaml).map_err(|e| Error::Component {
+            name: "chart".into(),
+            reason: format!("{file}: {e}"),
+        })?;
+    Ok(docs.into_iter().filter(|d| d.is_object()).collect())
+}
+
+/// Server-side applies `docs` (from `file`).
+async fn apply_objects(
+    cluster: &DataPlane,
+    docs: &[serde_json::Value],
+    file: &str,
+) -> Result<(), Error> {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let params = PatchParams::apply("graceful-drain-sim").force();
+    for doc in docs {
         let object: DynamicObject =
             serde_json::from_value(doc.clone()).map_err(|e| Error::Component {
                 name: "chart".into(),
-                reason: format!("deploy/graceful-drain.yaml: {e}"),
+                reason: format!("{file}: {e}"),
             })?;
         let Some(types) = object.types.clone() else {
             continue;
