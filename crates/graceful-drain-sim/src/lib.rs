@@ -169,6 +169,10 @@ pub struct Args {
     /// calls (upstream `--concurrent-replicaset-syncs`).
     #[arg(long, default_value_t = controllers::replicaset::DEFAULT_WORKERS)]
     pub replicaset_workers: usize,
+    /// Pods each simulated kubelet holds (its `--max-pods`, reported as
+    /// `status.allocatable.pods`); the scheduler leaves the rest Pending.
+    #[arg(long, default_value_t = kube_sim::cluster::DEFAULT_MAX_PODS)]
+    pub max_pods: usize,
     /// Fault: share (0.0–1.0) of API requests answered 429 TooManyRequests, as API
     /// Priority and Fairness does under load (cluster admins are exempt).
     #[arg(long, default_value_t = 0.0, value_name = "SHARE", value_parser = parse_share)]
@@ -258,6 +262,7 @@ impl Args {
             api,
             disruption_timeout: self.pdb_deletion_timeout,
             replicaset_workers: self.replicaset_workers,
+            max_pods: self.max_pods,
         };
         let web = WebSpec {
             replicas: self.replicas,

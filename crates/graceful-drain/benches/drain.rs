@@ -102,6 +102,8 @@ async fn cluster_with_web(
             accept_after_sigterm: Duration::ZERO,
             exit_after_sigterm: EXIT_AFTER_SIGTERM,
         },
+        // Every pod on one node, as a kubelet with `--max-pods` above the count allows.
+        max_pods: pods + 10,
         ..ClusterConfig::default()
     };
     let shutdown = Shutdown::new();

@@ -98,7 +98,13 @@ pub struct ClusterConfig {
     pub disruption_timeout: Duration,
     /// ReplicaSets synced at once (upstream `--concurrent-replicaset-syncs`, 5).
     pub replicaset_workers: usize,
+    /// Pods each kubelet reports it holds (`status.allocatable.pods`; the kubelet's
+    /// `--max-pods`, 110 by default), which the scheduler never exceeds.
+    pub max_pods: usize,
 }
+
+/// The kubelet's default `--max-pods`.
+pub const DEFAULT_MAX_PODS: usize = 110;
 
 impl Default for ClusterConfig {
     fn default() -> Self {
@@ -118,6 +124,7 @@ impl Default for ClusterConfig {
             api: apiserver::Config::default(),
             disruption_timeout: controllers::disruption::DELETION_TIMEOUT,
             replicaset_workers: controllers::replicaset::DEFAULT_WORKERS,
+            max_pods: DEFAULT_MAX_PODS,
         }
     }
 }
@@ -287,8 +294,12 @@ impl Cluster {
             .await
             .map_err(Error::ApiServer)?;
         let nodes: Vec<String> = (1..=cfg.nodes).map(|i| format!("worker-{i}")).collect();
+        // Each kubelet registers its Node and reports it Ready; the node lifecycle
+        // controller (here: its identity) then lifts the not-ready taint admission put on it.
+        let lifecycle = api.retrying_client(users::NODE_LIFECYCLE_CONTROLLER);
         for node in &nodes {
-            register_node(&api.retrying_client(&users::kubelet(node)), node).await?;
+            let kubelet = api.retrying_client(&users::kubelet(node));
+            register_and_report(&kubelet, &lifecycle, node, cfg.max_pods).await?;
         }
         let kubelets = nodes
             .iter()
@@ -621,11 +632,11 @@ impl Deref for RealCluster {
     }
 }
 
-/// Taint kube-apiserver's TaintNodesByCondition admission puts on every new Node, which
-/// the node lifecycle controller lifts once the kubelet reports Ready. The real tier runs
-/// kube-controller-manager without that controller (no kubelet heartbeats), so the
-/// simulated kubelets' registration lifts it.
-const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
+/// Taint kube-apiserver's TaintNodesByCondition admission (and the simulated API server's)
+/// puts on every new Node, which the node lifecycle controller lifts once the kubelet
+/// reports Ready. The real tier runs kube-controller-manager without that controller (no
+/// kubelet heartbeats) and the simulator has none, so registration lifts it.
+pub const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
 
 impl RealCluster {
     /// Registers `cfg.nodes` Nodes on the API server `kubeconfig` names (whose user must
@@ -644,7 +655,7 @@ impl RealCluster {
         let admin = client_for(&config, None, kubeconfig)?;
         let nodes: Vec<String> = (1..=cfg.nodes).map(|i| format!("worker-{i}")).collect();
         for node in &nodes {
-            register_real_node(&admin, node).await?;
+            register_and_report(&admin, &admin, node, cfg.max_pods).await?;
         }
         let mut kubelets = Vec::with_capacity(nodes.len());
         for node in nodes {
@@ -713,13 +724,19 @@ fn client_for(
     })
 }
 
-/// Creates the Node (if missing), reports what a kubelet reports at registration —
-/// capacity, allocatable, Ready — and lifts the not-ready taint.
-async fn register_real_node(admin: &kube::Client, name: &str) -> Result<()> {
-    register_node(admin, name).await?;
-    let nodes: Api<Node> = Api::all(admin.clone());
+/// Creates the Node (if missing) and reports what a kubelet reports at registration —
+/// capacity, allocatable, Ready — as `kubelet`; then, as `lifecycle` (the node lifecycle
+/// controller's part), lifts the not-ready taint admission put on the new Node.
+async fn register_and_report(
+    kubelet: &kube::Client,
+    lifecycle: &kube::Client,
+    name: &str,
+    max_pods: usize,
+) -> Result<()> {
+    register_node(kubelet, name).await?;
+    let nodes: Api<Node> = Api::all(kubelet.clone());
     let now = jiff::Timestamp::now().to_string();
-    let resources = serde_json::json!({"cpu": "8", "memory": "32Gi", "pods": "110"});
+    let resources = serde_json::json!({"cpu": "8", "memory": "32Gi", "pods": max_pods.to_string()});
     let status = serde_json::json!({"status": {
         "capacity": resources, "allocatable": resources,
         "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
@@ -729,6 +746,7 @@ async fn register_real_node(admin: &kube::Client, name: &str) -> Result<()> {
         .patch_status(name, &PatchParams::default(), &Patch::Merge(status))
         .await
         .map_err(api_err("report status of", format!("node {name}")))?;
+    let nodes: Api<Node> = Api::all(lifecycle.clone());
     let node = nodes
         .get(name)
         .await

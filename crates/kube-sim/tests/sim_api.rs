@@ -198,6 +198,45 @@ async fn create_get_list_with_selectors_and_pagination() {
     assert!(stats.count("list", "pods") >= 4);
 }
 
+/// As TaintNodesByCondition admission does on kube-apiserver
+/// (plugin/pkg/admission/nodetaint/admission.go): a new Node is tainted not-ready, once,
+/// whatever taints it came with, so nothing is scheduled there before it is Ready.
+#[tokio::test]
+async fn a_new_node_is_tainted_not_ready_until_lifted() {
+    let (api, _shutdown) = server(Config::default()).await;
+    let nodes: Api<Node> = Api::all(api.client("admin"));
+    let node: Node = serde_json::from_value(json!({"metadata": {"name": "n1"},
+        "spec": {"taints": [{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]}}))
+    .unwrap();
+    let created = nodes.create(&PostParams::default(), &node).await.unwrap();
+    let taints: Vec<(String, String)> = created
+        .spec
+        .unwrap()
+        .taints
+        .unwrap()
+        .into_iter()
+        .map(|t| (t.key, t.effect))
+        .collect();
+    assert_eq!(
+        taints,
+        [
+            ("dedicated".to_string(), "NoSchedule".to_string()),
+            (
+                "node.kubernetes.io/not-ready".to_string(),
+                "NoSchedule".to_string()
+            ),
+        ]
+    );
+    let tainted: Node = serde_json::from_value(json!({"metadata": {"name": "n2"},
+        "spec": {"taints": [{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]}}))
+    .unwrap();
+    let created = nodes
+        .create(&PostParams::default(), &tainted)
+        .await
+        .unwrap();
+    assert_eq!(created.spec.unwrap().taints.unwrap().len(), 1, "added once");
+}
+
 #[tokio::test]
 async fn updates_conflict_on_stale_resource_version_and_patch_kinds_apply() {
     let (api, _shutdown) = server(Config::default()).await;

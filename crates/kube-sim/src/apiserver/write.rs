@@ -285,7 +285,10 @@ pub(crate) fn prepare_for_create(def: &ResourceDef, obj: &mut Value) {
         ("", "namespaces") => {
             map.insert("status".into(), json!({"phase": "Active"}));
         }
-        ("", "nodes") => {}
+        // Admission plugin TaintNodesByCondition taints every new Node not-ready until
+        // the node lifecycle controller sees it Ready (`addNotReadyTaint` in
+        // plugin/pkg/admission/nodetaint/admission.go, v1.37.2).
+        ("", "nodes") => add_not_ready_taint(map),
         ("apiextensions.k8s.io", "customresourcedefinitions") => {
             let names = map.get("spec").and_then(|s| s.get("names")).cloned();
             map.insert(
@@ -309,6 +312,24 @@ pub(crate) fn prepare_for_create(def: &ResourceDef, obj: &mut Value) {
             map.remove("status");
         }
         _ => {}
+    }
+}
+
+fn add_not_ready_taint(node: &mut serde_json::Map<String, Value>) {
+    use crate::cluster::NOT_READY_TAINT;
+    let spec = node.entry("spec").or_insert_with(|| json!({}));
+    let Some(spec) = spec.as_object_mut() else {
+        return;
+    };
+    let taints = spec.entry("taints").or_insert_with(|| json!([]));
+    let Some(taints) = taints.as_array_mut() else {
+        return;
+    };
+    let present = taints
+        .iter()
+        .any(|t| t["key"] == NOT_READY_TAINT && t["effect"] == "NoSchedule");
+    if !present {
+        taints.push(json!({"key": NOT_READY_TAINT, "effect": "NoSchedule"}));
     }
 }
 

@@ -53,6 +53,7 @@ pub mod users {
     pub const GARBAGE_COLLECTOR: &str =
         "system:serviceaccount:kube-system:generic-garbage-collector";
     pub const SERVICE_CONTROLLER: &str = "system:serviceaccount:kube-system:service-controller";
+    pub const NODE_LIFECYCLE_CONTROLLER: &str = "system:serviceaccount:kube-system:node-controller";
 
     /// The kubelet of `node`.
     pub fn kubelet(node: &str) -> String {

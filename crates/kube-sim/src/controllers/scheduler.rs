@@ -85,8 +85,19 @@ pub fn pick_node<'a>(
     nodes
         .iter()
         .filter(|n| fits(pod, n))
-        .map(|n| n.metadata.name.as_deref().unwrap_or_default())
+        .map(|n| (n.metadata.name.as_deref().unwrap_or_default(), pod_room(n)))
+        .filter(|(name, room)| room.is_none_or(|r| load.get(*name).copied().unwrap_or(0) < r))
+        .map(|(name, _)| name)
         .min_by_key(|name| (load.get(*name).copied().unwrap_or(0), *name))
+}
+
+/// How many pods `node` holds (`status.allocatable.pods`, 110 from a default kubelet);
+/// `None` when it reports none. The real scheduler's NodeResourcesFit filter refuses a
+/// node whose pods would exceed it (`fitsRequest` in
+/// pkg/scheduler/framework/plugins/noderesources/fit.go, v1.37.2: "Too many pods").
+fn pod_room(node: &Node) -> Option<usize> {
+    let pods = node.status.as_ref()?.allocatable.as_ref()?.get("pods")?;
+    pods.0.parse().ok()
 }
 
 fn wants_scheduling(pod: &Pod) -> bool {
@@ -247,6 +258,26 @@ mod tests {
             pick_node(&pod(&[], vec![]), &nodes, &even),
             Some("a"),
             "ties by name"
+        );
+    }
+
+    #[test]
+    fn a_node_at_its_allocatable_pods_takes_no_more() {
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let full = |name: &str, pods: &str| {
+            let mut n = (*node(name, false, true, &[], vec![])).clone();
+            let status = n.status.get_or_insert_with(Default::default);
+            status.allocatable = Some([("pods".to_string(), Quantity(pods.into()))].into());
+            Arc::new(n)
+        };
+        let nodes = vec![full("a", "2"), full("b", "3")];
+        let load: HashMap<String, usize> = [("a".to_string(), 1), ("b".to_string(), 3)].into();
+        assert_eq!(pick_node(&pod(&[], vec![]), &nodes, &load), Some("a"));
+        let load: HashMap<String, usize> = [("a".to_string(), 2), ("b".to_string(), 3)].into();
+        assert_eq!(
+            pick_node(&pod(&[], vec![]), &nodes, &load),
+            None,
+            "both nodes hold their allocatable pods: the pod stays Pending"
         );
     }
 
