@@ -80,7 +80,16 @@ pub struct Slices {
     /// Node names seen in endpoints, each once (a cluster has at most a few thousand).
     nodes: Vec<Box<str>>,
     node_ids: HashMap<Box<str>, u16>,
+    /// When each pod that some slice listed was seen in none any more (by pod key);
+    /// cleared when a slice lists it again, pruned after [`LEFT_KEPT`].
+    left: HashMap<u64, jiff::Timestamp>,
 }
+
+/// How long a pod's departure from the slices is remembered: past the longest wait for
+/// an isolated pod (`decide::MAX_ENDPOINT_WAIT` after its delete time) plus any delay.
+const LEFT_KEPT: std::time::Duration = std::time::Duration::from_secs(3600);
+/// Departures remembered before old ones are pruned.
+const LEFT_PRUNE_AT: usize = 4096;
 
 /// [`PodEndpoint::node`] of an endpoint without `nodeName`, or beyond 65,535 nodes.
 const NO_NODE: u16 = u16::MAX;
@@ -112,8 +121,12 @@ impl Slices {
     }
 
     fn upsert(&mut self, slice: &EndpointSlice) {
+        self.upsert_at(slice, jiff::Timestamp::now());
+    }
+
+    fn upsert_at(&mut self, slice: &EndpointSlice, now: jiff::Timestamp) {
         let key = key_of(&slice.metadata);
-        self.remove(&key);
+        let before = self.remove_quietly(&key);
         let service = slice
             .metadata
             .labels
@@ -150,6 +163,9 @@ impl Slices {
         }
         pods.sort_unstable();
         pods.dedup();
+        for pod in &pods {
+            self.left.remove(pod);
+        }
         if let Some(slot) = self.slots.get_mut(id as usize) {
             *slot = Some(SliceEntry {
                 service,
@@ -157,24 +173,57 @@ impl Slices {
             });
         }
         self.ids.insert(key, id);
+        self.note_departures(before, now);
     }
 
     fn remove(&mut self, key: &Key) {
+        let before = self.remove_quietly(key);
+        self.note_departures(before, jiff::Timestamp::now());
+    }
+
+    /// Drops slice `key`; returns the pods it listed.
+    fn remove_quietly(&mut self, key: &Key) -> Box<[u64]> {
         let Some(id) = self.ids.remove(key) else {
-            return;
+            return Box::default();
         };
         let Some(old) = self.slots.get_mut(id as usize).and_then(Option::take) else {
-            return;
+            return Box::default();
         };
-        for pod in old.pods {
-            if let Some(endpoints) = self.by_pod.get_mut(&pod) {
+        for pod in &old.pods {
+            if let Some(endpoints) = self.by_pod.get_mut(pod) {
                 endpoints.retain(|ep| ep.slice != id);
                 if endpoints.is_empty() {
-                    self.by_pod.remove(&pod);
+                    self.by_pod.remove(pod);
                 }
             }
         }
         self.free.push(id);
+        old.pods
+    }
+
+    /// Records `now` for every pod of `listed` that no slice lists any more.
+    fn note_departures(&mut self, listed: Box<[u64]>, now: jiff::Timestamp) {
+        for pod in listed {
+            if !self.by_pod.contains_key(&pod) {
+                self.left.entry(pod).or_insert(now);
+            }
+        }
+        if self.left.len() > LEFT_PRUNE_AT {
+            let oldest = now
+                .checked_sub(jiff::SignedDuration::try_from(LEFT_KEPT).unwrap_or_default())
+                .unwrap_or(jiff::Timestamp::MIN);
+            self.left.retain(|_, at| *at > oldest);
+        }
+    }
+
+    /// When pod `namespace/name` left the last slice that listed it; `None` while a slice
+    /// lists it or when no slice was seen listing it.
+    pub fn left_at(&self, namespace: &str, name: &str) -> Option<jiff::Timestamp> {
+        let pod = self.pod_key(namespace, name);
+        if self.by_pod.contains_key(&pod) {
+            return None;
+        }
+        self.left.get(&pod).copied()
     }
 
     /// Every endpoint naming pod `namespace/name`; with the pod's `uid`, an endpoint
@@ -500,6 +549,12 @@ impl Cache {
         read(&self.slices).endpoints_of(namespace, pod, uid)
     }
 
+    /// When pod `namespace/pod` left the last EndpointSlice that listed it, as this
+    /// replica's watch saw it; `None` while one lists it.
+    pub fn left_slices_at(&self, namespace: &str, pod: &str) -> Option<jiff::Timestamp> {
+        read(&self.slices).left_at(namespace, pod)
+    }
+
     /// The delete time of pod `namespace/pod` if the deleter knows it as isolated. An
     /// isolated pod may have left every slice already and still must not die early.
     pub fn isolated(&self, namespace: &str, pod: &str) -> Option<jiff::Timestamp> {
@@ -573,6 +628,7 @@ impl Cache {
             namespace: self.namespace(&pod.namespace),
             pdbs,
             no_deleter: !self.deleter_alive(jiff::Timestamp::now()),
+            left_slices_at: self.left_slices_at(&pod.namespace, &pod.name),
         }
     }
 
@@ -805,6 +861,26 @@ mod tests {
             "endpoints": endpoints
         }))
         .unwrap()
+    }
+
+    /// A pod's departure is the moment the last slice listing it dropped it: not while
+    /// another slice still lists it, forgotten when a slice lists it again.
+    #[test]
+    fn a_pod_leaving_its_last_slice_is_timed() {
+        let cache = Cache::new([]);
+        cache.apply_slice(&slice("web-a", &[("p1", "u1", true), ("p2", "u2", true)]));
+        cache.apply_slice(&slice("web-b", &[("p1", "u1", false)]));
+        assert_eq!(cache.left_slices_at("web", "p1"), None);
+        let before = jiff::Timestamp::now();
+        cache.apply_slice(&slice("web-a", &[("p2", "u2", true)]));
+        assert_eq!(cache.left_slices_at("web", "p1"), None, "web-b lists it");
+        cache.apply_slice(&slice("web-b", &[]));
+        let left = cache.left_slices_at("web", "p1").expect("left every slice");
+        assert!(left >= before);
+        assert_eq!(cache.left_slices_at("web", "p2"), None, "still listed");
+        assert_eq!(cache.left_slices_at("web", "p9"), None, "never listed");
+        cache.apply_slice(&slice("web-b", &[("p1", "u1", true)]));
+        assert_eq!(cache.left_slices_at("web", "p1"), None, "listed again");
     }
 
     #[test]

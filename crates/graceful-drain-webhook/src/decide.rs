@@ -209,6 +209,9 @@ pub struct Snapshot {
     pub pdbs: Vec<PdbFacts>,
     /// No replica holds the deleter Lease: an isolated pod would never be deleted.
     pub no_deleter: bool,
+    /// When this replica saw the pod leave the last EndpointSlice that listed it; `None`
+    /// while one lists it, or when it was never seen listed.
+    pub left_slices_at: Option<Timestamp>,
 }
 
 /// Static decision settings from the command line.
@@ -320,9 +323,17 @@ pub fn decide(
         return Decision::Pass(Pass::Terminating);
     }
     if pod.labels.contains_key(DRAINING_LABEL) {
-        return match delete_at_of(pod) {
-            Some(delete_at) if delete_at > now => Decision::Pending { delete_at },
-            _ => Decision::Pass(Pass::AlreadyDue),
+        let Some(delete_at) = delete_at_of(pod) else {
+            return Decision::Pass(Pass::AlreadyDue);
+        };
+        let delay = delay_for(pod, &snap.namespace, settings.default_delay).min(settings.max_delay);
+        return match due_at(delete_at, listed(snap), snap.left_slices_at, delay, now) {
+            Some(due) if due > now => Decision::Pending { delete_at: due },
+            Some(_) => Decision::Pass(Pass::AlreadyDue),
+            // Still routed to: not before its recorded time, and asked again from then on.
+            None => Decision::Pending {
+                delete_at: delete_at.max(now),
+            },
         };
     }
     if let Some(pass) = pass_for_pod(pod, snap, settings) {
@@ -347,6 +358,39 @@ pub fn decide(
         charge,
         capped: asked > delay,
     }
+}
+
+/// Longest an isolated pod waits past its delete time for the last EndpointSlice to drop
+/// it: a Service selecting the draining label would otherwise keep it forever.
+pub const MAX_ENDPOINT_WAIT: Duration = Duration::from_secs(600);
+
+/// Whether an EndpointSlice still lists the pod (an earlier pod of its name aside).
+pub fn listed(snap: &Snapshot) -> bool {
+    snap.endpoints.iter().any(|e| !e.earlier_pod)
+}
+
+/// When an isolated pod recorded as due at `delete_at` (its isolation time plus `delay`)
+/// may go: never while an EndpointSlice still lists it (load balancers follow the slices),
+/// and not before `delay` has passed since it left the last one (`left_at`, when this
+/// replica saw it) — the delay counts from the removal, not from the isolation. Bounded:
+/// [`MAX_ENDPOINT_WAIT`] past `delete_at` it goes whatever the slices say. `None` while it
+/// is still listed (ask again soon).
+pub fn due_at(
+    delete_at: Timestamp,
+    listed: bool,
+    left_at: Option<Timestamp>,
+    delay: Duration,
+    now: Timestamp,
+) -> Option<Timestamp> {
+    let limit = add(delete_at, MAX_ENDPOINT_WAIT);
+    if now >= limit {
+        return Some(limit);
+    }
+    if listed {
+        return None;
+    }
+    let after_removal = left_at.map_or(delete_at, |left| add(left, delay));
+    Some(delete_at.max(after_removal).min(limit))
 }
 
 /// Whether the caller's UID and resourceVersion preconditions match `pod`.
@@ -775,9 +819,16 @@ mod tests {
             (
                 "already isolated and due",
                 req(Path::Delete),
+                due.clone(),
+                Snapshot::default(),
+                Decision::Pass(Pass::AlreadyDue),
+            ),
+            (
+                "due but still in an EndpointSlice: waits, asked again from now",
+                req(Path::Evict),
                 due,
                 exposed(),
-                Decision::Pass(Pass::AlreadyDue),
+                Decision::Pending { delete_at: now() },
             ),
             (
                 "not running",
@@ -1145,6 +1196,41 @@ mod tests {
         assert_eq!(
             add(now(), Duration::from_millis(1500)).to_string(),
             "2026-01-01T00:00:02Z"
+        );
+    }
+
+    /// The delay of an isolated pod counts from its observed removal from the slices,
+    /// and it never goes while one lists it; ten minutes past its delete time it goes.
+    #[test]
+    fn an_isolated_pod_waits_for_the_slices_then_its_delay() {
+        let t = |s: &str| -> Timestamp { format!("2026-01-01T00:{s}Z").parse().unwrap() };
+        let delay = Duration::from_secs(10);
+        let delete_at = t("00:10");
+        // Left its slices at once: due at its recorded time.
+        assert_eq!(
+            due_at(delete_at, false, Some(t("00:00")), delay, t("00:05")),
+            Some(delete_at)
+        );
+        // A busy EndpointSlice controller dropped it 8 s late: the delay counts from then.
+        assert_eq!(
+            due_at(delete_at, false, Some(t("00:08")), delay, t("00:12")),
+            Some(t("00:18"))
+        );
+        // Still listed: not due, whatever the time.
+        assert_eq!(due_at(delete_at, true, None, delay, t("00:30")), None);
+        // Never seen listed (a restarted replica): its recorded time.
+        assert_eq!(
+            due_at(delete_at, false, None, delay, t("00:05")),
+            Some(delete_at)
+        );
+        // Bounded: ten minutes past its delete time.
+        assert_eq!(
+            due_at(delete_at, true, None, delay, t("10:10")),
+            Some(t("10:10"))
+        );
+        assert_eq!(
+            due_at(delete_at, false, Some(t("10:09")), delay, t("10:10")),
+            Some(t("10:10"))
         );
     }
 }

@@ -61,9 +61,7 @@ const REMOVALS_IN_FLIGHT: usize = 16;
 /// Longest wait for the API server to answer one removal: pods are removed one after
 /// another, so an unanswered call must not hold the others.
 const CALL_TIMEOUT: Duration = Duration::from_secs(15);
-/// In wait-for-endpoints mode, give up waiting for the slices this long after the delete
-/// time: a Service selecting the draining label would otherwise keep the pod forever.
-pub const MAX_ENDPOINT_WAIT: Duration = Duration::from_secs(600);
+pub use super::decide::MAX_ENDPOINT_WAIT;
 
 /// Why a restore failed (it is tried again).
 #[derive(Debug, thiserror::Error)]
@@ -139,24 +137,22 @@ pub fn pending_from(meta: &ObjectMeta) -> Option<Pending> {
     })
 }
 
-/// Whether `pod` may be deleted at `now` (never one its caller removes). `left_slices_at` is when the pod was first seen
-/// in no EndpointSlice (wait-for-endpoints mode, with `margin`), `None` while it is listed.
+/// Whether `pod` may be deleted at `now` (never one its caller removes): not before its
+/// delete time, never while an EndpointSlice lists it (`listed`), and not before `margin`
+/// has passed since it left the last one (`left_slices_at`); [`MAX_ENDPOINT_WAIT`] past
+/// its delete time it goes whatever the slices say ([`super::decide::due_at`]).
 pub fn is_due(
     pod: &Pending,
     now: Timestamp,
-    wait_margin: Option<Duration>,
+    margin: Duration,
+    listed: bool,
     left_slices_at: Option<Timestamp>,
 ) -> bool {
-    if pod.terminating || pod.restore_at.is_some() || now < pod.delete_at {
+    if pod.terminating || pod.restore_at.is_some() {
         return false;
     }
-    let Some(margin) = wait_margin else {
-        return true;
-    };
-    if now >= super::decide::add(pod.delete_at, MAX_ENDPOINT_WAIT) {
-        return true;
-    }
-    left_slices_at.is_some_and(|t| now >= super::decide::add(t, margin))
+    super::decide::due_at(pod.delete_at, listed, left_slices_at, margin, now)
+        .is_some_and(|due| now >= due)
 }
 
 /// `call`, abandoned (as a transport error) when the API server has not answered within
@@ -201,12 +197,15 @@ impl Attempt {
 pub struct Deleter {
     pub ctx: isolate::Context,
     pub metrics: Arc<Metrics>,
-    /// `Some(margin)` to wait until the pod left every EndpointSlice plus `margin`.
-    pub wait_for_endpoints: Option<Duration>,
+    /// How long after the pod left every EndpointSlice it may be deleted (it never is
+    /// while one lists it).
+    pub margin: Duration,
     pending: HashMap<String, Pending>,
     /// The watched metadata of pods their callers remove, to restore them from.
     metas: HashMap<String, ObjectMeta>,
-    left_slices: HashMap<String, Timestamp>,
+    /// When each pending pod was first seen isolated, until its departure from the slices
+    /// is measured (the `endpoint_removal_seconds` histogram).
+    isolated_seen: HashMap<String, Timestamp>,
     attempted: HashMap<String, Attempt>,
     /// The webhook's own Deployment (namespace, name): gone or being deleted at shutdown
     /// means the webhook is being uninstalled, and pending pods are removed before exit.
@@ -219,10 +218,10 @@ impl Deleter {
         Deleter {
             ctx,
             metrics,
-            wait_for_endpoints: wait,
+            margin: wait.unwrap_or(Duration::ZERO),
             pending: HashMap::new(),
             metas: HashMap::new(),
-            left_slices: HashMap::new(),
+            isolated_seen: HashMap::new(),
             attempted: HashMap::new(),
             release: None,
         }
@@ -288,6 +287,9 @@ impl Deleter {
                 } else {
                     self.metas.remove(&uid);
                 }
+                if !self.pending.contains_key(&uid) && !p.terminating {
+                    self.isolated_seen.insert(uid.clone(), Timestamp::now());
+                }
                 self.pending.insert(uid, p);
             }
             None => self.forget(&uid),
@@ -299,7 +301,7 @@ impl Deleter {
             self.cache().set_isolated(&p.namespace, &p.name, None);
         }
         self.metas.remove(uid);
-        self.left_slices.remove(uid);
+        self.isolated_seen.remove(uid);
         self.attempted.remove(uid);
     }
 
@@ -310,23 +312,31 @@ impl Deleter {
             .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 
-    /// Tracks when each pending pod left every EndpointSlice.
-    fn observe_slices(&mut self, now: Timestamp) {
-        if self.wait_for_endpoints.is_none() {
-            return;
-        }
-        for (uid, pod) in &self.pending {
-            let listed = self
-                .cache()
-                .endpoints_of(&pod.namespace, &pod.name, Some(uid))
-                .iter()
-                .any(|e| !e.earlier_pod);
-            if listed {
-                self.left_slices.remove(uid);
-            } else {
-                self.left_slices.entry(uid.clone()).or_insert(now);
-            }
-        }
+    /// Measures, once per pod, how long after it was seen isolated it left the last
+    /// EndpointSlice that listed it.
+    fn observe_slices(&mut self) {
+        let cache = self.ctx.cache.clone();
+        let pending = &self.pending;
+        let metrics = &self.metrics;
+        self.isolated_seen.retain(|uid, seen| {
+            let Some(pod) = pending.get(uid) else {
+                return false;
+            };
+            let Some(left) = cache.left_slices_at(&pod.namespace, &pod.name) else {
+                return true;
+            };
+            let lag = left.duration_since(*seen).as_secs_f64().max(0.0);
+            metrics.endpoint_removal.observe(lag);
+            false
+        });
+    }
+
+    /// Whether an EndpointSlice lists `pod` (an earlier pod of its name aside).
+    fn listed(&self, pod: &Pending) -> bool {
+        self.cache()
+            .endpoints_of(&pod.namespace, &pod.name, Some(&pod.uid))
+            .iter()
+            .any(|e| !e.earlier_pod)
     }
 
     /// The pods to delete now.
@@ -334,13 +344,9 @@ impl Deleter {
         self.pending
             .iter()
             .filter(|(uid, _)| self.attempted.get(*uid).is_none_or(Attempt::elapsed))
-            .filter(|(uid, p)| {
-                is_due(
-                    p,
-                    now,
-                    self.wait_for_endpoints,
-                    self.left_slices.get(*uid).copied(),
-                )
+            .filter(|(_, p)| {
+                let left = self.cache().left_slices_at(&p.namespace, &p.name);
+                is_due(p, now, self.margin, self.listed(p), left)
             })
             .map(|(_, p)| p.clone())
             .collect()
@@ -467,7 +473,7 @@ impl Deleter {
     fn next_scan(&self, leading: bool) -> tokio::time::Instant {
         let now = tokio::time::Instant::now();
         let tick = now + TICK;
-        if !leading || self.wait_for_endpoints.is_some() {
+        if !leading {
             return tick;
         }
         let wall = Timestamp::now();
@@ -489,7 +495,7 @@ impl Deleter {
     /// One scan: delete every due pod when leading.
     pub async fn tick(&mut self, leading: bool) {
         let now = Timestamp::now();
-        self.observe_slices(now);
+        self.observe_slices();
         self.update_gauge();
         self.metrics.leader.set(i64::from(leading));
         if !leading {
@@ -701,7 +707,7 @@ mod tests {
     }
 
     #[test]
-    fn due_rules_with_and_without_waiting_for_endpoints() {
+    fn a_pod_is_due_at_its_time_once_no_endpointslice_lists_it() {
         let pod = Pending {
             namespace: "web".into(),
             name: "a".into(),
@@ -714,37 +720,41 @@ mod tests {
         };
         let before = at("2026-01-01T00:00:59Z");
         let after = at("2026-01-01T00:01:01Z");
-        assert!(!is_due(&pod, before, None, None));
-        assert!(is_due(&pod, after, None, None));
+        let left = Some(at("2026-01-01T00:00:01Z"));
+        let zero = Duration::ZERO;
+        assert!(!is_due(&pod, before, zero, false, left));
+        assert!(is_due(&pod, after, zero, false, left));
+        assert!(is_due(&pod, after, zero, false, None), "never seen listed");
         let callers = Pending {
             restore_at: Some(at("2026-01-01T00:02:00Z")),
             ..pod.clone()
         };
         assert!(
-            !is_due(&callers, after, None, None),
+            !is_due(&callers, after, zero, false, left),
             "a pod its caller removes is never deleted by the deleter"
         );
-        let margin = Some(Duration::from_secs(5));
-        assert!(!is_due(&pod, after, margin, None), "still in a slice");
+        assert!(!is_due(&pod, after, zero, true, None), "still in a slice");
+        let margin = Duration::from_secs(5);
         assert!(
-            !is_due(&pod, after, margin, Some(at("2026-01-01T00:00:58Z"))),
+            !is_due(&pod, after, margin, false, Some(at("2026-01-01T00:00:58Z"))),
             "margin not over"
         );
         assert!(is_due(
             &pod,
             after,
             margin,
+            false,
             Some(at("2026-01-01T00:00:50Z"))
         ));
         assert!(
-            is_due(&pod, at("2026-01-01T00:11:00Z"), margin, None),
-            "gives up after the cap"
+            is_due(&pod, at("2026-01-01T00:11:00Z"), zero, true, None),
+            "gives up ten minutes past its delete time"
         );
         let terminating = Pending {
             terminating: true,
             ..pod
         };
-        assert!(!is_due(&terminating, after, None, None));
+        assert!(!is_due(&terminating, after, zero, false, left));
     }
 
     /// A refused removal (a throttled request, a dropped connection) is tried again after

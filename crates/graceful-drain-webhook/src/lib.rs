@@ -136,8 +136,9 @@ pub struct PolicyArgs {
     /// Which pods count as exposed to load balancers.
     #[arg(long, value_enum, default_value_t, env = "GRACEFUL_DRAIN_EXPOSURE")]
     pub exposure: Exposure,
-    /// Delete only once the pod has left every EndpointSlice plus this margin (and its
-    /// delete time has passed). Off by default.
+    /// An isolated pod never goes while an EndpointSlice still lists it (up to 10 minutes
+    /// past its delete time); the deferred deleter also waits this margin after it left
+    /// the last one (default none).
     #[arg(long, value_name = "MARGIN", value_parser = humantime::parse_duration)]
     pub wait_for_endpoints: Option<Duration>,
     /// Namespaces never handled (repeatable), in addition to namespaces labelled

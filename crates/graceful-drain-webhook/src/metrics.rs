@@ -44,6 +44,16 @@ pub struct Metrics {
     pub pending_deletions: Gauge,
     pub holds_in_flight: Gauge,
     pub leader: Gauge,
+    /// From the pod seen isolated to its leaving the last EndpointSlice.
+    pub endpoint_removal: Histogram,
+}
+
+/// Removal lag buckets (seconds): an idle EndpointSlice controller drops a pod within a
+/// second; a busy or throttled one takes tens of seconds or minutes.
+fn removal_histogram() -> Histogram {
+    Histogram::new([
+        0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+    ])
 }
 
 /// Review latency buckets (seconds): sub-millisecond pass-through up to the 30 s maximum
@@ -67,6 +77,7 @@ impl Metrics {
             pending_deletions: Gauge::default(),
             holds_in_flight: Gauge::default(),
             leader: Gauge::default(),
+            endpoint_removal: removal_histogram(),
         };
         let reg = registry.sub_registry_with_prefix("graceful_drain_webhook");
         reg.register(
@@ -113,6 +124,11 @@ impl Metrics {
             "leader",
             "1 while this replica holds the deleter Lease",
             metrics.leader.clone(),
+        );
+        reg.register(
+            "endpoint_removal_seconds",
+            "Time from a pod seen isolated to its leaving the last EndpointSlice that listed it",
+            metrics.endpoint_removal.clone(),
         );
         metrics
     }

@@ -1950,3 +1950,97 @@ async fn a_forged_eviction_review_deletes_nothing_and_the_pod_goes_back_into_its
     .await
     .unwrap();
 }
+
+/// A busy EndpointSlice controller (each of its writes lands 4 s late) still lists an
+/// isolated pod past its 2 s delete time: the caller's retried eviction is refused while
+/// any slice lists the pod, and goes through only once the pod has been out of every
+/// slice for its whole delay — the delay counts from the removal, not the isolation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_a_busy_endpointslice_controller_the_delay_counts_from_the_removal() {
+    use futures::StreamExt;
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use kube::runtime::{WatchStreamExt, watcher};
+    use kube_sim::apiserver::Faults;
+    use kube_sim::controllers::users::ENDPOINTSLICE;
+    let lag = Duration::from_secs(4);
+    let delay = Duration::from_secs(2);
+    let mut config = ClusterConfig::default();
+    config.api.faults = Faults {
+        slow_writers: vec![(ENDPOINTSLICE.to_string(), lag)],
+        ..Faults::default()
+    };
+    let spec = WebSpec {
+        replicas: 2,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    let (cluster, _webhook) = setup_with(config, &spec, delay, 10, &[]).await;
+    let name = web_pods(&cluster, &spec).await.remove(0).name_any();
+    // From the slices' own watch: `Some(None)` while a slice lists the victim, then
+    // `Some(Some(t))` from the moment t none does.
+    let left = std::sync::Arc::new(std::sync::Mutex::new(None::<Option<Instant>>));
+    let seen = left.clone();
+    let watched = name.clone();
+    let slices: Api<EndpointSlice> = Api::namespaced(cluster.client(), "default");
+    let watch = tokio::spawn(async move {
+        let lists = |s: &EndpointSlice| {
+            s.endpoints.iter().any(|e| {
+                e.target_ref.as_ref().and_then(|t| t.name.as_deref()) == Some(watched.as_str())
+            })
+        };
+        let mut listing = std::collections::HashMap::new();
+        let mut changes = watcher(slices, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        while let Some(event) = changes.next().await {
+            match event {
+                Ok(watcher::Event::Apply(s) | watcher::Event::InitApply(s)) => {
+                    listing.insert(s.name_any(), lists(&s));
+                }
+                Ok(watcher::Event::Delete(s)) => {
+                    listing.remove(&s.name_any());
+                }
+                _ => continue,
+            }
+            let mut seen = seen.lock().unwrap();
+            match (listing.values().any(|l| *l), *seen) {
+                (true, _) => *seen = Some(None),
+                (false, Some(None)) => *seen = Some(Some(Instant::now())),
+                _ => {}
+            }
+        }
+    });
+    let isolated = Instant::now();
+    let first = try_evict(&cluster, &name).await;
+    assert!(deregistering(&first).is_some(), "{first:?}");
+    let deadline = isolated + TIMEOUT;
+    let evicted = loop {
+        match try_evict(&cluster, &name).await {
+            Ok(_) => break Instant::now(),
+            Err(kube::Error::Api(s)) if s.code == 429 && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(error) => panic!("eviction of {name}: {error:?}"),
+        }
+    };
+    watch.abort();
+    let left = left
+        .lock()
+        .unwrap()
+        .expect("the pod was in a slice")
+        .expect("the pod left its slices before its eviction went through");
+    assert!(
+        left.duration_since(isolated) > delay,
+        "the busy controller kept the pod listed past its delete time ({:?} after isolation)",
+        left.duration_since(isolated)
+    );
+    let unlisted_for = evicted.saturating_duration_since(left);
+    eprintln!(
+        "left its slices {:?} after isolation; evicted {unlisted_for:?} after that",
+        left.duration_since(isolated)
+    );
+    assert!(
+        unlisted_for + Duration::from_millis(300) >= delay,
+        "evicted {unlisted_for:?} after it left its slices; its delay is {delay:?}"
+    );
+}

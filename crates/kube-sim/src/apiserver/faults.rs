@@ -51,6 +51,10 @@ pub struct Faults {
     pub bursts: Vec<Burst>,
     /// Users whose requests are never answered (until the server shuts down).
     pub hung_users: Vec<String>,
+    /// Users whose writes (create, update, patch, delete) each wait this long before
+    /// they are served: a busy controller (an EndpointSlice controller behind on its
+    /// queue, a client throttled by Priority and Fairness) whose changes land late.
+    pub slow_writers: Vec<(String, Duration)>,
     /// Seed of the random choices.
     pub seed: u64,
 }
@@ -112,6 +116,7 @@ impl Default for Faults {
             forbidden: Vec::new(),
             bursts: Vec::new(),
             hung_users: Vec::new(),
+            slow_writers: Vec::new(),
             seed: 0,
         }
     }
@@ -165,6 +170,15 @@ impl Injector {
         }
         if !self.faults.latency.is_zero() {
             tokio::time::sleep(self.faults.latency).await;
+        }
+        let write = matches!(verb, "create" | "update" | "patch" | "delete");
+        if let Some((_, delay)) = self
+            .faults
+            .slow_writers
+            .iter()
+            .find(|(u, _)| write && *u == user.username)
+        {
+            tokio::time::sleep(*delay).await;
         }
         self.throttle(user, verb, target)
             .or_else(|| self.forbid(user, verb, target))
