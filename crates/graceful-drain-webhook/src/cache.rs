@@ -549,6 +549,22 @@ impl Cache {
         read(&self.slices).endpoints_of(namespace, pod, uid)
     }
 
+    /// Whether an EndpointSlice of a Service that is not headless (or of no known
+    /// Service) lists pod `namespace/pod` with `uid`, ready or not: what
+    /// [`super::decide::listed`] says from a snapshot, for the deferred deleter.
+    pub fn routed(&self, namespace: &str, pod: &str, uid: &str) -> bool {
+        let endpoints = self.endpoints_of(namespace, pod, Some(uid));
+        let services = read(&self.services);
+        endpoints.iter().any(|e| {
+            !e.earlier_pod
+                && e.service.as_deref().is_none_or(|name| {
+                    services
+                        .get(&(namespace.to_string(), name.to_string()))
+                        .is_none_or(|s| s.service_type != ServiceType::Headless)
+                })
+        })
+    }
+
     /// When pod `namespace/pod` left the last EndpointSlice that listed it, as this
     /// replica's watch saw it; `None` while one lists it.
     pub fn left_slices_at(&self, namespace: &str, pod: &str) -> Option<jiff::Timestamp> {

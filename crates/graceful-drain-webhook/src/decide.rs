@@ -364,9 +364,19 @@ pub fn decide(
 /// it: a Service selecting the draining label would otherwise keep it forever.
 pub const MAX_ENDPOINT_WAIT: Duration = Duration::from_secs(600);
 
-/// Whether an EndpointSlice still lists the pod (an earlier pod of its name aside).
+/// Whether an EndpointSlice that load balancers follow still lists the pod, ready or not
+/// (an earlier pod of its name aside). A headless Service's slices do not count: nothing
+/// balances their traffic, and a StatefulSet's governing Service keeps listing an isolated
+/// pod by design (its selector is the StatefulSet's own).
 pub fn listed(snap: &Snapshot) -> bool {
-    snap.endpoints.iter().any(|e| !e.earlier_pod)
+    snap.endpoints.iter().any(|e| {
+        !e.earlier_pod
+            && service_counts(
+                e.service.as_deref(),
+                &snap.services,
+                Exposure::EndpointSlice,
+            )
+    })
 }
 
 /// When an isolated pod recorded as due at `delete_at` (its isolation time plus `delay`)
@@ -1197,6 +1207,38 @@ mod tests {
             add(now(), Duration::from_millis(1500)).to_string(),
             "2026-01-01T00:00:02Z"
         );
+    }
+
+    /// A StatefulSet's governing (headless) Service keeps listing an isolated pod: its
+    /// slices do not hold the deletion, a load-balanced Service's do.
+    #[test]
+    fn only_slices_of_balanced_services_keep_an_isolated_pod() {
+        let endpoint = |service: &str| EndpointFacts {
+            service: Some(service.into()),
+            ready: false,
+            earlier_pod: false,
+        };
+        let headless = Snapshot {
+            endpoints: vec![endpoint("db")],
+            services: vec![ServiceFacts {
+                name: "db".into(),
+                service_type: ServiceType::Headless,
+                selector: BTreeMap::new(),
+            }],
+            ..Snapshot::default()
+        };
+        assert!(!listed(&headless));
+        let mut balanced = headless.clone();
+        balanced.endpoints.push(endpoint("web"));
+        assert!(listed(&balanced), "a not-ready endpoint still counts");
+        let earlier = Snapshot {
+            endpoints: vec![EndpointFacts {
+                earlier_pod: true,
+                ..endpoint("web")
+            }],
+            ..Snapshot::default()
+        };
+        assert!(!listed(&earlier), "an earlier pod of the same name");
     }
 
     /// The delay of an isolated pod counts from its observed removal from the slices,

@@ -331,12 +331,9 @@ impl Deleter {
         });
     }
 
-    /// Whether an EndpointSlice lists `pod` (an earlier pod of its name aside).
+    /// Whether an EndpointSlice that load balancers follow lists `pod`.
     fn listed(&self, pod: &Pending) -> bool {
-        self.cache()
-            .endpoints_of(&pod.namespace, &pod.name, Some(&pod.uid))
-            .iter()
-            .any(|e| !e.earlier_pod)
+        self.cache().routed(&pod.namespace, &pod.name, &pod.uid)
     }
 
     /// The pods to delete now.

@@ -1167,6 +1167,52 @@ mod issue_tests {
     const POD_PATH: &str = "/api/v1/namespaces/web/pods/web-1";
     const PDB_PATH: &str = "/apis/policy/v1/namespaces/web/poddisruptionbudgets/web";
 
+    /// The API server may call the webhook twice for one DELETE, the second time with the
+    /// pod as the first call's isolation left it (controller role handed to the
+    /// Deployment, the ReplicaSet kept as a plain owner): both calls must see a ReplicaSet
+    /// pod, or the second would be held and allowed and the ReplicaSet's expectations
+    /// would wait five minutes. A pod merely owned (not controlled) by a ReplicaSet and not
+    /// isolated by us, or a StatefulSet's pod, is no ReplicaSet pod.
+    #[test]
+    fn a_replicaset_pod_is_recognised_on_the_second_call_for_one_delete() {
+        use crate::decide::OwnerKind;
+        let rs_ref = |controller: bool| {
+            json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7d9",
+                "uid": "rs-1", "controller": controller})
+        };
+        let first = PodFacts {
+            owner: Some((OwnerKind::ReplicaSet, "web-7d9".into())),
+            owner_refs: vec![rs_ref(true)],
+            ..PodFacts::default()
+        };
+        assert!(of_replicaset(&first));
+        let mut second = PodFacts {
+            owner: Some((OwnerKind::Other("Deployment".into()), "web".into())),
+            owner_refs: vec![
+                rs_ref(false),
+                json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "web",
+                    "uid": "d-1", "controller": true}),
+            ],
+            ..PodFacts::default()
+        };
+        assert!(
+            !of_replicaset(&second),
+            "not isolated by us: not ours to judge"
+        );
+        second.labels.insert(
+            graceful_drain_core::labels::DRAINING_LABEL.into(),
+            "true".into(),
+        );
+        assert!(of_replicaset(&second), "isolated by the first call");
+        let stateful = PodFacts {
+            owner: Some((OwnerKind::StatefulSet, "db".into())),
+            owner_refs: vec![json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
+                "name": "db", "uid": "s-1", "controller": true})],
+            ..PodFacts::default()
+        };
+        assert!(!of_replicaset(&stateful));
+    }
+
     /// The cache says the PDB has no disruption left, the live PDB has one: the eviction
     /// is charged on the live PDB and isolated (before, it passed unchanged on the stale
     /// view — a real eviction if the API server then allowed it).
