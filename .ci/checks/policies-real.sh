@@ -29,7 +29,7 @@ helm template graceful-drain charts/graceful-drain --namespace "$NS" \
 python3 - "$WORK/chart.yaml" >"$WORK/apply.yaml" <<'PY'
 import sys, yaml
 keep = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
-        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "FlowSchema"}
 docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d.get("kind") in keep]
 print(yaml.safe_dump_all(docs))
 PY
@@ -140,6 +140,8 @@ status_with "s['currentHealthy'] = 99"
 refused "change a PDB's healthy count" "$WEBHOOK" replace --subresource=status -f "$WORK/pdb.json"
 status_with "s['disruptedPods'] = {'web-9': '2026-01-01T00:00:00Z'}; s['disruptionsAllowed'] = 0"
 allowed "record a disruption in a PDB's status" "$WEBHOOK" replace --subresource=status -f "$WORK/pdb.json"
+status_with "s['disruptedPods'] = {'web-9': '2026-01-01T00:01:00Z'}"
+allowed "renew a held pod's disruption time" "$WEBHOOK" replace --subresource=status -f "$WORK/pdb.json"
 
 echo "policies-real: a node agent's ServiceAccount, bound to node-b"
 pod web-2 node-a
@@ -149,4 +151,19 @@ refused "delete a pod on another node" "$AGENT_B" -n shop delete pod web-2 --wai
 allowed "cordon its own node" "$AGENT_B" cordon node-b
 allowed "uncordon its own node" "$AGENT_B" uncordon node-b
 allowed "delete a pod on its own node (agent on node-a)" "$AGENT_A" -n shop delete pod web-2 --wait=false
+echo "policies-real: API Priority and Fairness"
+# kube-apiserver names the FlowSchema that classified each request in a response header.
+classified_by() { # KUBECONFIG
+  kubectl --kubeconfig "$1" -n shop get pods -v=8 2>&1 | tr -d '\r' \
+    | sed -n 's/.*X-Kubernetes-Pf-Flowschema-Uid:[^0-9a-f]*\([0-9a-f-]\{36\}\).*/\1/Ip' | head -n 1
+}
+flowschema_uid() { k get flowschema "$1" -o jsonpath='{.metadata.uid}'; }
+[ "$(classified_by "$WEBHOOK")" = "$(flowschema_uid graceful-drain-webhook)" ] \
+  || die "the webhook's requests are not classified by the chart's FlowSchema graceful-drain-webhook"
+[ "$(k get flowschema graceful-drain-webhook -o jsonpath='{.spec.priorityLevelConfiguration.name}')" = workload-high ] \
+  || die "the chart's FlowSchema does not use workload-high"
+printf '  classified: the webhook'"'"'s requests by FlowSchema graceful-drain-webhook (workload-high)\n'; pass=$((pass + 1))
+[ "$(classified_by "$AGENT_B")" = "$(flowschema_uid service-accounts)" ] \
+  || die "the agents' requests left the built-in service-accounts FlowSchema"
+printf '  classified: the agents'"'"' requests by the built-in service-accounts FlowSchema\n'; pass=$((pass + 1))
 echo "policies-real: ok ($pass checks)"

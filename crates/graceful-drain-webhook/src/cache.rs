@@ -604,6 +604,23 @@ impl Cache {
         read(&self.pdbs).get(namespace)?.get(name).cloned()
     }
 
+    /// The cached PDBs of `namespace` that select a pod labelled `labels`.
+    pub fn pdbs_selecting(
+        &self,
+        namespace: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> Vec<Arc<PodDisruptionBudget>> {
+        read(&self.pdbs)
+            .get(namespace)
+            .map(|m| {
+                m.values()
+                    .filter(|p| pdb_selects(p, labels))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Everything [`super::decide::decide`] needs about `pod`'s surroundings.
     pub fn snapshot(&self, pod: &PodFacts) -> Snapshot {
         let endpoints = self.endpoints_of(&pod.namespace, &pod.name, Some(&pod.uid));

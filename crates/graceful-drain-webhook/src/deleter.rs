@@ -99,6 +99,8 @@ pub struct Pending {
     /// When the pod goes back into its Services if its caller has not removed it; `None`
     /// when the deleter removes it at `delete_at`.
     pub restore_at: Option<Timestamp>,
+    /// The pod's labels as isolated: which PDBs still select it.
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 impl Pending {
@@ -134,6 +136,7 @@ pub fn pending_from(meta: &ObjectMeta) -> Option<Pending> {
         restore_at: annotations
             .get(RESTORE_AT_ANNOTATION)
             .and_then(|a| a.parse().ok()),
+        labels: meta.labels.clone().unwrap_or_default(),
     })
 }
 
@@ -210,6 +213,11 @@ pub struct Deleter {
     /// The webhook's own Deployment (namespace, name): gone or being deleted at shutdown
     /// means the webhook is being uninstalled, and pending pods are removed before exit.
     release: Option<(String, String)>,
+    /// Age after which a held pod's entry in a PDB still selecting it is rewritten
+    /// ([`super::disruption`]).
+    renew_after: Duration,
+    /// When each PDB (namespace, name) was last renewed without success.
+    renew_failed: HashMap<(String, String), tokio::time::Instant>,
 }
 
 impl Deleter {
@@ -224,7 +232,17 @@ impl Deleter {
             isolated_seen: HashMap::new(),
             attempted: HashMap::new(),
             release: None,
+            renew_after: super::disruption::RENEW_AFTER,
+            renew_failed: HashMap::new(),
         }
+    }
+
+    /// Rewrites a held pod's `disruptedPods` entry once it is older than `after` (the
+    /// default, [`super::disruption::RENEW_AFTER`], keeps it well within the disruption
+    /// controller's two minutes; tests shorten both).
+    pub fn renewing_disruptions_after(mut self, after: Duration) -> Deleter {
+        self.renew_after = after;
+        self
     }
 
     /// At shutdown when Deployment `namespace/name` is gone or being deleted (`helm
@@ -499,9 +517,73 @@ impl Deleter {
             return;
         }
         let due = self.due(now);
+        self.renew_disruptions(&due, now).await;
         self.delete_all(due).await;
         let forsaken = self.forsaken(now);
         self.restore_all(forsaken).await;
+    }
+
+    /// The held pods each cached PDB still selecting them lists as disrupted too long ago
+    /// (or no longer), by PDB; `leaving` are about to be removed and need nothing.
+    pub fn stale_disruptions(
+        &self,
+        leaving: &[Pending],
+        now: Timestamp,
+    ) -> std::collections::BTreeMap<(String, String), Vec<String>> {
+        let mut stale = std::collections::BTreeMap::<_, Vec<String>>::new();
+        for pod in self.pending.values() {
+            if pod.terminating || leaving.iter().any(|l| l.uid == pod.uid) {
+                continue;
+            }
+            for pdb in self.cache().pdbs_selecting(&pod.namespace, &pod.labels) {
+                if super::disruption::needs_renewal(&pdb, &pod.name, now, self.renew_after) {
+                    let name = pdb.metadata.name.clone().unwrap_or_default();
+                    stale
+                        .entry((pod.namespace.clone(), name))
+                        .or_default()
+                        .push(pod.name.clone());
+                }
+            }
+        }
+        stale
+    }
+
+    /// Keeps every held pod recorded as disrupted in the PDBs that still select it
+    /// ([`super::disruption`]); a PDB whose renewal failed is tried again after
+    /// [`RETRY_MAX`].
+    async fn renew_disruptions(&mut self, leaving: &[Pending], now: Timestamp) {
+        let stale = self.stale_disruptions(leaving, now);
+        let clock = tokio::time::Instant::now();
+        for ((namespace, name), pods) in stale {
+            let key = (namespace.clone(), name.clone());
+            if self
+                .renew_failed
+                .get(&key)
+                .is_some_and(|at| clock < *at + RETRY_MAX)
+            {
+                continue;
+            }
+            let renewal =
+                super::disruption::renew(&self.ctx, &namespace, &name, &pods, self.renew_after);
+            match bounded(renewal).await {
+                Ok(done) => {
+                    self.renew_failed.remove(&key);
+                    if done.renewed + done.recharged > 0 {
+                        tracing::info!(pdb = %format!("{namespace}/{name}"), ?pods, renewed = done.renewed, recorded_again = done.recharged, "kept held pods recorded as disrupted");
+                        self.metrics
+                            .disruptions_renewed
+                            .inc_by(u64::try_from(done.renewed + done.recharged).unwrap_or(0));
+                    }
+                    if done.unrecorded > 0 {
+                        tracing::warn!(pdb = %format!("{namespace}/{name}"), ?pods, unrecorded = done.unrecorded, "held pods no longer recorded as disrupted and the budget is spent: the PDB counts them as healthy until they are deleted");
+                    }
+                }
+                Err(error) => {
+                    self.renew_failed.insert(key, clock);
+                    tracing::warn!(pdb = %format!("{namespace}/{name}"), error = %graceful_drain_core::error::chain(&error), "renew held pods' disruptions; will retry");
+                }
+            }
+        }
     }
 
     /// The pods their callers left isolated past their restore time.
@@ -714,6 +796,7 @@ mod tests {
             terminating: false,
             controller: None,
             restore_at: None,
+            labels: Default::default(),
         };
         let before = at("2026-01-01T00:00:59Z");
         let after = at("2026-01-01T00:01:01Z");

@@ -267,7 +267,7 @@ pub struct Context {
     pub restore_after: std::time::Duration,
 }
 
-fn is_status(err: &kube::Error, codes: &[u16]) -> bool {
+pub(crate) fn is_status(err: &kube::Error, codes: &[u16]) -> bool {
     matches!(err, kube::Error::Api(s) if codes.contains(&s.code))
 }
 

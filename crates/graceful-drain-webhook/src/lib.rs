@@ -12,6 +12,7 @@ pub mod cache;
 pub mod configurations;
 pub mod decide;
 pub mod deleter;
+pub mod disruption;
 pub mod events;
 pub mod isolate;
 pub mod lease;
@@ -82,6 +83,11 @@ pub struct Args {
     #[arg(long, env = "GRACEFUL_DRAIN_WEBHOOK_TIMEOUT_SECONDS", default_value_t = 10,
           value_parser = clap::value_parser!(u32).range(1..=30))]
     pub timeout_seconds: u32,
+    /// Most DELETEs one replica holds at once; past it a DELETE goes through at once,
+    /// unprotected (outcome `hold_limit`), rather than tie up one more API server seat.
+    #[arg(long, env = "GRACEFUL_DRAIN_MAX_HELD_DELETES", default_value_t = server::MAX_HELD_DELETES,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
+    pub max_held_deletes: usize,
     /// Default time between isolation and deletion.
     #[arg(long, env = "GRACEFUL_DRAIN_DEREGISTRATION_DELAY", default_value = DEFAULT_DEREGISTRATION_DELAY,
           value_parser = humantime::parse_duration)]
@@ -176,6 +182,11 @@ pub struct PolicyArgs {
     /// behaviour; tests shorten it.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration, hide = true)]
     pub restore_after: Duration,
+    /// How old a held pod's entry in the `disruptedPods` of a PDB still selecting it may
+    /// get before it is rewritten (the disruption controller drops entries after two
+    /// minutes). Hidden: the default is the product's behaviour; tests shorten it.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration, hide = true)]
+    pub disruption_renew_after: Duration,
 }
 
 fn default_identity() -> String {
@@ -252,6 +263,7 @@ struct Workers {
     lease_namespace: String,
     lease_name: String,
     wait_for_endpoints: Option<Duration>,
+    disruption_renew_after: Duration,
     deployment: Option<String>,
 }
 
@@ -268,6 +280,7 @@ fn spawn_workers(w: Workers, shutdown: &Shutdown) -> Vec<tokio::task::JoinHandle
         lease_namespace,
         lease_name,
         wait_for_endpoints,
+        disruption_renew_after,
         deployment,
     } = w;
     let cache = ctx.cache.clone();
@@ -300,7 +313,8 @@ fn spawn_workers(w: Workers, shutdown: &Shutdown) -> Vec<tokio::task::JoinHandle
         client: deleter_client,
         ..ctx
     };
-    let mut deleter = deleter::Deleter::new(deleter_ctx, metrics, wait_for_endpoints);
+    let mut deleter = deleter::Deleter::new(deleter_ctx, metrics, wait_for_endpoints)
+        .renewing_disruptions_after(disruption_renew_after);
     if let Some(name) = &deployment {
         deleter = deleter.finishing_on_uninstall(&lease_namespace, name);
     }
@@ -360,6 +374,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         admin_listen,
         tls,
         timeout_seconds,
+        max_held_deletes,
         deregistration_delay,
         max_deregistration_delay,
         lease_namespace,
@@ -430,6 +445,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         lease_namespace,
         lease_name,
         wait_for_endpoints: policy.wait_for_endpoints,
+        disruption_renew_after: policy.disruption_renew_after,
         deployment,
     };
     let finishing = spawn_workers(workers, &shutdown);
@@ -455,7 +471,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         metrics,
         default_timeout: Duration::from_secs(u64::from(timeout_seconds)),
         shutdown: Shutdown::new(),
-        holds: server::Holds::default(),
+        holds: server::Holds::bounded(max_held_deletes),
         watch_drained_nodes: true,
     });
     let holds = state.shutdown.clone();

@@ -46,6 +46,9 @@ pub struct Metrics {
     pub leader: Gauge,
     /// From the pod seen isolated to its leaving the last EndpointSlice.
     pub endpoint_removal: Histogram,
+    /// `disruptedPods` entries of held pods rewritten before the disruption controller
+    /// would drop them (or recorded again after it did).
+    pub disruptions_renewed: Counter,
 }
 
 /// Removal lag buckets (seconds): an idle EndpointSlice controller drops a pod within a
@@ -78,6 +81,7 @@ impl Metrics {
             holds_in_flight: Gauge::default(),
             leader: Gauge::default(),
             endpoint_removal: removal_histogram(),
+            disruptions_renewed: Counter::default(),
         };
         let reg = registry.sub_registry_with_prefix("graceful_drain_webhook");
         reg.register(
@@ -129,6 +133,11 @@ impl Metrics {
             "endpoint_removal_seconds",
             "Time from a pod seen isolated to its leaving the last EndpointSlice that listed it",
             metrics.endpoint_removal.clone(),
+        );
+        reg.register(
+            "disruptions_renewed",
+            "PDB disruptedPods entries of held pods rewritten so the disruption controller keeps counting them as disrupted",
+            metrics.disruptions_renewed.clone(),
         );
         metrics
     }

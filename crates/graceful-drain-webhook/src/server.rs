@@ -84,16 +84,51 @@ pub struct AppState {
 /// call continues the first hold instead of starting a new one.
 const REQUEST_DEADLINE: Duration = Duration::from_secs(60);
 
-/// Hold deadlines of recent DELETEs, by pod UID.
-#[derive(Debug, Default)]
-pub struct Holds(std::sync::Mutex<std::collections::HashMap<String, (Instant, Instant)>>);
+/// Default bound of the DELETEs one replica holds at once (`--max-held-deletes`).
+///
+/// A held DELETE keeps one of the API server's seats in its caller's priority level for
+/// up to the webhook timeout. kube-apiserver has 600 seats by default
+/// (`--max-requests-inflight` 400 + `--max-mutating-requests-inflight` 200), of which the
+/// built-in priority levels the usual DELETE callers fall in get about 245
+/// (`workload-low`, every ServiceAccount) and 49 (`global-default`, people): 32 per
+/// replica keeps held requests to a small part of those.
+pub const MAX_HELD_DELETES: usize = 32;
+
+/// Hold deadlines of recent DELETEs, by pod UID, and the slots bounding how many are held
+/// at once.
+#[derive(Debug)]
+pub struct Holds {
+    deadlines: std::sync::Mutex<std::collections::HashMap<String, (Instant, Instant)>>,
+    slots: Arc<tokio::sync::Semaphore>,
+    max: usize,
+}
+
+impl Default for Holds {
+    fn default() -> Holds {
+        Holds::bounded(MAX_HELD_DELETES)
+    }
+}
 
 impl Holds {
+    /// No DELETE held yet; at most `max` at once.
+    pub fn bounded(max: usize) -> Holds {
+        Holds {
+            deadlines: std::sync::Mutex::default(),
+            slots: Arc::new(tokio::sync::Semaphore::new(max)),
+            max,
+        }
+    }
+
+    /// A slot for one more held DELETE, or `None` when `max` are held.
+    fn slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.slots.clone().try_acquire_owned().ok()
+    }
+
     /// The deadline of a hold of pod `uid` starting now with `deadline`: the first hold's
     /// deadline when the same DELETE is already being held or was just answered.
     fn deadline_for(&self, uid: &str, deadline: Instant) -> Instant {
         let now = Instant::now();
-        let mut holds = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut holds = self.deadlines.lock().unwrap_or_else(|e| e.into_inner());
         holds.retain(|_, (_, forget_at)| *forget_at > now);
         let (first, _) = holds
             .entry(uid.to_string())
@@ -685,6 +720,20 @@ async fn respond_delete(
             }
         }
     }
+    // A DELETE this replica would hold takes a slot first; with every slot taken it goes
+    // through at once, unprotected, rather than tie up one more of the API server's seats.
+    // A pod already isolated (a repeated call for one DELETE) continues without one.
+    let _slot = match (scale_down || draining, state.holds.slot()) {
+        (true, _) => None,
+        (false, Some(slot)) => Some(slot),
+        (false, None) => {
+            tracing::warn!(
+                max = state.holds.max,
+                "every hold slot is taken; letting the DELETE through unprotected"
+            );
+            return (review::allow(request), "hold_limit");
+        }
+    };
     // A DELETE is never denied for want of time: past the deadline it is allowed (the
     // pod isolated if that finished, as it usually has).
     let settled = settle_until(deadline, || settle(state, &req, pod.clone(), true));
@@ -1557,6 +1606,33 @@ mod issue_tests {
             first_held,
             "the second call is not held again"
         );
+    }
+
+    /// With every hold slot taken, a DELETE of an exposed pod is answered at once and
+    /// isolates nothing (outcome `hold_limit`); once a slot is free, the next is held.
+    #[tokio::test]
+    async fn a_delete_past_the_hold_slots_goes_through_at_once_and_isolates_nothing() {
+        let (client, mut api) = mock::client();
+        let mut st = state(client);
+        Arc::get_mut(&mut st).unwrap().holds = Holds::bounded(1);
+        let taken = st.holds.slot().expect("the only slot");
+        assert!(st.holds.slot().is_none(), "bounded at one");
+        let (_, review) = call(st.clone(), "/validate/delete?timeout=4s", deletion()).await;
+        assert_eq!(review["response"]["allowed"], true);
+        let counted = st
+            .metrics
+            .reviews
+            .get_or_create(&crate::metrics::ReviewLabels {
+                operation: "delete",
+                outcome: "hold_limit",
+            })
+            .get();
+        assert_eq!(counted, 1);
+        drop(taken);
+        assert!(st.holds.slot().is_some(), "the slot is back");
+        drop(st);
+        let next = api.next_request().await.map(|(r, _)| r.method().clone());
+        assert_eq!(next, None, "the pod was touched");
     }
 
     /// The pod was replaced under a DELETE (same name, new UID): the re-read after the

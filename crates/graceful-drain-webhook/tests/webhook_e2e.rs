@@ -1177,6 +1177,78 @@ async fn statefulset_pods_leave_their_service_but_never_their_statefulset() {
     );
 }
 
+/// A StatefulSet pod behind a PDB on the StatefulSet's own key stays selected by the PDB
+/// once isolated, so only its `disruptedPods` entry keeps it counted as disrupted, and the
+/// disruption controller drops that entry after its DeletionTimeout (two minutes upstream,
+/// 3 s here) although the pod is held longer (a 9 s delay here; delays over two minutes
+/// in production). The webhook keeps the entry fresh while it holds the pod, so a drain
+/// retrying a second member's eviction is refused by the budget until the first is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_member_stays_disrupted_in_its_pdb_past_the_deletion_timeout() {
+    use graceful_drain_sim::scenario::matrix::Workload;
+    use graceful_drain_sim::scenario::workloads;
+    graceful_drain_core::runtime::install_crypto_provider();
+    let timeout = Duration::from_secs(3);
+    let delay = Duration::from_secs(9);
+    let config = ClusterConfig {
+        disruption_timeout: timeout,
+        ..ClusterConfig::default()
+    };
+    let cluster = Cluster::start(config, Shutdown::new()).await.unwrap();
+    let _webhook =
+        start_webhook_with(&cluster, delay, 10, &["--disruption-renew-after", "1s"]).await;
+    let web = WebSpec {
+        replicas: 3,
+        min_available: 2,
+        ..WebSpec::default()
+    };
+    workloads::deploy(&cluster, &web, TIMEOUT, Workload::StatefulSet)
+        .await
+        .unwrap();
+    wait_for("pdb allows one disruption", TIMEOUT, || {
+        pdb_allows(&cluster, 1)
+    })
+    .await
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let first = pods.get("web-0").await.unwrap();
+    let isolated = Instant::now();
+    assert!(matches!(
+        evict(&cluster, "web-0").await,
+        Evicted::Deregistering(_)
+    ));
+    assert!(
+        is_draining(&pods.get("web-0").await.unwrap()),
+        "web-0 is held"
+    );
+    // A drain's retries of the next member, until the first is gone.
+    let mut refused = 0;
+    loop {
+        let live = pods.get_opt("web-0").await.unwrap();
+        if live.is_none_or(|p| p.uid() != first.uid() || p.metadata.deletion_timestamp.is_some()) {
+            break;
+        }
+        assert!(isolated.elapsed() < TIMEOUT, "web-0 was never deleted");
+        let answer = try_evict(&cluster, "web-1").await;
+        match too_many_requests(&answer) {
+            Some(_) if deregistering(&answer).is_none() => refused += 1,
+            _ => panic!(
+                "web-1 was let go while web-0 was still held ({:?} after its isolation): {answer:?}",
+                isolated.elapsed()
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let held = isolated.elapsed();
+    eprintln!("web-0 held {held:?}; web-1 refused {refused} times meanwhile");
+    assert!(
+        held > timeout * 2,
+        "web-0 was held only {held:?}, not past the {timeout:?} deletion timeout"
+    );
+    let web1 = pods.get("web-1").await.unwrap();
+    assert!(!is_draining(&web1), "web-1 still serves");
+}
+
 /// Merge-patches pod `name` in the default namespace as the admin.
 async fn patch_pod(cluster: &Cluster, name: &str, patch: serde_json::Value) {
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");

@@ -65,6 +65,12 @@ pub enum Disruption {
     /// drain the node. Protected only, and only where Kubernetes leaves that group free
     /// (the EvictionRequest API off).
     SeedGroupDrain,
+    /// Two members of a StatefulSet behind a PDB on the StatefulSet's own key, with a
+    /// deregistration delay over the disruption controller's two-minute DeletionTimeout:
+    /// the first is evicted, the second's eviction is retried as a drain does, and it
+    /// must be refused until the first is gone — never fewer than `minAvailable` pods
+    /// serving. Protected only.
+    StatefulSetLongDelay,
     /// `helm uninstall` while a `kubectl drain` has pods isolated: Helm's deletions in
     /// Helm's order, then the webhook replica stops; nothing isolated may be left and the
     /// webhook's rights must go once it is done. Protected only, and last (it removes the
@@ -82,6 +88,7 @@ impl fmt::Display for Disruption {
             Disruption::StatefulSetDrain => "statefulset-drain",
             Disruption::ForgedReview => "forged-review",
             Disruption::SeedGroupDrain => "seed-group-drain",
+            Disruption::StatefulSetLongDelay => "statefulset-long-delay",
             Disruption::UninstallMidDrain => "uninstall-mid-drain",
         })
     }
@@ -95,8 +102,8 @@ pub struct RealScenario {
     pub expect: Expect,
 }
 
-/// Every row, unprotected ones first; the seed-group row only where `upstream` (Kubernetes'
-/// own lifecycle.k8s.io API) is off. No row is a known failure today; a row that fails on
+/// Every row, unprotected ones first; the seed-group and long-delay rows only where
+/// `upstream` (Kubernetes' own lifecycle.k8s.io API) is off. No row is a known failure today; a row that fails on
 /// the real controllers before its fix lands is marked [`Expect::KnownFailure`] with the
 /// issue that removes it.
 pub fn scenarios(upstream: bool) -> Vec<RealScenario> {
@@ -125,6 +132,14 @@ pub fn scenarios(upstream: bool) -> Vec<RealScenario> {
     if !upstream {
         all.push(RealScenario {
             disruption: SeedGroupDrain,
+            protection: Protection::GracefulDrain,
+            expect: Expect::Pass,
+        });
+    }
+    // It does not touch the lifecycle API, and takes over two minutes: once is enough.
+    if !upstream {
+        all.push(RealScenario {
+            disruption: StatefulSetLongDelay,
             protection: Protection::GracefulDrain,
             expect: Expect::Pass,
         });
@@ -195,6 +210,7 @@ pub async fn run(
     let mut components: Option<Result<Components, String>> = None;
     if upstream {
         eprintln!("seed-group-drain: not run, Kubernetes serves lifecycle.k8s.io itself");
+        eprintln!("statefulset-long-delay: not run, it runs once, with the API off");
     }
     for scenario in scenarios(upstream) {
         if scenario.protection == Protection::GracefulDrain && components.is_none() {
@@ -218,6 +234,11 @@ pub async fn run(
             (Some(Ok(c)), Disruption::ForgedReview) => forged_review(&cluster, cfg, c)
                 .await
                 .map_err(|e| graceful_drain_core::error::chain(&e).to_string()),
+            (Some(Ok(c)), Disruption::StatefulSetLongDelay) => {
+                statefulset_long_delay(&cluster, cfg, c)
+                    .await
+                    .map_err(|e| graceful_drain_core::error::chain(&e).to_string())
+            }
             (Some(Ok(c)), Disruption::UninstallMidDrain) => uninstall_mid_drain(&cluster, cfg, c)
                 .await
                 .map_err(|e| graceful_drain_core::error::chain(&e).to_string()),
@@ -316,8 +337,11 @@ async fn run_row(
             };
             measure(cluster, &cfg, rollout).await
         }
-        // Need the running components (`forged_review`, `uninstall_mid_drain`).
-        Disruption::ForgedReview | Disruption::UninstallMidDrain => Err(Error::Component {
+        // Need the running components (`forged_review`, `statefulset_long_delay`,
+        // `uninstall_mid_drain`).
+        Disruption::ForgedReview
+        | Disruption::StatefulSetLongDelay
+        | Disruption::UninstallMidDrain => Err(Error::Component {
             name: s.disruption.to_string(),
             reason: "runs only once graceful-drain's components have started".into(),
         }),
@@ -432,6 +456,178 @@ async fn forged_review(
     let measured = measure(cluster, &cfg, check).await;
     delete_namespace(cluster, &cfg.web.namespace).await;
     measured
+}
+
+/// The `statefulset-long-delay` row's deregistration delay: past the disruption
+/// controller's `DeletionTimeout` (two minutes, pkg/controller/disruption/disruption.go).
+const LONG_DELAY: Duration = Duration::from_secs(150);
+
+/// Two StatefulSet members in turn with a delay over two minutes, on the real
+/// kube-controller-manager's disruption controller: the first member's eviction is
+/// refused while it deregisters (isolated, held, still selected by the PDB on the
+/// StatefulSet's key); the second's is retried every second as a drain does and must be
+/// refused until the first is gone, and at no moment may fewer than `minAvailable` pods
+/// serve. The row ends when the second member is let go.
+async fn statefulset_long_delay(
+    cluster: &RealCluster,
+    cfg: &ScenarioConfig,
+    components: &mut Components,
+) -> Result<Measured, Error> {
+    let usual = cfg.components.clone();
+    let mut cfg = cfg.clone();
+    cfg.web.namespace = "statefulset-long-delay-graceful-drain".to_string();
+    cfg.components.deregistration_delay = LONG_DELAY;
+    // Traffic stays bounded, by the longer row.
+    cfg.traffic.max_duration += LONG_DELAY;
+    cfg.traffic.max_requests += (cfg.traffic.rate * LONG_DELAY.as_secs_f64()) as u64;
+    cluster.ensure_namespace(&cfg.web.namespace).await?;
+    create_governing_service(cluster, &cfg.web).await?;
+    super::workloads::deploy(
+        cluster,
+        &cfg.web,
+        cfg.phase_timeout,
+        super::matrix::Workload::StatefulSet,
+    )
+    .await?;
+    components.roll_webhook(cluster, &cfg.components).await?;
+    let client = cluster.client();
+    let ns = cfg.web.namespace.clone();
+    let (first, second) = (format!("{}-0", cfg.web.name), format!("{}-1", cfg.web.name));
+    let within = LONG_DELAY + cfg.phase_timeout;
+    let turns = async {
+        cluster.step(format!(
+            "evict {first}, retry {second} every second; delay {}",
+            humantime::format_duration(LONG_DELAY)
+        ));
+        tokio::select! {
+            done = evict_in_turn(&client, &ns, &first, &second, within) => done,
+            seen = below_min_available(&client, &ns, cfg.web.min_available) => Err(seen),
+        }
+    };
+    let measured = measure(cluster, &cfg, turns).await;
+    delete_namespace(cluster, &cfg.web.namespace).await;
+    // Later rows run with the usual delay.
+    components.roll_webhook(cluster, &usual).await?;
+    measured
+}
+
+/// Evicts `first`, which must be refused while it deregisters, then retries `second`
+/// every second until it is let go (isolated or evicted); fails if that happens while
+/// `first` is still there, or if nothing happens `within`.
+async fn evict_in_turn(
+    client: &kube::Client,
+    ns: &str,
+    first: &str,
+    second: &str,
+    within: Duration,
+) -> Result<(), Error> {
+    use kube::api::PostParams;
+    let pods = Api::<Pod>::namespaced(client.clone(), ns);
+    let failed = |reason: String| Error::Drain {
+        node: "-".into(),
+        reason,
+    };
+    let evict = |name: &str| {
+        let body = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
+            "metadata": {"name": name, "namespace": ns}});
+        let pods = pods.clone();
+        let name = name.to_string();
+        async move {
+            let answer: kube::Result<serde_json::Value> = pods
+                .create_subresource("eviction", &name, &PostParams::default(), &body)
+                .await;
+            answer
+        }
+    };
+    let held = pods
+        .get(first)
+        .await
+        .map_err(api("get", format!("pod {ns}/{first}")))?;
+    let answer = evict(first).await;
+    if !is_deregistering(&answer) {
+        return Err(failed(format!(
+            "eviction of {ns}/{first} answered {answer:?}, not refused while it deregisters"
+        )));
+    }
+    let started = std::time::Instant::now();
+    let mut refused = 0_u32;
+    loop {
+        let still = pods
+            .get_opt(first)
+            .await
+            .map_err(api("get", format!("pod {ns}/{first}")))?
+            .is_some_and(|p| {
+                p.metadata.uid == held.metadata.uid && p.metadata.deletion_timestamp.is_none()
+            });
+        let answer = evict(second).await;
+        let let_go = answer.is_ok() || is_deregistering(&answer);
+        match (let_go, still) {
+            (true, true) => {
+                return Err(failed(format!(
+                    "{ns}/{second} was let go while {first} was still held, {:?} after its isolation (refused {refused} times before)",
+                    started.elapsed()
+                )));
+            }
+            (true, false) => {
+                eprintln!(
+                    "  {second} let go {:?} after {first}'s isolation, refused {refused} times before",
+                    started.elapsed()
+                );
+                return Ok(());
+            }
+            (false, _) => match &answer {
+                Err(kube::Error::Api(s)) if s.code == 429 => refused += 1,
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                other => {
+                    return Err(failed(format!("eviction of {ns}/{second}: {other:?}")));
+                }
+            },
+        }
+        if started.elapsed() > within {
+            return Err(failed(format!(
+                "{ns}/{second} was never let go within {within:?}"
+            )));
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Whether `answer` is the webhook's 429 for a pod leaving its load balancers.
+fn is_deregistering(answer: &kube::Result<serde_json::Value>) -> bool {
+    matches!(answer, Err(kube::Error::Api(s)) if s.code == 429
+        && s.details.as_ref().is_some_and(|d| d.causes.iter().any(|c| c.reason == graceful_drain_webhook::review::DEREGISTERING_CAUSE)))
+}
+
+/// Returns once fewer than `min` pods of `namespace` serve (ready, not being deleted, not
+/// isolated), as the failure it is.
+async fn below_min_available(client: &kube::Client, namespace: &str, min: i32) -> Error {
+    // Sampling period: far shorter than a pod's start (500 ms) or its exit (1 s).
+    const SAMPLE: Duration = Duration::from_millis(100);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    loop {
+        if let Ok(list) = pods.list(&ListParams::default()).await {
+            let serving: Vec<String> = list
+                .items
+                .iter()
+                .filter(|p| kube_sim::controllers::pod_ready(p))
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .filter(|p| {
+                    !p.labels()
+                        .contains_key(graceful_drain_core::labels::DRAINING_LABEL)
+                })
+                .map(|p| p.name_any())
+                .collect();
+            if i32::try_from(serving.len()).unwrap_or(i32::MAX) < min {
+                return Error::Drain {
+                    node: "-".into(),
+                    reason: format!(
+                        "only {serving:?} served in {namespace}, below the PDB's minAvailable {min}"
+                    ),
+                };
+            }
+        }
+        tokio::time::sleep(SAMPLE).await;
+    }
 }
 
 /// The webhook's Deployment as the chart names it (`--deployment`).
@@ -788,9 +984,11 @@ async fn delete_namespace(cluster: &DataPlane, name: &str) {
 /// The chart's manifests as `deploy/graceful-drain.yaml` renders them (release
 /// `graceful-drain` in namespace `graceful-drain`, the names our components' users carry).
 const CHART_MANIFESTS: &str = include_str!("../../../../deploy/graceful-drain.yaml");
-/// The kinds of the chart's RBAC and admission policies: what the components'
-/// ServiceAccounts may do, and what the API server enforces on top.
-const RBAC_KINDS: [&str; 7] = [
+/// The kinds of the chart's RBAC, admission policies and FlowSchema: what the
+/// components' ServiceAccounts may do, what the API server enforces on top, and the
+/// priority level the webhook's own calls get.
+const RBAC_KINDS: [&str; 8] = [
+    "FlowSchema",
     "ServiceAccount",
     "ClusterRole",
     "ClusterRoleBinding",
