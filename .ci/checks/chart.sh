@@ -226,10 +226,11 @@ sim_apply() {
   # Self-signed mode as release gd in gd-system, applied as Helm would have installed it
   # (.ci/checks/helm.sh runs helm install/upgrade/uninstall itself). A second render against the cluster, as `helm upgrade` does, must find the
   # Secret with `lookup` and keep the certificate, so the caBundle does not change.
-  # (The simulated cluster serves no ValidatingAdmissionPolicy: policies-real.sh applies
-  # them to a real kube-apiserver.)
+  # (The simulated cluster serves no ValidatingAdmissionPolicy and no FlowSchema:
+  # policies-real.sh applies both to a real kube-apiserver and checks what they do.)
   local gd=(gd "$CHART" --namespace gd-system --set certificates.mode=self-signed
-    --set lifecycleCrds.install=false --set admissionPolicies.enabled=false)
+    --set lifecycleCrds.install=false --set admissionPolicies.enabled=false
+    --set flowControl.enabled=false)
   helm template "${gd[@]}" >"$WORK/gd.yaml"
   $PY "$CHECKS/assert.py" helm-owned "$WORK/gd.yaml" gd gd-system "$WORK/gd.owned.yaml"
   "${k[@]}" apply -f "$WORK/gd.owned.yaml" >"$WORK/apply.log" 2>&1 \

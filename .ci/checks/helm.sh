@@ -49,9 +49,9 @@ done
 export KUBECONFIG="$KC"
 k() { kubectl "$@"; }
 h() { helm "$@" --namespace "$NS" >"$WORK/helm.log" 2>&1; }
-# The simulated cluster serves no ValidatingAdmissionPolicy (policies-real.sh checks them
-# on a real kube-apiserver).
-VALUES=(--set certificates.mode=self-signed --set lifecycleCrds.install=false --set admissionPolicies.enabled=false)
+# The simulated cluster serves no ValidatingAdmissionPolicy and no FlowSchema
+# (policies-real.sh checks both on a real kube-apiserver).
+VALUES=(--set certificates.mode=self-signed --set lifecycleCrds.install=false --set admissionPolicies.enabled=false --set flowControl.enabled=false)
 
 # The webhook configurations' caBundle (the same in both) and timeoutSeconds.
 ca_bundle() { k get validatingwebhookconfigurations -l "app.kubernetes.io/instance=$REL" -o jsonpath='{.items[0].webhooks[0].clientConfig.caBundle}'; }

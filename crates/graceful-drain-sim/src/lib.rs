@@ -161,6 +161,15 @@ pub struct Args {
     /// With --real: leave the EvictionRequest API (lifecycle.k8s.io/v1alpha1) off.
     #[arg(long, requires = "real")]
     pub no_eviction_request_api: bool,
+    /// With --real or --kubeconfig: run only this row of the real tier (repeatable), by
+    /// its scenario name (drain, rollout-restart, statefulset-long-delay, …).
+    #[arg(long = "row", value_name = "NAME")]
+    pub rows: Vec<String>,
+    /// With --real or --kubeconfig: instead of the rows, time how fast the ReplicaSet,
+    /// StatefulSet and DaemonSet controllers create pods while the webhook holds DELETEs,
+    /// and print a table (a benchmark: it asserts nothing).
+    #[arg(long)]
+    pub holds_bench: bool,
     /// How long the disruption controller counts a pod an eviction recorded in a PDB's
     /// `disruptedPods` as disrupted while it is not deleted (upstream DeletionTimeout).
     #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
@@ -395,6 +404,17 @@ async fn run_matrix(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> {
 /// The real tier: a control plane of our own (`--real`) or the user's (`--kubeconfig`).
 async fn run_real(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> {
     let cfg = args.scenario();
+    let known: std::collections::BTreeSet<String> = scenario::real::scenarios(false)
+        .iter()
+        .map(|s| s.disruption.to_string())
+        .collect();
+    if let Some(unknown) = args.rows.iter().find(|r| !known.contains(*r)) {
+        let names: Vec<&str> = known.iter().map(String::as_str).collect();
+        anyhow::bail!(
+            "--row {unknown}: no such row of the real tier (rows: {})",
+            names.join(", ")
+        );
+    }
     let mut control_plane = None;
     let kubeconfig = match &args.kubeconfig {
         Some(path) => path.clone(),
@@ -419,8 +439,19 @@ async fn run_real(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> {
             kubeconfig
         }
     };
+    if args.holds_bench {
+        let report = scenario::holds::run(&kubeconfig, &cfg, &shutdown).await;
+        if let Some((mut cp, _dir)) = control_plane {
+            if report.is_err() {
+                eprintln!("{}", cp.log_tails(20));
+            }
+            tokio::task::spawn_blocking(move || cp.stop()).await??;
+        }
+        print!("{}", scenario::holds::table(&report?));
+        return Ok(());
+    }
     let started = std::time::Instant::now();
-    let outcome = scenario::real::run(&kubeconfig, &cfg, &shutdown, &mut |row| {
+    let outcome = scenario::real::run(&kubeconfig, &cfg, &args.rows, &shutdown, &mut |row| {
         let outcome = match &row.result {
             Ok(m) => format!(
                 "{} requests, {} 5xx, {:.1}s",

@@ -684,6 +684,18 @@ impl RealCluster {
         )
     }
 
+    /// An admin client that retries nothing by itself (kube's default client silently
+    /// retries 429, 503 and 504 after their Retry-After): for callers that must see each
+    /// refusal, like a drain counting its refused evictions.
+    pub fn client_without_retries(&self) -> Result<kube::Client> {
+        let mut config = self.config.clone();
+        config.default_retry = false;
+        kube::Client::try_from(config).map_err(|e| Error::Kubeconfig {
+            path: "kubeconfig".into(),
+            reason: e.to_string(),
+        })
+    }
+
     /// The API server's URL.
     pub fn url(&self) -> String {
         self.config.cluster_url.to_string()

@@ -481,6 +481,11 @@ impl Bridge {
         {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            // Our view was stale: the watch brings the newer object and another pass.
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                tracing::debug!(event = %name, "release mirror: changed meanwhile; next pass");
+                Ok(())
+            }
             Err(e) => Err(api_error("release mirror", &name)(e)),
         }
     }
@@ -519,6 +524,11 @@ impl Bridge {
             {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+                // Our view was stale: the watch brings the newer object and another pass.
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    tracing::debug!(event = %name, "release seed event: changed meanwhile; next pass");
+                    return Ok(());
+                }
                 Err(e) => return Err(api_error("release", &name)(e)),
             }
         }

@@ -79,6 +79,10 @@ pub enum Workload {
     StatefulSetSharedSelector,
     /// A DaemonSet (maxUnavailable 1) behind a Service with a key of its own.
     DaemonSet,
+    /// The standard Deployment with the `Recreate` strategy: its old and new pods must
+    /// never serve together, so graceful-drain lets them go unprotected (with a Warning
+    /// Event) and the rollout has a gap with or without it.
+    DeploymentRecreate,
     /// The standard Deployment plus a batch Job spread over every node, whose
     /// podFailurePolicy ignores disruptions: it must complete without a counted failure.
     DeploymentWithJob,
@@ -186,6 +190,17 @@ fn workload_scenarios() -> Vec<Scenario> {
             Budget::AllReplicas,
             no_tweak,
         ),
+        Scenario {
+            workload: Workload::DeploymentRecreate,
+            protected_5xx: true,
+            ..s(
+                "recreate-rollout",
+                "rollout restart of a Recreate Deployment: old and new pods never serve together (checked every 100 ms), so not protected (Warning Event): 5xx expected",
+                Disruption::Rollout,
+                Budget::Default,
+                no_tweak,
+            )
+        },
         s(
             "two-nodes-drain",
             "the two busiest nodes drained at the same time, sharing one PDB",

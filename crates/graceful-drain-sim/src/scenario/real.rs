@@ -195,9 +195,11 @@ impl RealRow {
 
 /// Attaches the data plane to the API server of `kubeconfig` and runs every row of
 /// [`scenarios`], printing each as it finishes through `progress`.
+/// With `only` not empty, just the rows whose disruption it names.
 pub async fn run(
     kubeconfig: &Path,
     cfg: &ScenarioConfig,
+    only: &[String],
     shutdown: &Shutdown,
     progress: &mut dyn FnMut(&RealRow),
 ) -> Result<Vec<RealRow>, Error> {
@@ -212,7 +214,10 @@ pub async fn run(
         eprintln!("seed-group-drain: not run, Kubernetes serves lifecycle.k8s.io itself");
         eprintln!("statefulset-long-delay: not run, it runs once, with the API off");
     }
-    for scenario in scenarios(upstream) {
+    let selected = scenarios(upstream)
+        .into_iter()
+        .filter(|s| only.is_empty() || only.contains(&s.disruption.to_string()));
+    for scenario in selected {
         if scenario.protection == Protection::GracefulDrain && components.is_none() {
             let started = async {
                 apply_chart_rbac(&cluster).await?;
@@ -267,7 +272,6 @@ async fn run_row(
     cluster.ensure_namespace(&cfg.web.namespace).await?;
     match s.disruption {
         Disruption::StatefulSetDrain => {
-            create_governing_service(cluster, &cfg.web).await?;
             super::workloads::deploy(
                 cluster,
                 &cfg.web,
@@ -326,10 +330,10 @@ async fn run_row(
             measure(cluster, &cfg, rollout).await
         }
         Disruption::RecreateRollout => {
-            set_recreate(&client, &cfg.web).await?;
+            super::workloads::set_recreate(&client, &cfg.web).await?;
             let rollout = async {
                 cluster.step("rollout restart (Recreate)");
-                let overlap = never_together(&client, &cfg.web.namespace);
+                let overlap = super::workloads::never_together(&client, &cfg.web.namespace);
                 tokio::select! {
                     done = rollout_restart(&client, &cfg.web, timeout) => done,
                     seen = overlap => Err(seen),
@@ -481,7 +485,6 @@ async fn statefulset_long_delay(
     cfg.traffic.max_duration += LONG_DELAY;
     cfg.traffic.max_requests += (cfg.traffic.rate * LONG_DELAY.as_secs_f64()) as u64;
     cluster.ensure_namespace(&cfg.web.namespace).await?;
-    create_governing_service(cluster, &cfg.web).await?;
     super::workloads::deploy(
         cluster,
         &cfg.web,
@@ -491,6 +494,8 @@ async fn statefulset_long_delay(
     .await?;
     components.roll_webhook(cluster, &cfg.components).await?;
     let client = cluster.client();
+    // Each refusal must come back to the row, not be retried inside the client.
+    let evictor = cluster.client_without_retries()?;
     let ns = cfg.web.namespace.clone();
     let (first, second) = (format!("{}-0", cfg.web.name), format!("{}-1", cfg.web.name));
     let within = LONG_DELAY + cfg.phase_timeout;
@@ -500,7 +505,7 @@ async fn statefulset_long_delay(
             humantime::format_duration(LONG_DELAY)
         ));
         tokio::select! {
-            done = evict_in_turn(&client, &ns, &first, &second, within) => done,
+            done = evict_in_turn(&evictor, &ns, &first, &second, within) => done,
             seen = below_min_available(&client, &ns, cfg.web.min_available) => Err(seen),
         }
     };
@@ -772,76 +777,6 @@ async fn uninstall_mid_drain(
     measured
 }
 
-/// The StatefulSet's governing Service `<name>-headless`: headless, selecting exactly the
-/// StatefulSet's own label, as typical StatefulSet manifests do. (The load balancer's
-/// Service keeps the workload's name and selects a label of its own.)
-async fn create_governing_service(cluster: &DataPlane, web: &WebSpec) -> Result<(), Error> {
-    use k8s_openapi::api::core::v1::{Service, ServiceSpec};
-    let headless = Service {
-        metadata: kube::api::ObjectMeta {
-            name: Some(format!("{}-headless", web.name)),
-            namespace: Some(web.namespace.clone()),
-            ..Default::default()
-        },
-        spec: Some(ServiceSpec {
-            cluster_ip: Some("None".into()),
-            selector: Some([("app".to_string(), web.name.clone())].into()),
-            ..Default::default()
-        }),
-        status: None,
-    };
-    Api::<Service>::namespaced(cluster.client(), &web.namespace)
-        .create(&kube::api::PostParams::default(), &headless)
-        .await
-        .map(|_| ())
-        .map_err(api(
-            "create",
-            format!("service {}/{}-headless", web.namespace, web.name),
-        ))
-}
-
-/// Switches the Deployment to the Recreate strategy.
-async fn set_recreate(client: &kube::Client, spec: &WebSpec) -> Result<(), Error> {
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &spec.namespace);
-    let patch =
-        serde_json::json!({"spec": {"strategy": {"type": "Recreate", "rollingUpdate": null}}});
-    deployments
-        .patch(&spec.name, &PatchParams::default(), &Patch::Merge(patch))
-        .await
-        .map(|_| ())
-        .map_err(api(
-            "set the Recreate strategy of",
-            format!("deployment {}", spec.service_key()),
-        ))
-}
-
-/// Resolves (with an error) as soon as pods of two ReplicaSets serve at once in
-/// `namespace` — what a Recreate rollout promises never happens; runs until dropped.
-async fn never_together(client: &kube::Client, namespace: &str) -> Error {
-    // Sampling period: far shorter than a pod's start (500 ms) or its exit (1 s).
-    const SAMPLE: Duration = Duration::from_millis(100);
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    loop {
-        if let Ok(list) = pods.list(&ListParams::default()).await {
-            let serving: BTreeSet<&String> = list
-                .items
-                .iter()
-                .filter(|p| kube_sim::controllers::pod_ready(p))
-                .filter_map(|p| p.labels().get(POD_TEMPLATE_HASH))
-                .collect();
-            if serving.len() > 1 {
-                return Error::Drain {
-                    node: "-".into(),
-                    reason: format!(
-                        "Recreate rollout in {namespace}: pods of {serving:?} served together"
-                    ),
-                };
-            }
-        }
-        tokio::time::sleep(SAMPLE).await;
-    }
-}
-
 /// Returns a drained node to service: a LifecycleEvent of the maintenance transition with
 /// protection (the agents cordoned it), a plain uncordon without.
 async fn uncordon(
@@ -964,7 +899,7 @@ async fn scale_and_wait(
 
 /// Deletes a row's namespace and waits (bounded) until its pods are gone, so the next
 /// row's traffic and drains see only their own pods.
-async fn delete_namespace(cluster: &DataPlane, name: &str) {
+pub(super) async fn delete_namespace(cluster: &DataPlane, name: &str) {
     let _ = Api::<Namespace>::all(cluster.client())
         .delete(name, &DeleteParams::default())
         .await;
@@ -1106,7 +1041,7 @@ fn api(action: &'static str, object: String) -> impl FnOnce(kube::Error) -> Erro
 /// Renders the real tier's table: the same columns as the matrix's, plus what is expected.
 pub fn table(rows: &[RealRow]) -> String {
     let mut out = format!(
-        "{:<18} {:<15} {:>9} {:>6} {:>10}  {}\n",
+        "{:<22} {:<15} {:>9} {:>6} {:>10}  {}\n",
         "scenario", "protection", "requests", "5xx", "duration", "expected"
     );
     for r in rows {
@@ -1117,7 +1052,7 @@ pub fn table(rows: &[RealRow]) -> String {
         let mark = if r.as_expected() { "" } else { "  UNEXPECTED" };
         match &r.result {
             Ok(m) => out.push_str(&format!(
-                "{:<18} {:<15} {:>9} {:>6} {:>9.1}s  {expected}{mark}\n",
+                "{:<22} {:<15} {:>9} {:>6} {:>9.1}s  {expected}{mark}\n",
                 r.scenario.disruption.to_string(),
                 r.scenario.protection.to_string(),
                 m.requests,
@@ -1125,7 +1060,7 @@ pub fn table(rows: &[RealRow]) -> String {
                 m.duration.as_secs_f64()
             )),
             Err(e) => out.push_str(&format!(
-                "{:<18} {:<15} error: {e}  [{expected}{mark}]\n",
+                "{:<22} {:<15} error: {e}  [{expected}{mark}]\n",
                 r.scenario.disruption.to_string(),
                 r.scenario.protection.to_string(),
             )),

@@ -5,15 +5,16 @@
 //! Every workload is named after `cfg.web` (its Service, PDB and `app` label), so the
 //! traffic, the load balancer and the node choice of a scenario work alike for all.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::Api;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
 
 use super::matrix::Workload;
 use super::{Error, ScenarioConfig};
@@ -26,7 +27,11 @@ use kube_sim::cluster::{Cluster, DataPlane, WebSpec, wait_for};
 /// does not select on, so the webhook can leave the Service and keep the controller.
 const ROLE: (&str, &str) = ("role", "serving");
 
-fn api(action: &'static str, object: String) -> impl FnOnce(kube::Error) -> Error {
+/// The label the Deployment controller sets on the pods of each ReplicaSet.
+const POD_TEMPLATE_HASH: &str = "pod-template-hash";
+
+/// Maps a failed API call on `object` to the scenario error saying what was tried.
+pub(super) fn api(action: &'static str, object: String) -> impl FnOnce(kube::Error) -> Error {
     move |source| Error::Api {
         action,
         object,
@@ -48,6 +53,10 @@ pub async fn deploy(
     ) {
         return Ok(cluster.deploy_web(web, timeout).await?);
     }
+    if workload == Workload::DeploymentRecreate {
+        cluster.deploy_web(web, timeout).await?;
+        return set_recreate(&cluster.client(), web).await;
+    }
     if workload == Workload::DeploymentWithJob {
         cluster.deploy_web(web, timeout).await?;
         return start_job(cluster, web).await;
@@ -55,6 +64,12 @@ pub async fn deploy(
     let client = cluster.client();
     let ns = &web.namespace;
     let app = [("app", web.name.as_str())];
+    if matches!(
+        workload,
+        Workload::StatefulSet | Workload::StatefulSetSharedSelector
+    ) {
+        create_governing_service(cluster, web).await?;
+    }
     let mut service = web.service();
     if workload != Workload::StatefulSetSharedSelector
         && let Some(selector) = service.spec.as_mut().and_then(|s| s.selector.as_mut())
@@ -114,6 +129,76 @@ pub async fn deploy(
     Ok(())
 }
 
+/// The StatefulSet's governing Service `<name>-headless`: headless, selecting exactly the
+/// StatefulSet's own label, as typical StatefulSet manifests do (`serviceName` of the
+/// StatefulSet). The load balancer's Service keeps the workload's name.
+async fn create_governing_service(cluster: &DataPlane, web: &WebSpec) -> Result<(), Error> {
+    use k8s_openapi::api::core::v1::ServiceSpec;
+    let headless = Service {
+        metadata: kube::api::ObjectMeta {
+            name: Some(format!("{}-headless", web.name)),
+            namespace: Some(web.namespace.clone()),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".into()),
+            selector: Some([("app".to_string(), web.name.clone())].into()),
+            ..Default::default()
+        }),
+        status: None,
+    };
+    Api::<Service>::namespaced(cluster.client(), &web.namespace)
+        .create(&PostParams::default(), &headless)
+        .await
+        .map(|_| ())
+        .map_err(api(
+            "create",
+            format!("service {}/{}-headless", web.namespace, web.name),
+        ))
+}
+
+/// Switches the Deployment named after `spec` to the Recreate strategy.
+pub async fn set_recreate(client: &kube::Client, spec: &WebSpec) -> Result<(), Error> {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &spec.namespace);
+    let patch =
+        serde_json::json!({"spec": {"strategy": {"type": "Recreate", "rollingUpdate": null}}});
+    deployments
+        .patch(&spec.name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .map(|_| ())
+        .map_err(api(
+            "set the Recreate strategy of",
+            format!("deployment {}", spec.service_key()),
+        ))
+}
+
+/// Resolves (with an error) as soon as pods of two ReplicaSets serve at once in
+/// `namespace` — what a Recreate rollout promises never happens; runs until dropped.
+pub async fn never_together(client: &kube::Client, namespace: &str) -> Error {
+    // Sampling period: far shorter than a pod's start (500 ms) or its exit (1 s).
+    const SAMPLE: Duration = Duration::from_millis(100);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    loop {
+        if let Ok(list) = pods.list(&ListParams::default()).await {
+            let serving: BTreeSet<&String> = list
+                .items
+                .iter()
+                .filter(|p| kube_sim::controllers::pod_ready(p))
+                .filter_map(|p| p.labels().get(POD_TEMPLATE_HASH))
+                .collect();
+            if serving.len() > 1 {
+                return Error::Drain {
+                    node: "-".into(),
+                    reason: format!(
+                        "Recreate rollout in {namespace}: pods of {serving:?} served together"
+                    ),
+                };
+            }
+        }
+        tokio::time::sleep(SAMPLE).await;
+    }
+}
+
 /// The pods' `role` label, an HTTP port and the grace period.
 fn template_extras(template: &mut k8s_openapi::api::core::v1::PodTemplateSpec, grace: i64) {
     let meta = template.metadata.get_or_insert_with(Default::default);
@@ -170,6 +255,14 @@ pub async fn rollout(
         }
         Workload::DeploymentWithJob | Workload::DeploymentWithTiers => {
             return crate::scenario::actions::rollout(&client, web, cfg.phase_timeout).await;
+        }
+        Workload::DeploymentRecreate => {
+            // The promise of Recreate: old and new pods never serve together.
+            let overlap = never_together(&client, &web.namespace);
+            return tokio::select! {
+                done = crate::scenario::actions::rollout(&client, web, cfg.phase_timeout) => done,
+                seen = overlap => Err(seen),
+            };
         }
         _ => {
             let sets: Api<StatefulSet> = Api::namespaced(client, &web.namespace);
