@@ -404,7 +404,7 @@ async fn run_matrix(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> {
 /// The real tier: a control plane of our own (`--real`) or the user's (`--kubeconfig`).
 async fn run_real(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> {
     let cfg = args.scenario();
-    let known: std::collections::BTreeSet<String> = scenario::real::scenarios(false)
+    let known: std::collections::BTreeSet<String> = scenario::real::scenarios(false, true)
         .iter()
         .map(|s| s.disruption.to_string())
         .collect();
@@ -451,29 +451,55 @@ async fn run_real(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> {
         return Ok(());
     }
     let started = std::time::Instant::now();
-    let outcome = scenario::real::run(&kubeconfig, &cfg, &args.rows, &shutdown, &mut |row| {
-        let outcome = match &row.result {
-            Ok(m) => format!(
-                "{} requests, {} 5xx, {:.1}s",
-                m.requests,
-                m.errors_5xx,
-                m.duration.as_secs_f64()
-            ),
-            Err(e) => format!("error: {e}"),
-        };
-        eprintln!(
-            "[{:>5.0}s] {} / {}: {outcome}",
-            started.elapsed().as_secs_f64(),
-            row.scenario.disruption,
-            row.scenario.protection
-        );
-    })
+    // The fault rows restart components of the control plane this run started.
+    let shared =
+        control_plane.map(|(cp, dir)| (std::sync::Arc::new(std::sync::Mutex::new(cp)), dir));
+    let restart = shared.as_ref().map(|(cp, _)| {
+        let cp = cp.clone();
+        let restart: scenario::real::Restart =
+            std::sync::Arc::new(move |component: &'static str| {
+                cp.lock()
+                    .map_err(|e| e.to_string())?
+                    .restart(component)
+                    .map_err(|e| e.to_string())
+            });
+        restart
+    });
+    let outcome = scenario::real::run(
+        &kubeconfig,
+        &cfg,
+        &args.rows,
+        restart,
+        &shutdown,
+        &mut |row| {
+            let outcome = match &row.result {
+                Ok(m) => format!(
+                    "{} requests, {} 5xx, {:.1}s",
+                    m.requests,
+                    m.errors_5xx,
+                    m.duration.as_secs_f64()
+                ),
+                Err(e) => format!("error: {e}"),
+            };
+            eprintln!(
+                "[{:>5.0}s] {} / {}: {outcome}",
+                started.elapsed().as_secs_f64(),
+                row.scenario.disruption,
+                row.scenario.protection
+            );
+        },
+    )
     .await;
-    if let Some((mut cp, _dir)) = control_plane {
-        if outcome.is_err() {
-            eprintln!("{}", cp.log_tails(20));
-        }
-        tokio::task::spawn_blocking(move || cp.stop()).await??;
+    if let Some((cp, _dir)) = shared {
+        let failed = outcome.is_err();
+        tokio::task::spawn_blocking(move || {
+            let mut cp = cp.lock().unwrap_or_else(|e| e.into_inner());
+            if failed {
+                eprintln!("{}", cp.log_tails(20));
+            }
+            cp.stop()
+        })
+        .await??;
     }
     let rows = outcome?;
     print!("{}", scenario::real::table(&rows));

@@ -76,6 +76,9 @@ pub enum Error {
     /// A component exited while the control plane started.
     #[error("{component} exited during start-up; logs:\n{log}")]
     Exited { component: String, log: String },
+    /// A component this value did not start (or that is unknown) was asked to restart.
+    #[error("{0} is not a component this control plane started")]
+    NotRunning(String),
     /// kube-apiserver did not become ready in time.
     #[error("kube-apiserver was not ready after {after:?}; logs:\n{log}")]
     NotReady { after: Duration, log: String },

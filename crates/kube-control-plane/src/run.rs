@@ -9,7 +9,7 @@
 //! kube-controller-manager runs without the node lifecycle controller, which would taint
 //! every Node that no real kubelet heartbeats.
 
-use std::fs::{self, File};
+use std::fs;
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
@@ -56,6 +56,10 @@ pub struct ControlPlane {
     /// The processes, when this value started them (tests); empty after [`up`] returns for
     /// `cargo xtask`, whose processes outlive it and are found again through `pids`.
     children: Vec<Child>,
+    /// Each started component's name and command line, in start order, for [`ControlPlane::restart`].
+    commands: Vec<(String, Vec<String>)>,
+    /// How the control plane was started.
+    options: Option<Options>,
     /// Whether dropping this value stops the processes.
     stop_on_drop: bool,
 }
@@ -91,6 +95,32 @@ impl ControlPlane {
         out
     }
 
+    /// Stops one component (`kube-apiserver`, `kube-controller-manager`,
+    /// `kube-scheduler`; SIGTERM, SIGKILL after 15 s) and starts it again with the same
+    /// command line, its log continued; after kube-apiserver, waits until it is ready again.
+    /// What a node reboot or an upgrade does to a control-plane component.
+    pub fn restart(&mut self, component: &str) -> Result<()> {
+        let options = self
+            .options
+            .clone()
+            .ok_or_else(|| Error::NotRunning(component.to_string()))?;
+        let index = self
+            .commands
+            .iter()
+            .position(|(name, _)| name == component)
+            .filter(|i| *i < self.children.len())
+            .ok_or_else(|| Error::NotRunning(component.to_string()))?;
+        let args = self.commands[index].1.clone();
+        stop_child(&mut self.children[index]);
+        let child = spawn(&self.dir, &options, component, &args, true)?;
+        self.children[index] = child;
+        write_pids(self)?;
+        if component == "kube-apiserver" {
+            wait_ready(self)?;
+        }
+        Ok(())
+    }
+
     /// Keeps the processes running after this value is dropped (for `cargo xtask
     /// control-plane up`); `down` stops them later.
     pub fn detach(mut self) -> PathBuf {
@@ -104,19 +134,7 @@ impl ControlPlane {
     pub fn stop(&mut self) -> Result<()> {
         self.stop_on_drop = false;
         for mut child in self.children.drain(..).rev() {
-            terminate(child.id());
-            let deadline = Instant::now() + STOP_TIMEOUT;
-            loop {
-                match child.try_wait() {
-                    Ok(Some(_)) | Err(_) => break,
-                    Ok(None) if Instant::now() > deadline => {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                        break;
-                    }
-                    Ok(None) => std::thread::sleep(POLL),
-                }
-            }
+            stop_child(&mut child);
         }
         let _ = fs::remove_file(self.dir.join("pids"));
         Ok(())
@@ -155,6 +173,8 @@ pub fn up(dir: &Path, options: &Options) -> Result<ControlPlane> {
     let mut cp = ControlPlane {
         dir: dir.to_path_buf(),
         children: Vec::new(),
+        commands: Vec::new(),
+        options: Some(options.clone()),
         stop_on_drop: true,
     };
     let etcd_url = format!("http://127.0.0.1:{etcd_client}");
@@ -240,10 +260,30 @@ fn apiserver_args(dir: &Path, pki: &Pki, etcd: &str, port: u16, options: &Option
 }
 
 fn start(cp: &mut ControlPlane, options: &Options, name: &str, args: &[String]) -> Result<()> {
-    let log_path = cp.log(name);
-    let log = File::create(&log_path).map_err(|e| Error::io(&log_path, e))?;
+    let child = spawn(&cp.dir, options, name, args, false)?;
+    cp.children.push(child);
+    cp.commands.push((name.to_string(), args.to_vec()));
+    write_pids(cp)
+}
+
+/// Starts component `name` with its log in `dir/logs` (continued when `append`).
+fn spawn(
+    dir: &Path,
+    options: &Options,
+    name: &str,
+    args: &[String],
+    append: bool,
+) -> Result<Child> {
+    let log_path = dir.join("logs").join(format!("{name}.log"));
+    let log = fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .append(append)
+        .truncate(!append)
+        .open(&log_path)
+        .map_err(|e| Error::io(&log_path, e))?;
     let err = log.try_clone().map_err(|e| Error::io(&log_path, e))?;
-    let child = Command::new(options.bin.join(name))
+    Command::new(options.bin.join(name))
         .args(args)
         .stdin(Stdio::null())
         .stdout(log)
@@ -251,14 +291,36 @@ fn start(cp: &mut ControlPlane, options: &Options, name: &str, args: &[String]) 
         // Its own process group: a ^C meant for `cargo xtask` or a test does not reach it.
         .process_group(0)
         .spawn()
-        .map_err(|e| Error::io(&options.bin.join(name), e))?;
+        .map_err(|e| Error::io(&options.bin.join(name), e))
+}
+
+/// Rewrites `dir/pids` from the running children, which `down` reads.
+fn write_pids(cp: &ControlPlane) -> Result<()> {
     let pids = cp.dir.join("pids");
-    let line = format!("{name} {}\n", child.id());
-    let mut all = fs::read_to_string(&pids).unwrap_or_default();
-    all.push_str(&line);
-    fs::write(&pids, all).map_err(|e| Error::io(&pids, e))?;
-    cp.children.push(child);
-    Ok(())
+    let all: String = cp
+        .commands
+        .iter()
+        .zip(&cp.children)
+        .map(|((name, _), child)| format!("{name} {}\n", child.id()))
+        .collect();
+    fs::write(&pids, all).map_err(|e| Error::io(&pids, e))
+}
+
+/// SIGTERM to `child`, SIGKILL after [`STOP_TIMEOUT`], and waits for it.
+fn stop_child(child: &mut Child) {
+    terminate(child.id());
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) | Err(_) => break,
+            Ok(None) if Instant::now() > deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break;
+            }
+            Ok(None) => std::thread::sleep(POLL),
+        }
+    }
 }
 
 /// Waits for kube-apiserver's `/readyz` (every post-start hook, RBAC's bootstrap roles

@@ -139,3 +139,52 @@ fn the_eviction_request_api_can_be_left_off() {
     assert!(!resources.contains("evictionrequests"), "{resources}");
     assert!(resources.contains("pods"), "{resources}");
 }
+
+/// A component restarted mid-run comes back with the same command line: kube-apiserver
+/// serves what etcd kept, with a new process; an unknown component is refused by name;
+/// and `down` afterwards stops the new processes too.
+#[test]
+fn a_restarted_component_comes_back_and_down_still_stops_everything() {
+    let Some(options) = options(false) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut cp = kube_control_plane::up(dir.path(), &options).unwrap();
+    let kc = cp.admin_kubeconfig();
+    let (ok, created) = kubectl(&kc, &["create", "namespace", "kept"]);
+    assert!(ok, "{created}");
+    // kube-controller-manager exits if the API server goes away while it starts its
+    // controllers (a kubelet would restart it): restart once they run, as the real tier does.
+    let (ok, running_controllers) = kubectl(
+        &kc,
+        &[
+            "wait",
+            "--for=create",
+            "serviceaccount/default",
+            "-n",
+            "kept",
+            "--timeout=60s",
+        ],
+    );
+    assert!(ok, "{running_controllers}");
+    let before = pids(dir.path());
+    cp.restart("kube-apiserver").unwrap();
+    cp.restart("kube-controller-manager").unwrap();
+    let after = pids(dir.path());
+    assert_eq!(after.len(), 4);
+    assert_eq!(after[0], before[0], "etcd kept running");
+    assert_ne!(after[1], before[1], "a new kube-apiserver");
+    assert_ne!(after[2], before[2], "a new kube-controller-manager");
+    assert!(!running(before[1]) && !running(before[2]));
+    let (ok, namespace) = kubectl(&kc, &["get", "namespace", "kept", "-o", "name"]);
+    assert!(ok && namespace.contains("namespace/kept"), "{namespace}");
+    let log = std::fs::read_to_string(cp.log("kube-apiserver")).unwrap();
+    assert!(!log.is_empty(), "the log is continued, not lost");
+    let refused = cp.restart("kube-proxy").unwrap_err().to_string();
+    assert!(refused.contains("kube-proxy"), "{refused}");
+    let dir_path = cp.detach();
+    kube_control_plane::down(&dir_path).unwrap();
+    for pid in after {
+        assert!(!running(pid), "pid {pid} still running after down");
+    }
+}

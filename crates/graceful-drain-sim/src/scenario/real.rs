@@ -71,6 +71,14 @@ pub enum Disruption {
     /// must be refused until the first is gone — never fewer than `minAvailable` pods
     /// serving. Protected only.
     StatefulSetLongDelay,
+    /// A LifecycleEvent drain of the busiest node; once the first pod is isolated,
+    /// kube-apiserver is restarted. The drain must finish with no 5xx. Protected only, and
+    /// only on a control plane the tier started itself.
+    ApiServerRestartDrain,
+    /// `kubectl rollout restart`; once the first pod is isolated, kube-controller-manager
+    /// is restarted. The rollout must finish with no 5xx. Protected only, and only on a
+    /// control plane the tier started itself.
+    ControllerManagerRestartRollout,
     /// `helm uninstall` while a `kubectl drain` has pods isolated: Helm's deletions in
     /// Helm's order, then the webhook replica stops; nothing isolated may be left and the
     /// webhook's rights must go once it is done. Protected only, and last (it removes the
@@ -89,6 +97,8 @@ impl fmt::Display for Disruption {
             Disruption::ForgedReview => "forged-review",
             Disruption::SeedGroupDrain => "seed-group-drain",
             Disruption::StatefulSetLongDelay => "statefulset-long-delay",
+            Disruption::ApiServerRestartDrain => "apiserver-restart-drain",
+            Disruption::ControllerManagerRestartRollout => "controller-manager-restart-rollout",
             Disruption::UninstallMidDrain => "uninstall-mid-drain",
         })
     }
@@ -103,10 +113,11 @@ pub struct RealScenario {
 }
 
 /// Every row, unprotected ones first; the seed-group and long-delay rows only where
-/// `upstream` (Kubernetes' own lifecycle.k8s.io API) is off. No row is a known failure today; a row that fails on
+/// `upstream` (Kubernetes' own lifecycle.k8s.io API) is off; the fault rows only with
+/// `faults` (a control plane the tier started, whose components it can restart). No row is a known failure today; a row that fails on
 /// the real controllers before its fix lands is marked [`Expect::KnownFailure`] with the
 /// issue that removes it.
-pub fn scenarios(upstream: bool) -> Vec<RealScenario> {
+pub fn scenarios(upstream: bool, faults: bool) -> Vec<RealScenario> {
     use Disruption::*;
     let mut all = Vec::new();
     for protection in [Protection::None, Protection::GracefulDrain] {
@@ -143,6 +154,15 @@ pub fn scenarios(upstream: bool) -> Vec<RealScenario> {
             protection: Protection::GracefulDrain,
             expect: Expect::Pass,
         });
+    }
+    if faults {
+        for disruption in [ApiServerRestartDrain, ControllerManagerRestartRollout] {
+            all.push(RealScenario {
+                disruption,
+                protection: Protection::GracefulDrain,
+                expect: Expect::Pass,
+            });
+        }
     }
     all.push(RealScenario {
         disruption: UninstallMidDrain,
@@ -195,11 +215,17 @@ impl RealRow {
 
 /// Attaches the data plane to the API server of `kubeconfig` and runs every row of
 /// [`scenarios`], printing each as it finishes through `progress`.
-/// With `only` not empty, just the rows whose disruption it names.
+/// Restarts one control-plane component (`kube-apiserver`, `kube-controller-manager`) and
+/// returns once it is back; blocking.
+pub type Restart = std::sync::Arc<dyn Fn(&'static str) -> Result<(), String> + Send + Sync>;
+
+/// With `only` not empty, just the rows whose disruption it names; the fault rows only
+/// with `restart`.
 pub async fn run(
     kubeconfig: &Path,
     cfg: &ScenarioConfig,
     only: &[String],
+    restart: Option<Restart>,
     shutdown: &Shutdown,
     progress: &mut dyn FnMut(&RealRow),
 ) -> Result<Vec<RealRow>, Error> {
@@ -214,7 +240,7 @@ pub async fn run(
         eprintln!("seed-group-drain: not run, Kubernetes serves lifecycle.k8s.io itself");
         eprintln!("statefulset-long-delay: not run, it runs once, with the API off");
     }
-    let selected = scenarios(upstream)
+    let selected = scenarios(upstream, restart.is_some())
         .into_iter()
         .filter(|s| only.is_empty() || only.contains(&s.disruption.to_string()));
     for scenario in selected {
@@ -244,6 +270,16 @@ pub async fn run(
                     .await
                     .map_err(|e| graceful_drain_core::error::chain(&e).to_string())
             }
+            (
+                Some(Ok(_)),
+                fault @ (Disruption::ApiServerRestartDrain
+                | Disruption::ControllerManagerRestartRollout),
+            ) => match &restart {
+                Some(restart) => restart_mid_row(&cluster, cfg, fault, restart.clone())
+                    .await
+                    .map_err(|e| graceful_drain_core::error::chain(&e).to_string()),
+                None => Err("no control plane of our own to restart".to_string()),
+            },
             (Some(Ok(c)), Disruption::UninstallMidDrain) => uninstall_mid_drain(&cluster, cfg, c)
                 .await
                 .map_err(|e| graceful_drain_core::error::chain(&e).to_string()),
@@ -345,6 +381,8 @@ async fn run_row(
         // `uninstall_mid_drain`).
         Disruption::ForgedReview
         | Disruption::StatefulSetLongDelay
+        | Disruption::ApiServerRestartDrain
+        | Disruption::ControllerManagerRestartRollout
         | Disruption::UninstallMidDrain => Err(Error::Component {
             name: s.disruption.to_string(),
             reason: "runs only once graceful-drain's components have started".into(),
@@ -633,6 +671,69 @@ async fn below_min_available(client: &kube::Client, namespace: &str, min: i32) -
         }
         tokio::time::sleep(SAMPLE).await;
     }
+}
+
+/// A drain (kube-apiserver restarted) or a rollout restart (kube-controller-manager
+/// restarted) with graceful-drain: the component is restarted once the first pod of the
+/// row is isolated, and the drain or rollout must still finish with no 5xx.
+async fn restart_mid_row(
+    cluster: &RealCluster,
+    cfg: &ScenarioConfig,
+    fault: Disruption,
+    restart: Restart,
+) -> Result<Measured, Error> {
+    let mut cfg = cfg.clone();
+    cfg.web.namespace = format!("{fault}-graceful-drain");
+    cluster.ensure_namespace(&cfg.web.namespace).await?;
+    cluster.deploy_web(&cfg.web, cfg.phase_timeout).await?;
+    let client = cluster.client();
+    let timeout = cfg.phase_timeout;
+    let component = match fault {
+        Disruption::ApiServerRestartDrain => "kube-apiserver",
+        _ => "kube-controller-manager",
+    };
+    let pods = Api::<Pod>::namespaced(client.clone(), &cfg.web.namespace);
+    let isolated = ListParams::default().labels(graceful_drain_core::labels::DRAINING_LABEL);
+    let node = busiest_node(cluster, &cfg.web).await?;
+    let row = async {
+        let disruption = async {
+            if fault == Disruption::ApiServerRestartDrain {
+                cluster.step(format!("LifecycleEvent drain of {node}"));
+                actions::lifecycle_drain(&client, &node, timeout * 2).await
+            } else {
+                cluster.step("rollout restart");
+                rollout_restart(&client, &cfg.web, timeout * 2).await
+            }
+        };
+        let fault_at_first_isolation = async {
+            wait_for("a pod isolated", timeout, || async {
+                pods.list_metadata(&isolated)
+                    .await
+                    .is_ok_and(|l| !l.items.is_empty())
+            })
+            .await?;
+            cluster.step(format!("restart {component}"));
+            let restarted = tokio::task::spawn_blocking(move || restart(component))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r);
+            restarted.map_err(|reason| Error::Component {
+                name: component.into(),
+                reason,
+            })?;
+            cluster.step(format!("{component} back"));
+            Ok::<(), Error>(())
+        };
+        let (done, restarted) = tokio::join!(disruption, fault_at_first_isolation);
+        restarted?;
+        done
+    };
+    let measured = measure(cluster, &cfg, row).await;
+    if fault == Disruption::ApiServerRestartDrain {
+        uncordon(cluster, &node, Protection::GracefulDrain, timeout).await?;
+    }
+    delete_namespace(cluster, &cfg.web.namespace).await;
+    measured
 }
 
 /// The webhook's Deployment as the chart names it (`--deployment`).
@@ -1041,7 +1142,7 @@ fn api(action: &'static str, object: String) -> impl FnOnce(kube::Error) -> Erro
 /// Renders the real tier's table: the same columns as the matrix's, plus what is expected.
 pub fn table(rows: &[RealRow]) -> String {
     let mut out = format!(
-        "{:<22} {:<15} {:>9} {:>6} {:>10}  {}\n",
+        "{:<34} {:<15} {:>9} {:>6} {:>10}  {}\n",
         "scenario", "protection", "requests", "5xx", "duration", "expected"
     );
     for r in rows {
@@ -1052,7 +1153,7 @@ pub fn table(rows: &[RealRow]) -> String {
         let mark = if r.as_expected() { "" } else { "  UNEXPECTED" };
         match &r.result {
             Ok(m) => out.push_str(&format!(
-                "{:<22} {:<15} {:>9} {:>6} {:>9.1}s  {expected}{mark}\n",
+                "{:<34} {:<15} {:>9} {:>6} {:>9.1}s  {expected}{mark}\n",
                 r.scenario.disruption.to_string(),
                 r.scenario.protection.to_string(),
                 m.requests,
@@ -1060,7 +1161,7 @@ pub fn table(rows: &[RealRow]) -> String {
                 m.duration.as_secs_f64()
             )),
             Err(e) => out.push_str(&format!(
-                "{:<22} {:<15} error: {e}  [{expected}{mark}]\n",
+                "{:<34} {:<15} error: {e}  [{expected}{mark}]\n",
                 r.scenario.disruption.to_string(),
                 r.scenario.protection.to_string(),
             )),
