@@ -282,6 +282,28 @@ struct ServiceEntry {
     selector: Vec<(Box<str>, Box<str>)>,
 }
 
+impl ServiceEntry {
+    /// A selector that is neither headless nor ExternalName: the Service balances the pods
+    /// it selects.
+    fn may_expose(&self) -> bool {
+        !self.selector.is_empty()
+            && !matches!(
+                self.service_type,
+                ServiceType::Headless | ServiceType::ExternalName
+            )
+    }
+
+    /// Whether the selector is not empty and matches `labels` (a Service's selector is a
+    /// plain map: every pair must be present).
+    fn selects(&self, labels: &std::collections::BTreeMap<String, String>) -> bool {
+        !self.selector.is_empty()
+            && self
+                .selector
+                .iter()
+                .all(|(k, v)| labels.get(k.as_ref()).is_some_and(|l| l == v.as_ref()))
+    }
+}
+
 /// The caches, shared by the admission handlers and the deleter.
 #[derive(Debug, Default)]
 pub struct Cache {
@@ -621,31 +643,58 @@ impl Cache {
             .unwrap_or_default()
     }
 
-    /// Everything [`super::decide::decide`] needs about `pod`'s surroundings.
-    pub fn snapshot(&self, pod: &PodFacts) -> Snapshot {
-        let endpoints = self.endpoints_of(&pod.namespace, &pod.name, Some(&pod.uid));
-        let names: BTreeSet<&str> = endpoints
+    /// The Services of `pod`: those its `endpoints` name and those in its namespace whose
+    /// selector matches its labels, each once, by name.
+    fn services_of(&self, pod: &PodFacts, endpoints: &[EndpointFacts]) -> Vec<ServiceFacts> {
+        let named: BTreeSet<&str> = endpoints
             .iter()
             .filter_map(|e| e.service.as_deref())
             .collect();
-        let services = {
-            let table = read(&self.services);
-            names
-                .into_iter()
-                .filter_map(|name| {
-                    let entry = table.get(&(pod.namespace.clone(), name.to_string()))?;
-                    Some(ServiceFacts {
-                        name: name.to_string(),
-                        service_type: entry.service_type,
-                        selector: entry
-                            .selector
-                            .iter()
-                            .map(|(k, v)| (k.to_string(), v.to_string()))
-                            .collect(),
-                    })
-                })
-                .collect()
-        };
+        let table = read(&self.services);
+        let mut services: Vec<ServiceFacts> = table
+            .iter()
+            .filter(|((namespace, name), entry)| {
+                *namespace == pod.namespace
+                    && (named.contains(name.as_str()) || entry.selects(&pod.labels))
+            })
+            .map(|((_, name), entry)| ServiceFacts {
+                name: name.clone(),
+                service_type: entry.service_type,
+                selector: entry
+                    .selector
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                selects_pod: entry.selects(&pod.labels),
+            })
+            .collect();
+        services.sort_by(|a, b| a.name.cmp(&b.name));
+        services
+    }
+
+    /// Whether `namespace` has a Service that could expose a pod no EndpointSlice lists
+    /// yet: one with a selector that is neither headless nor ExternalName.
+    pub fn has_selecting_service(&self, namespace: &str) -> bool {
+        read(&self.services)
+            .iter()
+            .any(|((ns, _), entry)| ns == namespace && entry.may_expose())
+    }
+
+    /// Whether such a Service of `namespace` selects a pod labelled `labels`.
+    pub fn service_selects(
+        &self,
+        namespace: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> bool {
+        read(&self.services)
+            .iter()
+            .any(|((ns, _), entry)| ns == namespace && entry.may_expose() && entry.selects(labels))
+    }
+
+    /// Everything [`super::decide::decide`] needs about `pod`'s surroundings.
+    pub fn snapshot(&self, pod: &PodFacts) -> Snapshot {
+        let endpoints = self.endpoints_of(&pod.namespace, &pod.name, Some(&pod.uid));
+        let services = self.services_of(pod, &endpoints);
         let pdbs = read(&self.pdbs)
             .get(&pod.namespace)
             .map(|m| {
@@ -979,6 +1028,63 @@ mod tests {
     }
 
     #[test]
+    fn a_service_that_selects_a_pod_no_slice_lists_is_in_its_snapshot() {
+        let cache = Cache::new([]);
+        let service = |namespace: &str, name: &str, spec: serde_json::Value| {
+            serde_json::from_value::<Service>(json!({"apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": name, "namespace": namespace}, "spec": spec}))
+            .unwrap()
+        };
+        assert!(!cache.has_selecting_service("web"));
+        cache.apply_service(&service(
+            "web",
+            "db",
+            json!({"clusterIP": "None", "selector": {"app": "web"}}),
+        ));
+        cache.apply_service(&service("web", "bare", json!({})));
+        cache.apply_service(&service(
+            "other",
+            "web",
+            json!({"selector": {"app": "web"}}),
+        ));
+        assert!(
+            !cache.has_selecting_service("web"),
+            "a headless Service and one without a selector expose nothing"
+        );
+        cache.apply_service(&service("web", "web", json!({"selector": {"app": "web"}})));
+        cache.apply_service(&service(
+            "web",
+            "front",
+            json!({"selector": {"app": "web", "tier": "front"}}),
+        ));
+        assert!(cache.has_selecting_service("web"));
+        let labels = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert!(cache.service_selects("web", &labels(&[("app", "web")])));
+        assert!(!cache.service_selects("web", &labels(&[("app", "db")])));
+        assert!(!cache.service_selects("batch", &labels(&[("app", "web")])));
+        let p1 = fixtures::pod("p1")
+            .ns("web")
+            .with_labels(&[("app", "web")])
+            .facts();
+        let snap = cache.snapshot(&p1);
+        let names: Vec<(&str, bool)> = snap
+            .services
+            .iter()
+            .map(|s| (s.name.as_str(), s.selects_pod))
+            .collect();
+        assert_eq!(
+            names,
+            [("db", true), ("web", true)],
+            "same namespace, whole selector"
+        );
+    }
+
+    #[test]
     fn snapshot_collects_services_namespace_and_selecting_pdbs() {
         let cache = Cache::new(["kube-system".to_string()]);
         cache.apply_slice(&slice("web-a", &[("p1", "u1", true)]));
@@ -1013,6 +1119,7 @@ mod tests {
         let snap = cache.snapshot(&p1);
         assert_eq!(snap.services.len(), 1);
         assert_eq!(snap.services[0].service_type, ServiceType::NodePort);
+        assert!(snap.services[0].selects_pod);
         let mut pdbs: Vec<&str> = snap.pdbs.iter().map(|p| p.name.as_str()).collect();
         pdbs.sort();
         assert_eq!(pdbs, ["expr", "match"]);

@@ -118,8 +118,9 @@ pub struct PodFacts {
 }
 
 /// Service types, for the narrower exposure modes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ServiceType {
+    #[default]
     ClusterIp,
     /// A ClusterIP Service with `clusterIP: None`: DNS names for the pods (a StatefulSet's
     /// governing Service), no virtual IP and no load balancer that could lag behind.
@@ -166,13 +167,16 @@ pub struct EndpointFacts {
     pub earlier_pod: bool,
 }
 
-/// A Service selecting the pod (found through its EndpointSlices).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A Service of the pod: one whose EndpointSlices name it, or one whose selector matches
+/// its labels before any slice of it lists the pod.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServiceFacts {
     pub name: String,
     pub service_type: ServiceType,
     /// `spec.selector`; empty for Services without a selector.
     pub selector: BTreeMap<String, String>,
+    /// The selector is not empty and matches the pod's labels.
+    pub selects_pod: bool,
 }
 
 /// A PodDisruptionBudget whose selector matches the pod.
@@ -442,11 +446,21 @@ fn pass_for_pod(pod: &PodFacts, snap: &Snapshot, settings: &Settings) -> Option<
     None
 }
 
-/// Whether the pod is a ready endpoint of a slice that counts under `mode`.
+/// Whether a ready pod is exposed under `mode`: a ready endpoint of a slice that counts,
+/// or selected by a Service that counts whether or not a slice lists it yet. The
+/// EndpointSlice controller adds a pod some time after it turns ready — much later when it
+/// relists after a kube-apiserver restart — and would then list a pod evicted in between as
+/// ready while it terminates, so load balancers would route to it.
 pub fn is_exposed(snap: &Snapshot, mode: Exposure) -> bool {
-    snap.endpoints.iter().any(|ep| {
+    let listed = snap.endpoints.iter().any(|ep| {
         ep.ready && !ep.earlier_pod && service_counts(ep.service.as_deref(), &snap.services, mode)
-    })
+    });
+    listed
+        || snap.services.iter().any(|s| {
+            s.selects_pod
+                && s.service_type != ServiceType::ExternalName
+                && service_counts(Some(&s.name), &snap.services, mode)
+        })
 }
 
 /// Whether a slice of `service` counts as exposure under `mode`. A headless Service never
@@ -653,6 +667,7 @@ mod tests {
                 name: "web".into(),
                 service_type: ServiceType::ClusterIp,
                 selector: [("app".to_string(), "web".to_string())].into(),
+                selects_pod: false,
             }],
             ..Snapshot::default()
         }
@@ -1060,6 +1075,51 @@ mod tests {
         assert!(!is_exposed(&snap, Exposure::External));
     }
 
+    #[test]
+    fn a_ready_pod_its_service_selects_is_exposed_before_any_slice_lists_it() {
+        let selected = |service_type| Snapshot {
+            services: vec![ServiceFacts {
+                name: "web".into(),
+                service_type,
+                selector: [("app".to_string(), "web".to_string())].into(),
+                selects_pod: true,
+            }],
+            ..Snapshot::default()
+        };
+        let r = req(Path::Evict);
+        assert!(matches!(
+            decide(
+                &r,
+                &pod(),
+                &selected(ServiceType::ClusterIp),
+                &settings(),
+                now()
+            ),
+            Decision::Isolate { .. }
+        ));
+        let cases = [
+            (ServiceType::ClusterIp, Exposure::EndpointSlice, true),
+            (ServiceType::LoadBalancer, Exposure::LoadBalancer, true),
+            (ServiceType::ClusterIp, Exposure::External, false),
+            (ServiceType::Headless, Exposure::EndpointSlice, false),
+            (ServiceType::ExternalName, Exposure::EndpointSlice, false),
+        ];
+        for (ty, mode, want) in cases {
+            assert_eq!(
+                is_exposed(&selected(ty), mode),
+                want,
+                "{ty:?} under {mode:?}"
+            );
+        }
+        let mut other = selected(ServiceType::ClusterIp);
+        other.services[0].selects_pod = false;
+        assert_eq!(
+            decide(&r, &pod(), &other, &settings(), now()),
+            Decision::Pass(Pass::NotExposed),
+            "a Service that names the pod nowhere and selects it not"
+        );
+    }
+
     fn keys(ks: &[&str]) -> BTreeSet<String> {
         ks.iter().map(|k| k.to_string()).collect()
     }
@@ -1145,6 +1205,7 @@ mod tests {
                 name: "svc".into(),
                 service_type: ServiceType::ClusterIp,
                 selector: svc.iter().map(|k| (k.clone(), String::new())).collect(),
+                selects_pod: false,
             };
             let services = [service];
             let stuck = service_left_only_by_pinned(&pod_labels, &services, &policy.pinned);
@@ -1172,6 +1233,7 @@ mod tests {
                 .iter()
                 .map(|k| (k.to_string(), String::new()))
                 .collect(),
+            selects_pod: false,
         };
         let governing = service("db", ServiceType::Headless, &["app"]);
         let balanced = service("db-lb", ServiceType::LoadBalancer, &["tier"]);
@@ -1224,6 +1286,7 @@ mod tests {
                 name: "db".into(),
                 service_type: ServiceType::Headless,
                 selector: BTreeMap::new(),
+                selects_pod: false,
             }],
             ..Snapshot::default()
         };

@@ -1116,6 +1116,7 @@ pub(crate) mod tests {
                 name: "web".into(),
                 service_type: ServiceType::LoadBalancer,
                 selector: [("app".to_string(), "web".to_string())].into(),
+                selects_pod: false,
             }],
             pdbs: vec![PdbFacts {
                 name: "web".into(),
@@ -1341,6 +1342,7 @@ pub(crate) mod tests {
                     .into_iter()
                     .map(|(k, v)| (k.to_string(), v.to_string()))
                     .collect(),
+                selects_pod: false,
             }],
             ..Snapshot::default()
         };

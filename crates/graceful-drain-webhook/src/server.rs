@@ -416,8 +416,10 @@ async fn settle_eviction(state: &AppState, ev: &review::Eviction) -> Settled {
     if cache.namespace(&ev.namespace).opted_out {
         return Settled::Pass(Pass::OptedOut);
     }
-    // Fast path: a pod no slice lists as ready is not exposed, whatever else is true.
-    let exposed = cache.has_ready_endpoint(&ev.namespace, &ev.pod);
+    // Fast path: a pod no slice lists as ready, in a namespace with no Service that could
+    // select it before its slice lists it, is not exposed, whatever else is true.
+    let exposed = cache.has_ready_endpoint(&ev.namespace, &ev.pod)
+        || cache.has_selecting_service(&ev.namespace);
     if !exposed && cache.isolated(&ev.namespace, &ev.pod).is_none() {
         return Settled::Pass(Pass::NotExposed);
     }
@@ -673,14 +675,15 @@ async fn respond_delete(
     if let Some(pass) = request_pass(&del.request, &state.settings) {
         return (review::allow(request), pass.as_str());
     }
-    // Fast path: neither isolated (its own labels say so) nor listed as a ready endpoint.
-    let draining = del
-        .object
-        .metadata
-        .labels
-        .as_ref()
-        .is_some_and(|l| l.contains_key(graceful_drain_core::labels::DRAINING_LABEL));
-    if !draining && !state.ctx.cache.has_ready_endpoint(&namespace, &name) {
+    // Fast path: neither isolated (its own labels say so) nor listed as a ready endpoint,
+    // nor selected by a Service whose slice may list it any moment.
+    let labels = del.object.metadata.labels.clone().unwrap_or_default();
+    let draining = labels.contains_key(graceful_drain_core::labels::DRAINING_LABEL);
+    let cache = &state.ctx.cache;
+    if !draining
+        && !cache.has_ready_endpoint(&namespace, &name)
+        && !cache.service_selects(&namespace, &labels)
+    {
         return (review::allow(request), Pass::NotExposed.as_str());
     }
     let mut req = del.request.clone();
@@ -952,15 +955,19 @@ mod tests {
     }
 
     fn eviction_body(pod: &str) -> Vec<u8> {
+        eviction_body_in("web", pod)
+    }
+
+    fn eviction_body_in(namespace: &str, pod: &str) -> Vec<u8> {
         serde_json::to_vec(&json!({
             "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
             "request": {"uid": "ev-1",
                 "kind": {"group": "policy", "version": "v1", "kind": "Eviction"},
                 "resource": {"group": "", "version": "v1", "resource": "pods"},
-                "subResource": "eviction", "name": pod, "namespace": "web", "operation": "CREATE",
+                "subResource": "eviction", "name": pod, "namespace": namespace, "operation": "CREATE",
                 "userInfo": {"username": "system:node:n1"},
                 "object": {"apiVersion": "policy/v1", "kind": "Eviction",
-                           "metadata": {"name": pod, "namespace": "web"},
+                           "metadata": {"name": pod, "namespace": namespace},
                            "deleteOptions": {"gracePeriodSeconds": 15}}}
         }))
         .unwrap()
@@ -1134,13 +1141,78 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn eviction_of_a_pod_in_no_slice_needs_no_api_call() {
+    async fn eviction_of_a_pod_in_no_slice_and_no_service_needs_no_api_call() {
         let (client, _api) = mock::client();
-        let (status, review) =
-            call(state(client), "/mutate/eviction", eviction_body("batch-7")).await;
+        let (status, review) = call(
+            state(client),
+            "/mutate/eviction",
+            eviction_body_in("batch", "batch-7"),
+        )
+        .await;
         assert_eq!(status, 200);
         assert_eq!(review["response"]["allowed"], true);
         assert!(review["response"].get("patch").is_none());
+    }
+
+    /// The EndpointSlice controller lists a pod some time after it turns ready (seconds
+    /// after a kube-apiserver restart). A ready pod its load-balanced Service selects is
+    /// isolated in that time too, or the slice would list it ready while it terminates.
+    #[tokio::test]
+    async fn eviction_of_a_ready_pod_its_service_selects_isolates_it_before_any_slice_lists_it() {
+        let (client, mut api) = mock::client();
+        let call = tokio::spawn(call(
+            state(client),
+            "/mutate/eviction?timeout=10s",
+            eviction_body("web-2"),
+        ));
+        let pod = |labels: Value| {
+            json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web-2", "namespace": "web", "uid": "uid-2", "resourceVersion": "7",
+                         "labels": labels},
+            "spec": {"containers": [{"name": "c"}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})
+        };
+        let path = "/api/v1/namespaces/web/pods/web-2";
+        expect(&mut api, Method::GET, path, 200, pod(json!({"app": "web"}))).await;
+        let patch = expect(&mut api, Method::PATCH, path, 200, json!({})).await;
+        assert!(
+            patch
+                .body
+                .as_array()
+                .unwrap()
+                .contains(&json!({"op": "remove", "path": "/metadata/labels/app"})),
+            "it leaves the Service: {}",
+            patch.body
+        );
+        expect(
+            &mut api,
+            Method::POST,
+            "/api/v1/namespaces/web/events",
+            201,
+            json!({}),
+        )
+        .await;
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], false);
+        assert_eq!(review["response"]["status"]["code"], 429);
+
+        // A pod of that namespace the Service does not select goes at once.
+        let (client, mut api) = mock::client();
+        let call = tokio::spawn(super::tests::call(
+            state(client),
+            "/mutate/eviction?timeout=10s",
+            eviction_body("web-2"),
+        ));
+        expect(
+            &mut api,
+            Method::GET,
+            path,
+            200,
+            pod(json!({"app": "batch"})),
+        )
+        .await;
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], true, "{review}");
     }
 }
 

@@ -156,15 +156,14 @@ pub fn scenarios(upstream: bool, faults: bool) -> Vec<RealScenario> {
         });
     }
     if faults {
-        // Seen in CI: a replacement that turned ready while kube-apiserver was down was
-        // evicted as not exposed (no slice listed it yet), and the EndpointSlice controller,
-        // relisting after the outage, then listed it ready while it was terminating: 46 5xx.
+        // Seen in CI before the fix: a replacement that turned ready while kube-apiserver
+        // was down was evicted as not exposed (no slice listed it yet), and the
+        // EndpointSlice controller, relisting after the outage, then listed it ready while
+        // it was terminating: 46 5xx. A ready pod its Service selects now counts as exposed.
         all.push(RealScenario {
             disruption: ApiServerRestartDrain,
             protection: Protection::GracefulDrain,
-            expect: Expect::KnownFailure(
-                "issue 24: a pod ready but not yet in a slice is evicted unprotected; a lagging EndpointSlice controller can still list it",
-            ),
+            expect: Expect::Pass,
         });
         all.push(RealScenario {
             disruption: ControllerManagerRestartRollout,
