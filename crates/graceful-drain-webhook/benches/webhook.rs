@@ -115,26 +115,32 @@ fn fill(cache: &cache::Cache, pods: usize, slices: usize) {
 }
 
 fn eviction(pod: &str, n: usize) -> Vec<u8> {
+    eviction_in("web", pod, n)
+}
+
+fn eviction_in(namespace: &str, pod: &str, n: usize) -> Vec<u8> {
     serde_json::to_vec(&json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
         "request": {"uid": format!("uid-{n}"),
             "kind": {"group": "policy", "version": "v1", "kind": "Eviction"},
             "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "subResource": "eviction", "name": pod, "namespace": "web", "operation": "CREATE",
+            "subResource": "eviction", "name": pod, "namespace": namespace, "operation": "CREATE",
             "userInfo": {"username": "system:node:node-1"},
-            "object": {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": "web"},
+            "object": {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": namespace},
                        "deleteOptions": {"gracePeriodSeconds": 30}}}}))
     .unwrap()
 }
 
-fn deletion(pod: &str, n: usize) -> Vec<u8> {
+fn deletion_in(namespace: &str, pod: &str, n: usize) -> Vec<u8> {
+    let mut old = pod_json(pod);
+    old["metadata"]["namespace"] = json!(namespace);
     serde_json::to_vec(
         &json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
         "request": {"uid": format!("uid-{n}"),
             "kind": {"group": "", "version": "v1", "kind": "Pod"},
             "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "name": pod, "namespace": "web", "operation": "DELETE",
+            "name": pod, "namespace": namespace, "operation": "DELETE",
             "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
-            "oldObject": pod_json(pod),
+            "oldObject": old,
             "options": {"apiVersion": "meta.k8s.io/v1", "kind": "DeleteOptions"}}}),
     )
     .unwrap()
@@ -301,13 +307,14 @@ async fn async_main() {
 
     let ca = bundle.ca_cert.as_str();
     let rows = vec![
-        // Pods outside every slice: answered from the cache alone.
+        // Pods outside every slice, in a namespace no Service selects in: answered from
+        // the cache alone.
         scenario(
             "pass-through eviction (not exposed)",
             addr,
             ca,
             "/mutate/eviction",
-            |c, n| eviction(&format!("batch-{c}-{n}"), n),
+            |c, n| eviction_in("batch", &format!("batch-{c}-{n}"), n),
         )
         .await,
         scenario(
@@ -315,7 +322,7 @@ async fn async_main() {
             addr,
             ca,
             "/validate/delete",
-            |c, n| deletion(&format!("batch-{c}-{n}"), n),
+            |c, n| deletion_in("batch", &format!("batch-{c}-{n}"), n),
         )
         .await,
         // Exposed pods: GET pod, relabel PATCH, Event (the fake API answers at once).

@@ -308,7 +308,8 @@ impl ServiceEntry {
 #[derive(Debug, Default)]
 pub struct Cache {
     slices: RwLock<Slices>,
-    services: RwLock<HashMap<Key, ServiceEntry>>,
+    /// Services by namespace, then name: the namespace's are what a pod's lookups scan.
+    services: RwLock<HashMap<String, std::collections::BTreeMap<String, ServiceEntry>>>,
     namespaces: RwLock<HashMap<String, NamespaceFacts>>,
     pdbs: RwLock<HashMap<String, HashMap<String, Arc<PodDisruptionBudget>>>>,
     /// Isolated pods and their delete time, fed by the deleter's watch.
@@ -581,7 +582,8 @@ impl Cache {
             !e.earlier_pod
                 && e.service.as_deref().is_none_or(|name| {
                     services
-                        .get(&(namespace.to_string(), name.to_string()))
+                        .get(namespace)
+                        .and_then(|m| m.get(name))
                         .is_none_or(|s| s.service_type != ServiceType::Headless)
                 })
         })
@@ -651,13 +653,13 @@ impl Cache {
             .filter_map(|e| e.service.as_deref())
             .collect();
         let table = read(&self.services);
-        let mut services: Vec<ServiceFacts> = table
+        let Some(in_namespace) = table.get(&pod.namespace) else {
+            return Vec::new();
+        };
+        in_namespace
             .iter()
-            .filter(|((namespace, name), entry)| {
-                *namespace == pod.namespace
-                    && (named.contains(name.as_str()) || entry.selects(&pod.labels))
-            })
-            .map(|((_, name), entry)| ServiceFacts {
+            .filter(|(name, entry)| named.contains(name.as_str()) || entry.selects(&pod.labels))
+            .map(|(name, entry)| ServiceFacts {
                 name: name.clone(),
                 service_type: entry.service_type,
                 selector: entry
@@ -667,17 +669,15 @@ impl Cache {
                     .collect(),
                 selects_pod: entry.selects(&pod.labels),
             })
-            .collect();
-        services.sort_by(|a, b| a.name.cmp(&b.name));
-        services
+            .collect()
     }
 
     /// Whether `namespace` has a Service that could expose a pod no EndpointSlice lists
     /// yet: one with a selector that is neither headless nor ExternalName.
     pub fn has_selecting_service(&self, namespace: &str) -> bool {
         read(&self.services)
-            .iter()
-            .any(|((ns, _), entry)| ns == namespace && entry.may_expose())
+            .get(namespace)
+            .is_some_and(|m| m.values().any(ServiceEntry::may_expose))
     }
 
     /// Whether such a Service of `namespace` selects a pod labelled `labels`.
@@ -686,9 +686,10 @@ impl Cache {
         namespace: &str,
         labels: &std::collections::BTreeMap<String, String>,
     ) -> bool {
-        read(&self.services)
-            .iter()
-            .any(|((ns, _), entry)| ns == namespace && entry.may_expose() && entry.selects(labels))
+        read(&self.services).get(namespace).is_some_and(|m| {
+            m.values()
+                .any(|entry| entry.may_expose() && entry.selects(labels))
+        })
     }
 
     /// Everything [`super::decide::decide`] needs about `pod`'s surroundings.
@@ -736,7 +737,11 @@ impl Cache {
                 })
                 .unwrap_or_default(),
         };
-        write(&self.services).insert(key_of(&svc.metadata), entry);
+        let (namespace, name) = key_of(&svc.metadata);
+        write(&self.services)
+            .entry(namespace)
+            .or_default()
+            .insert(name, entry);
     }
 
     /// Applies one namespace's metadata.
@@ -775,7 +780,13 @@ impl Cache {
         match kind {
             Kind::Slices => write(&self.slices).remove(key),
             Kind::Services => {
-                write(&self.services).remove(key);
+                let mut services = write(&self.services);
+                if let Some(m) = services.get_mut(&key.0) {
+                    m.remove(&key.1);
+                    if m.is_empty() {
+                        services.remove(&key.0);
+                    }
+                }
             }
             Kind::Namespaces => {
                 write(&self.namespaces).remove(&key.1);
@@ -791,7 +802,10 @@ impl Cache {
     fn keys(&self, kind: Kind) -> Vec<Key> {
         match kind {
             Kind::Slices => read(&self.slices).ids.keys().cloned().collect(),
-            Kind::Services => read(&self.services).keys().cloned().collect(),
+            Kind::Services => read(&self.services)
+                .iter()
+                .flat_map(|(ns, m)| m.keys().map(|n| (ns.clone(), n.clone())))
+                .collect(),
             Kind::Namespaces => read(&self.namespaces)
                 .keys()
                 .map(|n| (String::new(), n.clone()))
