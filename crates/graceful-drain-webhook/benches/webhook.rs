@@ -280,6 +280,8 @@ async fn async_main() {
             events: isolate::EventSink::Inline,
             keep_labels: Default::default(),
             restore_after: isolate::RESTORE_AFTER,
+            gates: Default::default(),
+            owners: Default::default(),
         },
         settings: decide::Settings {
             default_delay: Duration::from_secs(60),

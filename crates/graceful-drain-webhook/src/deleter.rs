@@ -873,6 +873,8 @@ mod tests {
             events: isolate::EventSink::Inline,
             keep_labels: Default::default(),
             restore_after: isolate::RESTORE_AFTER,
+            gates: Default::default(),
+            owners: Default::default(),
         };
         let deleter = Deleter::new(ctx, metrics.clone(), None);
         let (_leader_tx, leader_rx) = watch::channel(true);

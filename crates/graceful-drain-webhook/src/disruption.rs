@@ -110,7 +110,7 @@ pub async fn renew(
     renew_after: Duration,
 ) -> Result<Renewed, kube::Error> {
     let api = Api::<PodDisruptionBudget>::namespaced(ctx.client.clone(), namespace);
-    let gate = ctx.cache.pdb_gate(namespace, name);
+    let gate = ctx.gates.gate(namespace, name);
     let _serialised = gate.turn.lock().await;
     let held: Vec<&str> = held.iter().map(String::as_str).collect();
     let mut conflict = None;

@@ -21,6 +21,8 @@ pub mod nodepods;
 pub mod restore;
 pub mod review;
 pub mod server;
+pub mod settle;
+pub mod state;
 pub mod tls;
 pub mod uninstall;
 
@@ -420,6 +422,8 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         events: isolate::EventSink::Queue(events),
         keep_labels: policy.keep_labels.iter().cloned().collect(),
         restore_after: policy.restore_after,
+        gates: Default::default(),
+        owners: Default::default(),
     };
     let admission_ctx = isolate::Context {
         client: admission,

@@ -13,7 +13,7 @@
 //! Watched facts may lag behind the API. That is safe where they are used: an isolation
 //! patch tests the pod's resourceVersion (a stale pod is re-read and decided again), a
 //! pod already isolated is only refused again, and a decision to let the eviction
-//! through unprotected is confirmed from a fresh read first (see `server.rs`).
+//! through unprotected is confirmed from a fresh read first (see `settle.rs`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -3,7 +3,8 @@
 //! Each review runs parse → decide → act → respond inside one `review` span (uid,
 //! operation, namespace, pod, outcome). Business outcomes are HTTP 200 AdmissionReviews;
 //! only a body that is not an AdmissionReview gets a 400. The server accepts TCP, does the
-//! TLS handshake with [`super::tls`], and serves HTTP/1.1 or h2 on each connection.
+//! TLS handshake with [`super::tls`], and serves HTTP/1.1 or h2 on each connection. The
+//! act phase is [`super::settle`]; what the handlers share is [`super::state`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,7 +19,6 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::ReplicaSet;
-use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse};
@@ -26,24 +26,17 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::decide::{self, Decision, OwnerKind, Pass, Path, PodFacts, Request, Settings};
-use super::isolate::{self, Budget, Outcome};
-use super::metrics::Metrics;
-use super::nodepods::{self, Lookup};
+use super::decide::{self, Pass, Path, PodFacts, is_replicaset_controller, of_replicaset};
+use super::isolate::{self, Budget};
 use super::review::{self, Parsed};
+use super::settle::{Settled, settle, settle_eviction, settle_until};
+pub use super::state::{AppState, Holds, MAX_HELD_DELETES};
 use graceful_drain_core::runtime::Shutdown;
 
-/// Username of the ReplicaSet controller (kube-controller-manager with
-/// `--use-service-account-credentials`, the default of every distribution we know).
-pub const REPLICASET_CONTROLLER: &str = "system:serviceaccount:kube-system:replicaset-controller";
-/// kube-controller-manager's own username, which its controllers use without
-/// `--use-service-account-credentials`.
-pub const CONTROLLER_MANAGER: &str = "system:kube-controller-manager";
 /// How long before the API server's deadline a held DELETE is answered. Covers the
 /// response's trip back and clock granularity; capped at half the budget for tiny timeouts.
 const HOLD_MARGIN: Duration = Duration::from_secs(2);
-/// How often a review retries after the pod changed under it (re-read, decide again).
-const CONFLICT_ATTEMPTS: usize = 3;
+
 /// A TLS handshake that takes longer than this is dropped (slowloris protection).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -60,81 +53,6 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-}
-
-/// Everything the handlers share.
-pub struct AppState {
-    pub ctx: isolate::Context,
-    pub settings: Settings,
-    pub metrics: Arc<Metrics>,
-    /// Budget when the API server sends no `timeout` parameter (= `--timeout-seconds`).
-    pub default_timeout: Duration,
-    /// Cancelled at shutdown: held DELETEs are answered at once.
-    pub shutdown: Shutdown,
-    /// The hold deadline of each DELETE in flight, so a repeated call continues it.
-    pub holds: Holds,
-    /// Evictions open a watch of their pod's node and later ones read their pod from it
-    /// (see [`super::nodepods`]); off, every eviction reads its pod.
-    pub watch_drained_nodes: bool,
-}
-
-/// How long the hold of a DELETE is remembered: the API server's own request deadline
-/// (60 s). The API server calls the validating webhook again within the same request when
-/// the pod changed during the call (our relabel, the ReplicaSet releasing it); such a
-/// call continues the first hold instead of starting a new one.
-const REQUEST_DEADLINE: Duration = Duration::from_secs(60);
-
-/// Default bound of the DELETEs one replica holds at once (`--max-held-deletes`).
-///
-/// A held DELETE keeps one of the API server's seats in its caller's priority level for
-/// up to the webhook timeout. kube-apiserver has 600 seats by default
-/// (`--max-requests-inflight` 400 + `--max-mutating-requests-inflight` 200), of which the
-/// built-in priority levels the usual DELETE callers fall in get about 245
-/// (`workload-low`, every ServiceAccount) and 49 (`global-default`, people): 32 per
-/// replica keeps held requests to a small part of those.
-pub const MAX_HELD_DELETES: usize = 32;
-
-/// Hold deadlines of recent DELETEs, by pod UID, and the slots bounding how many are held
-/// at once.
-#[derive(Debug)]
-pub struct Holds {
-    deadlines: std::sync::Mutex<std::collections::HashMap<String, (Instant, Instant)>>,
-    slots: Arc<tokio::sync::Semaphore>,
-    max: usize,
-}
-
-impl Default for Holds {
-    fn default() -> Holds {
-        Holds::bounded(MAX_HELD_DELETES)
-    }
-}
-
-impl Holds {
-    /// No DELETE held yet; at most `max` at once.
-    pub fn bounded(max: usize) -> Holds {
-        Holds {
-            deadlines: std::sync::Mutex::default(),
-            slots: Arc::new(tokio::sync::Semaphore::new(max)),
-            max,
-        }
-    }
-
-    /// A slot for one more held DELETE, or `None` when `max` are held.
-    fn slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        self.slots.clone().try_acquire_owned().ok()
-    }
-
-    /// The deadline of a hold of pod `uid` starting now with `deadline`: the first hold's
-    /// deadline when the same DELETE is already being held or was just answered.
-    fn deadline_for(&self, uid: &str, deadline: Instant) -> Instant {
-        let now = Instant::now();
-        let mut holds = self.deadlines.lock().unwrap_or_else(|e| e.into_inner());
-        holds.retain(|_, (_, forget_at)| *forget_at > now);
-        let (first, _) = holds
-            .entry(uid.to_string())
-            .or_insert((deadline, now + REQUEST_DEADLINE));
-        (*first).min(deadline)
-    }
 }
 
 /// The admission router: `POST /mutate/eviction`, `POST /validate/delete`.
@@ -217,39 +135,6 @@ async fn handle(
             format!("encode review: {error}\n"),
         )
             .into_response(),
-    }
-}
-
-/// What the act phase settled on.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Settled {
-    Pass(Pass),
-    Isolated(Timestamp),
-    Pending(Timestamp),
-    /// The live PDB refuses the eviction.
-    Refused(Budget),
-    /// Isolation could not be done for now (the API server is unavailable, the pod kept
-    /// changing); the reason, for the caller and the logs.
-    Failed(String),
-    /// Isolation can never succeed for this request (RBAC, another admission webhook or
-    /// policy refusing our relabel): let through unchanged, with a Warning Event.
-    Permanent(&'static str),
-    /// The API server's deadline for this call came first.
-    Deadline,
-}
-
-impl Settled {
-    fn outcome(&self) -> &'static str {
-        match self {
-            Settled::Pass(p) => p.as_str(),
-            Settled::Isolated(_) => "isolated",
-            Settled::Pending(_) => "pending",
-            Settled::Refused(Budget::NotObserved { .. }) => "pdb_not_observed",
-            Settled::Refused(_) => "pdb_exhausted",
-            Settled::Failed(_) => "error",
-            Settled::Permanent(_) => "failed_permanently",
-            Settled::Deadline => "deadline",
-        }
     }
 }
 
@@ -377,293 +262,6 @@ fn retry_after_until(delete_at: Timestamp, now: Timestamp) -> u32 {
     left.clamp(1.0, f64::from(DEREGISTERING_RETRY_MAX)) as u32
 }
 
-/// First pause before settling a request again after a transient failure; it doubles up
-/// to [`TRANSIENT_PAUSE_MAX`].
-const TRANSIENT_PAUSE: Duration = Duration::from_millis(250);
-/// Longest pause between two attempts at settling one request.
-const TRANSIENT_PAUSE_MAX: Duration = Duration::from_secs(2);
-
-/// Settles a request again after a transient failure (a throttled or failed API call, a
-/// pod that kept changing) while the deadline leaves room for a pause: one 429 from
-/// Priority and Fairness must not cost an eviction the caller's whole retry pause (5 s for
-/// kubectl), nor let a DELETE through unprotected. The last failure is returned when time
-/// runs out.
-async fn settle_until<F, Fut>(deadline: Instant, mut attempt: F) -> Settled
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Settled>,
-{
-    let mut pause = TRANSIENT_PAUSE;
-    loop {
-        let settled = attempt().await;
-        let Settled::Failed(why) = &settled else {
-            return settled;
-        };
-        if Instant::now() + pause >= deadline {
-            return settled;
-        }
-        tracing::info!(%why, retry_in = ?pause, "transient failure; settling again");
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(TRANSIENT_PAUSE_MAX);
-    }
-}
-
-async fn settle_eviction(state: &AppState, ev: &review::Eviction) -> Settled {
-    if let Some(pass) = request_pass(&ev.request, &state.settings) {
-        return Settled::Pass(pass);
-    }
-    let cache = &state.ctx.cache;
-    if cache.namespace(&ev.namespace).opted_out {
-        return Settled::Pass(Pass::OptedOut);
-    }
-    // Fast path: a pod no slice lists as ready, in a namespace with no Service that could
-    // select it before its slice lists it, is not exposed, whatever else is true.
-    let exposed = cache.has_ready_endpoint(&ev.namespace, &ev.pod)
-        || cache.has_selecting_service(&ev.namespace);
-    if !exposed && cache.isolated(&ev.namespace, &ev.pod).is_none() {
-        return Settled::Pass(Pass::NotExposed);
-    }
-    let (read, fresh) = match watched_pod(state, &ev.namespace, &ev.pod).await {
-        Some(pod) => (Ok(Some(pod)), false),
-        None => (fetch_pod(state, &ev.namespace, &ev.pod).await, true),
-    };
-    match read {
-        Ok(Some(pod)) => settle(state, &ev.request, pod, fresh).await,
-        Ok(None) => Settled::Pass(Pass::NotRunning),
-        Err(error) => {
-            tracing::warn!(error = %graceful_drain_core::error::chain(&error), "read pod for eviction");
-            Settled::Failed(format!("read pod: {error}"))
-        }
-    }
-}
-
-fn request_pass(req: &Request, settings: &Settings) -> Option<Pass> {
-    let probe = PodFacts::default();
-    match decide::decide(
-        req,
-        &probe,
-        &decide::Snapshot::default(),
-        settings,
-        Timestamp::now(),
-    ) {
-        Decision::Pass(
-            p @ (Pass::DryRun | Pass::OwnRequest | Pass::ForceDelete | Pass::GarbageCollector),
-        ) => Some(p),
-        _ => None,
-    }
-}
-
-/// Pod `namespace/name` from the watch of its node (the node its endpoints name), which
-/// the first eviction there starts; an eviction arriving while that watch lists waits
-/// for it up to [`nodepods::SYNC_WAIT`]. `None` when the pod must be read from the API.
-async fn watched_pod(state: &AppState, namespace: &str, name: &str) -> Option<PodFacts> {
-    if !state.watch_drained_nodes {
-        return None;
-    }
-    let cache = &state.ctx.cache;
-    let node = cache.node_of(namespace, name)?;
-    let pods = &cache.node_pods;
-    match pods.lookup(&node, namespace, name) {
-        Lookup::Found(pod) => return Some(*pod),
-        Lookup::Unknown => {}
-        Lookup::NotWatched => nodepods::watch(
-            pods.clone(),
-            state.ctx.client.clone(),
-            &node,
-            state.shutdown.clone(),
-        ),
-    }
-    if !pods.wait_synced(&node, nodepods::SYNC_WAIT).await {
-        return None;
-    }
-    match pods.lookup(&node, namespace, name) {
-        Lookup::Found(pod) => Some(*pod),
-        Lookup::Unknown | Lookup::NotWatched => None,
-    }
-}
-
-async fn fetch_pod(
-    state: &AppState,
-    namespace: &str,
-    name: &str,
-) -> Result<Option<PodFacts>, kube::Error> {
-    let api = Api::<Pod>::namespaced(state.ctx.client.clone(), namespace);
-    Ok(api.get_opt(name).await?.map(|p| review::pod_facts(&p)))
-}
-
-/// Reads `pod` again; `Err` is the answer when it is gone (nothing left to protect) or
-/// cannot be read.
-async fn reread(state: &AppState, pod: &PodFacts) -> Result<PodFacts, Settled> {
-    match fetch_pod(state, &pod.namespace, &pod.name).await {
-        Ok(Some(read)) => Ok(read),
-        Ok(None) => Err(Settled::Pass(Pass::NotRunning)),
-        Err(error) => {
-            tracing::warn!(error = %graceful_drain_core::error::chain(&error), "re-read pod");
-            Err(Settled::Failed(format!("re-read pod: {error}")))
-        }
-    }
-}
-
-/// Decide, act, and on a concurrent change re-read the pod and decide again. A pod that
-/// is not `fresh` (from a node's watch, which may lag) is read again before the request
-/// goes through unprotected.
-async fn settle(state: &AppState, req: &Request, mut pod: PodFacts, mut fresh: bool) -> Settled {
-    let attempts = CONFLICT_ATTEMPTS + usize::from(!fresh);
-    for _ in 0..attempts {
-        let snap = state.ctx.cache.snapshot(&pod);
-        let now = Timestamp::now();
-        let plan = match decide::decide(req, &pod, &snap, &state.settings, now) {
-            Decision::Pass(p) if !fresh => {
-                tracing::debug!(pass = ?p, "confirming a watched pod's pass with a read");
-                match reread(state, &pod).await {
-                    Ok(read) => {
-                        pod = read;
-                        fresh = true;
-                        continue;
-                    }
-                    Err(settled) => return settled,
-                }
-            }
-            Decision::Pass(p) => return Settled::Pass(p),
-            Decision::Pending { delete_at } => return Settled::Pending(delete_at),
-            Decision::Isolate {
-                delete_at,
-                grace_period,
-                charge,
-                capped,
-            } => {
-                if capped {
-                    delay_capped(state, &pod).await;
-                }
-                isolate::Plan {
-                    delete_at,
-                    grace_period,
-                    charge,
-                    on_due: on_due(req, &pod),
-                }
-            }
-        };
-        let error = match isolate::isolate(&state.ctx, &pod, &snap, plan, now).await {
-            Ok(Outcome::Isolated {
-                removed,
-                uncharged,
-                delete_at,
-            }) => {
-                state.metrics.pods_isolated.inc();
-                let removed: Vec<&String> = removed.keys().collect();
-                tracing::info!(%delete_at, ?removed, ?uncharged, "pod isolated");
-                return Settled::Isolated(delete_at);
-            }
-            // The node's watch can still show the pod as it was before our own isolation
-            // of it (which took it out of its PDB): refuse on a read, never on that view.
-            Ok(Outcome::Refused(budget)) if !fresh => {
-                tracing::debug!(
-                    ?budget,
-                    "confirming a watched pod's PDB refusal with a read"
-                );
-                match reread(state, &pod).await {
-                    Ok(read) => {
-                        pod = read;
-                        fresh = true;
-                        continue;
-                    }
-                    Err(settled) => return settled,
-                }
-            }
-            Ok(Outcome::Refused(budget)) => {
-                tracing::info!(?budget, "PDB refuses the eviction");
-                return Settled::Refused(budget);
-            }
-            Err(error) => error,
-        };
-        match error {
-            isolate::Error::Conflict { code, .. } => {
-                tracing::debug!(code, "pod changed while isolating; re-reading");
-                match reread(state, &pod).await {
-                    // A 422 on an unchanged pod is no failed `test`: our relabel is invalid.
-                    Ok(read) if code == 422 && read.resource_version == pod.resource_version => {
-                        return permanent(state, req, &pod, &error).await;
-                    }
-                    Ok(read) => {
-                        pod = read;
-                        fresh = true;
-                    }
-                    Err(settled) => return settled,
-                }
-            }
-            error if error.is_permanent() => return permanent(state, req, &pod, &error).await,
-            error => {
-                tracing::warn!(error = %graceful_drain_core::error::chain(&error), "isolation failed");
-                return Settled::Failed(graceful_drain_core::error::chain(&error).to_string());
-            }
-        }
-    }
-    tracing::warn!("pod kept changing while isolating");
-    Settled::Failed("the pod kept changing while it was being isolated".to_string())
-}
-
-/// Who removes the pod once it is due: the deferred deleter only for a ReplicaSet
-/// controller's DELETE of its own pod (refused after isolation, and checked on the live
-/// ReplicaSet by [`replicaset_has_surplus`] first); every other caller comes back itself.
-fn on_due(req: &Request, pod: &PodFacts) -> isolate::OnDue {
-    if req.path == decide::Path::Delete && is_replicaset_controller(&req.user) && of_replicaset(pod)
-    {
-        isolate::OnDue::Deleter
-    } else {
-        isolate::OnDue::Caller
-    }
-}
-
-/// Warns on the pod that its annotated delay exceeds `--max-deregistration-delay`.
-async fn delay_capped(state: &AppState, pod: &PodFacts) {
-    let message = format!(
-        "The deregistration delay annotated on the pod or its namespace exceeds the maximum of {}; using the maximum",
-        humantime::format_duration(state.settings.max_delay)
-    );
-    isolate::record_event(
-        &state.ctx,
-        pod,
-        isolate::Severity::Warning,
-        isolate::REASON_DELAY_CAPPED,
-        &message,
-        Timestamp::now(),
-    )
-    .await;
-}
-
-/// A failure retrying cannot cure: counted, logged, and shown on the pod as a Warning
-/// Event; the request goes through unchanged.
-async fn permanent(
-    state: &AppState,
-    req: &Request,
-    pod: &PodFacts,
-    error: &isolate::Error,
-) -> Settled {
-    let reason = match error {
-        isolate::Error::Conflict { .. } => "invalid",
-        other => other.reason(),
-    };
-    state.metrics.isolation_failure(req.path.as_str(), reason);
-    tracing::warn!(%error, reason, "isolation refused permanently; letting the request through");
-    let message = format!(
-        "Could not isolate the pod before its {}; it went through unprotected: {error}",
-        match req.path {
-            Path::Evict => "eviction",
-            Path::Delete => "deletion",
-        }
-    );
-    isolate::record_event(
-        &state.ctx,
-        pod,
-        isolate::Severity::Warning,
-        isolate::REASON_ISOLATION_FAILED,
-        &message,
-        Timestamp::now(),
-    )
-    .await;
-    Settled::Permanent(reason)
-}
-
 async fn respond_delete(
     state: &AppState,
     request: &AdmissionRequest<DynamicObject>,
@@ -672,7 +270,7 @@ async fn respond_delete(
 ) -> (AdmissionResponse, &'static str) {
     let namespace = request.namespace.clone().unwrap_or_default();
     let name = del.request.name.clone();
-    if let Some(pass) = request_pass(&del.request, &state.settings) {
+    if let Some(pass) = decide::pass_for_request(&del.request, &state.settings) {
         return (review::allow(request), pass.as_str());
     }
     // Fast path: neither isolated (its own labels say so) nor listed as a ready endpoint,
@@ -767,24 +365,6 @@ async fn respond_delete(
     (review::allow(request), outcome)
 }
 
-/// Whether the pod belongs to a ReplicaSet: its controller, or — once we isolated it and
-/// handed the controller role to the Deployment — an owner without the controller flag.
-/// The API server may call us again for the same DELETE with the pod as our isolation
-/// left it: its storage layer retries a failed update on a fresh read when the first read
-/// came from the watch cache (`GuaranteedUpdate` in
-/// staging/src/k8s.io/apiserver/pkg/storage/etcd3/store.go), so the second call must
-/// decide as the first did.
-fn of_replicaset(pod: &PodFacts) -> bool {
-    matches!(pod.owner, Some((OwnerKind::ReplicaSet, _)))
-        || (pod
-            .labels
-            .contains_key(graceful_drain_core::labels::DRAINING_LABEL)
-            && pod
-                .owner_refs
-                .iter()
-                .any(|r| r.get("kind").and_then(serde_json::Value::as_str) == Some("ReplicaSet")))
-}
-
 /// Reads the pod's ReplicaSet live: `None` when it has more pods than it wants
 /// (`status.replicas > spec.replicas`), else why not.
 async fn replicaset_has_surplus(
@@ -807,12 +387,6 @@ async fn replicaset_has_surplus(
     let has = rs.status.as_ref().map_or(0, |s| s.replicas);
     Ok((has <= wanted)
         .then(|| format!("ReplicaSet {name} has {has} replicas and wants {wanted}: none to spare")))
-}
-
-/// Whether `user` is the ReplicaSet controller, with or without
-/// `--use-service-account-credentials`.
-fn is_replicaset_controller(user: &str) -> bool {
-    user == REPLICASET_CONTROLLER || user == CONTROLLER_MANAGER
 }
 
 /// Holds until `delete_at` or `deadline`, whichever is first, or until shutdown.
@@ -897,6 +471,8 @@ fn is_transient(error: &std::io::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decide::Settings;
+    use crate::metrics::Metrics;
 
     #[test]
     fn holds_end_before_the_api_server_gives_up() {
@@ -939,6 +515,8 @@ mod tests {
                 events: isolate::EventSink::Inline,
                 keep_labels: Default::default(),
                 restore_after: isolate::RESTORE_AFTER,
+                gates: Default::default(),
+                owners: Default::default(),
             },
             settings: Settings {
                 default_delay: Duration::from_secs(30),
@@ -1281,6 +859,7 @@ mod issue_tests {
     //! cluster does: live PDB reads, preconditions, permanent failures and deadlines.
     use super::tests_support::*;
     use super::*;
+    use crate::decide::REPLICASET_CONTROLLER;
     use graceful_drain_testing::fixtures::mock::{self, expect};
     use http::Method;
     use serde_json::{Value, json};

@@ -59,6 +59,8 @@ async fn start(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Server {
             events: isolate::EventSink::Inline,
             keep_labels: Default::default(),
             restore_after: isolate::RESTORE_AFTER,
+            gates: Default::default(),
+            owners: Default::default(),
         },
         settings: decide::Settings {
             default_delay: Duration::from_secs(60),

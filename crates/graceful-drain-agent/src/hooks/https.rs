@@ -1,0 +1,133 @@
+//! The HTTPS hook protocol: the messages the agent and a hook exchange, and the POST that
+//! carries them.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use serde::{Deserialize, Serialize};
+
+use super::config::{HookPoint, HttpsClient};
+use super::run::{Answer, CallError};
+
+/// `apiVersion` of the HTTPS hook messages.
+pub const HOOK_API_VERSION: &str = "graceful-drain.io/v1";
+
+/// What `action` the agent asks of an HTTPS hook.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum HookAction {
+    Start,
+    Poll,
+}
+
+/// The body the agent POSTs to an HTTPS hook.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HookRequest {
+    pub api_version: String,
+    pub kind: String,
+    pub action: HookAction,
+    /// Stable for one run of one hook: a poll carries the id of its start.
+    pub id: String,
+    pub hook: String,
+    pub at: HookPoint,
+    pub node: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifecycle_event: Option<String>,
+}
+
+/// Where a hook says it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum HookStatus {
+    Done,
+    InProgress,
+    Failed,
+}
+
+/// A hook's answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HookResponse {
+    pub status: HookStatus,
+    #[serde(default)]
+    pub message: String,
+}
+
+pub(super) async fn post(
+    client: &HttpsClient,
+    uri: &http::Uri,
+    request: &HookRequest,
+) -> Result<Answer, CallError> {
+    let body = serde_json::to_vec(request).map_err(|e| CallError::Body(e.to_string()))?;
+    let http_request = http::Request::post(uri.clone())
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .header(http::header::ACCEPT, "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|e| CallError::Transport(e.to_string()))?;
+    let response = client.request(http_request).await.map_err(|e| {
+        CallError::Transport(format!(
+            "POST {uri}: {}",
+            graceful_drain_core::error::chain(&e)
+        ))
+    })?;
+    let status = response.status();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| CallError::Transport(format!("POST {uri}: {e}")))?
+        .to_bytes();
+    // A poll for an id the hook never saw; a start answered 404 is a wrong URL.
+    if status == http::StatusCode::NOT_FOUND && request.action == HookAction::Poll {
+        return Ok(Answer::Unknown);
+    }
+    if !status.is_success() {
+        let body = String::from_utf8_lossy(&bytes).chars().take(200).collect();
+        return Err(CallError::Status {
+            status: status.as_u16(),
+            body,
+        });
+    }
+    serde_json::from_slice(&bytes)
+        .map(Answer::Said)
+        .map_err(|e| CallError::Body(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::run::HookStep;
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_wire_format_is_camel_case() {
+        let request = HookRequest {
+            api_version: HOOK_API_VERSION.into(),
+            kind: "HookRequest".into(),
+            action: HookAction::Poll,
+            id: "abc".into(),
+            hook: "evacuate-vms".into(),
+            at: HookPoint::BeforeEviction,
+            node: "w1".into(),
+            lifecycle_event: Some("drain-w1".into()),
+        };
+        assert_eq!(
+            serde_json::to_value(&request).unwrap(),
+            json!({"apiVersion": "graceful-drain.io/v1", "kind": "HookRequest", "action": "poll",
+                "id": "abc", "hook": "evacuate-vms", "at": "before-eviction", "node": "w1",
+                "lifecycleEvent": "drain-w1"})
+        );
+        let answer: HookResponse = serde_json::from_value(json!({"status": "inProgress"})).unwrap();
+        assert_eq!(answer.status, HookStatus::InProgress);
+        assert!(serde_json::from_value::<HookResponse>(json!({"status": "maybe"})).is_err());
+        let step = HookStep {
+            name: "evacuate-vms".into(),
+            at: HookPoint::BeforeEviction,
+            message: "2/6 VMs moved".into(),
+        };
+        assert_eq!(
+            step.to_string(),
+            "hook evacuate-vms (before-eviction): 2/6 VMs moved"
+        );
+    }
+}

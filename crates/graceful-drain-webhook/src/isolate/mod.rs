@@ -1,0 +1,914 @@
+//! Acting on a decision to isolate: PDB accounting, the relabelling patch and the Event.
+//!
+//! Order matters and follows the API server's eviction code: first the disruption is
+//! recorded in the PDB (`status.disruptedPods` + `disruptionsAllowed - 1` in one
+//! resourceVersion-guarded status update, re-read and retried on 409), then the pod is
+//! patched with a JSON patch whose `test` ops on `resourceVersion` and `labels` make a
+//! concurrent change fail instead of being overwritten. A failed test surfaces as
+//! [`Error::Conflict`] so the caller re-reads the pod and decides again.
+//!
+//! One job per file: this one orders the steps; [`owners`] reads the pod's controller,
+//! [`pdb`] charges and refunds budgets, [`relabel`] builds the patch, [`record`] writes
+//! the Events, and [`context`] holds what they share. Uses run one way, never back to a
+//! caller: `mod` first, then `record`, `pdb`, `relabel`, `owners`, and `context` last.
+
+mod context;
+mod owners;
+mod pdb;
+mod record;
+mod relabel;
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::PatchParams;
+
+use super::decide::{Charge, PodFacts, Snapshot, labels_to_remove, service_left_only_by_pinned};
+use graceful_drain_core::labels::FIELD_MANAGER;
+
+pub(crate) use context::is_status;
+pub use context::{Context, EVENT_QUEUE, Error, EventSink};
+use context::{api_err, pod_ref};
+use owners::owner_policy;
+pub use owners::{OwnerFacts, OwnerReads};
+use pdb::{Accounting, account};
+pub use pdb::{
+    Budget, PdbGate, PdbGates, charge, charge_all, consume_disruption, refund_disruption,
+};
+pub use record::{
+    REASON_DELAY_CAPPED, REASON_DELETED, REASON_ISOLATED, REASON_ISOLATION_DEFERRED,
+    REASON_ISOLATION_FAILED, REASON_RESTORED, Severity, record_event,
+};
+pub use relabel::{
+    IDENTITY_LABELS, controller_handover, draining_value, isolation_patch, leave_selectors,
+};
+
+/// Result of [`isolate`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The pod is isolated; the labels removed are returned. `uncharged` names the PDB
+    /// that could not record the disruption (a DELETE isolates anyway).
+    Isolated {
+        removed: BTreeMap<String, String>,
+        uncharged: Option<String>,
+        /// When the deferred deleter may delete it (see [`Plan::counted_from_now`]).
+        delete_at: Timestamp,
+    },
+    /// A PDB refused (evictions only).
+    Refused(Budget),
+}
+
+/// What to isolate for: the decision's delete time, grace period and PDB accounting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Plan {
+    pub delete_at: Timestamp,
+    pub grace_period: Option<i64>,
+    pub charge: Charge,
+    /// Who removes the pod once it is due (see [`OnDue`]).
+    pub on_due: OnDue,
+}
+
+/// Who removes an isolated pod once its delay is over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnDue {
+    /// The caller, retrying its eviction (refused with 429 until then) or its held DELETE;
+    /// if nobody has [`Context::restore_after`] past the delete time, the webhook puts the
+    /// pod back. A review's word alone (which anyone reaching the webhook's port could forge)
+    /// never deletes anything.
+    Caller,
+    /// The deferred deleter: a ReplicaSet scale-down the webhook refused after checking on
+    /// the live ReplicaSet that it has a replica too many.
+    Deleter,
+}
+
+/// How long after its delete time an isolated pod that nobody evicted or deleted goes back
+/// into its Services (the default of [`Context::restore_after`]): every eviction caller
+/// retries within seconds (kubectl every 5 s, Cluster Autoscaler every 10 s, our node
+/// agent at the Retry-After we send), so a minute without one means none is coming (a
+/// forged or replayed review, a caller that gave up).
+pub const RESTORE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// When a pod due at `delete_at` that no caller removed by `restore_after` later goes
+/// back into its Services.
+pub fn restore_at(delete_at: Timestamp, restore_after: std::time::Duration) -> Timestamp {
+    super::decide::add(delete_at, restore_after)
+}
+
+/// Work before the relabel shorter than this leaves the delete time as decided: the
+/// delay is counted in seconds, and tests compare exact times.
+const LATE_RELABEL: std::time::Duration = std::time::Duration::from_millis(250);
+
+impl Plan {
+    /// The deregistration delay counts from the relabel, which takes the pod out of its
+    /// Services, not from the decision: when the owner lookup and PDB accounting before it
+    /// took `spent` (a throttled API server, PDB conflicts), the delete time moves by as
+    /// much, so the load balancers still get the whole delay.
+    pub fn counted_from_now(self, spent: std::time::Duration) -> Self {
+        if spent < LATE_RELABEL {
+            return self;
+        }
+        let shift = jiff::SignedDuration::try_from(spent).unwrap_or(jiff::SignedDuration::ZERO);
+        Self {
+            delete_at: self.delete_at.checked_add(shift).unwrap_or(self.delete_at),
+            ..self
+        }
+    }
+}
+
+/// Isolates `pod`: PDB accounting, then the relabelling patch, then an Event.
+pub async fn isolate(
+    ctx: &Context,
+    pod: &PodFacts,
+    snap: &Snapshot,
+    plan: Plan,
+    now: Timestamp,
+) -> Result<Outcome, Error> {
+    let started = std::time::Instant::now();
+    let (mut policy, controller, recreate) = owner_policy(ctx, pod).await?;
+    if let Some(deployment) = recreate {
+        return Err(Error::Recreate {
+            pod: pod_ref(pod),
+            deployment,
+        });
+    }
+    if let Some(service) = service_left_only_by_pinned(&pod.labels, &snap.services, &policy.pinned)
+    {
+        let owner = pod
+            .owner
+            .as_ref()
+            .map(|(kind, name)| format!("{} {name}", kind.name()))
+            .unwrap_or_default();
+        return Err(Error::ControllerSelector {
+            pod: pod_ref(pod),
+            owner,
+            service: service.name.clone(),
+        });
+    }
+    policy.keep.extend(ctx.keep_labels.iter().cloned());
+    let leave = leave_selectors(snap, policy.leave);
+    let removed = labels_to_remove(&pod.labels, &leave, &policy.keep, &policy.pinned);
+    let (charged, uncharged) = match account(ctx, pod, snap, plan.charge, now).await? {
+        Accounting::Refused(budget) => return Ok(Outcome::Refused(budget)),
+        Accounting::Charged(pdb) => (Some(pdb), None),
+        Accounting::Free => (None, None),
+        Accounting::Uncharged(pdb) => (None, Some(pdb)),
+    };
+    let plan = plan.counted_from_now(started.elapsed());
+    // A pod its PDB still selects after isolation (a StatefulSet's pod behind a budget on
+    // the StatefulSet's own labels, a budget on a kept label) cannot be evicted by its
+    // caller once due: its own disruption spent the budget, and the API server charges
+    // every eviction again (`checkAndDecrement` in pkg/registry/core/pod/storage/
+    // eviction.go exempts no pod already in `disruptedPods`). The deleter removes it.
+    let in_pdb = snap
+        .pdbs
+        .iter()
+        .any(|pdb| !removed.keys().any(|k| pdb.selector_keys.contains(k)));
+    let on_due = if in_pdb { OnDue::Deleter } else { plan.on_due };
+    let restore = (on_due == OnDue::Caller).then(|| restore_at(plan.delete_at, ctx.restore_after));
+    let mut patch = isolation_patch(pod, &removed, plan.delete_at, plan.grace_period, restore);
+    if let Some(controller) = controller {
+        patch.0.extend(controller_handover(pod, controller));
+    }
+    let api = Api::<Pod>::namespaced(ctx.client.clone(), &pod.namespace);
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    };
+    let patched = api
+        .patch(&pod.name, &params, &kube::api::Patch::Json::<()>(patch))
+        .await;
+    if let Err(source) = patched {
+        // The pod was not isolated: give the disruption back, or the budget stays spent
+        // (and real evictions refused) until the disruption controller drops the entry.
+        if let Some(pdb) = &charged {
+            refund_disruption(ctx, &pod.namespace, pdb, &pod.name).await;
+        }
+        return Err(match source {
+            // 409: resourceVersion moved; 422: a `test` op failed (how the API server
+            // reports it) — or a real validation error, told apart by re-reading the pod;
+            // 404: the pod (read from a node's watch) is gone, which the re-read tells.
+            kube::Error::Api(status) if matches!(status.code, 404 | 409 | 422) => Error::Conflict {
+                pod: pod_ref(pod),
+                code: status.code,
+            },
+            source => api_err(pod, "patch pod", source),
+        });
+    }
+    ctx.cache
+        .set_isolated(&pod.namespace, &pod.name, Some(plan.delete_at));
+    let mut message = format!(
+        "Isolated from its Services and controller (removed labels: {}); deletion at {}",
+        removed.keys().cloned().collect::<Vec<_>>().join(", "),
+        plan.delete_at
+    );
+    if let Some(pdb) = &uncharged {
+        message.push_str(&format!(
+            "; PDB {pdb} had no disruption left, not charged (a DELETE is never blocked by a PDB)"
+        ));
+    }
+    record_event(ctx, pod, Severity::Normal, REASON_ISOLATED, &message, now).await;
+    Ok(Outcome::Isolated {
+        removed,
+        uncharged,
+        delete_at: plan.delete_at,
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::sync::Arc;
+
+    use http::Method;
+    use serde_json::json;
+
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use kube::api::PostParams;
+    use serde_json::Value;
+
+    use super::*;
+    use crate::cache::Cache;
+    use crate::decide::{PdbFacts, ServiceFacts, ServiceType};
+    use crate::review::IntoFacts as _;
+    use graceful_drain_core::labels::DRAINING_LABEL;
+    use graceful_drain_testing::fixtures::mock::{self, expect};
+    use graceful_drain_testing::fixtures::{self, PdbFixture, PodFixture, to_json};
+
+    pub(crate) fn now() -> Timestamp {
+        "2026-01-01T00:00:00Z".parse().unwrap()
+    }
+
+    /// `web/web-1` of ReplicaSet `web-abc`, serving, at resourceVersion 41.
+    pub(crate) fn pod() -> PodFacts {
+        fixtures::pod("web-1")
+            .ns("web")
+            .with_uid("uid-1")
+            .at_version("41")
+            .with_labels(&[("app", "web"), ("pod-template-hash", "abc"), ("team", "a")])
+            .annotate("note", "x")
+            .running()
+            .ready()
+            .owned_by_rs("web-abc")
+            .facts()
+    }
+
+    /// The budget `web/web` (minAvailable 2 of 3 healthy) at resourceVersion `rv`; the
+    /// server's tests use it too.
+    pub(crate) fn pdb_json(rv: &str, allowed: i32) -> Value {
+        to_json(
+            &fixtures::pdb("web")
+                .ns("web")
+                .at_version(rv)
+                .generation(1)
+                .selecting(&[("app", "web")])
+                .min_available(2)
+                .healthy(3, 2, 3)
+                .allowing(allowed),
+        )
+    }
+
+    fn evict_plan() -> Plan {
+        Plan {
+            delete_at: now(),
+            grace_period: None,
+            charge: Charge::Required,
+            on_due: OnDue::Caller,
+        }
+    }
+
+    fn snapshot() -> Snapshot {
+        Snapshot {
+            services: vec![ServiceFacts {
+                name: "web".into(),
+                service_type: ServiceType::LoadBalancer,
+                selector: [("app".to_string(), "web".to_string())].into(),
+                selects_pod: false,
+            }],
+            pdbs: vec![PdbFacts {
+                name: "web".into(),
+                disruptions_allowed: 1,
+                observed: true,
+                lists_pod: false,
+                selector_keys: ["app".to_string()].into(),
+            }],
+            ..Snapshot::default()
+        }
+    }
+
+    fn context(client: kube::Client) -> Context {
+        let cache = Arc::new(Cache::default());
+        cache.apply_pdb(&serde_json::from_value(pdb_json("1", 1)).unwrap());
+        Context {
+            client,
+            cache,
+            identity: "webhook-0".into(),
+            events: EventSink::Inline,
+            keep_labels: Default::default(),
+            restore_after: RESTORE_AFTER,
+            gates: Default::default(),
+            owners: Default::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn isolation_sends_pdb_update_then_guarded_patch_then_event() {
+        let (client, mut api) = mock::client();
+        let ctx = context(client);
+        let delete_at: Timestamp = "2026-01-01T00:01:00Z".parse().unwrap();
+        let task = tokio::spawn(async move {
+            let plan = Plan {
+                delete_at,
+                grace_period: Some(20),
+                charge: Charge::Required,
+                on_due: OnDue::Caller,
+            };
+            isolate(&ctx, &pod(), &snapshot(), plan, now()).await
+        });
+        let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": "web-abc", "namespace": "web"},
+            "spec": {"selector": {"matchLabels": {"app": "web", "pod-template-hash": "abc"}}}});
+        expect(
+            &mut api,
+            Method::GET,
+            "/apis/apps/v1/namespaces/web/replicasets/web-abc",
+            200,
+            rs,
+        )
+        .await;
+        // The cached PDB is stale: the first update conflicts, we re-read and retry.
+        let pdb_path = "/apis/policy/v1/namespaces/web/poddisruptionbudgets/web";
+        let status_path = format!("{pdb_path}/status");
+        let first = expect(
+            &mut api,
+            Method::PUT,
+            &status_path,
+            409,
+            mock::status(409, "Conflict"),
+        )
+        .await;
+        assert_eq!(first.body["metadata"]["resourceVersion"], "1");
+        expect(&mut api, Method::GET, pdb_path, 200, pdb_json("2", 1)).await;
+        let update = expect(&mut api, Method::PUT, &status_path, 200, pdb_json("3", 0)).await;
+        assert_eq!(update.body["metadata"]["resourceVersion"], "2");
+        assert_eq!(update.body["status"]["disruptionsAllowed"], 0);
+        assert_eq!(
+            update.body["status"]["disruptedPods"]["web-1"],
+            "2026-01-01T00:00:00Z"
+        );
+
+        let patch = expect(
+            &mut api,
+            Method::PATCH,
+            "/api/v1/namespaces/web/pods/web-1",
+            200,
+            json!({}),
+        )
+        .await;
+        assert_eq!(patch.content_type, "application/json-patch+json");
+        assert_eq!(
+            patch.body,
+            json!([
+                {"op": "test", "path": "/metadata/resourceVersion", "value": "41"},
+                {"op": "test", "path": "/metadata/labels",
+                 "value": {"app": "web", "pod-template-hash": "abc", "team": "a"}},
+                {"op": "remove", "path": "/metadata/labels/app"},
+                {"op": "remove", "path": "/metadata/labels/pod-template-hash"},
+                {"op": "add", "path": "/metadata/labels/graceful-drain.io~1draining", "value": "web"},
+                {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1delete-at",
+                 "value": "2026-01-01T00:01:00Z"},
+                {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1grace-period-seconds",
+                 "value": "20"},
+                {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1original-labels",
+                 "value": "{\"app\":\"web\",\"pod-template-hash\":\"abc\"}"},
+                // Isolated for an eviction: its caller removes it, else it goes back a
+                // minute after its delete time.
+                {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1restore-at",
+                 "value": "2026-01-01T00:02:00Z"},
+            ])
+        );
+        let event = expect(
+            &mut api,
+            Method::POST,
+            "/api/v1/namespaces/web/events",
+            201,
+            json!({}),
+        )
+        .await;
+        assert_eq!(event.body["reason"], REASON_ISOLATED);
+        assert_eq!(event.body["involvedObject"]["uid"], "uid-1");
+        let outcome = task.await.unwrap().unwrap();
+        assert_eq!(
+            outcome,
+            Outcome::Isolated {
+                removed: [("app", "web"), ("pod-template-hash", "abc")]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                uncharged: None,
+                delete_at,
+            }
+        );
+    }
+
+    /// The second pod of a ReplicaSet is isolated without reading the ReplicaSet again;
+    /// a ReplicaSet of the same name but another UID is read afresh.
+    #[tokio::test]
+    async fn a_replica_set_read_once_serves_its_other_pods() {
+        let (client, mut api) = mock::client();
+        let ctx = context(client);
+        let unbudgeted = Snapshot {
+            pdbs: vec![],
+            ..snapshot()
+        };
+        let task = tokio::spawn(async move {
+            let plan = || Plan {
+                delete_at: "2026-01-01T00:01:00Z".parse().unwrap(),
+                grace_period: None,
+                charge: Charge::Required,
+                on_due: OnDue::Caller,
+            };
+            let mut second = pod();
+            second.name = "web-2".into();
+            second.uid = "uid-2".into();
+            let mut recreated = pod();
+            recreated.name = "web-3".into();
+            recreated.owner_refs[0]["uid"] = json!("web-abc-uid-2");
+            let mut outcomes = Vec::new();
+            for p in [pod(), second, recreated] {
+                outcomes.push(isolate(&ctx, &p, &unbudgeted, plan(), now()).await);
+            }
+            outcomes
+        });
+        let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": "web-abc", "namespace": "web", "uid": "web-abc-uid"},
+            "spec": {"selector": {"matchLabels": {"app": "web", "pod-template-hash": "abc"}}}});
+        let rs_path = "/apis/apps/v1/namespaces/web/replicasets/web-abc";
+        expect(&mut api, Method::GET, rs_path, 200, rs.clone()).await;
+        for name in ["web-1", "web-2"] {
+            let path = format!("/api/v1/namespaces/web/pods/{name}");
+            expect(&mut api, Method::PATCH, &path, 200, json!({})).await;
+            let events = "/api/v1/namespaces/web/events";
+            expect(&mut api, Method::POST, events, 201, json!({})).await;
+        }
+        expect(&mut api, Method::GET, rs_path, 200, rs).await;
+        let path = "/api/v1/namespaces/web/pods/web-3";
+        expect(&mut api, Method::PATCH, path, 200, json!({})).await;
+        let events = "/api/v1/namespaces/web/events";
+        expect(&mut api, Method::POST, events, 201, json!({})).await;
+        for outcome in task.await.unwrap() {
+            assert!(
+                matches!(outcome, Ok(Outcome::Isolated { .. })),
+                "{outcome:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_delay_counts_from_the_relabel_when_the_work_before_it_was_slow() {
+        let plan = Plan {
+            delete_at: "2026-01-01T00:01:00Z".parse().unwrap(),
+            grace_period: None,
+            charge: Charge::Required,
+            on_due: OnDue::Caller,
+        };
+        let quick = plan.counted_from_now(std::time::Duration::from_millis(40));
+        assert_eq!(quick, plan, "a quick relabel keeps the decided time");
+        let throttled = plan.counted_from_now(std::time::Duration::from_millis(2_500));
+        assert_eq!(
+            throttled.delete_at,
+            "2026-01-01T00:01:02.5Z".parse::<Timestamp>().unwrap(),
+            "2.5 s of throttled accounting move the delete time by as much"
+        );
+    }
+
+    /// `--keep-label app`: the pod leaves its Service (app+tier) and ReplicaSet
+    /// (app+pod-template-hash) by losing only `tier` and `pod-template-hash`; `app` stays
+    /// for NetworkPolicies and dashboards, and the draining label names the app. The
+    /// controller role goes to the Deployment, the ReplicaSet stays a plain owner.
+    #[tokio::test]
+    async fn kept_labels_stay_and_the_deployment_becomes_the_controller() {
+        let (client, mut api) = mock::client();
+        let mut ctx = context(client);
+        ctx.keep_labels = ["app".to_string()].into();
+        let mut facts = pod();
+        facts.labels = [
+            ("app", "web"),
+            ("tier", "front"),
+            ("pod-template-hash", "abc"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let rs_ref = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-abc",
+            "uid": "rs-uid", "controller": true, "blockOwnerDeletion": true});
+        facts.owner_refs = vec![rs_ref];
+        let snap = Snapshot {
+            services: vec![ServiceFacts {
+                name: "web".into(),
+                service_type: ServiceType::LoadBalancer,
+                selector: [("app", "web"), ("tier", "front")]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                selects_pod: false,
+            }],
+            ..Snapshot::default()
+        };
+        let task = tokio::spawn(async move {
+            let plan = Plan {
+                delete_at: now(),
+                grace_period: None,
+                charge: Charge::IfPossible,
+                on_due: OnDue::Caller,
+            };
+            isolate(&ctx, &facts, &snap, plan, now()).await
+        });
+        let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": "web-abc", "namespace": "web", "uid": "rs-uid",
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web",
+                                     "uid": "deploy-uid", "controller": true, "blockOwnerDeletion": true}]},
+            "spec": {"selector": {"matchLabels": {"app": "web", "pod-template-hash": "abc"}}}});
+        expect(
+            &mut api,
+            Method::GET,
+            "/apis/apps/v1/namespaces/web/replicasets/web-abc",
+            200,
+            rs,
+        )
+        .await;
+        let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "web", "uid": "deploy-uid"},
+            "spec": {"selector": {"matchLabels": {"app": "web"}}, "template": {},
+                     "strategy": {"type": "RollingUpdate"}}});
+        expect(
+            &mut api,
+            Method::GET,
+            "/apis/apps/v1/namespaces/web/deployments/web",
+            200,
+            deployment,
+        )
+        .await;
+        let patch = expect(
+            &mut api,
+            Method::PATCH,
+            "/api/v1/namespaces/web/pods/web-1",
+            200,
+            json!({}),
+        )
+        .await;
+        let ops = patch.body.as_array().unwrap();
+        let removed: Vec<&str> = ops
+            .iter()
+            .filter(|op| op["op"] == "remove")
+            .map(|op| op["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            removed,
+            [
+                "/metadata/labels/pod-template-hash",
+                "/metadata/labels/tier"
+            ]
+        );
+        assert!(ops.contains(&json!({"op": "add",
+            "path": "/metadata/labels/graceful-drain.io~1draining", "value": "web"})));
+        let owners = ops
+            .iter()
+            .find(|op| op["op"] == "replace" && op["path"] == "/metadata/ownerReferences")
+            .expect("controller handed over");
+        assert_eq!(
+            owners["value"],
+            json!([
+                {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-abc", "uid": "rs-uid", "controller": false},
+                {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "uid": "deploy-uid", "controller": true},
+            ])
+        );
+        expect(
+            &mut api,
+            Method::POST,
+            "/api/v1/namespaces/web/events",
+            201,
+            json!({}),
+        )
+        .await;
+        assert!(matches!(task.await.unwrap(), Ok(Outcome::Isolated { .. })));
+    }
+
+    /// A Recreate Deployment promises old and new pods never run together; an isolated
+    /// pod would keep serving while the new ones start, so it is not isolated at all
+    /// (the request goes through with a Warning Event saying why).
+    #[tokio::test]
+    async fn a_recreate_deployments_pod_is_not_isolated() {
+        let (client, mut api) = mock::client();
+        let ctx = context(client);
+        let mut facts = pod();
+        facts.owner_refs = vec![json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "name": "web-abc", "uid": "rs-uid", "controller": true})];
+        let task = tokio::spawn(async move {
+            let plan = Plan {
+                delete_at: now(),
+                grace_period: None,
+                charge: Charge::IfPossible,
+                on_due: OnDue::Caller,
+            };
+            isolate(&ctx, &facts, &Snapshot::default(), plan, now()).await
+        });
+        let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": "web-abc", "namespace": "web", "uid": "rs-uid",
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web",
+                                     "uid": "deploy-uid", "controller": true}]},
+            "spec": {"selector": {"matchLabels": {"app": "web"}}}});
+        expect(
+            &mut api,
+            Method::GET,
+            "/apis/apps/v1/namespaces/web/replicasets/web-abc",
+            200,
+            rs,
+        )
+        .await;
+        let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "web", "uid": "deploy-uid"},
+            "spec": {"selector": {"matchLabels": {"app": "web"}}, "template": {},
+                     "strategy": {"type": "Recreate"}}});
+        expect(
+            &mut api,
+            Method::GET,
+            "/apis/apps/v1/namespaces/web/deployments/web",
+            200,
+            deployment,
+        )
+        .await;
+        let err = task.await.unwrap().unwrap_err();
+        assert!(err.is_permanent(), "{err}");
+        assert_eq!(err.reason(), "recreate");
+        assert!(
+            err.to_string()
+                .contains("Deployment web/web uses the Recreate strategy"),
+            "{err}"
+        );
+    }
+    /// The relabel is refused after the PDB was charged: the disruption is given back at
+    /// once, so a pass-through eviction is not refused by a budget we spent for nothing.
+    #[tokio::test]
+    async fn a_failed_relabel_refunds_the_disruption_it_charged() {
+        let (client, mut api) = mock::client();
+        let ctx = context(client);
+        let mut bare = pod();
+        bare.owner = None;
+        let task =
+            tokio::spawn(
+                async move { isolate(&ctx, &bare, &snapshot(), evict_plan(), now()).await },
+            );
+        let pdb_path = "/apis/policy/v1/namespaces/web/poddisruptionbudgets/web";
+        let status_path = format!("{pdb_path}/status");
+        expect(&mut api, Method::PUT, &status_path, 200, pdb_json("2", 0)).await;
+        expect(
+            &mut api,
+            Method::PATCH,
+            "/api/v1/namespaces/web/pods/web-1",
+            403,
+            mock::status(403, "Forbidden"),
+        )
+        .await;
+        let mut charged = pdb_json("2", 0);
+        charged["status"]["disruptedPods"] = json!({"web-1": "2026-01-01T00:00:00Z"});
+        expect(&mut api, Method::GET, pdb_path, 200, charged).await;
+        let refund = expect(&mut api, Method::PUT, &status_path, 200, pdb_json("3", 1)).await;
+        assert_eq!(refund.body["metadata"]["resourceVersion"], "2");
+        assert_eq!(refund.body["status"]["disruptionsAllowed"], 1);
+        assert_eq!(refund.body["status"]["disruptedPods"], json!({}));
+        let error = task.await.unwrap().unwrap_err();
+        assert!(error.is_permanent(), "{error}");
+        assert!(
+            error.to_string().contains("isolate pod web/web-1"),
+            "{error}"
+        );
+    }
+
+    #[tokio::test]
+    async fn exhausted_pdb_after_reread_leaves_the_pod_alone() {
+        let (client, mut api) = mock::client();
+        let ctx = context(client);
+        let task =
+            tokio::spawn(
+                async move { isolate(&ctx, &pod(), &snapshot(), evict_plan(), now()).await },
+            );
+        let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": "web-abc", "namespace": "web"}, "spec": {"selector": {}}});
+        expect(
+            &mut api,
+            Method::GET,
+            "/apis/apps/v1/namespaces/web/replicasets/web-abc",
+            200,
+            rs,
+        )
+        .await;
+        let status_path = "/apis/policy/v1/namespaces/web/poddisruptionbudgets/web/status";
+        expect(
+            &mut api,
+            Method::PUT,
+            status_path,
+            409,
+            mock::status(409, "Conflict"),
+        )
+        .await;
+        // Another replica took the last disruption in between.
+        expect(
+            &mut api,
+            Method::GET,
+            "/apis/policy/v1/namespaces/web/poddisruptionbudgets/web",
+            200,
+            pdb_json("2", 0),
+        )
+        .await;
+        let outcome = task.await.unwrap().unwrap();
+        assert_eq!(
+            outcome,
+            Outcome::Refused(Budget::Exhausted {
+                pdb: "web/web".into()
+            })
+        );
+    }
+
+    #[tokio::test]
+    async fn failed_test_op_is_a_conflict() {
+        let (client, mut api) = mock::client();
+        let ctx = context(client);
+        let mut bare = pod();
+        bare.owner = None;
+        let snap = Snapshot {
+            pdbs: Vec::new(),
+            ..snapshot()
+        };
+        let task =
+            tokio::spawn(async move { isolate(&ctx, &bare, &snap, evict_plan(), now()).await });
+        expect(
+            &mut api,
+            Method::PATCH,
+            "/api/v1/namespaces/web/pods/web-1",
+            422,
+            mock::status(422, "Invalid"),
+        )
+        .await;
+        assert!(matches!(task.await.unwrap(), Err(Error::Conflict { .. })));
+    }
+
+    /// A namespace `web` on the simulated API server: `count` serving pods `app=web` and
+    /// PDB `web` (minAvailable `min_available`) whose status allows `allowed` disruptions.
+    struct SimBudget {
+        server: kube_sim::apiserver::ApiServer,
+        shutdown: graceful_drain_core::runtime::Shutdown,
+        pods: Api<Pod>,
+        pdbs: Api<PodDisruptionBudget>,
+        created: Vec<Pod>,
+        pdb: PodDisruptionBudget,
+    }
+
+    impl SimBudget {
+        async fn start(count: usize, min_available: usize, allowed: i32) -> SimBudget {
+            use kube_sim::apiserver::{ApiServer, Config};
+            let shutdown = graceful_drain_core::runtime::Shutdown::new();
+            let mut config = Config::default();
+            config.namespaces.push("web".into());
+            let server = ApiServer::start(config, shutdown.clone()).await.unwrap();
+            let pods: Api<Pod> = Api::namespaced(server.client("admin"), "web");
+            // The pods' ReplicaSet, which each isolation must read for its selector.
+            let sets: Api<k8s_openapi::api::apps::v1::ReplicaSet> =
+                Api::namespaced(server.client("admin"), "web");
+            use graceful_drain_testing::fixtures::ReplicaSetFixture;
+            let set = fixtures::replica_set("web-rs")
+                .ns("web")
+                .replicas(count as i32)
+                .selecting(&[("app", "web")]);
+            let set = sets.create(&PostParams::default(), &set).await.unwrap();
+            let owner = k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "apps/v1".into(),
+                kind: "ReplicaSet".into(),
+                name: "web-rs".into(),
+                uid: set.metadata.uid.clone().unwrap(),
+                controller: Some(true),
+                ..Default::default()
+            };
+            let mut created = Vec::new();
+            for i in 0..count {
+                let mut pod = fixtures::pod(&format!("web-{i}"))
+                    .ns("web")
+                    .label("app", "web")
+                    .container("web:1");
+                pod.metadata.owner_references = Some(vec![owner.clone()]);
+                created.push(pods.create(&PostParams::default(), &pod).await.unwrap());
+            }
+            let pdbs: Api<PodDisruptionBudget> = Api::namespaced(server.client("admin"), "web");
+            let budget = fixtures::pdb("web")
+                .ns("web")
+                .selecting(&[("app", "web")])
+                .min_available(min_available as i32);
+            let budget = pdbs.create(&PostParams::default(), &budget).await.unwrap();
+            let (n, min) = (count as i32, min_available as i32);
+            let budget = budget.healthy(n, min, n).allowing(allowed);
+            let pdb = pdbs
+                .replace_status("web", &PostParams::default(), &budget)
+                .await
+                .unwrap();
+            SimBudget {
+                server,
+                shutdown,
+                pods,
+                pdbs,
+                created,
+                pdb,
+            }
+        }
+
+        /// A webhook replica acting as `user`, whose cache holds the PDB as set up.
+        fn replica(&self, user: &str) -> Context {
+            let cache = Arc::new(Cache::default());
+            cache.apply_pdb(&self.pdb);
+            Context {
+                client: self.server.client(user),
+                cache,
+                identity: user.into(),
+                events: EventSink::Inline,
+                keep_labels: Default::default(),
+                restore_after: RESTORE_AFTER,
+                gates: Default::default(),
+                owners: Default::default(),
+            }
+        }
+
+        /// Evicts every pod at once, pod `i` through `replicas[i % replicas.len()]`;
+        /// returns how many were isolated (the others must be refused by the budget).
+        async fn evict_all(&mut self, replicas: &[Context]) -> usize {
+            let tasks: Vec<_> = std::mem::take(&mut self.created)
+                .into_iter()
+                .enumerate()
+                .map(|(i, pod)| {
+                    let ctx = replicas[i % replicas.len()].clone();
+                    tokio::spawn(async move {
+                        isolate(&ctx, &pod.facts(), &snapshot(), evict_plan(), now()).await
+                    })
+                })
+                .collect();
+            let mut isolated = 0;
+            for task in tasks {
+                match task.await.unwrap().unwrap() {
+                    Outcome::Isolated { .. } => isolated += 1,
+                    Outcome::Refused(Budget::Exhausted { .. }) => {}
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+            isolated
+        }
+    }
+
+    /// Twelve evictions at once behind one budget allowing eight: eight pods are
+    /// isolated, the budget is written in a few grouped updates, not eight, and their
+    /// ReplicaSet is read once, not by every isolation that found it missing.
+    #[tokio::test]
+    async fn concurrent_charges_to_one_budget_are_written_together() {
+        let mut sim = SimBudget::start(12, 4, 8).await;
+        let replica = sim.replica("webhook");
+        let before = sim.server.stats();
+        assert_eq!(sim.evict_all(&[replica]).await, 8);
+        let status = sim.pdbs.get("web").await.unwrap().status.unwrap();
+        assert_eq!(status.disruptions_allowed, 0);
+        assert_eq!(status.disrupted_pods.unwrap().len(), 8);
+        let writes = sim
+            .server
+            .stats()
+            .count("update", "poddisruptionbudgets/status")
+            - before.count("update", "poddisruptionbudgets/status");
+        assert!(writes <= 3, "{writes} status updates for 8 charges");
+        let reads =
+            sim.server.stats().count("get", "replicasets") - before.count("get", "replicasets");
+        assert_eq!(
+            reads, 1,
+            "the ReplicaSet of 12 concurrent isolations read {reads} times"
+        );
+        sim.shutdown.cancel();
+    }
+
+    /// Three replicas with stale caches race to isolate six pods behind a PDB with
+    /// minAvailable 4, on the simulated API server (resourceVersion-guarded status
+    /// updates, JSON-patch `test` ops): exactly two are isolated and the budget lists
+    /// both. An isolated pod never gets its labels back, so the four still serving at
+    /// the end are the fewest that ever served.
+    #[tokio::test]
+    async fn concurrent_isolations_never_break_min_available() {
+        use kube::api::ListParams;
+
+        const MIN_AVAILABLE: usize = 4;
+        let mut sim = SimBudget::start(6, MIN_AVAILABLE, 2).await;
+        let replicas: Vec<Context> = (0..3).map(|r| sim.replica(&format!("w{r}"))).collect();
+        assert_eq!(sim.evict_all(&replicas).await, 2);
+        let draining = ListParams::default().labels(DRAINING_LABEL);
+        assert_eq!(sim.pods.list(&draining).await.unwrap().items.len(), 2);
+        let serving = ListParams::default().labels("app=web");
+        let serving = sim.pods.list(&serving).await.unwrap().items.len();
+        assert!(serving >= MIN_AVAILABLE, "only {serving} served");
+        let status = sim.pdbs.get("web").await.unwrap().status.unwrap();
+        assert_eq!(status.disruptions_allowed, 0);
+        assert_eq!(status.disrupted_pods.unwrap().len(), 2);
+        sim.shutdown.cancel();
+    }
+}

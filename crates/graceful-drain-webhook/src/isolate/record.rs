@@ -1,0 +1,117 @@
+//! The Events isolation records on pods, and their reasons.
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use serde_json::Value;
+
+use super::context::{Context, EventSink, pod_ref};
+use super::owners::controller_ref;
+use crate::decide::PodFacts;
+
+/// Event reason recorded on a pod when it is isolated.
+pub const REASON_ISOLATED: &str = "graceful-drain.io/Isolated";
+/// Event reason recorded on a pod put back into its Services because no authenticated
+/// eviction or DELETE followed its isolation.
+pub const REASON_RESTORED: &str = "graceful-drain.io/Restored";
+/// Event reason recorded on a pod when the deferred deleter deletes it.
+pub const REASON_DELETED: &str = "graceful-drain.io/Deleted";
+/// Warning Event reason when an annotated delay was cut to `--max-deregistration-delay`.
+pub const REASON_DELAY_CAPPED: &str = "graceful-drain.io/DelayCapped";
+/// Warning Event reason when an eviction was refused for now (429) because the pod could
+/// not be isolated in time; the caller retries.
+pub const REASON_ISOLATION_DEFERRED: &str = "graceful-drain.io/IsolationDeferred";
+/// Warning Event reason when a pod could not be isolated and its request went through.
+pub const REASON_ISOLATION_FAILED: &str = "graceful-drain.io/IsolationFailed";
+
+/// The `type` of an Event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Severity {
+    Normal,
+    Warning,
+}
+
+/// Records a core/v1 Event on `pod`; failures are logged, never fatal. With a queued sink
+/// the Event is sent in the background and this returns at once.
+pub async fn record_event(
+    ctx: &Context,
+    pod: &PodFacts,
+    severity: Severity,
+    reason: &str,
+    message: &str,
+    now: Timestamp,
+) {
+    let event = Event {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{}.", pod.name)),
+            namespace: Some(pod.namespace.clone()),
+            ..ObjectMeta::default()
+        },
+        involved_object: ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(pod.name.clone()),
+            namespace: Some(pod.namespace.clone()),
+            uid: Some(pod.uid.clone()).filter(|u| !u.is_empty()),
+            ..ObjectReference::default()
+        },
+        reason: Some(reason.to_string()),
+        message: Some(message.to_string()),
+        type_: Some(
+            match severity {
+                Severity::Normal => "Normal",
+                Severity::Warning => "Warning",
+            }
+            .into(),
+        ),
+        source: Some(EventSource {
+            component: Some("graceful-drain-webhook".into()),
+            host: None,
+        }),
+        first_timestamp: Some(Time(now)),
+        last_timestamp: Some(Time(now)),
+        count: Some(1),
+        reporting_component: Some("graceful-drain.io/webhook".into()),
+        reporting_instance: Some(ctx.identity.clone()),
+        ..Event::default()
+    };
+    match &ctx.events {
+        EventSink::Inline => crate::events::create(&ctx.client, event).await,
+        EventSink::Queue(queue) => {
+            let queued = crate::events::Queued {
+                event,
+                controller: controller_reference(pod),
+            };
+            match queue.try_send(queued) {
+                Ok(()) => {}
+                // The sender has stopped (shutdown: the uninstall work's Events come after
+                // it): sent from here instead.
+                Err(tokio::sync::mpsc::error::TrySendError::Closed(queued)) => {
+                    crate::events::create(&ctx.client, queued.event).await;
+                }
+                Err(error) => {
+                    tracing::warn!(pod = %pod_ref(pod), reason, %error, "event queue full; event dropped");
+                }
+            }
+        }
+    }
+}
+
+/// The controller reference of `pod` as an Event's involvedObject would name it.
+fn controller_reference(pod: &PodFacts) -> Option<ObjectReference> {
+    let controller = controller_ref(pod)?;
+    let field = |name: &str| {
+        controller
+            .get(name)
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
+    Some(ObjectReference {
+        api_version: field("apiVersion"),
+        kind: field("kind"),
+        name: field("name"),
+        namespace: Some(pod.namespace.clone()),
+        uid: field("uid"),
+        ..ObjectReference::default()
+    })
+}

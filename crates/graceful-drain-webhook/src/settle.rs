@@ -1,0 +1,330 @@
+//! The act phase of a review: the pod read (from a drained node's watch or the API), the
+//! decision on it, and the isolation, settled again after a conflict or a transient
+//! failure until the review's deadline; permanent failures are recorded on the pod.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use tokio::time::Instant;
+
+use super::decide::{
+    self, Decision, Pass, Path, PodFacts, Request, is_replicaset_controller, of_replicaset,
+};
+use super::isolate::{self, Budget, Outcome};
+use super::nodepods::{self, Lookup};
+use super::review;
+use super::state::AppState;
+
+/// How often a review retries after the pod changed under it (re-read, decide again).
+pub(crate) const CONFLICT_ATTEMPTS: usize = 3;
+
+/// What the act phase settled on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Settled {
+    Pass(Pass),
+    Isolated(Timestamp),
+    Pending(Timestamp),
+    /// The live PDB refuses the eviction.
+    Refused(Budget),
+    /// Isolation could not be done for now (the API server is unavailable, the pod kept
+    /// changing); the reason, for the caller and the logs.
+    Failed(String),
+    /// Isolation can never succeed for this request (RBAC, another admission webhook or
+    /// policy refusing our relabel): let through unchanged, with a Warning Event.
+    Permanent(&'static str),
+    /// The API server's deadline for this call came first.
+    Deadline,
+}
+
+impl Settled {
+    pub(crate) fn outcome(&self) -> &'static str {
+        match self {
+            Settled::Pass(p) => p.as_str(),
+            Settled::Isolated(_) => "isolated",
+            Settled::Pending(_) => "pending",
+            Settled::Refused(Budget::NotObserved { .. }) => "pdb_not_observed",
+            Settled::Refused(_) => "pdb_exhausted",
+            Settled::Failed(_) => "error",
+            Settled::Permanent(_) => "failed_permanently",
+            Settled::Deadline => "deadline",
+        }
+    }
+}
+
+/// First pause before settling a request again after a transient failure; it doubles up
+/// to [`TRANSIENT_PAUSE_MAX`].
+const TRANSIENT_PAUSE: Duration = Duration::from_millis(250);
+/// Longest pause between two attempts at settling one request.
+const TRANSIENT_PAUSE_MAX: Duration = Duration::from_secs(2);
+
+/// Settles a request again after a transient failure (a throttled or failed API call, a
+/// pod that kept changing) while the deadline leaves room for a pause: one 429 from
+/// Priority and Fairness must not cost an eviction the caller's whole retry pause (5 s for
+/// kubectl), nor let a DELETE through unprotected. The last failure is returned when time
+/// runs out.
+pub(crate) async fn settle_until<F, Fut>(deadline: Instant, mut attempt: F) -> Settled
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Settled>,
+{
+    let mut pause = TRANSIENT_PAUSE;
+    loop {
+        let settled = attempt().await;
+        let Settled::Failed(why) = &settled else {
+            return settled;
+        };
+        if Instant::now() + pause >= deadline {
+            return settled;
+        }
+        tracing::info!(%why, retry_in = ?pause, "transient failure; settling again");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(TRANSIENT_PAUSE_MAX);
+    }
+}
+
+pub(crate) async fn settle_eviction(state: &AppState, ev: &review::Eviction) -> Settled {
+    if let Some(pass) = decide::pass_for_request(&ev.request, &state.settings) {
+        return Settled::Pass(pass);
+    }
+    let cache = &state.ctx.cache;
+    if cache.namespace(&ev.namespace).opted_out {
+        return Settled::Pass(Pass::OptedOut);
+    }
+    // Fast path: a pod no slice lists as ready, in a namespace with no Service that could
+    // select it before its slice lists it, is not exposed, whatever else is true.
+    let exposed = cache.has_ready_endpoint(&ev.namespace, &ev.pod)
+        || cache.has_selecting_service(&ev.namespace);
+    if !exposed && cache.isolated(&ev.namespace, &ev.pod).is_none() {
+        return Settled::Pass(Pass::NotExposed);
+    }
+    let (read, fresh) = match watched_pod(state, &ev.namespace, &ev.pod).await {
+        Some(pod) => (Ok(Some(pod)), false),
+        None => (fetch_pod(state, &ev.namespace, &ev.pod).await, true),
+    };
+    match read {
+        Ok(Some(pod)) => settle(state, &ev.request, pod, fresh).await,
+        Ok(None) => Settled::Pass(Pass::NotRunning),
+        Err(error) => {
+            tracing::warn!(error = %graceful_drain_core::error::chain(&error), "read pod for eviction");
+            Settled::Failed(format!("read pod: {error}"))
+        }
+    }
+}
+
+/// Pod `namespace/name` from the watch of its node (the node its endpoints name), which
+/// the first eviction there starts; an eviction arriving while that watch lists waits
+/// for it up to [`nodepods::SYNC_WAIT`]. `None` when the pod must be read from the API.
+async fn watched_pod(state: &AppState, namespace: &str, name: &str) -> Option<PodFacts> {
+    if !state.watch_drained_nodes {
+        return None;
+    }
+    let cache = &state.ctx.cache;
+    let node = cache.node_of(namespace, name)?;
+    let pods = &cache.node_pods;
+    match pods.lookup(&node, namespace, name) {
+        Lookup::Found(pod) => return Some(*pod),
+        Lookup::Unknown => {}
+        Lookup::NotWatched => nodepods::watch(
+            pods.clone(),
+            state.ctx.client.clone(),
+            &node,
+            state.shutdown.clone(),
+        ),
+    }
+    if !pods.wait_synced(&node, nodepods::SYNC_WAIT).await {
+        return None;
+    }
+    match pods.lookup(&node, namespace, name) {
+        Lookup::Found(pod) => Some(*pod),
+        Lookup::Unknown | Lookup::NotWatched => None,
+    }
+}
+
+async fn fetch_pod(
+    state: &AppState,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<PodFacts>, kube::Error> {
+    let api = Api::<Pod>::namespaced(state.ctx.client.clone(), namespace);
+    Ok(api.get_opt(name).await?.map(|p| review::pod_facts(&p)))
+}
+
+/// Reads `pod` again; `Err` is the answer when it is gone (nothing left to protect) or
+/// cannot be read.
+async fn reread(state: &AppState, pod: &PodFacts) -> Result<PodFacts, Settled> {
+    match fetch_pod(state, &pod.namespace, &pod.name).await {
+        Ok(Some(read)) => Ok(read),
+        Ok(None) => Err(Settled::Pass(Pass::NotRunning)),
+        Err(error) => {
+            tracing::warn!(error = %graceful_drain_core::error::chain(&error), "re-read pod");
+            Err(Settled::Failed(format!("re-read pod: {error}")))
+        }
+    }
+}
+
+/// Decide, act, and on a concurrent change re-read the pod and decide again. A pod that
+/// is not `fresh` (from a node's watch, which may lag) is read again before the request
+/// goes through unprotected.
+pub(crate) async fn settle(
+    state: &AppState,
+    req: &Request,
+    mut pod: PodFacts,
+    mut fresh: bool,
+) -> Settled {
+    let attempts = CONFLICT_ATTEMPTS + usize::from(!fresh);
+    for _ in 0..attempts {
+        let snap = state.ctx.cache.snapshot(&pod);
+        let now = Timestamp::now();
+        let plan = match decide::decide(req, &pod, &snap, &state.settings, now) {
+            Decision::Pass(p) if !fresh => {
+                tracing::debug!(pass = ?p, "confirming a watched pod's pass with a read");
+                match reread(state, &pod).await {
+                    Ok(read) => {
+                        pod = read;
+                        fresh = true;
+                        continue;
+                    }
+                    Err(settled) => return settled,
+                }
+            }
+            Decision::Pass(p) => return Settled::Pass(p),
+            Decision::Pending { delete_at } => return Settled::Pending(delete_at),
+            Decision::Isolate {
+                delete_at,
+                grace_period,
+                charge,
+                capped,
+            } => {
+                if capped {
+                    delay_capped(state, &pod).await;
+                }
+                isolate::Plan {
+                    delete_at,
+                    grace_period,
+                    charge,
+                    on_due: on_due(req, &pod),
+                }
+            }
+        };
+        let error = match isolate::isolate(&state.ctx, &pod, &snap, plan, now).await {
+            Ok(Outcome::Isolated {
+                removed,
+                uncharged,
+                delete_at,
+            }) => {
+                state.metrics.pods_isolated.inc();
+                let removed: Vec<&String> = removed.keys().collect();
+                tracing::info!(%delete_at, ?removed, ?uncharged, "pod isolated");
+                return Settled::Isolated(delete_at);
+            }
+            // The node's watch can still show the pod as it was before our own isolation
+            // of it (which took it out of its PDB): refuse on a read, never on that view.
+            Ok(Outcome::Refused(budget)) if !fresh => {
+                tracing::debug!(
+                    ?budget,
+                    "confirming a watched pod's PDB refusal with a read"
+                );
+                match reread(state, &pod).await {
+                    Ok(read) => {
+                        pod = read;
+                        fresh = true;
+                        continue;
+                    }
+                    Err(settled) => return settled,
+                }
+            }
+            Ok(Outcome::Refused(budget)) => {
+                tracing::info!(?budget, "PDB refuses the eviction");
+                return Settled::Refused(budget);
+            }
+            Err(error) => error,
+        };
+        match error {
+            isolate::Error::Conflict { code, .. } => {
+                tracing::debug!(code, "pod changed while isolating; re-reading");
+                match reread(state, &pod).await {
+                    // A 422 on an unchanged pod is no failed `test`: our relabel is invalid.
+                    Ok(read) if code == 422 && read.resource_version == pod.resource_version => {
+                        return permanent(state, req, &pod, &error).await;
+                    }
+                    Ok(read) => {
+                        pod = read;
+                        fresh = true;
+                    }
+                    Err(settled) => return settled,
+                }
+            }
+            error if error.is_permanent() => return permanent(state, req, &pod, &error).await,
+            error => {
+                tracing::warn!(error = %graceful_drain_core::error::chain(&error), "isolation failed");
+                return Settled::Failed(graceful_drain_core::error::chain(&error).to_string());
+            }
+        }
+    }
+    tracing::warn!("pod kept changing while isolating");
+    Settled::Failed("the pod kept changing while it was being isolated".to_string())
+}
+
+/// Who removes the pod once it is due: the deferred deleter only for a ReplicaSet
+/// controller's DELETE of its own pod (refused after isolation, and checked on the live
+/// ReplicaSet by [`replicaset_has_surplus`] first); every other caller comes back itself.
+fn on_due(req: &Request, pod: &PodFacts) -> isolate::OnDue {
+    if req.path == decide::Path::Delete && is_replicaset_controller(&req.user) && of_replicaset(pod)
+    {
+        isolate::OnDue::Deleter
+    } else {
+        isolate::OnDue::Caller
+    }
+}
+
+/// Warns on the pod that its annotated delay exceeds `--max-deregistration-delay`.
+async fn delay_capped(state: &AppState, pod: &PodFacts) {
+    let message = format!(
+        "The deregistration delay annotated on the pod or its namespace exceeds the maximum of {}; using the maximum",
+        humantime::format_duration(state.settings.max_delay)
+    );
+    isolate::record_event(
+        &state.ctx,
+        pod,
+        isolate::Severity::Warning,
+        isolate::REASON_DELAY_CAPPED,
+        &message,
+        Timestamp::now(),
+    )
+    .await;
+}
+
+/// A failure retrying cannot cure: counted, logged, and shown on the pod as a Warning
+/// Event; the request goes through unchanged.
+async fn permanent(
+    state: &AppState,
+    req: &Request,
+    pod: &PodFacts,
+    error: &isolate::Error,
+) -> Settled {
+    let reason = match error {
+        isolate::Error::Conflict { .. } => "invalid",
+        other => other.reason(),
+    };
+    state.metrics.isolation_failure(req.path.as_str(), reason);
+    tracing::warn!(%error, reason, "isolation refused permanently; letting the request through");
+    let message = format!(
+        "Could not isolate the pod before its {}; it went through unprotected: {error}",
+        match req.path {
+            Path::Evict => "eviction",
+            Path::Delete => "deletion",
+        }
+    );
+    isolate::record_event(
+        &state.ctx,
+        pod,
+        isolate::Severity::Warning,
+        isolate::REASON_ISOLATION_FAILED,
+        &message,
+        Timestamp::now(),
+    )
+    .await;
+    Settled::Permanent(reason)
+}
