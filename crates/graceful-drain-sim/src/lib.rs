@@ -358,7 +358,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
 async fn run_matrix(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> {
     let mut cfg = args.scenario();
     cfg.cluster.api.addr = apiserver::Config::default().addr;
-    let selected: Vec<scenario::matrix::Scenario> = if args.scenarios.is_empty() {
+    let selected: Vec<scenario::spec::Scenario> = if args.scenarios.is_empty() {
         scenario::matrix::scenarios()
     } else {
         args.scenarios

@@ -1089,7 +1089,7 @@ fn controller_kind(pod: &Pod) -> Option<String> {
 /// Warning Event naming the Service.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statefulset_pods_leave_their_service_but_never_their_statefulset() {
-    use graceful_drain_sim::scenario::matrix::Workload;
+    use graceful_drain_sim::scenario::spec::Workload;
     use graceful_drain_sim::scenario::workloads;
     graceful_drain_core::runtime::install_crypto_provider();
     let cluster = Cluster::start(ClusterConfig::default(), Shutdown::new())
@@ -1185,7 +1185,7 @@ async fn statefulset_pods_leave_their_service_but_never_their_statefulset() {
 /// retrying a second member's eviction is refused by the budget until the first is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_member_stays_disrupted_in_its_pdb_past_the_deletion_timeout() {
-    use graceful_drain_sim::scenario::matrix::Workload;
+    use graceful_drain_sim::scenario::spec::Workload;
     use graceful_drain_sim::scenario::workloads;
     graceful_drain_core::runtime::install_crypto_provider();
     let timeout = Duration::from_secs(3);

@@ -396,6 +396,60 @@ async fn a_seed_group_event_applied_with_kubectl_drains_through_its_mirror() {
     drained_through_mirror(&client, "worker-1").await;
 }
 
+/// The bridge copies a finished mirror's outcome to its seed event and lets the mirror
+/// go, which is then deleted; a later pass that still sees the seed event as it was before
+/// the copy must not fail it. Seen once in CI: the seed event went Succeeded, then Failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seed_event_its_mirror_finished_is_not_failed_by_a_stale_view() {
+    use graceful_drain_agent::reconciler::seed;
+    use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
+    let env = env_with(&WebSpec::default(), "5m", true, &[]).await;
+    let client = env.cluster.client();
+    let seeds: Api<DynamicObject> = Api::all_with(client.clone(), &seed::seed_resource());
+    // Bound to a node no agent serves, so only this test's bridge acts on it.
+    let event = serde_json::from_value(serde_json::json!({
+        "apiVersion": "lifecycle.k8s.io/v1alpha1", "kind": "LifecycleEvent",
+        "metadata": {"name": "worker-9-drain",
+                     "annotations": {seed::MIRROR_UID_ANNOTATION: "mirror-uid"}},
+        "spec": {"transitionName": "graceful-drain", "bindingNode": "worker-9"}}))
+    .unwrap();
+    let stale = seeds.create(&PostParams::default(), &event).await.unwrap();
+    let done = serde_json::json!({"status": {"claimStatus": "Succeeded"}});
+    seeds
+        .patch_status(
+            "worker-9-drain",
+            &PatchParams::default(),
+            &Patch::Merge(done),
+        )
+        .await
+        .unwrap();
+    let mut bridge = seed::Bridge::new(&client, "worker-9");
+    bridge.pass(&[Arc::new(stale)], &[]).await.unwrap();
+    let seen = seeds.get("worker-9-drain").await.unwrap();
+    assert_eq!(
+        seen.data.pointer("/status/claimStatus"),
+        Some(&serde_json::json!("Succeeded")),
+        "{:?}",
+        seen.data.get("status")
+    );
+    assert!(
+        !seen
+            .annotations()
+            .contains_key(graceful_drain_core::lifecycle::MESSAGE_ANNOTATION),
+        "no failure message: {:?}",
+        seen.annotations()
+    );
+    // Seen as it is now, the event is finished, not lost.
+    bridge.pass(&[Arc::new(seen)], &[]).await.unwrap();
+    let seen = seeds.get_opt("worker-9-drain").await.unwrap();
+    assert!(
+        seen.is_none_or(
+            |s| s.data.pointer("/status/claimStatus") == Some(&serde_json::json!("Succeeded"))
+        ),
+        "still finished"
+    );
+}
+
 /// `node` shows drain-complete, no web pod is left on it, and the mirror of its seed
 /// event (`<node>-drain`) is gone.
 async fn drained_through_mirror(client: &kube::Client, node: &str) {

@@ -394,24 +394,49 @@ impl Bridge {
                         );
                     }
                 }
-                Step::Lost => {
-                    let message = "its lifecycle.graceful-drain.io mirror was deleted before it ended; apply the event again to run the transition";
-                    tracing::warn!(event = %name, message);
-                    let annotations =
-                        json!({"metadata": {"annotations": {MESSAGE_ANNOTATION: message}}});
-                    self.seeds
-                        .patch(&name, &PatchParams::default(), &Patch::Merge(annotations))
-                        .await
-                        .map_err(api_error("annotate", &name))?;
-                    let status = json!({"status": {"claimStatus": ClaimStatus::Failed}});
-                    self.seeds
-                        .patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
-                        .await
-                        .map_err(api_error("conclude", &name))?;
-                }
+                Step::Lost => self.lost(seed).await?,
             }
         }
         Ok(())
+    }
+
+    /// Fails a seed event whose mirror is gone before it ended. Both writes are guarded by
+    /// the seed's resourceVersion: a view older than the status this bridge copied from the
+    /// mirror just before the mirror went (released, then deleted) would otherwise turn a
+    /// finished event into a failed one. A stale view waits for the watch's next pass.
+    async fn lost(&self, seed: &DynamicObject) -> Result<(), Error> {
+        let name = seed.name_any();
+        let message = "its lifecycle.graceful-drain.io mirror was deleted before it ended; apply the event again to run the transition";
+        let annotations = json!({"metadata": {
+            "annotations": {MESSAGE_ANNOTATION: message},
+            "resourceVersion": seed.resource_version(),
+        }});
+        let annotated = match self
+            .seeds
+            .patch(&name, &PatchParams::default(), &Patch::Merge(annotations))
+            .await
+        {
+            Ok(annotated) => annotated,
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                tracing::debug!(event = %name, "mirror gone, but the seed changed meanwhile; next pass");
+                return Ok(());
+            }
+            Err(e) => return Err(api_error("annotate", &name)(e)),
+        };
+        tracing::warn!(event = %name, message);
+        let status = json!({
+            "metadata": {"resourceVersion": annotated.resource_version()},
+            "status": {"claimStatus": ClaimStatus::Failed},
+        });
+        match self
+            .seeds
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(e) => Err(api_error("conclude", &name)(e)),
+        }
     }
 
     /// Our finalizer on the seed event, guarded by its resourceVersion.

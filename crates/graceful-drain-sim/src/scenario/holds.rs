@@ -26,7 +26,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::components::Components;
-use super::matrix::Workload;
+use super::spec::Workload;
 use super::workloads::api;
 use super::{Error, ScenarioConfig};
 use graceful_drain_core::labels::DRAINING_LABEL;

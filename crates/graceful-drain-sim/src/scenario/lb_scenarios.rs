@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use super::ScenarioConfig;
-use super::matrix::{Budget, Disruption, Scenario};
+use super::spec::{Budget, Disruption, Scenario};
 use kube_sim::lb::LbKind;
 use kube_sim::traffic::apps::Behaviour;
 use kube_sim::traffic::clients::{Clients, KeepAliveConfig};

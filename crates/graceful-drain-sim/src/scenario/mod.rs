@@ -10,6 +10,7 @@ pub mod holds;
 pub mod lb_scenarios;
 pub mod matrix;
 pub mod real;
+pub mod spec;
 pub mod tiered;
 mod vm_scenario;
 pub mod workloads;

@@ -319,7 +319,7 @@ async fn run_row(
                 cluster,
                 &cfg.web,
                 cfg.phase_timeout,
-                super::matrix::Workload::StatefulSet,
+                super::spec::Workload::StatefulSet,
             )
             .await?;
         }
@@ -534,7 +534,7 @@ async fn statefulset_long_delay(
         cluster,
         &cfg.web,
         cfg.phase_timeout,
-        super::matrix::Workload::StatefulSet,
+        super::spec::Workload::StatefulSet,
     )
     .await?;
     components.roll_webhook(cluster, &cfg.components).await?;

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use kube::ResourceExt;
 
 use super::components::Components;
-use super::matrix::{Outcome, Scenario, set_budget, unprotected_deletions};
+use super::spec::{Outcome, Scenario, set_budget, unprotected_deletions};
 use super::{Error, Protection, ScenarioConfig, actions, busiest_node, measure, workloads};
 use crate::vmhost::VmHost;
 use kube_sim::cluster::Cluster;

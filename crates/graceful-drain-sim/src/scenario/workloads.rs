@@ -16,7 +16,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 
-use super::matrix::Workload;
+use super::spec::Workload;
 use super::{Error, ScenarioConfig};
 use graceful_drain_testing::fixtures::{
     DaemonSetFixture, StatefulSetFixture, daemon_set, stateful_set,

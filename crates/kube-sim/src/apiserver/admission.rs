@@ -19,8 +19,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, pem::PemObjec
 use serde_json::{Value, json};
 use tracing::Instrument;
 
-use super::handler::{Target, UserInfo};
 use super::matchcond::{self, Match};
+use super::request::{Target, UserInfo};
 use super::selector::selector_object_matches;
 use super::status::{ApiError, ApiResult};
 use super::{ClientCert, Ctx, routing};
@@ -410,7 +410,7 @@ fn gvk_string(api_version: &str, kind: &str) -> String {
 async fn call(ctx: &Ctx, hook: &Hook, attrs: &Attributes<'_>) -> Result<Outcome, String> {
     let uid = uuid::Uuid::new_v4().to_string();
     let body = review(attrs, &uid).to_string();
-    let timeout = call_timeout(hook.timeout(), super::handler::request_deadline());
+    let timeout = call_timeout(hook.timeout(), super::request::request_deadline());
     let endpoint = Endpoint::from_client_config(ctx, hook, timeout)?;
     let (status, bytes) = tokio::time::timeout(timeout, endpoint.post(body.into_bytes(), timeout))
         .await

@@ -20,8 +20,8 @@ use http::StatusCode;
 use serde_json::{Map, Value, json};
 
 use super::Ctx;
-use super::handler::{Req, Target, get};
 use super::patch::{self, PatchKind};
+use super::request::{Req, Target, get};
 use super::resources::ResourceDef;
 use super::status::{ApiError, ApiResult};
 use super::write::{self, CommitError, Fields, meta_str};

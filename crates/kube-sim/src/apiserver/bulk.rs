@@ -11,7 +11,7 @@
 use serde_json::Value;
 
 use super::ApiServer;
-use super::handler::Target;
+use super::request::Target;
 use super::write::{Fields, init_metadata, meta_str, prepare_body, prepare_for_create};
 
 /// Why a bulk load stopped.

@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 
 use super::Ctx;
 use super::admission::{self, Attributes, Operation};
-use super::handler::{Req, Target, check_deadline, filter_of, get, prefix_of};
+use super::request::{Req, Target, check_deadline, filter_of, get, prefix_of};
 use super::resources::ResourceDef;
 use super::status::{ApiError, ApiResult};
 use super::store::{StoreError, rv_of};

@@ -34,7 +34,7 @@ use serde_json::{Value, json};
 use super::Ctx;
 use super::admission::{self, Attributes, Operation};
 use super::delete::Deleter;
-use super::handler::{Req, Target, check_deadline, get};
+use super::request::{Req, Target, check_deadline, get};
 use super::selector::selector_object_matches;
 use super::status::{ApiError, ApiResult};
 use super::store::{StoreError, rv_of};

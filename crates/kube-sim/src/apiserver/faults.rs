@@ -28,7 +28,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::handler::{Target, UserInfo};
+use super::request::{Target, UserInfo};
 use super::status::ApiError;
 use graceful_drain_core::runtime::Shutdown;
 

@@ -22,6 +22,7 @@ mod handler;
 mod matchcond;
 mod patch;
 mod protobuf;
+mod request;
 mod resources;
 mod routing;
 mod scale;

@@ -7,8 +7,8 @@ use http::StatusCode;
 use serde_json::{Value, json};
 
 use super::Ctx;
-use super::handler::{Req, Target, get};
 use super::patch::{self, PatchKind};
+use super::request::{Req, Target, get};
 use super::status::{ApiError, ApiResult};
 use super::write::{CommitError, commit_update, merge_for_update, meta_str};
 

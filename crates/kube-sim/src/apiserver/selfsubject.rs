@@ -6,7 +6,7 @@
 use http::StatusCode;
 use serde_json::{Value, json};
 
-use super::handler::UserInfo;
+use super::request::UserInfo;
 
 /// The collection path of SelfSubjectReviews.
 pub(crate) const PATH: &str = "/apis/authentication.k8s.io/v1/selfsubjectreviews";

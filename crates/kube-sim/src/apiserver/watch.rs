@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast::{self, error::RecvError};
 
 use super::Ctx;
-use super::handler::{Filter, Req, Target, filter_of, prefix_of, stream_response};
+use super::request::{Filter, Req, Target, filter_of, prefix_of, stream_response};
 use super::resources::ResourceDef;
 use super::status::ApiError;
 use super::store::{Change, EventType, Scope};
