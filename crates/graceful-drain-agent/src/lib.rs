@@ -469,7 +469,7 @@ async fn publish_until_done(
                     events
                         .post(
                             report::EventType::Warning,
-                            report::reason::LIFECYCLE_API_UNAVAILABLE,
+                            graceful_drain_core::labels::agent_reason::LIFECYCLE_API_UNAVAILABLE,
                             "lifecycletransitions",
                             text,
                         )

@@ -32,9 +32,9 @@ use super::drain::{self, DrainConfig, Engine};
 use super::hooks::{HookContext, HookError, HookPoint, HookStep, Hooks};
 use super::node::{self, Condition, DRAIN_IN_PROGRESS, DRAINED, reason as cond};
 use super::progress::Progress;
-use super::report::{DrainOutcome, EventType, Metrics, NodeEvents, reason as ev};
+use super::report::{DrainOutcome, EventType, Metrics, NodeEvents};
 use super::tiers;
-use graceful_drain_core::labels::{LAST_POD_SELECTOR_ANNOTATION, TIERS_ANNOTATION};
+use graceful_drain_core::labels::{LAST_POD_SELECTOR_ANNOTATION, TIERS_ANNOTATION, agent_reason};
 use graceful_drain_core::lifecycle::{ClaimStatus, LifecycleEvent};
 use graceful_drain_core::runtime::Shutdown;
 
@@ -434,7 +434,7 @@ where
                     // Said on the Node too (rate-limited), so a stuck step is visible.
                     let message = format!("{what} (retrying): {error}");
                     let events = &inner.events;
-                    events.post(EventType::Warning, ev::NODE_UPDATE_FAILED, what, message).await;
+                    events.post(EventType::Warning, agent_reason::NODE_UPDATE_FAILED, what, message).await;
                 }
             },
         }
@@ -658,7 +658,7 @@ impl Run {
         let message = "node cordoned; evicting its pods".to_string();
         inner
             .events
-            .post(EventType::Normal, ev::DRAIN_STARTED, "", message)
+            .post(EventType::Normal, agent_reason::DRAIN_STARTED, "", message)
             .await;
         Ok(())
     }
@@ -759,7 +759,7 @@ impl Run {
             let message = "node uncordoned and back in service".to_string();
             inner
                 .events
-                .post(EventType::Normal, ev::UNCORDONED, "", message)
+                .post(EventType::Normal, agent_reason::UNCORDONED, "", message)
                 .await;
             Some(self.hooks(HookPoint::AfterUncordon).await)
         };
@@ -826,9 +826,9 @@ fn drain_outcome(ended: Ended, took: Duration, remaining: &str) -> Option<DrainE
         event: (
             EventType::Warning,
             if metric == DrainOutcome::Failed {
-                ev::DRAIN_FAILED
+                agent_reason::DRAIN_FAILED
             } else {
-                ev::DRAIN_STOPPED
+                agent_reason::DRAIN_STOPPED
             },
             message,
         ),
@@ -858,7 +858,7 @@ fn drain_outcome(ended: Ended, took: Duration, remaining: &str) -> Option<DrainE
                     condition(DRAINED, true, cond::DRAINED, summary.clone()),
                     condition(DRAIN_IN_PROGRESS, false, cond::DRAINED, progress.message()),
                 ],
-                event: (EventType::Normal, ev::DRAIN_COMPLETE, summary),
+                event: (EventType::Normal, agent_reason::DRAIN_COMPLETE, summary),
             })
         }
         Ended::Done(Err(error)) => Some(failed(

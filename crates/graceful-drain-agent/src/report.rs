@@ -1,5 +1,6 @@
 //! How the agent tells people what it does: Prometheus metrics (bounded labels, never a
-//! pod name) and core/v1 Events on the Node, where `kubectl describe node` shows them.
+//! pod name) and core/v1 Events on the Node, where `kubectl describe node` shows them
+//! (their reasons are [`graceful_drain_core::labels::agent_reason`]).
 //!
 //! Events for the same pod and reason are rate-limited, so a drain blocked by a PDB and
 //! retrying every few seconds leaves one Event per pod every few minutes, not hundreds.
@@ -28,39 +29,6 @@ const EVENT_REPEAT_INTERVAL: Duration = Duration::from_secs(300);
 const COMPONENT: &str = "graceful-drain-node-agent";
 /// Namespace of Events about cluster-scoped objects such as Nodes (as the kubelet does).
 const NODE_EVENT_NAMESPACE: &str = "default";
-
-/// Event reasons we post on the Node. Like every Event reason of ours they carry the
-/// `graceful-drain.io/` prefix, so `--field-selector reason=graceful-drain.io/…` finds them.
-pub mod reason {
-    pub const DRAIN_STARTED: &str = "graceful-drain.io/DrainStarted";
-    pub const EVICTION_BLOCKED: &str = "graceful-drain.io/EvictionBlocked";
-    /// A pod that arrived during the drain is left alone (it would come straight back).
-    pub const EVICTION_SKIPPED: &str = "graceful-drain.io/EvictionSkipped";
-    /// The drain's plan, posted once it listed the node's pods and before any eviction:
-    /// the tiers in order with their pods.
-    pub const DRAIN_PLAN: &str = "graceful-drain.io/DrainPlan";
-    /// A drain with several eviction tiers starts the next one.
-    pub const EVICTION_TIER: &str = "graceful-drain.io/EvictionTier";
-    pub const DRAIN_COMPLETE: &str = "graceful-drain.io/DrainComplete";
-    pub const DRAIN_FAILED: &str = "graceful-drain.io/DrainFailed";
-    pub const DRAIN_STOPPED: &str = "graceful-drain.io/DrainStopped";
-    pub const UNCORDONED: &str = "graceful-drain.io/Uncordoned";
-    /// A maintenance hook was started.
-    pub const HOOK_STARTED: &str = "graceful-drain.io/HookStarted";
-    /// A maintenance hook answered done.
-    pub const HOOK_SUCCEEDED: &str = "graceful-drain.io/HookSucceeded";
-    /// A maintenance hook failed or timed out.
-    pub const HOOK_FAILED: &str = "graceful-drain.io/HookFailed";
-    /// A maintenance hook could not be called or gave no usable answer (retried).
-    pub const HOOK_UNREACHABLE: &str = "graceful-drain.io/HookUnreachable";
-    /// A Node read or write keeps failing (retried).
-    pub const NODE_UPDATE_FAILED: &str = "graceful-drain.io/NodeUpdateFailed";
-    /// The watch on the node's pods keeps failing (retried).
-    pub const POD_WATCH_FAILED: &str = "graceful-drain.io/PodWatchFailed";
-    /// The API server does not serve our lifecycle API (CRDs missing, or Established but
-    /// not served) or RBAC forbids it: LifecycleEvent drains cannot work (retried).
-    pub const LIFECYCLE_API_UNAVAILABLE: &str = "graceful-drain.io/LifecycleAPIUnavailable";
-}
 
 /// Outcome of one eviction (or delete) request.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
@@ -329,6 +297,7 @@ impl NodeEvents {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use graceful_drain_core::labels::agent_reason;
 
     #[tokio::test]
     async fn repeats_are_rate_limited_per_reason_and_key() {
@@ -337,12 +306,12 @@ mod tests {
             http::Response<kube::client::Body>,
         >();
         let events = NodeEvents::new(kube::Client::new(mock, "default"), "n1");
-        assert!(events.first_in_interval(reason::EVICTION_BLOCKED, "default/web-1"));
-        assert!(!events.first_in_interval(reason::EVICTION_BLOCKED, "default/web-1"));
-        assert!(events.first_in_interval(reason::EVICTION_BLOCKED, "default/web-2"));
-        assert!(events.first_in_interval(reason::DRAIN_FAILED, "default/web-1"));
+        assert!(events.first_in_interval(agent_reason::EVICTION_BLOCKED, "default/web-1"));
+        assert!(!events.first_in_interval(agent_reason::EVICTION_BLOCKED, "default/web-1"));
+        assert!(events.first_in_interval(agent_reason::EVICTION_BLOCKED, "default/web-2"));
+        assert!(events.first_in_interval(agent_reason::DRAIN_FAILED, "default/web-1"));
         events.forget("default/web-1");
-        assert!(events.first_in_interval(reason::EVICTION_BLOCKED, "default/web-1"));
+        assert!(events.first_in_interval(agent_reason::EVICTION_BLOCKED, "default/web-1"));
     }
 
     #[test]

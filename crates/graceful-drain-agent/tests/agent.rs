@@ -10,6 +10,9 @@
 use std::time::Duration;
 
 use graceful_drain_agent as agent;
+use graceful_drain_core::labels::{
+    DRAIN_EVENT_ANNOTATION, LAST_POD_SELECTOR_ANNOTATION, TIERS_ANNOTATION, agent_reason,
+};
 use graceful_drain_core::proto::registration::RegistrationStatus;
 use graceful_drain_core::proto::registration::registration_client::RegistrationClient;
 use graceful_drain_core::runtime::Shutdown;
@@ -219,7 +222,7 @@ async fn kubelet_drives_a_drain_to_completion_and_back_to_service() {
     }
     assert_eq!(api.pod_names().await, ["etcd-n1", "proxy-1"]);
     // The block was reported on the Node, naming the pod and its PDB.
-    let blocked = api.events("graceful-drain.io/EvictionBlocked").await;
+    let blocked = api.events(agent_reason::EVICTION_BLOCKED).await;
     assert_eq!(blocked.len(), 1, "repeats are rate-limited: {blocked:?}");
     let message = blocked[0].message.as_deref().unwrap();
     assert!(
@@ -394,7 +397,7 @@ async fn a_restarted_agent_resumes_the_drain() {
     assert!(!reg_socket.exists(), "deregistered");
     let node = node_json(&api).await;
     assert_eq!(
-        node["metadata"]["annotations"]["graceful-drain.io/drain-event"], EVENT,
+        node["metadata"]["annotations"][DRAIN_EVENT_ANNOTATION], EVENT,
         "the drain names its event on the Node"
     );
     // Its event (ev-1) is still claimed and within its SLA.
@@ -559,7 +562,7 @@ async fn a_node_the_agent_may_not_patch_is_reported_not_silently_retried() {
     let mut kubelet = Kubelet::register(&started.registration_socket, NODE).await;
     kubelet.start("graceful-drain", NODE).await;
     api.until("a NodeUpdateFailed event", || async {
-        api.events("graceful-drain.io/NodeUpdateFailed")
+        api.events(agent_reason::NODE_UPDATE_FAILED)
             .await
             .iter()
             .any(|e| {
@@ -662,7 +665,7 @@ async fn drain_in_tiers(
     assert!(api.pod_names().await.is_empty());
     let requests = api.requests();
     let is_plan = |r: &graceful_drain_testing::agent_api::Recorded| {
-        r.path.ends_with("/events") && r.body["reason"] == "graceful-drain.io/DrainPlan"
+        r.path.ends_with("/events") && r.body["reason"] == agent_reason::DRAIN_PLAN
     };
     let plan_at = requests
         .iter()
@@ -723,7 +726,7 @@ async fn pods_are_evicted_tier_by_tier() {
                {"name": "system-critical", "pods": ["shop/dns-1"]},
                {"name": "last", "pods": ["shop/ingress-1"]}])
     );
-    let tiers = api.events("graceful-drain.io/EvictionTier").await;
+    let tiers = api.events(agent_reason::EVICTION_TIER).await;
     let messages: Vec<&str> = tiers.iter().filter_map(|e| e.message.as_deref()).collect();
     assert_eq!(
         messages,
@@ -745,7 +748,7 @@ async fn an_event_annotation_sets_the_last_tier_of_its_drain() {
     api.create(lingering("ingress-1").label("app", "ingress"))
         .await;
     let annotate = Patch::Merge(json!({"metadata": {"annotations": {
-        "graceful-drain.io/last-pod-selector": "app=ingress"}}}));
+        LAST_POD_SELECTOR_ANNOTATION: "app=ingress"}}}));
     Api::<LifecycleEvent>::all(api.admin())
         .patch(EVENT, &PatchParams::default(), &annotate)
         .await
@@ -830,7 +833,7 @@ async fn an_event_annotation_sets_the_tiers_and_a_bad_one_fails_the_drain() {
     use graceful_drain_core::lifecycle::LifecycleEvent;
     let annotate = |api: &SimApi, tiers: &str| {
         let patch = Patch::Merge(json!({"metadata": {"annotations": {
-            "graceful-drain.io/tiers": tiers}}}));
+            TIERS_ANNOTATION: tiers}}}));
         let events = Api::<LifecycleEvent>::all(api.admin());
         async move {
             events

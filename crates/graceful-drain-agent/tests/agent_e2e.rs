@@ -13,6 +13,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use graceful_drain_agent::{self as agent, Args};
+use graceful_drain_core::labels::agent_reason;
 use graceful_drain_core::lifecycle::{LifecycleEvent, LifecycleEventSpec};
 use graceful_drain_core::runtime::Shutdown;
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -373,7 +374,7 @@ async fn drains_each_kind_of_pod_like_kubectl_and_waits_out_a_blocking_pdb() {
     let events = events.list(&ListParams::default()).await.unwrap().items;
     let reported: Vec<&str> = events
         .iter()
-        .filter(|e| e.reason.as_deref() == Some("graceful-drain.io/EvictionBlocked"))
+        .filter(|e| e.reason.as_deref() == Some(agent_reason::EVICTION_BLOCKED))
         .filter_map(|e| e.message.as_deref())
         .collect();
     for pod in &web_here {

@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use graceful_drain_agent::{self as agent, Agent};
+use graceful_drain_core::labels::{HOOKS_ANNOTATION, agent_reason};
 use graceful_drain_core::runtime::Shutdown;
 use graceful_drain_sim::vmhost::{Behaviour, VmHost};
 use graceful_drain_testing::fixtures::PodFixture;
@@ -151,9 +152,9 @@ async fn vms_are_evacuated_before_any_eviction_and_the_node_enabled_after_uncord
     assert_eq!(record.starts.get("enable-vms"), Some(&1));
     assert!(record.polls >= 1, "the migration was polled");
 
-    let started = messages(&api.events("graceful-drain.io/HookStarted").await);
+    let started = messages(&api.events(agent_reason::HOOK_STARTED).await);
     assert_eq!(started.len(), 2, "{started:?}");
-    let succeeded = messages(&api.events("graceful-drain.io/HookSucceeded").await);
+    let succeeded = messages(&api.events(agent_reason::HOOK_SUCCEEDED).await);
     assert!(
         succeeded.iter().any(
             |m| m.starts_with("hook evacuate-vms (before-eviction) done")
@@ -163,7 +164,7 @@ async fn vms_are_evacuated_before_any_eviction_and_the_node_enabled_after_uncord
     );
     let node = node_json(&api).await;
     let records: Value = serde_json::from_str(
-        node["metadata"]["annotations"]["graceful-drain.io/hooks"]
+        node["metadata"]["annotations"][HOOKS_ANNOTATION]
             .as_str()
             .unwrap(),
     )
@@ -204,7 +205,7 @@ async fn a_failing_hook_fails_the_drain_before_any_eviction() {
         node["metadata"]["labels"]["node.kubernetes.io/exclude-from-external-load-balancers"]
             .is_null()
     );
-    let failed = messages(&api.events("graceful-drain.io/HookFailed").await);
+    let failed = messages(&api.events(agent_reason::HOOK_FAILED).await);
     assert_eq!(failed.len(), 1, "{failed:?}");
     run.stop().await;
 }
@@ -246,7 +247,7 @@ async fn an_optional_hook_that_fails_lets_the_drain_go_on() {
     api.finish_terminating().await;
     let done = run.kubelet.end_until(DRAIN, "drain-complete").await;
     assert_eq!(done.error, "");
-    let failed = messages(&api.events("graceful-drain.io/HookFailed").await);
+    let failed = messages(&api.events(agent_reason::HOOK_FAILED).await);
     assert_eq!(
         failed,
         ["hook notify (drain-start) failed: inventory read-only; optional, continuing"]
@@ -267,7 +268,7 @@ async fn a_restarted_agent_polls_the_hook_in_progress_instead_of_starting_it_aga
     first.kubelet.start(DRAIN, NODE).await;
     api.until("the hook in progress on the Node", || async {
         let node = node_json(&api).await;
-        node["metadata"]["annotations"]["graceful-drain.io/hooks"]
+        node["metadata"]["annotations"][HOOKS_ANNOTATION]
             .as_str()
             .is_some_and(|r| r.contains("\"state\":\"inProgress\""))
     })

@@ -1,10 +1,40 @@
-//! Names of the labels, annotations and other well-known strings shared across
-//! components. Everything we own carries the `graceful-drain.io/` prefix.
+//! The project's vocabulary: every label, annotation, finalizer, Event reason and status
+//! cause our components write, and the few well-known strings of others that they use.
+//! Everything we own carries the `graceful-drain.io/` prefix (or, for the lifecycle API,
+//! `lifecycle.graceful-drain.io/`).
+//!
+//! These strings are an external contract: users' alerts, field selectors and scripts
+//! match on them, so a value never changes once released. Each one is defined here and
+//! only here; components, tests and tools import it from this module.
+//!
+//! In order: labels, annotations (on pods, Nodes and LifecycleEvents), finalizers, the
+//! Event reasons of the webhook ([`webhook_reason`]) and of the node agent
+//! ([`agent_reason`]), status causes ([`DEREGISTERING_CAUSE`]), the hook protocol's
+//! [`HOOK_API_VERSION`], and the names we present ([`FIELD_MANAGER`],
+//! [`WEBHOOK_REPORTING_COMPONENT`]).
+
+use crate::lifecycle::ClaimStatus;
+
+// # Labels
 
 /// Label added to a pod once the webhook has isolated it from its ReplicaSet and
 /// Services. Its presence is how every component recognises a draining pod; the deferred
 /// deleter watches only pods carrying it.
 pub const DRAINING_LABEL: &str = "graceful-drain.io/draining";
+/// Pod or namespace label opting out of graceful-drain (`"true"`).
+pub const OPT_OUT_LABEL: &str = "graceful-drain.io/exclude";
+/// Label on the Jobs (and their pods) that maintenance hooks create: the hook's name.
+pub const HOOK_LABEL: &str = "graceful-drain.io/hook";
+/// Label on every LifecycleEvent the seed-group bridge mirrors into our group (value
+/// `true`), so the bridge watches only its own objects.
+pub const SEED_MIRROR_LABEL: &str = "graceful-drain.io/seed-mirror";
+/// Node label that makes cloud controllers take the node out of external load balancers.
+pub const EXCLUDE_FROM_LB_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
+
+// # Annotations
+//
+// On pods (written by the webhook at isolation, or set by users).
+
 /// Annotation holding the JSON map of the labels removed at isolation.
 pub const ORIGINAL_LABELS_ANNOTATION: &str = "graceful-drain.io/original-labels";
 /// Annotation holding the RFC3339 time after which the deferred deleter may delete the pod.
@@ -19,10 +49,11 @@ pub const RESTORE_AT_ANNOTATION: &str = "graceful-drain.io/restore-at";
 pub const GRACE_PERIOD_ANNOTATION: &str = "graceful-drain.io/grace-period-seconds";
 /// Pod or namespace annotation overriding the deregistration delay (a duration like `45s`).
 pub const DELAY_ANNOTATION: &str = "graceful-drain.io/deregistration-delay";
-/// Pod or namespace label opting out of graceful-drain (`"true"`).
-pub const OPT_OUT_LABEL: &str = "graceful-drain.io/exclude";
-/// Node label that makes cloud controllers take the node out of external load balancers.
-pub const EXCLUDE_FROM_LB_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
+/// Mirror-pod annotation set by the kubelet on static pods.
+pub const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+// On Nodes (written by the node agent).
+
 /// Node annotation naming the LifecycleEvent whose drain runs on the node, so a restarted
 /// node agent resumes a drain only while that event is still live.
 pub const DRAIN_EVENT_ANNOTATION: &str = "graceful-drain.io/drain-event";
@@ -30,18 +61,162 @@ pub const DRAIN_EVENT_ANNOTATION: &str = "graceful-drain.io/drain-event";
 /// `agent::hooks::HookRecord`), so a restarted agent polls a hook in progress instead of
 /// starting it again.
 pub const HOOKS_ANNOTATION: &str = "graceful-drain.io/hooks";
-/// Label on the Jobs (and their pods) that maintenance hooks create: the hook's name.
-pub const HOOK_LABEL: &str = "graceful-drain.io/hook";
+/// Node annotation recording that the node agent added [`EXCLUDE_FROM_LB_LABEL`] (so
+/// uncordoning removes only a label we added, never one an operator set).
+pub const EXCLUDE_FROM_LB_OWNED_ANNOTATION: &str = "graceful-drain.io/excluded-from-lb";
+
+// On LifecycleEvents (set by users, or written by the lifecycle reconciler and the
+// seed-group bridge).
+
 /// LifecycleEvent annotation overriding the node agent's `--last-pod-selector` for that
 /// drain (an empty value: no last tier).
 pub const LAST_POD_SELECTOR_ANNOTATION: &str = "graceful-drain.io/last-pod-selector";
 /// LifecycleEvent annotation replacing the node agent's `--tiers` for that drain (the same
 /// JSON list of eviction tiers); a value that cannot be used fails the drain.
 pub const TIERS_ANNOTATION: &str = "graceful-drain.io/tiers";
+/// Annotation the lifecycle reconciler puts on a claimed LifecycleEvent once it called the
+/// driver's Start for it (RFC3339 time of the call). It makes progress durable across
+/// reconciler restarts and tells a Node condition written for this event from a stale one.
+pub const LIFECYCLE_STARTED_ANNOTATION: &str = "graceful-drain.io/lifecycle-started-at";
+/// Annotation carrying why a LifecycleEvent ended Failed or SlaExpired (written just
+/// before the terminal status, so watchers such as `graceful-drain drain` can show it).
+pub const LIFECYCLE_MESSAGE_ANNOTATION: &str = "graceful-drain.io/lifecycle-message";
+/// Annotation on a mirror LifecycleEvent: the UID of the seed-group event it carries.
+pub const SEED_UID_ANNOTATION: &str = "graceful-drain.io/seed-uid";
+/// Annotation on a seed-group LifecycleEvent: the UID of its mirror, written once the
+/// mirror exists.
+pub const MIRROR_UID_ANNOTATION: &str = "graceful-drain.io/mirror-uid";
+
+// # Finalizers
+
+/// Finalizer the chart sets on the webhook's bindings (removed by the webhook at
+/// uninstall, once the isolated pods are dealt with).
+pub const UNINSTALL_FINALIZER: &str = "graceful-drain.io/uninstall";
+/// Finalizer the claimer puts on a LifecycleEvent while it drives it.
+pub const CLAIM_FINALIZER: &str = "lifecycle.graceful-drain.io/claim-protection";
+/// Finalizer of the seed-group bridge on a seed event and on its mirror.
+pub const SEED_BRIDGE_FINALIZER: &str = "graceful-drain.io/seed-bridge";
+
+/// Event reasons the webhook records on pods. Like every Event reason of ours they carry
+/// the `graceful-drain.io/` prefix, so `--field-selector reason=graceful-drain.io/…`
+/// finds them.
+pub mod webhook_reason {
+    /// Event reason recorded on a pod when it is isolated.
+    pub const ISOLATED: &str = "graceful-drain.io/Isolated";
+    /// Event reason recorded on a pod put back into its Services because no authenticated
+    /// eviction or DELETE followed its isolation.
+    pub const RESTORED: &str = "graceful-drain.io/Restored";
+    /// Event reason recorded on a pod when the deferred deleter deletes it.
+    pub const DELETED: &str = "graceful-drain.io/Deleted";
+    /// Warning Event reason when an annotated delay was cut to `--max-deregistration-delay`.
+    pub const DELAY_CAPPED: &str = "graceful-drain.io/DelayCapped";
+    /// Warning Event reason when an eviction was refused for now (429) because the pod
+    /// could not be isolated in time; the caller retries.
+    pub const ISOLATION_DEFERRED: &str = "graceful-drain.io/IsolationDeferred";
+    /// Warning Event reason when a pod could not be isolated and its request went through.
+    pub const ISOLATION_FAILED: &str = "graceful-drain.io/IsolationFailed";
+}
+
+/// Event reasons the node agent posts on the Node, where `kubectl describe node` shows
+/// them: the drain's and the hooks' first, then the lifecycle reconciler's. Like every
+/// Event reason of ours they carry the `graceful-drain.io/` prefix, so
+/// `--field-selector reason=graceful-drain.io/…` finds them.
+pub mod agent_reason {
+    use super::ClaimStatus;
+
+    pub const DRAIN_STARTED: &str = "graceful-drain.io/DrainStarted";
+    pub const EVICTION_BLOCKED: &str = "graceful-drain.io/EvictionBlocked";
+    /// A pod that arrived during the drain is left alone (it would come straight back).
+    pub const EVICTION_SKIPPED: &str = "graceful-drain.io/EvictionSkipped";
+    /// The drain's plan, posted once it listed the node's pods and before any eviction:
+    /// the tiers in order with their pods.
+    pub const DRAIN_PLAN: &str = "graceful-drain.io/DrainPlan";
+    /// A drain with several eviction tiers starts the next one.
+    pub const EVICTION_TIER: &str = "graceful-drain.io/EvictionTier";
+    pub const DRAIN_COMPLETE: &str = "graceful-drain.io/DrainComplete";
+    pub const DRAIN_FAILED: &str = "graceful-drain.io/DrainFailed";
+    pub const DRAIN_STOPPED: &str = "graceful-drain.io/DrainStopped";
+    pub const UNCORDONED: &str = "graceful-drain.io/Uncordoned";
+    /// A maintenance hook was started.
+    pub const HOOK_STARTED: &str = "graceful-drain.io/HookStarted";
+    /// A maintenance hook answered done.
+    pub const HOOK_SUCCEEDED: &str = "graceful-drain.io/HookSucceeded";
+    /// A maintenance hook failed or timed out.
+    pub const HOOK_FAILED: &str = "graceful-drain.io/HookFailed";
+    /// A maintenance hook could not be called or gave no usable answer (retried).
+    pub const HOOK_UNREACHABLE: &str = "graceful-drain.io/HookUnreachable";
+    /// A Node read or write keeps failing (retried).
+    pub const NODE_UPDATE_FAILED: &str = "graceful-drain.io/NodeUpdateFailed";
+    /// The watch on the node's pods keeps failing (retried).
+    pub const POD_WATCH_FAILED: &str = "graceful-drain.io/PodWatchFailed";
+    /// The API server does not serve our lifecycle API (CRDs missing, or Established but
+    /// not served) or RBAC forbids it: LifecycleEvent drains cannot work (retried).
+    pub const LIFECYCLE_API_UNAVAILABLE: &str = "graceful-drain.io/LifecycleAPIUnavailable";
+
+    // The lifecycle reconciler's: `LifecycleEvent` followed by the claim status it wrote.
+
+    /// The lifecycle reconciler claimed a LifecycleEvent.
+    pub const LIFECYCLE_EVENT_CLAIMED: &str = "graceful-drain.io/LifecycleEventClaimed";
+    /// A LifecycleEvent ended Succeeded.
+    pub const LIFECYCLE_EVENT_SUCCEEDED: &str = "graceful-drain.io/LifecycleEventSucceeded";
+    /// A LifecycleEvent ended Failed.
+    pub const LIFECYCLE_EVENT_FAILED: &str = "graceful-drain.io/LifecycleEventFailed";
+    /// A LifecycleEvent ended SlaExpired.
+    pub const LIFECYCLE_EVENT_SLA_EXPIRED: &str = "graceful-drain.io/LifecycleEventSlaExpired";
+    /// Not posted today (the reconciler reports a claim or an end); here so that every
+    /// claim status has its reason.
+    pub const LIFECYCLE_EVENT_PENDING: &str = "graceful-drain.io/LifecycleEventPending";
+
+    /// The reason of the Event the lifecycle reconciler posts when it writes `status` on a
+    /// LifecycleEvent.
+    pub fn lifecycle_event(status: ClaimStatus) -> &'static str {
+        match status {
+            ClaimStatus::Pending => LIFECYCLE_EVENT_PENDING,
+            ClaimStatus::Claimed => LIFECYCLE_EVENT_CLAIMED,
+            ClaimStatus::Failed => LIFECYCLE_EVENT_FAILED,
+            ClaimStatus::SlaExpired => LIFECYCLE_EVENT_SLA_EXPIRED,
+            ClaimStatus::Succeeded => LIFECYCLE_EVENT_SUCCEEDED,
+        }
+    }
+}
+
+// # Status causes
+
+/// Cause reason of the webhook's 429 that asks an eviction's caller to come back once the
+/// pod has left its load balancers; callers that know it (our node agent) show the pod as
+/// deregistering instead of blocked. The API server passes a webhook's status details
+/// through to the caller.
+pub const DEREGISTERING_CAUSE: &str = "graceful-drain.io/Deregistering";
+
+// # Hook protocol
+
+/// `apiVersion` of the HTTPS hook messages the node agent and a maintenance hook exchange.
+pub const HOOK_API_VERSION: &str = "graceful-drain.io/v1";
+
+// # Names we present
+
 /// Field manager and user-agent we present to the API server.
 pub const FIELD_MANAGER: &str = "graceful-drain";
-/// Mirror-pod annotation set by the kubelet on static pods.
-pub const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
-/// Node annotation recording that the node agent added [`EXCLUDE_FROM_LB_LABEL`] (so
-/// uncordoning removes only a label we added, never one an operator set).
-pub const EXCLUDE_FROM_LB_OWNED_ANNOTATION: &str = "graceful-drain.io/excluded-from-lb";
+/// `reportingComponent` of the Events the webhook records.
+pub const WEBHOOK_REPORTING_COMPONENT: &str = "graceful-drain.io/webhook";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lifecycle_event_reasons_name_the_status() {
+        for status in [
+            ClaimStatus::Pending,
+            ClaimStatus::Claimed,
+            ClaimStatus::Failed,
+            ClaimStatus::SlaExpired,
+            ClaimStatus::Succeeded,
+        ] {
+            assert_eq!(
+                agent_reason::lifecycle_event(status),
+                format!("graceful-drain.io/LifecycleEvent{status}")
+            );
+        }
+    }
+}

@@ -32,11 +32,11 @@ use tracing::Instrument;
 
 use super::cache::Cache;
 use super::decide::PodFacts;
-use super::isolate::{self, REASON_DELETED, REASON_RESTORED};
+use super::isolate;
 use super::metrics::Metrics;
 use graceful_drain_core::labels::{
     DELETE_AT_ANNOTATION, DRAINING_LABEL, GRACE_PERIOD_ANNOTATION, ORIGINAL_LABELS_ANNOTATION,
-    RESTORE_AT_ANNOTATION,
+    RESTORE_AT_ANNOTATION, webhook_reason,
 };
 use graceful_drain_core::runtime::Shutdown;
 
@@ -432,7 +432,7 @@ impl Deleter {
                     &self.ctx,
                     &facts,
                     isolate::Severity::Normal,
-                    REASON_DELETED,
+                    webhook_reason::DELETED,
                     &message,
                     Timestamp::now(),
                 )
@@ -668,7 +668,7 @@ impl Deleter {
             &self.ctx,
             &facts,
             isolate::Severity::Warning,
-            REASON_RESTORED,
+            webhook_reason::RESTORED,
             &message,
             Timestamp::now(),
         )

@@ -14,6 +14,7 @@ use kube::core::{DynamicObject, TypeMeta};
 use serde_json::Value;
 
 use super::decide::{OwnerKind, Path, PodFacts, Preconditions, Request};
+use graceful_drain_core::labels::DEREGISTERING_CAUSE;
 
 /// Why a body could not be read as an AdmissionReview.
 #[derive(Debug, thiserror::Error)]
@@ -286,11 +287,6 @@ pub fn too_many_requests(
     });
     response
 }
-
-/// Cause reason of the 429 that asks an eviction's caller to come back once the pod has
-/// left its load balancers; callers that know it (our node agent) show the pod as
-/// deregistering instead of blocked.
-pub const DEREGISTERING_CAUSE: &str = "graceful-drain.io/Deregistering";
 
 /// A 429 refusing an eviction while the isolated pod deregisters, with `Retry-After` at
 /// its delete time and a [`DEREGISTERING_CAUSE`] cause.

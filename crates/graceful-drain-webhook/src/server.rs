@@ -31,6 +31,7 @@ use super::isolate::{self, Budget};
 use super::review::{self, Parsed};
 use super::settle::{Settled, settle, settle_eviction, settle_until};
 pub use super::state::{AppState, Holds, MAX_HELD_DELETES};
+use graceful_drain_core::labels::webhook_reason;
 use graceful_drain_core::runtime::Shutdown;
 
 /// How long before the API server's deadline a held DELETE is answered. Covers the
@@ -242,7 +243,7 @@ async fn deferred(state: &AppState, ev: &review::Eviction, message: &str) {
             &ctx,
             &pod,
             isolate::Severity::Warning,
-            isolate::REASON_ISOLATION_DEFERRED,
+            webhook_reason::ISOLATION_DEFERRED,
             &message,
             Timestamp::now(),
         )
@@ -473,6 +474,9 @@ mod tests {
     use super::*;
     use crate::decide::Settings;
     use crate::metrics::Metrics;
+    use graceful_drain_core::labels::{
+        DELETE_AT_ANNOTATION, DEREGISTERING_CAUSE, GRACE_PERIOD_ANNOTATION, RESTORE_AT_ANNOTATION,
+    };
 
     #[test]
     fn holds_end_before_the_api_server_gives_up() {
@@ -605,12 +609,8 @@ mod tests {
             json!({"op": "remove", "path": "/metadata/labels/app"})
         );
         let annotations = &patch.body[4]["value"];
-        assert_eq!(
-            annotations["graceful-drain.io/grace-period-seconds"], "15",
-            "{}",
-            patch.body
-        );
-        let delete_at: Timestamp = annotations["graceful-drain.io/delete-at"]
+        assert_eq!(annotations[GRACE_PERIOD_ANNOTATION], "15", "{}", patch.body);
+        let delete_at: Timestamp = annotations[DELETE_AT_ANNOTATION]
             .as_str()
             .unwrap()
             .parse()
@@ -620,7 +620,7 @@ mod tests {
             (28.0..=31.0).contains(&delay),
             "deletion scheduled {delay}s ahead"
         );
-        let restore_at: Timestamp = annotations["graceful-drain.io/restore-at"]
+        let restore_at: Timestamp = annotations[RESTORE_AT_ANNOTATION]
             .as_str()
             .expect("the pod goes back if no retried eviction removes it")
             .parse()
@@ -653,7 +653,7 @@ mod tests {
         assert!((29..=31).contains(&retry), "Retry-After {retry} s");
         assert_eq!(
             refusal["details"]["causes"][0]["reason"],
-            review::DEREGISTERING_CAUSE
+            DEREGISTERING_CAUSE
         );
         let message = refusal["message"].as_str().unwrap();
         assert!(
@@ -706,7 +706,7 @@ mod tests {
         };
         assert!(reads >= 1);
         assert_eq!(event.body["type"], "Warning");
-        assert_eq!(event.body["reason"], isolate::REASON_ISOLATION_DEFERRED);
+        assert_eq!(event.body["reason"], webhook_reason::ISOLATION_DEFERRED);
         assert_eq!(event.body["involvedObject"]["name"], "web-1");
         let (http_status, review) = call.await.unwrap();
         assert_eq!(http_status, 200);
@@ -860,6 +860,9 @@ mod issue_tests {
     use super::tests_support::*;
     use super::*;
     use crate::decide::REPLICASET_CONTROLLER;
+    use graceful_drain_core::labels::{
+        DELETE_AT_ANNOTATION, DEREGISTERING_CAUSE, DRAINING_LABEL, ORIGINAL_LABELS_ANNOTATION,
+    };
     use graceful_drain_testing::fixtures::mock::{self, expect};
     use http::Method;
     use serde_json::{Value, json};
@@ -899,10 +902,7 @@ mod issue_tests {
             !of_replicaset(&second),
             "not isolated by us: not ours to judge"
         );
-        second.labels.insert(
-            graceful_drain_core::labels::DRAINING_LABEL.into(),
-            "true".into(),
-        );
+        second.labels.insert(DRAINING_LABEL.into(), "true".into());
         assert!(of_replicaset(&second), "isolated by the first call");
         let stateful = PodFacts {
             owner: Some((OwnerKind::StatefulSet, "db".into())),
@@ -954,8 +954,7 @@ mod issue_tests {
         let refusal = &review["response"]["status"];
         assert_eq!(refusal["code"], 429);
         assert_eq!(
-            refusal["details"]["causes"][0]["reason"],
-            review::DEREGISTERING_CAUSE,
+            refusal["details"]["causes"][0]["reason"], DEREGISTERING_CAUSE,
             "isolated, not refused by the PDB: {refusal}"
         );
     }
@@ -1089,7 +1088,7 @@ mod issue_tests {
         expect(&mut api, Method::GET, RS_PATH, 200, replicaset(2, 3)).await;
         let patch = expect(&mut api, Method::PATCH, POD_PATH, 200, json!({})).await;
         let patch = patch.body.to_string();
-        assert!(patch.contains("graceful-drain.io/delete-at"), "{patch}");
+        assert!(patch.contains(DELETE_AT_ANNOTATION), "{patch}");
         assert!(
             !patch.contains("restore-at"),
             "the deferred deleter removes it: {patch}"
@@ -1156,7 +1155,7 @@ mod issue_tests {
         )
         .await;
         assert_eq!(event.body["type"], "Warning");
-        assert_eq!(event.body["reason"], isolate::REASON_ISOLATION_FAILED);
+        assert_eq!(event.body["reason"], webhook_reason::ISOLATION_FAILED);
         let (_, review) = call.await.unwrap();
         assert_eq!(review["response"]["allowed"], true);
         assert!(review["response"].get("patch").is_none());
@@ -1236,10 +1235,10 @@ mod issue_tests {
         let (client, _api) = mock::client();
         let st = state(client);
         let mut pod = pod_json("uid-1");
-        pod["metadata"]["labels"] = json!({"graceful-drain.io/draining": "true"});
+        pod["metadata"]["labels"] = json!({DRAINING_LABEL: "true"});
         pod["metadata"]["annotations"] = json!({
-            "graceful-drain.io/delete-at": "2999-01-01T00:00:00Z",
-            "graceful-drain.io/original-labels": "{\"app\":\"web\"}"});
+            DELETE_AT_ANNOTATION: "2999-01-01T00:00:00Z",
+            ORIGINAL_LABELS_ANNOTATION: "{\"app\":\"web\"}"});
         let body = deletion_of(pod);
         let started = tokio::time::Instant::now();
         let (_, first) = call(st.clone(), "/validate/delete?timeout=4s", body.clone()).await;

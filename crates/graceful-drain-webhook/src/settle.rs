@@ -16,6 +16,7 @@ use super::isolate::{self, Budget, Outcome};
 use super::nodepods::{self, Lookup};
 use super::review;
 use super::state::AppState;
+use graceful_drain_core::labels::webhook_reason;
 
 /// How often a review retries after the pod changed under it (re-read, decide again).
 pub(crate) const CONFLICT_ATTEMPTS: usize = 3;
@@ -289,7 +290,7 @@ async fn delay_capped(state: &AppState, pod: &PodFacts) {
         &state.ctx,
         pod,
         isolate::Severity::Warning,
-        isolate::REASON_DELAY_CAPPED,
+        webhook_reason::DELAY_CAPPED,
         &message,
         Timestamp::now(),
     )
@@ -321,7 +322,7 @@ async fn permanent(
         &state.ctx,
         pod,
         isolate::Severity::Warning,
-        isolate::REASON_ISOLATION_FAILED,
+        webhook_reason::ISOLATION_FAILED,
         &message,
         Timestamp::now(),
     )

@@ -6,9 +6,10 @@
 //! act on them. So the chart keeps the rights alive, and the last replica lets them go:
 //!
 //! * the ClusterRoleBinding (named like the Deployment) and the ServiceAccount carry the
-//!   finalizer [`FINALIZER`]: the API server keeps an object with a pending finalizer, the
-//!   RBAC authorizer honours such a binding, and the tokens of a ServiceAccount being
-//!   deleted stay valid for a minute (`jwt.DefaultLeeway` in pkg/serviceaccount/claims.go);
+//!   finalizer [`UNINSTALL_FINALIZER`]: the API server keeps an object with a pending
+//!   finalizer, the RBAC authorizer honours such a binding, and the tokens of a
+//!   ServiceAccount being deleted stay valid for a minute (`jwt.DefaultLeeway` in
+//!   pkg/serviceaccount/claims.go);
 //! * the ClusterRole and the leader-election Role and RoleBinding are kept by Helm
 //!   (`helm.sh/resource-policy: keep`) and owned — [`adopt`], at start — by the
 //!   ClusterRoleBinding and the ServiceAccount, so the garbage collector removes them once
@@ -24,8 +25,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, Patch, PatchParams};
 use serde::de::DeserializeOwned;
 
-/// Finalizer the chart sets on the webhook's bindings.
-pub const FINALIZER: &str = "graceful-drain.io/uninstall";
+use graceful_drain_core::labels::UNINSTALL_FINALIZER;
 
 /// The ServiceAccounts among `own_users` (`system:serviceaccount:<ns>:<name>`).
 fn own_accounts(own_users: &std::collections::BTreeSet<String>) -> Vec<(String, String)> {
@@ -79,7 +79,7 @@ where
     meta.finalizers
         .as_ref()?
         .iter()
-        .any(|f| f == FINALIZER)
+        .any(|f| f == UNINSTALL_FINALIZER)
         .then(|| OwnerReference {
             api_version: K::api_version(&()).to_string(),
             kind: K::kind(&()).to_string(),
@@ -124,9 +124,9 @@ where
     }
 }
 
-/// Removes [`FINALIZER`] from the webhook's ClusterRoleBinding `deployment`, then from the
-/// ServiceAccounts among `own_users`, each only when it is being deleted. Failures are
-/// logged with the command that releases the object by hand.
+/// Removes [`UNINSTALL_FINALIZER`] from the webhook's ClusterRoleBinding `deployment`,
+/// then from the ServiceAccounts among `own_users`, each only when it is being deleted.
+/// Failures are logged with the command that releases the object by hand.
 pub async fn release_bindings(
     client: &kube::Client,
     _namespace: &str,
@@ -156,7 +156,7 @@ where
     };
     let meta = binding.meta();
     let finalizers = meta.finalizers.clone().unwrap_or_default();
-    if meta.deletion_timestamp.is_none() || !finalizers.iter().any(|f| f == FINALIZER) {
+    if meta.deletion_timestamp.is_none() || !finalizers.iter().any(|f| f == UNINSTALL_FINALIZER) {
         return;
     }
     let namespace = meta
@@ -164,7 +164,10 @@ where
         .as_deref()
         .map(|ns| format!(" -n {ns}"))
         .unwrap_or_default();
-    let kept: Vec<&String> = finalizers.iter().filter(|f| *f != FINALIZER).collect();
+    let kept: Vec<&String> = finalizers
+        .iter()
+        .filter(|f| *f != UNINSTALL_FINALIZER)
+        .collect();
     // Guarded by the list read, so a finalizer someone else added meanwhile is kept.
     let patch = serde_json::json!([
         {"op": "test", "path": "/metadata/finalizers", "value": finalizers},

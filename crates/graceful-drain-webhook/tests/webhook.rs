@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use graceful_drain_core::certs;
+use graceful_drain_core::labels::{
+    DELETE_AT_ANNOTATION, DRAINING_LABEL, ORIGINAL_LABELS_ANNOTATION,
+};
 use graceful_drain_core::runtime::Shutdown;
 use graceful_drain_webhook::{cache, decide, isolate, metrics, server, tls};
 use http::{Request, Response};
@@ -194,9 +197,9 @@ fn isolated_pod_delete(uid: &str, user: &str) -> Vec<u8> {
             "userInfo": {"username": user},
             "oldObject": {"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": "web-1", "namespace": "web", "uid": "p1", "resourceVersion": "9",
-                    "labels": {"graceful-drain.io/draining": "true"},
-                    "annotations": {"graceful-drain.io/delete-at": "2999-01-01T00:00:00Z",
-                                    "graceful-drain.io/original-labels": "{\"app\":\"web\"}"},
+                    "labels": {DRAINING_LABEL: "true"},
+                    "annotations": {DELETE_AT_ANNOTATION: "2999-01-01T00:00:00Z",
+                                    ORIGINAL_LABELS_ANNOTATION: "{\"app\":\"web\"}"},
                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-abc", "uid": "r", "controller": true}]},
                 "spec": {"containers": [{"name": "c"}]},
                 "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}

@@ -7,6 +7,10 @@
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use graceful_drain_core::labels::{
+    DELAY_ANNOTATION, DELETE_AT_ANNOTATION, DEREGISTERING_CAUSE, DRAINING_LABEL,
+    RESTORE_AT_ANNOTATION, webhook_reason,
+};
 use graceful_drain_core::runtime::Shutdown;
 use graceful_drain_sim::scenario::actions;
 use graceful_drain_webhook::{ConfigurationsSpec, Target, webhook_configurations};
@@ -254,7 +258,7 @@ async fn event_reasons(cluster: &Cluster, ns: &str, pod: &str) -> Vec<String> {
 }
 
 fn is_draining(pod: &Pod) -> bool {
-    pod.labels().contains_key("graceful-drain.io/draining")
+    pod.labels().contains_key(DRAINING_LABEL)
 }
 
 /// A plain eviction-based drain (what `kubectl drain` does) with the webhook installed:
@@ -292,7 +296,7 @@ async fn eviction_drain_behind_a_lagging_load_balancer_has_no_5xx() {
     assert_eq!(report.errors_5xx, 0, "5xx during a protected drain");
     for pod in &before {
         assert!(
-            event_arrives(&cluster, &pod.name_any(), "graceful-drain.io/Isolated").await,
+            event_arrives(&cluster, &pod.name_any(), webhook_reason::ISOLATED).await,
             "{:?}",
             event_reasons(&cluster, "default", &pod.name_any()).await
         );
@@ -384,7 +388,7 @@ async fn delete_is_held_within_the_webhook_timeout_then_allowed() {
         "held past the 4 s webhook timeout: {held:?}"
     );
     assert!(
-        event_arrives(&cluster, &victim, "graceful-drain.io/Isolated").await,
+        event_arrives(&cluster, &victim, webhook_reason::ISOLATED).await,
         "{:?}",
         event_reasons(&cluster, "default", &victim).await
     );
@@ -415,9 +419,8 @@ async fn rollout_behind_a_lagging_load_balancer_has_no_5xx() {
     assert_eq!(report.errors_5xx, 0, "5xx during a protected rollout");
     let mut isolated = 0;
     for pod in &old {
-        isolated += usize::from(
-            event_arrives(&cluster, &pod.name_any(), "graceful-drain.io/Isolated").await,
-        );
+        isolated +=
+            usize::from(event_arrives(&cluster, &pod.name_any(), webhook_reason::ISOLATED).await);
     }
     assert_eq!(
         isolated,
@@ -538,7 +541,7 @@ async fn two_deletes_behind_a_pdb_allowing_one_disruption_are_both_isolated() {
     }
     for name in &victims {
         assert!(
-            event_arrives(&cluster, name, "graceful-drain.io/Isolated").await,
+            event_arrives(&cluster, name, webhook_reason::ISOLATED).await,
             "{name} was deleted without being isolated: {:?}",
             event_reasons(&cluster, "default", name).await
         );
@@ -575,7 +578,7 @@ async fn eviction_with_a_stale_uid_precondition_never_isolates_the_live_pod() {
     );
     let live = pods.get(&victim).await.unwrap();
     assert!(!is_draining(&live), "the live pod was isolated");
-    assert!(!has_event(&cluster, &victim, "graceful-drain.io/Isolated").await);
+    assert!(!has_event(&cluster, &victim, webhook_reason::ISOLATED).await);
 }
 
 /// Runs the real kubectl against the simulated cluster.
@@ -663,7 +666,7 @@ async fn a_second_kubectl_drain_works_while_isolated_pods_wait() {
     let due = isolated
         .iter()
         .map(|p| {
-            p.annotations()["graceful-drain.io/delete-at"]
+            p.annotations()[DELETE_AT_ANNOTATION]
                 .parse::<jiff::Timestamp>()
                 .unwrap()
         })
@@ -704,11 +707,8 @@ async fn scale(cluster: &Cluster, name: &str, replicas: i32) {
 /// Whether the webhook left `pod` to the deferred deleter: isolated without a restore
 /// time (a ReplicaSet scale-down the live ReplicaSet backs).
 fn left_to_the_deleter(pod: &Pod) -> bool {
-    is_draining(pod) && !pod.annotations().contains_key(RESTORE_AT)
+    is_draining(pod) && !pod.annotations().contains_key(RESTORE_AT_ANNOTATION)
 }
-
-/// The annotation saying when an isolated pod nobody removed goes back.
-const RESTORE_AT: &str = "graceful-drain.io/restore-at";
 
 /// A Deployment scaled down: the ReplicaSet controller's DELETE of the pod it picks is
 /// refused after the pod is isolated, and at its delete time the deferred deleter evicts
@@ -727,7 +727,7 @@ async fn a_scaled_down_pod_is_evicted_by_the_deferred_deleter_and_becomes_a_disr
     // Every version of every isolated pod until the scaled-down one is gone: the eviction
     // marks it, then deletes it (the simulated kubelet rewrites the conditions while it
     // terminates).
-    let config = kube::runtime::watcher::Config::default().labels("graceful-drain.io/draining");
+    let config = kube::runtime::watcher::Config::default().labels(DRAINING_LABEL);
     let events = kube::runtime::watcher(pods.clone(), config);
     let mut events = std::pin::pin!(events);
     scale(&cluster, &spec.name, 1).await;
@@ -765,7 +765,7 @@ async fn a_scaled_down_pod_is_evicted_by_the_deferred_deleter_and_becomes_a_disr
         "{victim} was removed without the DisruptionTarget condition of an eviction"
     );
     assert!(
-        event_arrives(&cluster, &victim, "graceful-drain.io/Deleted").await,
+        event_arrives(&cluster, &victim, webhook_reason::DELETED).await,
         "{:?}",
         event_reasons(&cluster, "default", &victim).await
     );
@@ -830,7 +830,7 @@ async fn isolate_then_stop_webhook(installed: bool) -> (Cluster, Api<Pod>, Isola
     ));
     let evicted = pods.get(&name).await.unwrap();
     assert!(is_draining(&evicted), "isolated, waiting 600 s");
-    assert!(evicted.annotations().contains_key(RESTORE_AT));
+    assert!(evicted.annotations().contains_key(RESTORE_AT_ANNOTATION));
     // The ReplicaSet has replaced the evicted pod; one of its three goes now.
     cluster.wait_web_ready(&spec, TIMEOUT).await.unwrap();
     scale(&cluster, &spec.name, 2).await;
@@ -929,7 +929,7 @@ async fn start_relabel_policy(dir: &std::path::Path) -> (String, String, Shutdow
             let review: serde_json::Value = serde_json::from_slice(&body).unwrap();
             let request = &review["request"];
             let relabel = request["object"]["metadata"]["labels"]
-                .get("graceful-drain.io/draining")
+                .get(DRAINING_LABEL)
                 .is_some();
             let mut response = serde_json::json!({"uid": request["uid"], "allowed": !relabel});
             if relabel {
@@ -996,7 +996,7 @@ async fn a_relabel_refused_by_a_policy_engine_lets_the_eviction_through_with_a_w
         "evicted normally"
     );
     assert!(
-        event_arrives(&cluster, &victim, "graceful-drain.io/IsolationFailed").await,
+        event_arrives(&cluster, &victim, webhook_reason::ISOLATION_FAILED).await,
         "{:?}",
         event_reasons(&cluster, "default", &victim).await
     );
@@ -1028,17 +1028,13 @@ async fn evict(cluster: &Cluster, name: &str) -> Evicted {
     Evicted::Through
 }
 
-/// The cause our webhook gives the 429 of an eviction whose pod is leaving its load
-/// balancers.
-const DEREGISTERING: &str = "graceful-drain.io/Deregistering";
-
 /// The Retry-After (seconds) of `result` if it is our deregistering 429.
 fn deregistering(result: &Result<serde_json::Value, kube::Error>) -> Option<u32> {
     match result {
         Err(kube::Error::Api(s)) if s.code == 429 => s
             .details
             .as_ref()
-            .filter(|d| d.causes.iter().any(|c| c.reason == DEREGISTERING))
+            .filter(|d| d.causes.iter().any(|c| c.reason == DEREGISTERING_CAUSE))
             .map(|d| d.retry_after_seconds),
         _ => None,
     }
@@ -1171,7 +1167,7 @@ async fn statefulset_pods_leave_their_service_but_never_their_statefulset() {
         "the eviction went through"
     );
     assert!(
-        event_arrives(&cluster, "db-0", "graceful-drain.io/IsolationFailed").await,
+        event_arrives(&cluster, "db-0", webhook_reason::ISOLATION_FAILED).await,
         "{:?}",
         event_reasons(&cluster, "default", "db-0").await
     );
@@ -1339,7 +1335,7 @@ async fn evictions_are_decided_on_the_live_pdb_not_on_a_stale_cache() {
         isolated.metadata.deletion_timestamp.is_none(),
         "still serving"
     );
-    assert!(event_arrives(&cluster, &first, "graceful-drain.io/Isolated").await);
+    assert!(event_arrives(&cluster, &first, webhook_reason::ISOLATED).await);
 
     // The live budget is spent now: the webhook refuses, changing nothing.
     let second = &pods[1];
@@ -1507,7 +1503,7 @@ async fn without_the_deleter_lease_the_webhook_is_not_ready_and_isolates_nothing
             || (p.metadata.deletion_timestamp.is_some() && !is_draining(&p))),
         "isolated with nobody to delete it"
     );
-    assert!(!has_event(&cluster, &first, "graceful-drain.io/Isolated").await);
+    assert!(!has_event(&cluster, &first, webhook_reason::ISOLATED).await);
     assert!(!ready(webhook.admin).await);
 
     // The Lease appears (another installation's RBAC, an operator): the webhook takes it.
@@ -1560,7 +1556,7 @@ async fn a_delay_annotation_above_the_cap_is_cut_to_it_with_a_warning() {
     .await;
     let victim = web_pods(&cluster, &spec).await.remove(0).name_any();
     let annotation = serde_json::json!({"metadata": {"annotations":
-        {"graceful-drain.io/deregistration-delay": "1h"}}});
+        {DELAY_ANNOTATION: "1h"}}});
     patch_pod(&cluster, &victim, annotation).await;
     let evicted_at = jiff::Timestamp::now();
     let Evicted::Deregistering(retry) = evict(&cluster, &victim).await else {
@@ -1575,7 +1571,7 @@ async fn a_delay_annotation_above_the_cap_is_cut_to_it_with_a_warning() {
     assert!(is_draining(&isolated));
     let delete_at: jiff::Timestamp = isolated
         .annotations()
-        .get("graceful-drain.io/delete-at")
+        .get(DELETE_AT_ANNOTATION)
         .expect("delete time recorded")
         .parse()
         .unwrap();
@@ -1584,7 +1580,7 @@ async fn a_delay_annotation_above_the_cap_is_cut_to_it_with_a_warning() {
         (15..=25).contains(&after.as_secs()),
         "deleted {after:?} after the eviction, not at the 20 s cap"
     );
-    assert!(event_arrives(&cluster, &victim, "graceful-drain.io/DelayCapped").await);
+    assert!(event_arrives(&cluster, &victim, webhook_reason::DELAY_CAPPED).await);
     let events: Api<Event> = Api::namespaced(cluster.client(), "default");
     let capped = events
         .list(&ListParams::default())
@@ -1593,7 +1589,7 @@ async fn a_delay_annotation_above_the_cap_is_cut_to_it_with_a_warning() {
         .items
         .into_iter()
         .filter(|e| graceful_drain_webhook::events::names_pod(e, &victim))
-        .find(|e| e.reason.as_deref() == Some("graceful-drain.io/DelayCapped"));
+        .find(|e| e.reason.as_deref() == Some(webhook_reason::DELAY_CAPPED));
     assert_eq!(
         capped.as_ref().and_then(|e| e.type_.as_deref()),
         Some("Warning"),
@@ -1646,12 +1642,12 @@ async fn kept_labels_stay_on_an_isolated_pod_and_the_draining_label_names_the_ap
         "the Service's and ReplicaSet's keys are removed: {labels:?}"
     );
     assert_eq!(
-        labels.get("graceful-drain.io/draining").map(String::as_str),
+        labels.get(DRAINING_LABEL).map(String::as_str),
         Some("web"),
         "{labels:?}"
     );
     let listed = pods
-        .list(&ListParams::default().labels("graceful-drain.io/draining=web"))
+        .list(&ListParams::default().labels(&format!("{DRAINING_LABEL}=web")))
         .await
         .unwrap();
     assert_eq!(
@@ -1690,7 +1686,7 @@ async fn the_garbage_collector_and_namespace_deletion_pass_straight_through() {
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
     let now = pods.get_opt(&victim.name_any()).await.unwrap();
     assert!(now.is_none_or(|p| p.uid() != victim.uid() || !is_draining(&p)));
-    assert!(!has_event(&cluster, &victim.name_any(), "graceful-drain.io/Isolated").await);
+    assert!(!has_event(&cluster, &victim.name_any(), webhook_reason::ISOLATED).await);
 
     // A namespace being deleted (a finalizer keeps it terminating while its pods go).
     let shop = WebSpec {
@@ -1730,7 +1726,7 @@ async fn the_garbage_collector_and_namespace_deletion_pass_straight_through() {
     assert!(now.is_none_or(|p| p.uid() != victim.uid() || !is_draining(&p)));
     let reasons = event_reasons(&cluster, "shop", &victim.name_any()).await;
     assert!(
-        !reasons.iter().any(|r| r == "graceful-drain.io/Isolated"),
+        !reasons.iter().any(|r| r == webhook_reason::ISOLATED),
         "{reasons:?}"
     );
 }
@@ -1777,7 +1773,7 @@ async fn a_drain_reads_its_pods_from_the_nodes_watch_and_groups_their_events() {
             "{name} isolated"
         );
         assert!(
-            event_arrives(&cluster, name, "graceful-drain.io/Isolated").await,
+            event_arrives(&cluster, name, webhook_reason::ISOLATED).await,
             "{name}: {:?}",
             event_reasons(&cluster, "default", name).await
         );
@@ -1842,7 +1838,7 @@ async fn an_evicted_pod_is_deleted_by_its_callers_retry_once_due() {
         isolated.metadata.deletion_timestamp.is_none(),
         "still serving"
     );
-    let delete_at: jiff::Timestamp = isolated.annotations()["graceful-drain.io/delete-at"]
+    let delete_at: jiff::Timestamp = isolated.annotations()[DELETE_AT_ANNOTATION]
         .parse()
         .unwrap();
     // Asked again before its delete time: still deregistering, nothing deleted.
@@ -1946,11 +1942,13 @@ async fn a_forged_eviction_review_deletes_nothing_and_the_pod_goes_back_into_its
     assert_eq!(response["status"]["code"], 429, "{answer}");
     assert_eq!(
         response["status"]["details"]["causes"][0]["reason"],
-        DEREGISTERING
+        DEREGISTERING_CAUSE
     );
     let isolated = pods.get(&name).await.unwrap();
     assert!(is_draining(&isolated), "the forged review isolates");
-    let restore_at: jiff::Timestamp = isolated.annotations()[RESTORE_AT].parse().unwrap();
+    let restore_at: jiff::Timestamp = isolated.annotations()[RESTORE_AT_ANNOTATION]
+        .parse()
+        .unwrap();
 
     let restored = tokio::time::timeout(TIMEOUT, async {
         use futures::StreamExt;
@@ -1967,7 +1965,7 @@ async fn a_forged_eviction_review_deletes_nothing_and_the_pod_goes_back_into_its
                     let back = !is_draining(&p)
                         && p.labels().get("app").map(String::as_str) == Some("web")
                         && p.labels().contains_key("pod-template-hash")
-                        && !p.annotations().contains_key(RESTORE_AT);
+                        && !p.annotations().contains_key(RESTORE_AT_ANNOTATION);
                     if back && was_isolated {
                         return p;
                     }
@@ -1992,7 +1990,7 @@ async fn a_forged_eviction_review_deletes_nothing_and_the_pod_goes_back_into_its
         "the webhook removed a pod"
     );
     assert!(
-        event_arrives(&cluster, &name, "graceful-drain.io/Restored").await,
+        event_arrives(&cluster, &name, webhook_reason::RESTORED).await,
         "{:?}",
         event_reasons(&cluster, "default", &name).await
     );
@@ -2004,7 +2002,7 @@ async fn a_forged_eviction_review_deletes_nothing_and_the_pod_goes_back_into_its
         .items
         .into_iter()
         .filter(|e| graceful_drain_webhook::events::names_pod(e, &name))
-        .find(|e| e.reason.as_deref() == Some("graceful-drain.io/Restored"));
+        .find(|e| e.reason.as_deref() == Some(webhook_reason::RESTORED));
     assert_eq!(
         warning.and_then(|e| e.type_).as_deref(),
         Some("Warning"),

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use graceful_drain_agent as agent;
-use graceful_drain_core::labels::{DELAY_ANNOTATION, DRAINING_LABEL};
+use graceful_drain_core::labels::{DELAY_ANNOTATION, DRAINING_LABEL, webhook_reason};
 use graceful_drain_core::lifecycle::{DRAIN_TRANSITION, LifecycleEvent, LifecycleEventSpec};
 use graceful_drain_core::runtime::Shutdown;
 use graceful_drain_testing::fixtures::{
@@ -610,7 +610,7 @@ async fn wait_for_events(api: &ApiServer, before: &Stats, isolated: usize) -> St
             .map(|list| {
                 list.items
                     .iter()
-                    .filter(|e| e.reason.as_deref() == Some("graceful-drain.io/Isolated"))
+                    .filter(|e| e.reason.as_deref() == Some(webhook_reason::ISOLATED))
                     .map(|e| usize::try_from(e.count.unwrap_or(1)).unwrap_or(1))
                     .sum()
             })

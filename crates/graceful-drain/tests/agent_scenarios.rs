@@ -10,7 +10,9 @@
 use std::time::Duration;
 
 use graceful_drain::ctl::{self, Request};
-use graceful_drain_core::labels::{DRAINING_LABEL, EXCLUDE_FROM_LB_LABEL};
+use graceful_drain_core::labels::{
+    DRAINING_LABEL, EXCLUDE_FROM_LB_LABEL, HOOK_LABEL, agent_reason,
+};
 use graceful_drain_core::lifecycle::{
     ClaimStatus, DRAIN_TRANSITION, LifecycleEvent, LifecycleEventSpec,
 };
@@ -593,7 +595,7 @@ async fn a_job_hook_runs_on_the_drained_node_before_drain_complete() {
     assert_no_web_pods_left(&admin).await;
     let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(admin.clone(), "default");
     let done = events
-        .list(&ListParams::default().fields("reason=graceful-drain.io/HookSucceeded"))
+        .list(&ListParams::default().fields(&format!("reason={}", agent_reason::HOOK_SUCCEEDED)))
         .await
         .unwrap()
         .items;
@@ -619,7 +621,7 @@ async fn a_job_hook_runs_on_the_drained_node_before_drain_complete() {
     assert!(complete, "drain-complete came after the Job completed");
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "ops");
     let ran = pods
-        .list(&ListParams::default().labels("graceful-drain.io/hook=report"))
+        .list(&ListParams::default().labels(&format!("{HOOK_LABEL}=report")))
         .await
         .unwrap()
         .items;

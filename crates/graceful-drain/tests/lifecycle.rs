@@ -12,6 +12,9 @@ use std::time::Duration;
 
 use graceful_drain_agent::reconciler::decide::Action;
 use graceful_drain_agent::reconciler::{self, Context, Mode, Reconciler, ReconcilerArgs};
+use graceful_drain_core::labels::{
+    CLAIM_FINALIZER, LIFECYCLE_MESSAGE_ANNOTATION, LIFECYCLE_STARTED_ANNOTATION,
+};
 use graceful_drain_core::lifecycle::{ClaimStatus, LifecycleEvent, LifecycleEventSpec};
 use jiff::{SignedDuration, Timestamp};
 use kube::Api;
@@ -194,10 +197,7 @@ async fn drain_event_is_claimed_started_polled_and_succeeds() {
     assert_eq!(ev["status"]["claimStatus"], "Claimed");
     assert_eq!(ev["status"]["driver"], DRIVER);
     assert_eq!(ev["status"]["sla"], reconciler_time(later(now, 900)));
-    assert_eq!(
-        ev["metadata"]["finalizers"],
-        json!(["lifecycle.graceful-drain.io/claim-protection"])
-    );
+    assert_eq!(ev["metadata"]["finalizers"], json!([CLAIM_FINALIZER]));
 
     settle(&r, now).await;
     assert_eq!(
@@ -312,7 +312,7 @@ async fn driver_error_or_grpc_failure_fails_the_event() {
             .iter()
             .rev()
             .find_map(|(_, o)| {
-                o["metadata"]["annotations"]["graceful-drain.io/lifecycle-message"]
+                o["metadata"]["annotations"][LIFECYCLE_MESSAGE_ANNOTATION]
                     .as_str()
                     .map(str::to_string)
             })
@@ -395,7 +395,7 @@ async fn restart_mid_transition_resumes_without_a_second_start() {
     }
     assert_eq!(driver.starts(), 1);
     let ev = h.event(&name).await.unwrap();
-    assert!(ev["metadata"]["annotations"]["graceful-drain.io/lifecycle-started-at"].is_string());
+    assert!(ev["metadata"]["annotations"][LIFECYCLE_STARTED_ANNOTATION].is_string());
 
     let second = h.reconciler().await;
     for i in 1..=4 {

@@ -11,7 +11,10 @@ use std::time::Duration;
 
 use clap::Parser;
 use futures::StreamExt;
-use graceful_drain_core::lifecycle::{LifecycleEvent, STARTED_ANNOTATION};
+use graceful_drain_core::labels::{
+    LIFECYCLE_MESSAGE_ANNOTATION, LIFECYCLE_STARTED_ANNOTATION, MIRROR_UID_ANNOTATION,
+};
+use graceful_drain_core::lifecycle::LifecycleEvent;
 use graceful_drain_core::runtime::Shutdown;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{ListParams, WatchEvent, WatchParams};
@@ -248,7 +251,7 @@ async fn record_events(client: kube::Client) -> Seen {
                 .as_ref()
                 .and_then(|s| s.claim_status)
                 .map_or("Pending".to_string(), |s| s.to_string());
-            let started = e.annotations().get(STARTED_ANNOTATION).cloned();
+            let started = e.annotations().get(LIFECYCLE_STARTED_ANNOTATION).cloned();
             out.lock()
                 .unwrap()
                 .push((kind.to_string(), e.name_any(), status, started));
@@ -410,7 +413,7 @@ async fn a_seed_event_its_mirror_finished_is_not_failed_by_a_stale_view() {
     let event = serde_json::from_value(serde_json::json!({
         "apiVersion": "lifecycle.k8s.io/v1alpha1", "kind": "LifecycleEvent",
         "metadata": {"name": "worker-9-drain",
-                     "annotations": {seed::MIRROR_UID_ANNOTATION: "mirror-uid"}},
+                     "annotations": {MIRROR_UID_ANNOTATION: "mirror-uid"}},
         "spec": {"transitionName": "graceful-drain", "bindingNode": "worker-9"}}))
     .unwrap();
     let stale = seeds.create(&PostParams::default(), &event).await.unwrap();
@@ -435,7 +438,7 @@ async fn a_seed_event_its_mirror_finished_is_not_failed_by_a_stale_view() {
     assert!(
         !seen
             .annotations()
-            .contains_key(graceful_drain_core::lifecycle::MESSAGE_ANNOTATION),
+            .contains_key(LIFECYCLE_MESSAGE_ANNOTATION),
         "no failure message: {:?}",
         seen.annotations()
     );
@@ -486,7 +489,7 @@ async fn an_event_in_flight_in_the_old_group_finishes_after_the_upgrade() {
         "metadata": {
             "name": "worker-2-drain",
             "finalizers": [seed::SEED_CLAIM_FINALIZER],
-            "annotations": {STARTED_ANNOTATION: "2026-11-26T12:00:00Z"}
+            "annotations": {LIFECYCLE_STARTED_ANNOTATION: "2026-11-26T12:00:00Z"}
         },
         "spec": {"transitionName": "graceful-drain", "bindingNode": "worker-2"},
         "status": {"claimStatus": "Claimed", "driver": "graceful-drain.io"}
@@ -680,7 +683,8 @@ async fn agent_restart_mid_drain_resumes_without_a_second_start() {
         String::from_utf8_lossy(&out.stderr)
     );
     let name = events.list(&ListParams::default()).await.unwrap().items[0].name_any();
-    let started_at = |e: &LifecycleEvent| e.annotations().get(STARTED_ANNOTATION).cloned();
+    let started_at =
+        |e: &LifecycleEvent| e.annotations().get(LIFECYCLE_STARTED_ANNOTATION).cloned();
     wait_for("drain started", TIMEOUT, || async {
         events
             .get(&name)

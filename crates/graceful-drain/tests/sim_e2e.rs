@@ -7,6 +7,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use graceful_drain_core::labels::DRAINING_LABEL;
 use graceful_drain_core::runtime::Shutdown;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
@@ -153,7 +154,7 @@ async fn relabelled_pod_leaves_its_replicaset_and_slice_but_keeps_serving() {
     let name = victim.metadata.name.clone().unwrap();
     // What the webhook does on isolation: drop the selected label, add the draining one.
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
-    let patch = serde_json::json!({"metadata": {"labels": {"app": null, "graceful-drain.io/draining": "true"}}});
+    let patch = serde_json::json!({"metadata": {"labels": {"app": null, DRAINING_LABEL: "true"}}});
     pods.patch(&name, &PatchParams::default(), &Patch::Merge(patch))
         .await
         .unwrap();

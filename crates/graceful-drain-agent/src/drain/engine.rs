@@ -21,8 +21,8 @@ use super::{DrainConfig, Error};
 use crate::filters::{self, DaemonSetLookup, FilterOptions, PodKey};
 use crate::node::API_TIMEOUT;
 use crate::progress::{Blocker, PlannedTier, PodState, Progress, TierStep};
-use crate::report::{EventType, Metrics, NodeEvents, reason};
-use graceful_drain_core::labels::DRAINING_LABEL;
+use crate::report::{EventType, Metrics, NodeEvents};
+use graceful_drain_core::labels::{DRAINING_LABEL, agent_reason};
 
 /// An accepted eviction shows on the pod within a second (a deletionTimestamp, or our
 /// webhook's draining label); if neither appeared after this long the eviction was lost
@@ -376,7 +376,7 @@ impl Engine {
     async fn watch_failed(&self, error: &watcher::Error) {
         tracing::warn!(node = %self.node, error = %graceful_drain_core::error::chain(error), "watch pods");
         let message = format!("watch pods on node {} (retrying): {error}", self.node);
-        let reason = reason::POD_WATCH_FAILED;
+        let reason = agent_reason::POD_WATCH_FAILED;
         self.events
             .post(EventType::Warning, reason, "watch", message)
             .await;
@@ -532,7 +532,7 @@ impl Engine {
             );
             tracing::info!(node = %self.node, tier = %name, index, count, pods = n, "eviction tier starts");
             self.events
-                .post(EventType::Normal, reason::EVICTION_TIER, "", message)
+                .post(EventType::Normal, agent_reason::EVICTION_TIER, "", message)
                 .await;
         }
         for pod in pods {
@@ -550,7 +550,7 @@ impl Engine {
         let message = crate::progress::plan_message(plan);
         tracing::info!(node = %self.node, %message, "drain plan");
         self.events
-            .post(EventType::Normal, reason::DRAIN_PLAN, "", message)
+            .post(EventType::Normal, agent_reason::DRAIN_PLAN, "", message)
             .await;
     }
 
@@ -603,7 +603,7 @@ impl Engine {
                      only bring it back"
                 );
                 tracing::info!(pod = %key, "new pod tolerates the cordon; not evicted");
-                let reason = reason::EVICTION_SKIPPED;
+                let reason = agent_reason::EVICTION_SKIPPED;
                 self.events
                     .post(EventType::Normal, reason, &key.to_string(), message)
                     .await;
@@ -623,7 +623,7 @@ impl Engine {
                 self.events
                     .post(
                         EventType::Warning,
-                        reason::EVICTION_BLOCKED,
+                        agent_reason::EVICTION_BLOCKED,
                         &key.to_string(),
                         message,
                     )

@@ -27,10 +27,7 @@ use crate::tiers::Tiers;
 
 pub use engine::{Engine, UNSCHEDULABLE_TAINT, tolerates_cordon};
 pub use pdb::{PdbLookupError, selecting_pdbs};
-pub use request::{
-    Answer, DEREGISTERING_CAUSE, classify_answer, delete_request, eviction_request, retry_delay,
-    send,
-};
+pub use request::{Answer, classify_answer, delete_request, eviction_request, retry_delay, send};
 
 /// How often a drain re-reads its LifecycleEvent: the kubelet's reconciler tick, so a drain
 /// stops at most one tick after its event ended (SLA expired, failed, deleted), at one GET

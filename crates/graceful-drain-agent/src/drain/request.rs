@@ -10,6 +10,7 @@ use crate::filters::PodKey;
 use crate::node::API_TIMEOUT;
 use crate::progress::Blocker;
 use crate::report::EvictionOutcome;
+use graceful_drain_core::labels::DEREGISTERING_CAUSE;
 
 /// First retry delay of a refused eviction.
 pub(super) const RETRY_BASE: Duration = Duration::from_secs(1);
@@ -150,11 +151,6 @@ fn is_disruption_budget(body: &[u8], message: &str) -> bool {
     has_cause(body, "DisruptionBudget")
         || message.to_ascii_lowercase().contains("disruption budget")
 }
-
-/// Cause reason of our webhook's 429 while an isolated pod leaves its load balancers
-/// (the webhook crate's `review::DEREGISTERING_CAUSE`; the API server passes a webhook's
-/// status details through to the caller).
-pub const DEREGISTERING_CAUSE: &str = "graceful-drain.io/Deregistering";
 
 /// Whether a Status body lists a cause with `reason`.
 fn has_cause(body: &[u8], reason: &str) -> bool {

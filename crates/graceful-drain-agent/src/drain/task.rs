@@ -17,7 +17,8 @@ use super::request::{
 };
 use crate::filters::PodKey;
 use crate::progress::Blocker;
-use crate::report::{EventType, Metrics, NodeEvents, reason};
+use crate::report::{EventType, Metrics, NodeEvents};
+use graceful_drain_core::labels::agent_reason;
 
 /// Evictions refused because several PDBs select the pod are retried this many times (about
 /// 30 s with the backoff, time for an operator fixing overlapping budgets), then the drain
@@ -179,7 +180,7 @@ async fn report_block(
     ctx.events
         .post(
             EventType::Warning,
-            reason::EVICTION_BLOCKED,
+            agent_reason::EVICTION_BLOCKED,
             &key.to_string(),
             text,
         )

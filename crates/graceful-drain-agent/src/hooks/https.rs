@@ -8,9 +8,6 @@ use serde::{Deserialize, Serialize};
 use super::config::{HookPoint, HttpsClient};
 use super::run::{Answer, CallError};
 
-/// `apiVersion` of the HTTPS hook messages.
-pub const HOOK_API_VERSION: &str = "graceful-drain.io/v1";
-
 /// What `action` the agent asks of an HTTPS hook.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -97,6 +94,7 @@ pub(super) async fn post(
 mod tests {
     use super::super::run::HookStep;
     use super::*;
+    use graceful_drain_core::labels::HOOK_API_VERSION;
     use serde_json::json;
 
     #[test]
@@ -113,7 +111,7 @@ mod tests {
         };
         assert_eq!(
             serde_json::to_value(&request).unwrap(),
-            json!({"apiVersion": "graceful-drain.io/v1", "kind": "HookRequest", "action": "poll",
+            json!({"apiVersion": HOOK_API_VERSION, "kind": "HookRequest", "action": "poll",
                 "id": "abc", "hook": "evacuate-vms", "at": "before-eviction", "node": "w1",
                 "lifecycleEvent": "drain-w1"})
         );

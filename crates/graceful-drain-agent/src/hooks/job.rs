@@ -192,6 +192,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+    use graceful_drain_core::labels::HOOK_LABEL;
     use serde_json::json;
 
     fn job_spec() -> JobSpec {
@@ -216,7 +217,7 @@ mod tests {
         assert_eq!(value["metadata"]["namespace"], "ops");
         assert_eq!(
             value["metadata"]["labels"],
-            json!({"team": "infra", "graceful-drain.io/hook": "report"})
+            json!({"team": "infra", HOOK_LABEL: "report"})
         );
         assert_eq!(value["spec"]["ttlSecondsAfterFinished"], JOB_TTL_SECONDS);
         let pod = &value["spec"]["template"]["spec"];

@@ -45,6 +45,6 @@ pub use config::{
     ConfigError, DEFAULT_POLL_INTERVAL, DEFAULT_TIMEOUT, Hook, HookPoint, HookSpec, Hooks,
     HttpsSpec, JobSpec, parse_arg,
 };
-pub use https::{HOOK_API_VERSION, HookAction, HookRequest, HookResponse, HookStatus};
+pub use https::{HookAction, HookRequest, HookResponse, HookStatus};
 pub use record::{HookRecord, RecordState, records};
 pub use run::{HookContext, HookError, HookStep};

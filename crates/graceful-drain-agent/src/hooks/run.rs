@@ -7,9 +7,10 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::config::{Hook, HookPoint, Hooks, Target};
-use super::https::{HOOK_API_VERSION, HookAction, HookRequest, HookResponse, HookStatus, post};
+use super::https::{HookAction, HookRequest, HookResponse, HookStatus, post};
 use super::record::{HookRecord, RecordState};
-use crate::report::{EventType, NodeEvents, reason as ev};
+use crate::report::{EventType, NodeEvents};
+use graceful_drain_core::labels::{HOOK_API_VERSION, agent_reason};
 
 /// Longest one HTTPS call may take (connect, TLS, answer).
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -157,7 +158,7 @@ impl Hook {
                 self.write_record(ctx, &record).await;
                 let message = format!("{} started", self.label());
                 ctx.events
-                    .post(EventType::Normal, ev::HOOK_STARTED, "", message)
+                    .post(EventType::Normal, agent_reason::HOOK_STARTED, "", message)
                     .await;
                 record
             }
@@ -225,7 +226,12 @@ impl Hook {
                     tracing::warn!(hook = %name, %at, error = %last_error, "call hook (retrying)");
                     let message = format!("{} (retrying): {last_error}", self.label());
                     ctx.events
-                        .post(EventType::Warning, ev::HOOK_UNREACHABLE, name, message)
+                        .post(
+                            EventType::Warning,
+                            agent_reason::HOOK_UNREACHABLE,
+                            name,
+                            message,
+                        )
                         .await;
                 }
                 Err(_) => {
@@ -257,7 +263,7 @@ impl Hook {
         if ok {
             let text = format!("{} done after {took}s: {message}", self.label());
             ctx.events
-                .post(EventType::Normal, ev::HOOK_SUCCEEDED, "", text)
+                .post(EventType::Normal, agent_reason::HOOK_SUCCEEDED, "", text)
                 .await;
             return Ok(());
         }
@@ -297,13 +303,18 @@ impl Hook {
             let text = format!("{error}; optional, continuing");
             tracing::warn!(hook = %self.spec.name, "{text}");
             ctx.events
-                .post(EventType::Warning, ev::HOOK_FAILED, "", text)
+                .post(EventType::Warning, agent_reason::HOOK_FAILED, "", text)
                 .await;
             return Ok(());
         }
         tracing::warn!(hook = %self.spec.name, error = %error, "hook failed the transition");
         ctx.events
-            .post(EventType::Warning, ev::HOOK_FAILED, "", error.to_string())
+            .post(
+                EventType::Warning,
+                agent_reason::HOOK_FAILED,
+                "",
+                error.to_string(),
+            )
             .await;
         Err(error)
     }

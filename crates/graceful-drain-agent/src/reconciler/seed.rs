@@ -4,10 +4,10 @@
 //! is copied back.
 //!
 //! For a seed event bound to this node the bridge creates a *mirror* in our group with
-//! the same name and spec, labelled [`MIRROR_LABEL`] and annotated with the seed event's
-//! UID. The bridge's finalizer [`BRIDGE_FINALIZER`] on the mirror keeps it until its
-//! outcome is copied back; the same finalizer on the seed event keeps that until its
-//! mirror is cancelled when a user deletes it. Once the mirror ends, the seed event gets
+//! the same name and spec, labelled [`SEED_MIRROR_LABEL`] and annotated with the seed
+//! event's UID. The bridge's finalizer [`SEED_BRIDGE_FINALIZER`] on the mirror keeps it
+//! until its outcome is copied back; the same finalizer on the seed event keeps that
+//! until its mirror is cancelled when a user deletes it. Once the mirror ends, the seed event gets
 //! its terminal status and is deleted, as the reconciler deletes a finished event, so
 //! applying the same seed YAML again runs the transition again.
 //!
@@ -33,23 +33,18 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
+use graceful_drain_core::labels::{
+    CLAIM_FINALIZER, LIFECYCLE_MESSAGE_ANNOTATION, MIRROR_UID_ANNOTATION, SEED_BRIDGE_FINALIZER,
+    SEED_MIRROR_LABEL, SEED_UID_ANNOTATION,
+};
 use graceful_drain_core::lifecycle::crds::SEED_GROUP;
 use graceful_drain_core::lifecycle::{
-    CLAIM_FINALIZER, ClaimStatus, LifecycleEvent, LifecycleEventSpec, LifecycleEventStatus,
-    MESSAGE_ANNOTATION,
+    ClaimStatus, LifecycleEvent, LifecycleEventSpec, LifecycleEventStatus,
 };
 use graceful_drain_core::runtime::Shutdown;
 
 /// Version of the seed group the bridge reads.
 pub const SEED_VERSION: &str = "v1alpha1";
-/// Label on every mirror (value `true`), so the bridge watches only its own objects.
-pub const MIRROR_LABEL: &str = "graceful-drain.io/seed-mirror";
-/// Annotation on a mirror: the UID of the seed event it carries.
-pub const SEED_UID_ANNOTATION: &str = "graceful-drain.io/seed-uid";
-/// Annotation on a seed event: the UID of its mirror, written once the mirror exists.
-pub const MIRROR_UID_ANNOTATION: &str = "graceful-drain.io/mirror-uid";
-/// Finalizer of the bridge on a seed event and on its mirror.
-pub const BRIDGE_FINALIZER: &str = "graceful-drain.io/seed-bridge";
 /// Claim finalizer earlier releases put on the events they drove in the seed group.
 pub const SEED_CLAIM_FINALIZER: &str = "lifecycle.k8s.io/claim-protection";
 /// Name of the seed-group event CRD (what an operator installs, and what is shadowed when
@@ -103,7 +98,7 @@ pub struct SeedView {
     /// `status.claimStatus`, `Pending` when unset or unknown.
     pub claim: ClaimStatus,
     pub deleting: bool,
-    /// Carries [`BRIDGE_FINALIZER`].
+    /// Carries [`SEED_BRIDGE_FINALIZER`].
     pub held: bool,
     /// [`MIRROR_UID_ANNOTATION`]: the mirror this event had.
     pub mirror_uid: Option<String>,
@@ -119,7 +114,7 @@ pub struct MirrorView {
     pub deleting: bool,
     /// Carries the reconciler's claim finalizer.
     pub claimed: bool,
-    /// Carries [`BRIDGE_FINALIZER`].
+    /// Carries [`SEED_BRIDGE_FINALIZER`].
     pub held: bool,
     /// Its status differs from the seed event's.
     pub status_differs: bool,
@@ -135,7 +130,7 @@ impl MirrorView {
 /// One step of the bridge for one seed event, applied in order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Step {
-    /// Put [`BRIDGE_FINALIZER`] on the seed event, before its mirror exists.
+    /// Put [`SEED_BRIDGE_FINALIZER`] on the seed event, before its mirror exists.
     Hold,
     /// Create the mirror.
     CreateMirror,
@@ -143,7 +138,7 @@ pub enum Step {
     Record,
     /// Copy the mirror's status (and message) to the seed event.
     CopyStatus,
-    /// Remove [`BRIDGE_FINALIZER`] from the mirror: its outcome is on the seed event.
+    /// Remove [`SEED_BRIDGE_FINALIZER`] from the mirror: its outcome is on the seed event.
     ReleaseMirror,
     /// Delete the mirror: the seed event is being deleted (the reconciler cancels it).
     CancelMirror,
@@ -221,7 +216,7 @@ pub fn seed_view(seed: &DynamicObject) -> SeedView {
         uid: seed.uid().unwrap_or_default(),
         claim: claim_of(seed.data.get("status")),
         deleting: seed.metadata.deletion_timestamp.is_some(),
-        held: seed.finalizers().iter().any(|f| f == BRIDGE_FINALIZER),
+        held: seed.finalizers().iter().any(|f| f == SEED_BRIDGE_FINALIZER),
         mirror_uid: seed.annotations().get(MIRROR_UID_ANNOTATION).cloned(),
     }
 }
@@ -244,7 +239,7 @@ pub fn mirror_view(ours: &LifecycleEvent, seed: &DynamicObject) -> MirrorView {
             .unwrap_or(ClaimStatus::Pending),
         deleting: ours.metadata.deletion_timestamp.is_some(),
         claimed: ours.finalizers().iter().any(|f| f == CLAIM_FINALIZER),
-        held: ours.finalizers().iter().any(|f| f == BRIDGE_FINALIZER),
+        held: ours.finalizers().iter().any(|f| f == SEED_BRIDGE_FINALIZER),
         status_differs: copied_status(ours) != seed_status,
     }
 }
@@ -253,12 +248,12 @@ pub fn mirror_view(ours: &LifecycleEvent, seed: &DynamicObject) -> MirrorView {
 /// seed event's UID and held by the bridge.
 pub fn mirror_of(seed: &DynamicObject, spec: LifecycleEventSpec) -> LifecycleEvent {
     let mut mirror = LifecycleEvent::new(&seed.name_any(), spec);
-    mirror.metadata.labels = Some(BTreeMap::from([(MIRROR_LABEL.into(), "true".into())]));
+    mirror.metadata.labels = Some(BTreeMap::from([(SEED_MIRROR_LABEL.into(), "true".into())]));
     mirror.metadata.annotations = Some(BTreeMap::from([(
         SEED_UID_ANNOTATION.into(),
         seed.uid().unwrap_or_default(),
     )]));
-    mirror.metadata.finalizers = Some(vec![BRIDGE_FINALIZER.into()]);
+    mirror.metadata.finalizers = Some(vec![SEED_BRIDGE_FINALIZER.into()]);
     mirror
 }
 
@@ -408,7 +403,7 @@ impl Bridge {
         let name = seed.name_any();
         let message = "its lifecycle.graceful-drain.io mirror was deleted before it ended; apply the event again to run the transition";
         let annotations = json!({"metadata": {
-            "annotations": {MESSAGE_ANNOTATION: message},
+            "annotations": {LIFECYCLE_MESSAGE_ANNOTATION: message},
             "resourceVersion": seed.resource_version(),
         }});
         let annotated = match self
@@ -443,7 +438,7 @@ impl Bridge {
     async fn hold(&self, seed: &DynamicObject) -> Result<(), Error> {
         let name = seed.name_any();
         let mut finalizers = seed.finalizers().to_vec();
-        finalizers.push(BRIDGE_FINALIZER.into());
+        finalizers.push(SEED_BRIDGE_FINALIZER.into());
         let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": seed.resource_version()}});
         self.seeds
             .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
@@ -475,8 +470,9 @@ impl Bridge {
     }
 
     async fn copy_status(&self, name: &str, mirror: &LifecycleEvent) -> Result<(), Error> {
-        if let Some(message) = mirror.annotations().get(MESSAGE_ANNOTATION) {
-            let patch = json!({"metadata": {"annotations": {MESSAGE_ANNOTATION: message}}});
+        if let Some(message) = mirror.annotations().get(LIFECYCLE_MESSAGE_ANNOTATION) {
+            let patch =
+                json!({"metadata": {"annotations": {LIFECYCLE_MESSAGE_ANNOTATION: message}}});
             self.seeds
                 .patch(name, &PatchParams::default(), &Patch::Merge(patch))
                 .await
@@ -496,7 +492,7 @@ impl Bridge {
         let finalizers: Vec<&String> = mirror
             .finalizers()
             .iter()
-            .filter(|f| *f != BRIDGE_FINALIZER)
+            .filter(|f| *f != SEED_BRIDGE_FINALIZER)
             .collect();
         let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": mirror.resource_version()}});
         match self
@@ -534,7 +530,7 @@ impl Bridge {
     /// off, then deleted (UID-guarded), as the reconciler deletes a finished event.
     async fn finish(&self, seed: &DynamicObject) -> Result<(), Error> {
         let name = seed.name_any();
-        let ours = [BRIDGE_FINALIZER, SEED_CLAIM_FINALIZER];
+        let ours = [SEED_BRIDGE_FINALIZER, SEED_CLAIM_FINALIZER];
         if seed.finalizers().iter().any(|f| ours.contains(&f.as_str())) {
             let kept: Vec<&String> = seed
                 .finalizers()
@@ -587,7 +583,10 @@ impl Bridge {
                 .unwrap_or(ClaimStatus::Pending),
             deleting: mirror.metadata.deletion_timestamp.is_some(),
             claimed: mirror.finalizers().iter().any(|f| f == CLAIM_FINALIZER),
-            held: mirror.finalizers().iter().any(|f| f == BRIDGE_FINALIZER),
+            held: mirror
+                .finalizers()
+                .iter()
+                .any(|f| f == SEED_BRIDGE_FINALIZER),
             status_differs: false,
         };
         if view.done() {
@@ -642,7 +641,7 @@ pub async fn run(client: kube::Client, node: String, tick: Duration, shutdown: S
         .default_backoff()
         .reflect(seed_writer);
     let (mirror_store, mirror_writer) = reflector::store::<LifecycleEvent>();
-    let mirror_config = watcher::Config::default().labels(&format!("{MIRROR_LABEL}=true"));
+    let mirror_config = watcher::Config::default().labels(&format!("{SEED_MIRROR_LABEL}=true"));
     let mirror_watch = watcher(bridge.ours.clone(), mirror_config)
         .default_backoff()
         .reflect(mirror_writer);
@@ -841,8 +840,8 @@ mod tests {
         assert_eq!(m.name_any(), "worker-1-drain");
         assert_eq!(m.spec.binding_node, "worker-1");
         assert_eq!(m.annotations()[SEED_UID_ANNOTATION], "s-1");
-        assert_eq!(m.labels()[MIRROR_LABEL], "true");
-        assert_eq!(m.finalizers(), [BRIDGE_FINALIZER]);
+        assert_eq!(m.labels()[SEED_MIRROR_LABEL], "true");
+        assert_eq!(m.finalizers(), [SEED_BRIDGE_FINALIZER]);
         // The seed event's progress is compared with what the mirror would copy.
         seed.data["status"] = json!({"claimStatus": "Claimed"});
         let mut claimed = m.clone();

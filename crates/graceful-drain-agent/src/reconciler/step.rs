@@ -20,9 +20,12 @@ use super::decide::{self, Action, ConditionView, EventView, Input, TransitionVie
 use super::metrics::CallOutcome;
 use super::plugin::{self, Registered};
 use super::{Context, Error, Result, target};
+use graceful_drain_core::labels::{
+    CLAIM_FINALIZER, LIFECYCLE_MESSAGE_ANNOTATION, LIFECYCLE_STARTED_ANNOTATION, agent_reason,
+};
 use graceful_drain_core::lifecycle::{
-    CLAIM_FINALIZER, ClaimStatus, LifecycleEvent, LifecycleEventStatus, LifecycleTransition,
-    LifecycleTransitionSpec, MESSAGE_ANNOTATION, STARTED_ANNOTATION, TRANSITION_CONDITION,
+    ClaimStatus, LifecycleEvent, LifecycleEventStatus, LifecycleTransition,
+    LifecycleTransitionSpec, TRANSITION_CONDITION,
 };
 use graceful_drain_core::proto::slm::{
     EndLifecycleTransitionRequest, LifecycleTransitionResponse, StartLifecycleTransitionRequest,
@@ -453,7 +456,7 @@ impl Reconciler {
         );
         self.record(
             EventType::Normal,
-            "graceful-drain.io/LifecycleEventClaimed",
+            agent_reason::LIFECYCLE_EVENT_CLAIMED,
             "Claim",
             note,
         )
@@ -576,7 +579,7 @@ impl Reconciler {
         let name = event.name_any();
         let mut ev = event.clone();
         ev.annotations_mut()
-            .insert(STARTED_ANNOTATION.to_string(), rfc3339(now));
+            .insert(LIFECYCLE_STARTED_ANNOTATION.to_string(), rfc3339(now));
         self.events
             .replace(&name, &PostParams::default(), &ev)
             .await
@@ -596,7 +599,7 @@ impl Reconciler {
         if let Some(message) = message {
             tracing::warn!(%status, %message, "lifecycle event ends");
             ev.annotations_mut()
-                .insert(MESSAGE_ANNOTATION.to_string(), message);
+                .insert(LIFECYCLE_MESSAGE_ANNOTATION.to_string(), message);
             ev = self
                 .events
                 .replace(&name, &PostParams::default(), &ev)
@@ -614,7 +617,7 @@ impl Reconciler {
             .await
             .map_err(|e| Error::kube(format!("set lifecycleevent {name} {status}"), e))?;
         self.ctx.metrics.event(status);
-        let (type_, why) = match ev.annotations().get(MESSAGE_ANNOTATION) {
+        let (type_, why) = match ev.annotations().get(LIFECYCLE_MESSAGE_ANNOTATION) {
             Some(m) if status != ClaimStatus::Succeeded => (EventType::Warning, format!(": {m}")),
             _ => (EventType::Normal, String::new()),
         };
@@ -624,7 +627,7 @@ impl Reconciler {
         );
         self.record(
             type_,
-            &format!("graceful-drain.io/LifecycleEvent{status}"),
+            agent_reason::lifecycle_event(status),
             "Conclude",
             note,
         )
@@ -809,7 +812,7 @@ fn event_view(event: &LifecycleEvent) -> EventView {
             .and_then(parse),
         started_at: event
             .annotations()
-            .get(STARTED_ANNOTATION)
+            .get(LIFECYCLE_STARTED_ANNOTATION)
             .and_then(|s| parse(s)),
         deleting: event.metadata.deletion_timestamp.is_some(),
     }

@@ -10,8 +10,6 @@ pub use types::{
     LifecycleTransitionSpec,
 };
 
-/// Finalizer the claimer puts on a LifecycleEvent while it drives it.
-pub const CLAIM_FINALIZER: &str = "lifecycle.graceful-drain.io/claim-protection";
 /// Node condition type that carries the current transition's reason.
 pub const TRANSITION_CONDITION: &str = "LifecycleTransition";
 /// Default driver name, the name the node agent registers with the kubelet.
@@ -26,10 +24,3 @@ pub const MAINTENANCE_TRANSITION: &str = "graceful-maintenance-complete";
 /// Reasons of the maintenance-complete transition.
 pub const UNCORDONING: &str = "uncordoning";
 pub const MAINTENANCE_COMPLETE: &str = "maintenance-complete";
-/// Annotation the lifecycle reconciler puts on a claimed LifecycleEvent once it called the
-/// driver's Start for it (RFC3339 time of the call). It makes progress durable across
-/// reconciler restarts and tells a Node condition written for this event from a stale one.
-pub const STARTED_ANNOTATION: &str = "graceful-drain.io/lifecycle-started-at";
-/// Annotation carrying why a LifecycleEvent ended Failed or SlaExpired (written just
-/// before the terminal status, so watchers such as `graceful-drain drain` can show it).
-pub const MESSAGE_ANNOTATION: &str = "graceful-drain.io/lifecycle-message";

@@ -474,7 +474,7 @@ async fn forged_review(
         let events = Api::<CoreEvent>::namespaced(client.clone(), &ns);
         let restored = ListParams::default().fields(&format!(
             "involvedObject.name={name},reason={}",
-            graceful_drain_webhook::isolate::REASON_RESTORED
+            graceful_drain_core::labels::webhook_reason::RESTORED
         ));
         wait_for("the forged review's pod put back", timeout, || async {
             events
@@ -645,7 +645,7 @@ async fn evict_in_turn(
 /// Whether `answer` is the webhook's 429 for a pod leaving its load balancers.
 fn is_deregistering(answer: &kube::Result<serde_json::Value>) -> bool {
     matches!(answer, Err(kube::Error::Api(s)) if s.code == 429
-        && s.details.as_ref().is_some_and(|d| d.causes.iter().any(|c| c.reason == graceful_drain_webhook::review::DEREGISTERING_CAUSE)))
+        && s.details.as_ref().is_some_and(|d| d.causes.iter().any(|c| c.reason == graceful_drain_core::labels::DEREGISTERING_CAUSE)))
 }
 
 /// Returns once fewer than `min` pods of `namespace` serve (ready, not being deleted, not

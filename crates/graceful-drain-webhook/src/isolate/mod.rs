@@ -26,7 +26,7 @@ use kube::Api;
 use kube::api::PatchParams;
 
 use super::decide::{Charge, PodFacts, Snapshot, labels_to_remove, service_left_only_by_pinned};
-use graceful_drain_core::labels::FIELD_MANAGER;
+use graceful_drain_core::labels::{FIELD_MANAGER, webhook_reason};
 
 pub(crate) use context::is_status;
 pub use context::{Context, EVENT_QUEUE, Error, EventSink};
@@ -37,10 +37,7 @@ use pdb::{Accounting, account};
 pub use pdb::{
     Budget, PdbGate, PdbGates, charge, charge_all, consume_disruption, refund_disruption,
 };
-pub use record::{
-    REASON_DELAY_CAPPED, REASON_DELETED, REASON_ISOLATED, REASON_ISOLATION_DEFERRED,
-    REASON_ISOLATION_FAILED, REASON_RESTORED, Severity, record_event,
-};
+pub use record::{Severity, record_event};
 pub use relabel::{
     IDENTITY_LABELS, controller_handover, draining_value, isolation_patch, leave_selectors,
 };
@@ -208,7 +205,15 @@ pub async fn isolate(
             "; PDB {pdb} had no disruption left, not charged (a DELETE is never blocked by a PDB)"
         ));
     }
-    record_event(ctx, pod, Severity::Normal, REASON_ISOLATED, &message, now).await;
+    record_event(
+        ctx,
+        pod,
+        Severity::Normal,
+        webhook_reason::ISOLATED,
+        &message,
+        now,
+    )
+    .await;
     Ok(Outcome::Isolated {
         removed,
         uncharged,
@@ -395,7 +400,7 @@ pub(crate) mod tests {
             json!({}),
         )
         .await;
-        assert_eq!(event.body["reason"], REASON_ISOLATED);
+        assert_eq!(event.body["reason"], webhook_reason::ISOLATED);
         assert_eq!(event.body["involvedObject"]["uid"], "uid-1");
         let outcome = task.await.unwrap().unwrap();
         assert_eq!(

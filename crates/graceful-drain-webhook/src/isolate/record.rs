@@ -1,4 +1,5 @@
-//! The Events isolation records on pods, and their reasons.
+//! The Events isolation records on pods (their reasons are
+//! [`graceful_drain_core::labels::webhook_reason`]).
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
@@ -8,21 +9,7 @@ use serde_json::Value;
 use super::context::{Context, EventSink, pod_ref};
 use super::owners::controller_ref;
 use crate::decide::PodFacts;
-
-/// Event reason recorded on a pod when it is isolated.
-pub const REASON_ISOLATED: &str = "graceful-drain.io/Isolated";
-/// Event reason recorded on a pod put back into its Services because no authenticated
-/// eviction or DELETE followed its isolation.
-pub const REASON_RESTORED: &str = "graceful-drain.io/Restored";
-/// Event reason recorded on a pod when the deferred deleter deletes it.
-pub const REASON_DELETED: &str = "graceful-drain.io/Deleted";
-/// Warning Event reason when an annotated delay was cut to `--max-deregistration-delay`.
-pub const REASON_DELAY_CAPPED: &str = "graceful-drain.io/DelayCapped";
-/// Warning Event reason when an eviction was refused for now (429) because the pod could
-/// not be isolated in time; the caller retries.
-pub const REASON_ISOLATION_DEFERRED: &str = "graceful-drain.io/IsolationDeferred";
-/// Warning Event reason when a pod could not be isolated and its request went through.
-pub const REASON_ISOLATION_FAILED: &str = "graceful-drain.io/IsolationFailed";
+use graceful_drain_core::labels::WEBHOOK_REPORTING_COMPONENT;
 
 /// The `type` of an Event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,7 +58,7 @@ pub async fn record_event(
         first_timestamp: Some(Time(now)),
         last_timestamp: Some(Time(now)),
         count: Some(1),
-        reporting_component: Some("graceful-drain.io/webhook".into()),
+        reporting_component: Some(WEBHOOK_REPORTING_COMPONENT.into()),
         reporting_instance: Some(ctx.identity.clone()),
         ..Event::default()
     };

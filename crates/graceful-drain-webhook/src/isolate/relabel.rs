@@ -167,10 +167,10 @@ mod tests {
             patch,
             json!([
                 {"op": "test", "path": "/metadata/resourceVersion", "value": "41"},
-                {"op": "add", "path": "/metadata/labels", "value": {"graceful-drain.io/draining": "true"}},
+                {"op": "add", "path": "/metadata/labels", "value": {DRAINING_LABEL: "true"}},
                 {"op": "add", "path": "/metadata/annotations", "value": {
-                    "graceful-drain.io/delete-at": "2026-01-01T00:00:00Z",
-                    "graceful-drain.io/original-labels": "{}"}},
+                    DELETE_AT_ANNOTATION: "2026-01-01T00:00:00Z",
+                    ORIGINAL_LABELS_ANNOTATION: "{}"}},
             ])
         );
     }

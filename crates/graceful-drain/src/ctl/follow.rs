@@ -15,8 +15,9 @@ use tokio::time::Instant;
 
 use super::display::{Display, format_elapsed};
 use super::{Error, Request, Result};
+use graceful_drain_core::labels::{LIFECYCLE_MESSAGE_ANNOTATION, agent_reason};
 use graceful_drain_core::lifecycle::{
-    ClaimStatus, LifecycleEvent, LifecycleTransition, MESSAGE_ANNOTATION, TRANSITION_CONDITION,
+    ClaimStatus, LifecycleEvent, LifecycleTransition, TRANSITION_CONDITION,
 };
 
 /// Node condition the node agent keeps while a drain runs; its message says which pods
@@ -27,8 +28,6 @@ pub const DRAIN_IN_PROGRESS: &str = "DrainInProgress";
 const DRAINED_REASON: &str = graceful_drain_agent::node::reason::DRAINED;
 /// Node condition set once a drain finished (KEP-5683 condition type).
 pub const DRAINED: &str = "Drained";
-/// Reason of the node agent's Event listing a drain's tiers before its first eviction.
-const DRAIN_PLAN_REASON: &str = graceful_drain_agent::report::reason::DRAIN_PLAN;
 /// Pods named in a failure message; the rest are counted (the condition and
 /// `kubectl get pods --field-selector spec.nodeName=NODE` have them all).
 const MAX_PODS_NAMED: usize = 10;
@@ -55,7 +54,7 @@ impl Seen {
             self.driver = status.driver.clone().or(self.driver.take());
             self.sla = status.sla.clone().or(self.sla.take());
         }
-        if let Some(m) = event.annotations().get(MESSAGE_ANNOTATION) {
+        if let Some(m) = event.annotations().get(LIFECYCLE_MESSAGE_ANNOTATION) {
             self.message = Some(m.clone());
         }
         self.created = event.metadata.creation_timestamp.as_ref().map(|t| t.0);
@@ -486,7 +485,7 @@ fn event_note(e: &Event) -> String {
     let type_ = e.type_.as_deref().unwrap_or("Normal");
     let reason = e.reason.as_deref().unwrap_or_default();
     let message = e.message.as_deref().unwrap_or_default();
-    let plan = (reason == DRAIN_PLAN_REASON)
+    let plan = (reason == agent_reason::DRAIN_PLAN)
         .then(|| message.strip_prefix("plan: "))
         .flatten();
     match plan {
@@ -574,7 +573,7 @@ mod tests {
             ..Event::default()
         };
         let plan = event(
-            DRAIN_PLAN_REASON,
+            agent_reason::DRAIN_PLAN,
             "plan: 1/2 workloads: 2 pods (shop/web-1, shop/web-2); 2/2 last: 1 pod (edge/in-1)",
         );
         assert_eq!(
@@ -582,7 +581,7 @@ mod tests {
             "  node event: Normal graceful-drain.io/DrainPlan: eviction plan\n    \
              1/2 workloads: 2 pods (shop/web-1, shop/web-2)\n    2/2 last: 1 pod (edge/in-1)"
         );
-        let started = event("graceful-drain.io/DrainStarted", "node cordoned");
+        let started = event(agent_reason::DRAIN_STARTED, "node cordoned");
         assert_eq!(
             event_note(&started),
             "  node event: Normal graceful-drain.io/DrainStarted: node cordoned"

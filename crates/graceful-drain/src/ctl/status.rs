@@ -377,7 +377,7 @@ mod tests {
                 "startedAt": "2027-01-15T07:00:00Z"},
         });
         let node: Node = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "w1", "annotations": {"graceful-drain.io/hooks": records.to_string()}},
+            "metadata": {"name": "w1", "annotations": {graceful_drain_core::labels::HOOKS_ANNOTATION: records.to_string()}},
         }))
         .unwrap();
         let now: Timestamp = "2027-01-15T08:00:45Z".parse().unwrap();
