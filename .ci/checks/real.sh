@@ -4,7 +4,7 @@
 # control-plane build`, which `.ci/run` runs first) and runs its rows (drain, rollout-restart,
 # scale-down-up, recreate-rollout, statefulset-drain; forged-review, seed-group-drain and
 # statefulset-long-delay where lifecycle.k8s.io is free, apiserver-restart-drain,
-# controller-manager-restart-rollout, uninstall-mid-drain) under traffic, without and then with
+# controller-manager-restart-rollout, webhook-kill-drain, uninstall-mid-drain) under traffic, without and then with
 # graceful-drain; once with the EvictionRequest API off and once on. It exits non-zero when a row differs from what it
 # expects (rows marked as known failures name the issue that removes them).
 #   bash .ci/checks/real.sh

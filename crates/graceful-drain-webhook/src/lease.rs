@@ -19,6 +19,8 @@ use tokio::sync::watch;
 
 use graceful_drain_core::runtime::Shutdown;
 
+/// The Lease's name unless `--lease-name` says otherwise (the chart keeps it).
+pub const DEFAULT_NAME: &str = "graceful-drain-webhook";
 /// Lease duration; the client-go defaults (15 s lease, 10 s renew deadline, 2 s retry)
 /// are what operators know from kube-controller-manager.
 pub const LEASE_DURATION: Duration = Duration::from_secs(15);
@@ -26,6 +28,11 @@ pub const LEASE_DURATION: Duration = Duration::from_secs(15);
 pub const RENEW_DEADLINE: Duration = Duration::from_secs(10);
 /// Period of acquire/renew attempts.
 pub const RETRY: Duration = Duration::from_secs(2);
+/// How long past another holder's expiry a waiting replica still counts the deleter as
+/// alive: it takes the Lease over at its next round, at most [`RETRY`] later. Without it,
+/// admission would count nobody as the deleter in between and let an exposed pod's
+/// eviction through unprotected — after a replica is killed holding the Lease, say.
+pub const TAKEOVER: Duration = Duration::from_secs(4);
 /// Bound of one acquire/renew round (read + write): half the renew deadline, so a hung
 /// call still leaves time for another round before the leader steps down.
 pub const ROUND_TIMEOUT: Duration = Duration::from_secs(5);
@@ -177,7 +184,9 @@ impl Elector {
         );
         let written = match step {
             Step::Wait => {
-                self.report(current.as_ref().and_then(held_until));
+                let takeover = jiff::SignedDuration::try_from(TAKEOVER).unwrap_or_default();
+                let until = current.as_ref().and_then(held_until);
+                self.report(until.and_then(|t| t.checked_add(takeover).ok()));
                 return Ok(false);
             }
             Step::Create(lease) => self.api.create(&PostParams::default(), &lease).await,
@@ -369,8 +378,13 @@ mod tests {
         let (first, second) = task.await.unwrap();
         assert!(!first);
         assert!(second.is_err());
-        // The other replica's live hold was reported and is still valid.
+        // The other replica's live hold was reported and is still valid, and counts for
+        // [`TAKEOVER`] past its expiry: this replica takes it over at its next round.
         assert!(cache.deleter_alive(now));
+        let expiry = held_until(&lease(Some("b"), &renewed)).unwrap();
+        let after = |secs: i64| expiry + jiff::SignedDuration::from_secs(secs);
+        assert!(cache.deleter_alive(after(3)), "a takeover is seconds away");
+        assert!(!cache.deleter_alive(after(5)), "nobody took it over");
         cache.set_deleter_lease(held_until(&lease(Some("b"), "2020-01-01T00:00:00")));
         assert!(!cache.deleter_alive(now), "an expired lease holds nothing");
         assert_eq!(held_until(&lease(None, &renewed)), None);

@@ -108,7 +108,7 @@ pub struct Args {
     )]
     pub lease_namespace: String,
     /// Name of the deleter's Lease.
-    #[arg(long, default_value = "graceful-drain-webhook")]
+    #[arg(long, default_value = lease::DEFAULT_NAME)]
     pub lease_name: String,
     /// The webhook's own Deployment in the Lease namespace. When it is gone or being
     /// deleted at shutdown (`helm uninstall`), the deleter removes every isolated pod

@@ -12,6 +12,7 @@ use clap::Parser;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
+use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -102,7 +103,17 @@ pub struct Components {
     webhook_listen: Option<SocketAddr>,
     /// Stops one node agent alone (children of `stop`), by node.
     agent_stops: std::collections::BTreeMap<String, Shutdown>,
+    /// The webhook replica running as its own process, if one does (killed on drop).
+    webhook_process: Option<(String, tokio::process::Child)>,
     _dir: TempDir,
+}
+
+/// One webhook replica's command line and addresses.
+struct Replica {
+    argv: Vec<String>,
+    identity: String,
+    listen: SocketAddr,
+    admin: SocketAddr,
 }
 
 impl Drop for Components {
@@ -170,6 +181,7 @@ impl Components {
             webhook_flags: Vec::new(),
             webhook_listen: None,
             agent_stops: Default::default(),
+            webhook_process: None,
             _dir: dir,
         };
         this.start_webhook(cluster, cfg).await?;
@@ -213,11 +225,7 @@ impl Components {
         self.webhook_stop = self.stop.child_token();
         let listen = self.spawn_webhook(cluster, cfg).await?;
         self.webhook_listen = Some(listen);
-        let ca = self
-            .webhook_tls
-            .as_ref()
-            .map(|(_, ca)| ca.clone())
-            .unwrap_or_default();
+        let ca = self.ca();
         point_configurations(cluster, listen, &ca, cfg.timeout_seconds).await?;
         old_stop.cancel();
         self.join_task(&old_task).await
@@ -348,6 +356,29 @@ impl Components {
         cluster: &impl Access,
         cfg: &ComponentsConfig,
     ) -> Result<SocketAddr, Error> {
+        let replica = self.next_webhook(cluster, cfg).await?;
+        let cli = WebhookCli::try_parse_from(&replica.argv).map_err(|e| {
+            component_err("webhook")(format!(
+                "rejects its documented flags: {}",
+                e.to_string().lines().next().unwrap_or_default()
+            ))
+        })?;
+        let stop = self.webhook_stop.clone();
+        let name = format!("webhook {}", replica.identity);
+        self.webhook_task = name.clone();
+        self.spawn(name.clone(), graceful_drain_webhook::run(cli.args, stop));
+        let admin = replica.admin;
+        self.await_ready(&name, || ready_http(admin)).await?;
+        Ok(replica.listen)
+    }
+
+    /// The command line of the next webhook replica, with its own identity, ports and
+    /// kubeconfig.
+    async fn next_webhook(
+        &mut self,
+        cluster: &impl Access,
+        cfg: &ComponentsConfig,
+    ) -> Result<Replica, Error> {
         let Some((tls, _)) = self.webhook_tls.clone() else {
             return Err(component_err("webhook")("no serving certificate".into()));
         };
@@ -386,18 +417,118 @@ impl Components {
             argv.extend(["--deployment".to_string(), deployment.clone()]);
         }
         argv.extend(self.webhook_flags.iter().cloned());
-        let cli = WebhookCli::try_parse_from(&argv).map_err(|e| {
-            component_err("webhook")(format!(
-                "rejects its documented flags: {}",
-                e.to_string().lines().next().unwrap_or_default()
-            ))
-        })?;
-        let stop = self.webhook_stop.clone();
-        let name = format!("webhook {identity}");
-        self.webhook_task = name.clone();
-        self.spawn(name.clone(), graceful_drain_webhook::run(cli.args, stop));
-        self.await_ready(&name, || ready_http(admin)).await?;
-        Ok(listen)
+        Ok(Replica {
+            argv,
+            identity,
+            listen,
+            admin,
+        })
+    }
+
+    /// Runs the webhook as the chart does, two replicas behind one Service, one of them
+    /// in an OS process of its own (this binary's `webhook` subcommand with the same
+    /// flags) so that it can be killed as a node kills a container — a task aborted in
+    /// this process would leave the tasks it spawned running. The process replica starts,
+    /// the in-process one shuts down and hands it the deleter Lease, a new in-process
+    /// replica starts beside it, and the configurations point to a loopback front
+    /// ([`front`]) that spreads connections over both. Returns the process replica's
+    /// identity once it holds the Lease.
+    pub async fn two_replicas_one_a_process(
+        &mut self,
+        cluster: &impl Access,
+        cfg: &ComponentsConfig,
+    ) -> Result<String, Error> {
+        let replica = self.next_webhook(cluster, cfg).await?;
+        let name = format!("webhook {} (process)", replica.identity);
+        let program = std::env::current_exe().map_err(|e| component_err(&name)(e.to_string()))?;
+        let log_path = self.dir().join(format!("{}.log", replica.identity));
+        let log =
+            std::fs::File::create(&log_path).map_err(|e| component_err(&name)(e.to_string()))?;
+        let err = log
+            .try_clone()
+            .map_err(|e| component_err(&name)(e.to_string()))?;
+        let mut child = tokio::process::Command::new(&program)
+            .args(&replica.argv)
+            .stdin(std::process::Stdio::null())
+            .stdout(log)
+            .stderr(err)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| component_err(&name)(format!("{}: {e}", program.display())))?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while !ready_http(replica.admin).await {
+            let exited = child.try_wait().ok().flatten();
+            if exited.is_some() || Instant::now() >= deadline {
+                let _ = child.start_kill();
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(5).collect();
+                return Err(component_err(&name)(format!(
+                    "{} before it was ready; its log ends: {}",
+                    exited.map_or("not ready in time".to_string(), |s| format!("exited ({s})")),
+                    tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.webhook_process = Some((name.clone(), child));
+        // The in-process replica hands the Lease over as it shuts down.
+        let old_stop = std::mem::replace(&mut self.webhook_stop, self.stop.child_token());
+        let old_task = std::mem::take(&mut self.webhook_task);
+        let ca = self.ca();
+        point_configurations(cluster, replica.listen, &ca, cfg.timeout_seconds).await?;
+        old_stop.cancel();
+        self.join_task(&old_task).await?;
+        let leases = Api::<Lease>::namespaced(cluster.client(), NAMESPACE);
+        let holds = || async {
+            leases
+                .get_opt(graceful_drain_webhook::lease::DEFAULT_NAME)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|l| l.spec?.holder_identity)
+                == Some(replica.identity.clone())
+        };
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while !holds().await {
+            if Instant::now() >= deadline {
+                return Err(component_err(&name)(format!(
+                    "did not take the deleter Lease within {READY_TIMEOUT:?}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let beside = self.spawn_webhook(cluster, cfg).await?;
+        let service = front(vec![replica.listen, beside], self.stop.clone()).await?;
+        point_configurations(cluster, service, &ca, cfg.timeout_seconds).await?;
+        self.webhook_listen = Some(service);
+        Ok(replica.identity)
+    }
+
+    /// Kills the webhook's process with SIGKILL: nothing of its shutdown runs, its calls
+    /// in flight are cut, and the deleter Lease it holds stays held until it expires; the
+    /// replica beside it serves on and takes the Lease over.
+    pub async fn kill_webhook_process(&mut self) -> Result<(), Error> {
+        let Some((name, mut child)) = self.webhook_process.take() else {
+            return Err(component_err("webhook")(
+                "no webhook process to kill".into(),
+            ));
+        };
+        child
+            .start_kill()
+            .map_err(|e| component_err(&name)(e.to_string()))?;
+        child
+            .wait()
+            .await
+            .map(|_| ())
+            .map_err(|e| component_err(&name)(e.to_string()))
+    }
+
+    /// The CA that signed the webhook's serving certificate.
+    fn ca(&self) -> String {
+        self.webhook_tls
+            .as_ref()
+            .map(|(_, ca)| ca.clone())
+            .unwrap_or_default()
     }
 
     async fn start_agents(&mut self, cluster: &impl Access) -> Result<(), Error> {
@@ -522,6 +653,44 @@ fn gone(r: kube::Result<()>) -> kube::Result<()> {
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         r => r,
     }
+}
+
+/// A Service in front of webhook replicas, on loopback: each connection goes to the next
+/// replica in turn, or to the one after it when that one refuses the connection (a dead
+/// pod that the Service's endpoints have dropped). TLS passes through untouched, so
+/// kube-apiserver still checks the replicas' certificate. Stops with `stop`.
+async fn front(replicas: Vec<SocketAddr>, stop: Shutdown) -> Result<SocketAddr, Error> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| component_err("webhook service")(e.to_string()))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| component_err("webhook service")(e.to_string()))?;
+    tokio::spawn(async move {
+        let mut turn = 0usize;
+        loop {
+            let accepted = tokio::select! {
+                _ = stop.cancelled() => return,
+                accepted = listener.accept() => accepted,
+            };
+            let Ok((mut inbound, _)) = accepted else {
+                continue;
+            };
+            let first = turn;
+            turn = turn.wrapping_add(1);
+            let replicas = replicas.clone();
+            tokio::spawn(async move {
+                for i in 0..replicas.len() {
+                    let replica = replicas[(first + i) % replicas.len()];
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(replica).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    Ok(addr)
 }
 
 /// Creates the two webhook configurations (url clientConfig, caBundle, failurePolicy

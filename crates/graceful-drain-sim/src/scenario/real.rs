@@ -15,6 +15,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 
 use super::actions::ready_live;
@@ -79,6 +80,12 @@ pub enum Disruption {
     /// is restarted. The rollout must finish with no 5xx. Protected only, and only on a
     /// control plane the tier started itself.
     ControllerManagerRestartRollout,
+    /// A LifecycleEvent drain of the busiest node with two webhook replicas behind one
+    /// address (the chart's default), the Lease holder in an OS process of its own; once
+    /// the first pod is isolated, that process is killed with SIGKILL, and the other
+    /// replica takes over. The drain must finish with no 5xx and nothing isolated left
+    /// behind. Protected only.
+    WebhookKillDrain,
     /// `helm uninstall` while a `kubectl drain` has pods isolated: Helm's deletions in
     /// Helm's order, then the webhook replica stops; nothing isolated may be left and the
     /// webhook's rights must go once it is done. Protected only, and last (it removes the
@@ -99,6 +106,7 @@ impl fmt::Display for Disruption {
             Disruption::StatefulSetLongDelay => "statefulset-long-delay",
             Disruption::ApiServerRestartDrain => "apiserver-restart-drain",
             Disruption::ControllerManagerRestartRollout => "controller-manager-restart-rollout",
+            Disruption::WebhookKillDrain => "webhook-kill-drain",
             Disruption::UninstallMidDrain => "uninstall-mid-drain",
         })
     }
@@ -171,6 +179,12 @@ pub fn scenarios(upstream: bool, faults: bool) -> Vec<RealScenario> {
             expect: Expect::Pass,
         });
     }
+    // Needs nothing of the control plane: it runs against any cluster.
+    all.push(RealScenario {
+        disruption: WebhookKillDrain,
+        protection: Protection::GracefulDrain,
+        expect: Expect::Pass,
+    });
     all.push(RealScenario {
         disruption: UninstallMidDrain,
         protection: Protection::GracefulDrain,
@@ -287,6 +301,9 @@ pub async fn run(
                     .map_err(|e| graceful_drain_core::error::chain(&e).to_string()),
                 None => Err("no control plane of our own to restart".to_string()),
             },
+            (Some(Ok(c)), Disruption::WebhookKillDrain) => webhook_kill_drain(&cluster, cfg, c)
+                .await
+                .map_err(|e| graceful_drain_core::error::chain(&e).to_string()),
             (Some(Ok(c)), Disruption::UninstallMidDrain) => uninstall_mid_drain(&cluster, cfg, c)
                 .await
                 .map_err(|e| graceful_drain_core::error::chain(&e).to_string()),
@@ -390,6 +407,7 @@ async fn run_row(
         | Disruption::StatefulSetLongDelay
         | Disruption::ApiServerRestartDrain
         | Disruption::ControllerManagerRestartRollout
+        | Disruption::WebhookKillDrain
         | Disruption::UninstallMidDrain => Err(Error::Component {
             name: s.disruption.to_string(),
             reason: "runs only once graceful-drain's components have started".into(),
@@ -739,6 +757,84 @@ async fn restart_mid_row(
     if fault == Disruption::ApiServerRestartDrain {
         uncordon(cluster, &node, Protection::GracefulDrain, timeout).await?;
     }
+    delete_namespace(cluster, &cfg.web.namespace).await;
+    measured
+}
+
+/// A LifecycleEvent drain while a webhook replica's process is killed (see
+/// [`Disruption::WebhookKillDrain`]): two replicas serve behind one address, as the
+/// chart's two behind their Service; the one that holds the Lease dies at the first
+/// isolation, and the other serves on, waits out the dead one's Lease, then deletes or
+/// restores what it left. The drain must finish with no 5xx, and no pod may stay isolated
+/// afterwards.
+async fn webhook_kill_drain(
+    cluster: &RealCluster,
+    cfg: &ScenarioConfig,
+    components: &mut Components,
+) -> Result<Measured, Error> {
+    let mut cfg = cfg.clone();
+    cfg.web.namespace = "webhook-kill-drain-graceful-drain".to_string();
+    cluster.ensure_namespace(&cfg.web.namespace).await?;
+    cluster.deploy_web(&cfg.web, cfg.phase_timeout).await?;
+    cluster.step("two webhook replicas, the Lease holder in a process of its own");
+    let holder = components
+        .two_replicas_one_a_process(cluster, &cfg.components)
+        .await?;
+    let client = cluster.client();
+    let timeout = cfg.phase_timeout;
+    let pods = Api::<Pod>::namespaced(client.clone(), &cfg.web.namespace);
+    let isolated = ListParams::default().labels(graceful_drain_core::labels::DRAINING_LABEL);
+    let node = busiest_node(cluster, &cfg.web).await?;
+    let row = async {
+        let drain = async {
+            cluster.step(format!("LifecycleEvent drain of {node}"));
+            actions::lifecycle_drain(&client, &node, timeout * 2).await
+        };
+        let kill_at_first_isolation = async {
+            wait_for("a pod isolated", timeout, || async {
+                pods.list_metadata(&isolated)
+                    .await
+                    .is_ok_and(|l| !l.items.is_empty())
+            })
+            .await?;
+            cluster.step(format!(
+                "kill -9 the webhook replica {holder}, holding the Lease"
+            ));
+            components.kill_webhook_process().await?;
+            Ok::<(), Error>(())
+        };
+        let (done, killed) = tokio::join!(drain, kill_at_first_isolation);
+        killed?;
+        done?;
+        // Nothing the dead replica isolated is left: the drain's retried evictions removed
+        // its pods, or the replica beside it deletes or restores them once it holds the
+        // Lease, which it must take once the dead one's expires (15 s).
+        wait_for("no pod left isolated", timeout * 2, || async {
+            pods.list_metadata(&isolated)
+                .await
+                .is_ok_and(|l| l.items.is_empty())
+        })
+        .await?;
+        let leases = Api::<Lease>::namespaced(client.clone(), super::components::NAMESPACE);
+        wait_for(
+            "the surviving replica holding the deleter Lease",
+            timeout,
+            || async {
+                leases
+                    .get_opt(graceful_drain_webhook::lease::DEFAULT_NAME)
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|l| l.spec?.holder_identity)
+                    .is_some_and(|h| !h.is_empty() && h != holder)
+            },
+        )
+        .await?;
+        cluster.step("the surviving replica holds the Lease");
+        Ok::<(), Error>(())
+    };
+    let measured = measure(cluster, &cfg, row).await;
+    uncordon(cluster, &node, Protection::GracefulDrain, timeout).await?;
     delete_namespace(cluster, &cfg.web.namespace).await;
     measured
 }
