@@ -8,6 +8,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
 
+use graceful_drain_testing::kubectl;
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
@@ -179,22 +180,6 @@ async fn pods_on_node(client: &kube::Client) -> BTreeSet<String> {
         .collect()
 }
 
-/// Runs the real kubectl against the simulated cluster: (success, stdout + stderr).
-fn kubectl(kubeconfig: &Path, args: &[&str]) -> (bool, String) {
-    let out = std::process::Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(args)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
-
 /// Pod names kubectl says it would evict (`evicting pod default/x (dry run)`).
 fn kubectl_evictions(output: &str) -> BTreeSet<String> {
     output
@@ -278,12 +263,13 @@ async fn drains_each_kind_of_pod_like_kubectl_and_waits_out_a_blocking_pdb() {
         .api()
         .write_kubeconfig(&kubeconfig, "admin")
         .unwrap();
-    let (ok, strict) = kubectl(
+    let (ok, strict) = kubectl::run(
         &kubeconfig,
         &["drain", NODE, "--ignore-daemonsets", "--dry-run=client"],
-    );
+    )
+    .outcome();
     assert!(!ok, "kubectl refuses: {strict}");
-    let (ok, lax) = kubectl(
+    let (ok, lax) = kubectl::run(
         &kubeconfig,
         &[
             "drain",
@@ -293,7 +279,8 @@ async fn drains_each_kind_of_pod_like_kubectl_and_waits_out_a_blocking_pdb() {
             "--force",
             "--dry-run=client",
         ],
-    );
+    )
+    .outcome();
     assert!(ok, "{lax}");
     let kubectl_evicts = kubectl_evictions(&lax);
     let mut expected: BTreeSet<String> = web_here.clone();

@@ -35,8 +35,8 @@ use super::decide::PodFacts;
 use super::isolate;
 use super::metrics::Metrics;
 use graceful_drain_core::labels::{
-    DELETE_AT_ANNOTATION, DRAINING_LABEL, GRACE_PERIOD_ANNOTATION, ORIGINAL_LABELS_ANNOTATION,
-    RESTORE_AT_ANNOTATION, webhook_reason,
+    DELAY_ANNOTATION, DELETE_AT_ANNOTATION, DRAINING_LABEL, GRACE_PERIOD_ANNOTATION,
+    ORIGINAL_LABELS_ANNOTATION, RESTORE_AT_ANNOTATION, webhook_reason,
 };
 use graceful_drain_core::runtime::Shutdown;
 
@@ -101,6 +101,9 @@ pub struct Pending {
     pub restore_at: Option<Timestamp>,
     /// The pod's labels as isolated: which PDBs still select it.
     pub labels: std::collections::BTreeMap<String, String>,
+    /// The pod's own deregistration delay (its `graceful-drain.io/deregistration-delay`
+    /// annotation), if it asks for one.
+    pub delay: Option<Duration>,
 }
 
 impl Pending {
@@ -137,6 +140,9 @@ pub fn pending_from(meta: &ObjectMeta) -> Option<Pending> {
             .get(RESTORE_AT_ANNOTATION)
             .and_then(|a| a.parse().ok()),
         labels: meta.labels.clone().unwrap_or_default(),
+        delay: annotations
+            .get(DELAY_ANNOTATION)
+            .and_then(|v| humantime::parse_duration(v.trim()).ok()),
     })
 }
 
@@ -200,9 +206,12 @@ impl Attempt {
 pub struct Deleter {
     pub ctx: isolate::Context,
     pub metrics: Arc<Metrics>,
-    /// How long after the pod left every EndpointSlice it may be deleted (it never is
-    /// while one lists it).
+    /// How long, past its deregistration delay, after the pod left every EndpointSlice it
+    /// may be deleted (it never is while one lists it).
     pub margin: Duration,
+    /// The deregistration delay of a pod and namespace that ask for none, and the longest
+    /// one may ask for ([`Deleter::counting_delays`]).
+    delays: (Duration, Duration),
     pending: HashMap<String, Pending>,
     /// The watched metadata of pods their callers remove, to restore them from.
     metas: HashMap<String, ObjectMeta>,
@@ -227,6 +236,7 @@ impl Deleter {
             ctx,
             metrics,
             margin: wait.unwrap_or(Duration::ZERO),
+            delays: (Duration::ZERO, Duration::ZERO),
             pending: HashMap::new(),
             metas: HashMap::new(),
             isolated_seen: HashMap::new(),
@@ -235,6 +245,31 @@ impl Deleter {
             renew_after: super::disruption::RENEW_AFTER,
             renew_failed: HashMap::new(),
         }
+    }
+
+    /// Counts each pod's deregistration delay (its annotation, its namespace's, else
+    /// `default`; at most `max`) from its leaving the last EndpointSlice, as admission
+    /// does: when the EndpointSlice controller lags (seconds after a kube-apiserver
+    /// restart, while it relists), a pod due at its isolation time plus the delay would
+    /// otherwise die before load balancers let go of it.
+    pub fn counting_delays(mut self, default: Duration, max: Duration) -> Deleter {
+        self.delays = (default, max);
+        self
+    }
+
+    /// The deregistration delay of `pod`.
+    fn delay_of(&self, pod: &Pending) -> Duration {
+        let (default, max) = self.delays;
+        let namespace = self.cache().namespace(&pod.namespace);
+        pod.delay
+            .or_else(|| {
+                namespace
+                    .delay
+                    .as_deref()
+                    .and_then(|v| humantime::parse_duration(v.trim()).ok())
+            })
+            .unwrap_or(default)
+            .min(max)
     }
 
     /// Rewrites a held pod's `disruptedPods` entry once it is older than `after` (the
@@ -361,7 +396,8 @@ impl Deleter {
             .filter(|(uid, _)| self.attempted.get(*uid).is_none_or(Attempt::elapsed))
             .filter(|(_, p)| {
                 let left = self.cache().left_slices_at(&p.namespace, &p.name);
-                is_due(p, now, self.margin, self.listed(p), left)
+                let wait = self.delay_of(p) + self.margin;
+                is_due(p, now, wait, self.listed(p), left)
             })
             .map(|(_, p)| p.clone())
             .collect()
@@ -797,6 +833,7 @@ mod tests {
             controller: None,
             restore_at: None,
             labels: Default::default(),
+            delay: None,
         };
         let before = at("2026-01-01T00:00:59Z");
         let after = at("2026-01-01T00:01:01Z");
@@ -856,6 +893,75 @@ mod tests {
             pauses.push(waited);
         }
         assert_eq!(pauses, [1000, 2000, 4000, 8000, 10000, 10000, 10000]);
+    }
+
+    /// The deleter counts a pod's deregistration delay from its leaving the last slice, as
+    /// admission does: the real tier's `apiserver-restart-drain` saw a pod isolated at :50.97
+    /// with a 5 s delay leave its slice only at :52.9 (the EndpointSlice controller was
+    /// relisting after the restart) and die at :55, before its load balancer let go.
+    #[tokio::test]
+    async fn the_deleter_counts_the_delay_from_the_pods_leaving_its_slices() {
+        let (client, _api) = graceful_drain_testing::fixtures::mock::client();
+        let mut registry = prometheus_client::registry::Registry::default();
+        let cache = Arc::new(Cache::default());
+        cache.apply_namespace(
+            &serde_json::from_value(serde_json::json!({"name": "slow",
+                "annotations": {DELAY_ANNOTATION: "20s"}}))
+            .unwrap(),
+        );
+        let ctx = isolate::Context {
+            client,
+            cache,
+            identity: "w".into(),
+            events: isolate::EventSink::Inline,
+            keep_labels: Default::default(),
+            restore_after: isolate::RESTORE_AFTER,
+            gates: Default::default(),
+            owners: Default::default(),
+        };
+        let metrics = Arc::new(Metrics::new(&mut registry));
+        let deleter = Deleter::new(ctx, metrics, None)
+            .counting_delays(Duration::from_secs(5), Duration::from_secs(60));
+        let pod = Pending {
+            namespace: "web".into(),
+            name: "a".into(),
+            uid: "u".into(),
+            delete_at: at("2026-01-01T00:00:55Z"),
+            grace_period: None,
+            terminating: false,
+            controller: None,
+            restore_at: None,
+            labels: Default::default(),
+            delay: None,
+        };
+        let secs = Duration::from_secs;
+        assert_eq!(deleter.delay_of(&pod), secs(5), "the default");
+        let asks = Pending {
+            delay: Some(secs(8)),
+            ..pod.clone()
+        };
+        assert_eq!(deleter.delay_of(&asks), secs(8), "the pod's annotation");
+        let greedy = Pending {
+            delay: Some(secs(3600)),
+            ..pod.clone()
+        };
+        assert_eq!(deleter.delay_of(&greedy), secs(60), "at most the longest");
+        let slow = Pending {
+            namespace: "slow".into(),
+            ..pod.clone()
+        };
+        assert_eq!(
+            deleter.delay_of(&slow),
+            secs(20),
+            "the namespace's annotation"
+        );
+        let left = Some(at("2026-01-01T00:00:52.9Z"));
+        let wait = deleter.delay_of(&pod) + deleter.margin;
+        assert!(
+            !is_due(&pod, at("2026-01-01T00:00:55Z"), wait, false, left),
+            "its delete time, but it left its slice 2.1 s before"
+        );
+        assert!(is_due(&pod, at("2026-01-01T00:00:58Z"), wait, false, left));
     }
 
     /// A restarted replica lists isolated pods and deletes the due one, with its UID

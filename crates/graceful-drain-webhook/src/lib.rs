@@ -145,8 +145,8 @@ pub struct PolicyArgs {
     #[arg(long, value_enum, default_value_t, env = "GRACEFUL_DRAIN_EXPOSURE")]
     pub exposure: Exposure,
     /// An isolated pod never goes while an EndpointSlice still lists it (up to 10 minutes
-    /// past its delete time); the deferred deleter also waits this margin after it left
-    /// the last one (default none).
+    /// past its delete time), nor before its delay has passed since it left the last one;
+    /// the deferred deleter also waits this margin more (default none).
     #[arg(long, value_name = "MARGIN", value_parser = humantime::parse_duration)]
     pub wait_for_endpoints: Option<Duration>,
     /// Namespaces never handled (repeatable), in addition to namespaces labelled
@@ -265,6 +265,9 @@ struct Workers {
     lease_namespace: String,
     lease_name: String,
     wait_for_endpoints: Option<Duration>,
+    /// The default and longest deregistration delay, which the deleter counts from a pod's
+    /// leaving its last EndpointSlice as admission does.
+    delays: (Duration, Duration),
     disruption_renew_after: Duration,
     deployment: Option<String>,
 }
@@ -282,6 +285,7 @@ fn spawn_workers(w: Workers, shutdown: &Shutdown) -> Vec<tokio::task::JoinHandle
         lease_namespace,
         lease_name,
         wait_for_endpoints,
+        delays,
         disruption_renew_after,
         deployment,
     } = w;
@@ -316,6 +320,7 @@ fn spawn_workers(w: Workers, shutdown: &Shutdown) -> Vec<tokio::task::JoinHandle
         ..ctx
     };
     let mut deleter = deleter::Deleter::new(deleter_ctx, metrics, wait_for_endpoints)
+        .counting_delays(delays.0, delays.1)
         .renewing_disruptions_after(disruption_renew_after);
     if let Some(name) = &deployment {
         deleter = deleter.finishing_on_uninstall(&lease_namespace, name);
@@ -449,6 +454,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         lease_namespace,
         lease_name,
         wait_for_endpoints: policy.wait_for_endpoints,
+        delays: (deregistration_delay, max_deregistration_delay),
         disruption_renew_after: policy.disruption_renew_after,
         deployment,
     };

@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
 
+use graceful_drain_testing::kubectl;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -581,23 +582,6 @@ async fn eviction_with_a_stale_uid_precondition_never_isolates_the_live_pod() {
     assert!(!has_event(&cluster, &victim, webhook_reason::ISOLATED).await);
 }
 
-/// Runs the real kubectl against the simulated cluster.
-async fn kubectl(kubeconfig: &std::path::Path, args: &[&str]) -> (bool, String) {
-    let output = tokio::process::Command::new("/usr/bin/kubectl")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(args)
-        .output()
-        .await
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    (output.status.success(), text)
-}
-
 /// While the pods of a first `kubectl drain` wait out their delay, a second `kubectl
 /// drain` of the node succeeds without `--force`: the isolated pods still declare a
 /// controller (the Deployment), and their evictions are refused with a deregistering 429
@@ -630,7 +614,7 @@ async fn a_second_kubectl_drain_works_while_isolated_pods_wait() {
         let drain: Vec<String> = drain.iter().map(|s| s.to_string()).collect();
         async move {
             let args: Vec<&str> = drain.iter().map(String::as_str).collect();
-            kubectl(&kubeconfig, &args).await
+            kubectl::run_async(&kubeconfig, &args).await.outcome()
         }
     });
     let on_node = || async {
@@ -673,7 +657,7 @@ async fn a_second_kubectl_drain_works_while_isolated_pods_wait() {
         .max()
         .unwrap();
     assert!(jiff::Timestamp::now() < due, "the pods are due already");
-    let (ok, text) = kubectl(&kubeconfig, &drain).await;
+    let (ok, text) = kubectl::run_async(&kubeconfig, &drain).await.outcome();
     assert!(ok, "second drain failed:\n{text}");
     assert!(
         jiff::Timestamp::now() >= due,

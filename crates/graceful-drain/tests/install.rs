@@ -14,6 +14,7 @@
 #[path = "install_support/rbac.rs"]
 mod rbac;
 
+use graceful_drain_testing::kubectl;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -64,27 +65,9 @@ fn kind(doc: &Value) -> &str {
     doc["kind"].as_str().unwrap_or_default()
 }
 
-/// Runs kubectl against the simulated cluster; panics with its output on failure.
-fn kubectl(kubeconfig: &Path, args: &[&str]) -> String {
-    let out = std::process::Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(args)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "kubectl {}: {stdout}{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
-
 /// `(apiVersion, kind)` pairs the cluster serves, from kubectl's own discovery.
 fn served_kinds(kubeconfig: &Path) -> Vec<(String, String)> {
-    kubectl(kubeconfig, &["api-resources", "--no-headers"])
+    kubectl::stdout(kubeconfig, &["api-resources", "--no-headers"])
         .lines()
         .filter_map(|line| {
             let cols: Vec<&str> = line.split_whitespace().collect();
@@ -125,8 +108,8 @@ fn apply(kubeconfig: &Path, dir: &Path, docs: &[Value]) -> Vec<String> {
     let rest_file = dir.join("rest.yaml");
     write_docs(&ns_file, &namespaces);
     write_docs(&rest_file, &applied);
-    kubectl(kubeconfig, &["apply", "-f", ns_file.to_str().unwrap()]);
-    kubectl(kubeconfig, &["apply", "-f", rest_file.to_str().unwrap()]);
+    kubectl::stdout(kubeconfig, &["apply", "-f", ns_file.to_str().unwrap()]);
+    kubectl::stdout(kubeconfig, &["apply", "-f", rest_file.to_str().unwrap()]);
     let mut skipped: Vec<String> = skipped.iter().map(|d| kind(d).to_string()).collect();
     skipped.dedup();
     skipped
@@ -134,8 +117,11 @@ fn apply(kubeconfig: &Path, dir: &Path, docs: &[Value]) -> Vec<String> {
 
 /// What cert-manager's cainjector does for `cert-manager.io/inject-ca-from`.
 fn inject_ca(kubeconfig: &Path, resource: &str, ca_pem: &str) {
-    let config: Value =
-        serde_json::from_str(&kubectl(kubeconfig, &["get", resource, NAME, "-o", "json"])).unwrap();
+    let config: Value = serde_json::from_str(&kubectl::stdout(
+        kubeconfig,
+        &["get", resource, NAME, "-o", "json"],
+    ))
+    .unwrap();
     let annotation = &config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"];
     assert_eq!(
         annotation,
@@ -147,7 +133,7 @@ fn inject_ca(kubeconfig: &Path, resource: &str, ca_pem: &str) {
         .map(|i| json!({"op": "add", "path": format!("/webhooks/{i}/clientConfig/caBundle"), "value": bundle}))
         .collect();
     let patch = serde_json::to_string(&patch).unwrap();
-    kubectl(
+    kubectl::stdout(
         kubeconfig,
         &["patch", resource, NAME, "--type=json", "-p", &patch],
     );

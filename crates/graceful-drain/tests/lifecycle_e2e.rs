@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use graceful_drain_testing::kubectl;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::{Arc, Mutex};
@@ -147,23 +148,15 @@ async fn env_with(
         env!("CARGO_MANIFEST_DIR"),
         "/../../charts/graceful-drain/files/lifecycle-crds.yaml"
     );
-    let out = kubectl(&kubeconfig, &["apply", "-f", crds]);
-    assert!(
-        out.status.success(),
-        "kubectl apply crds: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = kubectl::run(&kubeconfig, &["apply", "-f", crds]);
+    assert!(out.ok, "kubectl apply crds: {}", out.stderr);
     if seed_group {
         let seed = concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../../charts/graceful-drain/files/lifecycle-crds-seed.yaml"
         );
-        let out = kubectl(&kubeconfig, &["apply", "-f", seed]);
-        assert!(
-            out.status.success(),
-            "kubectl apply seed crds: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = kubectl::run(&kubeconfig, &["apply", "-f", seed]);
+        assert!(out.ok, "kubectl apply seed crds: {}", out.stderr);
     }
     let seeds: Api<kube::api::DynamicObject> = Api::all_with(
         cluster.client(),
@@ -270,16 +263,6 @@ fn statuses(seen: &Seen, name: &str, from: usize) -> Vec<String> {
     out
 }
 
-/// Runs the real kubectl.
-fn kubectl(kubeconfig: &Path, args: &[&str]) -> Output {
-    std::process::Command::new("/usr/bin/kubectl")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(args)
-        .output()
-        .unwrap()
-}
-
 async fn graceful_drain(kubeconfig: &Path, args: &[&str]) -> Output {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_graceful-drain"))
         .args(args)
@@ -378,12 +361,8 @@ async fn a_seed_group_event_applied_with_kubectl_drains_through_its_mirror() {
     );
     let file = env.dir.path().join("seed-drain-event.yaml");
     std::fs::write(&file, example).unwrap();
-    let out = kubectl(&env.kubeconfig, &["apply", "-f", file.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "kubectl apply: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = kubectl::run(&env.kubeconfig, &["apply", "-f", file.to_str().unwrap()]);
+    assert!(out.ok, "kubectl apply: {}", out.stderr);
     wait_for("the seed event to finish", TIMEOUT, || async {
         matches!(seeds.get_opt("worker-1-drain").await, Ok(None))
     })
@@ -523,12 +502,8 @@ async fn kubectl_applied_event_drains_and_a_later_one_drains_again() {
         "/../../deploy/examples/drain-event.yaml"
     );
 
-    let out = kubectl(&env.kubeconfig, &["apply", "-f", example]);
-    assert!(
-        out.status.success(),
-        "kubectl apply: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = kubectl::run(&env.kubeconfig, &["apply", "-f", example]);
+    assert!(out.ok, "kubectl apply: {}", out.stderr);
     wait_gone(&events, "worker-1-drain").await;
     assert_eq!(
         statuses(&seen, "worker-1-drain", 0),
@@ -554,12 +529,8 @@ async fn kubectl_applied_event_drains_and_a_later_one_drains_again() {
     // The same file applied later runs the drain again (Start is called although the
     // node still shows drain-complete).
     let mark = seen.lock().unwrap().len();
-    let out = kubectl(&env.kubeconfig, &["apply", "-f", example]);
-    assert!(
-        out.status.success(),
-        "kubectl apply: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = kubectl::run(&env.kubeconfig, &["apply", "-f", example]);
+    assert!(out.ok, "kubectl apply: {}", out.stderr);
     wait_gone(&events, "worker-1-drain").await;
     assert_eq!(
         statuses(&seen, "worker-1-drain", mark),

@@ -4,6 +4,7 @@
 // Helpers outside #[test] functions unwrap too: a failed step fails the test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use graceful_drain_testing::kubectl;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
@@ -276,21 +277,6 @@ impl Drop for Served {
     }
 }
 
-fn kubectl(kubeconfig: &std::path::Path, args: &[&str]) -> (bool, String) {
-    let out = std::process::Command::new("/usr/bin/kubectl")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(args)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_kubectl_against_serve() {
     let dir = tempfile::tempdir().unwrap();
@@ -309,18 +295,19 @@ async fn real_kubectl_against_serve() {
     .await
     .unwrap();
 
-    let (ok, nodes) = kubectl(&kc, &["get", "nodes"]);
+    let (ok, nodes) = kubectl::run(&kc, &["get", "nodes"]).outcome();
     assert!(
         ok && nodes.contains("worker-1") && nodes.contains("worker-2"),
         "{nodes}"
     );
-    let (ok, pods) = kubectl(
+    let (ok, pods) = kubectl::run(
         &kc,
         &["get", "pods", "-o", "jsonpath={.items[*].status.phase}"],
-    );
+    )
+    .outcome();
     assert!(ok && pods.matches("Running").count() == 4, "{pods}");
 
-    let (ok, lb) = kubectl(
+    let (ok, lb) = kubectl::run(
         &kc,
         &[
             "get",
@@ -329,11 +316,12 @@ async fn real_kubectl_against_serve() {
             "-o",
             "jsonpath={.status.loadBalancer.ingress[0].hostname}",
         ],
-    );
+    )
+    .outcome();
     assert!(ok && lb == "web.default.lb.sim", "{lb}");
-    let (ok, out) = kubectl(&kc, &["cordon", "worker-1"]);
+    let (ok, out) = kubectl::run(&kc, &["cordon", "worker-1"]).outcome();
     assert!(ok && out.contains("cordoned"), "{out}");
-    let (ok, node) = kubectl(
+    let (ok, node) = kubectl::run(
         &kc,
         &[
             "get",
@@ -342,7 +330,8 @@ async fn real_kubectl_against_serve() {
             "-o",
             "jsonpath={.spec.unschedulable}",
         ],
-    );
+    )
+    .outcome();
     assert!(ok && node == "true", "{node}");
 
     let manifest = dir.path().join("cm.yaml");
@@ -351,17 +340,18 @@ async fn real_kubectl_against_serve() {
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: probe\ndata:\n  a: b\n",
     )
     .unwrap();
-    let (ok, out) = kubectl(&kc, &["apply", "-f", manifest.to_str().unwrap()]);
+    let (ok, out) = kubectl::run(&kc, &["apply", "-f", manifest.to_str().unwrap()]).outcome();
     assert!(ok, "{out}");
-    let (ok, out) = kubectl(&kc, &["delete", "configmap", "probe"]);
+    let (ok, out) = kubectl::run(&kc, &["delete", "configmap", "probe"]).outcome();
     assert!(ok && out.contains("deleted"), "{out}");
 
-    let (ok, out) = kubectl(
+    let (ok, out) = kubectl::run(
         &kc,
         &["drain", "worker-1", "--ignore-daemonsets", "--timeout=60s"],
-    );
+    )
+    .outcome();
     assert!(ok && out.contains("drained"), "{out}");
-    let (ok, left) = kubectl(
+    let (ok, left) = kubectl::run(
         &kc,
         &[
             "get",
@@ -371,13 +361,14 @@ async fn real_kubectl_against_serve() {
             "-o",
             "name",
         ],
-    );
+    )
+    .outcome();
     assert!(
         ok && left.trim().is_empty(),
         "pods left on worker-1: {left}"
     );
     // The Deployment is whole again on the other nodes.
-    let (ok, ready) = kubectl(
+    let (ok, ready) = kubectl::run(
         &kc,
         &[
             "get",
@@ -386,9 +377,10 @@ async fn real_kubectl_against_serve() {
             "-o",
             "jsonpath={.status.availableReplicas}",
         ],
-    );
+    )
+    .outcome();
     assert!(ok, "{ready}");
-    let (ok, out) = kubectl(&kc, &["uncordon", "worker-1"]);
+    let (ok, out) = kubectl::run(&kc, &["uncordon", "worker-1"]).outcome();
     assert!(ok && out.contains("uncordoned"), "{out}");
 }
 

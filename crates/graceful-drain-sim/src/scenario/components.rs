@@ -431,7 +431,7 @@ impl Components {
     /// this process would leave the tasks it spawned running. The process replica starts,
     /// the in-process one shuts down and hands it the deleter Lease, a new in-process
     /// replica starts beside it, and the configurations point to a loopback front
-    /// ([`front`]) that spreads connections over both. Returns the process replica's
+    /// (`front`) that spreads connections over both. Returns the process replica's
     /// identity once it holds the Lease.
     pub async fn two_replicas_one_a_process(
         &mut self,

@@ -110,7 +110,7 @@ pub enum EventSink {
 /// the queue into its batch as Events come, so a 500-pod drain fits.
 pub const EVENT_QUEUE: usize = 1024;
 
-/// What [`isolate`] needs to reach the cluster.
+/// What [`super::isolate`] needs to reach the cluster.
 #[derive(Clone)]
 pub struct Context {
     pub client: kube::Client,

@@ -7,9 +7,9 @@
 //! concurrent change fail instead of being overwritten. A failed test surfaces as
 //! [`Error::Conflict`] so the caller re-reads the pod and decides again.
 //!
-//! One job per file: this one orders the steps; [`owners`] reads the pod's controller,
-//! [`pdb`] charges and refunds budgets, [`relabel`] builds the patch, [`record`] writes
-//! the Events, and [`context`] holds what they share. Uses run one way, never back to a
+//! One job per file: this one orders the steps; `owners` reads the pod's controller,
+//! `pdb` charges and refunds budgets, `relabel` builds the patch, `record` writes
+//! the Events, and `context` holds what they share. Uses run one way, never back to a
 //! caller: `mod` first, then `record`, `pdb`, `relabel`, `owners`, and `context` last.
 
 mod context;

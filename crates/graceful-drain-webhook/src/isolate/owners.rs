@@ -27,7 +27,7 @@ pub struct OwnerReads {
 }
 
 impl OwnerReads {
-    /// The controller with `uid` as an isolation read it less than [`OWNER_TTL`] ago.
+    /// The controller with `uid` as an isolation read it less than `OWNER_TTL` (a minute) ago.
     pub fn get(&self, uid: &str) -> Option<OwnerFacts> {
         let owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
         owners.get(uid, std::time::Instant::now())

@@ -1,0 +1,65 @@
+//! `kubectl` against a test cluster's kubeconfig, the way a user types it. The binary is
+//! the one on `PATH` (`/usr/bin/kubectl` on the development machine and in CI).
+
+use std::path::Path;
+use std::process::Output;
+
+/// What one kubectl command printed, and whether it succeeded.
+#[derive(Debug)]
+pub struct Ran {
+    pub ok: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Ran {
+    fn of(output: Output) -> Ran {
+        Ran {
+            ok: output.status.success(),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
+    /// Whether it succeeded, and [`Ran::text`].
+    pub fn outcome(self) -> (bool, String) {
+        let text = self.text();
+        (self.ok, text)
+    }
+
+    /// Standard output then standard error, as a terminal would show them.
+    pub fn text(&self) -> String {
+        format!("{}{}", self.stdout, self.stderr)
+    }
+}
+
+fn command(kubeconfig: &Path, args: &[&str]) -> std::process::Command {
+    let mut command = std::process::Command::new("kubectl");
+    command.arg("--kubeconfig").arg(kubeconfig).args(args);
+    command
+}
+
+/// Runs `kubectl --kubeconfig <kubeconfig> <args>` and waits for it. Blocks the thread:
+/// on a current-thread runtime that serves the cluster, use [`run_async`].
+pub fn run(kubeconfig: &Path, args: &[&str]) -> Ran {
+    let output = command(kubeconfig, args)
+        .output()
+        .unwrap_or_else(|e| panic!("run kubectl {}: {e}", args.join(" ")));
+    Ran::of(output)
+}
+
+/// [`run`] without blocking the runtime's thread.
+pub async fn run_async(kubeconfig: &Path, args: &[&str]) -> Ran {
+    let output = tokio::process::Command::from(command(kubeconfig, args))
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("run kubectl {}: {e}", args.join(" ")));
+    Ran::of(output)
+}
+
+/// [`run`], which must succeed; its standard output.
+pub fn stdout(kubeconfig: &Path, args: &[&str]) -> String {
+    let ran = run(kubeconfig, args);
+    assert!(ran.ok, "kubectl {}: {}", args.join(" "), ran.text());
+    ran.stdout
+}
