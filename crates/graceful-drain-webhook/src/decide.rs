@@ -490,7 +490,7 @@ pub fn is_exposed(snap: &Snapshot, mode: Exposure) -> bool {
         || snap.services.iter().any(|s| {
             s.selects_pod
                 && s.service_type != ServiceType::ExternalName
-                && service_counts(Some(&s.name), &snap.services, mode)
+                && type_counts(s.service_type, mode)
         })
 }
 
@@ -498,25 +498,38 @@ pub fn is_exposed(snap: &Snapshot, mode: Exposure) -> bool {
 /// does: nothing balances its traffic, clients resolve the pods' own DNS names. A slice
 /// of no known Service (a Gateway's own slice) counts only in the default mode.
 fn service_counts(service: Option<&str>, services: &[ServiceFacts], mode: Exposure) -> bool {
-    let known = service.and_then(|name| services.iter().find(|s| s.name == name));
-    if mode == Exposure::EndpointSlice {
-        return known.is_none_or(|s| s.service_type != ServiceType::Headless);
+    match service.and_then(|name| services.iter().find(|s| s.name == name)) {
+        Some(known) => type_counts(known.service_type, mode),
+        None => mode == Exposure::EndpointSlice,
     }
-    known.is_some_and(|s| match mode {
-        Exposure::EndpointSlice => true,
+}
+
+/// Whether a Service of type `service_type` counts as exposure under `mode`.
+fn type_counts(service_type: ServiceType, mode: Exposure) -> bool {
+    match mode {
+        Exposure::EndpointSlice => service_type != ServiceType::Headless,
         Exposure::External => matches!(
-            s.service_type,
+            service_type,
             ServiceType::LoadBalancer | ServiceType::NodePort
         ),
-        Exposure::LoadBalancer => s.service_type == ServiceType::LoadBalancer,
-    })
+        Exposure::LoadBalancer => service_type == ServiceType::LoadBalancer,
+    }
 }
 
 /// The deregistration delay for `pod`: pod annotation, else namespace annotation, else the
 /// default. An unparsable annotation is ignored (the default is the safe choice).
 pub fn delay_for(pod: &PodFacts, ns: &NamespaceFacts, default: Duration) -> Duration {
-    pod.annotations
-        .get(DELAY_ANNOTATION)
+    delay_from(
+        pod.annotations.get(DELAY_ANNOTATION).map(String::as_str),
+        ns,
+        default,
+    )
+}
+
+/// [`delay_for`] from the value of the pod's delay annotation, for callers that keep only
+/// that (the deferred deleter).
+pub fn delay_from(annotation: Option<&str>, ns: &NamespaceFacts, default: Duration) -> Duration {
+    annotation
         .and_then(|v| humantime::parse_duration(v.trim()).ok())
         .or_else(|| {
             ns.delay

@@ -101,9 +101,8 @@ pub struct Pending {
     pub restore_at: Option<Timestamp>,
     /// The pod's labels as isolated: which PDBs still select it.
     pub labels: std::collections::BTreeMap<String, String>,
-    /// The pod's own deregistration delay (its `graceful-drain.io/deregistration-delay`
-    /// annotation), if it asks for one.
-    pub delay: Option<Duration>,
+    /// The pod's `graceful-drain.io/deregistration-delay` annotation, if it has one.
+    pub delay: Option<String>,
 }
 
 impl Pending {
@@ -140,9 +139,7 @@ pub fn pending_from(meta: &ObjectMeta) -> Option<Pending> {
             .get(RESTORE_AT_ANNOTATION)
             .and_then(|a| a.parse().ok()),
         labels: meta.labels.clone().unwrap_or_default(),
-        delay: annotations
-            .get(DELAY_ANNOTATION)
-            .and_then(|v| humantime::parse_duration(v.trim()).ok()),
+        delay: annotations.get(DELAY_ANNOTATION).cloned(),
     })
 }
 
@@ -261,15 +258,7 @@ impl Deleter {
     fn delay_of(&self, pod: &Pending) -> Duration {
         let (default, max) = self.delays;
         let namespace = self.cache().namespace(&pod.namespace);
-        pod.delay
-            .or_else(|| {
-                namespace
-                    .delay
-                    .as_deref()
-                    .and_then(|v| humantime::parse_duration(v.trim()).ok())
-            })
-            .unwrap_or(default)
-            .min(max)
+        super::decide::delay_from(pod.delay.as_deref(), &namespace, default).min(max)
     }
 
     /// Rewrites a held pod's `disruptedPods` entry once it is older than `after` (the
@@ -895,6 +884,20 @@ mod tests {
         assert_eq!(pauses, [1000, 2000, 4000, 8000, 10000, 10000, 10000]);
     }
 
+    /// The context of replica `w`, its Events sent inline.
+    fn context(client: kube::Client, cache: Arc<Cache>) -> isolate::Context {
+        isolate::Context {
+            client,
+            cache,
+            identity: "w".into(),
+            events: isolate::EventSink::Inline,
+            keep_labels: Default::default(),
+            restore_after: isolate::RESTORE_AFTER,
+            gates: Default::default(),
+            owners: Default::default(),
+        }
+    }
+
     /// The deleter counts a pod's deregistration delay from its leaving the last slice, as
     /// admission does: the real tier's `apiserver-restart-drain` saw a pod isolated at :50.97
     /// with a 5 s delay leave its slice only at :52.9 (the EndpointSlice controller was
@@ -909,16 +912,7 @@ mod tests {
                 "annotations": {DELAY_ANNOTATION: "20s"}}))
             .unwrap(),
         );
-        let ctx = isolate::Context {
-            client,
-            cache,
-            identity: "w".into(),
-            events: isolate::EventSink::Inline,
-            keep_labels: Default::default(),
-            restore_after: isolate::RESTORE_AFTER,
-            gates: Default::default(),
-            owners: Default::default(),
-        };
+        let ctx = context(client, cache);
         let metrics = Arc::new(Metrics::new(&mut registry));
         let deleter = Deleter::new(ctx, metrics, None)
             .counting_delays(Duration::from_secs(5), Duration::from_secs(60));
@@ -937,12 +931,12 @@ mod tests {
         let secs = Duration::from_secs;
         assert_eq!(deleter.delay_of(&pod), secs(5), "the default");
         let asks = Pending {
-            delay: Some(secs(8)),
+            delay: Some("8s".into()),
             ..pod.clone()
         };
         assert_eq!(deleter.delay_of(&asks), secs(8), "the pod's annotation");
         let greedy = Pending {
-            delay: Some(secs(3600)),
+            delay: Some("1h".into()),
             ..pod.clone()
         };
         assert_eq!(deleter.delay_of(&greedy), secs(60), "at most the longest");
@@ -972,16 +966,7 @@ mod tests {
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = Arc::new(Metrics::new(&mut registry));
         let cache = Arc::new(Cache::default());
-        let ctx = isolate::Context {
-            client,
-            cache: cache.clone(),
-            identity: "w".into(),
-            events: isolate::EventSink::Inline,
-            keep_labels: Default::default(),
-            restore_after: isolate::RESTORE_AFTER,
-            gates: Default::default(),
-            owners: Default::default(),
-        };
+        let ctx = context(client, cache.clone());
         let deleter = Deleter::new(ctx, metrics.clone(), None);
         let (_leader_tx, leader_rx) = watch::channel(true);
         let shutdown = Shutdown::new();

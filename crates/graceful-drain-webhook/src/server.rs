@@ -276,12 +276,13 @@ async fn respond_delete(
     }
     // Fast path: neither isolated (its own labels say so) nor listed as a ready endpoint,
     // nor selected by a Service whose slice may list it any moment.
-    let labels = del.object.metadata.labels.clone().unwrap_or_default();
-    let draining = labels.contains_key(graceful_drain_core::labels::DRAINING_LABEL);
+    let labels = del.object.metadata.labels.as_ref();
+    let draining =
+        labels.is_some_and(|l| l.contains_key(graceful_drain_core::labels::DRAINING_LABEL));
     let cache = &state.ctx.cache;
     if !draining
         && !cache.has_ready_endpoint(&namespace, &name)
-        && !cache.service_selects(&namespace, &labels)
+        && !labels.is_some_and(|l| cache.service_selects(&namespace, l))
     {
         return (review::allow(request), Pass::NotExposed.as_str());
     }

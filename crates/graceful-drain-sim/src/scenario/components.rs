@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 
 use super::Error;
 use graceful_drain_core::runtime::Shutdown;
-use kube_sim::cluster::{Access, DataPlane};
+use kube_sim::cluster::{Access, DataPlane, wait_for};
 
 /// Namespace of our components (the chart's default).
 pub const NAMESPACE: &str = "graceful-drain";
@@ -478,25 +478,13 @@ impl Components {
         point_configurations(cluster, replica.listen, &ca, cfg.timeout_seconds).await?;
         old_stop.cancel();
         self.join_task(&old_task).await?;
-        let leases = Api::<Lease>::namespaced(cluster.client(), NAMESPACE);
-        let holds = || async {
-            leases
-                .get_opt(graceful_drain_webhook::lease::DEFAULT_NAME)
-                .await
-                .ok()
-                .flatten()
-                .and_then(|l| l.spec?.holder_identity)
-                == Some(replica.identity.clone())
-        };
-        let deadline = Instant::now() + READY_TIMEOUT;
-        while !holds().await {
-            if Instant::now() >= deadline {
-                return Err(component_err(&name)(format!(
-                    "did not take the deleter Lease within {READY_TIMEOUT:?}"
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let client = cluster.client();
+        wait_for(
+            &format!("{name} holding the deleter Lease"),
+            READY_TIMEOUT,
+            || async { deleter_lease_holder(&client).await.as_ref() == Some(&replica.identity) },
+        )
+        .await?;
         let beside = self.spawn_webhook(cluster, cfg).await?;
         let service = front(vec![replica.listen, beside], self.stop.clone()).await?;
         point_configurations(cluster, service, &ca, cfg.timeout_seconds).await?;
@@ -653,6 +641,18 @@ fn gone(r: kube::Result<()>) -> kube::Result<()> {
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         r => r,
     }
+}
+
+/// Who holds the webhook's deleter Lease now, if anyone (an unreadable Lease counts as
+/// nobody).
+pub async fn deleter_lease_holder(client: &kube::Client) -> Option<String> {
+    Api::<Lease>::namespaced(client.clone(), NAMESPACE)
+        .get_opt(graceful_drain_webhook::lease::DEFAULT_NAME)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec?.holder_identity)
+        .filter(|h| !h.is_empty())
 }
 
 /// A Service in front of webhook replicas, on loopback: each connection goes to the next

@@ -15,7 +15,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 
 use super::actions::ready_live;
@@ -698,6 +697,19 @@ async fn below_min_available(client: &kube::Client, namespace: &str, min: i32) -
     }
 }
 
+/// Waits until a pod of `pods` is isolated (carries the draining label): the moment the
+/// fault rows strike.
+async fn first_isolation(pods: &Api<Pod>, timeout: Duration) -> Result<(), Error> {
+    let isolated = ListParams::default().labels(graceful_drain_core::labels::DRAINING_LABEL);
+    wait_for("a pod isolated", timeout, || async {
+        pods.list_metadata(&isolated)
+            .await
+            .is_ok_and(|l| !l.items.is_empty())
+    })
+    .await?;
+    Ok(())
+}
+
 /// A drain (kube-apiserver restarted) or a rollout restart (kube-controller-manager
 /// restarted) with graceful-drain: the component is restarted once the first pod of the
 /// row is isolated, and the drain or rollout must still finish with no 5xx.
@@ -718,7 +730,6 @@ async fn restart_mid_row(
         _ => "kube-controller-manager",
     };
     let pods = Api::<Pod>::namespaced(client.clone(), &cfg.web.namespace);
-    let isolated = ListParams::default().labels(graceful_drain_core::labels::DRAINING_LABEL);
     let node = busiest_node(cluster, &cfg.web).await?;
     let row = async {
         let disruption = async {
@@ -731,12 +742,7 @@ async fn restart_mid_row(
             }
         };
         let fault_at_first_isolation = async {
-            wait_for("a pod isolated", timeout, || async {
-                pods.list_metadata(&isolated)
-                    .await
-                    .is_ok_and(|l| !l.items.is_empty())
-            })
-            .await?;
+            first_isolation(&pods, timeout).await?;
             cluster.step(format!("restart {component}"));
             let restarted = tokio::task::spawn_blocking(move || restart(component))
                 .await
@@ -791,12 +797,7 @@ async fn webhook_kill_drain(
             actions::lifecycle_drain(&client, &node, timeout * 2).await
         };
         let kill_at_first_isolation = async {
-            wait_for("a pod isolated", timeout, || async {
-                pods.list_metadata(&isolated)
-                    .await
-                    .is_ok_and(|l| !l.items.is_empty())
-            })
-            .await?;
+            first_isolation(&pods, timeout).await?;
             cluster.step(format!(
                 "kill -9 the webhook replica {holder}, holding the Lease"
             ));
@@ -815,18 +816,13 @@ async fn webhook_kill_drain(
                 .is_ok_and(|l| l.items.is_empty())
         })
         .await?;
-        let leases = Api::<Lease>::namespaced(client.clone(), super::components::NAMESPACE);
         wait_for(
             "the surviving replica holding the deleter Lease",
             timeout,
             || async {
-                leases
-                    .get_opt(graceful_drain_webhook::lease::DEFAULT_NAME)
+                super::components::deleter_lease_holder(&client)
                     .await
-                    .ok()
-                    .flatten()
-                    .and_then(|l| l.spec?.holder_identity)
-                    .is_some_and(|h| !h.is_empty() && h != holder)
+                    .is_some_and(|h| h != holder)
             },
         )
         .await?;
@@ -893,12 +889,7 @@ async fn uninstall_mid_drain(
             let (client, node) = (client.clone(), node.clone());
             tokio::spawn(async move { actions::plain_drain(&client, &node, timeout * 3).await })
         };
-        wait_for("a pod isolated by the drain", timeout, || async {
-            pods.list_metadata(&isolated)
-                .await
-                .is_ok_and(|l| !l.items.is_empty())
-        })
-        .await?;
+        first_isolation(&pods, timeout).await?;
         cluster.step("helm uninstall");
         components.remove_configurations(cluster).await?;
         let dp = DeleteParams::default();
