@@ -48,7 +48,9 @@ impl Default for FilterOptions {
 /// `namespace/name` of a pod, for messages and maps.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PodKey {
+    /// The pod's namespace (empty if the pod had none).
     pub namespace: String,
+    /// The pod's name (empty if the pod had none).
     pub name: String,
 }
 

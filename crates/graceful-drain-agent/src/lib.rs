@@ -32,6 +32,7 @@ use tokio_stream::wrappers::UnixListenerStream;
 
 use crate::reconciler::{Mode, ReconcilerArgs};
 use graceful_drain_core::admin::{self, Readiness};
+use graceful_drain_core::backoff::Backoff;
 use graceful_drain_core::lifecycle::{DEFAULT_DRIVER, DRAIN_TRANSITION, MAINTENANCE_TRANSITION};
 use graceful_drain_core::proto::registration::registration_server::RegistrationServer;
 use graceful_drain_core::proto::slm::slm_plugin_server::SlmPluginServer;
@@ -81,6 +82,7 @@ pub struct Args {
     /// Name of the maintenance-complete LifecycleTransition.
     #[arg(long, default_value = MAINTENANCE_TRANSITION, env = "GRACEFUL_DRAIN_MAINTENANCE_TRANSITION")]
     pub maintenance_transition: String,
+    /// The drain options (kubectl's flags and ours).
     #[command(flatten)]
     pub drain: DrainArgs,
     /// Maintenance hooks: a JSON list of {name, at (drain-start | before-eviction |
@@ -88,8 +90,10 @@ pub struct Args {
     /// timeout, pollInterval, optional}; see docs/hooks.md.
     #[arg(long, default_value = "", hide_default_value = true, value_name = "JSON", value_parser = hooks::parse_arg, env = "GRACEFUL_DRAIN_HOOKS")]
     pub hooks: hooks::Hooks,
+    /// Whether and how the lifecycle reconciler runs.
     #[command(flatten)]
     pub reconciler: ReconcilerArgs,
+    /// How to reach the API server.
     #[command(flatten)]
     pub kube: graceful_drain_core::kubeclient::KubeArgs,
 }
@@ -456,9 +460,11 @@ async fn publish_until_done(
     events: &report::NodeEvents,
     shutdown: &Shutdown,
 ) {
-    let mut delay = Duration::from_secs(1);
+    // Capped at 30 s: often enough to publish soon after the API server recovers.
+    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
     for transition in wanted {
         loop {
+            let delay = backoff.next_pause();
             match transitions::publish(client, transition).await {
                 Ok(()) => break,
                 // Nothing but an operator fixes this: said once as an error and as a
@@ -483,8 +489,6 @@ async fn publish_until_done(
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep(delay) => {}
             }
-            // Capped at 30 s: often enough to publish soon after the API server recovers.
-            delay = (delay * 2).min(Duration::from_secs(30));
         }
     }
 }

@@ -47,17 +47,28 @@ pub enum Error {
     /// The API server refused or failed the call.
     #[error("{action} node {node}")]
     Api {
+        /// The call, as a verb for the message (`get`, `cordon`, `set conditions on`).
         action: &'static str,
+        /// The Node's name.
         node: String,
+        /// The API error.
         #[source]
         source: kube::Error,
     },
     /// The call did not finish within [`API_TIMEOUT`].
     #[error("{action} node {node}: timed out after {API_TIMEOUT:?}")]
-    Timeout { action: &'static str, node: String },
+    Timeout {
+        /// The call, as a verb for the message (`get`, `cordon`, `set conditions on`).
+        action: &'static str,
+        /// The Node's name.
+        node: String,
+    },
     /// The node read back after an uncordon is still unschedulable.
     #[error("node {node} is still unschedulable after uncordon")]
-    StillCordoned { node: String },
+    StillCordoned {
+        /// The Node's name.
+        node: String,
+    },
 }
 
 /// Result alias of this module.
@@ -66,9 +77,13 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// A condition we want on the Node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Condition {
+    /// The condition type, [`DRAIN_IN_PROGRESS`] or [`DRAINED`].
     pub type_: &'static str,
+    /// Written as `"True"` or `"False"`.
     pub status: bool,
+    /// One of the [`reason`] constants.
     pub reason: &'static str,
+    /// For people and the CLI: the drain's progress or why it stopped.
     pub message: String,
 }
 

@@ -34,6 +34,7 @@ use super::node::{self, Condition, DRAIN_IN_PROGRESS, DRAINED, reason as cond};
 use super::progress::Progress;
 use super::report::{DrainOutcome, EventType, Metrics, NodeEvents};
 use super::tiers;
+use graceful_drain_core::backoff::Backoff;
 use graceful_drain_core::labels::{LAST_POD_SELECTOR_ANNOTATION, TIERS_ANNOTATION, agent_reason};
 use graceful_drain_core::lifecycle::{ClaimStatus, LifecycleEvent};
 use graceful_drain_core::runtime::Shutdown;
@@ -63,7 +64,9 @@ pub enum OpKind {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "phase", content = "reason", rename_all = "camelCase")]
 pub enum Phase {
+    /// Still working (also while a finished drain is writing its outcome on the Node).
     Running,
+    /// Finished: the node is drained, or back in service.
     Complete,
     /// It cannot finish (filters refused, timeout); the message says why.
     Failed(String),
@@ -75,9 +78,14 @@ pub enum Phase {
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Snapshot {
+    /// The node this agent serves.
     pub node: String,
+    /// The current (or last) operation; `None` until one was started.
     pub operation: Option<OpKind>,
+    /// Where that operation is; `None` when there is none.
     pub phase: Option<Phase>,
+    /// The operation's progress: pod counts of a drain and the hook running now (a
+    /// maintenance operation only ever shows a hook); empty when there is no operation.
     pub progress: Progress,
     /// The DrainInProgress condition message.
     pub message: String,
@@ -98,14 +106,21 @@ struct Operation {
 
 /// What every operation task needs.
 pub struct Inner {
+    /// Client for every API call of the operations.
     pub client: kube::Client,
+    /// The node this agent serves.
     pub node: String,
+    /// Label the node out of external load balancers while it drains.
     pub exclude_from_lb: bool,
+    /// The drain options from the flags; a LifecycleEvent may override the tiers.
     pub config: Arc<DrainConfig>,
     /// Maintenance hooks run at the points of both transitions.
     pub hooks: Hooks,
+    /// Drain and eviction metrics.
     pub metrics: Metrics,
+    /// Posts the operations' Events on the Node.
     pub events: NodeEvents,
+    /// The process's shutdown: cancels every operation without touching the Node.
     pub shutdown: Shutdown,
 }
 
@@ -422,27 +437,28 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
-    let mut delay = Duration::from_secs(1);
+    let mut backoff = Backoff::new(Duration::from_secs(1), NODE_RETRY_CAP);
     loop {
-        tokio::select! {
+        let delay = tokio::select! {
             () = token.cancelled() => return None,
             result = f() => match result {
                 Ok(value) => return Some(value),
                 Err(error) => {
+                    let delay = backoff.next_pause();
                     let error = graceful_drain_core::error::chain(&error).to_string();
                     tracing::warn!(node = %inner.node, %error, retry_in = ?delay, "{what}");
                     // Said on the Node too (rate-limited), so a stuck step is visible.
                     let message = format!("{what} (retrying): {error}");
                     let events = &inner.events;
                     events.post(EventType::Warning, agent_reason::NODE_UPDATE_FAILED, what, message).await;
+                    delay
                 }
             },
-        }
+        };
         tokio::select! {
             () = token.cancelled() => return None,
             () = tokio::time::sleep(delay) => {}
         }
-        delay = (delay * 2).min(NODE_RETRY_CAP);
     }
 }
 

@@ -97,6 +97,8 @@ pub struct Progress {
 /// One tier of a drain's plan.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PlannedTier {
+    /// The tier's configured name (`workloads`, `system-critical`, `last`, or a `--tiers`
+    /// name).
     pub name: String,
     /// Its pods when the drain listed them.
     pub pods: Vec<PodKey>,
@@ -142,6 +144,7 @@ pub struct TierStep {
     pub index: usize,
     /// Tiers in the drain.
     pub count: usize,
+    /// The tier's configured name.
     pub name: String,
 }
 

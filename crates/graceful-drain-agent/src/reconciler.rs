@@ -38,6 +38,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 
 pub use step::{Reconciler, StepReport};
 
+use graceful_drain_core::backoff::Backoff;
 use graceful_drain_core::lifecycle::LifecycleEvent;
 
 /// Name of the CRD whose presence makes `auto` turn the reconciler on.
@@ -102,6 +103,7 @@ impl Default for ReconcilerArgs {
 /// What the node agent hands the reconciler.
 #[derive(Clone)]
 pub struct Context {
+    /// Client for the event and Node watches and every write the reconciler makes.
     pub client: kube::Client,
     /// The node this reconciler serves.
     pub node_name: String,
@@ -119,23 +121,34 @@ pub struct Context {
 /// Errors of the reconciler.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// Reading the API failed.
+    /// An API call (a read or a write) failed other than by a conflict.
     #[error("{what}")]
     Kube {
+        /// The call and its object, e.g. `claim lifecycleevent drain-n1`.
         what: String,
+        /// The API error.
         #[source]
         source: kube::Error,
     },
     /// Another writer changed the object first (resourceVersion conflict).
     #[error("{what}: changed concurrently, retrying")]
-    Conflict { what: String },
-    /// The event watch stream ended, which a watcher never does on its own.
+    Conflict {
+        /// The call and its object, e.g. `claim lifecycleevent drain-n1`.
+        what: String,
+    },
+    /// The event or Node watch stream ended, which a watcher never does on its own.
     #[error("watch on lifecycleevents for node {node} ended")]
-    WatchEnded { node: String },
+    WatchEnded {
+        /// The node the reconciler serves.
+        node: String,
+    },
     /// Whether events can be selected by node is not known yet (the CRDs are not served,
     /// or the API server did not answer).
     #[error("probe spec.bindingNode selector support for node {node}: no answer yet")]
-    SelectorUndecided { node: String },
+    SelectorUndecided {
+        /// The node the reconciler serves.
+        node: String,
+    },
 }
 
 /// Result alias of this module.
@@ -206,8 +219,9 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<bool>>,
 {
-    let mut pause = first;
+    let mut backoff = Backoff::new(first, max);
     loop {
+        let pause = backoff.next_pause();
         match decide().await {
             Ok(enabled) => return Some(enabled),
             Err(error) => {
@@ -218,7 +232,6 @@ where
             () = shutdown.cancelled() => return None,
             () = tokio::time::sleep(pause) => {}
         }
-        pause = (pause * 2).min(max);
     }
 }
 
@@ -348,16 +361,14 @@ const RETRY_FIRST: Duration = Duration::from_millis(500);
 /// persistent failure backs off to the tick's pace.
 struct Retry {
     at: Option<tokio::time::Instant>,
-    pause: Duration,
-    max: Duration,
+    backoff: Backoff,
 }
 
 impl Retry {
     fn new(max: Duration) -> Self {
         Self {
             at: None,
-            pause: RETRY_FIRST.min(max),
-            max,
+            backoff: Backoff::new(RETRY_FIRST, max),
         }
     }
 
@@ -374,15 +385,14 @@ impl Retry {
 
     /// Plans the next retry; returns its pause.
     fn failed(&mut self) -> Duration {
-        let pause = self.pause;
+        let pause = self.backoff.next_pause();
         self.at = Some(tokio::time::Instant::now() + pause);
-        self.pause = (self.pause * 2).min(self.max);
         pause
     }
 
     fn succeeded(&mut self) {
         self.at = None;
-        self.pause = RETRY_FIRST.min(self.max);
+        self.backoff.reset();
     }
 }
 

@@ -31,21 +31,27 @@ pub enum Error {
     /// The socket's folder could not be created.
     #[error("create socket folder {path}")]
     CreateDir {
+        /// The folder that could not be created.
         path: PathBuf,
+        /// The I/O error.
         #[source]
         source: std::io::Error,
     },
     /// A stale socket could not be removed.
     #[error("remove stale socket {path}")]
     RemoveStale {
+        /// The socket path.
         path: PathBuf,
+        /// The I/O error.
         #[source]
         source: std::io::Error,
     },
-    /// The socket could not be bound.
+    /// The socket could not be bound, or its mode could not be set to [`SOCKET_MODE`].
     #[error("listen on {path}")]
     Bind {
+        /// The socket path.
         path: PathBuf,
+        /// The I/O error.
         #[source]
         source: std::io::Error,
     },
@@ -60,6 +66,7 @@ pub const SOCKET_MODE: u32 = 0o600;
 /// same path before the old one shuts down.
 #[derive(Clone, Debug)]
 pub struct Socket {
+    /// Where the socket file is.
     pub path: PathBuf,
     inode: Option<(u64, u64)>,
 }
@@ -153,10 +160,15 @@ pub enum KubeletPolicy {
 /// The Registration service.
 #[derive(Clone)]
 pub struct RegistrationService {
+    /// The driver name GetInfo reports.
     pub driver: String,
+    /// The SLM service socket GetInfo reports as the endpoint.
     pub endpoint: PathBuf,
+    /// Where a refusal marks [`READINESS_CHECK`] not ready, and a registration ready.
     pub readiness: Readiness,
+    /// Records whether the kubelet registered the plugin.
     pub metrics: Metrics,
+    /// Whether a kubelet refusal makes the agent unready.
     pub policy: KubeletPolicy,
 }
 

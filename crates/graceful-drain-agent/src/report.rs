@@ -88,8 +88,12 @@ struct OutcomeLabels {
 /// How a drain ended.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum DrainOutcome {
+    /// Every planned pod is gone (label `complete`).
     Complete,
+    /// The drain could not finish: a drain error (refused pods, timeout, …) or a failed
+    /// hook (label `failed`).
     Failed,
+    /// The drain was stopped: SLA expired, event ended, superseded (label `stopped`).
     Stopped,
 }
 
@@ -185,7 +189,9 @@ impl Metrics {
 /// Whether an Event reports a problem.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EventType {
+    /// Progress worth seeing in `kubectl describe node`.
     Normal,
+    /// A problem: something refused, failed or needs an operator.
     Warning,
 }
 

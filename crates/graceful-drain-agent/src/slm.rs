@@ -23,19 +23,23 @@ use graceful_drain_core::proto::slm::{
 /// The names of the transitions this driver offers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TransitionNames {
+    /// Name of the drain LifecycleTransition (`--drain-transition`).
     pub drain: String,
+    /// Name of the maintenance-complete LifecycleTransition (`--maintenance-transition`).
     pub maintenance: String,
 }
 
-/// The SLMPlugin service.
 /// Why a Start or End request is refused; the message goes back in the response's `error`.
 #[derive(Debug, thiserror::Error)]
 pub enum Refused {
     /// The request names another node than the one this agent serves.
     #[error("transition {transition:?} for node {node:?}: this driver serves node {ours:?}")]
     OtherNode {
+        /// The transition the request names.
         transition: String,
+        /// The node the request names.
         node: String,
+        /// The node this agent serves.
         ours: String,
     },
     /// The request names a transition this driver does not offer.
@@ -43,13 +47,18 @@ pub enum Refused {
         "unknown transition {transition:?} on node {node:?}: this driver offers {drain:?} and {maintenance:?}"
     )]
     UnknownTransition {
+        /// The transition the request names.
         transition: String,
+        /// The node the request names.
         node: String,
+        /// Our drain transition's name.
         drain: String,
+        /// Our maintenance-complete transition's name.
         maintenance: String,
     },
 }
 
+/// The SLMPlugin service: answers Start and End from the [`Agent`]'s state at once.
 #[derive(Clone)]
 pub struct SlmService {
     agent: Agent,

@@ -80,16 +80,27 @@ pub enum Error {
     Json(String),
     /// A tier has an empty name.
     #[error("eviction tiers: tier {position} has no name")]
-    Unnamed { position: usize },
+    Unnamed {
+        /// 1-based position of the tier in the list.
+        position: usize,
+    },
     /// Two tiers share a name.
     #[error("eviction tiers: two tiers are named {name:?}")]
-    Duplicate { name: String },
+    Duplicate {
+        /// The name used twice.
+        name: String,
+    },
     /// More than one tier lacks `match`.
     #[error(
         "eviction tiers: tiers {first:?} and {second:?} both have no `match`; only one tier \
          may take the pods no other tier matches"
     )]
-    TwoCatchAlls { first: String, second: String },
+    TwoCatchAlls {
+        /// The first tier without `match`.
+        first: String,
+        /// The next tier without `match`.
+        second: String,
+    },
     /// A tier named `workloads` matches pods, while no tier is the catch-all.
     #[error(
         "eviction tiers: tier {WORKLOADS:?} has a `match`, but with no tier lacking `match` \
@@ -102,18 +113,29 @@ pub enum Error {
         "eviction tiers: tier {tier:?}: `match` is empty; omit it to make the tier take the \
          pods no other tier matches"
     )]
-    EmptyMatch { tier: String },
+    EmptyMatch {
+        /// The tier's name.
+        tier: String,
+    },
     /// A matcher that sets no field would match every pod.
     #[error(
         "eviction tiers: tier {tier:?}: matcher {position} sets nothing; set podSelector, \
          namespaces, priorityClassNames or minPriority"
     )]
-    EmptyMatcher { tier: String, position: usize },
+    EmptyMatcher {
+        /// The tier's name.
+        tier: String,
+        /// 1-based position of the matcher in the tier's `match`.
+        position: usize,
+    },
     /// A label selector that does not parse.
     #[error("eviction tiers: tier {tier:?}: podSelector {selector:?}: {reason}")]
     Selector {
+        /// The tier's name (`last` for `--last-pod-selector`).
         tier: String,
+        /// The selector as written.
         selector: String,
+        /// Why it does not parse.
         reason: String,
     },
 }

@@ -20,26 +20,37 @@ pub enum Error {
     /// The API server refused or failed the call.
     #[error("publish LifecycleTransition {name}")]
     Api {
+        /// The LifecycleTransition being published.
         name: String,
+        /// The API error.
         #[source]
         source: kube::Error,
     },
-    /// The call did not finish in time.
+    /// The publication, all its attempts together, did not finish within the API timeout
+    /// (30 s).
     #[error("publish LifecycleTransition {name}: timed out")]
-    Timeout { name: String },
+    Timeout {
+        /// The LifecycleTransition being published.
+        name: String,
+    },
     /// The API server does not serve the resource at all (a 404 on the collection): the
     /// CRDs are not installed, or another API owns the group and they are Established but
     /// never served.
     #[error(
         "publish LifecycleTransition {name}: the API server does not serve lifecycletransitions.lifecycle.graceful-drain.io/v1alpha1 — install the CRDs (graceful-drain crds | kubectl apply -f -); `graceful-drain status` shows which lifecycle APIs the cluster serves"
     )]
-    NotServed { name: String },
+    NotServed {
+        /// The LifecycleTransition being published.
+        name: String,
+    },
     /// RBAC forbids the call (403).
     #[error(
         "publish LifecycleTransition {name}: forbidden — the node agent's ServiceAccount needs get, create and update on lifecycletransitions.lifecycle.graceful-drain.io (the chart's agent ClusterRole)"
     )]
     Forbidden {
+        /// The LifecycleTransition being published.
         name: String,
+        /// The API server's 403.
         #[source]
         source: kube::Error,
     },
@@ -47,7 +58,10 @@ pub enum Error {
     #[error(
         "publish LifecycleTransition {name}: changed by others {PUBLISH_ATTEMPTS} times in a row"
     )]
-    Contended { name: String },
+    Contended {
+        /// The LifecycleTransition being published.
+        name: String,
+    },
 }
 
 /// Reads and writes of one publication before it gives up to the caller's retry: every

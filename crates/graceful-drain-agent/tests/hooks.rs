@@ -22,7 +22,7 @@ mod agent_support {
     pub mod harness;
 }
 use agent_support::harness::{args, condition, eventually, node_json};
-use graceful_drain_testing::agent_api::{NODE, SimApi, shop_pod};
+use graceful_drain_testing::sim_api::{NODE, SimApi, shop_pod};
 use graceful_drain_testing::kubelet::Kubelet;
 
 const DRAIN: &str = "graceful-drain";

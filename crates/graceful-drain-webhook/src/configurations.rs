@@ -26,8 +26,11 @@ pub enum Target {
     Url(String),
     /// A Service in the cluster.
     Service {
+        /// Namespace of the Service.
         namespace: String,
+        /// Name of the Service.
         name: String,
+        /// Service port; `None` lets the API server use its default, 443.
         port: Option<i32>,
     },
 }
@@ -37,6 +40,7 @@ pub enum Target {
 pub struct ConfigurationsSpec {
     /// Name of both configuration objects (e.g. the Helm release's full name).
     pub name: String,
+    /// Where the API server sends the reviews of both webhooks.
     pub target: Target,
     /// PEM CA bundle that signed the serving certificate (empty when cert-manager's CA
     /// injector fills it in).

@@ -68,13 +68,16 @@ pub fn of_replicaset(pod: &PodFacts) -> bool {
 /// The preconditions a caller put on its request (`deleteOptions.preconditions`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Preconditions {
+    /// The UID the pod must have (`preconditions.uid`).
     pub uid: Option<String>,
+    /// The resourceVersion the pod must have (`preconditions.resourceVersion`).
     pub resource_version: Option<String>,
 }
 
 /// What the request asks for, independent of the wire format.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Request {
+    /// Whether this is an eviction or a DELETE.
     pub path: Path,
     /// The request's pod name (`request.name`), never a name taken from the body.
     pub name: String,
@@ -83,7 +86,7 @@ pub struct Request {
     pub preconditions: Preconditions,
     /// `request.dryRun` or a `dryRun` in the options.
     pub dry_run: bool,
-    /// The grace period the caller asked for, if any.
+    /// The grace period the caller asked for, in seconds (`gracePeriodSeconds`), if any.
     pub grace_period: Option<i64>,
     /// `request.userInfo.username`.
     pub user: String,
@@ -92,11 +95,16 @@ pub struct Request {
 /// The kind of the pod's controlling owner.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum OwnerKind {
+    /// An `apps/v1` ReplicaSet (usually a Deployment's): the isolated pod leaves it.
     ReplicaSet,
+    /// An `apps/v1` StatefulSet: its selector is never left.
     StatefulSet,
+    /// An `apps/v1` DaemonSet: its selector is never left.
     DaemonSet,
+    /// A `batch/v1` Job: its selector keys are kept where possible.
     Job,
-    /// Any other controller (a custom resource); treated like a bare pod.
+    /// Any other controller (a custom resource), named `apiVersion/kind`; treated like a
+    /// bare pod.
     Other(String),
 }
 
@@ -127,11 +135,17 @@ impl OwnerKind {
 /// The facts about a pod the decision needs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodFacts {
+    /// `metadata.namespace`.
     pub namespace: String,
+    /// `metadata.name`.
     pub name: String,
+    /// `metadata.uid`, compared with a UID precondition.
     pub uid: String,
+    /// `metadata.resourceVersion`, which the isolation patch tests against.
     pub resource_version: String,
+    /// `metadata.labels`.
     pub labels: BTreeMap<String, String>,
+    /// `metadata.annotations` (delay, delete time and restore annotations among them).
     pub annotations: BTreeMap<String, String>,
     /// `status.phase == Running`.
     pub running: bool,
@@ -148,13 +162,17 @@ pub struct PodFacts {
 /// Service types, for the narrower exposure modes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ServiceType {
+    /// `ClusterIP` with a virtual IP (also when `spec.type` is absent).
     #[default]
     ClusterIp,
     /// A ClusterIP Service with `clusterIP: None`: DNS names for the pods (a StatefulSet's
     /// governing Service), no virtual IP and no load balancer that could lag behind.
     Headless,
+    /// `NodePort`: reachable from outside the cluster on every node's port.
     NodePort,
+    /// `LoadBalancer`: fronted by a cloud load balancer, the slowest to deregister.
     LoadBalancer,
+    /// `ExternalName`: a DNS alias that selects no pods; never counts as exposure.
     ExternalName,
 }
 
@@ -199,7 +217,9 @@ pub struct EndpointFacts {
 /// its labels before any slice of it lists the pod.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServiceFacts {
+    /// The Service's name, in the pod's namespace.
     pub name: String,
+    /// `spec.type`, with headless ClusterIP Services told apart.
     pub service_type: ServiceType,
     /// `spec.selector`; empty for Services without a selector.
     pub selector: BTreeMap<String, String>,
@@ -210,6 +230,7 @@ pub struct ServiceFacts {
 /// A PodDisruptionBudget whose selector matches the pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PdbFacts {
+    /// The PDB's name, in the pod's namespace.
     pub name: String,
     /// `status.disruptionsAllowed`.
     pub disruptions_allowed: i32,
@@ -235,9 +256,13 @@ pub struct NamespaceFacts {
 /// What the caches know about the pod's surroundings, taken under the cache locks.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Snapshot {
+    /// Every EndpointSlice entry naming the pod.
     pub endpoints: Vec<EndpointFacts>,
+    /// The pod's Services: those whose slices name it or whose selector matches it.
     pub services: Vec<ServiceFacts>,
+    /// Settings of the pod's namespace.
     pub namespace: NamespaceFacts,
+    /// The PDBs whose selector matches the pod; an eviction with more than one passes.
     pub pdbs: Vec<PdbFacts>,
     /// No replica holds the deleter Lease: an isolated pod would never be deleted.
     pub no_deleter: bool,
@@ -249,9 +274,12 @@ pub struct Snapshot {
 /// Static decision settings from the command line.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
+    /// Delay between isolation and deletion when no annotation asks for another
+    /// (`--deregistration-delay`).
     pub default_delay: Duration,
     /// Upper bound of a delay asked for by annotation (`--max-deregistration-delay`).
     pub max_delay: Duration,
+    /// Which pods count as exposed (`--exposure`); others pass as not exposed.
     pub exposure: Exposure,
     /// Usernames whose requests are ours (the webhook's own service account).
     pub own_users: BTreeSet<String>,
@@ -260,15 +288,26 @@ pub struct Settings {
 /// Why a request passes through unchanged. Also the `outcome` metric label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pass {
+    /// The request is a dry run; nothing would be deleted.
     DryRun,
+    /// The caller is one of our own users (`--own-user`), such as the deferred deleter.
     OwnRequest,
+    /// The pod or its namespace carries the opt-out label, or the namespace is excluded.
     OptedOut,
+    /// The pod is already terminating (`deletionTimestamp` set).
     Terminating,
+    /// A DELETE with `gracePeriodSeconds: 0`: the caller wants the pod gone now.
     ForceDelete,
+    /// The pod is isolated and its delete time has come (or it records none).
     AlreadyDue,
+    /// The pod is not in phase `Running`.
     NotRunning,
+    /// The pod's `Ready` condition is not `True`.
     NotReady,
+    /// No Service or EndpointSlice that counts under the exposure mode routes to the pod.
     NotExposed,
+    /// An eviction of a pod selected by more than one PDB, which the API server refuses
+    /// itself.
     MultiplePdbs,
     /// The request's UID or resourceVersion precondition does not match the pod.
     PreconditionMismatch,
@@ -320,15 +359,22 @@ pub enum Decision {
     Pass(Pass),
     /// Isolate the pod now; it may be deleted at `delete_at`.
     Isolate {
+        /// When the pod may be deleted: now plus its delay, rounded up to a second.
         delete_at: Timestamp,
+        /// The caller's grace period in seconds, recorded for the eventual deletion.
         grace_period: Option<i64>,
+        /// How the pod's PDB is charged for the isolation.
         charge: Charge,
         /// The annotated delay was longer than the maximum and was cut to it.
         capped: bool,
     },
     /// The pod is already isolated and waits for `delete_at`: no second isolation, but the
     /// request must not delete it early either.
-    Pending { delete_at: Timestamp },
+    Pending {
+        /// When the pod may go; while a slice still lists it, its recorded delete time or
+        /// now, whichever is later (the caller asks again from then on).
+        delete_at: Timestamp,
+    },
 }
 
 /// Decides what to do with `req` about `pod`. Pure; see the module docs for the order.

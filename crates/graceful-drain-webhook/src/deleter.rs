@@ -34,6 +34,7 @@ use super::cache::Cache;
 use super::decide::PodFacts;
 use super::isolate;
 use super::metrics::Metrics;
+use graceful_drain_core::backoff::Backoff;
 use graceful_drain_core::labels::{
     DELAY_ANNOTATION, DELETE_AT_ANNOTATION, DRAINING_LABEL, GRACE_PERIOD_ANNOTATION,
     ORIGINAL_LABELS_ANNOTATION, RESTORE_AT_ANNOTATION, webhook_reason,
@@ -88,11 +89,19 @@ pub enum Error {
 /// One isolated pod waiting for deletion, as recorded on the pod itself.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pending {
+    /// The pod's namespace.
     pub namespace: String,
+    /// The pod's name.
     pub name: String,
+    /// The pod's UID, sent as the removal's precondition so a same-name replacement is
+    /// never touched.
     pub uid: String,
+    /// The pod's `graceful-drain.io/delete-at` annotation: the earliest time it may go.
     pub delete_at: Timestamp,
+    /// The caller's grace period in seconds, from the grace-period annotation (negative
+    /// values are dropped); passed on when the pod is removed.
     pub grace_period: Option<i64>,
+    /// The pod already has a `deletionTimestamp`; nothing more to do but wait for it.
     pub terminating: bool,
     /// The pod's controller reference, which groups the Events of its pods.
     pub controller: Option<serde_json::Value>,
@@ -184,12 +193,9 @@ struct Attempt {
 impl Attempt {
     /// When the pod may be tried again.
     fn next_try(&self) -> tokio::time::Instant {
-        let pause = match self.failures {
-            0 => RETRY_MAX,
-            n => RETRY_FIRST
-                .saturating_mul(1 << (n - 1).min(8))
-                .min(RETRY_MAX),
-        };
+        let pause = Backoff::new(RETRY_FIRST, RETRY_MAX)
+            .after_failures(self.failures)
+            .unwrap_or(RETRY_MAX);
         self.at + pause
     }
 
@@ -201,7 +207,9 @@ impl Attempt {
 
 /// The deleter and its state.
 pub struct Deleter {
+    /// Client, cache, identity and Event sink shared with admission.
     pub ctx: isolate::Context,
+    /// Where deletions, restores, leadership and endpoint-removal times are recorded.
     pub metrics: Arc<Metrics>,
     /// How long, past its deregistration delay, after the pod left every EndpointSlice it
     /// may be deleted (it never is while one lists it).

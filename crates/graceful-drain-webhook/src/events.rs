@@ -32,7 +32,10 @@ const MESSAGE_MAX: usize = 1024;
 /// An Event waiting for the sender, with the controller of its pod (if any).
 #[derive(Clone, Debug)]
 pub struct Queued {
+    /// The Event as it would be sent alone, on its pod.
     pub event: Event,
+    /// The pod's controller; Events of one controller queued together become one Event
+    /// on it. `None` for a pod without a controller, whose Event is always sent alone.
     pub controller: Option<ObjectReference>,
 }
 

@@ -55,15 +55,24 @@ pub enum Error {
     /// An API call failed.
     #[error("{action} lease {namespace}/{name}")]
     Api {
+        /// The call that failed (`get`, `write` or `release`).
         action: &'static str,
+        /// The Lease's namespace.
         namespace: String,
+        /// The Lease's name.
         name: String,
+        /// The client's error.
         #[source]
         source: kube::Error,
     },
     /// An acquire/renew round did not finish within [`ROUND_TIMEOUT`].
     #[error("renew lease {namespace}/{name}: no answer within {ROUND_TIMEOUT:?}")]
-    Timeout { namespace: String, name: String },
+    Timeout {
+        /// The Lease's namespace.
+        namespace: String,
+        /// The Lease's name.
+        name: String,
+    },
 }
 
 /// What to write after reading the lease.

@@ -78,6 +78,7 @@ pub struct Args {
         default_value = "0.0.0.0:9090"
     )]
     pub admin_listen: SocketAddr,
+    /// Serving certificate, key and optional client CA.
     #[command(flatten)]
     pub tls: Box<TlsArgs>,
     /// The webhooks' timeoutSeconds; the budget of a held DELETE when the API server does
@@ -118,8 +119,10 @@ pub struct Args {
     /// Holder identity in the Lease and Events (defaults to the hostname).
     #[arg(long, env = "GRACEFUL_DRAIN_POD_NAME")]
     pub identity: Option<String>,
+    /// What the webhook handles and how (exposure, exclusions, kept labels, limits).
     #[command(flatten)]
     pub policy: Box<PolicyArgs>,
+    /// How to reach the API server (`--kubeconfig`, `--context`).
     #[command(flatten)]
     pub kube: graceful_drain_core::kubeclient::KubeArgs,
 }

@@ -22,27 +22,39 @@ pub struct ReviewLabels {
 pub struct FailureLabels {
     /// `evict` or `delete`.
     pub operation: &'static str,
-    /// `bad_request`, `unauthorized`, `forbidden`, `invalid` or `rejected`.
+    /// `controller_selector`, `recreate`, `bad_request`, `unauthorized`, `forbidden`,
+    /// `invalid` or `rejected`.
     pub reason: &'static str,
 }
 
 /// Labels of the latency histogram.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OperationLabels {
+    /// `evict` or `delete`.
     pub operation: &'static str,
 }
 
 /// Every webhook metric.
 #[derive(Debug)]
 pub struct Metrics {
+    /// `reviews`: admission reviews answered, by operation and outcome.
     pub reviews: Family<ReviewLabels, Counter>,
+    /// `isolation_failures`: requests let through unprotected because isolation failed
+    /// permanently, by operation and reason.
     pub isolation_failures: Family<FailureLabels, Counter>,
+    /// `review_duration_seconds`: time to answer a review, holds included, by operation.
     pub latency: Family<OperationLabels, Histogram, fn() -> Histogram>,
+    /// `pods_isolated`: pods taken out of their Services and controller.
     pub pods_isolated: Counter,
+    /// `pods_deleted`: isolated pods the deferred deleter removed.
     pub pods_deleted: Counter,
+    /// `pods_restored`: isolated pods put back because no eviction or DELETE removed them.
     pub pods_restored: Counter,
+    /// `pending_deletions`: isolated pods the deleter tracks that are not yet terminating.
     pub pending_deletions: Gauge,
+    /// `holds_in_flight`: DELETE reviews held open right now.
     pub holds_in_flight: Gauge,
+    /// `leader`: 1 while this replica holds the deleter Lease, else 0.
     pub leader: Gauge,
     /// From the pod seen isolated to its leaving the last EndpointSlice.
     pub endpoint_removal: Histogram,

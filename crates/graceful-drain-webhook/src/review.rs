@@ -30,8 +30,11 @@ pub enum Error {
 /// A review on the eviction path.
 #[derive(Clone, Debug)]
 pub struct Eviction {
+    /// The request as the decision sees it.
     pub request: Request,
+    /// The pod's namespace (`request.namespace`, never empty).
     pub namespace: String,
+    /// The pod's name (`request.name`, never empty); the body is not trusted for it.
     pub pod: String,
     /// The Eviction's `deleteOptions` (an object) or `Value::Null` when absent.
     pub delete_options: Value,
@@ -41,7 +44,10 @@ pub struct Eviction {
 /// most DELETEs are answered from its metadata and the caches alone.
 #[derive(Clone, Debug)]
 pub struct Deletion {
+    /// The request as the decision sees it.
     pub request: Request,
+    /// The pod being deleted (`request.oldObject`), checked to be a `v1` Pod of the
+    /// request's name.
     pub object: Box<DynamicObject>,
 }
 
@@ -55,7 +61,9 @@ impl Deletion {
 /// What a review asks of us.
 #[derive(Clone, Debug)]
 pub enum Parsed {
+    /// A CREATE of `pods/eviction` on the mutating path.
     Evict(Eviction),
+    /// A DELETE of a pod on the validating path.
     Delete(Deletion),
     /// Valid JSON but nothing for us; the reason is logged.
     NotOurs(&'static str),
@@ -64,7 +72,10 @@ pub enum Parsed {
 /// A parsed review: the raw request (for the reply) and its meaning.
 #[derive(Clone, Debug)]
 pub struct Review {
+    /// The admission request, kept to build the reply (its uid is echoed). For a DELETE
+    /// its `oldObject` has been moved into [`Deletion::object`].
     pub request: AdmissionRequest<DynamicObject>,
+    /// What the request means for us.
     pub parsed: Parsed,
 }
 

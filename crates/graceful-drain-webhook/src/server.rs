@@ -50,7 +50,9 @@ pub enum Error {
     /// The listener failed.
     #[error("accept on {addr}")]
     Accept {
+        /// The listener's local address.
         addr: SocketAddr,
+        /// The operating system's error (one that a retry would not cure).
         #[source]
         source: std::io::Error,
     },

@@ -16,6 +16,7 @@ use super::isolate::{self, Budget, Outcome};
 use super::nodepods::{self, Lookup};
 use super::review;
 use super::state::AppState;
+use graceful_drain_core::backoff::Backoff;
 use graceful_drain_core::labels::webhook_reason;
 
 /// How often a review retries after the pod changed under it (re-read, decide again).
@@ -70,18 +71,18 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Settled>,
 {
-    let mut pause = TRANSIENT_PAUSE;
+    let mut backoff = Backoff::new(TRANSIENT_PAUSE, TRANSIENT_PAUSE_MAX);
     loop {
         let settled = attempt().await;
         let Settled::Failed(why) = &settled else {
             return settled;
         };
+        let pause = backoff.next_pause();
         if Instant::now() + pause >= deadline {
             return settled;
         }
         tracing::info!(%why, retry_in = ?pause, "transient failure; settling again");
         tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(TRANSIENT_PAUSE_MAX);
     }
 }
 

@@ -13,8 +13,11 @@ use graceful_drain_core::runtime::Shutdown;
 
 /// Everything the handlers share.
 pub struct AppState {
+    /// What isolating a pod needs; its client makes no hidden retries.
     pub ctx: isolate::Context,
+    /// The decision's settings from the command line.
     pub settings: Settings,
+    /// Where each review's outcome and latency are counted.
     pub metrics: Arc<Metrics>,
     /// Budget when the API server sends no `timeout` parameter (= `--timeout-seconds`).
     pub default_timeout: Duration,

@@ -29,19 +29,31 @@ pub enum Error {
     /// A file could not be read.
     #[error("read {path}")]
     Read {
+        /// The file.
         path: PathBuf,
+        /// The operating system's error.
         #[source]
         source: std::io::Error,
     },
     /// A file holds no usable PEM certificate or key.
     #[error("parse {path}: {message}")]
-    Parse { path: PathBuf, message: String },
+    Parse {
+        /// The certificate or key file at fault.
+        path: PathBuf,
+        /// What was wrong with it.
+        message: String,
+    },
     /// rustls refused the configuration.
     #[error("configure TLS")]
     Rustls(#[from] rustls::Error),
     /// The client CA could not be turned into a verifier.
     #[error("client CA {path}: {message}")]
-    ClientCa { path: PathBuf, message: String },
+    ClientCa {
+        /// The client CA file.
+        path: PathBuf,
+        /// What was wrong with it.
+        message: String,
+    },
 }
 
 #[derive(Debug, Default)]

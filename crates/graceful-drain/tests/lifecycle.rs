@@ -6,7 +6,7 @@
 
 #[path = "lifecycle_support/plugin.rs"]
 mod plugin;
-use graceful_drain_testing::lifecycle_api as sim_api;
+use graceful_drain_testing::sim_api;
 
 use std::time::Duration;
 

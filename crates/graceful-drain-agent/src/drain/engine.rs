@@ -257,10 +257,15 @@ async fn daemonset_lookups<'a>(
 
 /// One drain of one node.
 pub struct Engine {
+    /// Client for the pod watch, the evictions and the PDB and DaemonSet lookups.
     pub client: kube::Client,
+    /// The node being drained.
     pub node: String,
+    /// The drain's options (the agent's flags, possibly overridden by the event).
     pub config: Arc<DrainConfig>,
+    /// Where eviction outcomes and the count of remaining pods are recorded.
     pub metrics: Metrics,
+    /// Posts the drain's Events (plan, tiers, blocked evictions) on the Node.
     pub events: NodeEvents,
     /// When this drain cordoned the node: pods created later that tolerate the cordon
     /// would be scheduled straight back, so they are not evicted.

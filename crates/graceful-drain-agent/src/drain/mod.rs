@@ -27,7 +27,9 @@ use crate::tiers::Tiers;
 
 pub use engine::{Engine, UNSCHEDULABLE_TAINT, tolerates_cordon};
 pub use pdb::{PdbLookupError, selecting_pdbs};
-pub use request::{Answer, classify_answer, delete_request, eviction_request, retry_delay, send};
+pub use request::{
+    Answer, classify_answer, delete_request, eviction_backoff, eviction_request, retry_delay, send,
+};
 
 /// How often a drain re-reads its LifecycleEvent: the kubelet's reconciler tick, so a drain
 /// stops at most one tick after its event ended (SLA expired, failed, deleted), at one GET
@@ -75,41 +77,63 @@ impl Default for DrainConfig {
 pub enum Error {
     /// The filters refused some pods; nothing was evicted.
     #[error("drain node {node}: {refused}")]
-    Refused { node: String, refused: Refused },
+    Refused {
+        /// The node being drained.
+        node: String,
+        /// Every pod the filters refused, with the reason for each.
+        refused: Refused,
+    },
     /// The drain timeout passed.
     #[error("drain node {node}: timed out after {after:?} with {message}")]
     TimedOut {
+        /// The node being drained.
         node: String,
+        /// The configured drain timeout that ran out.
         after: Duration,
+        /// The drain's progress when it gave up (what was still left on the node).
         message: String,
     },
     /// The watch on the node's pods ended (it retries on its own, so this is a bug).
     #[error("drain node {node}: the watch on its pods ended")]
-    WatchEnded { node: String },
+    WatchEnded {
+        /// The node being drained.
+        node: String,
+    },
     /// A pod cannot be evicted until its budgets change.
     #[error(
         "drain node {node}: evict pod {pod}: {blocker} select it, which the eviction API refuses: {message}"
     )]
     Unevictable {
+        /// The node being drained.
         node: String,
+        /// The pod whose eviction keeps being refused.
         pod: PodKey,
+        /// What refuses it (today always several PDBs selecting the pod).
         blocker: Blocker,
+        /// The API server's message on the last refusal.
         message: String,
     },
     /// The drain's LifecycleEvent carries an override that cannot be used.
     #[error("drain node {node}: lifecycleevent {event}: annotation {annotation}")]
     Override {
+        /// The node being drained.
         node: String,
+        /// Name of the LifecycleEvent carrying the annotation.
         event: String,
+        /// The annotation whose value is unusable.
         annotation: &'static str,
+        /// Why the annotation's value was rejected.
         #[source]
         error: super::tiers::Error,
     },
     /// Listing the pods `--pod-selector` selects failed.
     #[error("drain node {node}: list pods matching {selector:?}: {message}")]
     Select {
+        /// The node being drained.
         node: String,
+        /// The label selector of the failed list.
         selector: String,
+        /// The API error, or that no answer came within the API timeout.
         message: String,
     },
 }

@@ -13,11 +13,16 @@ use crate::node::API_TIMEOUT;
 pub enum PdbLookupError {
     /// The API server did not answer in time.
     #[error("list PDBs in namespace {namespace}: no answer within {API_TIMEOUT:?}")]
-    TimedOut { namespace: String },
+    TimedOut {
+        /// The pod's namespace, whose PDBs were listed.
+        namespace: String,
+    },
     /// The list failed.
     #[error("list PDBs in namespace {namespace}")]
     Api {
+        /// The pod's namespace, whose PDBs were listed.
         namespace: String,
+        /// The API error.
         #[source]
         source: kube::Error,
     },

@@ -10,6 +10,7 @@ use crate::filters::PodKey;
 use crate::node::API_TIMEOUT;
 use crate::progress::Blocker;
 use crate::report::EvictionOutcome;
+use graceful_drain_core::backoff::Backoff;
 use graceful_drain_core::labels::DEREGISTERING_CAUSE;
 
 /// First retry delay of a refused eviction.
@@ -17,7 +18,7 @@ pub(super) const RETRY_BASE: Duration = Duration::from_secs(1);
 /// Longest delay between retries of a refused eviction: a PDB usually frees a disruption
 /// seconds after a replacement pod turns ready, so waiting longer only slows the drain,
 /// while 15 s keeps a blocked pod at four requests a minute.
-const RETRY_CAP: Duration = Duration::from_secs(15);
+pub(super) const RETRY_CAP: Duration = Duration::from_secs(15);
 /// Longest `Retry-After` we honour; a larger value would stall the drain past what a PDB
 /// status refresh takes (the API server sends 0 or 10).
 pub(super) const RETRY_AFTER_CAP: Duration = Duration::from_secs(60);
@@ -29,9 +30,14 @@ pub enum Answer {
     Done(EvictionOutcome),
     /// Refused; retry after the delay, telling people what blocks it.
     Blocked {
+        /// The outcome recorded in the eviction metrics.
         outcome: EvictionOutcome,
+        /// What refused the request; a PDB's name is not known yet here (it is looked
+        /// up by the caller), so `Pdb` and `MultiplePdbs` come back empty.
         blocker: Blocker,
+        /// The answer's `Retry-After` header, in whole seconds, if it had one.
         retry_after: Option<Duration>,
+        /// The API server's message (the Status `message`, else the raw body).
         message: String,
     },
 }
@@ -162,14 +168,16 @@ fn has_cause(body: &[u8], reason: &str) -> bool {
         .is_some_and(|c| c.iter().any(|c| c["reason"] == reason))
 }
 
-/// Delay before retry number `attempt` (0-based): exponential from `RETRY_BASE`, capped
-/// at `RETRY_CAP`, with `jitter` in [0, 1) spreading it over its upper half so pods
-/// blocked by the same PDB do not retry in lockstep; never shorter than `Retry-After`.
-pub fn retry_delay(attempt: u32, retry_after: Option<Duration>, jitter: f64) -> Duration {
-    let exp = RETRY_BASE.saturating_mul(2u32.saturating_pow(attempt.min(16)));
-    let capped = exp.min(RETRY_CAP);
-    let jittered = capped.mul_f64(0.5 + 0.5 * jitter.clamp(0.0, 1.0));
-    jittered.max(retry_after.unwrap_or_default().min(RETRY_AFTER_CAP))
+/// The backoff of one pod's refused evictions: from `RETRY_BASE` doubling up to
+/// `RETRY_CAP`, jittered so pods blocked by the same PDB do not retry in lockstep.
+pub fn eviction_backoff() -> Backoff {
+    Backoff::jittered(RETRY_BASE, RETRY_CAP)
+}
+
+/// Delay before the next retry: the backoff's `pause`, but never shorter than the
+/// `Retry-After` the API server sent (itself capped at `RETRY_AFTER_CAP`).
+pub fn retry_delay(pause: Duration, retry_after: Option<Duration>) -> Duration {
+    pause.max(retry_after.unwrap_or_default().min(RETRY_AFTER_CAP))
 }
 
 fn parse_retry_after(headers: &http::HeaderMap) -> Option<Duration> {
@@ -385,20 +393,27 @@ mod tests {
     }
 
     #[test]
-    fn retry_delay_backs_off_capped_jittered_and_honours_retry_after() {
-        assert_eq!(retry_delay(0, None, 1.0), RETRY_BASE);
-        assert_eq!(retry_delay(0, None, 0.0), RETRY_BASE / 2);
-        assert_eq!(retry_delay(3, None, 1.0), Duration::from_secs(8));
-        assert_eq!(retry_delay(30, None, 1.0), RETRY_CAP);
-        assert!(retry_delay(30, None, 0.0) >= RETRY_CAP / 2);
+    fn refused_evictions_back_off_capped_jittered_and_honour_retry_after() {
+        let mut backoff = eviction_backoff();
+        let pauses: Vec<_> = (0..10).map(|_| backoff.next_pause()).collect();
+        assert!(
+            (RETRY_BASE / 2..=RETRY_BASE).contains(&pauses[0]),
+            "{pauses:?}"
+        );
+        assert!(pauses[3] >= Duration::from_secs(4), "{pauses:?}");
+        assert!(
+            pauses[9] >= RETRY_CAP / 2 && pauses.iter().all(|p| *p <= RETRY_CAP),
+            "{pauses:?}"
+        );
+        let second = Duration::from_secs(1);
         assert_eq!(
-            retry_delay(0, Some(Duration::from_secs(10)), 0.0),
+            retry_delay(second, Some(Duration::from_secs(10))),
             Duration::from_secs(10)
         );
         assert_eq!(
-            retry_delay(0, Some(Duration::from_secs(3600)), 0.0),
+            retry_delay(second, Some(Duration::from_secs(3600))),
             RETRY_AFTER_CAP
         );
-        assert_eq!(retry_delay(5, Some(Duration::ZERO), 1.0), RETRY_CAP);
+        assert_eq!(retry_delay(RETRY_CAP, Some(Duration::ZERO)), RETRY_CAP);
     }
 }

@@ -7,13 +7,13 @@ use std::time::Duration;
 use http::Request;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
-use rand::Rng;
 use tokio::sync::{Semaphore, mpsc};
 
 use super::DrainConfig;
 use super::pdb::selecting_pdbs;
 use super::request::{
-    Answer, RETRY_AFTER_CAP, RETRY_BASE, delete_request, eviction_request, retry_delay, send,
+    Answer, RETRY_AFTER_CAP, RETRY_BASE, delete_request, eviction_backoff, eviction_request,
+    retry_delay, send,
 };
 use crate::filters::PodKey;
 use crate::progress::Blocker;
@@ -98,6 +98,7 @@ pub(super) async fn evict_pod(ctx: Arc<TaskCtx>, pod: Pod) {
     let key = PodKey::of(&pod);
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     let mut last: Option<Blocker> = None;
+    let mut backoff = eviction_backoff();
     for attempt in 0u32.. {
         if attempt > 0 && !ctx.still_there(&key, &uid).await {
             tracing::info!(pod = %key, "gone or replaced while its eviction was refused");
@@ -156,7 +157,7 @@ pub(super) async fn evict_pod(ctx: Arc<TaskCtx>, pod: Pod) {
                     let _ = ctx.updates.send(Update::Unevictable(key, blocker, message));
                     return;
                 }
-                let delay = retry_delay(attempt, retry_after, rand::rng().random());
+                let delay = retry_delay(backoff.next_pause(), retry_after);
                 report_block(&ctx, &key, &blocker, &message, delay).await;
                 last = Some(blocker);
                 tokio::time::sleep(delay).await;

@@ -27,9 +27,14 @@ const MAX_NAME: usize = 50;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum HookPoint {
+    /// A drain begins, before the cordon: a hook here may refuse the drain while the node
+    /// is still untouched.
     DrainStart,
+    /// The node is cordoned and out of the load balancers; no pod has been evicted yet.
     BeforeEviction,
+    /// Every pod is gone; the drain reports `drain-complete` only after these hooks.
     AfterLastPod,
+    /// The node is schedulable again; `maintenance-complete` is reported after these hooks.
     AfterUncordon,
 }
 
@@ -57,6 +62,7 @@ impl fmt::Display for HookPoint {
 pub struct HookSpec {
     /// Unique, a DNS label of at most 50 characters.
     pub name: String,
+    /// The point of the transition at which the hook runs.
     pub at: HookPoint,
     /// A failure or timeout is reported and the transition goes on.
     #[serde(default)]
@@ -67,8 +73,10 @@ pub struct HookSpec {
     /// Go duration (`5s`); [`DEFAULT_POLL_INTERVAL`] when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub poll_interval: Option<String>,
+    /// Run the hook as an HTTPS call; exactly one of `https` and `job` must be set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub https: Option<HttpsSpec>,
+    /// Run the hook as a Job on the node; exactly one of `https` and `job` must be set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<JobSpec>,
 }
@@ -98,17 +106,27 @@ pub struct JobSpec {
 /// A configuration that cannot be used; names the hook.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// The text is not a JSON list of hook specs (bad JSON, a missing or unknown field).
     #[error("--hooks is not a JSON list of hooks: {0}")]
     Json(#[from] serde_json::Error),
+    /// One hook's spec parsed but cannot be used.
     #[error("hook {name:?}: {message}")]
-    Invalid { name: String, message: String },
+    Invalid {
+        /// The hook's configured name.
+        name: String,
+        /// What is wrong with it (name, durations, target, URL, CA bundle, Job template).
+        message: String,
+    },
 }
 
 /// A validated hook.
 #[derive(Clone)]
 pub struct Hook {
+    /// The spec as configured.
     pub spec: HookSpec,
+    /// How long the hook may take, counted from its recorded start; never zero.
     pub timeout: Duration,
+    /// How often an unfinished hook is polled; never zero.
     pub poll_interval: Duration,
     pub(super) target: Target,
 }
@@ -166,6 +184,7 @@ impl Hooks {
         self.hooks.iter().filter(move |h| h.spec.at == point)
     }
 
+    /// Whether no hook is configured at any point.
     pub fn is_empty(&self) -> bool {
         self.hooks.is_empty()
     }

@@ -12,7 +12,11 @@ use super::run::{Answer, CallError};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum HookAction {
+    /// Begin the run with the request's `id`; sent again only after a poll for that id
+    /// was answered 404.
     Start,
+    /// Report on the run with the request's `id`; a hook that does not know the id
+    /// answers 404, and the agent then starts it.
     Poll,
 }
 
@@ -20,14 +24,21 @@ pub enum HookAction {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HookRequest {
+    /// The protocol's version, `graceful-drain.io/v1` from the agent.
     pub api_version: String,
+    /// Always `HookRequest`.
     pub kind: String,
+    /// Whether to start the run or report on it.
     pub action: HookAction,
     /// Stable for one run of one hook: a poll carries the id of its start.
     pub id: String,
+    /// The hook's configured name.
     pub hook: String,
+    /// The point of the transition the hook runs at.
     pub at: HookPoint,
+    /// The node being maintained.
     pub node: String,
+    /// The LifecycleEvent of the transition; absent when the transition names none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lifecycle_event: Option<String>,
 }
@@ -36,8 +47,11 @@ pub struct HookRequest {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum HookStatus {
+    /// The hook finished successfully; the transition goes on.
     Done,
+    /// Still working: the agent polls again after the hook's poll interval.
     InProgress,
+    /// The hook gave up; this fails the transition unless the hook is optional.
     Failed,
 }
 
@@ -45,7 +59,10 @@ pub enum HookStatus {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HookResponse {
+    /// Where the run stands.
     pub status: HookStatus,
+    /// Free text for people; shown in Events, the Node condition and `/status` (may be
+    /// empty).
     #[serde(default)]
     pub message: String,
 }

@@ -11,11 +11,16 @@ use serde::{Deserialize, Serialize};
 use super::config::{Hook, HookPoint};
 use super::run::HookContext;
 use crate::node;
+use graceful_drain_core::backoff::Backoff;
 use graceful_drain_core::labels::HOOKS_ANNOTATION;
 
 /// Reads and writes of a hook's record on the Node are tried this often (200 ms doubling
 /// in between, about 3 s in all) before the hook goes on without.
 const RECORD_ATTEMPTS: u32 = 5;
+/// First pause between two tries at a hook's record.
+const RECORD_PAUSE: Duration = Duration::from_millis(200);
+/// Longest pause between two tries: the fourth pause (1.6 s) is the last one taken.
+const RECORD_PAUSE_MAX: Duration = Duration::from_millis(1600);
 
 /// The state of one hook as the Node remembers it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -23,8 +28,11 @@ const RECORD_ATTEMPTS: u32 = 5;
 pub enum RecordState {
     /// Written before the first call: the hook may or may not have heard of it.
     Starting,
+    /// The hook answered `inProgress`: a restarted agent polls it under the same id.
     InProgress,
+    /// The hook finished; a restarted agent skips it for the same operation.
     Done,
+    /// The hook failed or timed out; it runs afresh if the transition is tried again.
     Failed,
 }
 
@@ -33,14 +41,20 @@ pub enum RecordState {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HookRecord {
+    /// The point the hook ran at; a record of another point is not resumed.
     pub at: HookPoint,
     /// The LifecycleEvent (or operation id) of the run.
     pub operation: String,
+    /// The run's id, sent in every request of the run and part of a Job's name.
     pub id: String,
+    /// Where the run stood when last written.
     pub state: RecordState,
+    /// The hook's last message (or why it timed out).
     #[serde(default)]
     pub message: String,
+    /// When the run started; its timeout counts from here, across restarts.
     pub started_at: jiff::Timestamp,
+    /// When the run ended (done, failed or timed out); unset while it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<jiff::Timestamp>,
 }
@@ -58,7 +72,7 @@ pub fn records(node: &Node) -> BTreeMap<String, HookRecord> {
 impl Hook {
     /// The record of this hook for this transition, if an earlier agent left one.
     pub(super) async fn prior_record(&self, ctx: &HookContext<'_>) -> Option<HookRecord> {
-        let mut delay = Duration::from_millis(200);
+        let mut backoff = Backoff::new(RECORD_PAUSE, RECORD_PAUSE_MAX);
         let mut attempt = 1;
         let node = loop {
             match node::get(ctx.client, ctx.node).await {
@@ -75,8 +89,7 @@ impl Hook {
                     return None;
                 }
             }
-            tokio::time::sleep(delay).await;
-            delay *= 2;
+            backoff.wait().await;
             attempt += 1;
         };
         records(&node)
@@ -87,7 +100,7 @@ impl Hook {
     /// Writes `record` into the Node's annotation (retried a few times; a record that
     /// cannot be written is logged, and the hook goes on).
     pub(super) async fn write_record(&self, ctx: &HookContext<'_>, record: &HookRecord) {
-        let mut delay = Duration::from_millis(200);
+        let mut backoff = Backoff::new(RECORD_PAUSE, RECORD_PAUSE_MAX);
         for attempt in 1..=RECORD_ATTEMPTS {
             match write_record(ctx.client, ctx.node, &self.spec.name, record).await {
                 Ok(()) => return,
@@ -96,8 +109,7 @@ impl Hook {
                     tracing::warn!(hook = %self.spec.name, attempt, %error, "record hook state on the node");
                 }
             }
-            tokio::time::sleep(delay).await;
-            delay *= 2;
+            backoff.wait().await;
         }
     }
 }

@@ -35,13 +35,16 @@ impl Hooks {
 
 /// Who runs a hook and for what.
 pub struct HookContext<'a> {
+    /// Client for Jobs and for the hook records on the Node.
     pub client: &'a kube::Client,
+    /// The node being maintained (Jobs are pinned to it; records live on it).
     pub node: &'a str,
     /// The LifecycleEvent of the transition, if it names one.
     pub event: Option<&'a str>,
     /// What ties records to this transition across agent restarts: the event's name, or
     /// an id of the operation when it names none.
     pub operation: &'a str,
+    /// Posts the hooks' Events on the Node.
     pub events: &'a NodeEvents,
 }
 
@@ -49,8 +52,11 @@ pub struct HookContext<'a> {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HookStep {
+    /// The hook's configured name.
     pub name: String,
+    /// The point it runs at.
     pub at: HookPoint,
+    /// The hook's latest message, or `starting` before it said anything.
     pub message: String,
 }
 
@@ -67,17 +73,26 @@ impl fmt::Display for HookStep {
 /// A hook that failed the transition.
 #[derive(Debug, thiserror::Error)]
 pub enum HookError {
+    /// The hook answered `failed` (or its Job failed).
     #[error("hook {name} ({at}) failed: {message}")]
     Failed {
+        /// The hook's configured name.
         name: String,
+        /// The point it ran at.
         at: HookPoint,
+        /// The hook's own message.
         message: String,
     },
+    /// The hook did not finish within its timeout, counted from its recorded start.
     #[error("hook {name} ({at}) timed out after {after}: {message}")]
     TimedOut {
+        /// The hook's configured name.
         name: String,
+        /// The point it ran at.
         at: HookPoint,
+        /// The configured timeout, human-readable (`10m`).
         after: String,
+        /// The last call's error, else the hook's last message.
         message: String,
     },
 }

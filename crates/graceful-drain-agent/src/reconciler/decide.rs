@@ -28,7 +28,9 @@ pub struct EventView {
 /// The parts of the LifecycleTransition the decision reads.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TransitionView {
+    /// `spec.start`: the condition reason while the transition runs.
     pub start: String,
+    /// `spec.end`: the condition reason once the transition is done.
     pub end: String,
     /// `spec.sla` parsed; `None` when unset.
     pub sla: Option<std::time::Duration>,
@@ -39,17 +41,22 @@ pub struct TransitionView {
 /// The Node condition of type `LifecycleTransition`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConditionView {
+    /// The condition's reason: a transition's start or end reason, or anything else.
     pub reason: String,
+    /// `lastTransitionTime` (whole seconds); `None` when unset.
     pub last_transition: Option<Timestamp>,
 }
 
 /// Everything one decision needs.
 #[derive(Clone, Debug)]
 pub struct Input<'a> {
+    /// The event decided on.
     pub event: &'a EventView,
     /// `None` when the transition does not exist (or its SLA does not parse).
     pub transition: Option<&'a TransitionView>,
+    /// The Node's `LifecycleTransition` condition; `None` when the Node has none.
     pub condition: Option<&'a ConditionView>,
+    /// The time the decision is made at (SLA deadlines are compared with it).
     pub now: Timestamp,
     /// The transition's driver answered GetInfo on its registration socket.
     pub plugin_registered: bool,
@@ -87,7 +94,11 @@ pub enum Action {
     /// Leave it.
     Wait(WaitReason),
     /// Add the finalizer, then compare-and-swap the status to Claimed with this deadline.
-    Claim { sla: Option<Timestamp> },
+    Claim {
+        /// Now plus the transition's SLA; `None` when the transition sets no SLA (no
+        /// deadline).
+        sla: Option<Timestamp>,
+    },
     /// Call StartLifecycleTransition.
     Start,
     /// Call EndLifecycleTransition (poll).

@@ -23,29 +23,40 @@ pub enum Error {
     /// The socket could not be connected.
     #[error("connect to {path}")]
     Connect {
+        /// The unix socket (registration or service).
         path: PathBuf,
+        /// Why the connection failed.
         #[source]
         source: tonic::transport::Error,
     },
     /// The call returned a gRPC error.
     #[error("{method} on {path}: {status}")]
     Call {
+        /// The gRPC method (`GetInfo`, `StartLifecycleTransition`, `EndLifecycleTransition`).
         method: &'static str,
+        /// The unix socket called.
         path: PathBuf,
+        /// The driver's gRPC status.
         status: Box<tonic::Status>,
     },
     /// The call did not answer in time.
     #[error("{method} on {path}: no answer within {timeout:?}")]
     Timeout {
+        /// The gRPC method (`GetInfo`, `StartLifecycleTransition`, `EndLifecycleTransition`).
         method: &'static str,
+        /// The unix socket called.
         path: PathBuf,
+        /// The bound on connect plus call (`--lifecycle-call-timeout`).
         timeout: Duration,
     },
     /// The registration socket answered with something that is not this SLM driver.
     #[error("plugin at {path} is not SLM driver {driver}: {why}")]
     NotSlmDriver {
+        /// The registration socket.
         path: PathBuf,
+        /// The driver name looked up.
         driver: String,
+        /// Which part of GetInfo's answer did not match (type, name or versions).
         why: String,
     },
 }
@@ -68,7 +79,10 @@ impl Error {
 /// Where a registered driver serves its SLMPlugin service.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Registered {
+    /// The driver's name, as looked up and confirmed by GetInfo.
     pub driver: String,
+    /// The SLMPlugin service socket: GetInfo's endpoint, else
+    /// `<plugins-dir>/<driver>/slm.sock`.
     pub endpoint: PathBuf,
 }
 

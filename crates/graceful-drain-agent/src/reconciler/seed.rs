@@ -94,9 +94,11 @@ pub async fn discover(client: &kube::Client) -> Result<Served, kube::Error> {
 /// The parts of a seed event [`plan`] reads.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SeedView {
+    /// The seed event's UID; its mirror carries it in [`SEED_UID_ANNOTATION`].
     pub uid: String,
     /// `status.claimStatus`, `Pending` when unset or unknown.
     pub claim: ClaimStatus,
+    /// The seed event is being deleted (a user cancelled it).
     pub deleting: bool,
     /// Carries [`SEED_BRIDGE_FINALIZER`].
     pub held: bool,
@@ -107,10 +109,13 @@ pub struct SeedView {
 /// The parts of an object of our group with the seed event's name that [`plan`] reads.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MirrorView {
+    /// The object's UID (what [`Step::Record`] writes on the seed event).
     pub uid: String,
     /// [`SEED_UID_ANNOTATION`]; `None` on an event of our group nobody mirrored.
     pub of_seed: Option<String>,
+    /// `status.claimStatus`, `Pending` when unset.
     pub claim: ClaimStatus,
+    /// The object is being deleted.
     pub deleting: bool,
     /// Carries the reconciler's claim finalizer.
     pub claimed: bool,
@@ -267,16 +272,23 @@ fn binding_node(seed: &DynamicObject) -> Option<&str> {
 /// Errors of one bridge step.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// An API call on the seed event or its mirror failed.
     #[error("{what} lifecycleevents.{SEED_GROUP} {name}")]
     Api {
+        /// The step that failed, as a verb (`hold`, `create mirror of`, `copy status to`).
         what: &'static str,
+        /// The seed event's name (its mirror has the same one).
         name: String,
+        /// The API error.
         #[source]
         source: kube::Error,
     },
+    /// The seed event's spec cannot be read as ours, so no mirror can be created.
     #[error("lifecycleevents.{SEED_GROUP} {name}: spec is not a LifecycleEvent spec")]
     Spec {
+        /// The seed event's name.
         name: String,
+        /// Why the spec does not deserialize.
         #[source]
         source: serde_json::Error,
     },
@@ -297,6 +309,7 @@ pub struct Bridge {
 }
 
 impl Bridge {
+    /// A bridge for the seed events bound to `node`; it makes no request until a pass.
     pub fn new(client: &kube::Client, node: &str) -> Self {
         Self {
             node: node.into(),

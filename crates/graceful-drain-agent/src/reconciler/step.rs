@@ -146,10 +146,12 @@ impl Reconciler {
         }
     }
 
+    /// The client every request of the reconciler goes through.
     pub fn client(&self) -> &kube::Client {
         &self.ctx.client
     }
 
+    /// The node whose events this reconciler drives.
     pub fn node_name(&self) -> &str {
         &self.ctx.node_name
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use graceful_drain_agent::Args;
 use serde_json::Value;
 
-use graceful_drain_testing::agent_api::{NODE, SimApi};
+use graceful_drain_testing::sim_api::{NODE, SimApi};
 use graceful_drain_testing::kubelet::DEADLINE;
 
 /// The agent's arguments for node `n1`, its sockets under `dir`, the lifecycle reconciler

@@ -15,18 +15,31 @@ pub enum Error {
     /// is the answer (409 or 422); a 422 may also be a real validation error, which the
     /// caller tells apart by re-reading the pod.
     #[error("isolate pod {pod}: changed concurrently (HTTP {code})")]
-    Conflict { pod: String, code: u16 },
+    Conflict {
+        /// The pod, as `namespace/name`.
+        pod: String,
+        /// The API server's status code: 409 or 422, or 404 when the pod is gone.
+        code: u16,
+    },
     /// An API call failed.
     #[error("isolate pod {pod}: {action}")]
     Api {
+        /// The pod, as `namespace/name`.
         pod: String,
+        /// What was being done, such as `patch pod`.
         action: String,
+        /// The client's error.
         #[source]
         source: kube::Error,
     },
     /// The PDB kept changing under us.
     #[error("isolate pod {pod}: PDB {pdb} kept conflicting after {PDB_ATTEMPTS} attempts")]
-    PdbContention { pod: String, pdb: String },
+    PdbContention {
+        /// The pod, as `namespace/name`.
+        pod: String,
+        /// The PDB, as `namespace/name`.
+        pdb: String,
+    },
     /// A selecting Service selects only labels of the pod's StatefulSet or DaemonSet: the
     /// pod cannot leave the Service without being released from its controller.
     #[error(
@@ -35,8 +48,11 @@ pub enum Error {
          Service a selector label of its own (in the pod template too)"
     )]
     ControllerSelector {
+        /// The pod, as `namespace/name`.
         pod: String,
+        /// The controller, as `Kind name` (e.g. `StatefulSet db`).
         owner: String,
+        /// The Service's name, in the pod's namespace.
         service: String,
     },
     /// The pod's Deployment rolls out with the Recreate strategy, which promises that old
@@ -47,7 +63,12 @@ pub enum Error {
         "isolate pod {pod}: Deployment {deployment} uses the Recreate strategy, whose old \
          pods must be gone before new ones start; graceful-drain does not hold them"
     )]
-    Recreate { pod: String, deployment: String },
+    Recreate {
+        /// The pod, as `namespace/name`.
+        pod: String,
+        /// The Deployment, as `namespace/name`.
+        deployment: String,
+    },
 }
 
 impl Error {
@@ -113,10 +134,14 @@ pub const EVENT_QUEUE: usize = 1024;
 /// What [`super::isolate`] needs to reach the cluster.
 #[derive(Clone)]
 pub struct Context {
+    /// Client for every call made while acting on a pod (admission uses one without
+    /// kube's hidden retries).
     pub client: kube::Client,
+    /// The shared caches, also told which pods this replica isolated.
     pub cache: std::sync::Arc<Cache>,
     /// Our identity, for Events (`reportingInstance`).
     pub identity: String,
+    /// Where Events about pods go.
     pub events: EventSink,
     /// Label keys the relabelling keeps unless a selector can only be left by removing
     /// them (`--keep-label`), so selectors of NetworkPolicies, monitors and dashboards on

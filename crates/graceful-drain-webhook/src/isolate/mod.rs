@@ -48,7 +48,11 @@ pub enum Outcome {
     /// The pod is isolated; the labels removed are returned. `uncharged` names the PDB
     /// that could not record the disruption (a DELETE isolates anyway).
     Isolated {
+        /// The labels taken off the pod, with their values (also stored on the pod to
+        /// restore from).
         removed: BTreeMap<String, String>,
+        /// The PDB (`namespace/name`) that did not record the disruption: its budget was
+        /// spent, its update failed, or several PDBs select the pod.
         uncharged: Option<String>,
         /// When the deferred deleter may delete it (see [`Plan::counted_from_now`]).
         delete_at: Timestamp,
@@ -60,8 +64,13 @@ pub enum Outcome {
 /// What to isolate for: the decision's delete time, grace period and PDB accounting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Plan {
+    /// When the pod may be deleted, as decided; moved later by
+    /// [`Plan::counted_from_now`] when the work before the relabel was slow.
     pub delete_at: Timestamp,
+    /// The caller's grace period in seconds, recorded on the pod for its removal.
     pub grace_period: Option<i64>,
+    /// Whether the PDB must allow the disruption (eviction) or is charged when it can
+    /// (DELETE).
     pub charge: Charge,
     /// Who removes the pod once it is due (see [`OnDue`]).
     pub on_due: OnDue,

@@ -85,7 +85,10 @@ impl Drop for OwnerReadTurn<'_> {
 /// ReplicaSet, its own controller reference (the Deployment the pod is handed to).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct OwnerFacts {
+    /// Label keys of the controller's `spec.selector` (empty when it has none we can read).
     pub selector_keys: BTreeSet<String>,
+    /// A ReplicaSet's own controller reference (its Deployment's), as the JSON
+    /// ownerReference the isolation hands the pod to; `None` for other kinds.
     pub controller: Option<serde_json::Value>,
     /// `namespace/name` of the ReplicaSet's Deployment when it rolls out with the
     /// `Recreate` strategy.

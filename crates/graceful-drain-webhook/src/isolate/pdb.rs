@@ -14,6 +14,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Api;
 use kube::api::PostParams;
 
+use graceful_drain_core::backoff::Backoff;
+
 use super::context::{Context, Error, is_status, is_transient};
 use crate::decide::{Charge, PodFacts, Snapshot};
 
@@ -23,8 +25,9 @@ use crate::decide::{Charge, PodFacts, Snapshot};
 /// jittered pause. 20 attempts of at most [`PDB_RETRY_MAX_PAUSE`] stay well inside one
 /// admission call even with several replicas evicting from the same budget.
 pub(super) const PDB_ATTEMPTS: usize = 20;
-/// Upper bound of the random pause before re-reading a conflicting PDB: long enough for a
-/// competing replica's update to land, short against the 10 s admission budget.
+/// Upper bound of the random pause before re-reading a conflicting PDB (drawn from its upper
+/// half): long enough for a competing replica's update to land, short against the 10 s
+/// admission budget.
 const PDB_RETRY_MAX_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Result of the PDB accounting.
@@ -35,9 +38,15 @@ pub enum Budget {
     /// The pod was already listed in `status.disruptedPods`.
     Listed,
     /// No disruption left.
-    Exhausted { pdb: String },
+    Exhausted {
+        /// The PDB, as `namespace/name`.
+        pdb: String,
+    },
     /// The disruption controller has not observed the PDB's latest generation.
-    NotObserved { pdb: String },
+    NotObserved {
+        /// The PDB, as `namespace/name`.
+        pdb: String,
+    },
 }
 
 impl Budget {
@@ -107,13 +116,12 @@ pub async fn refund_disruption(ctx: &Context, namespace: &str, name: &str, pod: 
     let api = Api::<PodDisruptionBudget>::namespaced(ctx.client.clone(), namespace);
     let gate = ctx.gates.gate(namespace, name);
     let _serialised = gate.turn.lock().await;
-    let mut pause = REFUND_PAUSE;
+    let mut backoff = Backoff::new(REFUND_PAUSE, REFUND_PAUSE_MAX);
     for _ in 0..PDB_ATTEMPTS {
         let mut pdb = match api.get(name).await {
             Ok(pdb) => pdb,
             Err(error) if is_transient(&error) => {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(REFUND_PAUSE_MAX);
+                backoff.wait().await;
                 continue;
             }
             Err(error) => {
@@ -140,8 +148,7 @@ pub async fn refund_disruption(ctx: &Context, namespace: &str, name: &str, pod: 
             }
             Err(e) if is_status(&e, &[409]) => continue,
             Err(error) if is_transient(&error) => {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(REFUND_PAUSE_MAX);
+                backoff.wait().await;
             }
             Err(error) => {
                 tracing::warn!(%error, pdb = %format!("{namespace}/{name}"), "refund PDB: update");
@@ -288,6 +295,7 @@ async fn charge_group(
         None => (api.get(name).await.map_err(|e| err("get", e))?, true),
     };
     let mut conflicts = 0;
+    let mut backoff = Backoff::jittered(PDB_RETRY_MAX_PAUSE, PDB_RETRY_MAX_PAUSE);
     loop {
         let (next, budgets) = charge_all(&current, pods, now);
         if !live && budgets.iter().any(|b| !b.allows()) {
@@ -314,9 +322,7 @@ async fn charge_group(
                         pdb: format!("{namespace}/{name}"),
                     });
                 }
-                let max = PDB_RETRY_MAX_PAUSE.as_millis() as u64;
-                let pause = rand::random_range(0..=max);
-                tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+                backoff.wait().await;
                 current = api.get(name).await.map_err(|e| err("get", e))?;
                 live = true;
             }

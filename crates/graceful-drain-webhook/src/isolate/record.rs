@@ -14,7 +14,10 @@ use graceful_drain_core::labels::WEBHOOK_REPORTING_COMPONENT;
 /// The `type` of an Event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Severity {
+    /// `Normal`: the webhook did what it was meant to (isolated, deleted, restored).
     Normal,
+    /// `Warning`: something the user should look at (a capped delay, a pod let through
+    /// unprotected).
     Warning,
 }
 

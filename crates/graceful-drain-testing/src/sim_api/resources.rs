@@ -1,51 +1,17 @@
-//! The lifecycle tests' cluster: the simulated API server (`kube_sim::apiserver`,
-//! with resourceVersion-guarded writes, the status subresource, JSON patch `test` ops,
-//! finalizers, preconditions, field selectors and watch replay), plus two things tests
-//! assert on: every write the client sent with the status it got ([`SimApi::writes`]), and
-//! every version an object went through ([`SimApi::history`], the server's watch replay).
+//! Objects addressed by resource name as plain JSON, the way the lifecycle tests write
+//! them: put (create or replace, status included), get, list, delete, wait for a deletion,
+//! and an object's whole history from the server's watch replay.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use graceful_drain_core::runtime::Shutdown;
-use http::{Method, Request, Response};
+use http::{Method, Request};
 use http_body_util::BodyExt;
 use kube::client::Body;
 use kube::core::WatchEvent;
-use kube_sim::apiserver::{ApiServer, Config};
 use serde_json::Value;
 
-/// One write the server answered, for assertions on request shapes.
-#[derive(Clone, Debug)]
-pub struct Write {
-    pub method: Method,
-    pub path: String,
-    pub code: u16,
-    pub body: Value,
-}
-
-pub struct SimApi {
-    server: ApiServer,
-    shutdown: Shutdown,
-    writes: Arc<Mutex<Vec<Write>>>,
-    crds_hidden: Arc<std::sync::atomic::AtomicBool>,
-    /// GETs whose path contains this are answered 429 (API Priority and Fairness).
-    throttled: Arc<std::sync::Mutex<Option<String>>>,
-    /// How many GETs were answered 429.
-    throttled_count: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-impl Drop for SimApi {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
-}
-
-const CRD_PATH: &str = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+use super::{CRD_PATH, SimApi};
 
 /// The collection path of a resource the tests use.
 fn collection(resource: &str) -> String {
@@ -59,6 +25,7 @@ fn collection(resource: &str) -> String {
     }
 }
 
+/// Sends one admin request and returns the status with the JSON body.
 async fn send(
     client: &kube::Client,
     method: Method,
@@ -83,100 +50,9 @@ async fn send(
 }
 
 impl SimApi {
-    /// A fresh simulated API server serving the lifecycle CRDs.
-    pub async fn new() -> Self {
-        let shutdown = Shutdown::new();
-        let config = Config {
-            // `history` waits for a bookmark to know it has seen every change.
-            bookmark_interval: Duration::from_millis(20),
-            ..Config::default()
-        };
-        let server = ApiServer::start(config, shutdown.clone()).await.unwrap();
-        let api = Self {
-            server,
-            shutdown,
-            writes: Arc::default(),
-            crds_hidden: Arc::default(),
-            throttled: Arc::default(),
-            throttled_count: Arc::default(),
-        };
-        let admin = api.server.client("admin");
-        for crd in graceful_drain_core::lifecycle::crds::crds().unwrap() {
-            let body = serde_json::to_value(&crd).unwrap();
-            let (code, out) = send(
-                &admin,
-                Method::POST,
-                &collection("customresourcedefinitions"),
-                Some(&body),
-            )
-            .await;
-            assert_eq!(code, 201, "create CRD: {out}");
-        }
-        api
-    }
-
-    /// A client whose writes are recorded with the status they got.
-    pub fn client(&self) -> kube::Client {
-        let inner = self.server.client("admin");
-        let writes = self.writes.clone();
-        let hidden = self.crds_hidden.clone();
-        let throttled = self.throttled.clone();
-        let throttled_count = self.throttled_count.clone();
-        let service = tower::service_fn(move |request: Request<Body>| {
-            let (inner, writes, hidden) = (inner.clone(), writes.clone(), hidden.clone());
-            let throttled = throttled.clone();
-            let throttled_count = throttled_count.clone();
-            async move {
-                let throttled = throttled
-                    .lock()
-                    .unwrap()
-                    .as_ref()
-                    .is_some_and(|part| request.uri().path().contains(part.as_str()));
-                if throttled && request.method() == Method::GET {
-                    throttled_count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    let body = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"TooManyRequests","message":"Too many requests, please try again later.","code":429}"#;
-                    let response = Response::builder()
-                        .status(429)
-                        .header("retry-after", "1")
-                        .body(Body::from(body.as_bytes().to_vec()));
-                    return Ok::<_, Infallible>(response.unwrap());
-                }
-                if hidden.load(std::sync::atomic::Ordering::SeqCst)
-                    && request.uri().path().starts_with(CRD_PATH)
-                    && request
-                        .uri()
-                        .path()
-                        .ends_with(".lifecycle.graceful-drain.io")
-                {
-                    let body = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}"#;
-                    let response = Response::builder()
-                        .status(404)
-                        .body(Body::from(body.as_bytes().to_vec()));
-                    return Ok::<_, Infallible>(response.unwrap());
-                }
-                let (parts, body) = request.into_parts();
-                let bytes = body.collect().await.unwrap().to_bytes();
-                let method = parts.method.clone();
-                let path = parts.uri.path().to_string();
-                let request = Request::from_parts(parts, Body::from(bytes.to_vec()));
-                let response: Response<Body> = inner.send(request).await.unwrap();
-                if method != Method::GET {
-                    writes.lock().unwrap().push(Write {
-                        method,
-                        path,
-                        code: response.status().as_u16(),
-                        body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-                    });
-                }
-                Ok::<_, Infallible>(response)
-            }
-        });
-        kube::Client::new(service, "default")
-    }
-
     /// Creates an object, or replaces it (status included) when it exists.
     pub async fn put(&self, resource: &str, obj: Value) -> Value {
-        let admin = self.server.client("admin");
+        let admin = self.admin();
         let name = obj["metadata"]["name"].as_str().unwrap().to_string();
         let path = format!("{}/{name}", collection(resource));
         let (code, mut stored) = match self.get(resource, &name).await {
@@ -204,8 +80,9 @@ impl SimApi {
         stored
     }
 
+    /// The object `name` of `resource`, as JSON; `None` when it does not exist.
     pub async fn get(&self, resource: &str, name: &str) -> Option<Value> {
-        let admin = self.server.client("admin");
+        let admin = self.admin();
         let path = format!("{}/{name}", collection(resource));
         match send(&admin, Method::GET, &path, None).await {
             (200, obj) => Some(obj),
@@ -216,7 +93,7 @@ impl SimApi {
 
     /// The objects of a resource; none when the resource is not served.
     pub async fn list(&self, resource: &str) -> Vec<Value> {
-        let admin = self.server.client("admin");
+        let admin = self.admin();
         match send(&admin, Method::GET, &collection(resource), None).await {
             (200, out) => out["items"].as_array().cloned().unwrap_or_default(),
             (404, _) => Vec::new(),
@@ -234,33 +111,10 @@ impl SimApi {
         }
     }
 
-    /// The client's lookups of the lifecycle CRD objects answer 404 while the API stays
-    /// served: a cluster whose API server has lifecycle.k8s.io built in.
-    pub fn hide_lifecycle_crds(&self) {
-        self.crds_hidden
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// The client's GETs whose path contains `part` are answered 429 with Retry-After,
-    /// as API Priority and Fairness answers under load; `None` ends it.
-    pub fn throttle_gets(&self, part: Option<&str>) {
-        *self.throttled.lock().unwrap() = part.map(str::to_string);
-    }
-
-    /// How many GETs were answered 429 so far.
-    pub fn throttled_gets(&self) -> usize {
-        self.throttled_count
-            .load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    pub fn writes(&self) -> Vec<Write> {
-        self.writes.lock().unwrap().clone()
-    }
-
     /// Every version an object went through, oldest first: the server's watch replay from
     /// the first resourceVersion, read up to a bookmark newer than every change so far.
     pub async fn history(&self, resource: &str, name: &str) -> Vec<(&'static str, Value)> {
-        let admin = self.server.client("admin");
+        let admin = self.admin();
         let (code, list) = send(&admin, Method::GET, &collection(resource), None).await;
         assert_eq!(code, 200, "list {resource}: {list}");
         let upto: u64 = list["metadata"]["resourceVersion"]
@@ -299,7 +153,7 @@ impl SimApi {
         name: &str,
         from: &str,
     ) -> futures::stream::BoxStream<'static, kube::Result<WatchEvent<Value>>> {
-        let admin = self.server.client("admin");
+        let admin = self.admin();
         let path = format!(
             "{}?watch=true&fieldSelector=metadata.name%3D{name}&resourceVersion={from}",
             collection(resource)
@@ -335,7 +189,7 @@ impl SimApi {
 
     /// Deletes as a user would (finalizers keep the object with a deletionTimestamp).
     pub async fn delete(&self, resource: &str, name: &str) {
-        let admin = self.server.client("admin");
+        let admin = self.admin();
         let path = format!("{}/{name}", collection(resource));
         let (code, out) = send(&admin, Method::DELETE, &path, None).await;
         assert!(code == 200 || code == 202, "delete {path}: {out}");
