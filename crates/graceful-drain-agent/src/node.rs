@@ -482,37 +482,53 @@ mod tests {
 #[cfg(test)]
 mod api_tests {
     use super::*;
-    use http::{Request, Response};
-    use kube::client::Body;
+    use Scenario::*;
+    use graceful_drain_testing::fixtures::mock::{self, Step};
+    use http::Method;
+
+    /// What the API server does with Node `n1`.
+    enum Scenario {
+        /// The `PATCH` of the node is accepted; the answer is the node, cordoned.
+        Cordoned,
+        /// The `PATCH` of the node's status is accepted.
+        ConditionsSet,
+    }
+
+    impl mock::Scenario for Scenario {
+        fn steps(self) -> Vec<Step> {
+            vec![match self {
+                Cordoned => {
+                    let node = json!({"apiVersion": "v1", "kind": "Node",
+                        "metadata": {"name": "n1"}, "spec": {"unschedulable": true}});
+                    Step::new(Method::PATCH, "/api/v1/nodes/n1", 200, node)
+                }
+                ConditionsSet => {
+                    let node = json!({"metadata": {"name": "n1"}});
+                    Step::new(Method::PATCH, "/api/v1/nodes/n1/status", 200, node)
+                }
+            }]
+        }
+    }
 
     #[tokio::test]
     async fn cordon_is_a_merge_patch_of_spec_unschedulable() {
-        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let client = kube::Client::new(service, "default");
+        let (client, mut api) = mock::client();
         let mut n = Node::default();
         n.metadata.name = Some("n1".into());
         let call = tokio::spawn(async move { cordon(&client, &n, true, None).await });
-        let (request, respond) = handle.next_request().await.unwrap();
-        assert_eq!(request.method(), http::Method::PATCH);
-        assert_eq!(request.uri().path(), "/api/v1/nodes/n1");
+        let [patch] = mock::play(&mut api, [Cordoned]).await.try_into().unwrap();
+        assert_eq!(patch.content_type, "application/merge-patch+json");
+        assert_eq!(patch.body["spec"], json!({"unschedulable": true}));
         assert_eq!(
-            request.headers()[http::header::CONTENT_TYPE],
-            "application/merge-patch+json"
+            patch.body["metadata"]["labels"][EXCLUDE_FROM_LB_LABEL],
+            "true"
         );
-        let body = request.into_body().collect_bytes().await.unwrap();
-        let body: Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(body["spec"], json!({"unschedulable": true}));
-        assert_eq!(body["metadata"]["labels"][EXCLUDE_FROM_LB_LABEL], "true");
-        let node = json!({"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": "n1"}, "spec": {"unschedulable": true}});
-        respond.send_response(Response::new(Body::from(node.to_string().into_bytes())));
         assert!(is_cordoned(&call.await.unwrap().unwrap()));
     }
 
     #[tokio::test]
     async fn conditions_are_a_strategic_merge_patch_of_node_status() {
-        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let client = kube::Client::new(service, "default");
+        let (client, mut api) = mock::client();
         let mut n = Node::default();
         n.metadata.name = Some("n1".into());
         let cond = Condition {
@@ -522,19 +538,13 @@ mod api_tests {
             message: "done".into(),
         };
         let call = tokio::spawn(async move { set_conditions(&client, &n, &[cond]).await });
-        let (request, respond) = handle.next_request().await.unwrap();
-        assert_eq!(request.uri().path(), "/api/v1/nodes/n1/status");
-        assert_eq!(
-            request.headers()[http::header::CONTENT_TYPE],
-            "application/strategic-merge-patch+json"
-        );
-        let body = request.into_body().collect_bytes().await.unwrap();
-        let body: Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(body["status"]["conditions"][0]["type"], "Drained");
-        assert_eq!(body["status"]["conditions"][0]["status"], "True");
-        respond.send_response(Response::new(Body::from(
-            json!({"metadata": {"name": "n1"}}).to_string().into_bytes(),
-        )));
+        let [patch] = mock::play(&mut api, [ConditionsSet])
+            .await
+            .try_into()
+            .unwrap();
+        assert_eq!(patch.content_type, "application/strategic-merge-patch+json");
+        assert_eq!(patch.body["status"]["conditions"][0]["type"], "Drained");
+        assert_eq!(patch.body["status"]["conditions"][0]["status"], "True");
         call.await.unwrap().unwrap();
     }
 }

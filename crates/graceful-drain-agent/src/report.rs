@@ -307,11 +307,8 @@ mod tests {
 
     #[tokio::test]
     async fn repeats_are_rate_limited_per_reason_and_key() {
-        let (mock, _handle) = tower_test::mock::pair::<
-            http::Request<kube::client::Body>,
-            http::Response<kube::client::Body>,
-        >();
-        let events = NodeEvents::new(kube::Client::new(mock, "default"), "n1");
+        let (client, _api) = graceful_drain_testing::fixtures::mock::client();
+        let events = NodeEvents::new(client, "n1");
         assert!(events.first_in_interval(agent_reason::EVICTION_BLOCKED, "default/web-1"));
         assert!(!events.first_in_interval(agent_reason::EVICTION_BLOCKED, "default/web-1"));
         assert!(events.first_in_interval(agent_reason::EVICTION_BLOCKED, "default/web-2"));

@@ -175,40 +175,80 @@ pub async fn publish(client: &kube::Client, wanted: &LifecycleTransition) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
+    use Scenario::*;
+    use graceful_drain_testing::fixtures::mock::{self, Step};
+    use http::Method;
+    use serde_json::{Value, json};
+
+    const TRANSITIONS: &str = "/apis/lifecycle.graceful-drain.io/v1alpha1/lifecycletransitions";
+
+    /// What the API server does with LifecycleTransitions, in the order the agent asks.
+    enum Scenario {
+        /// The `GET` of transition `name` answers 404 NotFound: nobody created it yet.
+        TransitionMissing(String),
+        /// The `POST` creating a transition answers 409 AlreadyExists: another agent was first.
+        CreatedByAnother,
+        /// The `GET` of the transition answers it (it names itself).
+        TransitionIs(Value),
+        /// Our group is not served: the `GET` of transition `name` and the `POST` creating
+        /// it both get the API server's bare 404.
+        GroupNotServed(&'static str),
+    }
+
+    impl mock::Scenario for Scenario {
+        fn steps(self) -> Vec<Step> {
+            match self {
+                TransitionMissing(name) => {
+                    let not_found = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "reason": "NotFound", "code": 404, "message": "not found"});
+                    vec![read(&name, 404, not_found)]
+                }
+                CreatedByAnother => {
+                    let exists = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "reason": "AlreadyExists", "code": 409, "message": "already exists"});
+                    vec![Step::new(Method::POST, TRANSITIONS, 409, exists)]
+                }
+                TransitionIs(theirs) => {
+                    let name = theirs["metadata"]["name"].as_str().unwrap().to_string();
+                    vec![read(&name, 200, theirs)]
+                }
+                GroupNotServed(name) => {
+                    let bare = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "reason": "NotFound", "code": 404, "details": {},
+                        "message": "the server could not find the requested resource"});
+                    let create = Step::new(Method::POST, TRANSITIONS, 404, bare.clone());
+                    vec![read(name, 404, bare), create]
+                }
+            }
+        }
+    }
+
+    /// The `GET` of transition `name`, answered `status` with `reply`.
+    fn read(name: &str, status: u16, reply: Value) -> Step {
+        Step::new(Method::GET, format!("{TRANSITIONS}/{name}"), status, reply)
+    }
 
     /// Two agents start at once: both read no transition, the other creates it first; ours
     /// gets 409 AlreadyExists, reads it again, finds the same spec and is done — no error,
     /// no second write.
     #[tokio::test]
     async fn losing_the_race_to_create_a_transition_is_not_an_error() {
-        use graceful_drain_testing::fixtures::mock::{self, expect};
-        use http::Method;
         let (client, mut api) = mock::client();
         let wanted = transitions("d", "m", "graceful-drain.io", Duration::from_secs(900))
             .into_iter()
             .next()
             .unwrap();
         let name = wanted.metadata.name.clone().unwrap();
-        let path =
-            format!("/apis/lifecycle.graceful-drain.io/v1alpha1/lifecycletransitions/{name}");
         let published = wanted.clone();
         let task = tokio::spawn(async move { publish(&client, &published).await });
-        let not_found = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-            "reason": "NotFound", "code": 404, "message": "not found"});
-        expect(&mut api, Method::GET, &path, 404, not_found).await;
-        let exists = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-            "reason": "AlreadyExists", "code": 409, "message": "already exists"});
-        expect(
-            &mut api,
-            Method::POST,
-            "/apis/lifecycle.graceful-drain.io/v1alpha1/lifecycletransitions",
-            409,
-            exists,
-        )
-        .await;
         let mut theirs = serde_json::to_value(&wanted).unwrap();
         theirs["metadata"]["resourceVersion"] = "7".into();
-        expect(&mut api, Method::GET, &path, 200, theirs).await;
+        let scenarios = [
+            TransitionMissing(name),
+            CreatedByAnother,
+            TransitionIs(theirs),
+        ];
+        mock::play(&mut api, scenarios).await;
         task.await.unwrap().unwrap();
     }
 
@@ -217,27 +257,13 @@ mod tests {
     /// bare 404: one clear error naming the fix, not an endless generic retry.
     #[tokio::test]
     async fn an_unserved_lifecycle_api_is_one_clear_error() {
-        use graceful_drain_testing::fixtures::mock::{self, expect};
-        use http::Method;
         let (client, mut api) = mock::client();
         let wanted = transitions("d", "m", "graceful-drain.io", Duration::from_secs(900))
             .into_iter()
             .next()
             .unwrap();
         let task = tokio::spawn(async move { publish(&client, &wanted).await });
-        let bare = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-            "reason": "NotFound", "code": 404, "details": {},
-            "message": "the server could not find the requested resource"});
-        let collection = "/apis/lifecycle.graceful-drain.io/v1alpha1/lifecycletransitions";
-        expect(
-            &mut api,
-            Method::GET,
-            &format!("{collection}/d"),
-            404,
-            bare.clone(),
-        )
-        .await;
-        expect(&mut api, Method::POST, collection, 404, bare).await;
+        mock::play(&mut api, [GroupNotServed("d")]).await;
         let error = task.await.unwrap().unwrap_err();
         assert!(error.needs_operator());
         assert!(

@@ -7,8 +7,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
 
-use std::time::Duration;
-
 use graceful_drain_agent as agent;
 use graceful_drain_core::labels::{
     DRAIN_EVENT_ANNOTATION, LAST_POD_SELECTOR_ANNOTATION, TIERS_ANNOTATION, agent_reason,
@@ -30,9 +28,11 @@ use serde_json::{Value, json};
 mod agent_support {
     pub mod harness;
 }
-use agent_support::harness::{args, condition, eventually, node_json};
-use graceful_drain_testing::sim_api::{AGENT_USER, EVENT, NODE, SHOP, SimApi, shop_pod};
+use agent_support::harness::{args, condition, node_json};
+use graceful_drain_testing::eventually::{eventually, eventually_some};
 use graceful_drain_testing::kubelet::{DEADLINE, Kubelet, connect};
+use graceful_drain_testing::sim_api::{AGENT_USER, EVENT, NODE, SHOP, SimApi, shop_pod};
+use std::future::ready;
 
 async fn readyz(addr: std::net::SocketAddr) -> (u16, String) {
     get(addr, "/readyz").await
@@ -148,11 +148,7 @@ async fn kubelet_drives_a_drain_to_completion_and_back_to_service() {
     assert_eq!(t.spec.all_nodes, Some(true));
     assert_eq!(t.spec.driver, "graceful-drain.io");
     assert_eq!(t.spec.sla.as_deref(), Some("15m0s"));
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while readyz(admin).await.0 != 200 {
-        assert!(tokio::time::Instant::now() < deadline, "never ready");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("the agent ready", || async { readyz(admin).await.0 == 200 }).await;
 
     let started = kubelet.start("graceful-drain", NODE).await;
     assert_eq!(
@@ -409,7 +405,7 @@ async fn a_restarted_agent_resumes_the_drain() {
         .unwrap();
     let resumed = started.agent.clone();
     eventually("drain resumed", || {
-        resumed.phase(agent::OpKind::Drain).is_some()
+        ready(resumed.phase(agent::OpKind::Drain).is_some())
     })
     .await;
     api.finish_terminating().await;
@@ -510,34 +506,23 @@ async fn with_auto_reconciler_a_refusal_counts_when_the_kubelet_owns_the_api() {
     .await
     .unwrap();
     let admin = started.admin_addr;
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while readyz(admin).await.0 != 200 {
-        assert!(tokio::time::Instant::now() < deadline, "never ready");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("the agent ready", || async { readyz(admin).await.0 == 200 }).await;
     let mut reg = RegistrationClient::new(connect(started.registration_socket.clone()).await);
     let status = RegistrationStatus {
         plugin_registered: false,
         error: "plugin version not supported".into(),
     };
     reg.notify_registration_status(status).await.unwrap();
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
+    let (_, body) = eventually_some("the refusal on /readyz", DEADLINE, || async {
         let (code, body) = readyz(admin).await;
         if code == 503 {
-            assert!(body.contains("plugin version not supported"), "{body}");
-            break;
+            Ok((code, body))
+        } else {
+            Err((code, body))
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "refusal never showed on /readyz: {:?}",
-            api.requests()
-                .iter()
-                .map(|r| format!("{} {} {}", r.method, r.path, r.code))
-                .collect::<Vec<_>>()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
+    assert!(body.contains("plugin version not supported"), "{body}");
     shutdown.cancel();
 }
 
@@ -647,7 +632,10 @@ async fn drain_in_tiers(
     let running = tokio::spawn(started.wait());
     kubelet.start("graceful-drain", NODE).await;
     for (message, evicted) in steps {
-        eventually(message, || agent_state.snapshot().message == *message).await;
+        eventually(message, || {
+            ready(agent_state.snapshot().message == *message)
+        })
+        .await;
         let mut pods: Vec<String> = api
             .evictions()
             .iter()

@@ -13,6 +13,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
+use futures::StreamExt;
 use graceful_drain_agent::{self as agent, Args};
 use graceful_drain_core::labels::agent_reason;
 use graceful_drain_core::lifecycle::{LifecycleEvent, LifecycleEventSpec};
@@ -22,11 +23,13 @@ use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{Event, Node, Pod, PodSpec, PodTemplateSpec};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube_sim::cluster::{Cluster, ClusterConfig, WebSpec, wait_for};
 use serde_json::json;
 
 use graceful_drain_core::proto::registration::RegistrationStatus;
 use graceful_drain_core::proto::registration::registration_client::RegistrationClient;
+use graceful_drain_testing::command::AgentCommand;
 use graceful_drain_testing::kubelet::{Kubelet, connect};
 
 /// Bound for any convergence in these tests.
@@ -42,26 +45,8 @@ fn args(dir: &Path, flags: &[&str]) -> Args {
         #[command(flatten)]
         args: Args,
     }
-    let mut argv: Vec<String> = [
-        "node-agent",
-        "--node-name",
-        NODE,
-        "--admin-listen",
-        "127.0.0.1:0",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    argv.extend([
-        "--plugins-dir".into(),
-        dir.join("plugins").display().to_string(),
-    ]);
-    argv.extend([
-        "--registry-dir".into(),
-        dir.join("registry").display().to_string(),
-    ]);
-    argv.extend(flags.iter().map(|s| s.to_string()));
-    Cli::try_parse_from(argv).unwrap().args
+    let command = AgentCommand::new(NODE, dir).with(flags);
+    Cli::try_parse_from(command.argv()).unwrap().args
 }
 
 async fn cluster() -> Cluster {
@@ -537,18 +522,27 @@ async fn pods_isolated_by_the_webhook_count_as_remaining_until_deleted() {
         let admin = admin.clone();
         async move { actions::lifecycle_drain(&admin, NODE, TIMEOUT).await }
     });
+    // Every version of the Node the drain wrote, from a watch, until the drain is done.
     let nodes: Api<Node> = Api::all(admin.clone());
+    let config = watcher::Config::default().fields(&format!("metadata.name={NODE}"));
+    let versions = watcher(nodes, config).default_backoff().applied_objects();
+    let mut versions = std::pin::pin!(versions);
+    let mut drain = std::pin::pin!(drain);
     let mut messages = Vec::new();
-    while !drain.is_finished() {
-        let node = nodes.get(NODE).await.unwrap();
-        if let Some(message) = condition_message(&node, "DrainInProgress")
-            && messages.last() != Some(&message)
-        {
-            messages.push(message);
+    let drained = loop {
+        tokio::select! {
+            drained = &mut drain => break drained,
+            node = versions.next() => {
+                let node = node.expect("the Node watch ended").unwrap();
+                if let Some(message) = condition_message(&node, "DrainInProgress")
+                    && messages.last() != Some(&message)
+                {
+                    messages.push(message);
+                }
+            }
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    drain.await.unwrap().unwrap();
+    };
+    drained.unwrap().unwrap();
     assert!(
         messages.iter().any(|m| m.contains("isolated")),
         "the condition showed isolated pods: {messages:?}"

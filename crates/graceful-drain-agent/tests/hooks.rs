@@ -21,9 +21,11 @@ use serde_json::{Value, json};
 mod agent_support {
     pub mod harness;
 }
-use agent_support::harness::{args, condition, eventually, node_json};
-use graceful_drain_testing::sim_api::{NODE, SimApi, shop_pod};
+use agent_support::harness::{args, condition, node_json};
+use graceful_drain_testing::eventually::eventually;
 use graceful_drain_testing::kubelet::Kubelet;
+use graceful_drain_testing::sim_api::{NODE, SimApi, shop_pod};
+use std::future::ready;
 
 const DRAIN: &str = "graceful-drain";
 const MAINTENANCE: &str = "graceful-maintenance-complete";
@@ -104,10 +106,12 @@ async fn vms_are_evacuated_before_any_eviction_and_the_node_enabled_after_uncord
     run.kubelet.start(DRAIN, NODE).await;
     let agent_state = run.agent.clone();
     eventually("the migration under way", || {
-        agent_state
-            .snapshot()
-            .message
-            .starts_with("hook evacuate-vms (before-eviction): migrating:")
+        ready(
+            agent_state
+                .snapshot()
+                .message
+                .starts_with("hook evacuate-vms (before-eviction): migrating:"),
+        )
     })
     .await;
     assert!(api.evictions().is_empty(), "no eviction while VMs move");

@@ -23,7 +23,9 @@ pub enum Error {
     /// The admin address could not be bound.
     #[error("bind admin port {addr}")]
     Bind {
+        /// The address asked for.
         addr: SocketAddr,
+        /// Why binding or reading back the bound address failed.
         #[source]
         source: std::io::Error,
     },

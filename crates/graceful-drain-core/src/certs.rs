@@ -19,14 +19,18 @@ pub enum Error {
     /// rcgen refused the parameters or failed to sign.
     #[error("generate certificate for {subject}")]
     Generate {
+        /// Common name of the certificate or key being made (`… CA` for the authority).
         subject: String,
+        /// What rcgen reported.
         #[source]
         source: rcgen::Error,
     },
     /// A file could not be written.
     #[error("write {path}")]
     Write {
+        /// The file, or the directory that could not be created.
         path: PathBuf,
+        /// The I/O error, including a failure to restrict a key's permissions.
         #[source]
         source: std::io::Error,
     },
@@ -56,18 +60,26 @@ pub struct Args {
 /// A CA and a serving certificate, PEM-encoded.
 #[derive(Clone, Debug)]
 pub struct Bundle {
+    /// The CA certificate: what a webhook configuration's `caBundle` must hold.
     pub ca_cert: String,
+    /// The CA's private key (PKCS#8); only needed to sign more certificates.
     pub ca_key: String,
+    /// The serving certificate, signed by the CA, valid for server and client auth.
     pub cert: String,
+    /// The serving certificate's private key (PKCS#8).
     pub key: String,
 }
 
 /// Paths of a written [`Bundle`].
 #[derive(Clone, Debug)]
 pub struct Paths {
+    /// `DIR/ca.crt`.
     pub ca_cert: PathBuf,
+    /// `DIR/ca.key`, mode 0600 on Unix.
     pub ca_key: PathBuf,
+    /// `DIR/tls.crt`.
     pub cert: PathBuf,
+    /// `DIR/tls.key`, mode 0600 on Unix.
     pub key: PathBuf,
 }
 

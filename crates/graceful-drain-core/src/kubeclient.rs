@@ -12,7 +12,9 @@ pub enum Error {
     /// The kubeconfig file named by `--kubeconfig` could not be read or parsed.
     #[error("read kubeconfig {path}")]
     ReadKubeconfig {
+        /// The `--kubeconfig` path.
         path: PathBuf,
+        /// Why kube could not read or parse it.
         #[source]
         source: kube::config::KubeconfigError,
     },

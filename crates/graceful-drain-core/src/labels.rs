@@ -124,7 +124,11 @@ pub mod webhook_reason {
 pub mod agent_reason {
     use super::ClaimStatus;
 
+    /// The node is cordoned and the drain starts evicting its pods.
     pub const DRAIN_STARTED: &str = "graceful-drain.io/DrainStarted";
+    /// Warning: an eviction was refused (the message names what refused it, such as a
+    /// PodDisruptionBudget or a webhook) and is retried, or a pod that arrived during the drain was refused by the
+    /// drain filters and is left on the node. Repeats for one pod are rate-limited.
     pub const EVICTION_BLOCKED: &str = "graceful-drain.io/EvictionBlocked";
     /// A pod that arrived during the drain is left alone (it would come straight back).
     pub const EVICTION_SKIPPED: &str = "graceful-drain.io/EvictionSkipped";
@@ -133,9 +137,17 @@ pub mod agent_reason {
     pub const DRAIN_PLAN: &str = "graceful-drain.io/DrainPlan";
     /// A drain with several eviction tiers starts the next one.
     pub const EVICTION_TIER: &str = "graceful-drain.io/EvictionTier";
+    /// Every pod the drain had to remove is gone; the message counts evicted and skipped
+    /// pods.
     pub const DRAIN_COMPLETE: &str = "graceful-drain.io/DrainComplete";
+    /// Warning: the drain failed (an error or a failed maintenance hook); the node stays
+    /// cordoned and goes back into the load balancers.
     pub const DRAIN_FAILED: &str = "graceful-drain.io/DrainFailed";
+    /// Warning: the drain was stopped before it finished (its SLA expired, or its
+    /// LifecycleEvent was deleted or ended); the message says what remained, and the node
+    /// stays cordoned and goes back into the load balancers.
     pub const DRAIN_STOPPED: &str = "graceful-drain.io/DrainStopped";
+    /// The maintenance-complete transition uncordoned the node: it is back in service.
     pub const UNCORDONED: &str = "graceful-drain.io/Uncordoned";
     /// A maintenance hook was started.
     pub const HOOK_STARTED: &str = "graceful-drain.io/HookStarted";

@@ -181,6 +181,8 @@ impl VmHost {
         self.lock().timeline = Some(timeline);
     }
 
+    /// Changes how the service answers from the next request on, runs already started
+    /// included.
     pub fn set_behaviour(&self, behaviour: Behaviour) {
         self.lock().behaviour = behaviour;
     }

@@ -6,13 +6,14 @@
 
 use std::time::{Duration, Instant};
 
+use futures::{FutureExt, StreamExt};
 use graceful_drain_core::runtime::Shutdown;
 use graceful_drain_sim::scenario::actions;
 use graceful_drain_sim::scenario::components::{Components, ComponentsConfig};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Api;
-use kube::api::ListParams;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube_sim::cluster::{Cluster, ClusterConfig, WebSpec, wait_for};
 use kube_sim::lb::LbConfig;
 use kube_sim::traffic::{TrafficConfig, TrafficReport};
@@ -213,13 +214,14 @@ async fn pdb_holds_under_concurrent_evictions() {
     let (cluster, mut components) = protected(&spec).await;
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
     // Pods of the workload that serve: selected by the PDB (isolated pods lose the
-    // label), Ready, not deleting.
-    let serving = || async {
-        let list = pods
-            .list(&ListParams::default().labels("app=web"))
-            .await
-            .unwrap();
-        list.items
+    // label), Ready, not deleting; counted after every change a watch of them brings.
+    let (store, writer) = reflector::store();
+    let changes = watcher(pods, watcher::Config::default().labels("app=web"))
+        .default_backoff()
+        .reflect(writer);
+    let serving = |store: &reflector::Store<Pod>| {
+        store
+            .state()
             .iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .filter(|p| {
@@ -234,12 +236,19 @@ async fn pdb_holds_under_concurrent_evictions() {
     let (a, b) = (cluster.nodes()[0].clone(), cluster.nodes()[1].clone());
     let done = tokio_util::sync::CancellationToken::new();
     let sampler = async {
+        let mut changes = std::pin::pin!(changes);
         let mut lowest = usize::MAX;
-        while !done.is_cancelled() {
-            lowest = lowest.min(serving().await);
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        loop {
+            tokio::select! {
+                () = done.cancelled() => return lowest,
+                change = changes.next() => {
+                    change.expect("the pod watch ended").unwrap();
+                    if store.wait_until_ready().now_or_never().is_some() {
+                        lowest = lowest.min(serving(&store));
+                    }
+                }
+            }
         }
-        lowest
     };
     let work = async {
         // Two drains at once, as two operators (or an autoscaler and a person) would.

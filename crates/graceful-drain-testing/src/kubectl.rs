@@ -7,8 +7,11 @@ use std::process::Output;
 /// What one kubectl command printed, and whether it succeeded.
 #[derive(Debug)]
 pub struct Ran {
+    /// Whether kubectl exited with status 0.
     pub ok: bool,
+    /// What it printed on standard output.
     pub stdout: String,
+    /// What it printed on standard error.
     pub stderr: String,
 }
 

@@ -2,7 +2,6 @@
 //! SLM Start/End calls, over the agent's real unix sockets.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use graceful_drain_core::proto::registration::InfoRequest;
 use graceful_drain_core::proto::registration::RegistrationStatus;
@@ -15,9 +14,11 @@ use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-/// Every RPC and every End loop gives up after this long.
-pub const DEADLINE: Duration = Duration::from_secs(30);
+use crate::eventually::eventually_some;
 
+pub use crate::eventually::DEADLINE;
+
+/// A gRPC channel over the unix socket at `path`, as the kubelet dials plugins.
 pub async fn connect(path: PathBuf) -> Channel {
     Endpoint::from_static("http://[::]:50051")
         .connect_with_connector(tower::service_fn(move |_: Uri| {
@@ -30,6 +31,7 @@ pub async fn connect(path: PathBuf) -> Channel {
 
 /// The kubelet's side: registration, then Start/End.
 pub struct Kubelet {
+    /// The node the kubelet runs on; End calls name it.
     pub node: String,
     /// The LifecycleEvent the calls are for (`ev-1` unless changed).
     pub event: String,
@@ -62,6 +64,8 @@ impl Kubelet {
         }
     }
 
+    /// Calls Start of `transition` for `node` and the kubelet's event, as the kubelet
+    /// does when the event's transition begins.
     pub async fn start(&mut self, transition: &str, node: &str) -> LifecycleTransitionResponse {
         let (start, end) = reasons(transition);
         let req = StartLifecycleTransitionRequest {
@@ -79,39 +83,54 @@ impl Kubelet {
             .into_inner()
     }
 
+    /// Calls End of `transition` for the kubelet's node and event, as the kubelet does
+    /// while it waits for the drain (`sla_expired` when the event's SLA ran out).
     pub async fn end(
         &mut self,
         transition: &str,
         sla_expired: bool,
     ) -> LifecycleTransitionResponse {
+        call_end(self.slm.clone(), self.end_request(transition, sla_expired)).await
+    }
+
+    fn end_request(&self, transition: &str, sla_expired: bool) -> EndLifecycleTransitionRequest {
         let (start, end) = reasons(transition);
-        let req = EndLifecycleTransitionRequest {
+        EndLifecycleTransitionRequest {
             transition_name: transition.into(),
             event_name: self.event.clone(),
             node_name: self.node.clone(),
             start: start.into(),
             end: end.into(),
             sla_expired,
-        };
-        tokio::time::timeout(DEADLINE, self.slm.end_lifecycle_transition(req))
-            .await
-            .expect("End answered")
-            .unwrap()
-            .into_inner()
+        }
     }
 
     /// Calls End until it answers `want` (or an error), within [`DEADLINE`].
     pub async fn end_until(&mut self, transition: &str, want: &str) -> LifecycleTransitionResponse {
-        let deadline = tokio::time::Instant::now() + DEADLINE;
-        loop {
-            let answer = self.end(transition, false).await;
-            if answer.lifecycle_condition == want || !answer.error.is_empty() {
-                return answer;
+        let what = format!("End of {transition} answering {want}");
+        eventually_some(&what, DEADLINE, || {
+            let end = call_end(self.slm.clone(), self.end_request(transition, false));
+            async move {
+                let answer = end.await;
+                let done = answer.lifecycle_condition == want || !answer.error.is_empty();
+                if done { Ok(answer) } else { Err(answer) }
             }
-            assert!(tokio::time::Instant::now() < deadline, "still {answer:?}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await
     }
+}
+
+/// One End call, bounded by [`DEADLINE`] (the kubelet would give up after 45 s; a hang
+/// fails the test).
+async fn call_end(
+    mut slm: SlmPluginClient<Channel>,
+    request: EndLifecycleTransitionRequest,
+) -> LifecycleTransitionResponse {
+    tokio::time::timeout(DEADLINE, slm.end_lifecycle_transition(request))
+        .await
+        .expect("End answered")
+        .unwrap()
+        .into_inner()
 }
 
 fn reasons(transition: &str) -> (&'static str, &'static str) {

@@ -294,9 +294,37 @@ impl Elector {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use graceful_drain_testing::fixtures::mock::{self, expect};
+    use Scenario::*;
+    use graceful_drain_testing::fixtures::mock;
     use http::Method;
     use serde_json::json;
+
+    /// What the API server does with Lease `ns/gd`, in the order the elector asks.
+    enum Scenario {
+        /// The `GET` answers the Lease held by `by`, renewed at `renewed` (seconds, UTC).
+        LeaseHeldBy { by: &'static str, renewed: String },
+        /// The `GET` answers the Lease released by its last holder, renewed at `renewed`.
+        LeaseReleased { renewed: String },
+        /// The `PUT` taking the Lease fails with a 500.
+        TakeoverFails,
+        /// The `PUT` taking the Lease conflicts (409): another replica took it first.
+        TakeoverConflicts,
+    }
+
+    impl mock::Scenario for Scenario {
+        fn steps(self) -> Vec<mock::Step> {
+            const PATH: &str = "/apis/coordination.k8s.io/v1/namespaces/ns/leases/gd";
+            let read = |l: Lease| {
+                mock::Step::new(Method::GET, PATH, 200, serde_json::to_value(l).unwrap())
+            };
+            vec![match self {
+                LeaseHeldBy { by, renewed } => read(lease(Some(by), &renewed)),
+                LeaseReleased { renewed } => read(lease(None, &renewed)),
+                TakeoverFails => mock::Step::refused(Method::PUT, PATH, 500, "boom"),
+                TakeoverConflicts => mock::Step::refused(Method::PUT, PATH, 409, "Conflict"),
+            }]
+        }
+    }
 
     fn at(s: &str) -> Timestamp {
         s.parse().unwrap()
@@ -371,18 +399,23 @@ mod tests {
         assert!(!cache.deleter_alive(now), "nobody reported yet");
         let (client, mut api) = mock::client();
         let elector = Elector::new(client, "ns", "gd", "a").reporting_to(cache.clone());
-        let path = "/apis/coordination.k8s.io/v1/namespaces/ns/leases/gd";
         let renewed = now.strftime("%Y-%m-%dT%H:%M:%S").to_string();
         let task = tokio::spawn(async move {
             let first = elector.try_acquire().await.unwrap();
             let second = elector.try_acquire().await;
             (first, second)
         });
-        let other = serde_json::to_value(lease(Some("b"), &renewed)).unwrap();
-        expect(&mut api, Method::GET, path, 200, other).await;
-        let released = serde_json::to_value(lease(None, &renewed)).unwrap();
-        expect(&mut api, Method::GET, path, 200, released).await;
-        let put = expect(&mut api, Method::PUT, path, 500, mock::status(500, "boom")).await;
+        let scenarios = [
+            LeaseHeldBy {
+                by: "b",
+                renewed: renewed.clone(),
+            },
+            LeaseReleased {
+                renewed: renewed.clone(),
+            },
+            TakeoverFails,
+        ];
+        let [_held, _released, put] = mock::play(&mut api, scenarios).await.try_into().unwrap();
         assert_eq!(put.body["spec"]["holderIdentity"], "a");
         let (first, second) = task.await.unwrap();
         assert!(!first);
@@ -423,17 +456,14 @@ mod tests {
         let (client, mut api) = mock::client();
         let elector = Elector::new(client, "ns", "gd", "a");
         let task = tokio::spawn(async move { elector.try_acquire().await });
-        let path = "/apis/coordination.k8s.io/v1/namespaces/ns/leases/gd";
-        let current = serde_json::to_value(lease(Some("b"), "2020-01-01T00:00:00")).unwrap();
-        expect(&mut api, Method::GET, path, 200, current).await;
-        let put = expect(
-            &mut api,
-            Method::PUT,
-            path,
-            409,
-            mock::status(409, "Conflict"),
-        )
-        .await;
+        let expired = LeaseHeldBy {
+            by: "b",
+            renewed: "2020-01-01T00:00:00".into(),
+        };
+        let [_expired, put] = mock::play(&mut api, [expired, TakeoverConflicts])
+            .await
+            .try_into()
+            .unwrap();
         assert_eq!(put.body["metadata"]["resourceVersion"], "7");
         assert_eq!(put.body["spec"]["holderIdentity"], "a");
         assert!(!task.await.unwrap().unwrap());

@@ -495,7 +495,8 @@ mod tests {
     }
 
     use crate::cache::Cache;
-    use graceful_drain_testing::fixtures::mock::{self, expect};
+    use crate::isolate::scenarios::Scenario::*;
+    use graceful_drain_testing::fixtures::mock;
     use http::Method;
     use http_body_util::BodyExt;
     use serde_json::{Value, json};
@@ -590,22 +591,11 @@ mod tests {
                          "labels": {"app": "web", "pod-template-hash": "h"}},
             "spec": {"containers": [{"name": "c"}]},
             "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}});
-        expect(
-            &mut api,
-            Method::GET,
-            "/api/v1/namespaces/web/pods/web-1",
-            200,
-            pod,
-        )
-        .await;
-        let patch = expect(
-            &mut api,
-            Method::PATCH,
-            "/api/v1/namespaces/web/pods/web-1",
-            200,
-            json!({}),
-        )
-        .await;
+        let [_read, patch, _event] =
+            mock::play(&mut api, [PodIs(pod), Relabeled("web-1"), EventPosted])
+                .await
+                .try_into()
+                .unwrap();
         assert_eq!(patch.body[1]["path"], "/metadata/labels");
         assert_eq!(
             patch.body[2],
@@ -633,14 +623,6 @@ mod tests {
             60,
             "restored a minute after its delete time"
         );
-        expect(
-            &mut api,
-            Method::POST,
-            "/api/v1/namespaces/web/events",
-            201,
-            json!({}),
-        )
-        .await;
         let (status, review) = call.await.unwrap();
         assert_eq!(status, 200);
         assert_eq!(review["apiVersion"], "admission.k8s.io/v1");
@@ -753,9 +735,12 @@ mod tests {
             "spec": {"containers": [{"name": "c"}]},
             "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})
         };
-        let path = "/api/v1/namespaces/web/pods/web-2";
-        expect(&mut api, Method::GET, path, 200, pod(json!({"app": "web"}))).await;
-        let patch = expect(&mut api, Method::PATCH, path, 200, json!({})).await;
+        let scenarios = [
+            PodIs(pod(json!({"app": "web"}))),
+            Relabeled("web-2"),
+            EventPosted,
+        ];
+        let [_read, patch, _event] = mock::play(&mut api, scenarios).await.try_into().unwrap();
         assert!(
             patch
                 .body
@@ -765,14 +750,6 @@ mod tests {
             "it leaves the Service: {}",
             patch.body
         );
-        expect(
-            &mut api,
-            Method::POST,
-            "/api/v1/namespaces/web/events",
-            201,
-            json!({}),
-        )
-        .await;
         let (_, review) = call.await.unwrap();
         assert_eq!(review["response"]["allowed"], false);
         assert_eq!(review["response"]["status"]["code"], 429);
@@ -784,14 +761,7 @@ mod tests {
             "/mutate/eviction?timeout=10s",
             eviction_body("web-2"),
         ));
-        expect(
-            &mut api,
-            Method::GET,
-            path,
-            200,
-            pod(json!({"app": "batch"})),
-        )
-        .await;
+        mock::play(&mut api, [PodIs(pod(json!({"app": "batch"})))]).await;
         let (_, review) = call.await.unwrap();
         assert_eq!(review["response"]["allowed"], true, "{review}");
     }
@@ -863,15 +833,12 @@ mod issue_tests {
     use super::tests_support::*;
     use super::*;
     use crate::decide::REPLICASET_CONTROLLER;
+    use crate::isolate::scenarios::Scenario::*;
     use graceful_drain_core::labels::{
         DELETE_AT_ANNOTATION, DEREGISTERING_CAUSE, DRAINING_LABEL, ORIGINAL_LABELS_ANNOTATION,
     };
-    use graceful_drain_testing::fixtures::mock::{self, expect};
-    use http::Method;
+    use graceful_drain_testing::fixtures::mock;
     use serde_json::{Value, json};
-
-    const POD_PATH: &str = "/api/v1/namespaces/web/pods/web-1";
-    const PDB_PATH: &str = "/apis/policy/v1/namespaces/web/poddisruptionbudgets/web";
 
     /// The API server may call the webhook twice for one DELETE, the second time with the
     /// pod as the first call's isolation left it (controller role handed to the
@@ -931,26 +898,16 @@ mod issue_tests {
             "/mutate/eviction?timeout=10s",
             eviction(json!({})),
         ));
-        expect(&mut api, Method::GET, POD_PATH, 200, pod_json("uid-1")).await;
-        expect(&mut api, Method::GET, PDB_PATH, 200, pdb_json("2", 1)).await;
-        let put = expect(
-            &mut api,
-            Method::PUT,
-            &format!("{PDB_PATH}/status"),
-            200,
-            pdb_json("3", 0),
-        )
-        .await;
+        let scenarios = [
+            PodIs(pod_json("uid-1")),
+            PdbIs(pdb_json("2", 1)),
+            PdbCharged(pdb_json("3", 0)),
+            Relabeled("web-1"),
+            EventPosted,
+        ];
+        let [_pod, _pdb, put, _relabel, _event] =
+            mock::play(&mut api, scenarios).await.try_into().unwrap();
         assert_eq!(put.body["metadata"]["resourceVersion"], "2");
-        expect(&mut api, Method::PATCH, POD_PATH, 200, json!({})).await;
-        expect(
-            &mut api,
-            Method::POST,
-            "/api/v1/namespaces/web/events",
-            201,
-            json!({}),
-        )
-        .await;
         let (_, review) = call.await.unwrap();
         assert_eq!(review["response"]["allowed"], false);
         assert!(review["response"].get("patch").is_none());
@@ -976,8 +933,11 @@ mod issue_tests {
             "/mutate/eviction?timeout=10s",
             eviction(json!({})),
         ));
-        expect(&mut api, Method::GET, POD_PATH, 200, pod_json("uid-1")).await;
-        expect(&mut api, Method::GET, PDB_PATH, 200, pdb_json("2", 0)).await;
+        mock::play(
+            &mut api,
+            [PodIs(pod_json("uid-1")), PdbIs(pdb_json("2", 0))],
+        )
+        .await;
         let (_, review) = call.await.unwrap();
         assert_eq!(review["response"]["allowed"], false);
         assert_eq!(review["response"]["status"]["code"], 429);
@@ -999,22 +959,14 @@ mod issue_tests {
             .cache
             .apply_pdb(&serde_json::from_value(pdb_json("1", 0)).unwrap());
         let call = tokio::spawn(call(st, "/validate/delete?timeout=2s", deletion()));
-        expect(&mut api, Method::GET, PDB_PATH, 200, pdb_json("2", 0)).await;
-        let patch = expect(&mut api, Method::PATCH, POD_PATH, 200, json!({})).await;
+        let scenarios = [PdbIs(pdb_json("2", 0)), Relabeled("web-1"), EventPosted];
+        let [_pdb, patch, event] = mock::play(&mut api, scenarios).await.try_into().unwrap();
         assert!(
             patch
                 .body
                 .to_string()
                 .contains("graceful-drain.io~1draining")
         );
-        let event = expect(
-            &mut api,
-            Method::POST,
-            "/api/v1/namespaces/web/events",
-            201,
-            json!({}),
-        )
-        .await;
         assert!(
             event.body["message"]
                 .as_str()
@@ -1024,8 +976,6 @@ mod issue_tests {
         let (_, review) = call.await.unwrap();
         assert_eq!(review["response"]["allowed"], true);
     }
-
-    const RS_PATH: &str = "/apis/apps/v1/namespaces/web/replicasets/web-abc";
 
     /// A DELETE of `web/web-1`, a pod of ReplicaSet `web-abc`, by the ReplicaSet controller.
     fn scale_down_deletion() -> Vec<u8> {
@@ -1063,7 +1013,7 @@ mod issue_tests {
             "/validate/delete?timeout=10s",
             scale_down_deletion(),
         ));
-        expect(&mut api, Method::GET, RS_PATH, 200, replicaset(2, 2)).await;
+        mock::play(&mut api, [ReplicaSetIs(replicaset(2, 2))]).await;
         let (_, review) = call.await.unwrap();
         assert_eq!(review["response"]["allowed"], false);
         let message = review["response"]["status"]["message"].as_str().unwrap();
@@ -1087,23 +1037,20 @@ mod issue_tests {
             "/validate/delete?timeout=10s",
             scale_down_deletion(),
         ));
-        expect(&mut api, Method::GET, RS_PATH, 200, replicaset(2, 3)).await;
-        expect(&mut api, Method::GET, RS_PATH, 200, replicaset(2, 3)).await;
-        let patch = expect(&mut api, Method::PATCH, POD_PATH, 200, json!({})).await;
+        let scenarios = [
+            ReplicaSetIs(replicaset(2, 3)),
+            ReplicaSetIs(replicaset(2, 3)),
+            Relabeled("web-1"),
+            EventPosted,
+        ];
+        let [_rs, _reread, patch, _event] =
+            mock::play(&mut api, scenarios).await.try_into().unwrap();
         let patch = patch.body.to_string();
         assert!(patch.contains(DELETE_AT_ANNOTATION), "{patch}");
         assert!(
             !patch.contains("restore-at"),
             "the deferred deleter removes it: {patch}"
         );
-        expect(
-            &mut api,
-            Method::POST,
-            "/api/v1/namespaces/web/events",
-            201,
-            json!({}),
-        )
-        .await;
         let (_, review) = call.await.unwrap();
         assert_eq!(review["response"]["allowed"], false);
         let message = review["response"]["status"]["message"].as_str().unwrap();
@@ -1121,7 +1068,7 @@ mod issue_tests {
             "/mutate/eviction?timeout=10s",
             eviction(options),
         ));
-        expect(&mut api, Method::GET, POD_PATH, 200, pod_json("uid-1")).await;
+        mock::play(&mut api, [PodIs(pod_json("uid-1"))]).await;
         let (_, review) = call.await.unwrap();
         assert_eq!(review["response"]["allowed"], true);
         assert!(review["response"].get("patch").is_none());
@@ -1140,23 +1087,8 @@ mod issue_tests {
             "/mutate/eviction?timeout=10s",
             eviction(json!({})),
         ));
-        expect(&mut api, Method::GET, POD_PATH, 200, pod_json("uid-1")).await;
-        expect(
-            &mut api,
-            Method::PATCH,
-            POD_PATH,
-            403,
-            mock::status(403, "Forbidden"),
-        )
-        .await;
-        let event = expect(
-            &mut api,
-            Method::POST,
-            "/api/v1/namespaces/web/events",
-            201,
-            json!({}),
-        )
-        .await;
+        let scenarios = [PodIs(pod_json("uid-1")), RelabelForbidden, EventPosted];
+        let [_pod, _relabel, event] = mock::play(&mut api, scenarios).await.try_into().unwrap();
         assert_eq!(event.body["type"], "Warning");
         assert_eq!(event.body["reason"], webhook_reason::ISOLATION_FAILED);
         let (_, review) = call.await.unwrap();
@@ -1183,24 +1115,14 @@ mod issue_tests {
             "/mutate/eviction?timeout=10s",
             eviction(json!({})),
         ));
-        expect(&mut api, Method::GET, POD_PATH, 200, pod_json("uid-1")).await;
-        expect(
-            &mut api,
-            Method::PATCH,
-            POD_PATH,
-            422,
-            mock::status(422, "Invalid"),
-        )
-        .await;
-        expect(&mut api, Method::GET, POD_PATH, 200, pod_json("uid-1")).await;
-        let event = expect(
-            &mut api,
-            Method::POST,
-            "/api/v1/namespaces/web/events",
-            201,
-            json!({}),
-        )
-        .await;
+        let scenarios = [
+            PodIs(pod_json("uid-1")),
+            RelabelInvalid,
+            PodIs(pod_json("uid-1")),
+            EventPosted,
+        ];
+        let [_pod, _relabel, _reread, event] =
+            mock::play(&mut api, scenarios).await.try_into().unwrap();
         assert_eq!(event.body["type"], "Warning");
         let (_, review) = call.await.unwrap();
         assert_eq!(review["response"]["allowed"], true);
@@ -1302,17 +1224,9 @@ mod issue_tests {
                            "targetRef": {"kind": "Pod", "name": "web-1", "namespace": "web", "uid": "uid-2"}}]
         })).unwrap());
         let call = tokio::spawn(call(st, "/validate/delete?timeout=4s", deletion()));
-        expect(
-            &mut api,
-            Method::PATCH,
-            POD_PATH,
-            409,
-            mock::status(409, "Conflict"),
-        )
-        .await;
         let mut replacement = pod_json("uid-2");
         replacement["metadata"]["resourceVersion"] = json!("20");
-        expect(&mut api, Method::GET, POD_PATH, 200, replacement).await;
+        mock::play(&mut api, [RelabelConflicts, PodIs(replacement)]).await;
         let (_, review) = call.await.unwrap();
         assert_eq!(review["response"]["allowed"], true);
         let next = api.next_request().await.map(|(r, _)| r.method().clone());

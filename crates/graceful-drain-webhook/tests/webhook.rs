@@ -15,8 +15,9 @@ use graceful_drain_core::labels::{
     DELETE_AT_ANNOTATION, DRAINING_LABEL, ORIGINAL_LABELS_ANNOTATION,
 };
 use graceful_drain_core::runtime::Shutdown;
+use graceful_drain_testing::eventually::eventually;
 use graceful_drain_webhook::{cache, decide, isolate, metrics, server, tls};
-use http::{Request, Response};
+use http::Request;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::pem::PemObject;
@@ -49,9 +50,7 @@ fn bundle() -> certs::Bundle {
 /// stays on paths that need no API call) and the given TLS files.
 async fn start(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Server {
     graceful_drain_core::runtime::install_crypto_provider();
-    let (service, _handle) =
-        tower_test::mock::pair::<Request<kube::client::Body>, Response<kube::client::Body>>();
-    let client = kube::Client::new(service, "default");
+    let (client, _api) = graceful_drain_testing::fixtures::mock::client();
     let mut registry = prometheus_client::registry::Registry::default();
     let shutdown = Shutdown::new();
     let state = Arc::new(server::AppState {
@@ -328,19 +327,12 @@ async fn rotated_certificate_is_served_to_new_handshakes_without_dropping_connec
 
     swap_data(root.path(), &v2);
     let opts2 = client_opts(&second.ca_cert);
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        if let Ok(stream) = connect(srv.addr, &opts2).await
-            && served_cert(&stream) == der_of(&second.cert)
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "rotated certificate never served"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually("the rotated certificate served", || async {
+        connect(srv.addr, &opts2)
+            .await
+            .is_ok_and(|stream| served_cert(&stream) == der_of(&second.cert))
+    })
+    .await;
     // The connection opened before the rotation still works.
     let (status, body) = send(&mut kept, "/mutate/eviction", eviction("after")).await;
     assert_eq!(status, 200);

@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
 
+use graceful_drain_testing::command::WebhookCommand;
 use graceful_drain_testing::kubectl;
 use std::time::{Duration, Instant};
 
@@ -136,39 +137,18 @@ async fn launch_webhook(
         .unwrap();
     let _ = namespaces.create(&PostParams::default(), &ns).await;
     let (listen, admin) = (free_port(), free_port());
-    let delay = humantime::format_duration(delay).to_string();
-    let (listen_s, admin_s, timeout_s) = (
-        listen.to_string(),
-        admin.to_string(),
-        timeout_seconds.to_string(),
-    );
-    let mut argv = vec![
-        "webhook",
-        "--listen",
-        &listen_s,
-        "--admin-listen",
-        &admin_s,
-        "--tls-cert",
-        tls.cert.to_str().unwrap(),
-        "--tls-key",
-        tls.key.to_str().unwrap(),
-        "--deregistration-delay",
-        &delay,
-        "--timeout-seconds",
-        &timeout_s,
-        "--lease-namespace",
-        "graceful-drain",
-        "--identity",
+    let mut command = WebhookCommand::new(
+        (listen, admin),
+        (&tls.cert, &tls.key),
+        &kubeconfig,
         "webhook-0",
-        "--own-user",
         WEBHOOK_USER,
-        "--shutdown-delay",
-        "0s",
-        "--kubeconfig",
-        kubeconfig.to_str().unwrap(),
-    ];
-    argv.extend_from_slice(extra);
-    let cli = WebhookCli::try_parse_from(argv).unwrap();
+    );
+    command.deregistration_delay = delay;
+    command.timeout_seconds = timeout_seconds;
+    command.shutdown_delay = Some(Duration::ZERO);
+    command.extra = extra.iter().map(|s| s.to_string()).collect();
+    let cli = WebhookCli::try_parse_from(command.argv()).unwrap();
     let stop = Shutdown::new();
     let task = tokio::spawn(graceful_drain_webhook::run(cli.args, stop.clone()));
     Webhook {

@@ -21,6 +21,7 @@ use graceful_drain_core::lifecycle::{
     ClaimStatus, DRAIN_TRANSITION, LifecycleEvent, LifecycleEventSpec,
 };
 use graceful_drain_core::runtime::Shutdown;
+use graceful_drain_testing::command::AgentCommand;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -41,22 +42,8 @@ fn agent_args(dir: &std::path::Path, node: &str) -> agent::Args {
         #[command(flatten)]
         args: agent::Args,
     }
-    let plugins = dir.join(node).join("plugins").display().to_string();
-    let registry = dir.join(node).join("registry").display().to_string();
-    let argv = [
-        "node-agent",
-        "--node-name",
-        node,
-        "--admin-listen",
-        "127.0.0.1:0",
-        "--plugins-dir",
-        &plugins,
-        "--registry-dir",
-        &registry,
-        "--lifecycle-reconciler",
-        "on",
-    ];
-    Cli::try_parse_from(argv).unwrap().args
+    let command = AgentCommand::new(node, &dir.join(node)).reconciler("on");
+    Cli::try_parse_from(command.argv()).unwrap().args
 }
 
 async fn cluster(nodes: usize) -> Cluster {

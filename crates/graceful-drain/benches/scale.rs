@@ -28,10 +28,11 @@
 #[path = "support/agent.rs"]
 mod agent_cli;
 
+use graceful_drain_testing::command::WebhookCommand;
 use graceful_drain_testing::kubelet;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -358,33 +359,18 @@ impl Webhook {
         let (listen, admin) = (free_port(), free_port());
         let log = dir.path().join("webhook.log");
         let out = std::fs::File::create(&log).unwrap();
-        let path = |p: &Path| p.to_str().unwrap().to_string();
-        let args = [
-            "webhook".to_string(),
-            "--listen".into(),
-            listen.to_string(),
-            "--admin-listen".into(),
-            admin.to_string(),
-            "--tls-cert".into(),
-            path(&tls.cert),
-            "--tls-key".into(),
-            path(&tls.key),
-            // No isolated pod is deleted while the bench runs.
-            "--deregistration-delay".into(),
-            "10m".into(),
-            "--timeout-seconds".into(),
-            TIMEOUT_SECONDS.to_string(),
-            "--lease-namespace".into(),
-            "graceful-drain".into(),
-            "--identity".into(),
-            "webhook-0".into(),
-            "--own-user".into(),
-            WEBHOOK_USER.into(),
-            "--shutdown-delay".into(),
-            "0s".into(),
-            "--kubeconfig".into(),
-            path(&kubeconfig),
-        ];
+        let mut command = WebhookCommand::new(
+            (listen, admin),
+            (&tls.cert, &tls.key),
+            &kubeconfig,
+            "webhook-0",
+            WEBHOOK_USER,
+        );
+        // No isolated pod is deleted while the bench runs.
+        command.deregistration_delay = Duration::from_secs(600);
+        command.timeout_seconds = TIMEOUT_SECONDS;
+        command.shutdown_delay = Some(Duration::ZERO);
+        let args = command.argv();
         let child = tokio::process::Command::new(webhook_binary())
             .args(args)
             .stdin(std::process::Stdio::null())

@@ -21,6 +21,7 @@ pub struct Cli {
         env = "GRACEFUL_DRAIN_LOG_FORMAT"
     )]
     pub log_format: LogFormat,
+    /// The subcommand to run.
     #[command(subcommand)]
     pub command: Command,
 }

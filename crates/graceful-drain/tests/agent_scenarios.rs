@@ -24,6 +24,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube_sim::cluster::{Cluster, ClusterConfig, WebSpec, wait_for};
 use serde_json::json;
 
+use graceful_drain_testing::command::AgentCommand;
 use graceful_drain_testing::kubelet::Kubelet;
 
 /// Bound for any convergence in these tests.
@@ -301,24 +302,10 @@ async fn kubelet_driven_agent(
         #[command(flatten)]
         args: graceful_drain_agent::Args,
     }
-    let plugins = dir.join("plugins").display().to_string();
-    let registry = dir.join("registry").display().to_string();
-    let argv = [
-        "node-agent",
-        "--node-name",
-        NODE,
-        "--admin-listen",
-        "127.0.0.1:0",
-        "--plugins-dir",
-        &plugins,
-        "--registry-dir",
-        &registry,
-        "--lifecycle-reconciler",
-        "off",
-        "--event-check-interval",
-        "1s",
-    ];
-    let args = Cli::try_parse_from(argv).unwrap().args;
+    let command = AgentCommand::new(NODE, dir)
+        .reconciler("off")
+        .with(&["--event-check-interval", "1s"]);
+    let args = Cli::try_parse_from(command.argv()).unwrap().args;
     let client = cluster
         .api()
         .client("system:serviceaccount:graceful-drain:node-agent");

@@ -6,7 +6,9 @@
 
 #[path = "lifecycle_support/plugin.rs"]
 mod plugin;
+use graceful_drain_testing::eventually::eventually;
 use graceful_drain_testing::sim_api;
+use std::future::ready;
 
 use std::time::Duration;
 
@@ -609,15 +611,7 @@ async fn run_drives_events_from_the_watch_until_shutdown() {
     // The lifecycle CRDs the harness installs make `auto` turn the reconciler on.
     let (task, shutdown) = run_reconciler(&h, Mode::Auto, Duration::from_millis(100));
     let name = h.create_event("graceful-drain").await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while h.event(&name).await.is_some() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "event not finished: {:?}",
-            h.event(&name).await
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    h.api.wait_deleted("lifecycleevents", &name).await;
     assert_eq!(h.statuses(&name).await, ["Pending", "Claimed", "Succeeded"]);
     shutdown.cancel();
     task.await.unwrap().unwrap();
@@ -633,26 +627,17 @@ async fn a_failed_pass_is_retried_without_waiting_for_the_tick() {
     h.api.throttle_gets(Some("/lifecycletransitions/"));
     let (task, shutdown) = run_reconciler(&h, Mode::On, Duration::from_secs(3600));
     let name = h.create_event("graceful-drain").await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     // Two throttled passes: the one the new event woke, and a retry of it.
-    while h.api.throttled_gets() < 2 {
-        let seen = h.api.throttled_gets();
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the throttled pass was not run again ({seen} throttled reads)"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let throttled_twice = || ready(h.api.throttled_gets() >= 2);
+    h.api
+        .until("the throttled pass run again", throttled_twice)
+        .await;
     assert_eq!(h.statuses(&name).await, ["Pending"]);
     h.api.throttle_gets(None);
-    while driver.starts() == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the event waits for the tick: {:?}",
-            h.statuses(&name).await
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("the driver started before the tick", || {
+        ready(driver.starts() > 0)
+    })
+    .await;
     assert_eq!(h.statuses(&name).await[..2], ["Pending", "Claimed"]);
     shutdown.cancel();
     task.await.unwrap().unwrap();
@@ -911,14 +896,7 @@ async fn unreachable_driver_is_retried_not_failed() {
     // comes back: retried meanwhile, then done.
     h.stop.cancel();
     let stale = h.dirs.registry.join(format!("{DRIVER}-reg.sock"));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while stale.exists() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "driver did not stop"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually("the driver stopped", || ready(!stale.exists())).await;
     drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
     settle(&r, later(now, 20)).await;
     assert_eq!(

@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use graceful_drain_testing::command::AgentCommand;
 use graceful_drain_testing::kubectl;
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -70,30 +71,14 @@ async fn start_agent(
     sla: &str,
     parent: &Shutdown,
 ) -> (Shutdown, tokio::task::JoinHandle<()>) {
-    let root = dir.join(node);
-    let (plugins, registry) = (root.join("plugins"), root.join("plugins_registry"));
-    let argv = [
-        "agent",
-        "--node-name",
-        node,
-        "--plugins-dir",
-        plugins.to_str().unwrap(),
-        "--registry-dir",
-        registry.to_str().unwrap(),
-        "--admin-listen",
-        "127.0.0.1:0",
-        "--sla",
-        sla,
-        // auto: the simulated cluster serves lifecycleevents from a CRD, so no
-        // kubelet implements SLM and the reconciler must turn itself on.
-        "--lifecycle-reconciler",
-        "auto",
-        "--lifecycle-tick",
-        "200ms",
-    ];
-    std::fs::create_dir_all(&plugins).unwrap();
-    std::fs::create_dir_all(&registry).unwrap();
-    let args = AgentCli::try_parse_from(argv).unwrap().args;
+    // auto: the simulated cluster serves lifecycleevents from a CRD, so no kubelet
+    // implements SLM and the reconciler must turn itself on.
+    let command = AgentCommand::new(node, &dir.join(node))
+        .reconciler("auto")
+        .with(&["--sla", sla, "--lifecycle-tick", "200ms"]);
+    std::fs::create_dir_all(&command.plugins_dir).unwrap();
+    std::fs::create_dir_all(&command.registry_dir).unwrap();
+    let args = AgentCli::try_parse_from(command.argv()).unwrap().args;
     let token = parent.child_token();
     let started =
         graceful_drain_agent::start(args, cluster.api().client(AGENT_USER), token.clone())

@@ -60,10 +60,18 @@ impl Identity {
 /// Paths of the files every component reads.
 #[derive(Clone, Debug)]
 pub struct Pki {
+    /// The CA certificate (PEM) that signed every certificate here; clients trust it and
+    /// kube-apiserver verifies client certificates against it.
     pub ca_cert: PathBuf,
+    /// kube-apiserver's serving certificate (PEM), valid for `localhost`, 127.0.0.1, ::1
+    /// and the `kubernetes` Service's names.
     pub apiserver_cert: PathBuf,
+    /// The serving certificate's private key (PEM, mode 0600).
     pub apiserver_key: PathBuf,
+    /// The service-account signing key (PEM, mode 0600), which kube-apiserver signs
+    /// tokens with and kube-controller-manager is given as well.
     pub sa_key: PathBuf,
+    /// The public half of `sa_key` (PEM), which kube-apiserver verifies tokens with.
     pub sa_pub: PathBuf,
     ca_pem: String,
     clients: Vec<(Identity, String, String)>,

@@ -24,7 +24,10 @@ pub const ETCD_VERSION: &str = "v3.6.16";
 /// Which releases to build and run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Versions {
+    /// Kubernetes release tag, `v1.Y.Z` (anything else fails the build with
+    /// [`Error::BadVersion`]); also names the cache folder.
     pub kubernetes: String,
+    /// etcd release tag, a version of the Go module `go.etcd.io/etcd/server/v3` (`v3.Y.Z`).
     pub etcd: String,
 }
 
@@ -66,7 +69,10 @@ pub enum Error {
     /// A file or process operation failed.
     #[error("{}: {source}", path.display())]
     Io {
+        /// The file, folder or binary concerned (`127.0.0.1:0` when picking free ports
+        /// failed).
         path: PathBuf,
+        /// The operating system's error.
         #[source]
         source: std::io::Error,
     },
@@ -75,13 +81,23 @@ pub enum Error {
     Certificate(String),
     /// A component exited while the control plane started.
     #[error("{component} exited during start-up; logs:\n{log}")]
-    Exited { component: String, log: String },
+    Exited {
+        /// The component's name (`etcd`, `kube-apiserver`, ...).
+        component: String,
+        /// The last 30 lines of every component's log.
+        log: String,
+    },
     /// A component this value did not start (or that is unknown) was asked to restart.
     #[error("{0} is not a component this control plane started")]
     NotRunning(String),
     /// kube-apiserver did not become ready in time.
     #[error("kube-apiserver was not ready after {after:?}; logs:\n{log}")]
-    NotReady { after: Duration, log: String },
+    NotReady {
+        /// How long readiness was awaited.
+        after: Duration,
+        /// The last 30 lines of every component's log.
+        log: String,
+    },
 }
 
 impl Error {

@@ -47,23 +47,43 @@ pub enum Error {
     /// An API call made while setting up failed.
     #[error("{action} {object}")]
     Api {
+        /// What was being done, as a verb phrase (`create`, `register`, `read`, ...).
         action: &'static str,
+        /// The object it was done to (`node worker-1`; just `ns/name` when the action
+        /// names the kind, as in `create service`).
         object: String,
+        /// The client's error.
         #[source]
         source: kube::Error,
     },
     /// A condition was not reached in time.
     #[error("timed out after {after:?} waiting for {what}")]
-    Timeout { what: String, after: Duration },
+    Timeout {
+        /// The condition that was awaited.
+        what: String,
+        /// How long it was awaited.
+        after: Duration,
+    },
     /// The lifecycle CRDs could not be built.
     #[error(transparent)]
     Crds(#[from] graceful_drain_core::lifecycle::crds::Error),
     /// The kubeconfig of a real API server could not be read or used.
     #[error("kubeconfig {path}: {reason}")]
-    Kubeconfig { path: String, reason: String },
+    Kubeconfig {
+        /// The kubeconfig's path (the placeholder `kubeconfig` for clients built from an
+        /// already loaded one).
+        path: String,
+        /// Why it could not be read or turned into a client.
+        reason: String,
+    },
     /// A component's credentials could not be made.
     #[error("credentials for {user}: {reason}")]
-    Credentials { user: String, reason: String },
+    Credentials {
+        /// The user the credentials were for.
+        user: String,
+        /// What went wrong making or writing them.
+        reason: String,
+    },
 }
 
 /// Result of this module.
@@ -132,15 +152,19 @@ impl Default for ClusterConfig {
 /// The standard workload: a Deployment behind a LoadBalancer Service, with a PDB.
 #[derive(Clone, Debug)]
 pub struct WebSpec {
+    /// Namespace of all three objects; it must exist.
     pub namespace: String,
     /// Name of the Deployment, Service and PDB; also the `app` label.
     pub name: String,
+    /// The Deployment's replicas.
     pub replicas: i32,
     /// The PDB's minAvailable.
     pub min_available: i32,
     /// terminationGracePeriodSeconds of the pods.
     pub grace_period_seconds: i64,
+    /// The Deployment's rolling-update `maxSurge` (a count or a percentage).
     pub max_surge: IntOrString,
+    /// The Deployment's rolling-update `maxUnavailable` (a count or a percentage).
     pub max_unavailable: IntOrString,
 }
 

@@ -257,7 +257,9 @@ pub struct LoadBalancers {
 /// A ready endpoint: pod UID and `ns/name`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReadyEndpoint {
+    /// The pod's UID, the key of its app in the app registry.
     pub uid: String,
+    /// The pod as `ns/name`, for the timeline and error reports.
     pub pod: String,
 }
 

@@ -141,16 +141,13 @@ pub enum Error {
 /// Helpers shared by the tests of the drain's files.
 #[cfg(test)]
 mod test_support {
-    use http::{Request, Response};
-    use kube::client::Body;
-
     use crate::filters::PodKey;
 
-    pub(super) type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+    pub(super) use graceful_drain_testing::fixtures::mock::Handle;
 
+    /// A client whose requests go to the returned handle: the shared scripted mock's.
     pub(super) fn mock() -> (kube::Client, Handle) {
-        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        (kube::Client::new(service, "default"), handle)
+        graceful_drain_testing::fixtures::mock::client()
     }
 
     pub(super) fn key() -> PodKey {

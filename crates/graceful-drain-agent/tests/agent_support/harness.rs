@@ -1,13 +1,12 @@
 //! Starting the node agent in tests: its flags, and waiting on its in-memory state.
 
 use std::path::Path;
-use std::time::Duration;
 
 use graceful_drain_agent::Args;
 use serde_json::Value;
 
+use graceful_drain_testing::command::AgentCommand;
 use graceful_drain_testing::sim_api::{NODE, SimApi};
-use graceful_drain_testing::kubelet::DEADLINE;
 
 /// The agent's arguments for node `n1`, its sockets under `dir`, the lifecycle reconciler
 /// off unless `flags` name it, then `flags`.
@@ -18,37 +17,13 @@ pub fn args(dir: &Path, flags: &[&str]) -> Args {
         #[command(flatten)]
         args: Args,
     }
-    let plugins = dir.join("plugins");
-    let registry = dir.join("plugins_registry");
-    let mut argv: Vec<String> = [
-        "node-agent",
-        "--node-name",
-        NODE,
-        "--admin-listen",
-        "127.0.0.1:0",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    argv.extend(["--plugins-dir".into(), plugins.display().to_string()]);
-    argv.extend(["--registry-dir".into(), registry.display().to_string()]);
+    let mut command = AgentCommand::new(NODE, dir);
     if !flags.contains(&"--lifecycle-reconciler") {
-        argv.extend(["--lifecycle-reconciler".into(), "off".into()]);
+        command = command.reconciler("off");
     }
-    argv.extend(flags.iter().map(|s| s.to_string()));
-    Cli::try_parse_from(argv).unwrap().args
-}
-
-/// Waits until `check` (agent state no API request announces) holds, within [`DEADLINE`].
-pub async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while !check() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    Cli::try_parse_from(command.with(flags).argv())
+        .unwrap()
+        .args
 }
 
 /// Node `n1` as JSON.

@@ -26,14 +26,18 @@ pub enum Error {
     /// A generated CRD could not be converted (a bug in this module).
     #[error("build CRD {name}")]
     Convert {
+        /// The CRD's name, `<plural>.lifecycle.graceful-drain.io`.
         name: &'static str,
+        /// What serde reported.
         #[source]
         source: serde_json::Error,
     },
     /// The generated schema lacks a node this module adjusts (a bug in this module).
     #[error("build CRD {name}: generated schema has no {path}")]
     Shape {
+        /// The CRD's name, `<plural>.lifecycle.graceful-drain.io`.
         name: &'static str,
+        /// JSON pointer of the missing object, such as `/spec/versions/0`.
         path: &'static str,
     },
     /// YAML output failed.

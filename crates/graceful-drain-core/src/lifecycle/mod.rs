@@ -16,11 +16,16 @@ pub const TRANSITION_CONDITION: &str = "LifecycleTransition";
 pub const DEFAULT_DRIVER: &str = "graceful-drain.io";
 /// Name of the drain transition the node agent publishes.
 pub const DRAIN_TRANSITION: &str = "graceful-drain";
-/// Reasons of the drain transition.
+/// Start reason of the drain transition: the node agent answers it when it starts the
+/// drain and while pods remain.
 pub const DRAIN_STARTED: &str = "drain-started";
+/// End reason of the drain transition: every evicted pod is gone.
 pub const DRAIN_COMPLETE: &str = "drain-complete";
 /// Name of the maintenance-complete transition the node agent publishes.
 pub const MAINTENANCE_TRANSITION: &str = "graceful-maintenance-complete";
-/// Reasons of the maintenance-complete transition.
+/// Start reason of the maintenance-complete transition: the node agent answers it while it
+/// uncordons the node and runs the after-uncordon hooks.
 pub const UNCORDONING: &str = "uncordoning";
+/// End reason of the maintenance-complete transition: the node is uncordoned and its
+/// after-uncordon hooks are done.
 pub const MAINTENANCE_COMPLETE: &str = "maintenance-complete";

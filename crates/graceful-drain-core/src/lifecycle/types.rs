@@ -77,12 +77,20 @@ pub struct LifecycleEventStatus {
 }
 
 /// The claim status values of docs/design.md §3.
+// The variants are described with `//`, not `///`: schemars turns variant docs into a
+// `oneOf` of described constants, which would change the committed CRDs' plain `enum`.
+#[allow(missing_docs)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub enum ClaimStatus {
+    // Not claimed yet (set on create; an event without status reads as it).
     Pending,
+    // A reconciler claimed it (finalizer, driver and SLA deadline written) and drives it.
     Claimed,
+    // The driver answered with an error, or the transition was deleted. Terminal.
     Failed,
+    // The SLA deadline passed before the Node showed the end reason. Terminal.
     SlaExpired,
+    // The Node shows the transition's end reason. Terminal.
     Succeeded,
 }
 

@@ -20,6 +20,7 @@ use tokio::task::JoinHandle;
 
 use super::Error;
 use graceful_drain_core::runtime::Shutdown;
+use graceful_drain_testing::command::{AgentCommand, WebhookCommand};
 use kube_sim::cluster::{Access, DataPlane, wait_for};
 
 /// Namespace of our components (the chart's default).
@@ -387,36 +388,23 @@ impl Components {
         let kubeconfig = self.dir().join("webhook.kubeconfig");
         cluster.write_kubeconfig(&kubeconfig, WEBHOOK_USER).await?;
         let (listen, admin) = (free_port()?, free_port()?);
-        let mut argv: Vec<String> = [
-            "webhook",
-            "--listen",
-            &listen.to_string(),
-            "--admin-listen",
-            &admin.to_string(),
-            "--tls-cert",
-            &tls.cert.display().to_string(),
-            "--tls-key",
-            &tls.key.display().to_string(),
-            "--deregistration-delay",
-            &humantime::format_duration(cfg.deregistration_delay).to_string(),
-            "--timeout-seconds",
-            &cfg.timeout_seconds.to_string(),
-            "--lease-namespace",
-            NAMESPACE,
-            "--identity",
+        let mut command = WebhookCommand::new(
+            (listen, admin),
+            (&tls.cert, &tls.key),
+            &kubeconfig,
             &identity,
-            "--own-user",
             WEBHOOK_USER,
-            "--kubeconfig",
-            &kubeconfig.display().to_string(),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        );
+        command.deregistration_delay = cfg.deregistration_delay;
+        command.timeout_seconds = cfg.timeout_seconds;
+        command.lease_namespace = NAMESPACE.into();
         if let Some(deployment) = &self.webhook_deployment {
-            argv.extend(["--deployment".to_string(), deployment.clone()]);
+            command
+                .extra
+                .extend(["--deployment".to_string(), deployment.clone()]);
         }
-        argv.extend(self.webhook_flags.iter().cloned());
+        command.extra.extend(self.webhook_flags.iter().cloned());
+        let argv = command.argv();
         Ok(Replica {
             argv,
             identity,
@@ -545,30 +533,15 @@ impl Components {
         let kubeconfig = base.join("agent.kubeconfig");
         std::fs::create_dir_all(&base).map_err(|e| component_err("node-agent")(e.to_string()))?;
         cluster.write_kubeconfig(&kubeconfig, AGENT_USER).await?;
-        let (plugins, registry) = (base.join("plugins"), base.join("registry"));
-        for dir in [&plugins, &registry] {
+        let mut command = AgentCommand::new(node, &base)
+            .reconciler("on")
+            .with(&self.agent_flags);
+        command.admin_listen = free_port()?.to_string();
+        command.kubeconfig = Some(kubeconfig);
+        for dir in [&command.plugins_dir, &command.registry_dir] {
             std::fs::create_dir_all(dir).map_err(|e| component_err("node-agent")(e.to_string()))?;
         }
-        let admin = free_port()?;
-        let mut argv: Vec<String> = [
-            "node-agent",
-            "--node-name",
-            node,
-            "--plugins-dir",
-            &plugins.display().to_string(),
-            "--registry-dir",
-            &registry.display().to_string(),
-            "--admin-listen",
-            &admin.to_string(),
-            "--lifecycle-reconciler",
-            "on",
-            "--kubeconfig",
-            &kubeconfig.display().to_string(),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        argv.extend(self.agent_flags.iter().cloned());
+        let argv = command.argv();
         let cli = AgentCli::try_parse_from(&argv).map_err(|e| {
             component_err("node-agent")(format!(
                 "rejects its documented flags: {}",
@@ -741,7 +714,9 @@ fn configurations(
     graceful_drain_webhook::webhook_configurations(&spec)
 }
 
-pub async fn create_configurations(
+/// Creates both webhook configurations with a `url` clientConfig to the webhook on
+/// `addr`'s port, trusting `ca_pem`; fails if either already exists.
+pub(crate) async fn create_configurations(
     cluster: &DataPlane,
     addr: SocketAddr,
     ca_pem: &str,

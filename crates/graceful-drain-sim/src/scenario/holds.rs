@@ -58,6 +58,7 @@ pub struct Row {
 /// What the benchmark measured.
 #[derive(Debug, Clone)]
 pub struct Report {
+    /// One row per probe: Deployment, StatefulSet, DaemonSet.
     pub rows: Vec<Row>,
     /// Pods isolated (their DELETE held) when the busy phase's probes started.
     pub held_at_start: usize,

@@ -226,11 +226,16 @@ fn workload_scenarios() -> Vec<Scenario> {
 /// One row of the matrix.
 #[derive(Debug)]
 pub struct Row {
+    /// The scenario's name (see [`find`]).
     pub scenario: &'static str,
+    /// Whether graceful-drain ran.
     pub protection: Protection,
+    /// The figures, or why the run failed (the error with its causes).
     pub result: Result<Measured, String>,
     /// Pods whose app stopped accepting while the load balancer still routed to them.
     pub unprotected: usize,
+    /// The shortest the disruption could have taken ([`lower_bound`], adjusted for the
+    /// scenario's workload), to compare with the measured duration.
     pub lower_bound: Duration,
     /// Why the row differs from what its scenario expects, if it does.
     pub unexpected: Option<String>,
@@ -243,6 +248,7 @@ pub struct Row {
 /// The rows of a matrix run.
 #[derive(Debug, Default)]
 pub struct Report {
+    /// Two rows per scenario, without then with graceful-drain, in the order run.
     pub rows: Vec<Row>,
 }
 

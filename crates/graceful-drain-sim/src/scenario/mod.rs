@@ -39,20 +39,37 @@ pub enum Error {
     /// An API call of the scenario failed.
     #[error("{action} {object}")]
     Api {
+        /// What was attempted, a verb phrase such as `evict` or `list pods on`.
         action: &'static str,
+        /// The object acted on, such as `pod default/web-1` or `node n1`.
         object: String,
+        /// The API server's or the client's error.
         #[source]
         source: kube::Error,
     },
     /// One of graceful-drain's components could not run.
     #[error("{name}: {reason}")]
-    Component { name: String, reason: String },
+    Component {
+        /// The component or step, such as `webhook`, `node-agent` or `temp dir`.
+        name: String,
+        /// What went wrong, as text.
+        reason: String,
+    },
     /// A drain did not complete.
     #[error("drain node {node}: {reason}")]
-    Drain { node: String, reason: String },
+    Drain {
+        /// The node being drained.
+        node: String,
+        /// Why the drain did not complete, such as a LifecycleEvent that ended Failed or
+        /// did not complete in time.
+        reason: String,
+    },
     /// A drain evicted a pod of a tier before the tier before it had left the node.
     #[error("eviction tiers out of order: {reason}")]
-    TierOrder { reason: String },
+    TierOrder {
+        /// Which pod went too early, and which pod of an earlier tier was still there.
+        reason: String,
+    },
 }
 
 /// Whether graceful-drain protects the workload.
@@ -76,12 +93,15 @@ impl fmt::Display for Protection {
 /// Everything a scenario run needs.
 #[derive(Clone, Debug)]
 pub struct ScenarioConfig {
+    /// The simulated cluster: nodes, kubelets, load balancers, API server and faults.
     pub cluster: ClusterConfig,
+    /// The workload disrupted: a Deployment behind a LoadBalancer Service, with a PDB.
     pub web: WebSpec,
     /// Traffic shape; its bounds apply to each phase.
     pub traffic: TrafficConfig,
     /// Where the traffic comes from: a connection per request, or keep-alive clients.
     pub clients: Clients,
+    /// graceful-drain's flags, for the protected runs.
     pub components: ComponentsConfig,
     /// Bound of each phase (deploy, drain, rollout).
     pub phase_timeout: Duration,
@@ -90,18 +110,26 @@ pub struct ScenarioConfig {
 /// What one phase measured.
 #[derive(Clone, Debug)]
 pub struct Measured {
+    /// Requests sent during the phase and until the load balancer settled, failed ones
+    /// included.
     pub requests: u64,
+    /// Requests of [`Measured::requests`] that failed, whatever the reason: no target,
+    /// refused, cut in flight or sent on a reset connection.
     pub errors_5xx: u64,
-    /// From the start of the disruption until it completed.
+    /// From the start of the disruption until it completed (settling not included).
     pub duration: Duration,
+    /// The cluster's significant events during the phase, with the 5xx bursts.
     pub timeline: Vec<Event>,
 }
 
 /// One line of the result table.
 #[derive(Debug)]
 pub struct Row {
+    /// The phase: `drain` or `rollout`.
     pub scenario: &'static str,
+    /// Whether graceful-drain ran.
     pub protection: Protection,
+    /// The figures, or why the phase failed (the error with its causes).
     pub result: Result<Measured, String>,
 }
 

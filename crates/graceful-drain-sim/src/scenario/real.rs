@@ -114,8 +114,11 @@ impl fmt::Display for Disruption {
 /// One row of the real tier.
 #[derive(Clone, Copy, Debug)]
 pub struct RealScenario {
+    /// What the row does to the workload; its name is the row's name (`--row`).
     pub disruption: Disruption,
+    /// Whether graceful-drain runs.
     pub protection: Protection,
+    /// Whether the row is expected to pass today.
     pub expect: Expect,
 }
 
@@ -210,7 +213,9 @@ async fn serves_eviction_requests(client: &kube::Client) -> bool {
 /// What one row measured, and whether that is what it expects.
 #[derive(Debug)]
 pub struct RealRow {
+    /// The row that ran.
     pub scenario: RealScenario,
+    /// The figures, or why the row failed.
     pub result: Result<Measured, String>,
 }
 
@@ -233,14 +238,13 @@ impl RealRow {
     }
 }
 
-/// Attaches the data plane to the API server of `kubeconfig` and runs every row of
-/// [`scenarios`], printing each as it finishes through `progress`.
 /// Restarts one control-plane component (`kube-apiserver`, `kube-controller-manager`) and
 /// returns once it is back; blocking.
 pub type Restart = std::sync::Arc<dyn Fn(&'static str) -> Result<(), String> + Send + Sync>;
 
-/// With `only` not empty, just the rows whose disruption it names; the fault rows only
-/// with `restart`.
+/// Attaches the data plane to the API server of `kubeconfig` and runs every row of
+/// [`scenarios`], printing each as it finishes through `progress`. With `only` not empty,
+/// just the rows whose disruption it names; the fault rows only with `restart`.
 pub async fn run(
     kubeconfig: &Path,
     cfg: &ScenarioConfig,

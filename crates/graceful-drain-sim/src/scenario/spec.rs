@@ -40,9 +40,11 @@ pub enum Disruption {
 pub enum Budget {
     /// `minAvailable: replicas - 1`, what `simulate` deploys by default.
     Default,
+    /// This `minAvailable`, a pod count or a percentage.
     MinAvailable(IntOrString),
     /// `minAvailable` = replicas: no disruption to spare.
     AllReplicas,
+    /// This `maxUnavailable`, a pod count or a percentage, instead of `minAvailable`.
     MaxUnavailable(IntOrString),
     /// No PDB at all.
     None,
@@ -80,11 +82,15 @@ pub enum Workload {
 /// One named scenario of the matrix.
 #[derive(Clone, Debug)]
 pub struct Scenario {
+    /// Unique name, what `--scenario` takes and the table shows.
     pub name: &'static str,
     /// One line for `--help`-like listings and docs/simulate.md.
     pub about: &'static str,
+    /// What runs behind the load balancer.
     pub workload: Workload,
+    /// What is done to it.
     pub disruption: Disruption,
+    /// The PodDisruptionBudget that guards it.
     pub budget: Budget,
     /// Changes to the base configuration (timings, faults, grace periods).
     pub tweak: fn(&mut ScenarioConfig),

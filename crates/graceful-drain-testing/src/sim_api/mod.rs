@@ -90,6 +90,7 @@ impl Tap {
             && throttled.as_deref().is_some_and(|part| path.contains(part))
         {
             self.throttled_count.fetch_add(1, Ordering::SeqCst);
+            self.answered.send_modify(|n| *n += 1);
             let body = status(
                 429,
                 "TooManyRequests",
@@ -174,7 +175,8 @@ impl SimApi {
     }
 
     /// A client of `user` whose every request is recorded with its status, then announced
-    /// to [`SimApi::until`]; a fault's answer stands in for the server's and is not recorded.
+    /// to [`SimApi::until`]; a fault's answer stands in for the server's and is not recorded
+    /// (a throttled GET is announced and counted, see [`SimApi::throttled_gets`]).
     pub fn recording_client(&self, user: &str) -> kube::Client {
         let inner = self.server.client(user);
         let tap = self.tap.clone();

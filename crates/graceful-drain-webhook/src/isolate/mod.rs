@@ -17,6 +17,8 @@ mod owners;
 mod pdb;
 mod record;
 mod relabel;
+#[cfg(test)]
+pub(crate) mod scenarios;
 
 use std::collections::BTreeMap;
 
@@ -234,19 +236,19 @@ pub async fn isolate(
 pub(crate) mod tests {
     use std::sync::Arc;
 
-    use http::Method;
     use serde_json::json;
 
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;
     use kube::api::PostParams;
     use serde_json::Value;
 
+    use super::scenarios::Scenario::*;
     use super::*;
     use crate::cache::Cache;
     use crate::decide::{PdbFacts, ServiceFacts, ServiceType};
     use crate::review::IntoFacts as _;
     use graceful_drain_core::labels::DRAINING_LABEL;
-    use graceful_drain_testing::fixtures::mock::{self, expect};
+    use graceful_drain_testing::fixtures::mock;
     use graceful_drain_testing::fixtures::{self, PdbFixture, PodFixture, to_json};
 
     pub(crate) fn now() -> Timestamp {
@@ -342,43 +344,24 @@ pub(crate) mod tests {
         let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
             "metadata": {"name": "web-abc", "namespace": "web"},
             "spec": {"selector": {"matchLabels": {"app": "web", "pod-template-hash": "abc"}}}});
-        expect(
-            &mut api,
-            Method::GET,
-            "/apis/apps/v1/namespaces/web/replicasets/web-abc",
-            200,
-            rs,
-        )
-        .await;
         // The cached PDB is stale: the first update conflicts, we re-read and retry.
-        let pdb_path = "/apis/policy/v1/namespaces/web/poddisruptionbudgets/web";
-        let status_path = format!("{pdb_path}/status");
-        let first = expect(
-            &mut api,
-            Method::PUT,
-            &status_path,
-            409,
-            mock::status(409, "Conflict"),
-        )
-        .await;
+        let scenarios = [
+            ReplicaSetIs(rs),
+            PdbChargeConflicts,
+            PdbIs(pdb_json("2", 1)),
+            PdbCharged(pdb_json("3", 0)),
+            Relabeled("web-1"),
+            EventPosted,
+        ];
+        let [_rs, first, _reread, update, patch, event] =
+            mock::play(&mut api, scenarios).await.try_into().unwrap();
         assert_eq!(first.body["metadata"]["resourceVersion"], "1");
-        expect(&mut api, Method::GET, pdb_path, 200, pdb_json("2", 1)).await;
-        let update = expect(&mut api, Method::PUT, &status_path, 200, pdb_json("3", 0)).await;
         assert_eq!(update.body["metadata"]["resourceVersion"], "2");
         assert_eq!(update.body["status"]["disruptionsAllowed"], 0);
         assert_eq!(
             update.body["status"]["disruptedPods"]["web-1"],
             "2026-01-01T00:00:00Z"
         );
-
-        let patch = expect(
-            &mut api,
-            Method::PATCH,
-            "/api/v1/namespaces/web/pods/web-1",
-            200,
-            json!({}),
-        )
-        .await;
         assert_eq!(patch.content_type, "application/json-patch+json");
         assert_eq!(
             patch.body,
@@ -401,14 +384,6 @@ pub(crate) mod tests {
                  "value": "2026-01-01T00:02:00Z"},
             ])
         );
-        let event = expect(
-            &mut api,
-            Method::POST,
-            "/api/v1/namespaces/web/events",
-            201,
-            json!({}),
-        )
-        .await;
         assert_eq!(event.body["reason"], webhook_reason::ISOLATED);
         assert_eq!(event.body["involvedObject"]["uid"], "uid-1");
         let outcome = task.await.unwrap().unwrap();
@@ -457,19 +432,17 @@ pub(crate) mod tests {
         let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
             "metadata": {"name": "web-abc", "namespace": "web", "uid": "web-abc-uid"},
             "spec": {"selector": {"matchLabels": {"app": "web", "pod-template-hash": "abc"}}}});
-        let rs_path = "/apis/apps/v1/namespaces/web/replicasets/web-abc";
-        expect(&mut api, Method::GET, rs_path, 200, rs.clone()).await;
-        for name in ["web-1", "web-2"] {
-            let path = format!("/api/v1/namespaces/web/pods/{name}");
-            expect(&mut api, Method::PATCH, &path, 200, json!({})).await;
-            let events = "/api/v1/namespaces/web/events";
-            expect(&mut api, Method::POST, events, 201, json!({})).await;
-        }
-        expect(&mut api, Method::GET, rs_path, 200, rs).await;
-        let path = "/api/v1/namespaces/web/pods/web-3";
-        expect(&mut api, Method::PATCH, path, 200, json!({})).await;
-        let events = "/api/v1/namespaces/web/events";
-        expect(&mut api, Method::POST, events, 201, json!({})).await;
+        let scenarios = [
+            ReplicaSetIs(rs.clone()),
+            Relabeled("web-1"),
+            EventPosted,
+            Relabeled("web-2"),
+            EventPosted,
+            ReplicaSetIs(rs),
+            Relabeled("web-3"),
+            EventPosted,
+        ];
+        mock::play(&mut api, scenarios).await;
         for outcome in task.await.unwrap() {
             assert!(
                 matches!(outcome, Ok(Outcome::Isolated { .. })),
@@ -543,34 +516,18 @@ pub(crate) mod tests {
                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web",
                                      "uid": "deploy-uid", "controller": true, "blockOwnerDeletion": true}]},
             "spec": {"selector": {"matchLabels": {"app": "web", "pod-template-hash": "abc"}}}});
-        expect(
-            &mut api,
-            Method::GET,
-            "/apis/apps/v1/namespaces/web/replicasets/web-abc",
-            200,
-            rs,
-        )
-        .await;
         let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": "web", "namespace": "web", "uid": "deploy-uid"},
             "spec": {"selector": {"matchLabels": {"app": "web"}}, "template": {},
                      "strategy": {"type": "RollingUpdate"}}});
-        expect(
-            &mut api,
-            Method::GET,
-            "/apis/apps/v1/namespaces/web/deployments/web",
-            200,
-            deployment,
-        )
-        .await;
-        let patch = expect(
-            &mut api,
-            Method::PATCH,
-            "/api/v1/namespaces/web/pods/web-1",
-            200,
-            json!({}),
-        )
-        .await;
+        let scenarios = [
+            ReplicaSetIs(rs),
+            DeploymentIs(deployment),
+            Relabeled("web-1"),
+            EventPosted,
+        ];
+        let [_rs, _deployment, patch, _event] =
+            mock::play(&mut api, scenarios).await.try_into().unwrap();
         let ops = patch.body.as_array().unwrap();
         let removed: Vec<&str> = ops
             .iter()
@@ -597,14 +554,6 @@ pub(crate) mod tests {
                 {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "uid": "deploy-uid", "controller": true},
             ])
         );
-        expect(
-            &mut api,
-            Method::POST,
-            "/api/v1/namespaces/web/events",
-            201,
-            json!({}),
-        )
-        .await;
         assert!(matches!(task.await.unwrap(), Ok(Outcome::Isolated { .. })));
     }
 
@@ -632,26 +581,11 @@ pub(crate) mod tests {
                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web",
                                      "uid": "deploy-uid", "controller": true}]},
             "spec": {"selector": {"matchLabels": {"app": "web"}}}});
-        expect(
-            &mut api,
-            Method::GET,
-            "/apis/apps/v1/namespaces/web/replicasets/web-abc",
-            200,
-            rs,
-        )
-        .await;
         let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": "web", "namespace": "web", "uid": "deploy-uid"},
             "spec": {"selector": {"matchLabels": {"app": "web"}}, "template": {},
                      "strategy": {"type": "Recreate"}}});
-        expect(
-            &mut api,
-            Method::GET,
-            "/apis/apps/v1/namespaces/web/deployments/web",
-            200,
-            deployment,
-        )
-        .await;
+        mock::play(&mut api, [ReplicaSetIs(rs), DeploymentIs(deployment)]).await;
         let err = task.await.unwrap().unwrap_err();
         assert!(err.is_permanent(), "{err}");
         assert_eq!(err.reason(), "recreate");
@@ -673,21 +607,16 @@ pub(crate) mod tests {
             tokio::spawn(
                 async move { isolate(&ctx, &bare, &snapshot(), evict_plan(), now()).await },
             );
-        let pdb_path = "/apis/policy/v1/namespaces/web/poddisruptionbudgets/web";
-        let status_path = format!("{pdb_path}/status");
-        expect(&mut api, Method::PUT, &status_path, 200, pdb_json("2", 0)).await;
-        expect(
-            &mut api,
-            Method::PATCH,
-            "/api/v1/namespaces/web/pods/web-1",
-            403,
-            mock::status(403, "Forbidden"),
-        )
-        .await;
         let mut charged = pdb_json("2", 0);
         charged["status"]["disruptedPods"] = json!({"web-1": "2026-01-01T00:00:00Z"});
-        expect(&mut api, Method::GET, pdb_path, 200, charged).await;
-        let refund = expect(&mut api, Method::PUT, &status_path, 200, pdb_json("3", 1)).await;
+        let scenarios = [
+            PdbCharged(pdb_json("2", 0)),
+            RelabelForbidden,
+            PdbIs(charged),
+            PdbRefunded(pdb_json("3", 1)),
+        ];
+        let [_charge, _relabel, _reread, refund] =
+            mock::play(&mut api, scenarios).await.try_into().unwrap();
         assert_eq!(refund.body["metadata"]["resourceVersion"], "2");
         assert_eq!(refund.body["status"]["disruptionsAllowed"], 1);
         assert_eq!(refund.body["status"]["disruptedPods"], json!({}));
@@ -709,32 +638,13 @@ pub(crate) mod tests {
             );
         let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
             "metadata": {"name": "web-abc", "namespace": "web"}, "spec": {"selector": {}}});
-        expect(
-            &mut api,
-            Method::GET,
-            "/apis/apps/v1/namespaces/web/replicasets/web-abc",
-            200,
-            rs,
-        )
-        .await;
-        let status_path = "/apis/policy/v1/namespaces/web/poddisruptionbudgets/web/status";
-        expect(
-            &mut api,
-            Method::PUT,
-            status_path,
-            409,
-            mock::status(409, "Conflict"),
-        )
-        .await;
         // Another replica took the last disruption in between.
-        expect(
-            &mut api,
-            Method::GET,
-            "/apis/policy/v1/namespaces/web/poddisruptionbudgets/web",
-            200,
-            pdb_json("2", 0),
-        )
-        .await;
+        let scenarios = [
+            ReplicaSetIs(rs),
+            PdbChargeConflicts,
+            PdbIs(pdb_json("2", 0)),
+        ];
+        mock::play(&mut api, scenarios).await;
         let outcome = task.await.unwrap().unwrap();
         assert_eq!(
             outcome,
@@ -756,14 +666,7 @@ pub(crate) mod tests {
         };
         let task =
             tokio::spawn(async move { isolate(&ctx, &bare, &snap, evict_plan(), now()).await });
-        expect(
-            &mut api,
-            Method::PATCH,
-            "/api/v1/namespaces/web/pods/web-1",
-            422,
-            mock::status(422, "Invalid"),
-        )
-        .await;
+        mock::play(&mut api, [RelabelInvalid]).await;
         assert!(matches!(task.await.unwrap(), Err(Error::Conflict { .. })));
     }
 

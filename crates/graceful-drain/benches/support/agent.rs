@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use graceful_drain_agent as agent;
+use graceful_drain_testing::command::AgentCommand;
 
 /// An agent for `node` with its plugin sockets under `dir`, its admin port on any free
 /// loopback port and no lifecycle reconciler (the benchmark drives SLM Start/End itself).
@@ -13,20 +14,6 @@ pub fn args(dir: &Path, node: &str) -> agent::Args {
         #[command(flatten)]
         args: agent::Args,
     }
-    let (plugins, registry) = (dir.join("plugins"), dir.join("registry"));
-    Cli::try_parse_from([
-        "node-agent",
-        "--node-name",
-        node,
-        "--admin-listen",
-        "127.0.0.1:0",
-        "--lifecycle-reconciler",
-        "off",
-        "--plugins-dir",
-        plugins.to_str().unwrap(),
-        "--registry-dir",
-        registry.to_str().unwrap(),
-    ])
-    .unwrap()
-    .args
+    let command = AgentCommand::new(node, dir).reconciler("off");
+    Cli::try_parse_from(command.argv()).unwrap().args
 }

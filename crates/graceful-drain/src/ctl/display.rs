@@ -12,8 +12,13 @@ const SPINNER_TICK: Duration = Duration::from_millis(120);
 
 /// Where progress goes.
 pub enum Display {
+    /// One status line on stderr, redrawn in place, with notes printed above it.
     Spinner(ProgressBar),
-    Plain { last: String },
+    /// Timestamped lines on stdout.
+    Plain {
+        /// The status line printed last, so an unchanged status is not printed again.
+        last: String,
+    },
 }
 
 impl Display {

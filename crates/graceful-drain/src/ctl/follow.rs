@@ -35,12 +35,18 @@ const MAX_PODS_NAMED: usize = 10;
 /// What the follower knows about the event.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Seen {
+    /// The latest claim status; once terminal, it no longer changes.
     pub claim: Option<ClaimStatus>,
+    /// The driver that claimed it, once one did.
     pub driver: Option<String>,
+    /// The claim's RFC3339 SLA deadline, once claimed.
     pub sla: Option<String>,
     /// Why it ended, from the reconciler's message annotation.
     pub message: Option<String>,
+    /// The event is gone from the API server.
     pub deleted: bool,
+    /// When the event was created, to tell a Node condition written for it from a stale
+    /// one.
     pub created: Option<Timestamp>,
 }
 
@@ -75,9 +81,18 @@ pub struct NodeState {
 /// How the event ended, if it did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
+    /// Not finished: keep following.
     Running,
+    /// The transition completed.
     Succeeded,
-    Ended { status: String, reason: String },
+    /// It ended without success.
+    Ended {
+        /// `Failed`, `SlaExpired`, or `deleted` when the event vanished unfinished.
+        status: String,
+        /// The reconciler's message and what still blocked the node, or `no reason
+        /// recorded`.
+        reason: String,
+    },
 }
 
 /// Succeeded when the Succeeded status was seen, or when the event vanished while the

@@ -47,7 +47,10 @@ pub enum Error {
     Client(#[from] graceful_drain_core::kubeclient::Error),
     /// The node does not exist.
     #[error("node {node} not found")]
-    NodeNotFound { node: String },
+    NodeNotFound {
+        /// The node named on the command line.
+        node: String,
+    },
     /// The lifecycle.graceful-drain.io CRDs are not installed.
     #[error(
         "lifecycle.graceful-drain.io CRDs not installed (no lifecycletransitions resource); \
@@ -59,34 +62,53 @@ pub enum Error {
         "lifecycletransition {name} not found: is the graceful-drain node agent running? \
          (it publishes its transitions when it starts)"
     )]
-    TransitionNotFound { name: String },
+    TransitionNotFound {
+        /// The `--transition` asked for.
+        name: String,
+    },
     /// An API call failed.
     #[error("{what}")]
     Kube {
+        /// The call and its object, such as `get node n1`.
         what: String,
+        /// The API server's or the client's error.
         #[source]
         source: kube::Error,
     },
     /// The event ended without success.
     #[error("{verb} of node {node} ended {status} after {elapsed}: {reason}")]
     Ended {
+        /// `drain` or `uncordon`.
         verb: &'static str,
+        /// The node.
         node: String,
+        /// `Failed`, `SlaExpired`, or `deleted` when the event vanished unfinished.
         status: String,
+        /// Time followed, such as `4m5s`.
         elapsed: String,
+        /// The reconciler's message and what still blocked the node, or `no reason
+        /// recorded`.
         reason: String,
     },
-    /// `--timeout` passed first.
+    /// `--timeout` or `--claim-timeout` passed first.
     #[error(
         "{verb} of node {node} not finished after {elapsed} (lifecycleevent {event} is \
          {status}; it continues server-side): {reason}"
     )]
     TimedOut {
+        /// `drain` or `uncordon`.
         verb: &'static str,
+        /// The node.
         node: String,
+        /// Name of the LifecycleEvent, which is left in place.
         event: String,
+        /// Its claim status when the follower gave up (`Pending` if none was seen).
         status: String,
+        /// Time followed, such as `10m0s`.
         elapsed: String,
+        /// Why it is not done: what blocks it on the node, the last node Event, or that no
+        /// reconciler claimed it; after `--timeout`, also the last Warning on the node and,
+        /// for a drain, the pods left.
         reason: String,
     },
     /// Interrupted by a signal.
@@ -94,7 +116,10 @@ pub enum Error {
         "interrupted; lifecycleevent {event} continues server-side \
          (cancel it with: kubectl delete lifecycleevent {event})"
     )]
-    Interrupted { event: String },
+    Interrupted {
+        /// Name of the LifecycleEvent, which is left in place.
+        event: String,
+    },
 }
 
 /// Result alias of this module.
@@ -123,6 +148,7 @@ impl Error {
 /// Arguments of `graceful-drain drain`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct DrainArgs {
+    /// Which cluster to talk to.
     #[command(flatten)]
     pub kube: graceful_drain_core::kubeclient::KubeArgs,
     /// Node to drain.
@@ -133,6 +159,7 @@ pub struct DrainArgs {
     /// Give up following after this long (e.g. `10m`); the drain continues server-side.
     #[arg(long, value_parser = humantime::parse_duration)]
     pub timeout: Option<Duration>,
+    /// How long the event may stay unclaimed.
     #[command(flatten)]
     pub claim: ClaimArgs,
     /// The drain LifecycleTransition (the node agent's `--drain-transition`).
@@ -158,6 +185,7 @@ impl ClaimArgs {
 /// Arguments of `graceful-drain uncordon`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct UncordonArgs {
+    /// Which cluster to talk to.
     #[command(flatten)]
     pub kube: graceful_drain_core::kubeclient::KubeArgs,
     /// Node to return to service.
@@ -168,6 +196,7 @@ pub struct UncordonArgs {
     /// Give up following after this long; the transition continues server-side.
     #[arg(long, value_parser = humantime::parse_duration)]
     pub timeout: Option<Duration>,
+    /// How long the event may stay unclaimed.
     #[command(flatten)]
     pub claim: ClaimArgs,
     /// The maintenance-complete LifecycleTransition (the node agent's
@@ -179,6 +208,7 @@ pub struct UncordonArgs {
 /// Arguments of `graceful-drain status`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct StatusArgs {
+    /// Which cluster to talk to.
     #[command(flatten)]
     pub kube: graceful_drain_core::kubeclient::KubeArgs,
     /// Only this node.
@@ -190,11 +220,15 @@ pub struct StatusArgs {
 pub struct Request {
     /// `drain` or `uncordon`, for messages and the event name.
     pub verb: &'static str,
+    /// The node the event is bound to.
     pub node: String,
+    /// The LifecycleTransition to run; it must exist.
     pub transition: String,
+    /// Follow the event to its end; `false` returns once it is created or found.
     pub wait: bool,
+    /// Give up following after this long (the event continues); `None` waits forever.
     pub timeout: Option<Duration>,
-    /// Give up when the event is still unclaimed after this long.
+    /// Give up when the event is still unclaimed after this long; `None` waits forever.
     pub claim_timeout: Option<Duration>,
     /// How often node conditions are re-read while following.
     pub poll: Duration,

@@ -20,15 +20,21 @@ pub enum LoadError {
     /// The resource is not served (`group_version` is `v1` or `group/version`).
     #[error("load {group_version}/{plural}: resource not served")]
     NotServed {
+        /// The group/version asked for, as given to [`ApiServer::load`].
         group_version: String,
+        /// The resource's plural name, as given.
         plural: String,
     },
     /// The server refused an object as it would refuse its create.
     #[error("load {plural} {namespace}/{name}: {message}")]
     Refused {
+        /// The resource's plural name.
         plural: String,
+        /// The namespace the object's metadata names (empty for cluster-scoped objects).
         namespace: String,
+        /// The name the object's metadata gives (empty when it only had `generateName`).
         name: String,
+        /// The reason, as the create path words it.
         message: String,
     },
 }

@@ -60,13 +60,20 @@ pub enum Error {
     /// The listening socket could not be bound.
     #[error("bind simulated API server on {addr}")]
     Bind {
+        /// The address from [`Config::addr`].
         addr: SocketAddr,
+        /// Why binding or reading back the bound address failed.
         #[source]
         source: std::io::Error,
     },
     /// The built-in namespaces could not be created.
     #[error("create namespace {name}: {message}")]
-    Bootstrap { name: String, message: String },
+    Bootstrap {
+        /// The namespace from [`Config::namespaces`] that could not be created.
+        name: String,
+        /// Why its create failed.
+        message: String,
+    },
 }
 
 /// Result type of this module.
@@ -96,7 +103,9 @@ pub struct Config {
 /// rotated pair is picked up without a restart.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClientCert {
+    /// PEM file of the client certificate, leaf first, then any intermediates.
     pub cert: PathBuf,
+    /// PEM file of the certificate's private key.
     pub key: PathBuf,
 }
 

@@ -23,15 +23,24 @@ use super::Ctx;
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum RouteFrom {
     /// Every endpoint of the Service `namespace/name`.
-    Service { namespace: String, name: String },
+    Service {
+        /// The Service's namespace.
+        namespace: String,
+        /// The Service's name.
+        name: String,
+    },
     /// One endpoint address and port (a pod IP and container port).
     Endpoint(SocketAddr),
 }
 
-/// A route: calls to `from` connect to `to` instead.
+/// A route: calls to `from` connect to `to` instead. An [`RouteFrom::Endpoint`] route
+/// wins over a [`RouteFrom::Service`] route for the same call; adding a route for a `from`
+/// that already has one replaces it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Route {
+    /// The endpoint or Service whose calls are redirected.
     pub from: RouteFrom,
+    /// The local listener those calls connect to instead.
     pub to: SocketAddr,
 }
 

@@ -51,6 +51,7 @@ pub fn template_hash(template: &PodTemplateSpec) -> String {
 /// The scale-relevant view of one ReplicaSet.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RsView {
+    /// The ReplicaSet's name.
     pub name: String,
     /// spec.replicas
     pub spec: i32,

@@ -47,7 +47,13 @@ pub const DELETION_TIMEOUT: Duration = Duration::from_secs(120);
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Scale {
     /// The controller counted (by uid) and the replicas it asks for.
-    Found { uid: String, replicas: i32 },
+    Found {
+        /// UID of the controller whose replicas count (a Deployment for its ReplicaSets),
+        /// so pods of one controller are counted once.
+        uid: String,
+        /// Its `spec.replicas` (1 when unset).
+        replicas: i32,
+    },
     /// No such controller ("found no controllers for pod").
     Missing,
     /// The owner cannot be scaled; the message says why.
@@ -57,9 +63,14 @@ pub enum Scale {
 /// Scale lookups: the watched ReplicaSets, Deployments and StatefulSets, plus the scales
 /// of other owners fetched through their `scale` subresource (by owner uid).
 pub struct Scales<'a> {
+    /// Every watched ReplicaSet (all namespaces).
     pub sets: &'a [Arc<ReplicaSet>],
+    /// Every watched Deployment (all namespaces).
     pub deployments: &'a [Arc<Deployment>],
+    /// Every watched StatefulSet (all namespaces).
     pub statefulsets: &'a [Arc<StatefulSet>],
+    /// Scales of any other controlling owner, by the owner's UID; an owner missing here
+    /// counts as [`Scale::Missing`].
     pub others: &'a HashMap<String, Scale>,
 }
 
@@ -127,6 +138,9 @@ impl Scales<'_> {
 /// One PDB's sync: the status to store and what to report.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sync {
+    /// The PDB's new status: computed from its pods, or the fail-safe one (the old status
+    /// with `disruptionsAllowed` 0 and `DisruptionAllowed=False`, reason `SyncFailed`) when
+    /// `error` is set.
     pub status: PodDisruptionBudgetStatus,
     /// Selected pods without a controller (upstream reports them in an event).
     pub unmanaged: Vec<String>,

@@ -70,9 +70,11 @@ pub const TRACKING_FINALIZER: &str = "batch.kubernetes.io/job-tracking";
 pub const CONTROLLER_UID_LABEL: &str = "batch.kubernetes.io/controller-uid";
 /// Label carrying the Job's name (upstream `batch.JobNameLabel`).
 pub const JOB_NAME_LABEL: &str = "batch.kubernetes.io/job-name";
-/// The pre-1.27 spellings the API server still adds (upstream `batch.LegacyControllerUidLabel`
-/// and `batch.LegacyJobNameLabel`).
+/// The pre-1.27 spelling of [`CONTROLLER_UID_LABEL`] the API server still adds (upstream
+/// `batch.LegacyControllerUidLabel`).
 pub const LEGACY_CONTROLLER_UID_LABEL: &str = "controller-uid";
+/// The pre-1.27 spelling of [`JOB_NAME_LABEL`] the API server still adds (upstream
+/// `batch.LegacyJobNameLabel`).
 pub const LEGACY_JOB_NAME_LABEL: &str = "job-name";
 
 /// Upstream API defaults (`pkg/apis/batch/v1/defaults.go`).
@@ -80,13 +82,28 @@ const DEFAULT_BACKOFF_LIMIT: i32 = 6;
 /// Upstream `MaxPodCreateDeletePerSync`.
 const MAX_POD_CREATE_DELETE_PER_SYNC: usize = 500;
 
-/// Condition types and reasons (upstream `pkg/apis/batch/types.go`).
+// Condition types and reasons (upstream `pkg/apis/batch/types.go`).
+
+/// Terminal condition of a Job that succeeded, written after [`SUCCESS_CRITERIA_MET`]
+/// once no pod is uncounted or terminating (upstream `JobComplete`).
 pub const COMPLETE: &str = "Complete";
+/// Terminal condition of a Job that failed, written after [`FAILURE_TARGET`] once no pod
+/// is uncounted or terminating (upstream `JobFailed`).
 pub const FAILED: &str = "Failed";
+/// Interim condition: the Job has succeeded, its terminal [`COMPLETE`] is still to come
+/// (upstream `JobSuccessCriteriaMet`).
 pub const SUCCESS_CRITERIA_MET: &str = "SuccessCriteriaMet";
+/// Interim condition: the Job is failing and its active pods are being deleted; the
+/// terminal [`FAILED`] is still to come (upstream `JobFailureTarget`).
 pub const FAILURE_TARGET: &str = "FailureTarget";
+/// Failure reason: more pods failed than `backoffLimit` allows (upstream
+/// `JobReasonBackoffLimitExceeded`).
 pub const REASON_BACKOFF_LIMIT_EXCEEDED: &str = "BackoffLimitExceeded";
+/// Failure reason: a failed pod matched a `podFailurePolicy` rule with action `FailJob`
+/// (upstream `JobReasonPodFailurePolicy`).
 pub const REASON_POD_FAILURE_POLICY: &str = "PodFailurePolicy";
+/// Success reason: `succeeded` reached `completions` (or, for a work-queue Job, a pod
+/// succeeded) with no pod active (upstream `JobReasonCompletionsReached`).
 pub const REASON_COMPLETIONS_REACHED: &str = "CompletionsReached";
 
 /// The Job's spec with the API server's defaults applied.

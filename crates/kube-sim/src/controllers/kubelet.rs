@@ -610,13 +610,21 @@ async fn report_node_ready(client: &kube::Client, node: &str) -> Result<()> {
 pub struct Context {
     /// Authenticated as `system:node:<node>`.
     pub client: kube::Client,
+    /// The Node this kubelet runs; it must be registered already (its Ready condition is
+    /// reported at start), and only pods bound to it are played.
     pub node: String,
-    /// Distinguishes the pod IP ranges of nodes.
+    /// Distinguishes the pod IP ranges of nodes: pods get `10.(100 + index % 150).x.y`, so
+    /// indexes should differ modulo 150 among one cluster's nodes.
     pub node_index: usize,
+    /// The container timings.
     pub config: KubeletConfig,
     /// SIGTERM behaviour of apps whose pod has no [`APP_BEHAVIOUR_ANNOTATION`].
     pub app: Behaviour,
+    /// The app registry the pods' apps are started in; share it with the traffic that
+    /// should reach them.
     pub apps: Apps,
+    /// Where the pods' significant moments are recorded: Ready, isolated, SIGTERM, stopped
+    /// accepting, connections closed, deleted.
     pub timeline: Timeline,
 }
 

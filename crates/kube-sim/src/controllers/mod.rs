@@ -42,17 +42,31 @@ use graceful_drain_core::runtime::{Shutdown, spawn_owned};
 /// get with `--use-service-account-credentials` (one ServiceAccount per controller in
 /// kube-system) and kube-scheduler's user, so RBAC and audit read the same as on a real cluster.
 pub mod users {
+    /// The scheduler, which binds pending pods to nodes.
     pub const SCHEDULER: &str = "system:kube-scheduler";
+    /// The ReplicaSet controller, which creates, adopts, releases and deletes pods.
     pub const REPLICASET: &str = "system:serviceaccount:kube-system:replicaset-controller";
+    /// The Deployment controller, which scales the ReplicaSets of a rollout.
     pub const DEPLOYMENT: &str = "system:serviceaccount:kube-system:deployment-controller";
+    /// The StatefulSet controller.
     pub const STATEFULSET: &str = "system:serviceaccount:kube-system:statefulset-controller";
+    /// The DaemonSet controller (its ServiceAccount is `daemon-set-controller` upstream,
+    /// with the hyphen).
     pub const DAEMONSET: &str = "system:serviceaccount:kube-system:daemon-set-controller";
+    /// The EndpointSlice controller, whose slices the load balancers follow.
     pub const ENDPOINTSLICE: &str = "system:serviceaccount:kube-system:endpointslice-controller";
+    /// The disruption controller, which writes PodDisruptionBudget status.
     pub const DISRUPTION: &str = "system:serviceaccount:kube-system:disruption-controller";
+    /// The Job controller.
     pub const JOB: &str = "system:serviceaccount:kube-system:job-controller";
+    /// The garbage collector, which deletes pods and ReplicaSets whose controller is gone.
     pub const GARBAGE_COLLECTOR: &str =
         "system:serviceaccount:kube-system:generic-garbage-collector";
+    /// The service controller's identity, used by the simulated load balancers to follow
+    /// Services and EndpointSlices and to publish each load balancer's hostname.
     pub const SERVICE_CONTROLLER: &str = "system:serviceaccount:kube-system:service-controller";
+    /// The node lifecycle controller's identity, used only at node registration to lift
+    /// the not-ready taint (the simulator runs no node lifecycle controller).
     pub const NODE_LIFECYCLE_CONTROLLER: &str = "system:serviceaccount:kube-system:node-controller";
 
     /// The kubelet of `node`.
@@ -67,14 +81,23 @@ pub enum Error {
     /// An API call failed.
     #[error("{action} {object}")]
     Api {
+        /// What was being done, as a verb phrase (`create`, `update status of`, ...).
         action: &'static str,
+        /// The object it was done to, with its kind (`statefulset ns/name`).
         object: String,
+        /// The client's error; a 409 makes [`Error::is_conflict`] true.
         #[source]
         source: kube::Error,
     },
     /// An object could not be used as found.
     #[error("{object}: {reason}")]
-    Invalid { object: String, reason: String },
+    Invalid {
+        /// The object, with its kind (`deployment ns/name`), or the offending value itself
+        /// when a field such as `maxSurge` could not be parsed.
+        object: String,
+        /// What about it could not be used (a missing spec, a malformed value).
+        reason: String,
+    },
 }
 
 impl Error {

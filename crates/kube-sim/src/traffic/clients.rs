@@ -42,6 +42,8 @@ pub struct KeepAliveConfig {
     /// configured request duration (each drawn uniformly between half and one and a half
     /// times it).
     pub long_share: f64,
+    /// The typical duration of a long request (drawn like the others, between half and
+    /// one and a half times it).
     pub long_duration: Duration,
     /// Seed of the duration draws.
     pub seed: u64,

@@ -55,22 +55,34 @@ pub enum Failure {
 /// Counts of a traffic run, readable while it runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counts {
+    /// Requests sent, failed ones included.
     pub requests: u64,
+    /// Requests that failed, whatever the reason: the sum of the four counts below.
     pub errors_5xx: u64,
+    /// Failures of kind [`Failure::NoTarget`].
     pub no_target: u64,
+    /// Failures of kind [`Failure::Refused`].
     pub refused: u64,
+    /// Failures of kind [`Failure::Cut`].
     pub cut: u64,
+    /// Failures of kind [`Failure::Reset`].
     pub reset: u64,
 }
 
 /// What a finished traffic run saw.
 #[derive(Clone, Debug, Default)]
 pub struct TrafficReport {
+    /// Requests sent, failed ones included.
     pub requests: u64,
+    /// Requests that failed, whatever the reason: the sum of the four counts below.
     pub errors_5xx: u64,
+    /// Failures of kind [`Failure::NoTarget`].
     pub no_target: u64,
+    /// Failures of kind [`Failure::Refused`].
     pub refused: u64,
+    /// Failures of kind [`Failure::Cut`].
     pub cut: u64,
+    /// Failures of kind [`Failure::Reset`].
     pub reset: u64,
     /// Significant events of the cluster during the run, with the 5xx bursts.
     pub timeline: Vec<Event>,
@@ -130,8 +142,12 @@ pub struct Traffic {
 pub struct Target {
     /// The Service (`ns/name`) whose load balancer routes the requests.
     pub service: String,
+    /// The load balancers; the one of `service` picks each request's pod.
     pub lbs: LoadBalancers,
+    /// The app registry that accepts, serves or refuses each routed request.
     pub apps: Apps,
+    /// Where the 5xx bursts are recorded when the run stops, and what its report is read
+    /// from.
     pub timeline: Timeline,
 }
 

@@ -57,6 +57,7 @@ impl fmt::Display for EventKind {
 pub struct Event {
     /// Time since the timeline started.
     pub at: Duration,
+    /// What happened.
     pub kind: EventKind,
     /// The pod (`ns/name`) or a free-form description.
     pub subject: String,
