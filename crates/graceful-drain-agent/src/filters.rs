@@ -342,10 +342,30 @@ pub fn plan<'a>(
     }
 }
 
+/// The taint a cordoned node carries (upstream `node.kubernetes.io/unschedulable`).
+pub const UNSCHEDULABLE_TAINT: &str = "node.kubernetes.io/unschedulable";
+
+/// Whether `pod` tolerates the cordon's NoSchedule taint (a toleration for its key, or an
+/// `Exists` toleration without a key), so the scheduler may place it on a cordoned node.
+pub fn tolerates_cordon(pod: &Pod) -> bool {
+    let tolerations = pod.spec.as_ref().and_then(|s| s.tolerations.as_ref());
+    tolerations.into_iter().flatten().any(|t| {
+        let exists = t.operator.as_deref() == Some("Exists");
+        let key = match t.key.as_deref() {
+            None | Some("") => exists,
+            Some(key) => key == UNSCHEDULABLE_TAINT,
+        };
+        let value = exists || t.value.as_deref().unwrap_or_default().is_empty();
+        let effect = matches!(t.effect.as_deref(), None | Some("" | "NoSchedule"));
+        key && value && effect
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use graceful_drain_testing::fixtures::{self, PodFixture};
+    use serde_json::{Value, json};
 
     fn now() -> jiff::Timestamp {
         "2026-01-01T12:00:00Z".parse().unwrap()
@@ -649,5 +669,35 @@ mod tests {
             ["default/owner"],
             "only DaemonSet pods are looked up"
         );
+    }
+
+    #[test]
+    fn only_pods_tolerating_the_cordon_come_back_after_eviction() {
+        let with = |toleration: Value| -> Pod {
+            serde_json::from_value(json!({"metadata": {"name": "p"},
+                "spec": {"containers": [], "tolerations": [toleration]}}))
+            .unwrap()
+        };
+        assert!(tolerates_cordon(&with(
+            json!({"key": UNSCHEDULABLE_TAINT, "operator": "Exists", "effect": "NoSchedule"})
+        )));
+        assert!(
+            tolerates_cordon(&with(json!({"operator": "Exists"}))),
+            "tolerates everything"
+        );
+        assert!(
+            tolerates_cordon(&with(json!({"key": UNSCHEDULABLE_TAINT}))),
+            "Equal with an empty value"
+        );
+        assert!(!tolerates_cordon(&with(
+            json!({"key": UNSCHEDULABLE_TAINT, "effect": "NoExecute"})
+        )));
+        assert!(!tolerates_cordon(&with(
+            json!({"key": "node.kubernetes.io/not-ready", "operator": "Exists"})
+        )));
+        assert!(!tolerates_cordon(&with(
+            json!({"key": UNSCHEDULABLE_TAINT, "value": "x"})
+        )));
+        assert!(!tolerates_cordon(&Pod::default()));
     }
 }

@@ -18,24 +18,7 @@ use graceful_drain_core::labels::{
     DRAIN_EVENT_ANNOTATION, EXCLUDE_FROM_LB_LABEL, EXCLUDE_FROM_LB_OWNED_ANNOTATION, FIELD_MANAGER,
 };
 
-/// Node condition: a drain runs (True) or stopped (False, the reason says how).
-pub const DRAIN_IN_PROGRESS: &str = "DrainInProgress";
-/// Node condition: the node holds no evictable pod any more (True).
-pub const DRAINED: &str = "Drained";
-
-/// Condition reasons we write.
-pub mod reason {
-    /// DrainInProgress=True while the drain runs.
-    pub const DRAINING: &str = "Draining";
-    /// Drained=True, DrainInProgress=False once the drain completed.
-    pub const DRAINED: &str = "Drained";
-    /// DrainInProgress=False: the drain cannot proceed (filters refused, timeout).
-    pub const DRAIN_FAILED: &str = "DrainFailed";
-    /// DrainInProgress=False: the drain was stopped (SLA expired, maintenance requested).
-    pub const DRAIN_STOPPED: &str = "DrainStopped";
-    /// Both conditions False once the node is back in service.
-    pub const UNCORDONED: &str = "Uncordoned";
-}
+pub use graceful_drain_core::labels::node_condition::{DRAIN_IN_PROGRESS, DRAINED, reason};
 
 /// Every API call we await is bounded by this, so a hung API server never hangs a drain
 /// step forever; 30 s is the API server's own default request timeout for most verbs.

@@ -137,8 +137,10 @@ pub enum Error {
         what: String,
     },
     /// The event or Node watch stream ended, which a watcher never does on its own.
-    #[error("watch on lifecycleevents for node {node} ended")]
+    #[error("watch on {resource} for node {node} ended")]
     WatchEnded {
+        /// What was watched: `lifecycleevents` or `nodes`.
+        resource: &'static str,
         /// The node the reconciler serves.
         node: String,
     },
@@ -312,7 +314,7 @@ pub async fn run(
             _ = tick.tick() => {}
             () = retry.due() => {}
             item = event_changes.next() => match item {
-                None => return Err(Error::WatchEnded { node }),
+                None => return Err(Error::WatchEnded { resource: "lifecycleevents", node }),
                 Some(Err(error)) => {
                     tracing::warn!(error = %graceful_drain_core::error::chain(&error), "lifecycleevent watch failed; retrying");
                     continue;
@@ -320,7 +322,7 @@ pub async fn run(
                 Some(Ok(_)) => {}
             },
             item = node_changes.next() => match item {
-                None => return Err(Error::WatchEnded { node }),
+                None => return Err(Error::WatchEnded { resource: "nodes", node }),
                 Some(Err(error)) => {
                     tracing::warn!(error = %graceful_drain_core::error::chain(&error), "node watch failed; retrying");
                     continue;
@@ -420,6 +422,7 @@ mod tests {
             async move {
                 if n < 4 {
                     Err(Error::WatchEnded {
+                        resource: "lifecycleevents",
                         node: "api server restarting".into(),
                     })
                 } else {
@@ -454,6 +457,7 @@ mod tests {
             stop.cancel();
             async {
                 Err(Error::WatchEnded {
+                    resource: "nodes",
                     node: "unreachable".into(),
                 })
             }

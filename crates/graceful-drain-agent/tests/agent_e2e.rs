@@ -29,7 +29,7 @@ use serde_json::json;
 
 use graceful_drain_core::proto::registration::RegistrationStatus;
 use graceful_drain_core::proto::registration::registration_client::RegistrationClient;
-use graceful_drain_testing::command::AgentCommand;
+use graceful_drain_sim::command::AgentCommand;
 use graceful_drain_testing::kubelet::{Kubelet, connect};
 
 /// Bound for any convergence in these tests.

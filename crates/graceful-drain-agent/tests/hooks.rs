@@ -452,3 +452,19 @@ fn bad_hooks_are_refused_naming_the_hook() {
     );
     assert!(Hooks::parse("").unwrap().is_empty());
 }
+
+/// A Job hook may run in any namespace Kubernetes accepts: up to 63 characters, more than
+/// a hook's own name may have; a 64-character one is refused naming the hook.
+#[test]
+fn a_job_hook_runs_in_any_valid_namespace() {
+    use graceful_drain_agent::hooks::Hooks;
+    let job = |namespace: &str| {
+        json!([{"name": "j", "at": "drain-start", "job": {"namespace": namespace,
+            "template": {"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "i"}]}}}}}}])
+        .to_string()
+    };
+    let longest = "n".repeat(63);
+    assert!(Hooks::parse(&job(&longest)).is_ok(), "63 characters");
+    let error = Hooks::parse(&job(&"n".repeat(64))).unwrap_err().to_string();
+    assert!(error.contains("hook \"j\": job namespace"), "{error}");
+}

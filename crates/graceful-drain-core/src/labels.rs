@@ -212,6 +212,29 @@ pub const FIELD_MANAGER: &str = "graceful-drain";
 /// `reportingComponent` of the Events the webhook records.
 pub const WEBHOOK_REPORTING_COMPONENT: &str = "graceful-drain.io/webhook";
 
+/// The Node conditions the node agent writes (KEP-5683 condition types) and their reasons;
+/// `graceful-drain drain` follows them.
+pub mod node_condition {
+    /// Node condition: a drain runs (True) or stopped (False, the reason says how).
+    pub const DRAIN_IN_PROGRESS: &str = "DrainInProgress";
+    /// Node condition: the node holds no evictable pod any more (True).
+    pub const DRAINED: &str = "Drained";
+
+    /// Condition reasons we write.
+    pub mod reason {
+        /// DrainInProgress=True while the drain runs.
+        pub const DRAINING: &str = "Draining";
+        /// Drained=True, DrainInProgress=False once the drain completed.
+        pub const DRAINED: &str = "Drained";
+        /// DrainInProgress=False: the drain cannot proceed (filters refused, timeout).
+        pub const DRAIN_FAILED: &str = "DrainFailed";
+        /// DrainInProgress=False: the drain was stopped (SLA expired, maintenance requested).
+        pub const DRAIN_STOPPED: &str = "DrainStopped";
+        /// Both conditions False once the node is back in service.
+        pub const UNCORDONED: &str = "Uncordoned";
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

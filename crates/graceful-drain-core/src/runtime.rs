@@ -25,6 +25,8 @@ pub enum LogFormat {
 /// Installs the tracing subscriber. The filter comes from `RUST_LOG`, defaulting to `info`
 /// for our crate and `warn` for dependencies. Safe to call more than once (tests).
 pub fn init_tracing(format: LogFormat) {
+    // A directive's target matches by prefix, so `graceful_drain` covers every crate of ours
+    // (graceful_drain_core, _webhook, _agent, _sim) and nothing else.
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,graceful_drain=info"));
     // Colour codes only for a person at a terminal: a log written to a file or a pipe (a

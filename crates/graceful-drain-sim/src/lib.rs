@@ -2,10 +2,12 @@
 //! cluster of `kube-sim` (docs/design.md §7).
 //!
 //! [`scenario`] runs the drain and rollout scenarios with and without graceful-drain and the
-//! scenario matrix; [`vmhost`] is the simulated VM host behind the maintenance hooks.
+//! scenario matrix; [`vmhost`] is the simulated VM host behind the maintenance hooks;
+//! [`command`] holds our components' command lines, shared with the tests and benches.
 //! `simulate` runs the scenarios and prints a table, or with `--serve` keeps a cluster up
 //! for `kubectl` and separately started components.
 
+pub mod command;
 pub mod scenario;
 pub mod vmhost;
 

@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use graceful_drain_core::runtime::Shutdown;
-use graceful_drain_testing::fixtures::{self, DaemonSetFixture, PdbFixture, StatefulSetFixture};
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -19,6 +18,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, ResourceExt};
 use kube_sim::cluster::{Cluster, ClusterConfig, wait_for};
 use kube_sim::controllers::pod_ready;
+use kube_sim::fixtures::{self, DaemonSetFixture, PdbFixture, StatefulSetFixture};
 
 /// Bound for any convergence in these tests; runs take a few seconds.
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -319,10 +319,10 @@ async fn daemonset_keeps_its_pod_on_a_cordoned_node_and_rolls_one_node_at_a_time
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn job_completes_when_an_evicted_pod_is_ignored_by_its_pod_failure_policy() {
-    use graceful_drain_testing::fixtures::{JobFixture, on_pod_condition};
     use k8s_openapi::api::batch::v1::Job;
     use kube::api::EvictParams;
     use kube_sim::controllers::kubelet::RUN_FOR_ANNOTATION;
+    use kube_sim::fixtures::{JobFixture, on_pod_condition};
 
     let cluster = cluster().await;
     let client = cluster.client();

@@ -1,6 +1,5 @@
 //! Test support shared by every graceful-drain crate: object builders ([`fixtures`]), the
-//! one wait for a state no event announces ([`eventually`]), our components' command
-//! lines ([`command`]), the
+//! one wait for a state no event announces ([`eventually`]), the
 //! scripted mock API ([`fixtures::mock`]), a test kubelet speaking the plugin registration
 //! and SLM protocols ([`kubelet`]), and the simulated API server wrapped so tests can see
 //! every request their client sent ([`sim_api`]), and `kubectl` against a test cluster
@@ -10,7 +9,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
 
-pub mod command;
 pub mod eventually;
 pub mod fixtures;
 pub mod kubectl;

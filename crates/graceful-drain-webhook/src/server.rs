@@ -26,6 +26,7 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::configurations;
 use super::decide::{self, Pass, Path, PodFacts, is_replicaset_controller, of_replicaset};
 use super::isolate::{self, Budget};
 use super::review::{self, Parsed};
@@ -61,8 +62,8 @@ pub enum Error {
 /// The admission router: `POST /mutate/eviction`, `POST /validate/delete`.
 pub fn router(state: Arc<AppState>, max_body: usize) -> axum::Router {
     axum::Router::new()
-        .route("/mutate/eviction", post(evict))
-        .route("/validate/delete", post(delete))
+        .route(configurations::EVICTION_PATH, post(evict))
+        .route(configurations::DELETE_PATH, post(delete))
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)
 }

@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
 
-use graceful_drain_testing::command::WebhookCommand;
+use graceful_drain_sim::command::WebhookCommand;
 use graceful_drain_testing::kubectl;
 use std::time::{Duration, Instant};
 

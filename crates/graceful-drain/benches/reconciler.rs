@@ -21,7 +21,7 @@ use graceful_drain_core::lifecycle::{
     ClaimStatus, DRAIN_TRANSITION, LifecycleEvent, LifecycleEventSpec,
 };
 use graceful_drain_core::runtime::Shutdown;
-use graceful_drain_testing::command::AgentCommand;
+use graceful_drain_sim::command::AgentCommand;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};

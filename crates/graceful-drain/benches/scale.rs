@@ -28,7 +28,7 @@
 #[path = "support/agent.rs"]
 mod agent_cli;
 
-use graceful_drain_testing::command::WebhookCommand;
+use graceful_drain_sim::command::WebhookCommand;
 use graceful_drain_testing::kubelet;
 
 use std::net::SocketAddr;

@@ -24,7 +24,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube_sim::cluster::{Cluster, ClusterConfig, WebSpec, wait_for};
 use serde_json::json;
 
-use graceful_drain_testing::command::AgentCommand;
+use graceful_drain_sim::command::AgentCommand;
 use graceful_drain_testing::kubelet::Kubelet;
 
 /// Bound for any convergence in these tests.

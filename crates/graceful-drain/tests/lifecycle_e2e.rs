@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use graceful_drain_testing::command::AgentCommand;
+use graceful_drain_sim::command::AgentCommand;
 use graceful_drain_testing::kubectl;
 use std::path::{Path, PathBuf};
 use std::process::Output;

@@ -208,7 +208,10 @@ fn go(dir: &Path, args: &[&str]) -> Result<String> {
         .env("CGO_ENABLED", "0")
         .env("GOFLAGS", "-mod=mod")
         .output()
-        .map_err(|_| Error::GoMissing)?;
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Error::GoMissing,
+            _ => Error::io(dir, e),
+        })?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         let tail: Vec<&str> = stderr.lines().rev().take(30).collect();

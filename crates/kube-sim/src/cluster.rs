@@ -70,8 +70,7 @@ pub enum Error {
     /// The kubeconfig of a real API server could not be read or used.
     #[error("kubeconfig {path}: {reason}")]
     Kubeconfig {
-        /// The kubeconfig's path (the placeholder `kubeconfig` for clients built from an
-        /// already loaded one).
+        /// The kubeconfig's path.
         path: String,
         /// Why it could not be read or turned into a client.
         reason: String,
@@ -704,7 +703,7 @@ impl RealCluster {
         client_for(
             &self.config,
             Some((user.to_string(), groups)),
-            Path::new("kubeconfig"),
+            &self.kubeconfig,
         )
     }
 
@@ -715,7 +714,7 @@ impl RealCluster {
         let mut config = self.config.clone();
         config.default_retry = false;
         kube::Client::try_from(config).map_err(|e| Error::Kubeconfig {
-            path: "kubeconfig".into(),
+            path: self.kubeconfig.display().to_string(),
             reason: e.to_string(),
         })
     }

@@ -9,5 +9,6 @@
 pub mod apiserver;
 pub mod cluster;
 pub mod controllers;
+pub mod fixtures;
 pub mod lb;
 pub mod traffic;

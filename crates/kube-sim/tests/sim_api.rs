@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use graceful_drain_core::runtime::Shutdown;
-use graceful_drain_testing::fixtures::{self, PodFixture, to_json};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions, WatchEvent,
@@ -15,6 +14,7 @@ use kube::api::{
 };
 use kube::core::Status;
 use kube_sim::apiserver::{ApiServer, Config};
+use kube_sim::fixtures::{self, PodFixture, to_json};
 use serde_json::{Value, json};
 
 async fn server(config: Config) -> (ApiServer, Shutdown) {

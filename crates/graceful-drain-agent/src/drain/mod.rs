@@ -25,7 +25,8 @@ use crate::filters::{FilterOptions, PodKey, Refused};
 use crate::progress::Blocker;
 use crate::tiers::Tiers;
 
-pub use engine::{Engine, UNSCHEDULABLE_TAINT, tolerates_cordon};
+pub use crate::filters::{UNSCHEDULABLE_TAINT, tolerates_cordon};
+pub use engine::Engine;
 pub use pdb::{PdbLookupError, selecting_pdbs};
 pub use request::{
     Answer, classify_answer, delete_request, eviction_backoff, eviction_request, retry_delay, send,

@@ -202,9 +202,20 @@ fn invalid(name: &str, message: impl Into<String>) -> ConfigError {
     }
 }
 
+/// Whether `name` is a hook name: an RFC 1123 label of at most [`MAX_NAME`] characters.
 fn is_dns_label(name: &str) -> bool {
+    name.len() <= MAX_NAME && is_rfc1123_label(name)
+}
+
+/// Longest RFC 1123 label, hence longest namespace name (upstream
+/// `validation.DNS1123LabelMaxLength`).
+const LABEL_MAX: usize = 63;
+
+/// Whether `name` is an RFC 1123 label (lowercase letters, digits and `-`, at most 63
+/// characters, starting and ending with a letter or digit), as a namespace name must be.
+fn is_rfc1123_label(name: &str) -> bool {
     !name.is_empty()
-        && name.len() <= MAX_NAME
+        && name.len() <= LABEL_MAX
         && name
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
@@ -297,7 +308,7 @@ fn https_target(name: &str, spec: &HttpsSpec) -> Result<Target, ConfigError> {
 }
 
 fn job_target(name: &str, spec: &JobSpec) -> Result<Target, ConfigError> {
-    if !is_dns_label(&spec.namespace) {
+    if !is_rfc1123_label(&spec.namespace) {
         return Err(invalid(
             name,
             format!("job namespace {:?} is not a namespace name", spec.namespace),

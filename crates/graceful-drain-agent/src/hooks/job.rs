@@ -66,7 +66,9 @@ impl Hook {
             ..DeleteParams::default()
         };
         match tokio::time::timeout(API_TIMEOUT, api.delete(&name, &params)).await {
-            Ok(Ok(_)) | Ok(Err(kube::Error::Api(_))) => {}
+            // Gone already: nothing to clean up.
+            Ok(Ok(_)) => {}
+            Ok(Err(kube::Error::Api(status))) if status.code == 404 => {}
             Ok(Err(error)) => {
                 tracing::warn!(job = %name, error = %graceful_drain_core::error::chain(&error), "delete timed-out hook job")
             }

@@ -5,7 +5,7 @@ use std::path::Path;
 use graceful_drain_agent::Args;
 use serde_json::Value;
 
-use graceful_drain_testing::command::AgentCommand;
+use graceful_drain_sim::command::AgentCommand;
 use graceful_drain_testing::sim_api::{NODE, SimApi};
 
 /// The agent's arguments for node `n1`, its sockets under `dir`, the lifecycle reconciler

@@ -19,8 +19,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinHandle;
 
 use super::Error;
+use crate::command::{AgentCommand, WebhookCommand};
 use graceful_drain_core::runtime::Shutdown;
-use graceful_drain_testing::command::{AgentCommand, WebhookCommand};
 use kube_sim::cluster::{Access, DataPlane, wait_for};
 
 /// Namespace of our components (the chart's default).

@@ -18,10 +18,8 @@ use kube::{Api, ResourceExt};
 
 use super::spec::Workload;
 use super::{Error, ScenarioConfig};
-use graceful_drain_testing::fixtures::{
-    DaemonSetFixture, StatefulSetFixture, daemon_set, stateful_set,
-};
 use kube_sim::cluster::{Cluster, DataPlane, WebSpec, wait_for};
+use kube_sim::fixtures::{DaemonSetFixture, StatefulSetFixture, daemon_set, stateful_set};
 
 /// The label the Services of these workloads select besides `app`: a key the controller
 /// does not select on, so the webhook can leave the Service and keep the controller.
@@ -298,7 +296,7 @@ const JOB_PODS_PER_NODE: usize = 2;
 /// per node, `backoffLimit: 0` (one counted failure fails it) and a podFailurePolicy that
 /// ignores disruptions, as batch users configure to survive drains.
 async fn start_job(cluster: &DataPlane, web: &WebSpec) -> Result<(), Error> {
-    use graceful_drain_testing::fixtures::{JobFixture, job, on_pod_condition};
+    use kube_sim::fixtures::{JobFixture, job, on_pod_condition};
     let pods = i32::try_from(cluster.nodes().len() * JOB_PODS_PER_NODE).unwrap_or(i32::MAX);
     let mut batch = job(JOB)
         .ns(&web.namespace)

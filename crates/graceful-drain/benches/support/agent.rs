@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use graceful_drain_agent as agent;
-use graceful_drain_testing::command::AgentCommand;
+use graceful_drain_sim::command::AgentCommand;
 
 /// An agent for `node` with its plugin sockets under `dir`, its admin port on any free
 /// loopback port and no lifecycle reconciler (the benchmark drives SLM Start/End itself).

@@ -15,19 +15,15 @@ use tokio::time::Instant;
 
 use super::display::{Display, format_elapsed};
 use super::{Error, Request, Result};
+use graceful_drain_core::labels::node_condition::{self, DRAIN_IN_PROGRESS};
 use graceful_drain_core::labels::{LIFECYCLE_MESSAGE_ANNOTATION, agent_reason};
 use graceful_drain_core::lifecycle::{
     ClaimStatus, LifecycleEvent, LifecycleTransition, TRANSITION_CONDITION,
 };
 
-/// Node condition the node agent keeps while a drain runs; its message says which pods
-/// are left and why they are blocked (KEP-5683 condition type).
-pub const DRAIN_IN_PROGRESS: &str = "DrainInProgress";
 /// Reason the node agent gives `DrainInProgress` when it sets it False after a finished
 /// drain (other reasons, such as `DrainStopped`, mean the drain did not finish).
-const DRAINED_REASON: &str = graceful_drain_agent::node::reason::DRAINED;
-/// Node condition set once a drain finished (KEP-5683 condition type).
-pub const DRAINED: &str = "Drained";
+const DRAINED_REASON: &str = node_condition::reason::DRAINED;
 /// Pods named in a failure message; the rest are counted (the condition and
 /// `kubectl get pods --field-selector spec.nodeName=NODE` have them all).
 const MAX_PODS_NAMED: usize = 10;

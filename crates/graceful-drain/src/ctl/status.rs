@@ -8,8 +8,8 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 
-use super::follow::{DRAIN_IN_PROGRESS, DRAINED};
 use super::{Error, Result};
+use graceful_drain_core::labels::node_condition::{DRAIN_IN_PROGRESS, DRAINED};
 use graceful_drain_core::lifecycle::{LifecycleEvent, TRANSITION_CONDITION};
 
 /// Renders both tables for `node` (or every node) as of `now`.

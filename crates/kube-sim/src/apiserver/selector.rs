@@ -97,7 +97,7 @@ pub(crate) fn field_value(obj: &Value, path: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use graceful_drain_testing::fixtures::{self, PodFixture, to_json};
+    use crate::fixtures::{self, PodFixture, to_json};
 
     /// Pod `ns/p` on node `n1` with these labels, as the store holds it.
     fn pod(labels: &[(&str, &str)]) -> Value {

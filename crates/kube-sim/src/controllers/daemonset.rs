@@ -718,7 +718,7 @@ pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use graceful_drain_testing::fixtures::{self, DaemonSetFixture, NodeFixture, PodFixture};
+    use crate::fixtures::{self, DaemonSetFixture, NodeFixture, PodFixture};
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
     fn ds() -> DaemonSet {

@@ -586,7 +586,7 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use graceful_drain_testing::fixtures::{self, PdbFixture, PodFixture};
+    use crate::fixtures::{self, PdbFixture, PodFixture};
     use k8s_openapi::api::apps::v1::{DeploymentSpec, ReplicaSetSpec};
 
     fn pdb(min_available: i32, disrupted: &[(&str, i64)]) -> PodDisruptionBudget {

@@ -431,7 +431,7 @@ pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use graceful_drain_testing::fixtures::{self, PodFixture};
+    use crate::fixtures::{self, PodFixture};
     use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
 
     fn svc() -> Service {

@@ -916,9 +916,7 @@ pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use graceful_drain_testing::fixtures::{
-        self, JobFixture, PodFixture, on_exit_codes, on_pod_condition,
-    };
+    use crate::fixtures::{self, JobFixture, PodFixture, on_exit_codes, on_pod_condition};
     use k8s_openapi::api::core::v1::{
         ContainerState, ContainerStateTerminated, PodCondition, PodStatus,
     };

@@ -661,8 +661,8 @@ pub async fn run(ctx: Context, shutdown: Shutdown) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::{self, PodFixture};
     use crate::traffic::apps::Ticket;
-    use graceful_drain_testing::fixtures::{self, PodFixture};
 
     fn cfg() -> KubeletConfig {
         KubeletConfig {

@@ -539,7 +539,7 @@ pub async fn run(client: kube::Client, shutdown: Shutdown, workers: usize) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
-    use graceful_drain_testing::fixtures::{self, PodFixture, ReplicaSetFixture};
+    use crate::fixtures::{self, PodFixture, ReplicaSetFixture};
 
     fn rs(replicas: i32) -> ReplicaSet {
         fixtures::replica_set("web-1")

@@ -215,7 +215,7 @@ pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use graceful_drain_testing::fixtures::{self, NodeFixture, PodFixture};
+    use crate::fixtures::{self, NodeFixture, PodFixture};
 
     fn node(
         name: &str,

@@ -627,7 +627,7 @@ pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use graceful_drain_testing::fixtures::{self, PodFixture, StatefulSetFixture};
+    use crate::fixtures::{self, PodFixture, StatefulSetFixture};
 
     fn set(replicas: i32) -> StatefulSet {
         fixtures::stateful_set("web")

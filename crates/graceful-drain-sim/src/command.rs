@@ -1,5 +1,5 @@
-//! The command lines of our components as tests, benches and the simulated cluster start
-//! them: one builder per component, so a flag renamed in the product is renamed for every
+//! The command lines of our components as the simulated cluster, the tests and the benches
+//! start them: one builder per component, so a flag renamed in the product is renamed for every
 //! caller at once, and each caller states only what differs (its ports, certificate,
 //! identity, extra flags).
 
