@@ -153,8 +153,9 @@ pub struct Args {
     /// Run the real tier's rows (drain, rollout restart, scale down and up; without, then
     /// with graceful-drain) on a real control plane started from the cache (`cargo xtask
     /// control-plane build`): its controllers, scheduler and admission are the real ones,
-    /// the simulator plays only kubelets, load balancers and traffic.
-    #[arg(long, conflicts_with_all = ["serve", "matrix", "scenarios"])]
+    /// the simulator plays only kubelets, load balancers and traffic. With --matrix or
+    /// --scenario: the matrix's scenarios instead, each row on a fresh control plane.
+    #[arg(long, conflicts_with = "serve")]
     pub real: bool,
     /// Like --real, against the API server of this kubeconfig (a cluster administrator
     /// that may impersonate; the simulator registers its own Nodes there).
@@ -360,33 +361,46 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
 async fn run_matrix(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> {
     let mut cfg = args.scenario();
     cfg.cluster.api.addr = apiserver::Config::default().addr;
-    let selected: Vec<scenario::spec::Scenario> = if args.scenarios.is_empty() {
+    let selected = selected_scenarios(args);
+    eprintln!(
+        "running {} scenarios, each without and with graceful-drain",
+        selected.len()
+    );
+    let started = std::time::Instant::now();
+    let report =
+        scenario::matrix::run(&cfg, &selected, &shutdown, |row| report_row(started, row)).await;
+    print_matrix(args, &report)
+}
+
+/// The scenarios `--scenario` names, or all of them.
+fn selected_scenarios(args: &Args) -> Vec<scenario::spec::Scenario> {
+    if args.scenarios.is_empty() {
         scenario::matrix::scenarios()
     } else {
         args.scenarios
             .iter()
             .filter_map(|name| scenario::matrix::find(name))
             .collect()
+    }
+}
+
+/// One line on stderr as a matrix row finishes.
+fn report_row(started: std::time::Instant, row: &scenario::matrix::Row) {
+    let outcome = match &row.result {
+        Ok(m) => format!("{} requests, {} 5xx", m.requests, m.errors_5xx),
+        Err(e) => format!("error: {e}"),
     };
     eprintln!(
-        "running {} scenarios, each without and with graceful-drain",
-        selected.len()
+        "[{:>5.0}s] {} / {}: {outcome}",
+        started.elapsed().as_secs_f64(),
+        row.scenario,
+        row.protection
     );
-    let started = std::time::Instant::now();
-    let report = scenario::matrix::run(&cfg, &selected, &shutdown, |row| {
-        let outcome = match &row.result {
-            Ok(m) => format!("{} requests, {} 5xx", m.requests, m.errors_5xx),
-            Err(e) => format!("error: {e}"),
-        };
-        eprintln!(
-            "[{:>5.0}s] {} / {}: {outcome}",
-            started.elapsed().as_secs_f64(),
-            row.scenario,
-            row.protection
-        );
-    })
-    .await;
-    print!("{}", scenario::matrix::table(&report));
+}
+
+/// The matrix's table, the timelines asked for or of unexpected rows, and the verdict.
+fn print_matrix(args: &Args, report: &scenario::matrix::Report) -> anyhow::Result<()> {
+    print!("{}", scenario::matrix::table(report));
     // Failed or unexpected rows are explained even without --timeline.
     for row in &report.rows {
         if args.timeline || row.unexpected.is_some() {
@@ -403,8 +417,51 @@ async fn run_matrix(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `--matrix --real`: the matrix's scenarios, each row on a fresh control plane of ours.
+async fn run_real_matrix(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> {
+    let cfg = args.scenario();
+    let versions = kube_control_plane::Versions::default();
+    anyhow::ensure!(
+        kube_control_plane::is_built(&versions),
+        "{versions} is not built: run `cargo xtask control-plane build` first (about 8 minutes once)"
+    );
+    let selected = selected_scenarios(args);
+    eprintln!(
+        "running {} scenarios on {versions}, each without and with graceful-drain, each row on a fresh control plane",
+        selected.len()
+    );
+    let options = kube_control_plane::Options {
+        bin: kube_control_plane::bin_dir(&versions),
+        eviction_request_api: !args.no_eviction_request_api,
+        apiserver_flags: Vec::new(),
+    };
+    let fresh = || {
+        let options = options.clone();
+        async move {
+            let dir =
+                scenario::components::TempDir::new("gd-real-matrix").map_err(|e| e.to_string())?;
+            let path = dir.path().to_path_buf();
+            let cp = tokio::task::spawn_blocking(move || kube_control_plane::up(&path, &options))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| graceful_drain_core::error::chain(&e).to_string())?;
+            let plane: scenario::matrix::Plane = (cp.admin_kubeconfig(), Box::new((cp, dir)));
+            Ok(plane)
+        }
+    };
+    let started = std::time::Instant::now();
+    let report = scenario::matrix::run_real(&cfg, &selected, fresh, &shutdown, |row| {
+        report_row(started, row)
+    })
+    .await;
+    print_matrix(args, &report)
+}
+
 /// The real tier: a control plane of our own (`--real`) or the user's (`--kubeconfig`).
 async fn run_real(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> {
+    if args.matrix || !args.scenarios.is_empty() {
+        return run_real_matrix(args, shutdown).await;
+    }
     let cfg = args.scenario();
     let known: std::collections::BTreeSet<String> = scenario::real::scenarios(false, true)
         .iter()

@@ -329,18 +329,30 @@ pub fn ready_live(pods: &[Pod]) -> usize {
         .count()
 }
 
-/// Restarts the Deployment's pods (`kubectl rollout restart`) and waits until only
-/// pods of the new template remain, all ready.
+/// `kubectl rollout restart`, then waits as `kubectl rollout status` does and until every
+/// pod of the namespace belongs to a ReplicaSet the rollout made, all ready (isolated pods
+/// lose the Deployment's labels, so the namespace's pods are what tells the rollout is
+/// over). The new template's hash is not computed here: the simulator's and the real
+/// controller's hashes differ, so a pod is new when its hash was not there before.
 pub async fn rollout(
     client: &kube::Client,
     spec: &WebSpec,
     timeout: Duration,
 ) -> Result<(), Error> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &spec.namespace);
+    let before: BTreeSet<String> = pods
+        .list(&ListParams::default())
+        .await
+        .map_err(api("list pods in", format!("namespace {}", spec.namespace)))?
+        .items
+        .iter()
+        .filter_map(|p| p.labels().get(POD_TEMPLATE_HASH).cloned())
+        .collect();
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &spec.namespace);
     let now = jiff::Timestamp::now().to_string();
     let patch = serde_json::json!({"spec": {"template": {"metadata": {"annotations": {"kubectl.kubernetes.io/restartedAt": now}}}}});
     let object = format!("deployment {}", spec.service_key());
-    let d = deployments
+    deployments
         .patch(
             &spec.name,
             &PatchParams::default(),
@@ -348,29 +360,46 @@ pub async fn rollout(
         )
         .await
         .map_err(api("restart", object.clone()))?;
-    let hash =
-        kube_sim::controllers::deployment::template_hash(&d.spec.unwrap_or_default().template);
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &spec.namespace);
     let replicas = usize::try_from(spec.replicas).unwrap_or(0);
-    let what = format!("rollout of {object} to replace every pod");
+    let what = format!("rollout restart of {object}");
     wait_for(&what, timeout, || async {
+        let complete = deployments
+            .get(&spec.name)
+            .await
+            .ok()
+            .is_some_and(|d| rolled_out(&d, spec.replicas));
         let Ok(list) = pods.list(&ListParams::default()).await else {
             return false;
         };
-        // Isolated pods lose their `app` label, so look at every pod of the namespace.
-        let hashes: BTreeSet<Option<String>> = list
+        let hashes: BTreeSet<Option<&String>> = list
             .items
             .iter()
-            .map(|p| p.labels().get(POD_TEMPLATE_HASH).cloned())
+            .map(|p| p.labels().get(POD_TEMPLATE_HASH))
             .collect();
         let ready = ready_live(&list.items);
-        hashes.len() == 1
-            && hashes.contains(&Some(hash.clone()))
+        complete
+            && hashes.len() == 1
+            && hashes
+                .iter()
+                .all(|h| h.is_some_and(|h| !before.contains(h)))
             && list.items.len() == replicas
             && ready == replicas
     })
     .await
     .map_err(Error::Cluster)
+}
+
+/// Whether a Deployment's status says its rollout to `replicas` is over, as `kubectl
+/// rollout status` reads it (observedGeneration caught up; every replica updated and
+/// available; no old replica left).
+pub fn rolled_out(d: &Deployment, replicas: i32) -> bool {
+    let Some(status) = d.status.as_ref() else {
+        return false;
+    };
+    status.observed_generation >= d.metadata.generation
+        && status.updated_replicas == Some(replicas)
+        && status.replicas == Some(replicas)
+        && status.available_replicas == Some(replicas)
 }
 
 #[cfg(test)]

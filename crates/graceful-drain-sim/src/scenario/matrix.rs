@@ -29,7 +29,7 @@ use super::{
 };
 use graceful_drain_core::labels::DRAINING_LABEL;
 use graceful_drain_core::runtime::Shutdown;
-use kube_sim::cluster::{Cluster, wait_for};
+use kube_sim::cluster::{Access, Cluster, DataPlane, RealCluster, wait_for};
 use kube_sim::traffic::timeline::Event;
 
 /// Every scenario of `--matrix`, in table order.
@@ -283,6 +283,95 @@ pub async fn run(
     report
 }
 
+/// Why `scenario` cannot run on a real control plane, if it cannot: its tweak injects a
+/// fault only the simulated API server has (429s from API Priority and Fairness on demand).
+pub fn simulator_only(base: &ScenarioConfig, scenario: &Scenario) -> Option<&'static str> {
+    let mut cfg = base.clone();
+    (scenario.tweak)(&mut cfg);
+    (cfg.cluster.api.faults != base.cluster.api.faults)
+        .then_some("its fault is injected by the simulated API server")
+}
+
+/// A fresh real control plane for one row: its admin kubeconfig, and what keeps it running
+/// until dropped.
+pub type Plane = (std::path::PathBuf, Box<dyn std::any::Any + Send>);
+
+/// `--matrix --real`: runs `selected` on real control planes, each row (a scenario without,
+/// then with graceful-drain) on a fresh one from `fresh`, with the simulated data plane
+/// (kubelets, load balancers, traffic) attached to it; the same columns and expectations as
+/// on the simulated cluster. Scenarios that need the simulated API server
+/// ([`simulator_only`]) are left out and named on stderr.
+pub async fn run_real<F, Fut>(
+    base: &ScenarioConfig,
+    selected: &[Scenario],
+    mut fresh: F,
+    shutdown: &Shutdown,
+    progress: impl Fn(&Row),
+) -> Report
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Plane, String>>,
+{
+    let mut report = Report::default();
+    for scenario in selected {
+        if let Some(why) = simulator_only(base, scenario) {
+            eprintln!("{}: not run on a real control plane, {why}", scenario.name);
+            continue;
+        }
+        let mut cfg = base.clone();
+        (scenario.tweak)(&mut cfg);
+        for protection in [Protection::None, Protection::GracefulDrain] {
+            let (outcome, timeline) = match fresh().await {
+                Ok((kubeconfig, plane)) => {
+                    let ran = run_on_plane(&cfg, scenario, protection, &kubeconfig, shutdown);
+                    let ran = ran.await;
+                    drop(plane);
+                    ran
+                }
+                Err(why) => (
+                    Err(Error::Component {
+                        name: "control plane".into(),
+                        reason: why,
+                    }),
+                    Vec::new(),
+                ),
+            };
+            let row = to_row(&cfg, scenario, protection, outcome, timeline);
+            progress(&row);
+            report.rows.push(row);
+        }
+    }
+    report
+}
+
+/// One row of [`run_real`] on the control plane of `kubeconfig`.
+async fn run_on_plane(
+    cfg: &ScenarioConfig,
+    scenario: &Scenario,
+    protection: Protection,
+    kubeconfig: &std::path::Path,
+    shutdown: &Shutdown,
+) -> (Result<Outcome, Error>, Vec<Event>) {
+    let cluster = match RealCluster::attach(cfg.cluster.clone(), kubeconfig, shutdown.clone()).await
+    {
+        Ok(cluster) => cluster,
+        Err(e) => return (Err(e.into()), Vec::new()),
+    };
+    if protection == Protection::GracefulDrain
+        && let Err(e) = super::real::apply_chart_rbac(&cluster).await
+    {
+        return (Err(e), Vec::new());
+    }
+    let started = std::sync::Mutex::new(None);
+    let outcome = disrupt(&cluster, cfg, scenario, protection, &started).await;
+    let from = started
+        .lock()
+        .ok()
+        .and_then(|s| *s)
+        .unwrap_or_else(Instant::now);
+    (outcome, cluster.timeline().between(from, Instant::now()))
+}
+
 /// Looks a scenario up by name.
 pub fn find(name: &str) -> Option<Scenario> {
     scenarios().into_iter().find(|s| s.name == name)
@@ -293,6 +382,18 @@ async fn run_one(
     scenario: &Scenario,
     protection: Protection,
     shutdown: &Shutdown,
+) -> Row {
+    let (outcome, timeline) = run_disruption(cfg, scenario, protection, shutdown).await;
+    to_row(cfg, scenario, protection, outcome, timeline)
+}
+
+/// The row of one run of `scenario`, judged against what the scenario expects.
+fn to_row(
+    cfg: &ScenarioConfig,
+    scenario: &Scenario,
+    protection: Protection,
+    outcome: Result<Outcome, Error>,
+    timeline: Vec<Event>,
 ) -> Row {
     let lower_bound = match (scenario.workload, scenario.disruption) {
         // A drain evicts no DaemonSet pod: nothing to wait for.
@@ -312,7 +413,6 @@ async fn run_one(
     };
     let mut unprotected = 0;
     let mut checked = None;
-    let (outcome, timeline) = run_disruption(cfg, scenario, protection, shutdown).await;
     let result = match outcome {
         Ok(outcome) => {
             unprotected = outcome.unprotected;
@@ -441,8 +541,8 @@ async fn run_disruption(
 }
 
 /// The body of [`run_disruption`]; `started` records when the disruption began.
-async fn disrupt(
-    cluster: &Cluster,
+pub(super) async fn disrupt(
+    cluster: &impl Access,
     cfg: &ScenarioConfig,
     scenario: &Scenario,
     protection: Protection,
@@ -534,7 +634,7 @@ async fn disrupt(
 
 /// The `count` nodes running most pods of the workload, busiest first.
 async fn busiest_nodes(
-    cluster: &Cluster,
+    cluster: &DataPlane,
     cfg: &ScenarioConfig,
     count: usize,
 ) -> Result<Vec<String>, Error> {
@@ -563,7 +663,7 @@ async fn busiest_nodes(
 /// resume the drain and wait for the isolated pods, not fail on them) or the webhook is
 /// rolled to a new replica (which must delete the pods the old one isolated).
 async fn drain_restarting(
-    cluster: &Cluster,
+    cluster: &impl Access,
     cfg: &ScenarioConfig,
     components: &mut Components,
     node: &str,

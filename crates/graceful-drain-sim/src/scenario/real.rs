@@ -9,7 +9,6 @@
 //! rows run again with protection. A row that fails on the real controllers today is a
 //! [`Expect::KnownFailure`]: it stays in the table with the issue that removes it.
 
-use std::collections::BTreeSet;
 use std::fmt;
 use std::path::Path;
 use std::time::Duration;
@@ -25,9 +24,6 @@ use super::components::Components;
 use super::{Error, Measured, Protection, ScenarioConfig, actions, busiest_node, measure};
 use graceful_drain_core::runtime::Shutdown;
 use kube_sim::cluster::{DataPlane, RealCluster, WebSpec, wait_for};
-
-/// The pod label the Deployment controller sets on the pods of each ReplicaSet.
-const POD_TEMPLATE_HASH: &str = "pod-template-hash";
 
 /// What a row is expected to show on the real controllers today.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -388,7 +384,7 @@ async fn run_row(
         Disruption::RolloutRestart => {
             let rollout = async {
                 cluster.step("rollout restart");
-                rollout_restart(&client, &cfg.web, timeout).await
+                actions::rollout(&client, &cfg.web, timeout).await
             };
             measure(cluster, &cfg, rollout).await
         }
@@ -398,7 +394,7 @@ async fn run_row(
                 cluster.step("rollout restart (Recreate)");
                 let overlap = super::workloads::never_together(&client, &cfg.web.namespace);
                 tokio::select! {
-                    done = rollout_restart(&client, &cfg.web, timeout) => done,
+                    done = actions::rollout(&client, &cfg.web, timeout) => done,
                     seen = overlap => Err(seen),
                 }
             };
@@ -742,7 +738,7 @@ async fn restart_mid_row(
                 actions::lifecycle_drain(&client, &node, timeout * 2).await
             } else {
                 cluster.step("rollout restart");
-                rollout_restart(&client, &cfg.web, timeout * 2).await
+                actions::rollout(&client, &cfg.web, timeout * 2).await
             }
         };
         let fault_at_first_isolation = async {
@@ -991,77 +987,6 @@ async fn uncordon(
     }
 }
 
-/// `kubectl rollout restart`, then waits as `kubectl rollout status` does and until every
-/// pod of the namespace belongs to the new ReplicaSet (isolated pods lose the Deployment's
-/// labels, so the namespace's pods are what tells the rollout is over).
-pub async fn rollout_restart(
-    client: &kube::Client,
-    spec: &WebSpec,
-    timeout: Duration,
-) -> Result<(), Error> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &spec.namespace);
-    let before: BTreeSet<String> = pods
-        .list(&ListParams::default())
-        .await
-        .map_err(api("list pods in", format!("namespace {}", spec.namespace)))?
-        .items
-        .iter()
-        .filter_map(|p| p.labels().get(POD_TEMPLATE_HASH).cloned())
-        .collect();
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &spec.namespace);
-    let now = jiff::Timestamp::now().to_string();
-    let patch = serde_json::json!({"spec": {"template": {"metadata": {"annotations": {"kubectl.kubernetes.io/restartedAt": now}}}}});
-    let object = format!("deployment {}", spec.service_key());
-    deployments
-        .patch(
-            &spec.name,
-            &PatchParams::default(),
-            &Patch::Strategic(patch),
-        )
-        .await
-        .map_err(api("restart", object.clone()))?;
-    let replicas = usize::try_from(spec.replicas).unwrap_or(0);
-    let what = format!("rollout restart of {object}");
-    wait_for(&what, timeout, || async {
-        let complete = deployments
-            .get(&spec.name)
-            .await
-            .ok()
-            .is_some_and(|d| rolled_out(&d, spec.replicas));
-        let Ok(list) = pods.list(&ListParams::default()).await else {
-            return false;
-        };
-        let hashes: BTreeSet<Option<&String>> = list
-            .items
-            .iter()
-            .map(|p| p.labels().get(POD_TEMPLATE_HASH))
-            .collect();
-        let ready = ready_live(&list.items);
-        complete
-            && hashes.len() == 1
-            && hashes
-                .iter()
-                .all(|h| h.is_some_and(|h| !before.contains(h)))
-            && list.items.len() == replicas
-            && ready == replicas
-    })
-    .await
-    .map_err(Error::Cluster)
-}
-
-/// Whether a Deployment's status says its rollout to `replicas` is over, as `kubectl
-/// rollout status` reads it (observedGeneration caught up; every replica updated and
-/// available; no old replica left).
-fn rolled_out(d: &Deployment, replicas: i32) -> bool {
-    let Some(status) = d.status.as_ref() else {
-        return false;
-    };
-    status.observed_generation >= d.metadata.generation
-        && status.updated_replicas == Some(replicas)
-        && status.replicas == Some(replicas)
-        && status.available_replicas == Some(replicas)
-}
-
 /// Scales the Deployment to `replicas` and waits until it has exactly that many ready
 /// pods in the namespace and its status agrees.
 async fn scale_and_wait(
@@ -1085,7 +1010,7 @@ async fn scale_and_wait(
             .get(&spec.name)
             .await
             .ok()
-            .is_some_and(|d| rolled_out(&d, replicas));
+            .is_some_and(|d| actions::rolled_out(&d, replicas));
         let Ok(list) = pods.list(&ListParams::default()).await else {
             return false;
         };

@@ -11,7 +11,7 @@ use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
 
 use super::{Error, Measured, ScenarioConfig};
-use kube_sim::cluster::{Cluster, wait_for};
+use kube_sim::cluster::{DataPlane, wait_for};
 use kube_sim::traffic::timeline::{Event, EventKind};
 
 /// What a scenario disrupts.
@@ -138,7 +138,7 @@ pub(super) struct Outcome {
 
 /// Replaces the default PDB as `budget` says.
 pub(super) async fn set_budget(
-    cluster: &Cluster,
+    cluster: &DataPlane,
     cfg: &ScenarioConfig,
     budget: &Budget,
 ) -> Result<(), Error> {

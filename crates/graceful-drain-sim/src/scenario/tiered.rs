@@ -15,7 +15,7 @@ use kube::api::PostParams;
 use kube::{Api, ResourceExt};
 
 use super::{Error, ScenarioConfig, actions};
-use kube_sim::cluster::{Cluster, WebSpec, wait_for};
+use kube_sim::cluster::{DataPlane, WebSpec, wait_for};
 use kube_sim::traffic::timeline::{Event, EventKind};
 
 /// The timeline's `deleted` is the simulated kubelet seeing the pod gone through its own
@@ -37,7 +37,7 @@ pub type Tiers = Vec<Vec<String>>;
 
 /// Creates the later tiers' Deployments pinned to `node` and waits until their pods are
 /// ready there; returns the node's pods by tier.
-pub async fn place(cluster: &Cluster, cfg: &ScenarioConfig, node: &str) -> Result<Tiers, Error> {
+pub async fn place(cluster: &DataPlane, cfg: &ScenarioConfig, node: &str) -> Result<Tiers, Error> {
     let client = cluster.client();
     let ns = &cfg.web.namespace;
     for (name, class) in LATER_TIERS {

@@ -17,7 +17,7 @@ use super::components::Components;
 use super::spec::{Outcome, Scenario, set_budget, unprotected_deletions};
 use super::{Error, Protection, ScenarioConfig, actions, busiest_node, measure, workloads};
 use crate::vmhost::VmHost;
-use kube_sim::cluster::Cluster;
+use kube_sim::cluster::Access;
 use kube_sim::traffic::timeline::EventKind;
 
 /// VMs on each node.
@@ -29,7 +29,7 @@ const HOOK_TIMEOUT: &str = "2m";
 
 /// Runs the scenario once (see the module documentation).
 pub(super) async fn run(
-    cluster: &Cluster,
+    cluster: &impl Access,
     cfg: &ScenarioConfig,
     scenario: &Scenario,
     protection: Protection,

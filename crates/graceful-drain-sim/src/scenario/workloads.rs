@@ -18,7 +18,7 @@ use kube::{Api, ResourceExt};
 
 use super::spec::Workload;
 use super::{Error, ScenarioConfig};
-use kube_sim::cluster::{Cluster, DataPlane, WebSpec, wait_for};
+use kube_sim::cluster::{DataPlane, WebSpec, wait_for};
 use kube_sim::fixtures::{DaemonSetFixture, StatefulSetFixture, daemon_set, stateful_set};
 
 /// The label the Services of these workloads select besides `app`: a key the controller
@@ -217,7 +217,7 @@ fn template_extras(template: &mut k8s_openapi::api::core::v1::PodTemplateSpec, g
 /// Restarts the workload's pods by changing its template, as `kubectl rollout restart`
 /// does, and waits until its controller reports every pod updated and ready.
 pub async fn rollout(
-    cluster: &Cluster,
+    cluster: &DataPlane,
     cfg: &ScenarioConfig,
     workload: Workload,
 ) -> Result<(), Error> {
@@ -330,7 +330,7 @@ fn finished(job: &Job) -> Option<String> {
 /// Waits until the Job finished, and fails if it failed or counted a failure: a drain
 /// must not cost a batch job its completion.
 pub async fn job_completed(
-    cluster: &Cluster,
+    cluster: &DataPlane,
     web: &WebSpec,
     timeout: Duration,
 ) -> Result<(), Error> {
