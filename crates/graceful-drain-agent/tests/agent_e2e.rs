@@ -508,6 +508,7 @@ async fn pods_isolated_by_the_webhook_count_as_remaining_until_deleted() {
     let cfg = ComponentsConfig {
         deregistration_delay: delay,
         timeout_seconds: 10,
+        agent_program: None,
     };
     let mut components = Components::start(&cluster, &cfg).await.unwrap();
     let web = WebSpec {

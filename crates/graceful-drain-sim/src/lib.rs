@@ -303,6 +303,7 @@ impl Args {
         let components = ComponentsConfig {
             deregistration_delay: self.deregistration_delay,
             timeout_seconds: self.webhook_timeout_seconds,
+            agent_program: None,
         };
         ScenarioConfig {
             cluster,
@@ -417,9 +418,18 @@ fn print_matrix(args: &Args, report: &scenario::matrix::Report) -> anyhow::Resul
     Ok(())
 }
 
+/// The configuration of a real-tier run: the node agents run as processes of this binary,
+/// each with its own ServiceAccount token, as on nodes.
+fn real_scenario(args: &Args) -> anyhow::Result<scenario::ScenarioConfig> {
+    let mut cfg = args.scenario();
+    let program = std::env::current_exe().context("find this binary to run the node agents")?;
+    cfg.components.agent_program = Some(program);
+    Ok(cfg)
+}
+
 /// `--matrix --real`: the matrix's scenarios, each row on a fresh control plane of ours.
 async fn run_real_matrix(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> {
-    let cfg = args.scenario();
+    let cfg = real_scenario(args)?;
     let versions = kube_control_plane::Versions::default();
     anyhow::ensure!(
         kube_control_plane::is_built(&versions),
@@ -462,7 +472,7 @@ async fn run_real(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> {
     if args.matrix || !args.scenarios.is_empty() {
         return run_real_matrix(args, shutdown).await;
     }
-    let cfg = args.scenario();
+    let cfg = real_scenario(args)?;
     let known: std::collections::BTreeSet<String> = scenario::real::scenarios(false, true)
         .iter()
         .map(|s| s.disruption.to_string())

@@ -41,6 +41,7 @@ fn components_config() -> ComponentsConfig {
     ComponentsConfig {
         deregistration_delay: Duration::from_secs(3),
         timeout_seconds: 10,
+        agent_program: None,
     }
 }
 

@@ -113,6 +113,7 @@ async fn cluster_with_web(
             let config = ComponentsConfig {
                 deregistration_delay: delay,
                 timeout_seconds: 10,
+                agent_program: None,
             };
             Some(Components::start(&cluster, &config).await.unwrap())
         }

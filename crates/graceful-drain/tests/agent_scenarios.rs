@@ -56,6 +56,7 @@ fn components(delay: Duration) -> ComponentsConfig {
     ComponentsConfig {
         deregistration_delay: delay,
         timeout_seconds: 10,
+        agent_program: None,
     }
 }
 

@@ -39,6 +39,10 @@ pub struct ComponentsConfig {
     pub deregistration_delay: Duration,
     /// The webhook's `--timeout-seconds` (also the configurations' timeoutSeconds).
     pub timeout_seconds: u32,
+    /// The binary whose `node-agent` subcommand runs each node agent as an OS process of its
+    /// own, as on a node (the real tier: `simulate`'s own binary); `None` runs them inside
+    /// this process (tests, whose binary is not ours).
+    pub agent_program: Option<std::path::PathBuf>,
 }
 
 #[derive(Parser)]
@@ -106,6 +110,10 @@ pub struct Components {
     agent_stops: std::collections::BTreeMap<String, Shutdown>,
     /// The webhook replica running as its own process, if one does (killed on drop).
     webhook_process: Option<(String, tokio::process::Child)>,
+    /// See [`ComponentsConfig::agent_program`].
+    agent_program: Option<std::path::PathBuf>,
+    /// The node agents running as processes, by node, with their logs (killed on drop).
+    agent_processes: std::collections::BTreeMap<String, (tokio::process::Child, PathBuf)>,
     _dir: TempDir,
 }
 
@@ -183,6 +191,8 @@ impl Components {
             webhook_listen: None,
             agent_stops: Default::default(),
             webhook_process: None,
+            agent_program: cfg.agent_program.clone(),
+            agent_processes: Default::default(),
             _dir: dir,
         };
         this.start_webhook(cluster, cfg).await?;
@@ -293,6 +303,13 @@ impl Components {
 
     /// The error of a component that stopped on its own, if any.
     pub async fn check(&mut self) -> Result<(), Error> {
+        for (node, (child, log)) in &mut self.agent_processes {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(component_err(&format!("node-agent {node} (process)"))(
+                    format!("exited ({status}); its log ends: {}", log_tail(log)),
+                ));
+            }
+        }
         for (name, task) in &mut self.tasks {
             if task.is_finished() {
                 let outcome = task.await;
@@ -430,30 +447,17 @@ impl Components {
         let name = format!("webhook {} (process)", replica.identity);
         let program = std::env::current_exe().map_err(|e| component_err(&name)(e.to_string()))?;
         let log_path = self.dir().join(format!("{}.log", replica.identity));
-        let log =
-            std::fs::File::create(&log_path).map_err(|e| component_err(&name)(e.to_string()))?;
-        let err = log
-            .try_clone()
-            .map_err(|e| component_err(&name)(e.to_string()))?;
-        let mut child = tokio::process::Command::new(&program)
-            .args(&replica.argv)
-            .stdin(std::process::Stdio::null())
-            .stdout(log)
-            .stderr(err)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| component_err(&name)(format!("{}: {e}", program.display())))?;
+        let mut child =
+            spawn_logged(&program, &replica.argv, &log_path).map_err(component_err(&name))?;
         let deadline = Instant::now() + READY_TIMEOUT;
         while !ready_http(replica.admin).await {
             let exited = child.try_wait().ok().flatten();
             if exited.is_some() || Instant::now() >= deadline {
                 let _ = child.start_kill();
-                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-                let tail: Vec<&str> = log.lines().rev().take(5).collect();
                 return Err(component_err(&name)(format!(
                     "{} before it was ready; its log ends: {}",
                     exited.map_or("not ready in time".to_string(), |s| format!("exited ({s})")),
-                    tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+                    log_tail(&log_path)
                 )));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -542,6 +546,13 @@ impl Components {
             std::fs::create_dir_all(dir).map_err(|e| component_err("node-agent")(e.to_string()))?;
         }
         let argv = command.argv();
+        if let Some(program) = self.agent_program.clone() {
+            let log = base.join("agent.log");
+            let name = format!("node-agent {node} (process)");
+            let child = spawn_logged(&program, &argv, &log).map_err(component_err(&name))?;
+            self.agent_processes.insert(node.to_string(), (child, log));
+            return Ok(());
+        }
         let cli = AgentCli::try_parse_from(&argv).map_err(|e| {
             component_err("node-agent")(format!(
                 "rejects its documented flags: {}",
@@ -592,6 +603,18 @@ impl Components {
     /// Stops the node agent of `node` (a crash or a DaemonSet rollout: its in-memory state
     /// is lost) and waits until it exited. Returns its outcome.
     pub async fn stop_agent(&mut self, node: &str) -> Result<(), Error> {
+        if let Some((mut child, _)) = self.agent_processes.remove(node) {
+            // A process is killed outright: what a node's crash or an OOM kill does.
+            let name = format!("node-agent {node} (process)");
+            child
+                .start_kill()
+                .map_err(|e| component_err(&name)(e.to_string()))?;
+            return child
+                .wait()
+                .await
+                .map(|_| ())
+                .map_err(|e| component_err(&name)(e.to_string()));
+        }
         if let Some(stop) = self.agent_stops.remove(node) {
             stop.cancel();
         }
@@ -606,6 +629,31 @@ impl Components {
             Err(e) => Err(component_err(&name)(format!("panicked: {e}"))),
         }
     }
+}
+
+/// Starts `program ARGV` with its output in `log`, killed when dropped.
+fn spawn_logged(
+    program: &Path,
+    argv: &[String],
+    log: &Path,
+) -> Result<tokio::process::Child, String> {
+    let out = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
+    let err = out.try_clone().map_err(|e| e.to_string())?;
+    tokio::process::Command::new(program)
+        .args(argv)
+        .stdin(std::process::Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("{}: {e}", program.display()))
+}
+
+/// The last lines of a component's log, on one line.
+fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let tail: Vec<&str> = text.lines().rev().take(5).collect();
+    tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
 }
 
 /// An object that was already gone counts as deleted.
