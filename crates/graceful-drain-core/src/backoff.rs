@@ -80,8 +80,11 @@ impl Backoff {
     /// caller that keeps a count rather than a [`Backoff`]; `None` before any failure.
     pub fn after_failures(mut self, failures: u32) -> Option<Duration> {
         // The cap is reached long before 64 doublings of any pause we use.
-        let steps = failures.min(64) as usize;
-        (steps > 0).then(|| (1..steps).fold(self.next_pause(), |_, _| self.next_pause()))
+        let mut pause = None;
+        for _ in 0..failures.min(64) {
+            pause = Some(self.next_pause());
+        }
+        pause
     }
 }
 

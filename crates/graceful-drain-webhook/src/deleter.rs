@@ -818,20 +818,25 @@ mod tests {
         assert_eq!(pending_from(&garbled), None);
     }
 
-    #[test]
-    fn a_pod_is_due_at_its_time_once_no_endpointslice_lists_it() {
-        let pod = Pending {
+    /// Pod `web/a`, isolated by us, due for deletion at `delete_at`.
+    fn pending(delete_at: &str) -> Pending {
+        Pending {
             namespace: "web".into(),
             name: "a".into(),
             uid: "u".into(),
-            delete_at: at("2026-01-01T00:01:00Z"),
+            delete_at: at(delete_at),
             grace_period: None,
             terminating: false,
             controller: None,
             restore_at: None,
             labels: Default::default(),
             delay: None,
-        };
+        }
+    }
+
+    #[test]
+    fn a_pod_is_due_at_its_time_once_no_endpointslice_lists_it() {
+        let pod = pending("2026-01-01T00:01:00Z");
         let before = at("2026-01-01T00:00:59Z");
         let after = at("2026-01-01T00:01:01Z");
         let left = Some(at("2026-01-01T00:00:01Z"));
@@ -924,18 +929,7 @@ mod tests {
         let metrics = Arc::new(Metrics::new(&mut registry));
         let deleter = Deleter::new(ctx, metrics, None)
             .counting_delays(Duration::from_secs(5), Duration::from_secs(60));
-        let pod = Pending {
-            namespace: "web".into(),
-            name: "a".into(),
-            uid: "u".into(),
-            delete_at: at("2026-01-01T00:00:55Z"),
-            grace_period: None,
-            terminating: false,
-            controller: None,
-            restore_at: None,
-            labels: Default::default(),
-            delay: None,
-        };
+        let pod = pending("2026-01-01T00:00:55Z");
         let secs = Duration::from_secs;
         assert_eq!(deleter.delay_of(&pod), secs(5), "the default");
         let asks = Pending {

@@ -488,19 +488,12 @@ impl Components {
     /// in flight are cut, and the deleter Lease it holds stays held until it expires; the
     /// replica beside it serves on and takes the Lease over.
     pub async fn kill_webhook_process(&mut self) -> Result<(), Error> {
-        let Some((name, mut child)) = self.webhook_process.take() else {
+        let Some((name, child)) = self.webhook_process.take() else {
             return Err(component_err("webhook")(
                 "no webhook process to kill".into(),
             ));
         };
-        child
-            .start_kill()
-            .map_err(|e| component_err(&name)(e.to_string()))?;
-        child
-            .wait()
-            .await
-            .map(|_| ())
-            .map_err(|e| component_err(&name)(e.to_string()))
+        kill(&name, child).await
     }
 
     /// The CA that signed the webhook's serving certificate.
@@ -603,17 +596,9 @@ impl Components {
     /// Stops the node agent of `node` (a crash or a DaemonSet rollout: its in-memory state
     /// is lost) and waits until it exited. Returns its outcome.
     pub async fn stop_agent(&mut self, node: &str) -> Result<(), Error> {
-        if let Some((mut child, _)) = self.agent_processes.remove(node) {
+        if let Some((child, _)) = self.agent_processes.remove(node) {
             // A process is killed outright: what a node's crash or an OOM kill does.
-            let name = format!("node-agent {node} (process)");
-            child
-                .start_kill()
-                .map_err(|e| component_err(&name)(e.to_string()))?;
-            return child
-                .wait()
-                .await
-                .map(|_| ())
-                .map_err(|e| component_err(&name)(e.to_string()));
+            return kill(&format!("node-agent {node} (process)"), child).await;
         }
         if let Some(stop) = self.agent_stops.remove(node) {
             stop.cancel();
@@ -647,6 +632,18 @@ fn spawn_logged(
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| format!("{}: {e}", program.display()))
+}
+
+/// Kills component `name`'s process with SIGKILL and waits until it is gone.
+async fn kill(name: &str, mut child: tokio::process::Child) -> Result<(), Error> {
+    child
+        .start_kill()
+        .map_err(|e| component_err(name)(e.to_string()))?;
+    child
+        .wait()
+        .await
+        .map(|_| ())
+        .map_err(|e| component_err(name)(e.to_string()))
 }
 
 /// The last lines of a component's log, on one line.

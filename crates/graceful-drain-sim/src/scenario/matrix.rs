@@ -362,14 +362,7 @@ async fn run_on_plane(
     {
         return (Err(e), Vec::new());
     }
-    let started = std::sync::Mutex::new(None);
-    let outcome = disrupt(&cluster, cfg, scenario, protection, &started).await;
-    let from = started
-        .lock()
-        .ok()
-        .and_then(|s| *s)
-        .unwrap_or_else(Instant::now);
-    (outcome, cluster.timeline().between(from, Instant::now()))
+    disrupt_timed(&cluster, cfg, scenario, protection).await
 }
 
 /// Looks a scenario up by name.
@@ -530,8 +523,19 @@ async fn run_disruption(
         Ok(cluster) => cluster,
         Err(e) => return (Err(e.into()), Vec::new()),
     };
+    disrupt_timed(&cluster, cfg, scenario, protection).await
+}
+
+/// [`disrupt`] on `cluster`, with the cluster's events from the disruption's start on
+/// (from now when it failed before starting).
+async fn disrupt_timed(
+    cluster: &impl Access,
+    cfg: &ScenarioConfig,
+    scenario: &Scenario,
+    protection: Protection,
+) -> (Result<Outcome, Error>, Vec<Event>) {
     let started = std::sync::Mutex::new(None);
-    let outcome = disrupt(&cluster, cfg, scenario, protection, &started).await;
+    let outcome = disrupt(cluster, cfg, scenario, protection, &started).await;
     let from = started
         .lock()
         .ok()
