@@ -4,7 +4,9 @@
 //! pod must be handled as kubectl would; a PDB that blocks evictions is retried and
 //! reported (Event + condition message) until it allows them. A second scenario drives
 //! the agent the production way: LifecycleEvents through the lifecycle reconciler; a third
-//! runs it with the real webhook and checks isolated pods count as remaining.
+//! runs it with the real webhook and checks isolated pods count as remaining. The second
+//! and third run on both tiers (`graceful_drain_sim::tier`): the simulated cluster and a
+//! real control plane, the agent acting as the chart's ServiceAccount under its RBAC.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
 
@@ -30,6 +32,7 @@ use serde_json::json;
 use graceful_drain_core::proto::registration::RegistrationStatus;
 use graceful_drain_core::proto::registration::registration_client::RegistrationClient;
 use graceful_drain_sim::command::AgentCommand;
+use graceful_drain_sim::tier::{TestCluster, Tier};
 use graceful_drain_testing::kubelet::{Kubelet, connect};
 
 /// Bound for any convergence in these tests.
@@ -37,6 +40,8 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 const NODE: &str = "worker-1";
 /// The agent's identity on the simulated API server (its requests are counted per user).
 const AGENT_USER: &str = "system:serviceaccount:graceful-drain:node-agent";
+/// The chart's node-agent ServiceAccount, which the real tier's RBAC knows.
+const CHART_AGENT_USER: &str = graceful_drain_sim::scenario::components::AGENT_USER;
 
 fn args(dir: &Path, flags: &[&str]) -> Args {
     use clap::Parser;
@@ -49,14 +54,22 @@ fn args(dir: &Path, flags: &[&str]) -> Args {
     Cli::try_parse_from(command.argv()).unwrap().args
 }
 
-async fn cluster() -> Cluster {
+fn two_nodes() -> ClusterConfig {
     graceful_drain_core::runtime::install_crypto_provider();
     graceful_drain_core::runtime::init_tracing(graceful_drain_core::runtime::LogFormat::Text);
-    let cfg = ClusterConfig {
+    ClusterConfig {
         nodes: 2,
         ..ClusterConfig::default()
-    };
-    Cluster::start(cfg, Shutdown::new()).await.unwrap()
+    }
+}
+
+async fn cluster() -> Cluster {
+    Cluster::start(two_nodes(), Shutdown::new()).await.unwrap()
+}
+
+/// Two nodes on `tier`; `None` when the real tier is not available here.
+async fn tiered(tier: Tier) -> Option<TestCluster> {
+    TestCluster::start(tier, two_nodes()).await.unwrap()
 }
 
 fn pod_on_node(name: &str) -> Pod {
@@ -401,7 +414,18 @@ async fn drains_each_kind_of_pod_like_kubectl_and_waits_out_a_blocking_pdb() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lifecycle_events_drain_and_return_the_node_through_the_reconciler() {
-    let cluster = cluster().await;
+    lifecycle_events_drain_and_return_the_node(Tier::Simulated).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_tier_lifecycle_events_drain_and_return_the_node_through_the_reconciler() {
+    lifecycle_events_drain_and_return_the_node(Tier::Real).await;
+}
+
+async fn lifecycle_events_drain_and_return_the_node(tier: Tier) {
+    let Some(cluster) = tiered(tier).await else {
+        return;
+    };
     let web = WebSpec {
         replicas: 4,
         min_available: 3,
@@ -410,7 +434,7 @@ async fn lifecycle_events_drain_and_return_the_node_through_the_reconciler() {
     };
     cluster.deploy_web(&web, TIMEOUT).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let client = cluster.api().client(AGENT_USER);
+    let client = cluster.client_as(CHART_AGENT_USER).unwrap();
     let shutdown = Shutdown::new();
     // `auto` sees the CRDs the simulator installs: the reconciler runs, so a kubelet that
     // refuses SLM plugins (its gate is off) does not make the agent unready.
@@ -499,9 +523,20 @@ async fn lifecycle_events_drain_and_return_the_node_through_the_reconciler() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_isolated_by_the_webhook_count_as_remaining_until_deleted() {
+    isolated_pods_count_as_remaining(Tier::Simulated).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_tier_pods_isolated_by_the_webhook_count_as_remaining_until_deleted() {
+    isolated_pods_count_as_remaining(Tier::Real).await;
+}
+
+async fn isolated_pods_count_as_remaining(tier: Tier) {
     use graceful_drain_sim::scenario::actions;
     use graceful_drain_sim::scenario::components::{Components, ComponentsConfig};
-    let cluster = cluster().await;
+    let Some(cluster) = tiered(tier).await else {
+        return;
+    };
     // The webhook holds each evicted pod this long for the load balancers: long enough
     // that the agent's progress (rewritten every 5 s) shows the pods isolated.
     let delay = Duration::from_secs(8);

@@ -9,6 +9,7 @@
 
 pub mod command;
 pub mod scenario;
+pub mod tier;
 pub mod vmhost;
 
 use std::net::SocketAddr;

@@ -1,6 +1,11 @@
 //! End-to-end scenarios of the webhook on the simulated cluster: the real webhook (started
 //! from its documented flags), the simulated API server calling it over HTTPS, the
 //! ReplicaSet/EndpointSlice controllers, kubelets and load balancers with traffic.
+//! The scenarios named `real_tier_*` run the same test on a real control plane
+//! (`graceful_drain_sim::tier`): kube-apiserver calls the webhook, whose token is the
+//! chart's ServiceAccount's under the chart's RBAC, and the real controllers act on what
+//! it does. The others need what only the simulator has (request counts, injected latency
+//! and 429s, client certificates of its own).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
 
@@ -24,7 +29,8 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, ResourceExt};
 use kube_sim::apiserver::ClientCert;
-use kube_sim::cluster::{Cluster, ClusterConfig, WebSpec, wait_for};
+use graceful_drain_sim::tier::{TestCluster, Tier};
+use kube_sim::cluster::{Access, Cluster, ClusterConfig, DataPlane, WebSpec, wait_for};
 use kube_sim::traffic::TrafficConfig;
 use rustls::pki_types::pem::PemObject;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -92,13 +98,13 @@ async fn ready(admin: std::net::SocketAddr) -> bool {
 
 /// Starts `graceful-drain webhook` from its documented flags against `cluster` and
 /// registers it with the configurations [`webhook_configurations`] builds.
-async fn start_webhook(cluster: &Cluster, delay: Duration, timeout_seconds: u32) -> Webhook {
+async fn start_webhook(cluster: &impl Access, delay: Duration, timeout_seconds: u32) -> Webhook {
     start_webhook_with(cluster, delay, timeout_seconds, &[]).await
 }
 
 /// [`start_webhook`] with extra command-line flags.
 async fn start_webhook_with(
-    cluster: &Cluster,
+    cluster: &impl Access,
     delay: Duration,
     timeout_seconds: u32,
     extra: &[&str],
@@ -114,7 +120,7 @@ async fn start_webhook_with(
 /// Starts `graceful-drain webhook` from its documented flags against `cluster`, without
 /// waiting for it to be ready nor registering it.
 async fn launch_webhook(
-    cluster: &Cluster,
+    cluster: &impl Access,
     delay: Duration,
     timeout_seconds: u32,
     extra: &[&str],
@@ -129,8 +135,8 @@ async fn launch_webhook(
     let tls = graceful_drain_core::certs::write(&bundle, dir.path()).unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     cluster
-        .api()
         .write_kubeconfig(&kubeconfig, WEBHOOK_USER)
+        .await
         .unwrap();
     let namespaces: Api<Namespace> = Api::all(cluster.client());
     let ns = serde_json::from_value(serde_json::json!({"metadata": {"name": "graceful-drain"}}))
@@ -162,7 +168,7 @@ async fn launch_webhook(
 }
 
 /// Registers `webhook` with the configurations [`webhook_configurations`] builds.
-async fn register_webhook(cluster: &Cluster, webhook: &Webhook, timeout_seconds: u32) {
+async fn register_webhook(cluster: &DataPlane, webhook: &Webhook, timeout_seconds: u32) {
     let (mutating, validating) = webhook_configurations(&ConfigurationsSpec {
         target: Target::Url(format!("https://127.0.0.1:{}", webhook.listen.port())),
         ca_bundle: Some(webhook.ca.clone()),
@@ -184,6 +190,39 @@ async fn setup(spec: &WebSpec, delay: Duration, timeout_seconds: u32) -> (Cluste
     setup_with(ClusterConfig::default(), spec, delay, timeout_seconds, &[]).await
 }
 
+/// [`setup`] on `tier`; `None` when the real tier is not available here.
+async fn setup_on(
+    tier: Tier,
+    spec: &WebSpec,
+    delay: Duration,
+    timeout_seconds: u32,
+) -> Option<(TestCluster, Webhook)> {
+    graceful_drain_core::runtime::init_tracing(graceful_drain_core::runtime::LogFormat::Text);
+    let cluster = TestCluster::start(tier, ClusterConfig::default())
+        .await
+        .unwrap()?;
+    let webhook = start_webhook(&cluster, delay, timeout_seconds).await;
+    deploy_protected(&cluster, spec).await;
+    Some((cluster, webhook))
+}
+
+/// Deploys `spec` and waits until its PDB is observed: isolation needs an observed PDB,
+/// exactly like an eviction does.
+async fn deploy_protected(cluster: &DataPlane, spec: &WebSpec) {
+    cluster.deploy_web(spec, TIMEOUT).await.unwrap();
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(cluster.client(), &spec.namespace);
+    let allowed = spec.replicas - spec.min_available;
+    wait_for("pdb observed", TIMEOUT, || async {
+        pdbs.get(&spec.name)
+            .await
+            .ok()
+            .and_then(|p| p.status)
+            .is_some_and(|s| s.disruptions_allowed == allowed)
+    })
+    .await
+    .unwrap();
+}
+
 /// [`setup`] on a cluster started from `config`, the webhook given `extra` flags.
 async fn setup_with(
     config: ClusterConfig,
@@ -196,29 +235,17 @@ async fn setup_with(
     graceful_drain_core::runtime::init_tracing(graceful_drain_core::runtime::LogFormat::Text);
     let cluster = Cluster::start(config, Shutdown::new()).await.unwrap();
     let webhook = start_webhook_with(&cluster, delay, timeout_seconds, extra).await;
-    cluster.deploy_web(spec, TIMEOUT).await.unwrap();
-    // Isolation needs an observed PDB, exactly like an eviction does.
-    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(cluster.client(), &spec.namespace);
-    let allowed = spec.replicas - spec.min_available;
-    wait_for("pdb observed", TIMEOUT, || async {
-        pdbs.get(&spec.name)
-            .await
-            .ok()
-            .and_then(|p| p.status)
-            .is_some_and(|s| s.disruptions_allowed == allowed)
-    })
-    .await
-    .unwrap();
+    deploy_protected(&cluster, spec).await;
     (cluster, webhook)
 }
 
-async fn web_pods(cluster: &Cluster, spec: &WebSpec) -> Vec<Pod> {
+async fn web_pods(cluster: &DataPlane, spec: &WebSpec) -> Vec<Pod> {
     let api: Api<Pod> = Api::namespaced(cluster.client(), &spec.namespace);
     api.list(&ListParams::default()).await.unwrap().items
 }
 
 /// The node of the first web pod listed: a node that runs some of the web pods.
-async fn first_web_pod_node(cluster: &Cluster, spec: &WebSpec) -> String {
+async fn first_web_pod_node(cluster: &DataPlane, spec: &WebSpec) -> String {
     web_pods(cluster, spec).await[0]
         .spec
         .as_ref()
@@ -226,7 +253,7 @@ async fn first_web_pod_node(cluster: &Cluster, spec: &WebSpec) -> String {
         .unwrap()
 }
 
-async fn event_reasons(cluster: &Cluster, ns: &str, pod: &str) -> Vec<String> {
+async fn event_reasons(cluster: &DataPlane, ns: &str, pod: &str) -> Vec<String> {
     let api: Api<Event> = Api::namespaced(cluster.client(), ns);
     api.list(&ListParams::default())
         .await
@@ -248,9 +275,20 @@ fn is_draining(pod: &Pod) -> bool {
 /// the webhook itself deletes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eviction_drain_behind_a_lagging_load_balancer_has_no_5xx() {
+    eviction_drain_has_no_5xx(Tier::Simulated).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_tier_eviction_drain_behind_a_lagging_load_balancer_has_no_5xx() {
+    eviction_drain_has_no_5xx(Tier::Real).await;
+}
+
+async fn eviction_drain_has_no_5xx(tier: Tier) {
     let spec = WebSpec::default();
     // The simulated LB takes 3 s to deregister; 5 s of delay covers it.
-    let (cluster, _webhook) = setup(&spec, Duration::from_secs(5), 10).await;
+    let Some((cluster, _webhook)) = setup_on(tier, &spec, Duration::from_secs(5), 10).await else {
+        return;
+    };
     let client = cluster.client();
     let node = cluster.nodes()[0].clone();
     let before = actions::pods_on(&client, &node).await.unwrap();
@@ -264,7 +302,7 @@ async fn eviction_drain_behind_a_lagging_load_balancer_has_no_5xx() {
             max_duration: TIMEOUT,
         },
     );
-    let stats = cluster.api().stats();
+    let stats = cluster.simulated().map(|sim| sim.api().stats());
     let started = Instant::now();
     actions::plain_drain(&client, &node, TIMEOUT).await.unwrap();
     assert!(
@@ -282,11 +320,14 @@ async fn eviction_drain_behind_a_lagging_load_balancer_has_no_5xx() {
             event_reasons(&cluster, "default", &pod.name_any()).await
         );
     }
-    assert_eq!(
-        webhook_removals(&cluster.api().stats().since(&stats)),
-        0,
-        "the drain's own evictions remove its pods"
-    );
+    // Only the simulated API server counts who removed what.
+    if let (Some(sim), Some(stats)) = (cluster.simulated(), stats) {
+        assert_eq!(
+            webhook_removals(&sim.api().stats().since(&stats)),
+            0,
+            "the drain's own evictions remove its pods"
+        );
+    }
 }
 
 /// Concurrent evictions of every pod behind a PDB with one disruption left: exactly one
@@ -475,7 +516,7 @@ async fn webhook_with_client_ca_admits_the_api_servers_certificate_and_refuses_o
     );
 }
 /// Events with `reason` on pod `name` in the default namespace.
-async fn has_event(cluster: &Cluster, pod: &str, reason: &str) -> bool {
+async fn has_event(cluster: &DataPlane, pod: &str, reason: &str) -> bool {
     event_reasons(cluster, "default", pod)
         .await
         .iter()
@@ -487,7 +528,7 @@ async fn has_event(cluster: &Cluster, pod: &str, reason: &str) -> bool {
 const EVENT_WAIT: Duration = Duration::from_secs(5);
 
 /// Whether an Event with `reason` about `pod` (in `default`) arrives within [`EVENT_WAIT`].
-async fn event_arrives(cluster: &Cluster, pod: &str, reason: &str) -> bool {
+async fn event_arrives(cluster: &DataPlane, pod: &str, reason: &str) -> bool {
     wait_for(&format!("{reason} Event about {pod}"), EVENT_WAIT, || {
         has_event(cluster, pod, reason)
     })
@@ -500,12 +541,23 @@ async fn event_arrives(cluster: &Cluster, pod: &str, reason: &str) -> bool {
 /// isolated and held — neither dies unprotected because the budget was spent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_deletes_behind_a_pdb_allowing_one_disruption_are_both_isolated() {
+    two_deletes_both_isolated(Tier::Simulated).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_tier_two_deletes_behind_a_pdb_allowing_one_disruption_are_both_isolated() {
+    two_deletes_both_isolated(Tier::Real).await;
+}
+
+async fn two_deletes_both_isolated(tier: Tier) {
     let spec = WebSpec {
         replicas: 10,
         min_available: 9,
         ..WebSpec::default()
     };
-    let (cluster, _webhook) = setup(&spec, Duration::from_secs(30), 4).await;
+    let Some((cluster, _webhook)) = setup_on(tier, &spec, Duration::from_secs(30), 4).await else {
+        return;
+    };
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
     let victims: Vec<String> = web_pods(&cluster, &spec)
         .await
@@ -534,12 +586,23 @@ async fn two_deletes_behind_a_pdb_allowing_one_disruption_are_both_isolated() {
 /// pod the caller did not mean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eviction_with_a_stale_uid_precondition_never_isolates_the_live_pod() {
+    stale_uid_eviction(Tier::Simulated).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_tier_eviction_with_a_stale_uid_precondition_never_isolates_the_live_pod() {
+    stale_uid_eviction(Tier::Real).await;
+}
+
+async fn stale_uid_eviction(tier: Tier) {
     let spec = WebSpec {
         replicas: 3,
         min_available: 1,
         ..WebSpec::default()
     };
-    let (cluster, _webhook) = setup(&spec, Duration::from_secs(30), 10).await;
+    let Some((cluster, _webhook)) = setup_on(tier, &spec, Duration::from_secs(30), 10).await else {
+        return;
+    };
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
     let victim = web_pods(&cluster, &spec).await.remove(0).name_any();
     let body = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
@@ -568,18 +631,24 @@ async fn eviction_with_a_stale_uid_precondition_never_isolates_the_live_pod() {
 /// until the pods are due, which kubectl retries until its eviction deletes them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_kubectl_drain_works_while_isolated_pods_wait() {
+    second_kubectl_drain(Tier::Simulated).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_tier_a_second_kubectl_drain_works_while_isolated_pods_wait() {
+    second_kubectl_drain(Tier::Real).await;
+}
+
+async fn second_kubectl_drain(tier: Tier) {
     let spec = WebSpec {
         replicas: 4,
         min_available: 1,
         ..WebSpec::default()
     };
-    let (cluster, _webhook) = setup(&spec, Duration::from_secs(15), 10).await;
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    cluster
-        .api()
-        .write_kubeconfig(&kubeconfig, "admin")
-        .unwrap();
+    let Some((cluster, _webhook)) = setup_on(tier, &spec, Duration::from_secs(15), 10).await else {
+        return;
+    };
+    let kubeconfig = cluster.admin_kubeconfig().to_path_buf();
     let client = cluster.client();
     let node = first_web_pod_node(&cluster, &spec).await;
     let drain = [
@@ -657,7 +726,7 @@ async fn a_second_kubectl_drain_works_while_isolated_pods_wait() {
 }
 
 /// Scales Deployment `name` in the default namespace to `replicas`.
-async fn scale(cluster: &Cluster, name: &str, replicas: i32) {
+async fn scale(cluster: &DataPlane, name: &str, replicas: i32) {
     Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(cluster.client(), "default")
         .patch(
             name,
@@ -681,12 +750,23 @@ fn left_to_the_deleter(pod: &Pod) -> bool {
 /// the webhook.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scaled_down_pod_is_evicted_by_the_deferred_deleter_and_becomes_a_disruption_target() {
+    scaled_down_pod_evicted_by_the_deleter(Tier::Simulated).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_tier_a_scaled_down_pod_is_evicted_by_the_deferred_deleter_and_becomes_a_disruption_target() {
+    scaled_down_pod_evicted_by_the_deleter(Tier::Real).await;
+}
+
+async fn scaled_down_pod_evicted_by_the_deleter(tier: Tier) {
     let spec = WebSpec {
         replicas: 2,
         min_available: 1,
         ..WebSpec::default()
     };
-    let (cluster, _webhook) = setup(&spec, Duration::from_secs(2), 10).await;
+    let Some((cluster, _webhook)) = setup_on(tier, &spec, Duration::from_secs(2), 10).await else {
+        return;
+    };
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
     // Every version of every isolated pod until the scaled-down one is gone: the eviction
     // marks it, then deletes it (the simulated kubelet rewrites the conditions while it

@@ -1,6 +1,10 @@
-//! End-to-end: LifecycleEvents on the simulated cluster, driven by the real node agents
-//! (drain engine + SLM sockets) and their lifecycle reconcilers, created with the real
-//! `kubectl` and the `graceful-drain` binary.
+//! End-to-end: LifecycleEvents driven by the real node agents (drain engine + SLM
+//! sockets) and their lifecycle reconcilers, created with the real `kubectl` and the
+//! `graceful-drain` binary. The drains run on both tiers (`graceful_drain_sim::tier`): the
+//! simulated cluster and a real control plane, the agents acting as the chart's
+//! ServiceAccount under its RBAC. The seed-group tests run on the simulated cluster only:
+//! the real tier serves upstream's `lifecycle.k8s.io`, which leaves no seed group to play
+//! (the real tier's `seed-group-drain` row covers it with the EvictionRequest API off).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -21,7 +25,8 @@ use graceful_drain_core::runtime::Shutdown;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{ListParams, WatchEvent, WatchParams};
 use kube::{Api, ResourceExt};
-use kube_sim::cluster::{Cluster, ClusterConfig, WebSpec, wait_for};
+use graceful_drain_sim::tier::{TestCluster, Tier};
+use kube_sim::cluster::{ClusterConfig, WebSpec, wait_for};
 
 /// Bound for any convergence here; runs take a few seconds.
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -34,7 +39,7 @@ struct AgentCli {
 }
 
 struct Env {
-    cluster: Cluster,
+    cluster: TestCluster,
     dir: tempfile::TempDir,
     kubeconfig: PathBuf,
     sla: String,
@@ -65,7 +70,7 @@ impl Env {
 
 /// Starts the node agent of `node` (reconciler in auto mode) under a child of `parent`.
 async fn start_agent(
-    cluster: &Cluster,
+    cluster: &TestCluster,
     dir: &Path,
     node: &str,
     sla: &str,
@@ -80,10 +85,10 @@ async fn start_agent(
     std::fs::create_dir_all(&command.registry_dir).unwrap();
     let args = AgentCli::try_parse_from(command.argv()).unwrap().args;
     let token = parent.child_token();
-    let started =
-        graceful_drain_agent::start(args, cluster.api().client(AGENT_USER), token.clone())
-            .await
-            .unwrap();
+    let client = cluster.client_as(AGENT_USER).unwrap();
+    let started = graceful_drain_agent::start(args, client, token.clone())
+        .await
+        .unwrap();
     (token, tokio::spawn(started.wait()))
 }
 
@@ -96,38 +101,31 @@ impl Drop for AgentsStop {
     }
 }
 
-/// A cluster with `spec` deployed and one node agent (reconciler on) per node.
-async fn env(spec: &WebSpec, sla: &str) -> Env {
-    env_with(spec, sla, false, &[]).await
+/// A cluster of `tier` with `spec` deployed and one node agent (reconciler on) per node;
+/// `None` when the real tier is not available here.
+async fn env(tier: Tier, spec: &WebSpec, sla: &str) -> Option<Env> {
+    env_with(tier, spec, sla, false, &[]).await
 }
 
 /// [`env`], with the seed-group CRDs (the chart's `lifecycleCrds.seedGroup`) installed
 /// before the agents start when `seed_group`, and `old_events` (seed-group LifecycleEvents
 /// with their status, as an earlier release left them) created before the agents start.
 async fn env_with(
+    tier: Tier,
     spec: &WebSpec,
     sla: &str,
     seed_group: bool,
     old_events: &[serde_json::Value],
-) -> Env {
-    graceful_drain_core::runtime::install_crypto_provider();
+) -> Option<Env> {
     graceful_drain_core::runtime::init_tracing(graceful_drain_core::runtime::LogFormat::Text);
-    let cluster = Cluster::start(
-        ClusterConfig {
-            nodes: 2,
-            ..ClusterConfig::default()
-        },
-        Shutdown::new(),
-    )
-    .await
-    .unwrap();
+    let cfg = ClusterConfig {
+        nodes: 2,
+        ..ClusterConfig::default()
+    };
+    let cluster = TestCluster::start(tier, cfg).await.unwrap()?;
     cluster.deploy_web(spec, TIMEOUT).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    cluster
-        .api()
-        .write_kubeconfig(&kubeconfig, "admin")
-        .unwrap();
+    let kubeconfig = cluster.admin_kubeconfig().to_path_buf();
     // The committed CRDs (what the chart installs) replace the simulator's defaults.
     let crds = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -186,14 +184,14 @@ async fn env_with(
     })
     .await
     .unwrap();
-    Env {
+    Some(Env {
         cluster,
         dir,
         kubeconfig,
         sla: sla.to_string(),
         agents,
         stop: AgentsStop(stop),
-    }
+    })
 }
 
 /// Every version of every LifecycleEvent from now on: (watch type, name, claimStatus,
@@ -299,7 +297,9 @@ async fn a_seed_group_event_applied_with_kubectl_drains_through_its_mirror() {
         grace_period_seconds: 1,
         ..WebSpec::default()
     };
-    let env = env_with(&spec, "5m", true, &[]).await;
+    let env = env_with(Tier::Simulated, &spec, "5m", true, &[])
+        .await
+        .unwrap();
     let client = env.cluster.client();
     let seeds: Api<DynamicObject> = Api::all_with(client.clone(), &seed::seed_resource());
     let rv = seeds
@@ -370,7 +370,9 @@ async fn a_seed_group_event_applied_with_kubectl_drains_through_its_mirror() {
 async fn a_seed_event_its_mirror_finished_is_not_failed_by_a_stale_view() {
     use graceful_drain_agent::reconciler::seed;
     use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
-    let env = env_with(&WebSpec::default(), "5m", true, &[]).await;
+    let env = env_with(Tier::Simulated, &WebSpec::default(), "5m", true, &[])
+        .await
+        .unwrap();
     let client = env.cluster.client();
     let seeds: Api<DynamicObject> = Api::all_with(client.clone(), &seed::seed_resource());
     // Bound to a node no agent serves, so only this test's bridge acts on it.
@@ -458,7 +460,9 @@ async fn an_event_in_flight_in_the_old_group_finishes_after_the_upgrade() {
         "spec": {"transitionName": "graceful-drain", "bindingNode": "worker-2"},
         "status": {"claimStatus": "Claimed", "driver": "graceful-drain.io"}
     });
-    let env = env_with(&spec, "5m", true, &[in_flight]).await;
+    let env = env_with(Tier::Simulated, &spec, "5m", true, &[in_flight])
+        .await
+        .unwrap();
     let client = env.cluster.client();
     let seeds: Api<kube::api::DynamicObject> =
         Api::all_with(client.clone(), &seed::seed_resource());
@@ -472,13 +476,24 @@ async fn an_event_in_flight_in_the_old_group_finishes_after_the_upgrade() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_applied_event_drains_and_a_later_one_drains_again() {
+    applied_event_drains_and_a_later_one_drains_again(Tier::Simulated).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_tier_kubectl_applied_event_drains_and_a_later_one_drains_again() {
+    applied_event_drains_and_a_later_one_drains_again(Tier::Real).await;
+}
+
+async fn applied_event_drains_and_a_later_one_drains_again(tier: Tier) {
     let spec = WebSpec {
         replicas: 4,
         min_available: 3,
         grace_period_seconds: 1,
         ..WebSpec::default()
     };
-    let env = env(&spec, "5m").await;
+    let Some(env) = env(tier, &spec, "5m").await else {
+        return;
+    };
     let client = env.cluster.client();
     let events: Api<LifecycleEvent> = Api::all(client.clone());
     let seen = record_events(client.clone()).await;
@@ -577,6 +592,15 @@ async fn kubectl_applied_event_drains_and_a_later_one_drains_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_blocked_past_its_sla_fails_and_names_the_blocking_pods() {
+    blocked_past_its_sla(Tier::Simulated).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_tier_drain_blocked_past_its_sla_fails_and_names_the_blocking_pods() {
+    blocked_past_its_sla(Tier::Real).await;
+}
+
+async fn blocked_past_its_sla(tier: Tier) {
     // minAvailable equals replicas: the PDB never allows an eviction.
     let spec = WebSpec {
         replicas: 2,
@@ -585,7 +609,9 @@ async fn drain_blocked_past_its_sla_fails_and_names_the_blocking_pods() {
         ..WebSpec::default()
     };
     // Long enough for the first eviction to be refused by the PDB before the deadline.
-    let env = env(&spec, "8s").await;
+    let Some(env) = env(tier, &spec, "8s").await else {
+        return;
+    };
     let client = env.cluster.client();
     let on_worker_1 = pods_on(&client, "worker-1", "web").await;
     let node = if on_worker_1 > 0 {
@@ -615,6 +641,15 @@ async fn drain_blocked_past_its_sla_fails_and_names_the_blocking_pods() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_restart_mid_drain_resumes_without_a_second_start() {
+    agent_restart_mid_drain(Tier::Simulated).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_tier_agent_restart_mid_drain_resumes_without_a_second_start() {
+    agent_restart_mid_drain(Tier::Real).await;
+}
+
+async fn agent_restart_mid_drain(tier: Tier) {
     // The PDB blocks every eviction until the test lowers it, so the drain is surely
     // running when the agent (and its reconciler) restarts.
     let spec = WebSpec {
@@ -623,7 +658,9 @@ async fn agent_restart_mid_drain_resumes_without_a_second_start() {
         grace_period_seconds: 1,
         ..WebSpec::default()
     };
-    let mut env = env(&spec, "5m").await;
+    let Some(mut env) = env(tier, &spec, "5m").await else {
+        return;
+    };
     let client = env.cluster.client();
     let node = if pods_on(&client, "worker-1", "web").await > 0 {
         "worker-1"
