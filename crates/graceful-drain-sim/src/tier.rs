@@ -25,8 +25,10 @@ use crate::scenario::components::TempDir;
 use crate::scenario::real::apply_chart_rbac;
 
 /// The variable that names the kubeconfig of the user's own cluster for the real tier
-/// (instead of a control plane of ours). The cluster should be a dedicated one: the tests
-/// register simulated Nodes (`worker-N`) and run their workloads in `default`.
+/// (instead of a control plane of ours). The cluster must be a disposable one: the tests
+/// register simulated Nodes (`worker-N`), run their workloads in `default` and install
+/// graceful-drain, and before each test the tier removes what an earlier one left
+/// ([`reset_shared`]).
 pub const KUBECONFIG_VAR: &str = "GRACEFUL_DRAIN_TEST_KUBECONFIG";
 
 /// Which cluster a test runs on.
@@ -48,8 +50,8 @@ impl fmt::Display for Tier {
 }
 
 enum Inner {
-    Simulated(Cluster),
-    Real(RealCluster),
+    Simulated(Box<Cluster>),
+    Real(Box<RealCluster>),
 }
 
 /// A cluster of either tier with the data plane attached; derefs to the [`DataPlane`]
@@ -103,6 +105,9 @@ pub enum Error {
     /// The chart's RBAC could not be applied on the real tier.
     #[error("apply the chart's RBAC: {0}")]
     Rbac(String),
+    /// What an earlier test left on the user's cluster could not be removed.
+    #[error("reset the shared cluster {0}")]
+    Reset(String),
 }
 
 /// What the real tier runs on here, if anything: the user's cluster or our control plane.
@@ -160,7 +165,7 @@ impl TestCluster {
                     .write_kubeconfig(&admin_kubeconfig, "admin")
                     .map_err(Error::Scratch)?;
                 Ok(Some(TestCluster {
-                    inner: Inner::Simulated(cluster),
+                    inner: Inner::Simulated(Box::new(cluster)),
                     admin_kubeconfig,
                     plane: None,
                     dir,
@@ -171,7 +176,10 @@ impl TestCluster {
                     return Ok(None);
                 };
                 let (kubeconfig, plane) = match target {
-                    Ok(path) => (path, None),
+                    Ok(path) => {
+                        reset_shared(&path).await?;
+                        (path, None)
+                    }
                     Err(options) => {
                         let path = dir.path().join("control-plane");
                         let versions = kube_control_plane::Versions::default().to_string();
@@ -192,7 +200,7 @@ impl TestCluster {
                 };
                 let cluster = RealCluster::attach(cfg, &kubeconfig, shutdown).await?;
                 Ok(Some(TestCluster {
-                    inner: Inner::Real(cluster),
+                    inner: Inner::Real(Box::new(cluster)),
                     admin_kubeconfig: kubeconfig,
                     plane,
                     dir,
@@ -225,20 +233,19 @@ impl TestCluster {
         match &self.inner {
             Inner::Simulated(c) => Ok(c.api().client(user)),
             Inner::Real(c) => {
-                let groups: Vec<String> =
-                    match user.strip_prefix("system:serviceaccount:") {
-                        Some(rest) => {
-                            let ns = rest.split(':').next().unwrap_or_default();
-                            vec![
-                                "system:serviceaccounts".to_string(),
-                                format!("system:serviceaccounts:{ns}"),
-                            ]
-                        }
-                        None if user.starts_with("system:node:") => {
-                            vec!["system:nodes".to_string()]
-                        }
-                        None => Vec::new(),
-                    };
+                let groups: Vec<String> = match user.strip_prefix("system:serviceaccount:") {
+                    Some(rest) => {
+                        let ns = rest.split(':').next().unwrap_or_default();
+                        vec![
+                            "system:serviceaccounts".to_string(),
+                            format!("system:serviceaccounts:{ns}"),
+                        ]
+                    }
+                    None if user.starts_with("system:node:") => {
+                        vec!["system:nodes".to_string()]
+                    }
+                    None => Vec::new(),
+                };
                 let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
                 Ok(c.client_as(user, &groups)?)
             }
@@ -263,4 +270,199 @@ impl TestCluster {
             .map(|p| p.log_tails(20))
             .unwrap_or_default()
     }
+}
+
+/// Removes from the user's cluster what an earlier test left there, so each test starts
+/// as on a fresh control plane: the workloads, PDBs, Services (but `kubernetes`) and pods
+/// of `default`, every LifecycleEvent, graceful-drain's webhook configurations, the
+/// `worker-N` Nodes the data plane registered, and the release namespace `graceful-drain`.
+/// Waits (bounded) until the pods and the namespace are gone.
+pub async fn reset_shared(kubeconfig: &Path) -> Result<(), Error> {
+    use k8s_openapi::api::admissionregistration::v1::{
+        MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    };
+    use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+    use k8s_openapi::api::batch::v1::Job;
+    use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use kube::Api;
+    use kube::api::{DeleteParams, ListParams};
+
+    let client = kube_client(kubeconfig).await?;
+    let failed = |what: &str, e: kube::Error| {
+        Error::Reset(format!(
+            "{} ({}): {what}: {e}",
+            kubeconfig.display(),
+            KUBECONFIG_VAR
+        ))
+    };
+    let gone = |r: kube::Result<()>| match r {
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        r => r,
+    };
+    let all = ListParams::default();
+    let now = DeleteParams {
+        grace_period_seconds: Some(0),
+        propagation_policy: Some(kube::api::PropagationPolicy::Background),
+        ..DeleteParams::default()
+    };
+    macro_rules! delete_all {
+        ($kind:ty, $what:literal) => {
+            gone(
+                Api::<$kind>::namespaced(client.clone(), "default")
+                    .delete_collection(&now, &all)
+                    .await
+                    .map(|_| ()),
+            )
+            .map_err(|e| failed($what, e))?;
+        };
+    }
+    delete_all!(Deployment, "delete the deployments of default");
+    delete_all!(StatefulSet, "delete the statefulsets of default");
+    delete_all!(DaemonSet, "delete the daemonsets of default");
+    delete_all!(Job, "delete the jobs of default");
+    delete_all!(PodDisruptionBudget, "delete the PDBs of default");
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    for service in services
+        .list(&all)
+        .await
+        .map_err(|e| failed("list the services of default", e))?
+    {
+        let name = service.metadata.name.unwrap_or_default();
+        if name != "kubernetes" {
+            gone(services.delete(&name, &now).await.map(|_| ()))
+                .map_err(|e| failed(&format!("delete service default/{name}"), e))?;
+        }
+    }
+    delete_all!(Pod, "delete the pods of default");
+    let events: Api<graceful_drain_core::lifecycle::LifecycleEvent> = Api::all(client.clone());
+    gone(events.delete_collection(&now, &all).await.map(|_| ()))
+        .map_err(|e| failed("delete the lifecycleevents", e))?;
+    let ours = |name: &str| name.starts_with("graceful-drain");
+    let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    for c in mutating
+        .list(&all)
+        .await
+        .map_err(|e| failed("list the mutating webhook configurations", e))?
+    {
+        let name = c.metadata.name.unwrap_or_default();
+        if ours(&name) {
+            gone(mutating.delete(&name, &now).await.map(|_| ()))
+                .map_err(|e| failed(&format!("delete mutatingwebhookconfiguration {name}"), e))?;
+        }
+    }
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    for c in validating
+        .list(&all)
+        .await
+        .map_err(|e| failed("list the validating webhook configurations", e))?
+    {
+        let name = c.metadata.name.unwrap_or_default();
+        if ours(&name) {
+            gone(validating.delete(&name, &now).await.map(|_| ()))
+                .map_err(|e| failed(&format!("delete validatingwebhookconfiguration {name}"), e))?;
+        }
+    }
+    let nodes: Api<Node> = Api::all(client.clone());
+    for node in nodes
+        .list(&all)
+        .await
+        .map_err(|e| failed("list the nodes", e))?
+    {
+        let name = node.metadata.name.unwrap_or_default();
+        if name
+            .strip_prefix("worker-")
+            .is_some_and(|n| n.parse::<u32>().is_ok())
+        {
+            gone(nodes.delete(&name, &now).await.map(|_| ()))
+                .map_err(|e| failed(&format!("delete node {name}"), e))?;
+        }
+    }
+    let release = crate::scenario::components::NAMESPACE;
+    gone(
+        Api::<Namespace>::all(client.clone())
+            .delete(release, &now)
+            .await
+            .map(|_| ()),
+    )
+    .map_err(|e| failed(&format!("delete namespace {release}"), e))?;
+    // Pods a deleted Node held are the garbage collector's to remove: wait for them, and
+    // for the namespace (the webhook's uninstall finalizers, when an earlier test's
+    // webhook died holding them, are released here as its uninstall would).
+    release_uninstall_finalizers(&client, release).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    kube_sim::cluster::wait_for("the shared cluster reset", RESET_WAIT, || async {
+        let pods_left = pods.list(&all).await.map_or(true, |l| !l.items.is_empty());
+        let namespace_left = !matches!(namespaces.get_opt(release).await, Ok(None));
+        !pods_left && !namespace_left
+    })
+    .await?;
+    Ok(())
+}
+
+/// How long [`reset_shared`] waits for the namespace and the pods to go.
+const RESET_WAIT: std::time::Duration = std::time::Duration::from_secs(90);
+
+/// Removes the finalizer `graceful-drain.io/uninstall` from the webhook's
+/// ClusterRoleBinding and ServiceAccount of a release in `namespace`, and deletes the
+/// objects Helm keeps for that uninstall work (labelled with the release).
+async fn release_uninstall_finalizers(client: &kube::Client, namespace: &str) {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    use kube::Api;
+    use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+    let release = ListParams::default().labels(&format!("app.kubernetes.io/instance={namespace}"));
+    let clear = Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}}));
+    let params = PatchParams::default();
+    let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
+    for b in bindings
+        .list(&release)
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        let name = b.metadata.name.unwrap_or_default();
+        let _ = bindings.patch(&name, &params, &clear).await;
+        let _ = bindings.delete(&name, &DeleteParams::default()).await;
+    }
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    for a in accounts
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        let name = a.metadata.name.unwrap_or_default();
+        let _ = accounts.patch(&name, &params, &clear).await;
+    }
+    let roles: Api<ClusterRole> = Api::all(client.clone());
+    for r in roles
+        .list(&release)
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        let _ = roles
+            .delete(
+                &r.metadata.name.unwrap_or_default(),
+                &DeleteParams::default(),
+            )
+            .await;
+    }
+}
+
+async fn kube_client(kubeconfig: &Path) -> Result<kube::Client, Error> {
+    let err = |reason: String| {
+        Error::Reset(format!(
+            "{} ({KUBECONFIG_VAR}): {reason}",
+            kubeconfig.display()
+        ))
+    };
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).map_err(|e| err(e.to_string()))?;
+    let config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(|e| err(e.to_string()))?;
+    kube::Client::try_from(config).map_err(|e| err(e.to_string()))
 }

@@ -20,6 +20,7 @@ use graceful_drain_core::labels::{
 };
 use graceful_drain_core::runtime::Shutdown;
 use graceful_drain_sim::scenario::actions;
+use graceful_drain_sim::tier::{TestCluster, Tier};
 use graceful_drain_webhook::{ConfigurationsSpec, Target, webhook_configurations};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
@@ -29,7 +30,6 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, ResourceExt};
 use kube_sim::apiserver::ClientCert;
-use graceful_drain_sim::tier::{TestCluster, Tier};
 use kube_sim::cluster::{Access, Cluster, ClusterConfig, DataPlane, WebSpec, wait_for};
 use kube_sim::traffic::TrafficConfig;
 use rustls::pki_types::pem::PemObject;
@@ -422,8 +422,19 @@ async fn delete_is_held_within_the_webhook_timeout_then_allowed() {
 /// isolates the pod and is held until the load balancer let go — no request fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rollout_behind_a_lagging_load_balancer_has_no_5xx() {
+    rollout_has_no_5xx(Tier::Simulated).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_tier_rollout_behind_a_lagging_load_balancer_has_no_5xx() {
+    rollout_has_no_5xx(Tier::Real).await;
+}
+
+async fn rollout_has_no_5xx(tier: Tier) {
     let spec = WebSpec::default();
-    let (cluster, _webhook) = setup(&spec, Duration::from_secs(5), 10).await;
+    let Some((cluster, _webhook)) = setup_on(tier, &spec, Duration::from_secs(5), 10).await else {
+        return;
+    };
     let client = cluster.client();
     let traffic = cluster.traffic(
         &spec,
@@ -754,7 +765,8 @@ async fn a_scaled_down_pod_is_evicted_by_the_deferred_deleter_and_becomes_a_disr
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn real_tier_a_scaled_down_pod_is_evicted_by_the_deferred_deleter_and_becomes_a_disruption_target() {
+async fn real_tier_a_scaled_down_pod_is_evicted_by_the_deferred_deleter_and_becomes_a_disruption_target()
+ {
     scaled_down_pod_evicted_by_the_deleter(Tier::Real).await;
 }
 
@@ -1063,7 +1075,7 @@ enum Evicted {
 
 /// Evicts `name` through the eviction API as the admin (what `kubectl drain` sends);
 /// panics unless it goes through or is refused while the pod deregisters.
-async fn evict(cluster: &Cluster, name: &str) -> Evicted {
+async fn evict(cluster: &DataPlane, name: &str) -> Evicted {
     let answer = try_evict(cluster, name).await;
     if let Some(retry) = deregistering(&answer) {
         return Evicted::Deregistering(retry);
@@ -1086,7 +1098,7 @@ fn deregistering(result: &Result<serde_json::Value, kube::Error>) -> Option<u32>
 
 /// Evicts `name` as the admin every second, as a drain retrying its 429s does, until
 /// the eviction goes through (or the pod is gone); panics after `within`.
-async fn evict_until_gone(cluster: &Cluster, name: &str, within: Duration) {
+async fn evict_until_gone(cluster: &DataPlane, name: &str, within: Duration) {
     let deadline = Instant::now() + within;
     loop {
         match try_evict(cluster, name).await {
@@ -1129,12 +1141,23 @@ fn controller_kind(pod: &Pod) -> Option<String> {
 /// Warning Event naming the Service.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statefulset_pods_leave_their_service_but_never_their_statefulset() {
+    statefulset_pods_stay_their_statefulsets(Tier::Simulated).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_tier_statefulset_pods_leave_their_service_but_never_their_statefulset() {
+    statefulset_pods_stay_their_statefulsets(Tier::Real).await;
+}
+
+async fn statefulset_pods_stay_their_statefulsets(tier: Tier) {
     use graceful_drain_sim::scenario::spec::Workload;
     use graceful_drain_sim::scenario::workloads;
-    graceful_drain_core::runtime::install_crypto_provider();
-    let cluster = Cluster::start(ClusterConfig::default(), Shutdown::new())
+    let Some(cluster) = TestCluster::start(tier, ClusterConfig::default())
         .await
-        .unwrap();
+        .unwrap()
+    else {
+        return;
+    };
     let _webhook = start_webhook(&cluster, Duration::from_secs(30), 10).await;
     let web = WebSpec {
         replicas: 3,
@@ -1290,7 +1313,7 @@ async fn a_held_member_stays_disrupted_in_its_pdb_past_the_deletion_timeout() {
 }
 
 /// Merge-patches pod `name` in the default namespace as the admin.
-async fn patch_pod(cluster: &Cluster, name: &str, patch: serde_json::Value) {
+async fn patch_pod(cluster: &DataPlane, name: &str, patch: serde_json::Value) {
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
     pods.patch(
         name,
@@ -1302,7 +1325,7 @@ async fn patch_pod(cluster: &Cluster, name: &str, patch: serde_json::Value) {
 }
 
 /// Evicts `name` in the default namespace as the admin, returning the API's answer.
-async fn try_evict(cluster: &Cluster, name: &str) -> Result<serde_json::Value, kube::Error> {
+async fn try_evict(cluster: &DataPlane, name: &str) -> Result<serde_json::Value, kube::Error> {
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
     let body = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
         "metadata": {"name": name, "namespace": "default"}});
@@ -1319,7 +1342,7 @@ fn too_many_requests(result: &Result<serde_json::Value, kube::Error>) -> Option<
 }
 
 /// Whether the live PDB `web` is observed at its generation and allows `allowed`.
-async fn pdb_allows(cluster: &Cluster, allowed: i32) -> bool {
+async fn pdb_allows(cluster: &DataPlane, allowed: i32) -> bool {
     let pdbs: Api<PodDisruptionBudget> = Api::namespaced(cluster.client(), "default");
     let Ok(pdb) = pdbs.get("web").await else {
         return false;

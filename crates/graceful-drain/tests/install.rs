@@ -32,11 +32,11 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use base64::Engine;
+use graceful_drain_sim::tier::{TestCluster, Tier};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
-use graceful_drain_sim::tier::{TestCluster, Tier};
 use kube_sim::cluster::{Access, ClusterConfig, WebSpec, wait_for};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -313,7 +313,13 @@ const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../charts/graceful-
 /// `ExternalName` of `localhost`, before anything could make kube-apiserver call it, and
 /// the serving certificate is written under `tls_dir` as the Secret's volume would hold
 /// it. Returns the release's manifests.
-fn helm_install(helm_bin: &Path, admin: &Path, dir: &Path, port: u16, tls_dir: &Path) -> Vec<Value> {
+fn helm_install(
+    helm_bin: &Path,
+    admin: &Path,
+    dir: &Path,
+    port: u16,
+    tls_dir: &Path,
+) -> Vec<Value> {
     let port = format!("webhook.service.port={port}");
     helm(
         helm_bin,
@@ -341,12 +347,27 @@ fn helm_install(helm_bin: &Path, admin: &Path, dir: &Path, port: u16, tls_dir: &
     kubectl::stdout(
         admin,
         &[
-            "-n", NAMESPACE, "patch", "service", NAME, "--type=merge", "-p", external,
+            "-n",
+            NAMESPACE,
+            "patch",
+            "service",
+            NAME,
+            "--type=merge",
+            "-p",
+            external,
         ],
     );
     let secret: Value = serde_json::from_str(&kubectl::stdout(
         admin,
-        &["-n", NAMESPACE, "get", "secret", &format!("{NAME}-tls"), "-o", "json"],
+        &[
+            "-n",
+            NAMESPACE,
+            "get",
+            "secret",
+            &format!("{NAME}-tls"),
+            "-o",
+            "json",
+        ],
     ))
     .unwrap();
     std::fs::create_dir_all(tls_dir).unwrap();

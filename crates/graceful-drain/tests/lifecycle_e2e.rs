@@ -22,10 +22,10 @@ use graceful_drain_core::labels::{
 };
 use graceful_drain_core::lifecycle::LifecycleEvent;
 use graceful_drain_core::runtime::Shutdown;
+use graceful_drain_sim::tier::{TestCluster, Tier};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{ListParams, WatchEvent, WatchParams};
 use kube::{Api, ResourceExt};
-use graceful_drain_sim::tier::{TestCluster, Tier};
 use kube_sim::cluster::{ClusterConfig, WebSpec, wait_for};
 
 /// Bound for any convergence here; runs take a few seconds.
