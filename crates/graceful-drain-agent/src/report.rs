@@ -273,7 +273,7 @@ impl NodeEvents {
                 ..ObjectReference::default()
             },
             reason: Some(reason.into()),
-            message: Some(message),
+            message: Some(graceful_drain_core::event::message(message)),
             type_: Some(
                 match type_ {
                     EventType::Normal => "Normal",

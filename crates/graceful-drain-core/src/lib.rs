@@ -12,6 +12,7 @@ pub mod backoff;
 pub mod certs;
 pub mod duration;
 pub mod error;
+pub mod event;
 pub mod kubeclient;
 pub mod labels;
 pub mod lifecycle;

@@ -76,6 +76,23 @@ impl Deref for TestCluster {
     }
 }
 
+impl Drop for TestCluster {
+    /// When the test failed (it is panicking), prints the last lines of each control-plane
+    /// component's log and keeps the logs folder, whose path it prints.
+    fn drop(&mut self) {
+        let Some(plane) = self.plane.as_ref().filter(|_| std::thread::panicking()) else {
+            return;
+        };
+        eprintln!("{}", plane.log_tails(30));
+        let kept =
+            std::env::temp_dir().join(format!("gd-tier-failed-{}", uuid::Uuid::new_v4().simple()));
+        match std::fs::rename(plane.dir().join("logs"), &kept) {
+            Ok(()) => eprintln!("control-plane logs kept in {}", kept.display()),
+            Err(e) => eprintln!("control-plane logs not kept: {e}"),
+        }
+    }
+}
+
 impl Access for TestCluster {
     async fn write_kubeconfig(&self, path: &Path, user: &str) -> kube_sim::cluster::Result<()> {
         match &self.inner {
@@ -105,6 +122,14 @@ pub enum Error {
     /// The chart's RBAC could not be applied on the real tier.
     #[error("apply the chart's RBAC: {0}")]
     Rbac(String),
+    /// A client for a user could not be built from its kubeconfig.
+    #[error("client for {user}: {reason}")]
+    Client {
+        /// The user.
+        user: String,
+        /// Why.
+        reason: String,
+    },
     /// What an earlier test left on the user's cluster could not be removed.
     #[error("reset the shared cluster {0}")]
     Reset(String),
@@ -225,31 +250,32 @@ impl TestCluster {
         }
     }
 
-    /// A client acting as `user` — a ServiceAccount of the chart
-    /// (`system:serviceaccount:NS:NAME`) or `system:node:NODE` — judged by the cluster's
-    /// authorization as that user (impersonated on the real tier, with the groups such a
-    /// user carries).
-    pub fn client_as(&self, user: &str) -> Result<kube::Client, Error> {
-        match &self.inner {
-            Inner::Simulated(c) => Ok(c.api().client(user)),
-            Inner::Real(c) => {
-                let groups: Vec<String> = match user.strip_prefix("system:serviceaccount:") {
-                    Some(rest) => {
-                        let ns = rest.split(':').next().unwrap_or_default();
-                        vec![
-                            "system:serviceaccounts".to_string(),
-                            format!("system:serviceaccounts:{ns}"),
-                        ]
-                    }
-                    None if user.starts_with("system:node:") => {
-                        vec!["system:nodes".to_string()]
-                    }
-                    None => Vec::new(),
-                };
-                let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
-                Ok(c.client_as(user, &groups)?)
-            }
+    /// A client acting as `user`, judged by the cluster's authorization as that user: on
+    /// the real tier a ServiceAccount (`system:serviceaccount:NS:NAME`, a chart's) gets a
+    /// token from the TokenRequest API, as `kubectl create token` gives one, and any other
+    /// user (`system:node:NODE`) is impersonated with the groups it carries.
+    pub async fn client_as(&self, user: &str) -> Result<kube::Client, Error> {
+        let real = match &self.inner {
+            Inner::Simulated(c) => return Ok(c.api().client(user)),
+            Inner::Real(c) => c,
+        };
+        if user.starts_with("system:serviceaccount:") {
+            let path = self
+                .dir
+                .path()
+                .join(format!("{}.kubeconfig", user.replace(':', "_")));
+            real.write_kubeconfig(&path, user).await?;
+            return kube_client(&path).await.map_err(|reason| Error::Client {
+                user: user.to_string(),
+                reason,
+            });
         }
+        let groups: &[&str] = if user.starts_with("system:node:") {
+            &["system:nodes"]
+        } else {
+            &[]
+        };
+        Ok(real.client_as(user, groups)?)
     }
 
     /// A kubeconfig of a cluster administrator, for `kubectl` and our CLI.
@@ -288,7 +314,9 @@ pub async fn reset_shared(kubeconfig: &Path) -> Result<(), Error> {
     use kube::Api;
     use kube::api::{DeleteParams, ListParams};
 
-    let client = kube_client(kubeconfig).await?;
+    let client = kube_client(kubeconfig)
+        .await
+        .map_err(|e| Error::Reset(format!("{} ({KUBECONFIG_VAR}): {e}", kubeconfig.display())))?;
     let failed = |what: &str, e: kube::Error| {
         Error::Reset(format!(
             "{} ({}): {what}: {e}",
@@ -452,17 +480,14 @@ async fn release_uninstall_finalizers(client: &kube::Client, namespace: &str) {
     }
 }
 
-async fn kube_client(kubeconfig: &Path) -> Result<kube::Client, Error> {
-    let err = |reason: String| {
-        Error::Reset(format!(
-            "{} ({KUBECONFIG_VAR}): {reason}",
-            kubeconfig.display()
-        ))
-    };
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig).map_err(|e| err(e.to_string()))?;
-    let config =
+/// A client from `kubeconfig` that retries nothing (our components build theirs so: a
+/// refused eviction must come back as a 429 at once).
+async fn kube_client(kubeconfig: &Path) -> Result<kube::Client, String> {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).map_err(|e| e.to_string())?;
+    let mut config =
         kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
             .await
-            .map_err(|e| err(e.to_string()))?;
-    kube::Client::try_from(config).map_err(|e| err(e.to_string()))
+            .map_err(|e| e.to_string())?;
+    config.default_retry = false;
+    kube::Client::try_from(config).map_err(|e| e.to_string())
 }

@@ -25,9 +25,6 @@ pub const WINDOW: Duration = Duration::from_secs(2);
 const BATCH_MAX: usize = 2048;
 /// Pod names listed in a grouped Event's message; the rest are counted.
 const NAMES_LISTED: usize = 20;
-/// The API server keeps an Event message of at most 1 KiB readable in `kubectl describe`;
-/// longer messages are cut at a character boundary with an ellipsis.
-const MESSAGE_MAX: usize = 1024;
 
 /// An Event waiting for the sender, with the controller of its pod (if any).
 #[derive(Clone, Debug)]
@@ -174,7 +171,7 @@ fn merge(mut members: Vec<Queued>) -> Event {
         namespace: event.involved_object.namespace.clone(),
         ..controller
     };
-    event.message = Some(truncate(message));
+    event.message = Some(graceful_drain_core::event::message(message));
     event.last_timestamp = last_timestamp;
     event.count = Some(i32::try_from(count).unwrap_or(i32::MAX));
     event
@@ -196,19 +193,6 @@ pub fn names_pod(event: &Event, pod: &str) -> bool {
         .split(", ")
         .map(|name| name.split_once(" and ").map_or(name, |(n, _)| n))
         .any(|name| name == pod)
-}
-
-fn truncate(mut message: String) -> String {
-    if message.len() <= MESSAGE_MAX {
-        return message;
-    }
-    let mut cut = MESSAGE_MAX - '…'.len_utf8();
-    while !message.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    message.truncate(cut);
-    message.push('…');
-    message
 }
 
 #[cfg(test)]
@@ -313,7 +297,11 @@ mod tests {
             message.starts_with("100 pods of ReplicaSet a ("),
             "{message}"
         );
-        assert!(message.len() <= MESSAGE_MAX, "{}", message.len());
+        assert!(
+            message.len() <= graceful_drain_core::event::MESSAGE_MAX,
+            "{}",
+            message.len()
+        );
         assert!(message.ends_with('…'), "cut: {message}");
         let short = coalesce(
             (0..25)

@@ -189,13 +189,23 @@ fn container_command(
 }
 
 /// Reads a component's JSON log until it has logged an address under each of `keys`
-/// (e.g. `addr`, `admin_addr`); returns them in that order.
-async fn listening(child: &mut tokio::process::Child, keys: &[&str]) -> Vec<SocketAddr> {
+/// (e.g. `addr`, `admin_addr`); returns them in that order. Every line also goes to the
+/// file `log`, which [`Installed`] prints when a test fails.
+async fn listening(
+    child: &mut tokio::process::Child,
+    keys: &[&str],
+    log: &Path,
+) -> Vec<SocketAddr> {
+    use tokio::io::AsyncWriteExt;
     let stderr = child.stderr.take().unwrap();
     let mut lines = BufReader::new(stderr).lines();
+    let mut file = tokio::fs::File::create(log).await.unwrap();
     let found = tokio::time::timeout(TIMEOUT, async {
         let mut found: Vec<Option<SocketAddr>> = vec![None; keys.len()];
         while let Some(line) = lines.next_line().await.unwrap() {
+            file.write_all(format!("{line}\n").as_bytes())
+                .await
+                .unwrap();
             let Ok(entry) = serde_json::from_str::<Value>(&line) else {
                 continue;
             };
@@ -213,7 +223,11 @@ async fn listening(child: &mut tokio::process::Child, keys: &[&str]) -> Vec<Sock
     .await
     .expect("component listening in time");
     // Keep draining its log so the process never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            let _ = file.write_all(format!("{line}\n").as_bytes()).await;
+        }
+    });
     found
 }
 
@@ -248,6 +262,25 @@ struct Installed {
     /// The webhook's admin port (`/readyz`, `/metrics`).
     webhook_admin: SocketAddr,
     _webhook: tokio::process::Child,
+}
+
+impl Drop for Installed {
+    /// A failed test prints the last lines of the components' logs.
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for name in ["webhook.log", "agent.log"] {
+            let text = std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(40)..];
+            eprintln!(
+                "--- {name} (last {} lines)\n{}",
+                tail.len(),
+                tail.join("\n")
+            );
+        }
+    }
 }
 
 fn fields(pairs: &[(&'static str, &str)]) -> BTreeMap<&'static str, String> {
@@ -468,7 +501,12 @@ async fn install(tier: Tier, spec: &WebSpec) -> Option<Installed> {
     cmd.env("GRACEFUL_DRAIN_DEREGISTRATION_DELAY", "2s")
         .env("GRACEFUL_DRAIN_LISTEN", &listen);
     let mut webhook = cmd.spawn().unwrap();
-    let addrs = listening(&mut webhook, &["addr", "admin_addr"]).await;
+    let addrs = listening(
+        &mut webhook,
+        &["addr", "admin_addr"],
+        &dir.path().join("webhook.log"),
+    )
+    .await;
     if let Some(sim) = cluster.simulated() {
         sim.api().route_service(NAMESPACE, NAME, addrs[0]);
     }
@@ -644,7 +682,7 @@ async fn the_node_agent_drains_a_node(tier: Tier) {
     )
     .spawn()
     .unwrap();
-    let admin = listening(&mut agent, &["admin_addr"]).await;
+    let admin = listening(&mut agent, &["admin_addr"], &dir.join("agent.log")).await;
     wait_for("agent ready", TIMEOUT, || ready(admin[0]))
         .await
         .unwrap();

@@ -388,7 +388,8 @@ impl DataPlane {
         }
     }
 
-    /// A client with the cluster administrator's rights.
+    /// A client with the cluster administrator's rights. It retries nothing (no 429, no
+    /// 5xx after its Retry-After): callers see every refusal, on either tier.
     pub fn client(&self) -> kube::Client {
         self.client.clone()
     }
@@ -686,7 +687,15 @@ impl RealCluster {
             let client = client_for(&config, Some(user), kubeconfig)?;
             kubelets.push((node, client));
         }
-        let plane = DataPlane::start(&cfg, admin.clone(), kubelets, admin, shutdown);
+        // The data plane's own administrator client retries nothing, like the simulated
+        // cluster's: callers (a drain, a test's eviction) see every 429 and decide.
+        let mut plain = config.clone();
+        plain.default_retry = false;
+        let plain = kube::Client::try_from(plain).map_err(|e| Error::Kubeconfig {
+            path: kubeconfig.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        let plane = DataPlane::start(&cfg, plain, kubelets, admin, shutdown);
         let cluster = RealCluster {
             plane,
             config,

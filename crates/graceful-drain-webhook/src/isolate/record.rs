@@ -46,7 +46,7 @@ pub async fn record_event(
             ..ObjectReference::default()
         },
         reason: Some(reason.to_string()),
-        message: Some(message.to_string()),
+        message: Some(graceful_drain_core::event::message(message.to_string())),
         type_: Some(
             match severity {
                 Severity::Normal => "Normal",

@@ -13,6 +13,7 @@ use super::write::meta_str;
 pub(crate) fn validate(def: &ResourceDef, obj: &Value) -> ApiResult<()> {
     let problems = match def.kind.as_str() {
         "PodDisruptionBudget" => pdb_spec(&obj["spec"]),
+        "Event" if def.group.is_empty() => event(obj),
         _ => Vec::new(),
     };
     if problems.is_empty() {
@@ -30,6 +31,25 @@ pub(crate) fn validate(def: &ResourceDef, obj: &Value) -> ApiResult<()> {
         name,
         problems.join(", "),
     ))
+}
+
+/// pkg/apis/core/validation/events.go `legacyValidateEvent`, which every core/v1 Event
+/// passes on create and update: an Event with an `eventTime` (what our components post)
+/// may carry a reason of at most 128 bytes and a message of at most 1024
+/// (`ReasonLengthLimit`, `NoteLengthLimit`); upstream prints the value as empty.
+fn event(obj: &Value) -> Vec<String> {
+    let mut problems = Vec::new();
+    if obj["eventTime"].is_null() {
+        return problems;
+    }
+    for (field, limit) in [("reason", 128), ("message", 1024)] {
+        if obj[field].as_str().is_some_and(|v| v.len() > limit) {
+            problems.push(format!(
+                "{field}: Invalid value: \"\": can have at most {limit} characters"
+            ));
+        }
+    }
+    problems
 }
 
 /// pkg/apis/policy/validation/validation.go `ValidatePodDisruptionBudgetSpec`: at most
@@ -89,6 +109,30 @@ mod tests {
         ];
         for (spec, expected) in cases {
             assert_eq!(pdb_spec(&spec).len(), expected, "{spec}");
+        }
+    }
+
+    #[test]
+    fn new_style_events_are_refused_over_the_note_and_reason_limits() {
+        let long = "x".repeat(1025);
+        let cases = [
+            (
+                json!({"eventTime": "2026-11-27T00:00:00.000000Z", "reason": "Drained", "message": "ok"}),
+                0,
+            ),
+            (
+                json!({"eventTime": "2026-11-27T00:00:00.000000Z", "reason": "Drained", "message": long}),
+                1,
+            ),
+            (
+                json!({"eventTime": "2026-11-27T00:00:00.000000Z", "reason": "r".repeat(129), "message": long}),
+                2,
+            ),
+            // Old-style Events (no eventTime) skip these limits.
+            (json!({"reason": "Drained", "message": long}), 0),
+        ];
+        for (event_json, expected) in cases {
+            assert_eq!(event(&event_json).len(), expected, "{event_json}");
         }
     }
 }
