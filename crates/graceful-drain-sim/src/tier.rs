@@ -351,61 +351,21 @@ pub async fn reset_shared(kubeconfig: &Path) -> Result<(), Error> {
     delete_all!(Job, "delete the jobs of default");
     delete_all!(PodDisruptionBudget, "delete the PDBs of default");
     let services: Api<Service> = Api::namespaced(client.clone(), "default");
-    for service in services
-        .list(&all)
-        .await
-        .map_err(|e| failed("list the services of default", e))?
-    {
-        let name = service.metadata.name.unwrap_or_default();
-        if name != "kubernetes" {
-            gone(services.delete(&name, &now).await.map(|_| ()))
-                .map_err(|e| failed(&format!("delete service default/{name}"), e))?;
-        }
-    }
+    delete_named(&services, |name| name != "kubernetes", &failed).await?;
     delete_all!(Pod, "delete the pods of default");
     let events: Api<graceful_drain_core::lifecycle::LifecycleEvent> = Api::all(client.clone());
     gone(events.delete_collection(&now, &all).await.map(|_| ()))
         .map_err(|e| failed("delete the lifecycleevents", e))?;
     let ours = |name: &str| name.starts_with("graceful-drain");
     let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    for c in mutating
-        .list(&all)
-        .await
-        .map_err(|e| failed("list the mutating webhook configurations", e))?
-    {
-        let name = c.metadata.name.unwrap_or_default();
-        if ours(&name) {
-            gone(mutating.delete(&name, &now).await.map(|_| ()))
-                .map_err(|e| failed(&format!("delete mutatingwebhookconfiguration {name}"), e))?;
-        }
-    }
+    delete_named(&mutating, ours, &failed).await?;
     let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    for c in validating
-        .list(&all)
-        .await
-        .map_err(|e| failed("list the validating webhook configurations", e))?
-    {
-        let name = c.metadata.name.unwrap_or_default();
-        if ours(&name) {
-            gone(validating.delete(&name, &now).await.map(|_| ()))
-                .map_err(|e| failed(&format!("delete validatingwebhookconfiguration {name}"), e))?;
-        }
-    }
-    let nodes: Api<Node> = Api::all(client.clone());
-    for node in nodes
-        .list(&all)
-        .await
-        .map_err(|e| failed("list the nodes", e))?
-    {
-        let name = node.metadata.name.unwrap_or_default();
-        if name
-            .strip_prefix("worker-")
+    delete_named(&validating, ours, &failed).await?;
+    let registered = |name: &str| {
+        name.strip_prefix("worker-")
             .is_some_and(|n| n.parse::<u32>().is_ok())
-        {
-            gone(nodes.delete(&name, &now).await.map(|_| ()))
-                .map_err(|e| failed(&format!("delete node {name}"), e))?;
-        }
-    }
+    };
+    delete_named(&Api::<Node>::all(client.clone()), registered, &failed).await?;
     let release = crate::scenario::components::NAMESPACE;
     gone(
         Api::<Namespace>::all(client.clone())
@@ -426,6 +386,43 @@ pub async fn reset_shared(kubeconfig: &Path) -> Result<(), Error> {
         !pods_left && !namespace_left
     })
     .await?;
+    Ok(())
+}
+
+/// Deletes at once every object of `api` whose name `doomed` picks (404 counts as
+/// deleted); `failed` turns an API error about what was being done into the reset's error.
+async fn delete_named<K>(
+    api: &kube::Api<K>,
+    doomed: impl Fn(&str) -> bool,
+    failed: &impl Fn(&str, kube::Error) -> Error,
+) -> Result<(), Error>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + k8s_openapi::serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let kind = K::kind(&()).to_lowercase();
+    let now = kube::api::DeleteParams {
+        grace_period_seconds: Some(0),
+        propagation_policy: Some(kube::api::PropagationPolicy::Background),
+        ..kube::api::DeleteParams::default()
+    };
+    let objects = api
+        .list(&kube::api::ListParams::default())
+        .await
+        .map_err(|e| failed(&format!("list the {kind}s"), e))?;
+    for object in objects {
+        let name = object.meta().name.clone().unwrap_or_default();
+        if !doomed(&name) {
+            continue;
+        }
+        match api.delete(&name, &now).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(failed(&format!("delete {kind} {name}"), e)),
+        }
+    }
     Ok(())
 }
 
