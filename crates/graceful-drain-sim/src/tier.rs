@@ -282,20 +282,6 @@ impl TestCluster {
     pub fn admin_kubeconfig(&self) -> &Path {
         &self.admin_kubeconfig
     }
-
-    /// A scratch folder that lives as long as the cluster.
-    pub fn scratch(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// The last lines of each control-plane component's log (real tier, our control
-    /// plane), for a failed test's message; empty otherwise.
-    pub fn log_tails(&self) -> String {
-        self.plane
-            .as_ref()
-            .map(|p| p.log_tails(20))
-            .unwrap_or_default()
-    }
 }
 
 /// Removes from the user's cluster what an earlier test left there, so each test starts
@@ -351,21 +337,21 @@ pub async fn reset_shared(kubeconfig: &Path) -> Result<(), Error> {
     delete_all!(Job, "delete the jobs of default");
     delete_all!(PodDisruptionBudget, "delete the PDBs of default");
     let services: Api<Service> = Api::namespaced(client.clone(), "default");
-    delete_named(&services, |name| name != "kubernetes", &failed).await?;
+    delete_named(&services, |name| name != "kubernetes", &now, &failed).await?;
     delete_all!(Pod, "delete the pods of default");
     let events: Api<graceful_drain_core::lifecycle::LifecycleEvent> = Api::all(client.clone());
     gone(events.delete_collection(&now, &all).await.map(|_| ()))
         .map_err(|e| failed("delete the lifecycleevents", e))?;
     let ours = |name: &str| name.starts_with("graceful-drain");
     let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    delete_named(&mutating, ours, &failed).await?;
+    delete_named(&mutating, ours, &now, &failed).await?;
     let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    delete_named(&validating, ours, &failed).await?;
+    delete_named(&validating, ours, &now, &failed).await?;
     let registered = |name: &str| {
         name.strip_prefix("worker-")
             .is_some_and(|n| n.parse::<u32>().is_ok())
     };
-    delete_named(&Api::<Node>::all(client.clone()), registered, &failed).await?;
+    delete_named(&Api::<Node>::all(client.clone()), registered, &now, &failed).await?;
     let release = crate::scenario::components::NAMESPACE;
     gone(
         Api::<Namespace>::all(client.clone())
@@ -389,11 +375,12 @@ pub async fn reset_shared(kubeconfig: &Path) -> Result<(), Error> {
     Ok(())
 }
 
-/// Deletes at once every object of `api` whose name `doomed` picks (404 counts as
+/// Deletes with `now` every object of `api` whose name `doomed` picks (404 counts as
 /// deleted); `failed` turns an API error about what was being done into the reset's error.
 async fn delete_named<K>(
     api: &kube::Api<K>,
     doomed: impl Fn(&str) -> bool,
+    now: &kube::api::DeleteParams,
     failed: &impl Fn(&str, kube::Error) -> Error,
 ) -> Result<(), Error>
 where
@@ -403,11 +390,6 @@ where
         + std::fmt::Debug,
 {
     let kind = K::kind(&()).to_lowercase();
-    let now = kube::api::DeleteParams {
-        grace_period_seconds: Some(0),
-        propagation_policy: Some(kube::api::PropagationPolicy::Background),
-        ..kube::api::DeleteParams::default()
-    };
     let objects = api
         .list(&kube::api::ListParams::default())
         .await
@@ -417,7 +399,7 @@ where
         if !doomed(&name) {
             continue;
         }
-        match api.delete(&name, &now).await {
+        match api.delete(&name, now).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => return Err(failed(&format!("delete {kind} {name}"), e)),

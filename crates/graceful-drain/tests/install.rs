@@ -231,17 +231,23 @@ async fn listening(
     found
 }
 
+/// The whole answer of the plain-HTTP admin port at `admin` to `GET path`; `None` while
+/// nothing answers there.
+async fn admin_get(admin: SocketAddr, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(admin).await.ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n");
+    conn.write_all(request.as_bytes()).await.ok()?;
+    let mut response = String::new();
+    conn.read_to_string(&mut response).await.ok()?;
+    Some(response)
+}
+
 /// Whether the admin port answers `/readyz` with 200 (certificate loaded, caches synced).
 async fn ready(admin: SocketAddr) -> bool {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(mut conn) = tokio::net::TcpStream::connect(admin).await else {
-        return false;
-    };
-    let request = b"GET /readyz HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n";
-    let mut response = String::new();
-    conn.write_all(request).await.is_ok()
-        && conn.read_to_string(&mut response).await.is_ok()
-        && response.starts_with("HTTP/1.1 200")
+    admin_get(admin, "/readyz")
+        .await
+        .is_some_and(|r| r.starts_with("HTTP/1.1 200"))
 }
 
 fn draining(pod: &Pod) -> bool {
@@ -574,15 +580,9 @@ async fn real_tier_chart_installed_with_helm_routes_evictions_and_deletes_to_the
 /// Admission reviews the webhook answered so far, from its `/metrics`: what reached it,
 /// on either tier.
 async fn reviews_answered(installed: &Installed) -> u64 {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut conn = tokio::net::TcpStream::connect(installed.webhook_admin)
+    admin_get(installed.webhook_admin, "/metrics")
         .await
-        .unwrap();
-    let request = b"GET /metrics HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n";
-    conn.write_all(request).await.unwrap();
-    let mut response = String::new();
-    conn.read_to_string(&mut response).await.unwrap();
-    response
+        .expect("the webhook's admin port answers /metrics")
         .lines()
         .filter(|l| l.starts_with("graceful_drain_webhook_reviews_total{"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
