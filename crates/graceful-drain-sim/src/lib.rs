@@ -9,7 +9,6 @@
 
 pub mod command;
 pub mod scenario;
-pub mod tier;
 pub mod vmhost;
 
 use std::net::SocketAddr;
@@ -432,20 +431,13 @@ fn real_scenario(args: &Args) -> anyhow::Result<scenario::ScenarioConfig> {
 async fn run_real_matrix(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> {
     let cfg = real_scenario(args)?;
     let versions = kube_control_plane::Versions::default();
-    anyhow::ensure!(
-        kube_control_plane::is_built(&versions),
-        "{versions} is not built: run `cargo xtask control-plane build` first (about 8 minutes once)"
-    );
+    let options =
+        kube_control_plane::cached_options(!args.no_eviction_request_api, Vec::new())?;
     let selected = selected_scenarios(args);
     eprintln!(
         "running {} scenarios on {versions}, each without and with graceful-drain, each row on a fresh control plane",
         selected.len()
     );
-    let options = kube_control_plane::Options {
-        bin: kube_control_plane::bin_dir(&versions),
-        eviction_request_api: !args.no_eviction_request_api,
-        apiserver_flags: Vec::new(),
-    };
     let fresh = || {
         let options = options.clone();
         async move {
@@ -490,20 +482,14 @@ async fn run_real(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> {
         Some(path) => path.clone(),
         None => {
             let versions = kube_control_plane::Versions::default();
-            anyhow::ensure!(
-                kube_control_plane::is_built(&versions),
-                "{versions} is not built: run `cargo xtask control-plane build` first (about 8 minutes once)"
-            );
             let dir = scenario::components::TempDir::new("gd-real")?;
-            let options = kube_control_plane::Options {
-                bin: kube_control_plane::bin_dir(&versions),
-                eviction_request_api: !args.no_eviction_request_api,
-                apiserver_flags: Vec::new(),
-            };
             let path = dir.path().to_path_buf();
             eprintln!("starting {versions} in {}", path.display());
-            let cp = tokio::task::spawn_blocking(move || kube_control_plane::up(&path, &options))
-                .await??;
+            let api = !args.no_eviction_request_api;
+            let cp = tokio::task::spawn_blocking(move || {
+                kube_control_plane::up_cached(&path, api, Vec::new())
+            })
+            .await??;
             let kubeconfig = cp.admin_kubeconfig();
             control_plane = Some((cp, dir));
             kubeconfig

@@ -16,6 +16,32 @@ use std::time::Duration;
 pub use build::{bin_dir, is_built};
 pub use run::{ControlPlane, Options, down, up};
 
+/// The one way the real tier starts the cached control plane: the default [`Versions`] as
+/// `cargo xtask control-plane build` left them in [`cache_dir`], started in `dir` with the
+/// EvictionRequest API on or off and kube-apiserver's extra `apiserver_flags`.
+/// [`Error::NotCached`] names the command that builds it.
+pub fn up_cached(
+    dir: &Path,
+    eviction_request_api: bool,
+    apiserver_flags: Vec<String>,
+) -> Result<ControlPlane> {
+    let options = cached_options(eviction_request_api, apiserver_flags)?;
+    up(dir, &options)
+}
+
+/// The [`Options`] of [`up_cached`], for a caller that starts several control planes.
+pub fn cached_options(eviction_request_api: bool, apiserver_flags: Vec<String>) -> Result<Options> {
+    let versions = Versions::default();
+    if !is_built(&versions) {
+        return Err(Error::NotCached(versions));
+    }
+    Ok(Options {
+        bin: bin_dir(&versions),
+        eviction_request_api,
+        apiserver_flags,
+    })
+}
+
 /// The Kubernetes release the real tier runs.
 pub const KUBERNETES_VERSION: &str = "v1.37.2";
 /// The etcd release the real tier runs.
@@ -66,6 +92,9 @@ pub enum Error {
     /// A binary is missing from the cache.
     #[error("{} is not built: run `cargo xtask control-plane build`", .0.display())]
     NotBuilt(PathBuf),
+    /// The default versions are not in the cache.
+    #[error("{0} is not built: run `cargo xtask control-plane build` first (about 8 minutes once)")]
+    NotCached(Versions),
     /// A file or process operation failed.
     #[error("{}: {source}", path.display())]
     Io {

@@ -33,7 +33,7 @@ use kube_sim::apiserver::{ApiServer, Config, Faults};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use crate::fixtures::{NodeFixture, node};
+use graceful_drain_testing::fixtures::{NodeFixture, node};
 use crate::kubelet::DEADLINE;
 
 pub use objects::shop_pod;

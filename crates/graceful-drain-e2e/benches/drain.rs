@@ -29,7 +29,7 @@ use serde_json::json;
 #[path = "support/agent.rs"]
 mod agent_cli;
 
-use graceful_drain_testing::kubelet;
+use graceful_drain_e2e::kubelet;
 
 const NODE: &str = "worker-1";
 const AGENT_USER: &str = "system:serviceaccount:graceful-drain:node-agent";

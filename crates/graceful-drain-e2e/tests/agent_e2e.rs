@@ -5,12 +5,12 @@
 //! reported (Event + condition message) until it allows them. A second scenario drives
 //! the agent the production way: LifecycleEvents through the lifecycle reconciler; a third
 //! runs it with the real webhook and checks isolated pods count as remaining. The second
-//! and third run on both tiers (`graceful_drain_sim::tier`): the simulated cluster and a
+//! and third run on both tiers (`graceful_drain_e2e::tier`): the simulated cluster and a
 //! real control plane, the agent acting as the chart's ServiceAccount under its RBAC.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
 
-use graceful_drain_testing::kubectl;
+use graceful_drain_e2e::kubectl;
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
@@ -32,8 +32,8 @@ use serde_json::json;
 use graceful_drain_core::proto::registration::RegistrationStatus;
 use graceful_drain_core::proto::registration::registration_client::RegistrationClient;
 use graceful_drain_sim::command::AgentCommand;
-use graceful_drain_sim::tier::{TestCluster, Tier};
-use graceful_drain_testing::kubelet::{Kubelet, connect};
+use graceful_drain_e2e::tier::{TestCluster, Tier};
+use graceful_drain_e2e::kubelet::{Kubelet, connect};
 
 /// Bound for any convergence in these tests.
 const TIMEOUT: Duration = Duration::from_secs(60);

@@ -25,7 +25,7 @@ use kube_sim::cluster::{Cluster, ClusterConfig, WebSpec, wait_for};
 use serde_json::json;
 
 use graceful_drain_sim::command::AgentCommand;
-use graceful_drain_testing::kubelet::Kubelet;
+use graceful_drain_e2e::kubelet::Kubelet;
 
 /// Bound for any convergence in these tests.
 const TIMEOUT: Duration = Duration::from_secs(90);
@@ -657,7 +657,7 @@ async fn the_cli_prints_the_drain_plan_before_any_eviction() {
         .api()
         .write_kubeconfig(&kubeconfig, "admin")
         .unwrap();
-    let drain = tokio::process::Command::new(env!("CARGO_BIN_EXE_graceful-drain"))
+    let drain = tokio::process::Command::new(env!("CARGO_BIN_EXE_graceful-drain-e2e"))
         .args(["drain", NODE, "--timeout=60s", "--kubeconfig"])
         .arg(&kubeconfig)
         .kill_on_drop(true)

@@ -29,7 +29,7 @@
 mod agent_cli;
 
 use graceful_drain_sim::command::WebhookCommand;
-use graceful_drain_testing::kubelet;
+use graceful_drain_e2e::kubelet;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -319,7 +319,7 @@ fn load_cluster(api: &ApiServer, layout: Layout) -> Result<Vec<String>, apiserve
 fn webhook_binary() -> PathBuf {
     let path = std::env::var_os("GRACEFUL_DRAIN_BIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_graceful-drain")));
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_graceful-drain-e2e")));
     assert!(
         path.is_file(),
         "webhook binary {} not found: build it (`cargo build --bin graceful-drain`, or the \

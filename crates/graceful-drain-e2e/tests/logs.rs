@@ -29,7 +29,7 @@ fn closed_kubeconfig(dir: &Path) -> std::path::PathBuf {
 /// The webhook's stderr lines up to and including its SelfSubjectReview warning.
 async fn first_lines(extra: &[&str]) -> Vec<String> {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_graceful-drain"))
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_graceful-drain-e2e"))
         .args([
             "webhook",
             "--listen",

@@ -21,8 +21,8 @@ use std::path::{Path, PathBuf};
 use graceful_drain_core::runtime::Shutdown;
 use kube_sim::cluster::{Access, Cluster, ClusterConfig, DataPlane, RealCluster};
 
-use crate::scenario::components::TempDir;
-use crate::scenario::real::apply_chart_rbac;
+use graceful_drain_sim::scenario::components::TempDir;
+use graceful_drain_sim::scenario::real::apply_chart_rbac;
 
 /// The variable that names the kubeconfig of the user's own cluster for the real tier
 /// (instead of a control plane of ours). The cluster must be a disposable one: the tests
@@ -141,7 +141,7 @@ fn real_target() -> Option<Result<PathBuf, kube_control_plane::Options>> {
         return Some(Ok(PathBuf::from(path)));
     }
     let versions = kube_control_plane::Versions::default();
-    if !kube_control_plane::is_built(&versions) {
+    let Ok(options) = kube_control_plane::cached_options(true, Vec::new()) else {
         assert!(
             std::env::var_os("CI").is_none(),
             "CI must build the control plane before the tests: cargo xtask control-plane build"
@@ -151,12 +151,8 @@ fn real_target() -> Option<Result<PathBuf, kube_control_plane::Options>> {
              about 8 minutes once) and {KUBECONFIG_VAR} names no cluster"
         );
         return None;
-    }
-    Some(Err(kube_control_plane::Options {
-        bin: kube_control_plane::bin_dir(&versions),
-        eviction_request_api: true,
-        apiserver_flags: Vec::new(),
-    }))
+    };
+    Some(Err(options))
 }
 
 impl TestCluster {
@@ -352,7 +348,7 @@ pub async fn reset_shared(kubeconfig: &Path) -> Result<(), Error> {
             .is_some_and(|n| n.parse::<u32>().is_ok())
     };
     delete_named(&Api::<Node>::all(client.clone()), registered, &now, &failed).await?;
-    let release = crate::scenario::components::NAMESPACE;
+    let release = graceful_drain_sim::scenario::components::NAMESPACE;
     gone(
         Api::<Namespace>::all(client.clone())
             .delete(release, &now)

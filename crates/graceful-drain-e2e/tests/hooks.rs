@@ -23,8 +23,8 @@ mod agent_support {
 }
 use agent_support::harness::{args, condition, node_json};
 use graceful_drain_testing::eventually::eventually;
-use graceful_drain_testing::kubelet::Kubelet;
-use graceful_drain_testing::sim_api::{NODE, SimApi, shop_pod};
+use graceful_drain_e2e::kubelet::Kubelet;
+use graceful_drain_e2e::sim_api::{NODE, SimApi, shop_pod};
 use std::future::ready;
 
 const DRAIN: &str = "graceful-drain";

@@ -2,7 +2,7 @@
 //! from its documented flags), the simulated API server calling it over HTTPS, the
 //! ReplicaSet/EndpointSlice controllers, kubelets and load balancers with traffic.
 //! The scenarios named `real_tier_*` run the same test on a real control plane
-//! (`graceful_drain_sim::tier`): kube-apiserver calls the webhook, whose token is the
+//! (`graceful_drain_e2e::tier`): kube-apiserver calls the webhook, whose token is the
 //! chart's ServiceAccount's under the chart's RBAC, and the real controllers act on what
 //! it does. The others need what only the simulator has (request counts, injected latency
 //! and 429s, client certificates of its own).
@@ -10,7 +10,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
 
 use graceful_drain_sim::command::WebhookCommand;
-use graceful_drain_testing::kubectl;
+use graceful_drain_e2e::kubectl;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -20,7 +20,7 @@ use graceful_drain_core::labels::{
 };
 use graceful_drain_core::runtime::Shutdown;
 use graceful_drain_sim::scenario::actions;
-use graceful_drain_sim::tier::{TestCluster, Tier};
+use graceful_drain_e2e::tier::{TestCluster, Tier};
 use graceful_drain_webhook::{ConfigurationsSpec, Target, webhook_configurations};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,

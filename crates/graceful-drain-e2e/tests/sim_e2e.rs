@@ -4,7 +4,7 @@
 // Helpers outside #[test] functions unwrap too: a failed step fails the test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use graceful_drain_testing::kubectl;
+use graceful_drain_e2e::kubectl;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
@@ -281,7 +281,7 @@ impl Drop for Served {
 async fn real_kubectl_against_serve() {
     let dir = tempfile::tempdir().unwrap();
     let kc = dir.path().join("kubeconfig");
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_graceful-drain"))
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_graceful-drain-e2e"))
         .args(["simulate", "--serve", "--kubeconfig-out"])
         .arg(&kc)
         .stdout(std::process::Stdio::null())

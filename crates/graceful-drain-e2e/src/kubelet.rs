@@ -14,9 +14,9 @@ use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-use crate::eventually::eventually_some;
+use graceful_drain_testing::eventually::eventually_some;
 
-pub use crate::eventually::DEADLINE;
+pub use graceful_drain_testing::eventually::DEADLINE;
 
 /// A gRPC channel over the unix socket at `path`, as the kubelet dials plugins.
 pub async fn connect(path: PathBuf) -> Channel {

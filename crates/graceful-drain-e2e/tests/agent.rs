@@ -1,6 +1,6 @@
 //! The node agent over real unix sockets, with a test playing the kubelet (registration
 //! handshake, then the SLM Start/End loop) against the simulated API server
-//! (`graceful_drain_testing::sim_api`), whose requests from the agent are recorded: drains to
+//! (`graceful_drain_e2e::sim_api`), whose requests from the agent are recorded: drains to
 //! `drain-complete`, PDB-blocked evictions are retried and reported, filter refusals fail
 //! the transition, a restarted agent resumes a drain, and the RPCs answer even when the
 //! API server hangs.
@@ -30,8 +30,8 @@ mod agent_support {
 }
 use agent_support::harness::{args, condition, node_json};
 use graceful_drain_testing::eventually::{eventually, eventually_some};
-use graceful_drain_testing::kubelet::{DEADLINE, Kubelet, connect};
-use graceful_drain_testing::sim_api::{AGENT_USER, EVENT, NODE, SHOP, SimApi, shop_pod};
+use graceful_drain_e2e::kubelet::{DEADLINE, Kubelet, connect};
+use graceful_drain_e2e::sim_api::{AGENT_USER, EVENT, NODE, SHOP, SimApi, shop_pod};
 use std::future::ready;
 
 async fn readyz(addr: std::net::SocketAddr) -> (u16, String) {
@@ -168,7 +168,7 @@ async fn kubelet_drives_a_drain_to_completion_and_back_to_service() {
     // controller writes once a replacement turned ready (the agent waits at least a
     // second before its third attempt).
     let refused =
-        |r: &graceful_drain_testing::sim_api::Recorded| r.pod() == "web-2" && r.code == 429;
+        |r: &graceful_drain_e2e::sim_api::Recorded| r.pod() == "web-2" && r.code == 429;
     api.until("two refusals of web-2", || async {
         api.evictions().iter().filter(|r| refused(r)).count() == 2
     })
@@ -652,7 +652,7 @@ async fn drain_in_tiers(
     assert_eq!(done.error, "");
     assert!(api.pod_names().await.is_empty());
     let requests = api.requests();
-    let is_plan = |r: &graceful_drain_testing::sim_api::Recorded| {
+    let is_plan = |r: &graceful_drain_e2e::sim_api::Recorded| {
         r.path.ends_with("/events") && r.body["reason"] == agent_reason::DRAIN_PLAN
     };
     let plan_at = requests

@@ -7,7 +7,7 @@
 #[path = "lifecycle_support/plugin.rs"]
 mod plugin;
 use graceful_drain_testing::eventually::eventually;
-use graceful_drain_testing::sim_api;
+use graceful_drain_e2e::sim_api;
 use std::future::ready;
 
 use std::time::Duration;

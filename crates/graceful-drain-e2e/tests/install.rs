@@ -11,7 +11,7 @@
 //! here and not on the first real cluster.
 //!
 //! The `real_tier_*` tests install the chart on a real control plane
-//! (`graceful_drain_sim::tier`) with Helm 4, in its self-signed certificate mode, and run
+//! (`graceful_drain_e2e::tier`) with Helm 4, in its self-signed certificate mode, and run
 //! the same checks: kube-apiserver calls the webhook through the chart's Service and
 //! configurations, and judges every request of the webhook and the agent by the RBAC Helm
 //! installed. The machine's network plays the cluster's: the Service becomes an
@@ -24,7 +24,7 @@
 #[path = "install_support/rbac.rs"]
 mod rbac;
 
-use graceful_drain_testing::kubectl;
+use graceful_drain_e2e::kubectl;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -32,7 +32,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use base64::Engine;
-use graceful_drain_sim::tier::{TestCluster, Tier};
+use graceful_drain_e2e::tier::{TestCluster, Tier};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Api;
@@ -165,7 +165,7 @@ fn container_command(
         .find(|d| kind(d) == kind_ && d["metadata"]["name"] == name)
         .unwrap();
     let container = &workload["spec"]["template"]["spec"]["containers"][0];
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_graceful-drain"));
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_graceful-drain-e2e"));
     for arg in container["args"].as_array().unwrap() {
         cmd.arg(rewrite(arg.as_str().unwrap()));
     }
@@ -690,7 +690,7 @@ async fn the_node_agent_drains_a_node(tier: Tier) {
 
     // The user's side: `graceful-drain drain NODE`, which creates the LifecycleEvent and
     // follows it until the agent reports drain-complete.
-    let drain = tokio::process::Command::new(env!("CARGO_BIN_EXE_graceful-drain"))
+    let drain = tokio::process::Command::new(env!("CARGO_BIN_EXE_graceful-drain-e2e"))
         .args(["drain", &node, "--timeout=60s", "--kubeconfig"])
         .arg(&installed.admin)
         .kill_on_drop(true)

@@ -1,6 +1,6 @@
 //! End-to-end: LifecycleEvents driven by the real node agents (drain engine + SLM
 //! sockets) and their lifecycle reconcilers, created with the real `kubectl` and the
-//! `graceful-drain` binary. The drains run on both tiers (`graceful_drain_sim::tier`): the
+//! `graceful-drain` binary. The drains run on both tiers (`graceful_drain_e2e::tier`): the
 //! simulated cluster and a real control plane, the agents acting as the chart's
 //! ServiceAccount under its RBAC. The seed-group tests run on the simulated cluster only:
 //! the real tier serves upstream's `lifecycle.k8s.io`, which leaves no seed group to play
@@ -9,7 +9,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use graceful_drain_sim::command::AgentCommand;
-use graceful_drain_testing::kubectl;
+use graceful_drain_e2e::kubectl;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::{Arc, Mutex};
@@ -22,7 +22,7 @@ use graceful_drain_core::labels::{
 };
 use graceful_drain_core::lifecycle::LifecycleEvent;
 use graceful_drain_core::runtime::Shutdown;
-use graceful_drain_sim::tier::{TestCluster, Tier};
+use graceful_drain_e2e::tier::{TestCluster, Tier};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{ListParams, WatchEvent, WatchParams};
 use kube::{Api, ResourceExt};
@@ -247,7 +247,7 @@ fn statuses(seen: &Seen, name: &str, from: usize) -> Vec<String> {
 }
 
 async fn graceful_drain(kubeconfig: &Path, args: &[&str]) -> Output {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_graceful-drain"))
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_graceful-drain-e2e"))
         .args(args)
         .arg("--kubeconfig")
         .arg(kubeconfig)

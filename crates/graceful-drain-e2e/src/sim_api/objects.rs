@@ -16,7 +16,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::{NODE, SHOP, SimApi};
-use crate::fixtures::PodFixture;
+use graceful_drain_testing::fixtures::PodFixture;
 
 impl SimApi {
     /// Creates LifecycleEvent `name` for `transition` on [`NODE`], claimed, its SLA an hour
@@ -141,7 +141,7 @@ impl SimApi {
 
 /// A pod of the [`SHOP`] namespace on [`NODE`], with a container, running and ready.
 pub fn shop_pod(name: &str) -> Pod {
-    crate::fixtures::pod(name)
+    graceful_drain_testing::fixtures::pod(name)
         .ns(SHOP)
         .on_node(NODE)
         .container("registry.example/app:1")
