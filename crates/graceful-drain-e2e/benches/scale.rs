@@ -28,8 +28,8 @@
 #[path = "support/agent.rs"]
 mod agent_cli;
 
-use graceful_drain_sim::command::WebhookCommand;
 use graceful_drain_e2e::kubelet;
+use graceful_drain_sim::command::WebhookCommand;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -31,9 +31,9 @@ use serde_json::json;
 
 use graceful_drain_core::proto::registration::RegistrationStatus;
 use graceful_drain_core::proto::registration::registration_client::RegistrationClient;
-use graceful_drain_sim::command::AgentCommand;
-use graceful_drain_e2e::tier::{TestCluster, Tier};
 use graceful_drain_e2e::kubelet::{Kubelet, connect};
+use graceful_drain_e2e::tier::{TestCluster, Tier};
+use graceful_drain_sim::command::AgentCommand;
 
 /// Bound for any convergence in these tests.
 const TIMEOUT: Duration = Duration::from_secs(60);

@@ -9,8 +9,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
 
-use graceful_drain_sim::command::WebhookCommand;
 use graceful_drain_e2e::kubectl;
+use graceful_drain_sim::command::WebhookCommand;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -19,8 +19,8 @@ use graceful_drain_core::labels::{
     RESTORE_AT_ANNOTATION, webhook_reason,
 };
 use graceful_drain_core::runtime::Shutdown;
-use graceful_drain_sim::scenario::actions;
 use graceful_drain_e2e::tier::{TestCluster, Tier};
+use graceful_drain_sim::scenario::actions;
 use graceful_drain_webhook::{ConfigurationsSpec, Target, webhook_configurations};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,

@@ -431,8 +431,7 @@ fn real_scenario(args: &Args) -> anyhow::Result<scenario::ScenarioConfig> {
 async fn run_real_matrix(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> {
     let cfg = real_scenario(args)?;
     let versions = kube_control_plane::Versions::default();
-    let options =
-        kube_control_plane::cached_options(!args.no_eviction_request_api, Vec::new())?;
+    let options = kube_control_plane::cached_options(!args.no_eviction_request_api, Vec::new())?;
     let selected = selected_scenarios(args);
     eprintln!(
         "running {} scenarios on {versions}, each without and with graceful-drain, each row on a fresh control plane",

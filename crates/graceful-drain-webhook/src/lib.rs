@@ -8,6 +8,7 @@
 //! authenticated eviction or DELETE removed ([`restore`]) while this replica holds the
 //! Lease ([`lease`]).
 
+pub mod admission;
 pub mod cache;
 pub mod configurations;
 pub mod decide;
@@ -24,6 +25,7 @@ pub mod server;
 pub mod settle;
 pub mod state;
 pub mod tls;
+pub mod transport;
 pub mod uninstall;
 
 use std::collections::BTreeSet;

@@ -13,7 +13,6 @@ use super::decide::{
     self, Decision, Pass, Path, PodFacts, Request, is_replicaset_controller, of_replicaset,
 };
 use super::isolate::{self, Budget, Outcome};
-use super::nodepods::{self, Lookup};
 use super::review;
 use super::state::AppState;
 use graceful_drain_core::backoff::Backoff;
@@ -86,65 +85,7 @@ where
     }
 }
 
-pub(crate) async fn settle_eviction(state: &AppState, ev: &review::Eviction) -> Settled {
-    if let Some(pass) = decide::pass_for_request(&ev.request, &state.settings) {
-        return Settled::Pass(pass);
-    }
-    let cache = &state.ctx.cache;
-    if cache.namespace(&ev.namespace).opted_out {
-        return Settled::Pass(Pass::OptedOut);
-    }
-    // Fast path: a pod no slice lists as ready, in a namespace with no Service that could
-    // select it before its slice lists it, is not exposed, whatever else is true.
-    let exposed = cache.has_ready_endpoint(&ev.namespace, &ev.pod)
-        || cache.has_selecting_service(&ev.namespace);
-    if !exposed && cache.isolated(&ev.namespace, &ev.pod).is_none() {
-        return Settled::Pass(Pass::NotExposed);
-    }
-    let (read, fresh) = match watched_pod(state, &ev.namespace, &ev.pod).await {
-        Some(pod) => (Ok(Some(pod)), false),
-        None => (fetch_pod(state, &ev.namespace, &ev.pod).await, true),
-    };
-    match read {
-        Ok(Some(pod)) => settle(state, &ev.request, pod, fresh).await,
-        Ok(None) => Settled::Pass(Pass::NotRunning),
-        Err(error) => {
-            tracing::warn!(error = %graceful_drain_core::error::chain(&error), "read pod for eviction");
-            Settled::Failed(format!("read pod: {error}"))
-        }
-    }
-}
-
-/// Pod `namespace/name` from the watch of its node (the node its endpoints name), which
-/// the first eviction there starts; an eviction arriving while that watch lists waits
-/// for it up to [`nodepods::SYNC_WAIT`]. `None` when the pod must be read from the API.
-async fn watched_pod(state: &AppState, namespace: &str, name: &str) -> Option<PodFacts> {
-    if !state.watch_drained_nodes {
-        return None;
-    }
-    let cache = &state.ctx.cache;
-    let node = cache.node_of(namespace, name)?;
-    let pods = &cache.node_pods;
-    match pods.lookup(&node, namespace, name) {
-        Lookup::Found(pod) => return Some(*pod),
-        Lookup::Unknown => {}
-        Lookup::NotWatched => nodepods::watch(
-            pods.clone(),
-            state.ctx.client.clone(),
-            &node,
-            state.shutdown.clone(),
-        ),
-    }
-    if !pods.wait_synced(&node, nodepods::SYNC_WAIT).await {
-        return None;
-    }
-    match pods.lookup(&node, namespace, name) {
-        Lookup::Found(pod) => Some(*pod),
-        Lookup::Unknown | Lookup::NotWatched => None,
-    }
-}
-
-async fn fetch_pod(
+pub(crate) async fn fetch_pod(
     state: &AppState,
     namespace: &str,
     name: &str,

@@ -1,0 +1,134 @@
+//! The admission endpoints: each review runs parse → decide → act → respond inside one
+//! `review` span (uid, operation, namespace, pod, outcome). Business outcomes are HTTP 200
+//! AdmissionReviews; only a body that is not an AdmissionReview gets a 400.
+//!
+//! One module per operation, each owning its fast path and its answers: [`evict`] for
+//! `CREATE pods/eviction` (mutating), [`delete`] for `DELETE pods` (validating). The act
+//! phase they share is [`crate::settle`]; the state they share is [`crate::state`]. The
+//! connections, TLS and their bounds are [`crate::transport`]'s, which knows nothing of
+//! admission.
+
+mod delete;
+mod evict;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use kube::core::admission::AdmissionResponse;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::configurations;
+use crate::decide::Path;
+use crate::review::{self, Parsed};
+pub use crate::state::{AppState, Holds, MAX_HELD_DELETES};
+
+/// How long before the API server's deadline a held DELETE is answered. Covers the
+/// response's trip back and clock granularity; capped at half the budget for tiny timeouts.
+const HOLD_MARGIN: Duration = Duration::from_secs(2);
+
+/// The admission router: `POST /mutate/eviction`, `POST /validate/delete`.
+pub fn router(state: Arc<AppState>, max_body: usize) -> axum::Router {
+    axum::Router::new()
+        .route(configurations::EVICTION_PATH, post(evict))
+        .route(configurations::DELETE_PATH, post(delete))
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(state)
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct TimeoutQuery {
+    timeout: Option<String>,
+}
+
+async fn evict(
+    State(state): State<Arc<AppState>>,
+    Query(q): Query<TimeoutQuery>,
+    body: Bytes,
+) -> Response {
+    handle(state, Path::Evict, q.timeout, body).await
+}
+
+async fn delete(
+    State(state): State<Arc<AppState>>,
+    Query(q): Query<TimeoutQuery>,
+    body: Bytes,
+) -> Response {
+    handle(state, Path::Delete, q.timeout, body).await
+}
+
+/// When a held DELETE must be answered: the API server's budget minus a margin.
+fn hold_deadline(started: Instant, budget: Duration) -> Instant {
+    let margin = HOLD_MARGIN.min(budget / 2);
+    started + budget.saturating_sub(margin)
+}
+
+async fn handle(
+    state: Arc<AppState>,
+    path: Path,
+    timeout: Option<String>,
+    body: Bytes,
+) -> Response {
+    let started = Instant::now();
+    let review = match review::parse(&body, path) {
+        Ok(review) => review,
+        Err(error) => {
+            state
+                .metrics
+                .review(path.as_str(), "malformed", started.elapsed().as_secs_f64());
+            tracing::warn!(operation = path.as_str(), error = %graceful_drain_core::error::chain(&error), "malformed admission review");
+            return (StatusCode::BAD_REQUEST, format!("{error}\n")).into_response();
+        }
+    };
+    let budget = timeout
+        .as_deref()
+        .and_then(graceful_drain_core::duration::parse_go_duration)
+        .unwrap_or(state.default_timeout);
+    let span = tracing::info_span!(
+        "review",
+        uid = %review.request.uid,
+        operation = path.as_str(),
+        namespace = review.request.namespace.as_deref().unwrap_or_default(),
+        pod = %review.request.name,
+        outcome = tracing::field::Empty,
+    );
+    let deadline = hold_deadline(started, budget);
+    let (response, outcome) = respond(&state, review, deadline)
+        .instrument(span.clone())
+        .await;
+    span.record("outcome", outcome);
+    state
+        .metrics
+        .review(path.as_str(), outcome, started.elapsed().as_secs_f64());
+    match review::to_body(response) {
+        Ok(json) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
+        Err(error) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encode review: {error}\n"),
+        )
+            .into_response(),
+    }
+}
+
+async fn respond(
+    state: &AppState,
+    review: review::Review,
+    deadline: Instant,
+) -> (AdmissionResponse, &'static str) {
+    let request = review.request;
+    match review.parsed {
+        Parsed::NotOurs(reason) => {
+            tracing::debug!(reason, "not ours; allowing unchanged");
+            (review::allow(&request), "not_ours")
+        }
+        Parsed::Evict(ev) => evict::respond(state, &request, ev, deadline).await,
+        Parsed::Delete(del) => delete::respond(state, &request, del, deadline).await,
+    }
+}

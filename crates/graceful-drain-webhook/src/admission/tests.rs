@@ -1,0 +1,787 @@
+//! Router-level tests of the admission answers over the scripted mock API: evictions,
+//! DELETEs, holds, live PDB reads, preconditions, permanent failures and deadlines.
+
+mod basics {
+    use super::super::evict::retry_after_until;
+    use super::super::*;
+    use crate::decide;
+    use crate::decide::Settings;
+    use crate::isolate;
+    use crate::metrics::Metrics;
+    use graceful_drain_core::labels::webhook_reason;
+    use graceful_drain_core::labels::{
+        DELETE_AT_ANNOTATION, DEREGISTERING_CAUSE, GRACE_PERIOD_ANNOTATION, RESTORE_AT_ANNOTATION,
+    };
+    use graceful_drain_core::runtime::Shutdown;
+    use jiff::Timestamp;
+
+    #[test]
+    fn holds_end_before_the_api_server_gives_up() {
+        let start = Instant::now();
+        assert_eq!(
+            hold_deadline(start, Duration::from_secs(10)),
+            start + Duration::from_secs(8)
+        );
+        assert_eq!(
+            hold_deadline(start, Duration::from_secs(1)),
+            start + Duration::from_millis(500)
+        );
+    }
+
+    use crate::cache::Cache;
+    use crate::isolate::scenarios::Scenario::*;
+    use graceful_drain_testing::fixtures::mock;
+    use http::Method;
+    use http_body_util::BodyExt;
+    use serde_json::{Value, json};
+    use tower::ServiceExt;
+
+    pub(super) fn state(client: kube::Client) -> Arc<AppState> {
+        let cache = Arc::new(Cache::new([]));
+        cache.apply_slice(&serde_json::from_value(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+            "metadata": {"name": "web-x1", "namespace": "web", "labels": {"kubernetes.io/service-name": "web"}},
+            "endpoints": [{"addresses": ["10.0.0.1"], "conditions": {"ready": true},
+                           "targetRef": {"kind": "Pod", "name": "web-1", "namespace": "web", "uid": "uid-1"}}]
+        })).unwrap());
+        cache.apply_service(&serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "web"},
+            "spec": {"type": "LoadBalancer", "selector": {"app": "web"}}
+        })).unwrap());
+        let mut registry = prometheus_client::registry::Registry::default();
+        Arc::new(AppState {
+            ctx: isolate::Context {
+                client,
+                cache,
+                identity: "w".into(),
+                events: isolate::EventSink::Inline,
+                keep_labels: Default::default(),
+                restore_after: isolate::RESTORE_AFTER,
+                gates: Default::default(),
+                owners: Default::default(),
+            },
+            settings: Settings {
+                default_delay: Duration::from_secs(30),
+                max_delay: Duration::from_secs(600),
+                exposure: decide::Exposure::EndpointSlice,
+                own_users: Default::default(),
+            },
+            metrics: Arc::new(Metrics::new(&mut registry)),
+            default_timeout: Duration::from_secs(10),
+            shutdown: Shutdown::new(),
+            holds: Holds::default(),
+            watch_drained_nodes: false,
+        })
+    }
+
+    fn eviction_body(pod: &str) -> Vec<u8> {
+        eviction_body_in("web", pod)
+    }
+
+    fn eviction_body_in(namespace: &str, pod: &str) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "ev-1",
+                "kind": {"group": "policy", "version": "v1", "kind": "Eviction"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "subResource": "eviction", "name": pod, "namespace": namespace, "operation": "CREATE",
+                "userInfo": {"username": "system:node:n1"},
+                "object": {"apiVersion": "policy/v1", "kind": "Eviction",
+                           "metadata": {"name": pod, "namespace": namespace},
+                           "deleteOptions": {"gracePeriodSeconds": 15}}}
+        }))
+        .unwrap()
+    }
+
+    pub(super) async fn call(state: Arc<AppState>, uri: &str, body: Vec<u8>) -> (u16, Value) {
+        let req = http::Request::post(uri)
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(body))
+            .unwrap();
+        let resp = router(state, 1 << 20).oneshot(req).await.unwrap();
+        let status = resp.status().as_u16();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
+
+    /// The first eviction of an exposed pod isolates it and is refused with a 429 whose
+    /// Retry-After is the pod's delete time: the pod stays alive, and the caller's retry
+    /// once the pod is due evicts it for real. Nothing is deleted on the review's word.
+    #[tokio::test]
+    async fn eviction_of_an_exposed_pod_isolates_it_and_asks_the_caller_to_come_back_when_due() {
+        let (client, mut api) = mock::client();
+        let st = state(client);
+        let metrics_state = st.clone();
+        let call = tokio::spawn(call(
+            st,
+            "/mutate/eviction?timeout=10s",
+            eviction_body("web-1"),
+        ));
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web-1", "namespace": "web", "uid": "uid-1", "resourceVersion": "12",
+                         "labels": {"app": "web", "pod-template-hash": "h"}},
+            "spec": {"containers": [{"name": "c"}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}});
+        let [_read, patch, _event] =
+            mock::play(&mut api, [PodIs(pod), Relabeled("web-1"), EventPosted])
+                .await
+                .try_into()
+                .unwrap();
+        assert_eq!(patch.body[1]["path"], "/metadata/labels");
+        assert_eq!(
+            patch.body[2],
+            json!({"op": "remove", "path": "/metadata/labels/app"})
+        );
+        let annotations = &patch.body[4]["value"];
+        assert_eq!(annotations[GRACE_PERIOD_ANNOTATION], "15", "{}", patch.body);
+        let delete_at: Timestamp = annotations[DELETE_AT_ANNOTATION]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let delay = Timestamp::now().duration_until(delete_at).as_secs_f64();
+        assert!(
+            (28.0..=31.0).contains(&delay),
+            "deletion scheduled {delay}s ahead"
+        );
+        let restore_at: Timestamp = annotations[RESTORE_AT_ANNOTATION]
+            .as_str()
+            .expect("the pod goes back if no retried eviction removes it")
+            .parse()
+            .unwrap();
+        assert_eq!(
+            delete_at.duration_until(restore_at).as_secs(),
+            60,
+            "restored a minute after its delete time"
+        );
+        let (status, review) = call.await.unwrap();
+        assert_eq!(status, 200);
+        assert_eq!(review["apiVersion"], "admission.k8s.io/v1");
+        let response = &review["response"];
+        assert_eq!(response["uid"], "ev-1");
+        assert_eq!(response["allowed"], false);
+        assert!(response.get("patch").is_none(), "no dry run any more");
+        let refusal = &response["status"];
+        assert_eq!(refusal["code"], 429);
+        assert_eq!(refusal["reason"], "TooManyRequests");
+        let retry = refusal["details"]["retryAfterSeconds"].as_u64().unwrap();
+        // The delete time is whole seconds, so up to a second past the 30 s delay.
+        assert!((29..=31).contains(&retry), "Retry-After {retry} s");
+        assert_eq!(
+            refusal["details"]["causes"][0]["reason"],
+            DEREGISTERING_CAUSE
+        );
+        let message = refusal["message"].as_str().unwrap();
+        assert!(
+            message.contains("web/web-1") && message.contains("evict it again"),
+            "{message}"
+        );
+        assert_eq!(metrics_state.metrics.pods_isolated.get(), 1);
+    }
+
+    /// A deregistering pod's Retry-After is the time left until its delete time, rounded
+    /// up so the caller never comes back early, and between 1 s and a minute.
+    #[test]
+    fn retry_after_until_rounds_up_and_stays_within_a_minute() {
+        let now: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let at = |millis: i64| now + jiff::SignedDuration::from_millis(millis);
+        assert_eq!(retry_after_until(at(200), now), 1);
+        assert_eq!(retry_after_until(at(1_000), now), 1);
+        assert_eq!(retry_after_until(at(1_001), now), 2);
+        assert_eq!(retry_after_until(at(29_100), now), 30);
+        assert_eq!(retry_after_until(at(59_999), now), 60);
+        assert_eq!(retry_after_until(at(60_000), now), 60);
+        assert_eq!(retry_after_until(at(600_000), now), 60, "at most a minute");
+        assert_eq!(retry_after_until(now, now), 1, "never 0: no busy retry");
+        assert_eq!(retry_after_until(at(-5_000), now), 1, "already due");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn eviction_that_cannot_be_isolated_is_refused_with_429_not_let_through() {
+        let (client, mut api) = mock::client();
+        let call = tokio::spawn(call(
+            state(client),
+            "/mutate/eviction?timeout=10s",
+            eviction_body("web-1"),
+        ));
+        let status = json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+            "message": "etcdserver: request timed out", "reason": "InternalError", "code": 500});
+        // Every read of the pod fails until the webhook gives up and says why on the pod.
+        let mut reads = 0;
+        let event = loop {
+            let seen = mock::answer(&mut api, |seen| match seen.method {
+                Method::GET => (500, status.clone()),
+                _ => (201, json!({})),
+            })
+            .await;
+            match (seen.method.clone(), seen.path.as_str()) {
+                (Method::GET, "/api/v1/namespaces/web/pods/web-1") => reads += 1,
+                (Method::POST, "/api/v1/namespaces/web/events") => break seen,
+                _ => panic!("unexpected request {seen:?}"),
+            }
+        };
+        assert!(reads >= 1);
+        assert_eq!(event.body["type"], "Warning");
+        assert_eq!(event.body["reason"], webhook_reason::ISOLATION_DEFERRED);
+        assert_eq!(event.body["involvedObject"]["name"], "web-1");
+        let (http_status, review) = call.await.unwrap();
+        assert_eq!(http_status, 200);
+        assert_eq!(review["response"]["uid"], "ev-1");
+        assert_eq!(review["response"]["allowed"], false);
+        assert_eq!(review["response"]["status"]["code"], 429);
+        let message = review["response"]["status"]["message"].as_str().unwrap();
+        assert!(message.contains("web/web-1"), "{message}");
+        assert!(review["response"].get("patch").is_none());
+    }
+
+    #[tokio::test]
+    async fn eviction_of_a_pod_in_no_slice_and_no_service_needs_no_api_call() {
+        let (client, _api) = mock::client();
+        let (status, review) = call(
+            state(client),
+            "/mutate/eviction",
+            eviction_body_in("batch", "batch-7"),
+        )
+        .await;
+        assert_eq!(status, 200);
+        assert_eq!(review["response"]["allowed"], true);
+        assert!(review["response"].get("patch").is_none());
+    }
+
+    /// The EndpointSlice controller lists a pod some time after it turns ready (seconds
+    /// after a kube-apiserver restart). A ready pod its load-balanced Service selects is
+    /// isolated in that time too, or the slice would list it ready while it terminates.
+    #[tokio::test]
+    async fn eviction_of_a_ready_pod_its_service_selects_isolates_it_before_any_slice_lists_it() {
+        let (client, mut api) = mock::client();
+        let call = tokio::spawn(call(
+            state(client),
+            "/mutate/eviction?timeout=10s",
+            eviction_body("web-2"),
+        ));
+        let pod = |labels: Value| {
+            json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web-2", "namespace": "web", "uid": "uid-2", "resourceVersion": "7",
+                         "labels": labels},
+            "spec": {"containers": [{"name": "c"}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})
+        };
+        let scenarios = [
+            PodIs(pod(json!({"app": "web"}))),
+            Relabeled("web-2"),
+            EventPosted,
+        ];
+        let [_read, patch, _event] = mock::play(&mut api, scenarios).await.try_into().unwrap();
+        assert!(
+            patch
+                .body
+                .as_array()
+                .unwrap()
+                .contains(&json!({"op": "remove", "path": "/metadata/labels/app"})),
+            "it leaves the Service: {}",
+            patch.body
+        );
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], false);
+        assert_eq!(review["response"]["status"]["code"], 429);
+
+        // A pod of that namespace the Service does not select goes at once.
+        let (client, mut api) = mock::client();
+        let call = tokio::spawn(super::basics::call(
+            state(client),
+            "/mutate/eviction?timeout=10s",
+            eviction_body("web-2"),
+        ));
+        mock::play(&mut api, [PodIs(pod(json!({"app": "batch"})))]).await;
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], true, "{review}");
+    }
+}
+
+mod support {
+    pub(super) use super::basics::{call, state};
+    use serde_json::{Value, json};
+
+    pub(super) use crate::isolate::tests::pdb_json;
+    use graceful_drain_testing::fixtures::{self, PodFixture, to_json};
+
+    /// `web/web-1`, running and ready, at resourceVersion 12.
+    pub(super) fn pod_json(uid: &str) -> Value {
+        to_json(
+            &fixtures::pod("web-1")
+                .ns("web")
+                .with_uid(uid)
+                .at_version("12")
+                .label("app", "web")
+                .container("web:1")
+                .running()
+                .ready(),
+        )
+    }
+
+    /// An eviction review of `web/web-1` with these deleteOptions.
+    pub(super) fn eviction(options: Value) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "ev-1",
+                "kind": {"group": "policy", "version": "v1", "kind": "Eviction"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "subResource": "eviction", "name": "web-1", "namespace": "web", "operation": "CREATE",
+                "userInfo": {"username": "system:node:n1"},
+                "object": {"apiVersion": "policy/v1", "kind": "Eviction",
+                           "metadata": {"name": "web-1", "namespace": "web"},
+                           "deleteOptions": options}}
+        }))
+        .unwrap()
+    }
+
+    /// A DELETE review of the bare pod `web/web-1`.
+    pub(super) fn deletion() -> Vec<u8> {
+        deletion_of(pod_json("uid-1"))
+    }
+
+    /// A DELETE review of `pod`.
+    pub(super) fn deletion_of(pod: Value) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "del-1",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "name": "web-1", "namespace": "web", "operation": "DELETE",
+                "userInfo": {"username": "alice"},
+                "oldObject": pod,
+                "options": {"apiVersion": "meta.k8s.io/v1", "kind": "DeleteOptions"}}
+        }))
+        .unwrap()
+    }
+}
+
+mod answers {
+    //! Mock-API tests of the answers that keep exposed pods protected whatever the
+    //! cluster does: live PDB reads, preconditions, permanent failures and deadlines.
+    use super::super::evict::RETRY_AFTER_SECONDS;
+    use super::super::*;
+    use super::support::*;
+    use crate::decide::REPLICASET_CONTROLLER;
+    use crate::decide::{PodFacts, of_replicaset};
+    use crate::isolate::scenarios::Scenario::*;
+    use graceful_drain_core::labels::webhook_reason;
+    use graceful_drain_core::labels::{
+        DELETE_AT_ANNOTATION, DEREGISTERING_CAUSE, DRAINING_LABEL, ORIGINAL_LABELS_ANNOTATION,
+    };
+    use graceful_drain_testing::fixtures::mock;
+    use serde_json::{Value, json};
+
+    /// The API server may call the webhook twice for one DELETE, the second time with the
+    /// pod as the first call's isolation left it (controller role handed to the
+    /// Deployment, the ReplicaSet kept as a plain owner): both calls must see a ReplicaSet
+    /// pod, or the second would be held and allowed and the ReplicaSet's expectations
+    /// would wait five minutes. A pod merely owned (not controlled) by a ReplicaSet and not
+    /// isolated by us, or a StatefulSet's pod, is no ReplicaSet pod.
+    #[test]
+    fn a_replicaset_pod_is_recognised_on_the_second_call_for_one_delete() {
+        use crate::decide::OwnerKind;
+        let rs_ref = |controller: bool| {
+            json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7d9",
+                "uid": "rs-1", "controller": controller})
+        };
+        let first = PodFacts {
+            owner: Some((OwnerKind::ReplicaSet, "web-7d9".into())),
+            owner_refs: vec![rs_ref(true)],
+            ..PodFacts::default()
+        };
+        assert!(of_replicaset(&first));
+        let mut second = PodFacts {
+            owner: Some((OwnerKind::Other("Deployment".into()), "web".into())),
+            owner_refs: vec![
+                rs_ref(false),
+                json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "web",
+                    "uid": "d-1", "controller": true}),
+            ],
+            ..PodFacts::default()
+        };
+        assert!(
+            !of_replicaset(&second),
+            "not isolated by us: not ours to judge"
+        );
+        second.labels.insert(DRAINING_LABEL.into(), "true".into());
+        assert!(of_replicaset(&second), "isolated by the first call");
+        let stateful = PodFacts {
+            owner: Some((OwnerKind::StatefulSet, "db".into())),
+            owner_refs: vec![json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
+                "name": "db", "uid": "s-1", "controller": true})],
+            ..PodFacts::default()
+        };
+        assert!(!of_replicaset(&stateful));
+    }
+
+    /// The cache says the PDB has no disruption left, the live PDB has one: the eviction
+    /// is charged on the live PDB and isolated (before, it passed unchanged on the stale
+    /// view — a real eviction if the API server then allowed it).
+    #[tokio::test]
+    async fn eviction_behind_a_stale_exhausted_pdb_reads_it_live_and_isolates() {
+        let (client, mut api) = mock::client();
+        let st = state(client);
+        st.ctx
+            .cache
+            .apply_pdb(&serde_json::from_value(pdb_json("1", 0)).unwrap());
+        let call = tokio::spawn(call(
+            st,
+            "/mutate/eviction?timeout=10s",
+            eviction(json!({})),
+        ));
+        let scenarios = [
+            PodIs(pod_json("uid-1")),
+            PdbIs(pdb_json("2", 1)),
+            PdbCharged(pdb_json("3", 0)),
+            Relabeled("web-1"),
+            EventPosted,
+        ];
+        let [_pod, _pdb, put, _relabel, _event] =
+            mock::play(&mut api, scenarios).await.try_into().unwrap();
+        assert_eq!(put.body["metadata"]["resourceVersion"], "2");
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], false);
+        assert!(review["response"].get("patch").is_none());
+        let refusal = &review["response"]["status"];
+        assert_eq!(refusal["code"], 429);
+        assert_eq!(
+            refusal["details"]["causes"][0]["reason"], DEREGISTERING_CAUSE,
+            "isolated, not refused by the PDB: {refusal}"
+        );
+    }
+
+    /// Cache and live PDB agree the budget is exhausted: we answer 429 ourselves and
+    /// change nothing, instead of passing an eviction the API server might let through.
+    #[tokio::test]
+    async fn eviction_behind_an_exhausted_pdb_is_answered_429_by_us() {
+        let (client, mut api) = mock::client();
+        let st = state(client);
+        st.ctx
+            .cache
+            .apply_pdb(&serde_json::from_value(pdb_json("1", 0)).unwrap());
+        let call = tokio::spawn(call(
+            st,
+            "/mutate/eviction?timeout=10s",
+            eviction(json!({})),
+        ));
+        mock::play(
+            &mut api,
+            [PodIs(pod_json("uid-1")), PdbIs(pdb_json("2", 0))],
+        )
+        .await;
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], false);
+        assert_eq!(review["response"]["status"]["code"], 429);
+        let message = review["response"]["status"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("web/web-1") && message.contains("web/web"),
+            "{message}"
+        );
+        assert!(review["response"].get("patch").is_none());
+    }
+
+    /// A DELETE behind an exhausted PDB isolates the pod anyway (PDBs never block a
+    /// DELETE) and is held; before, it passed at once and the pod died unprotected.
+    #[tokio::test]
+    async fn delete_behind_an_exhausted_pdb_is_isolated_and_held() {
+        let (client, mut api) = mock::client();
+        let st = state(client);
+        st.ctx
+            .cache
+            .apply_pdb(&serde_json::from_value(pdb_json("1", 0)).unwrap());
+        let call = tokio::spawn(call(st, "/validate/delete?timeout=2s", deletion()));
+        let scenarios = [PdbIs(pdb_json("2", 0)), Relabeled("web-1"), EventPosted];
+        let [_pdb, patch, event] = mock::play(&mut api, scenarios).await.try_into().unwrap();
+        assert!(
+            patch
+                .body
+                .to_string()
+                .contains("graceful-drain.io~1draining")
+        );
+        assert!(
+            event.body["message"]
+                .as_str()
+                .unwrap()
+                .contains("not charged")
+        );
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], true);
+    }
+
+    /// A DELETE of `web/web-1`, a pod of ReplicaSet `web-abc`, by the ReplicaSet controller.
+    fn scale_down_deletion() -> Vec<u8> {
+        let mut pod = pod_json("uid-1");
+        pod["metadata"]["labels"]["pod-template-hash"] = json!("abc");
+        pod["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1",
+            "kind": "ReplicaSet", "name": "web-abc", "uid": "rs-1",
+            "controller": true, "blockOwnerDeletion": true}]);
+        let mut review: Value = serde_json::from_slice(&deletion_of(pod)).unwrap();
+        review["request"]["userInfo"]["username"] = json!(REPLICASET_CONTROLLER);
+        serde_json::to_vec(&review).unwrap()
+    }
+
+    /// ReplicaSet `web-abc` wanting `wanted` pods and reporting `has`.
+    fn replicaset(wanted: i32, has: i32) -> Value {
+        json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": "web-abc", "namespace": "web", "uid": "rs-1"},
+            "spec": {"replicas": wanted,
+                     "selector": {"matchLabels": {"app": "web", "pod-template-hash": "abc"}}},
+            "status": {"replicas": has}})
+    }
+
+    /// A DELETE claiming to come from the ReplicaSet controller while the live ReplicaSet
+    /// has no pod to spare (a forged review, or a status not written yet) is refused
+    /// without isolating: the deferred deleter would otherwise delete the pod on the
+    /// review's word alone.
+    #[tokio::test]
+    async fn a_replicaset_delete_without_a_surplus_is_refused_and_isolates_nothing() {
+        let (client, mut api) = mock::client();
+        let st = state(client);
+        // The metrics only: the state's client must go with the call, ending the mock API.
+        let metrics = st.metrics.clone();
+        let call = tokio::spawn(call(
+            st,
+            "/validate/delete?timeout=10s",
+            scale_down_deletion(),
+        ));
+        mock::play(&mut api, [ReplicaSetIs(replicaset(2, 2))]).await;
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], false);
+        let message = review["response"]["status"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("web/web-1") && message.contains("none to spare"),
+            "{message}"
+        );
+        let next = api.next_request().await.map(|(r, _)| r.method().clone());
+        assert_eq!(next, None, "the pod was touched");
+        assert_eq!(metrics.pods_isolated.get(), 0);
+    }
+
+    /// A ReplicaSet scale-down the live ReplicaSet backs (one pod more than it wants) is
+    /// isolated for the deferred deleter, without a restore time, and refused so the
+    /// controller counts the deletion at once.
+    #[tokio::test]
+    async fn a_replicaset_delete_with_a_surplus_isolates_the_pod_for_the_deferred_deleter() {
+        let (client, mut api) = mock::client();
+        let call = tokio::spawn(call(
+            state(client),
+            "/validate/delete?timeout=10s",
+            scale_down_deletion(),
+        ));
+        let scenarios = [
+            ReplicaSetIs(replicaset(2, 3)),
+            ReplicaSetIs(replicaset(2, 3)),
+            Relabeled("web-1"),
+            EventPosted,
+        ];
+        let [_rs, _reread, patch, _event] =
+            mock::play(&mut api, scenarios).await.try_into().unwrap();
+        let patch = patch.body.to_string();
+        assert!(patch.contains(DELETE_AT_ANNOTATION), "{patch}");
+        assert!(
+            !patch.contains("restore-at"),
+            "the deferred deleter removes it: {patch}"
+        );
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], false);
+        let message = review["response"]["status"]["message"].as_str().unwrap();
+        assert!(message.contains("will be deleted at"), "{message}");
+    }
+
+    /// An eviction carrying the UID precondition of an earlier pod with the same name is
+    /// let through unchanged (the API server answers 409): the live pod is not touched.
+    #[tokio::test]
+    async fn eviction_with_another_pods_uid_precondition_changes_nothing() {
+        let (client, mut api) = mock::client();
+        let options = json!({"preconditions": {"uid": "uid-0"}});
+        let call = tokio::spawn(call(
+            state(client),
+            "/mutate/eviction?timeout=10s",
+            eviction(options),
+        ));
+        mock::play(&mut api, [PodIs(pod_json("uid-1"))]).await;
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], true);
+        assert!(review["response"].get("patch").is_none());
+        drop(api);
+    }
+
+    /// Our relabel refused for good (RBAC 403): the eviction goes through unchanged with a
+    /// Warning Event and a metric, never an endless 429.
+    #[tokio::test]
+    async fn permanently_refused_relabel_lets_the_eviction_through_with_a_warning() {
+        let (client, mut api) = mock::client();
+        let st = state(client);
+        let metrics = st.clone();
+        let call = tokio::spawn(call(
+            st,
+            "/mutate/eviction?timeout=10s",
+            eviction(json!({})),
+        ));
+        let scenarios = [PodIs(pod_json("uid-1")), RelabelForbidden, EventPosted];
+        let [_pod, _relabel, event] = mock::play(&mut api, scenarios).await.try_into().unwrap();
+        assert_eq!(event.body["type"], "Warning");
+        assert_eq!(event.body["reason"], webhook_reason::ISOLATION_FAILED);
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], true);
+        assert!(review["response"].get("patch").is_none());
+        let failures = metrics
+            .metrics
+            .isolation_failures
+            .get_or_create(&crate::metrics::FailureLabels {
+                operation: "evict",
+                reason: "forbidden",
+            })
+            .get();
+        assert_eq!(failures, 1);
+    }
+
+    /// A 422 that is not our `test` op failing (another webhook or policy refusing the
+    /// relabel: the re-read pod is unchanged) is permanent too.
+    #[tokio::test]
+    async fn invalid_relabel_on_an_unchanged_pod_is_permanent() {
+        let (client, mut api) = mock::client();
+        let call = tokio::spawn(call(
+            state(client),
+            "/mutate/eviction?timeout=10s",
+            eviction(json!({})),
+        ));
+        let scenarios = [
+            PodIs(pod_json("uid-1")),
+            RelabelInvalid,
+            PodIs(pod_json("uid-1")),
+            EventPosted,
+        ];
+        let [_pod, _relabel, _reread, event] =
+            mock::play(&mut api, scenarios).await.try_into().unwrap();
+        assert_eq!(event.body["type"], "Warning");
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], true);
+        assert!(review["response"].get("patch").is_none());
+    }
+
+    /// The API server never answers: the eviction is answered 429 with Retry-After before
+    /// the API server's deadline (virtual time: the API server's 3 s budget).
+    #[tokio::test(start_paused = true)]
+    async fn eviction_is_answered_429_at_the_deadline() {
+        let (client, mut api) = mock::client();
+        let call = tokio::spawn(call(
+            state(client),
+            "/mutate/eviction?timeout=3s",
+            eviction(json!({})),
+        ));
+        let (_request, _never_answered) = api.next_request().await.unwrap();
+        let answered = tokio::time::timeout(Duration::from_secs(3), call).await;
+        let (_, review) = answered
+            .expect("answered within the API server's deadline")
+            .unwrap();
+        assert_eq!(review["response"]["allowed"], false);
+        assert_eq!(review["response"]["status"]["code"], 429);
+        assert_eq!(
+            review["response"]["status"]["details"]["retryAfterSeconds"],
+            RETRY_AFTER_SECONDS
+        );
+    }
+
+    /// The API server calls again within the same DELETE (the pod changed during the
+    /// call): the second call continues the first hold and is answered at once, so the
+    /// caller waits one webhook timeout, not two.
+    #[tokio::test(start_paused = true)]
+    async fn a_repeated_call_for_one_delete_continues_the_first_hold() {
+        let (client, _api) = mock::client();
+        let st = state(client);
+        let mut pod = pod_json("uid-1");
+        pod["metadata"]["labels"] = json!({DRAINING_LABEL: "true"});
+        pod["metadata"]["annotations"] = json!({
+            DELETE_AT_ANNOTATION: "2999-01-01T00:00:00Z",
+            ORIGINAL_LABELS_ANNOTATION: "{\"app\":\"web\"}"});
+        let body = deletion_of(pod);
+        let started = tokio::time::Instant::now();
+        let (_, first) = call(st.clone(), "/validate/delete?timeout=4s", body.clone()).await;
+        assert_eq!(first["response"]["allowed"], true);
+        let first_held = started.elapsed();
+        assert_eq!(
+            first_held,
+            Duration::from_secs(2),
+            "held until the deadline minus the margin"
+        );
+        let (_, second) = call(st, "/validate/delete?timeout=4s", body).await;
+        assert_eq!(second["response"]["allowed"], true);
+        assert_eq!(
+            started.elapsed(),
+            first_held,
+            "the second call is not held again"
+        );
+    }
+
+    /// With every hold slot taken, a DELETE of an exposed pod is answered at once and
+    /// isolates nothing (outcome `hold_limit`); once a slot is free, the next is held.
+    #[tokio::test]
+    async fn a_delete_past_the_hold_slots_goes_through_at_once_and_isolates_nothing() {
+        let (client, mut api) = mock::client();
+        let mut st = state(client);
+        Arc::get_mut(&mut st).unwrap().holds = Holds::bounded(1);
+        let taken = st.holds.slot().expect("the only slot");
+        assert!(st.holds.slot().is_none(), "bounded at one");
+        let (_, review) = call(st.clone(), "/validate/delete?timeout=4s", deletion()).await;
+        assert_eq!(review["response"]["allowed"], true);
+        let counted = st
+            .metrics
+            .reviews
+            .get_or_create(&crate::metrics::ReviewLabels {
+                operation: "delete",
+                outcome: "hold_limit",
+            })
+            .get();
+        assert_eq!(counted, 1);
+        drop(taken);
+        assert!(st.holds.slot().is_some(), "the slot is back");
+        drop(st);
+        let next = api.next_request().await.map(|(r, _)| r.method().clone());
+        assert_eq!(next, None, "the pod was touched");
+    }
+
+    /// The pod was replaced under a DELETE (same name, new UID): the re-read after the
+    /// failed patch finds the replacement, which is left alone.
+    #[tokio::test]
+    async fn delete_never_isolates_a_same_name_replacement() {
+        let (client, mut api) = mock::client();
+        let st = state(client);
+        // The replacement is a ready endpoint too.
+        st.ctx.cache.apply_slice(&serde_json::from_value(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+            "metadata": {"name": "web-x2", "namespace": "web", "labels": {"kubernetes.io/service-name": "web"}},
+            "endpoints": [{"addresses": ["10.0.0.2"], "conditions": {"ready": true},
+                           "targetRef": {"kind": "Pod", "name": "web-1", "namespace": "web", "uid": "uid-2"}}]
+        })).unwrap());
+        let call = tokio::spawn(call(st, "/validate/delete?timeout=4s", deletion()));
+        let mut replacement = pod_json("uid-2");
+        replacement["metadata"]["resourceVersion"] = json!("20");
+        mock::play(&mut api, [RelabelConflicts, PodIs(replacement)]).await;
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], true);
+        let next = api.next_request().await.map(|(r, _)| r.method().clone());
+        assert_eq!(next, None, "the replacement was touched");
+    }
+
+    /// The relabel never completes: the DELETE is allowed before the API server's deadline.
+    #[tokio::test(start_paused = true)]
+    async fn delete_is_allowed_at_the_deadline() {
+        let (client, mut api) = mock::client();
+        let call = tokio::spawn(call(
+            state(client),
+            "/validate/delete?timeout=3s",
+            deletion(),
+        ));
+        let (_request, _never_answered) = api.next_request().await.unwrap();
+        let answered = tokio::time::timeout(Duration::from_secs(3), call).await;
+        let (_, review) = answered
+            .expect("answered within the API server's deadline")
+            .unwrap();
+        assert_eq!(review["response"]["allowed"], true);
+    }
+}

@@ -1,0 +1,723 @@
+use super::*;
+use crate::review::IntoFacts as _;
+use graceful_drain_testing::fixtures::{self, PodFixture};
+
+fn now() -> Timestamp {
+    "2026-01-01T00:00:00Z".parse().unwrap()
+}
+
+fn settings() -> Settings {
+    Settings {
+        default_delay: Duration::from_secs(60),
+        max_delay: Duration::from_secs(600),
+        exposure: Exposure::EndpointSlice,
+        own_users: ["system:serviceaccount:gd:webhook".to_string()].into(),
+    }
+}
+
+fn req(path: Path) -> Request {
+    Request {
+        path,
+        name: "web-1".into(),
+        preconditions: Preconditions::default(),
+        dry_run: false,
+        grace_period: None,
+        user: "alice".into(),
+    }
+}
+
+/// `web/web-1` of ReplicaSet `web-abc`, running and ready.
+fn pod() -> PodFacts {
+    fixtures::pod("web-1")
+        .ns("web")
+        .with_uid("uid-1")
+        .at_version("7")
+        .label("app", "web")
+        .running()
+        .ready()
+        .owned_by_rs("web-abc")
+        .facts()
+}
+
+fn exposed() -> Snapshot {
+    Snapshot {
+        endpoints: vec![EndpointFacts {
+            service: Some("web".into()),
+            ready: true,
+            earlier_pod: false,
+        }],
+        services: vec![ServiceFacts {
+            name: "web".into(),
+            service_type: ServiceType::ClusterIp,
+            selector: [("app".to_string(), "web".to_string())].into(),
+            selects_pod: false,
+        }],
+        ..Snapshot::default()
+    }
+}
+
+fn pdb(allowed: i32) -> PdbFacts {
+    PdbFacts {
+        name: "web".into(),
+        disruptions_allowed: allowed,
+        observed: true,
+        lists_pod: false,
+        selector_keys: ["app".to_string()].into(),
+    }
+}
+
+fn isolate_at(secs: i64) -> Decision {
+    Decision::Isolate {
+        delete_at: now() + jiff::SignedDuration::from_secs(secs),
+        grace_period: None,
+        charge: Charge::Required,
+        capped: false,
+    }
+}
+
+fn isolate_delete_at(secs: i64) -> Decision {
+    Decision::Isolate {
+        delete_at: now() + jiff::SignedDuration::from_secs(secs),
+        grace_period: None,
+        charge: Charge::IfPossible,
+        capped: false,
+    }
+}
+
+#[test]
+fn decision_table() {
+    type Case = (&'static str, Request, PodFacts, Snapshot, Decision);
+    let mut dry = req(Path::Evict);
+    dry.dry_run = true;
+    let mut own = req(Path::Delete);
+    own.user = "system:serviceaccount:gd:webhook".into();
+    let mut force = req(Path::Delete);
+    force.grace_period = Some(0);
+    let mut opted = pod();
+    opted.labels.insert(OPT_OUT_LABEL.into(), "true".into());
+    let mut ns_opted = exposed();
+    ns_opted.namespace.opted_out = true;
+    let mut terminating = pod();
+    terminating.terminating = true;
+    let mut pending = pod();
+    pending.labels.insert(DRAINING_LABEL.into(), "true".into());
+    pending
+        .annotations
+        .insert(DELETE_AT_ANNOTATION.into(), "2026-01-01T00:00:30Z".into());
+    let mut due = pending.clone();
+    due.annotations
+        .insert(DELETE_AT_ANNOTATION.into(), "2025-12-31T23:59:00Z".into());
+    let mut pending_phase = pod();
+    pending_phase.running = false;
+    let mut unready = pod();
+    unready.ready = false;
+    let mut not_ready_ep = exposed();
+    not_ready_ep.endpoints[0].ready = false;
+    let mut other_uid = exposed();
+    other_uid.endpoints[0].earlier_pod = true;
+    let with_pdb = |p: PdbFacts| {
+        let mut s = exposed();
+        s.pdbs = vec![p];
+        s
+    };
+    let mut unobserved = pdb(1);
+    unobserved.observed = false;
+    let mut listed = pdb(0);
+    listed.lists_pod = true;
+    let mut two = exposed();
+    two.pdbs = vec![pdb(1), pdb(1)];
+    let mut pod_delay = pod();
+    pod_delay
+        .annotations
+        .insert(DELAY_ANNOTATION.into(), "45s".into());
+    let mut ns_delay = exposed();
+    ns_delay.namespace.delay = Some("2m".into());
+    let mut long_delay = pod();
+    long_delay
+        .annotations
+        .insert(DELAY_ANNOTATION.into(), "87600h".into());
+    let mut bad_delay = pod();
+    bad_delay
+        .annotations
+        .insert(DELAY_ANNOTATION.into(), "soon".into());
+    let mut graceful = req(Path::Evict);
+    graceful.grace_period = Some(20);
+    let mut uid_pre = req(Path::Evict);
+    uid_pre.preconditions.uid = Some("uid-of-the-previous-web-1".into());
+    let mut rv_pre = req(Path::Evict);
+    rv_pre.preconditions.resource_version = Some("6".into());
+    let mut ok_pre = req(Path::Evict);
+    ok_pre.preconditions = Preconditions {
+        uid: Some("uid-1".into()),
+        resource_version: Some("7".into()),
+    };
+    let mut gc = req(Path::Delete);
+    gc.user = GARBAGE_COLLECTOR.into();
+    let mut no_deleter = exposed();
+    no_deleter.no_deleter = true;
+    let mut ns_terminating = exposed();
+    ns_terminating.namespace.terminating = true;
+
+    let cases: Vec<Case> = vec![
+        (
+            "isolates an exposed ready pod",
+            req(Path::Evict),
+            pod(),
+            exposed(),
+            isolate_at(60),
+        ),
+        (
+            "delete isolates too",
+            req(Path::Delete),
+            pod(),
+            exposed(),
+            isolate_delete_at(60),
+        ),
+        (
+            "dry run passes",
+            dry,
+            pod(),
+            exposed(),
+            Decision::Pass(Pass::DryRun),
+        ),
+        (
+            "own requests pass",
+            own,
+            pod(),
+            exposed(),
+            Decision::Pass(Pass::OwnRequest),
+        ),
+        (
+            "force delete passes",
+            force,
+            pod(),
+            exposed(),
+            Decision::Pass(Pass::ForceDelete),
+        ),
+        (
+            "pod opt-out",
+            req(Path::Evict),
+            opted,
+            exposed(),
+            Decision::Pass(Pass::OptedOut),
+        ),
+        (
+            "namespace opt-out",
+            req(Path::Evict),
+            pod(),
+            ns_opted,
+            Decision::Pass(Pass::OptedOut),
+        ),
+        (
+            "terminating",
+            req(Path::Delete),
+            terminating,
+            exposed(),
+            Decision::Pass(Pass::Terminating),
+        ),
+        (
+            "already isolated waits",
+            req(Path::Evict),
+            pending.clone(),
+            exposed(),
+            Decision::Pending {
+                delete_at: "2026-01-01T00:00:30Z".parse().unwrap(),
+            },
+        ),
+        (
+            "already isolated and due",
+            req(Path::Delete),
+            due.clone(),
+            Snapshot::default(),
+            Decision::Pass(Pass::AlreadyDue),
+        ),
+        (
+            "due but still in an EndpointSlice: waits, asked again from now",
+            req(Path::Evict),
+            due,
+            exposed(),
+            Decision::Pending { delete_at: now() },
+        ),
+        (
+            "not running",
+            req(Path::Evict),
+            pending_phase,
+            exposed(),
+            Decision::Pass(Pass::NotRunning),
+        ),
+        (
+            "not ready",
+            req(Path::Evict),
+            unready,
+            exposed(),
+            Decision::Pass(Pass::NotReady),
+        ),
+        (
+            "no slice",
+            req(Path::Evict),
+            pod(),
+            Snapshot::default(),
+            Decision::Pass(Pass::NotExposed),
+        ),
+        (
+            "unready endpoint",
+            req(Path::Evict),
+            pod(),
+            not_ready_ep,
+            Decision::Pass(Pass::NotExposed),
+        ),
+        (
+            "endpoint of a previous pod",
+            req(Path::Evict),
+            pod(),
+            other_uid,
+            Decision::Pass(Pass::NotExposed),
+        ),
+        (
+            "pdb with budget",
+            req(Path::Evict),
+            pod(),
+            with_pdb(pdb(1)),
+            isolate_at(60),
+        ),
+        (
+            "eviction behind an exhausted cached pdb: the live PDB decides",
+            req(Path::Evict),
+            pod(),
+            with_pdb(pdb(0)),
+            isolate_at(60),
+        ),
+        (
+            "eviction behind an unobserved cached pdb: the live PDB decides",
+            req(Path::Evict),
+            pod(),
+            with_pdb(unobserved.clone()),
+            isolate_at(60),
+        ),
+        (
+            "a PDB never blocks a delete: exhausted",
+            req(Path::Delete),
+            pod(),
+            with_pdb(pdb(0)),
+            isolate_delete_at(60),
+        ),
+        (
+            "a PDB never blocks a delete: unobserved",
+            req(Path::Delete),
+            pod(),
+            with_pdb(unobserved),
+            isolate_delete_at(60),
+        ),
+        (
+            "a PDB never blocks a delete: several",
+            req(Path::Delete),
+            pod(),
+            two.clone(),
+            isolate_delete_at(60),
+        ),
+        (
+            "eviction with another pod's uid precondition",
+            uid_pre,
+            pod(),
+            exposed(),
+            Decision::Pass(Pass::PreconditionMismatch),
+        ),
+        (
+            "eviction with a stale resourceVersion precondition",
+            rv_pre,
+            pod(),
+            exposed(),
+            Decision::Pass(Pass::PreconditionMismatch),
+        ),
+        (
+            "eviction with matching preconditions",
+            ok_pre,
+            pod(),
+            exposed(),
+            isolate_at(60),
+        ),
+        (
+            "nobody holds the deleter lease",
+            req(Path::Evict),
+            pod(),
+            no_deleter,
+            Decision::Pass(Pass::NoDeleter),
+        ),
+        (
+            "an isolated pod stays protected without a deleter",
+            req(Path::Evict),
+            pending.clone(),
+            {
+                let mut s = exposed();
+                s.no_deleter = true;
+                s
+            },
+            Decision::Pending {
+                delete_at: "2026-01-01T00:00:30Z".parse().unwrap(),
+            },
+        ),
+        (
+            "garbage collector passes",
+            gc,
+            pod(),
+            exposed(),
+            Decision::Pass(Pass::GarbageCollector),
+        ),
+        (
+            "terminating namespace passes",
+            req(Path::Delete),
+            pod(),
+            ns_terminating,
+            Decision::Pass(Pass::NamespaceTerminating),
+        ),
+        (
+            "pdb already lists the pod",
+            req(Path::Evict),
+            pod(),
+            with_pdb(listed),
+            isolate_at(60),
+        ),
+        (
+            "two pdbs",
+            req(Path::Evict),
+            pod(),
+            two,
+            Decision::Pass(Pass::MultiplePdbs),
+        ),
+        (
+            "pod delay annotation",
+            req(Path::Evict),
+            pod_delay,
+            exposed(),
+            isolate_at(45),
+        ),
+        (
+            "namespace delay annotation",
+            req(Path::Evict),
+            pod(),
+            ns_delay,
+            isolate_at(120),
+        ),
+        (
+            "an annotated delay beyond the maximum is capped",
+            req(Path::Evict),
+            long_delay,
+            exposed(),
+            Decision::Isolate {
+                delete_at: now() + jiff::SignedDuration::from_secs(600),
+                grace_period: None,
+                charge: Charge::Required,
+                capped: true,
+            },
+        ),
+        (
+            "bad delay falls back",
+            req(Path::Evict),
+            bad_delay,
+            exposed(),
+            isolate_at(60),
+        ),
+        (
+            "grace period recorded",
+            graceful,
+            pod(),
+            exposed(),
+            Decision::Isolate {
+                delete_at: now() + jiff::SignedDuration::from_secs(60),
+                grace_period: Some(20),
+                charge: Charge::Required,
+                capped: false,
+            },
+        ),
+    ];
+    for (name, r, p, s, want) in cases {
+        assert_eq!(decide(&r, &p, &s, &settings(), now()), want, "{name}");
+    }
+}
+
+#[test]
+fn exposure_modes_filter_by_service_type() {
+    let mut snap = exposed();
+    let cases = [
+        (ServiceType::ClusterIp, Exposure::EndpointSlice, true),
+        (ServiceType::ClusterIp, Exposure::External, false),
+        (ServiceType::NodePort, Exposure::External, true),
+        (ServiceType::NodePort, Exposure::LoadBalancer, false),
+        (ServiceType::LoadBalancer, Exposure::LoadBalancer, true),
+        (ServiceType::LoadBalancer, Exposure::External, true),
+        (ServiceType::Headless, Exposure::EndpointSlice, false),
+        (ServiceType::Headless, Exposure::External, false),
+    ];
+    for (ty, mode, want) in cases {
+        snap.services[0].service_type = ty;
+        assert_eq!(is_exposed(&snap, mode), want, "{ty:?} under {mode:?}");
+    }
+    // A slice without a Service (e.g. a Gateway's own slice) counts only in the default mode.
+    snap.endpoints[0].service = None;
+    assert!(is_exposed(&snap, Exposure::EndpointSlice));
+    assert!(!is_exposed(&snap, Exposure::External));
+}
+
+#[test]
+fn a_ready_pod_its_service_selects_is_exposed_before_any_slice_lists_it() {
+    let selected = |service_type| Snapshot {
+        services: vec![ServiceFacts {
+            name: "web".into(),
+            service_type,
+            selector: [("app".to_string(), "web".to_string())].into(),
+            selects_pod: true,
+        }],
+        ..Snapshot::default()
+    };
+    let r = req(Path::Evict);
+    assert!(matches!(
+        decide(
+            &r,
+            &pod(),
+            &selected(ServiceType::ClusterIp),
+            &settings(),
+            now()
+        ),
+        Decision::Isolate { .. }
+    ));
+    let cases = [
+        (ServiceType::ClusterIp, Exposure::EndpointSlice, true),
+        (ServiceType::LoadBalancer, Exposure::LoadBalancer, true),
+        (ServiceType::ClusterIp, Exposure::External, false),
+        (ServiceType::Headless, Exposure::EndpointSlice, false),
+        (ServiceType::ExternalName, Exposure::EndpointSlice, false),
+    ];
+    for (ty, mode, want) in cases {
+        assert_eq!(
+            is_exposed(&selected(ty), mode),
+            want,
+            "{ty:?} under {mode:?}"
+        );
+    }
+    let mut other = selected(ServiceType::ClusterIp);
+    other.services[0].selects_pod = false;
+    assert_eq!(
+        decide(&r, &pod(), &other, &settings(), now()),
+        Decision::Pass(Pass::NotExposed),
+        "a Service that names the pod nowhere and selects it not"
+    );
+}
+
+fn keys(ks: &[&str]) -> BTreeSet<String> {
+    ks.iter().map(|k| k.to_string()).collect()
+}
+
+fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+    kv.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn relabelling_per_owner_kind() {
+    let service = keys(&["app"]);
+    type Case = (
+        &'static str,
+        OwnerKind,
+        BTreeSet<String>,
+        BTreeMap<String, String>,
+        Vec<&'static str>,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "deployment: leave the ReplicaSet and the Service, keep the rest",
+            OwnerKind::ReplicaSet,
+            keys(&["app", "pod-template-hash"]),
+            labels(&[("app", "web"), ("pod-template-hash", "abc"), ("team", "a")]),
+            vec!["app", "pod-template-hash"],
+        ),
+        (
+            "statefulset: keep controller labels, drop only the Service's extra key",
+            OwnerKind::StatefulSet,
+            keys(&["app"]),
+            labels(&[("app", "db"), ("tier", "web")]),
+            vec!["tier"],
+        ),
+        (
+            "statefulset: a Service made only of controller keys is not left (never released)",
+            OwnerKind::StatefulSet,
+            keys(&["app", "tier"]),
+            labels(&[("app", "db"), ("tier", "web")]),
+            vec![],
+        ),
+        (
+            "job: keep the job's controller-uid",
+            OwnerKind::Job,
+            keys(&["batch.kubernetes.io/controller-uid"]),
+            labels(&[
+                ("batch.kubernetes.io/controller-uid", "u"),
+                ("app", "w"),
+                ("tier", "web"),
+            ]),
+            vec!["app", "tier"],
+        ),
+        (
+            "daemonset: keep the DaemonSet selector so no second pod starts on the node",
+            OwnerKind::DaemonSet,
+            keys(&["name"]),
+            labels(&[("name", "agent"), ("app", "w"), ("tier", "web")]),
+            vec!["app", "tier"],
+        ),
+        (
+            "bare pod: only the Service's labels, others kept",
+            OwnerKind::Other("v1/None".into()),
+            BTreeSet::new(),
+            labels(&[("app", "w"), ("tier", "web"), ("version", "1")]),
+            vec!["app", "tier"],
+        ),
+    ];
+    for (name, kind, owner_keys, pod_labels, want) in cases {
+        let policy = OwnerPolicy::for_owner(&kind, owner_keys);
+        let mut leave = policy.leave.clone();
+        // The Service selects app+tier except in the deployment case (app only).
+        let svc = if kind == OwnerKind::ReplicaSet {
+            service.clone()
+        } else {
+            keys(&["app", "tier"])
+        };
+        leave.push(svc.clone());
+        let removed = labels_to_remove(&pod_labels, &leave, &policy.keep, &policy.pinned);
+        let got: Vec<&str> = removed.keys().map(String::as_str).collect();
+        assert_eq!(got, want, "{name}");
+        let service = ServiceFacts {
+            name: "svc".into(),
+            service_type: ServiceType::ClusterIp,
+            selector: svc.iter().map(|k| (k.clone(), String::new())).collect(),
+            selects_pod: false,
+        };
+        let services = [service];
+        let stuck = service_left_only_by_pinned(&pod_labels, &services, &policy.pinned);
+        assert_eq!(
+            stuck.is_some(),
+            want.is_empty(),
+            "{name}: cannot be isolated"
+        );
+        for (k, v) in &removed {
+            assert_eq!(pod_labels.get(k), Some(v), "{name}: removed value recorded");
+        }
+    }
+}
+
+#[test]
+fn a_statefulset_pods_governing_headless_service_neither_blocks_nor_is_left() {
+    // The governing Service selects exactly the StatefulSet's labels; the load
+    // balancer's Service has a label of its own.
+    let pod_labels = labels(&[("app", "db"), ("tier", "db-lb")]);
+    let policy = OwnerPolicy::for_owner(&OwnerKind::StatefulSet, keys(&["app"]));
+    let service = |name: &str, service_type, selector: &[&str]| ServiceFacts {
+        name: name.into(),
+        service_type,
+        selector: selector
+            .iter()
+            .map(|k| (k.to_string(), String::new()))
+            .collect(),
+        selects_pod: false,
+    };
+    let governing = service("db", ServiceType::Headless, &["app"]);
+    let balanced = service("db-lb", ServiceType::LoadBalancer, &["tier"]);
+    let services = [governing, balanced];
+    assert_eq!(
+        service_left_only_by_pinned(&pod_labels, &services, &policy.pinned),
+        None,
+        "a headless Service balances nothing: the pod may stay in it"
+    );
+    // A balanced Service on the StatefulSet's labels alone still cannot be left.
+    let pinned_only = [service("db-all", ServiceType::ClusterIp, &["app"])];
+    assert!(service_left_only_by_pinned(&pod_labels, &pinned_only, &policy.pinned).is_some());
+    let snap = Snapshot {
+        services: services.to_vec(),
+        ..Snapshot::default()
+    };
+    let leave = crate::isolate::leave_selectors(&snap, policy.leave.clone());
+    let removed = labels_to_remove(&pod_labels, &leave, &policy.keep, &policy.pinned);
+    assert_eq!(
+        removed.keys().map(String::as_str).collect::<Vec<_>>(),
+        vec!["tier"]
+    );
+}
+
+#[test]
+fn delete_time_saturates_instead_of_overflowing() {
+    assert_eq!(add(Timestamp::MAX, Duration::from_secs(1)), Timestamp::MAX);
+    assert_eq!(
+        add(now(), Duration::from_secs(90)).to_string(),
+        "2026-01-01T00:01:30Z"
+    );
+    assert_eq!(
+        add(now(), Duration::from_millis(1500)).to_string(),
+        "2026-01-01T00:00:02Z"
+    );
+}
+
+/// A StatefulSet's governing (headless) Service keeps listing an isolated pod: its
+/// slices do not hold the deletion, a load-balanced Service's do.
+#[test]
+fn only_slices_of_balanced_services_keep_an_isolated_pod() {
+    let endpoint = |service: &str| EndpointFacts {
+        service: Some(service.into()),
+        ready: false,
+        earlier_pod: false,
+    };
+    let headless = Snapshot {
+        endpoints: vec![endpoint("db")],
+        services: vec![ServiceFacts {
+            name: "db".into(),
+            service_type: ServiceType::Headless,
+            selector: BTreeMap::new(),
+            selects_pod: false,
+        }],
+        ..Snapshot::default()
+    };
+    assert!(!listed(&headless));
+    let mut balanced = headless.clone();
+    balanced.endpoints.push(endpoint("web"));
+    assert!(listed(&balanced), "a not-ready endpoint still counts");
+    let earlier = Snapshot {
+        endpoints: vec![EndpointFacts {
+            earlier_pod: true,
+            ..endpoint("web")
+        }],
+        ..Snapshot::default()
+    };
+    assert!(!listed(&earlier), "an earlier pod of the same name");
+}
+
+/// The delay of an isolated pod counts from its observed removal from the slices,
+/// and it never goes while one lists it; ten minutes past its delete time it goes.
+#[test]
+fn an_isolated_pod_waits_for_the_slices_then_its_delay() {
+    let t = |s: &str| -> Timestamp { format!("2026-01-01T00:{s}Z").parse().unwrap() };
+    let delay = Duration::from_secs(10);
+    let delete_at = t("00:10");
+    // Left its slices at once: due at its recorded time.
+    assert_eq!(
+        due_at(delete_at, false, Some(t("00:00")), delay, t("00:05")),
+        Some(delete_at)
+    );
+    // A busy EndpointSlice controller dropped it 8 s late: the delay counts from then.
+    assert_eq!(
+        due_at(delete_at, false, Some(t("00:08")), delay, t("00:12")),
+        Some(t("00:18"))
+    );
+    // Still listed: not due, whatever the time.
+    assert_eq!(due_at(delete_at, true, None, delay, t("00:30")), None);
+    // Never seen listed (a restarted replica): its recorded time.
+    assert_eq!(
+        due_at(delete_at, false, None, delay, t("00:05")),
+        Some(delete_at)
+    );
+    // Bounded: ten minutes past its delete time.
+    assert_eq!(
+        due_at(delete_at, true, None, delay, t("10:10")),
+        Some(t("10:10"))
+    );
+    assert_eq!(
+        due_at(delete_at, false, Some(t("10:09")), delay, t("10:10")),
+        Some(t("10:10"))
+    );
+}
