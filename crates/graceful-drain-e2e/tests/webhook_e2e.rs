@@ -1275,6 +1275,16 @@ async fn a_held_member_stays_disrupted_in_its_pdb_past_the_deletion_timeout() {
     .unwrap();
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
     let first = pods.get("web-0").await.unwrap();
+    // A drain cordons the node first; only then may the deleter remove a pod its PDB still
+    // selects (a review's word alone never deletes one).
+    let node = first
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap();
+    graceful_drain_sim::scenario::actions::cordon(&cluster.client(), &node, true)
+        .await
+        .unwrap();
     let isolated = Instant::now();
     assert!(matches!(
         evict(&cluster, "web-0").await,

@@ -157,6 +157,9 @@ pub struct PodFacts {
     pub owner: Option<(OwnerKind, String)>,
     /// `metadata.ownerReferences` as sent (the isolation may hand the controller role on).
     pub owner_refs: Vec<serde_json::Value>,
+    /// `spec.nodeName`: where a drain would have to be under way for an eviction's word to
+    /// be backed by something the API server authenticated (see `isolate::node_draining`).
+    pub node_name: Option<String>,
 }
 
 /// Service types, for the narrower exposure modes.

@@ -50,10 +50,12 @@ use graceful_drain_core::runtime::{Shutdown, spawn_owned};
 /// and kube-proxy needs about 1 s; 60 s covers that three times over. Operators with
 /// longer target-group deregistration delays raise it per namespace or pod.
 pub const DEFAULT_DEREGISTRATION_DELAY: &str = "60s";
-/// Default request body limit: a pod is at most ~1.5 MiB in etcd and a DELETE review
-/// carries it once (an eviction carries a tiny Eviction); 8 MiB leaves room for both
-/// objects of any review while bounding memory per connection.
-pub const DEFAULT_MAX_BODY: usize = 8 * 1024 * 1024;
+/// Default request body limit: kube-apiserver refuses a request body over 3 MiB
+/// (`MaxRequestBodyBytes`, staging/src/k8s.io/apiserver/pkg/server/config.go) and a pod is
+/// at most ~1.5 MiB in etcd, so a DELETE review (the pod once) or an eviction review (a
+/// tiny Eviction) never needs more than 3 MiB plus the review's envelope; a larger body did
+/// not come from an API server.
+pub const DEFAULT_MAX_BODY: usize = 3 * 1024 * 1024 + 256 * 1024;
 
 /// The admission path's client: no hidden retries (kube retries 429/503/504 up to 15
 /// times by default, far past any admission deadline). Its calls are bounded by the

@@ -250,6 +250,7 @@ pub fn pod_facts(pod: &Pod) -> PodFacts {
             .flatten()
             .filter_map(|r| serde_json::to_value(r).ok())
             .collect(),
+        node_name: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
     }
 }
 

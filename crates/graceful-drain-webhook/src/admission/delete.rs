@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use crate::decide::{self, Pass, PodFacts, is_replicaset_controller, of_replicaset};
 use crate::review;
-use crate::settle::{Settled, settle, settle_until};
+use crate::settle::{Settled, fetch_pod, settle, settle_until};
 use crate::state::AppState;
 
 pub(super) async fn respond(
@@ -41,10 +41,26 @@ pub(super) async fn respond(
         return (review::allow(request), Pass::NotExposed.as_str());
     }
     let mut req = del.request.clone();
-    let Some(pod) = del.pod() else {
+    let Some(claimed) = del.pod() else {
         return (review::allow(request), "not_ours");
     };
-    let pod = review::pod_facts(&pod);
+    // Nothing past the fast path is taken on the review's word (anyone reaching the port
+    // can post one, docs/security.md): the pod is read live, and a review of a pod that
+    // does not exist, or of an earlier incarnation, changes and writes nothing.
+    let claimed = review::pod_facts(&claimed);
+    let live = tokio::time::timeout_at(deadline, live_pod(state, &claimed, deadline)).await;
+    let pod = match live {
+        Ok(Ok(Some(pod))) => pod,
+        Ok(Ok(None)) => return (review::allow(request), "not_live"),
+        Ok(Err(why)) => {
+            tracing::warn!(%why, "could not read the pod of a DELETE; letting it through");
+            return (review::allow(request), "error");
+        }
+        Err(_) => return (review::allow(request), Settled::Deadline.outcome()),
+    };
+    let draining = pod
+        .labels
+        .contains_key(graceful_drain_core::labels::DRAINING_LABEL);
     // The DELETE is about this incarnation of the pod: if a re-read after a conflict finds
     // a same-name replacement, it is left alone.
     req.preconditions.uid.get_or_insert_with(|| pod.uid.clone());
@@ -77,10 +93,11 @@ pub(super) async fn respond(
             }
         }
     }
-    // A DELETE this replica would hold takes a slot first; with every slot taken it goes
-    // through at once, unprotected, rather than tie up one more of the API server's seats.
-    // A pod already isolated (a repeated call for one DELETE) continues without one.
-    let _slot = match (scale_down || draining, state.holds.slot()) {
+    // Every DELETE this replica would hold takes a slot first, a repeated call for one
+    // DELETE too (the first call's slot was freed when it was answered); with every slot
+    // taken it goes through at once, unprotected, rather than tie up one more of the API
+    // server's seats. A ReplicaSet's scale-down is answered at once and needs none.
+    let _slot = match (scale_down, state.holds.slot()) {
         (true, _) => None,
         (false, Some(slot)) => Some(slot),
         (false, None) => {
@@ -121,6 +138,31 @@ pub(super) async fn respond(
     (review::allow(request), outcome)
 }
 
+/// First pause before reading a DELETE's pod again after a failed read.
+const READ_PAUSE: Duration = Duration::from_millis(250);
+
+/// The live pod the DELETE review `claimed` names: `None` when it is gone or is another
+/// incarnation (another UID). A failed read is retried until `deadline`.
+async fn live_pod(
+    state: &AppState,
+    claimed: &PodFacts,
+    deadline: Instant,
+) -> Result<Option<PodFacts>, String> {
+    let mut backoff = graceful_drain_core::backoff::Backoff::new(READ_PAUSE, READ_PAUSE * 8);
+    loop {
+        match fetch_pod(state, &claimed.namespace, &claimed.name).await {
+            Ok(live) => return Ok(live.filter(|live| live.uid == claimed.uid)),
+            Err(error) => {
+                let pause = backoff.next_pause();
+                if Instant::now() + pause >= deadline {
+                    return Err(graceful_drain_core::error::chain(&error).to_string());
+                }
+                tokio::time::sleep(pause).await;
+            }
+        }
+    }
+}
+
 /// Reads the pod's ReplicaSet live: `None` when it has more pods than it wants
 /// (`status.replicas > spec.replicas`), else why not.
 async fn replicaset_has_surplus(
@@ -152,10 +194,26 @@ async fn hold(state: &AppState, delete_at: Timestamp, deadline: Instant) {
         .try_into()
         .unwrap_or(Duration::ZERO);
     let until = deadline.min(Instant::now() + until_delete);
-    state.metrics.holds_in_flight.inc();
+    // Counted through a guard: a caller that hangs up drops this future mid-hold.
+    let _counted = HoldCounted::new(&state.metrics.holds_in_flight);
     tokio::select! {
         () = tokio::time::sleep_until(until) => {}
         () = state.shutdown.cancelled() => {}
     }
-    state.metrics.holds_in_flight.dec();
+}
+
+/// One held DELETE on the `holds_in_flight` gauge, for as long as it lives.
+struct HoldCounted<'a>(&'a prometheus_client::metrics::gauge::Gauge);
+
+impl<'a> HoldCounted<'a> {
+    fn new(gauge: &'a prometheus_client::metrics::gauge::Gauge) -> Self {
+        gauge.inc();
+        HoldCounted(gauge)
+    }
+}
+
+impl Drop for HoldCounted<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }

@@ -64,6 +64,20 @@ async fn delete(
     handle(state, Path::Delete, q.timeout, body).await
 }
 
+/// The longest webhook timeout kube-apiserver accepts (`timeoutSeconds` is validated to
+/// 1–30 s, `ValidateWebhook` in pkg/apis/admissionregistration/validation): a `timeout`
+/// parameter beyond it did not come from an API server, and no answer waits longer.
+pub(crate) const MAX_CALL_BUDGET: Duration = Duration::from_secs(30);
+
+/// How long this call may take: the API server's `timeout` parameter (a Go duration),
+/// else `default`, never more than [`MAX_CALL_BUDGET`].
+pub(crate) fn call_budget(timeout: Option<&str>, default: Duration) -> Duration {
+    timeout
+        .and_then(graceful_drain_core::duration::parse_go_duration)
+        .unwrap_or(default)
+        .min(MAX_CALL_BUDGET)
+}
+
 /// When a held DELETE must be answered: the API server's budget minus a margin.
 fn hold_deadline(started: Instant, budget: Duration) -> Instant {
     let margin = HOLD_MARGIN.min(budget / 2);
@@ -87,10 +101,7 @@ async fn handle(
             return (StatusCode::BAD_REQUEST, format!("{error}\n")).into_response();
         }
     };
-    let budget = timeout
-        .as_deref()
-        .and_then(graceful_drain_core::duration::parse_go_duration)
-        .unwrap_or(state.default_timeout);
+    let budget = call_budget(timeout.as_deref(), state.default_timeout);
     let span = tracing::info_span!(
         "review",
         uid = %review.request.uid,

@@ -494,8 +494,13 @@ mod answers {
             .cache
             .apply_pdb(&serde_json::from_value(pdb_json("1", 0)).unwrap());
         let call = tokio::spawn(call(st, "/validate/delete?timeout=2s", deletion()));
-        let scenarios = [PdbIs(pdb_json("2", 0)), Relabeled("web-1"), EventPosted];
-        let [_pdb, patch, event] = mock::play(&mut api, scenarios).await.try_into().unwrap();
+        let scenarios = [
+            PodIs(pod_json("uid-1")),
+            PdbIs(pdb_json("2", 0)),
+            Relabeled("web-1"),
+            EventPosted,
+        ];
+        let [_pod, _pdb, patch, event] = mock::play(&mut api, scenarios).await.try_into().unwrap();
         assert!(
             patch
                 .body
@@ -512,14 +517,19 @@ mod answers {
         assert_eq!(review["response"]["allowed"], true);
     }
 
-    /// A DELETE of `web/web-1`, a pod of ReplicaSet `web-abc`, by the ReplicaSet controller.
-    fn scale_down_deletion() -> Vec<u8> {
+    /// `web/web-1` as a pod of ReplicaSet `web-abc`.
+    fn replicaset_pod() -> Value {
         let mut pod = pod_json("uid-1");
         pod["metadata"]["labels"]["pod-template-hash"] = json!("abc");
         pod["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1",
             "kind": "ReplicaSet", "name": "web-abc", "uid": "rs-1",
             "controller": true, "blockOwnerDeletion": true}]);
-        let mut review: Value = serde_json::from_slice(&deletion_of(pod)).unwrap();
+        pod
+    }
+
+    /// A DELETE of `web/web-1`, a pod of ReplicaSet `web-abc`, by the ReplicaSet controller.
+    fn scale_down_deletion() -> Vec<u8> {
+        let mut review: Value = serde_json::from_slice(&deletion_of(replicaset_pod())).unwrap();
         review["request"]["userInfo"]["username"] = json!(REPLICASET_CONTROLLER);
         serde_json::to_vec(&review).unwrap()
     }
@@ -548,7 +558,11 @@ mod answers {
             "/validate/delete?timeout=10s",
             scale_down_deletion(),
         ));
-        mock::play(&mut api, [ReplicaSetIs(replicaset(2, 2))]).await;
+        mock::play(
+            &mut api,
+            [PodIs(replicaset_pod()), ReplicaSetIs(replicaset(2, 2))],
+        )
+        .await;
         let (_, review) = call.await.unwrap();
         assert_eq!(review["response"]["allowed"], false);
         let message = review["response"]["status"]["message"].as_str().unwrap();
@@ -573,12 +587,13 @@ mod answers {
             scale_down_deletion(),
         ));
         let scenarios = [
+            PodIs(replicaset_pod()),
             ReplicaSetIs(replicaset(2, 3)),
             ReplicaSetIs(replicaset(2, 3)),
             Relabeled("web-1"),
             EventPosted,
         ];
-        let [_rs, _reread, patch, _event] =
+        let [_pod, _rs, _reread, patch, _event] =
             mock::play(&mut api, scenarios).await.try_into().unwrap();
         let patch = patch.body.to_string();
         assert!(patch.contains(DELETE_AT_ANNOTATION), "{patch}");
@@ -692,14 +707,19 @@ mod answers {
     /// caller waits one webhook timeout, not two.
     #[tokio::test(start_paused = true)]
     async fn a_repeated_call_for_one_delete_continues_the_first_hold() {
-        let (client, _api) = mock::client();
+        let (client, mut api) = mock::client();
         let st = state(client);
         let mut pod = pod_json("uid-1");
         pod["metadata"]["labels"] = json!({DRAINING_LABEL: "true"});
         pod["metadata"]["annotations"] = json!({
             DELETE_AT_ANNOTATION: "2999-01-01T00:00:00Z",
             ORIGINAL_LABELS_ANNOTATION: "{\"app\":\"web\"}"});
-        let body = deletion_of(pod);
+        let body = deletion_of(pod.clone());
+        // Each call reads the pod live: it is isolated there too.
+        let live = tokio::spawn(async move {
+            mock::play(&mut api, [PodIs(pod.clone()), PodIs(pod)]).await;
+            api
+        });
         let started = tokio::time::Instant::now();
         let (_, first) = call(st.clone(), "/validate/delete?timeout=4s", body.clone()).await;
         assert_eq!(first["response"]["allowed"], true);
@@ -716,6 +736,7 @@ mod answers {
             first_held,
             "the second call is not held again"
         );
+        drop(live.await.unwrap());
     }
 
     /// With every hold slot taken, a DELETE of an exposed pod is answered at once and
@@ -727,7 +748,9 @@ mod answers {
         Arc::get_mut(&mut st).unwrap().holds = Holds::bounded(1);
         let taken = st.holds.slot().expect("the only slot");
         assert!(st.holds.slot().is_none(), "bounded at one");
-        let (_, review) = call(st.clone(), "/validate/delete?timeout=4s", deletion()).await;
+        let answer = tokio::spawn(call(st.clone(), "/validate/delete?timeout=4s", deletion()));
+        mock::play(&mut api, [PodIs(pod_json("uid-1"))]).await;
+        let (_, review) = answer.await.unwrap();
         assert_eq!(review["response"]["allowed"], true);
         let counted = st
             .metrics
@@ -761,14 +784,22 @@ mod answers {
         let call = tokio::spawn(call(st, "/validate/delete?timeout=4s", deletion()));
         let mut replacement = pod_json("uid-2");
         replacement["metadata"]["resourceVersion"] = json!("20");
-        mock::play(&mut api, [RelabelConflicts, PodIs(replacement)]).await;
+        mock::play(
+            &mut api,
+            [
+                PodIs(pod_json("uid-1")),
+                RelabelConflicts,
+                PodIs(replacement),
+            ],
+        )
+        .await;
         let (_, review) = call.await.unwrap();
         assert_eq!(review["response"]["allowed"], true);
         let next = api.next_request().await.map(|(r, _)| r.method().clone());
         assert_eq!(next, None, "the replacement was touched");
     }
 
-    /// The relabel never completes: the DELETE is allowed before the API server's deadline.
+    /// The API server never answers: the DELETE is allowed before the API server's deadline.
     #[tokio::test(start_paused = true)]
     async fn delete_is_allowed_at_the_deadline() {
         let (client, mut api) = mock::client();
@@ -783,5 +814,60 @@ mod answers {
             .expect("answered within the API server's deadline")
             .unwrap();
         assert_eq!(review["response"]["allowed"], true);
+    }
+
+    /// A DELETE review of a pod that does not exist (a forged one: the API server reviews
+    /// only what it is about to delete) is allowed and writes nothing: no PDB, no Event.
+    #[tokio::test]
+    async fn a_delete_review_of_a_missing_pod_writes_nothing() {
+        let (client, mut api) = mock::client();
+        let st = state(client);
+        st.ctx
+            .cache
+            .apply_pdb(&serde_json::from_value(pdb_json("1", 1)).unwrap());
+        let answer = tokio::spawn(call(st, "/validate/delete?timeout=4s", deletion()));
+        mock::play(&mut api, [PodMissing("web-1")]).await;
+        let (_, review) = answer.await.unwrap();
+        assert_eq!(review["response"]["allowed"], true);
+        let next = api.next_request().await.map(|(r, _)| r.method().clone());
+        assert_eq!(
+            next, None,
+            "something was written for a pod that does not exist"
+        );
+    }
+
+    /// A DELETE review whose copy of the pod is another incarnation than the live one
+    /// (another UID), or claims an isolation the live pod does not have, changes nothing.
+    #[tokio::test]
+    async fn a_delete_review_of_another_incarnation_changes_nothing() {
+        let (client, mut api) = mock::client();
+        let mut claimed = pod_json("uid-0");
+        claimed["metadata"]["labels"] = json!({DRAINING_LABEL: "true", "app": "web"});
+        let answer = tokio::spawn(call(
+            state(client),
+            "/validate/delete?timeout=4s",
+            deletion_of(claimed),
+        ));
+        mock::play(&mut api, [PodIs(pod_json("uid-1"))]).await;
+        let (_, review) = answer.await.unwrap();
+        assert_eq!(review["response"]["allowed"], true);
+        let next = api.next_request().await.map(|(r, _)| r.method().clone());
+        assert_eq!(next, None, "the live pod was touched");
+    }
+
+    /// A `timeout` beyond what kube-apiserver can send is clamped to its 30 s maximum, and
+    /// one too large for a duration does not fail the call.
+    #[test]
+    fn the_call_budget_never_exceeds_what_an_api_server_allows() {
+        use crate::admission::{MAX_CALL_BUDGET, call_budget};
+        let default = Duration::from_secs(10);
+        assert_eq!(call_budget(Some("5s"), default), Duration::from_secs(5));
+        assert_eq!(call_budget(None, default), default);
+        assert_eq!(call_budget(Some("1h"), default), MAX_CALL_BUDGET);
+        assert_eq!(
+            call_budget(Some("3000000000000000h"), default),
+            MAX_CALL_BUDGET
+        );
+        assert_eq!(call_budget(Some("bogus"), default), default);
     }
 }

@@ -125,6 +125,42 @@ impl Plan {
     }
 }
 
+/// Taints whose presence says a drainer is emptying the node: the cordon's own taint and
+/// those Karpenter (`karpenter.sh/disrupted`, pkg/apis/v1/taints.go) and Cluster Autoscaler
+/// (`ToBeDeletedByClusterAutoscaler`, cluster-autoscaler/utils/taints/taints.go) put on a
+/// node before they evict its pods.
+pub const DRAIN_TAINTS: [&str; 3] = [
+    "node.kubernetes.io/unschedulable",
+    "karpenter.sh/disrupted",
+    "ToBeDeletedByClusterAutoscaler",
+];
+
+/// Whether `pod`'s node is being drained, read live: cordoned, or carrying one of
+/// [`DRAIN_TAINTS`]. Only an authenticated user can put a node in that state, so it backs
+/// an eviction's word. Unknown (no node, a failed read) counts as not draining: the safe
+/// side, where the caller removes the pod itself.
+pub async fn node_draining(ctx: &Context, pod: &PodFacts) -> bool {
+    let Some(node) = pod.node_name.as_deref() else {
+        return false;
+    };
+    let api = Api::<k8s_openapi::api::core::v1::Node>::all(ctx.client.clone());
+    match api.get_opt(node).await {
+        Ok(Some(node)) => node.spec.is_some_and(|spec| {
+            spec.unschedulable == Some(true)
+                || spec
+                    .taints
+                    .iter()
+                    .flatten()
+                    .any(|t| DRAIN_TAINTS.contains(&t.key.as_str()))
+        }),
+        Ok(None) => false,
+        Err(error) => {
+            tracing::warn!(%node, error = %graceful_drain_core::error::chain(&error), "read node; counting it as not drained");
+            false
+        }
+    }
+}
+
 /// Isolates `pod`: PDB accounting, then the relabelling patch, then an Event.
 pub async fn isolate(
     ctx: &Context,
@@ -169,11 +205,29 @@ pub async fn isolate(
     // caller once due: its own disruption spent the budget, and the API server charges
     // every eviction again (`checkAndDecrement` in pkg/registry/core/pod/storage/
     // eviction.go exempts no pod already in `disruptedPods`). The deleter removes it.
+    //
+    // But the deleter acts on the webhook's own authority, so a review's word alone must
+    // never send a pod there (anyone reaching the port can post one, docs/security.md): an
+    // eviction's pod goes to the deleter only while its node is being drained, which only
+    // an authenticated user can start (a cordon or a drainer's taint). Elsewhere the
+    // caller comes back itself, and a pod nobody removes is restored.
     let in_pdb = snap
         .pdbs
         .iter()
         .any(|pdb| !removed.keys().any(|k| pdb.selector_keys.contains(k)));
-    let on_due = if in_pdb { OnDue::Deleter } else { plan.on_due };
+    let on_due = match plan.on_due {
+        OnDue::Caller if in_pdb && plan.charge == Charge::Required => {
+            if node_draining(ctx, pod).await {
+                OnDue::Deleter
+            } else {
+                tracing::info!(
+                    "pod stays in its PDB once isolated but its node is not being drained: the caller must remove it"
+                );
+                OnDue::Caller
+            }
+        }
+        on_due => on_due,
+    };
     let restore = (on_due == OnDue::Caller).then(|| restore_at(plan.delete_at, ctx.restore_after));
     let mut patch = isolation_patch(pod, &removed, plan.delete_at, plan.grace_period, restore);
     if let Some(controller) = controller {

@@ -17,6 +17,8 @@ const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/web/deployments";
 pub(crate) enum Scenario {
     /// The `GET` of the pod answers this pod (it names itself, in namespace `web`).
     PodIs(Value),
+    /// The `GET` of pod `web/<name>` answers 404: no such pod.
+    PodMissing(&'static str),
     /// The `GET` of the ReplicaSet answers this ReplicaSet (it names itself).
     ReplicaSetIs(Value),
     /// The `GET` of the Deployment answers this Deployment (it names itself).
@@ -49,6 +51,9 @@ impl mock::Scenario for Scenario {
         use Method as M;
         let step = match self {
             Scenario::PodIs(pod) => Step::new(M::GET, named(PODS, &pod), 200, pod),
+            Scenario::PodMissing(name) => {
+                Step::refused(M::GET, format!("{PODS}/{name}"), 404, "NotFound")
+            }
             Scenario::ReplicaSetIs(rs) => Step::new(M::GET, named(REPLICASETS, &rs), 200, rs),
             Scenario::DeploymentIs(d) => Step::new(M::GET, named(DEPLOYMENTS, &d), 200, d),
             Scenario::PdbIs(pdb) => Step::new(M::GET, PDB, 200, pdb),
