@@ -29,9 +29,9 @@ mod agent_support {
     pub mod harness;
 }
 use agent_support::harness::{args, condition, node_json};
-use graceful_drain_testing::eventually::{eventually, eventually_some};
 use graceful_drain_e2e::kubelet::{DEADLINE, Kubelet, connect};
 use graceful_drain_e2e::sim_api::{AGENT_USER, EVENT, NODE, SHOP, SimApi, shop_pod};
+use graceful_drain_testing::eventually::{eventually, eventually_some};
 use std::future::ready;
 
 async fn readyz(addr: std::net::SocketAddr) -> (u16, String) {
@@ -167,8 +167,7 @@ async fn kubelet_drives_a_drain_to_completion_and_back_to_service() {
     // Two refusals of web-2, then the budget allows one disruption, as the disruption
     // controller writes once a replacement turned ready (the agent waits at least a
     // second before its third attempt).
-    let refused =
-        |r: &graceful_drain_e2e::sim_api::Recorded| r.pod() == "web-2" && r.code == 429;
+    let refused = |r: &graceful_drain_e2e::sim_api::Recorded| r.pod() == "web-2" && r.code == 429;
     api.until("two refusals of web-2", || async {
         api.evictions().iter().filter(|r| refused(r)).count() == 2
     })

@@ -22,9 +22,9 @@ mod agent_support {
     pub mod harness;
 }
 use agent_support::harness::{args, condition, node_json};
-use graceful_drain_testing::eventually::eventually;
 use graceful_drain_e2e::kubelet::Kubelet;
 use graceful_drain_e2e::sim_api::{NODE, SimApi, shop_pod};
+use graceful_drain_testing::eventually::eventually;
 use std::future::ready;
 
 const DRAIN: &str = "graceful-drain";

@@ -6,8 +6,8 @@
 
 #[path = "lifecycle_support/plugin.rs"]
 mod plugin;
-use graceful_drain_testing::eventually::eventually;
 use graceful_drain_e2e::sim_api;
+use graceful_drain_testing::eventually::eventually;
 use std::future::ready;
 
 use std::time::Duration;

@@ -8,8 +8,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use graceful_drain_sim::command::AgentCommand;
 use graceful_drain_e2e::kubectl;
+use graceful_drain_sim::command::AgentCommand;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::{Arc, Mutex};

@@ -33,8 +33,8 @@ use kube_sim::apiserver::{ApiServer, Config, Faults};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use graceful_drain_testing::fixtures::{NodeFixture, node};
 use crate::kubelet::DEADLINE;
+use graceful_drain_testing::fixtures::{NodeFixture, node};
 
 pub use objects::shop_pod;
 

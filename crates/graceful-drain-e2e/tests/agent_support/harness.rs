@@ -5,8 +5,8 @@ use std::path::Path;
 use graceful_drain_agent::Args;
 use serde_json::Value;
 
-use graceful_drain_sim::command::AgentCommand;
 use graceful_drain_e2e::sim_api::{NODE, SimApi};
+use graceful_drain_sim::command::AgentCommand;
 
 /// The agent's arguments for node `n1`, its sockets under `dir`, the lifecycle reconciler
 /// off unless `flags` name it, then `flags`.
