@@ -31,9 +31,9 @@ use serde_json::json;
 
 use graceful_drain_core::proto::registration::RegistrationStatus;
 use graceful_drain_core::proto::registration::registration_client::RegistrationClient;
-use graceful_drain_sim::command::AgentCommand;
-use graceful_drain_e2e::tier::{TestCluster, Tier};
 use graceful_drain_e2e::kubelet::{Kubelet, connect};
+use graceful_drain_e2e::tier::{TestCluster, Tier};
+use graceful_drain_sim::command::AgentCommand;
 
 /// Bound for any convergence in these tests.
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -64,7 +64,9 @@ fn two_nodes() -> ClusterConfig {
 }
 
 async fn cluster() -> Cluster {
-    Cluster::start(two_nodes(), Shutdown::new()).await.unwrap()
+    graceful_drain_sim::setup::start(two_nodes(), Shutdown::new())
+        .await
+        .unwrap()
 }
 
 /// Two nodes on `tier`; `None` when the real tier is not available here.

@@ -24,8 +24,8 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube_sim::cluster::{Cluster, ClusterConfig, WebSpec, wait_for};
 use serde_json::json;
 
-use graceful_drain_sim::command::AgentCommand;
 use graceful_drain_e2e::kubelet::Kubelet;
+use graceful_drain_sim::command::AgentCommand;
 
 /// Bound for any convergence in these tests.
 const TIMEOUT: Duration = Duration::from_secs(90);
@@ -40,7 +40,9 @@ async fn cluster() -> Cluster {
         nodes: 2,
         ..ClusterConfig::default()
     };
-    Cluster::start(cfg, Shutdown::new()).await.unwrap()
+    graceful_drain_sim::setup::start(cfg, Shutdown::new())
+        .await
+        .unwrap()
 }
 
 fn web() -> WebSpec {
