@@ -107,7 +107,9 @@ async fn cluster_with_web(
         ..ClusterConfig::default()
     };
     let shutdown = Shutdown::new();
-    let cluster = Cluster::start(cfg, shutdown.clone()).await.unwrap();
+    let cluster = graceful_drain_sim::setup::start(cfg, shutdown.clone())
+        .await
+        .unwrap();
     let components = match webhook {
         Some(delay) => {
             let config = ComponentsConfig {

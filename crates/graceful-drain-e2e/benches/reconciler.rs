@@ -51,7 +51,9 @@ async fn cluster(nodes: usize) -> Cluster {
         nodes,
         ..ClusterConfig::default()
     };
-    Cluster::start(cfg, Shutdown::new()).await.unwrap()
+    graceful_drain_sim::setup::start(cfg, Shutdown::new())
+        .await
+        .unwrap()
 }
 
 /// Idle load of `nodes` agents over `window`: (requests in the window, per node per s).

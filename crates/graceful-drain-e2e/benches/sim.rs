@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use graceful_drain_core::runtime::Shutdown;
 use graceful_drain_sim::scenario::actions;
-use kube_sim::cluster::{Cluster, ClusterConfig, WebSpec};
+use kube_sim::cluster::{ClusterConfig, WebSpec};
 use kube_sim::controllers::kubelet::KubeletConfig;
 
 /// Bound of each step; a 500-pod drain takes seconds.
@@ -29,7 +29,7 @@ async fn bench(pods: usize) -> Result<Vec<Line>, Box<dyn std::error::Error>> {
         },
         ..ClusterConfig::default()
     };
-    let cluster = Cluster::start(cfg, Shutdown::new()).await?;
+    let cluster = graceful_drain_sim::setup::start(cfg, Shutdown::new()).await?;
     let client = cluster.client();
     let (drained, spare) = (cluster.nodes()[0].clone(), cluster.nodes()[1].clone());
     // Every pod on the first node: cordon the other one while scaling up.

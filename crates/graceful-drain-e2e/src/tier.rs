@@ -119,6 +119,9 @@ pub enum Error {
     /// The cluster could not be started or attached to.
     #[error(transparent)]
     Cluster(#[from] kube_sim::cluster::Error),
+    /// graceful-drain's CRDs could not be built for the cluster.
+    #[error(transparent)]
+    Crds(#[from] graceful_drain_core::lifecycle::crds::Error),
     /// The chart's RBAC could not be applied on the real tier.
     #[error("apply the chart's RBAC: {0}")]
     Rbac(String),
@@ -175,6 +178,7 @@ impl TestCluster {
     /// installs the chart itself (Helm refuses to take over objects it did not create).
     pub async fn start_bare(tier: Tier, cfg: ClusterConfig) -> Result<Option<TestCluster>, Error> {
         graceful_drain_core::runtime::install_crypto_provider();
+        let cfg = graceful_drain_sim::setup::configure(cfg)?;
         let dir = TempDir::new("gd-tier").map_err(Error::Scratch)?;
         let admin_kubeconfig = dir.path().join("admin.kubeconfig");
         let shutdown = Shutdown::new();

@@ -64,7 +64,9 @@ fn two_nodes() -> ClusterConfig {
 }
 
 async fn cluster() -> Cluster {
-    Cluster::start(two_nodes(), Shutdown::new()).await.unwrap()
+    graceful_drain_sim::setup::start(two_nodes(), Shutdown::new())
+        .await
+        .unwrap()
 }
 
 /// Two nodes on `tier`; `None` when the real tier is not available here.

@@ -40,7 +40,9 @@ async fn cluster() -> Cluster {
         nodes: 2,
         ..ClusterConfig::default()
     };
-    Cluster::start(cfg, Shutdown::new()).await.unwrap()
+    graceful_drain_sim::setup::start(cfg, Shutdown::new())
+        .await
+        .unwrap()
 }
 
 fn web() -> WebSpec {

@@ -30,7 +30,9 @@ fn init() {
 
 async fn cluster(cfg: ClusterConfig) -> Cluster {
     init();
-    Cluster::start(cfg, Shutdown::new()).await.unwrap()
+    graceful_drain_sim::setup::start(cfg, Shutdown::new())
+        .await
+        .unwrap()
 }
 
 async fn web_pods(cluster: &Cluster, spec: &WebSpec) -> Vec<Pod> {

@@ -61,7 +61,9 @@ async fn protected(spec: &WebSpec) -> (Cluster, Components) {
 async fn protected_with(spec: &WebSpec, config: ClusterConfig) -> (Cluster, Components) {
     graceful_drain_core::runtime::install_crypto_provider();
     graceful_drain_core::runtime::init_tracing(graceful_drain_core::runtime::LogFormat::Text);
-    let cluster = Cluster::start(config, Shutdown::new()).await.unwrap();
+    let cluster = graceful_drain_sim::setup::start(config, Shutdown::new())
+        .await
+        .unwrap();
     let components = Components::start(&cluster, &components_config())
         .await
         .unwrap();

@@ -27,7 +27,7 @@ const REVISION_LABEL: &str = "controller-revision-hash";
 async fn cluster() -> Cluster {
     graceful_drain_core::runtime::install_crypto_provider();
     graceful_drain_core::runtime::init_tracing(graceful_drain_core::runtime::LogFormat::Text);
-    Cluster::start(ClusterConfig::default(), Shutdown::new())
+    graceful_drain_sim::setup::start(ClusterConfig::default(), Shutdown::new())
         .await
         .unwrap()
 }

@@ -233,7 +233,9 @@ async fn setup_with(
 ) -> (Cluster, Webhook) {
     graceful_drain_core::runtime::install_crypto_provider();
     graceful_drain_core::runtime::init_tracing(graceful_drain_core::runtime::LogFormat::Text);
-    let cluster = Cluster::start(config, Shutdown::new()).await.unwrap();
+    let cluster = graceful_drain_sim::setup::start(config, Shutdown::new())
+        .await
+        .unwrap();
     let webhook = start_webhook_with(&cluster, delay, timeout_seconds, extra).await;
     deploy_protected(&cluster, spec).await;
     (cluster, webhook)
@@ -478,7 +480,9 @@ async fn webhook_with_client_ca_admits_the_api_servers_certificate_and_refuses_o
         cert: client.cert.clone(),
         key: client.key.clone(),
     });
-    let cluster = Cluster::start(config, Shutdown::new()).await.unwrap();
+    let cluster = graceful_drain_sim::setup::start(config, Shutdown::new())
+        .await
+        .unwrap();
     let webhook = start_webhook_with(
         &cluster,
         Duration::from_secs(1),
@@ -847,7 +851,7 @@ async fn isolate_then_stop_webhook(installed: bool) -> (Cluster, Api<Pod>, Isola
         min_available: 1,
         ..WebSpec::default()
     };
-    let cluster = Cluster::start(ClusterConfig::default(), Shutdown::new())
+    let cluster = graceful_drain_sim::setup::start(ClusterConfig::default(), Shutdown::new())
         .await
         .unwrap();
     let extra = ["--deployment", "graceful-drain-webhook"];
@@ -1257,7 +1261,9 @@ async fn a_held_member_stays_disrupted_in_its_pdb_past_the_deletion_timeout() {
         disruption_timeout: timeout,
         ..ClusterConfig::default()
     };
-    let cluster = Cluster::start(config, Shutdown::new()).await.unwrap();
+    let cluster = graceful_drain_sim::setup::start(config, Shutdown::new())
+        .await
+        .unwrap();
     let _webhook =
         start_webhook_with(&cluster, delay, 10, &["--disruption-renew-after", "1s"]).await;
     let web = WebSpec {
@@ -1549,7 +1555,9 @@ async fn without_the_deleter_lease_the_webhook_is_not_ready_and_isolates_nothing
         forbidden: vec![Forbidden::new(WEBHOOK_USER, "create", "leases")],
         ..Faults::default()
     };
-    let cluster = Cluster::start(config, Shutdown::new()).await.unwrap();
+    let cluster = graceful_drain_sim::setup::start(config, Shutdown::new())
+        .await
+        .unwrap();
     let spec = WebSpec {
         replicas: 3,
         min_available: 1,

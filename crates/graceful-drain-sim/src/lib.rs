@@ -3,12 +3,14 @@
 //!
 //! [`scenario`] runs the drain and rollout scenarios with and without graceful-drain and the
 //! scenario matrix; [`vmhost`] is the simulated VM host behind the maintenance hooks;
-//! [`command`] holds our components' command lines, shared with the tests and benches.
+//! [`command`] holds our components' command lines, shared with the tests and benches;
+//! [`setup`] gives every cluster what graceful-drain needs of it.
 //! `simulate` runs the scenarios and prints a table, or with `--serve` keeps a cluster up
 //! for `kubectl` and separately started components.
 
 pub mod command;
 pub mod scenario;
+pub mod setup;
 pub mod vmhost;
 
 use std::net::SocketAddr;
@@ -21,7 +23,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use self::scenario::ScenarioConfig;
 use self::scenario::components::ComponentsConfig;
 use graceful_drain_core::runtime::Shutdown;
-use kube_sim::cluster::{Cluster, ClusterConfig, WebSpec};
+use kube_sim::cluster::{ClusterConfig, WebSpec};
 use kube_sim::controllers::kubelet::KubeletConfig;
 use kube_sim::lb::{LbConfig, LbKind, LbModel};
 use kube_sim::traffic::TrafficConfig;
@@ -275,6 +277,9 @@ impl Args {
             disruption_timeout: self.pdb_deletion_timeout,
             replicaset_workers: self.replicaset_workers,
             max_pods: self.max_pods,
+            // graceful-drain's CRDs and draining label are added where the cluster starts
+            // (`setup`).
+            ..ClusterConfig::default()
         };
         let web = WebSpec {
             replicas: self.replicas,
@@ -578,7 +583,7 @@ async fn run_real(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> {
 
 async fn serve(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> {
     let cfg = args.scenario();
-    let cluster = Cluster::start(cfg.cluster.clone(), shutdown.clone()).await?;
+    let cluster = setup::start(cfg.cluster.clone(), shutdown.clone()).await?;
     cluster.deploy_web(&cfg.web, cfg.phase_timeout).await?;
     let path = args
         .kubeconfig_out

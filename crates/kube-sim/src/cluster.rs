@@ -24,19 +24,21 @@ use k8s_openapi::api::core::v1::{
     ServiceSpec,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 
-use super::apiserver::{self, ApiServer};
+use super::apiserver::{self, ApiServer, NOT_READY_TAINT};
 use super::controllers::{self, kubelet, users};
 use super::lb::{self, LbConfig, LbModel, LoadBalancers};
+use super::task::spawn_owned;
 use super::traffic::apps::{Apps, Behaviour};
 use super::traffic::clients::Clients;
 use super::traffic::timeline::{EventKind, Timeline};
 use super::traffic::{Target, Traffic, TrafficConfig};
-use graceful_drain_core::runtime::{Shutdown, spawn_owned};
+use tokio_util::sync::CancellationToken;
 
 /// Errors of the simulated cluster.
 #[derive(Debug, thiserror::Error)]
@@ -64,9 +66,6 @@ pub enum Error {
         /// How long it was awaited.
         after: Duration,
     },
-    /// The lifecycle CRDs could not be built.
-    #[error(transparent)]
-    Crds(#[from] graceful_drain_core::lifecycle::crds::Error),
     /// The kubeconfig of a real API server could not be read or used.
     #[error("kubeconfig {path}: {reason}")]
     Kubeconfig {
@@ -120,6 +119,13 @@ pub struct ClusterConfig {
     /// Pods each kubelet reports it holds (`status.allocatable.pods`; the kubelet's
     /// `--max-pods`, 110 by default), which the scheduler never exceeds.
     pub max_pods: usize,
+    /// CustomResourceDefinitions created once the cluster runs (an existing one is left
+    /// as it is); none by default.
+    pub crds: Vec<CustomResourceDefinition>,
+    /// A label that isolates a pod: when a kubelet first sees it on one of its pods, the
+    /// timeline records the pod as [`EventKind::Isolated`]. `None` (the default) records
+    /// no isolation.
+    pub isolation_label: Option<String>,
 }
 
 /// The kubelet's default `--max-pods`.
@@ -144,6 +150,8 @@ impl Default for ClusterConfig {
             disruption_timeout: controllers::disruption::DELETION_TIMEOUT,
             replicaset_workers: controllers::replicaset::DEFAULT_WORKERS,
             max_pods: DEFAULT_MAX_PODS,
+            crds: Vec::new(),
+            isolation_label: None,
         }
     }
 }
@@ -285,7 +293,7 @@ pub struct DataPlane {
     lbs: LoadBalancers,
     timeline: Timeline,
     nodes: Vec<String>,
-    shutdown: Shutdown,
+    shutdown: CancellationToken,
 }
 
 impl Drop for DataPlane {
@@ -311,7 +319,7 @@ impl Deref for Cluster {
 impl Cluster {
     /// Starts the API server, registers the nodes and starts every controller, kubelet
     /// and the load balancers. Stops when `shutdown` is cancelled or the cluster dropped.
-    pub async fn start(cfg: ClusterConfig, shutdown: Shutdown) -> Result<Cluster> {
+    pub async fn start(cfg: ClusterConfig, shutdown: CancellationToken) -> Result<Cluster> {
         let shutdown = shutdown.child_token();
         let api = ApiServer::start(cfg.api.clone(), shutdown.clone())
             .await
@@ -332,7 +340,7 @@ impl Cluster {
         let plane = DataPlane::start(&cfg, api.client("admin"), kubelets, lb_client, shutdown);
         spawn_controllers(&api, &cfg, &plane.shutdown);
         let cluster = Cluster { plane, api };
-        cluster.install_lifecycle_crds().await?;
+        cluster.install_crds(&cfg.crds).await?;
         Ok(cluster)
     }
 
@@ -350,7 +358,7 @@ impl DataPlane {
         client: kube::Client,
         kubelets: Vec<(String, kube::Client)>,
         lb_client: kube::Client,
-        shutdown: Shutdown,
+        shutdown: CancellationToken,
     ) -> DataPlane {
         let timeline = Timeline::new();
         let apps = Apps::default();
@@ -366,6 +374,7 @@ impl DataPlane {
                 app: cfg.app,
                 apps: apps.clone(),
                 timeline: timeline.clone(),
+                isolation_label: cfg.isolation_label.clone(),
             };
             spawn_owned(
                 "kubelet",
@@ -429,26 +438,19 @@ impl DataPlane {
     }
 
     /// The token that stops this cluster (a child of the one it was started with).
-    pub fn shutdown(&self) -> &Shutdown {
+    pub fn shutdown(&self) -> &CancellationToken {
         &self.shutdown
     }
 
-    /// Registers the `lifecycle.graceful-drain.io` CustomResourceDefinitions.
-    async fn install_lifecycle_crds(&self) -> Result<()> {
-        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    /// Creates the CustomResourceDefinitions of [`ClusterConfig::crds`].
+    async fn install_crds(&self, crds: &[CustomResourceDefinition]) -> Result<()> {
         let api: Api<CustomResourceDefinition> = Api::all(self.client());
-        // The same definitions `graceful-drain crds` prints and the chart installs.
-        for crd in graceful_drain_core::lifecycle::crds::crds()? {
+        for crd in crds {
             let name = crd.metadata.name.clone().unwrap_or_default();
-            match api.create(&PostParams::default(), &crd).await {
-                Err(kube::Error::Api(s)) if s.code == 409 => {}
-                r => {
-                    r.map_err(api_err(
-                        "create",
-                        format!("customresourcedefinition {name}"),
-                    ))?;
-                }
-            }
+            created(api.create(&PostParams::default(), crd).await).map_err(api_err(
+                "create",
+                format!("customresourcedefinition {name}"),
+            ))?;
         }
         Ok(())
     }
@@ -560,7 +562,7 @@ where
 }
 
 /// Starts the scheduler and the controllers, each with its user.
-fn spawn_controllers(api: &ApiServer, cfg: &ClusterConfig, s: &Shutdown) {
+fn spawn_controllers(api: &ApiServer, cfg: &ClusterConfig, s: &CancellationToken) {
     let disruption_timeout = cfg.disruption_timeout;
     use controllers::{
         daemonset, deployment, disruption, endpointslice, gc, job, replicaset, scheduler,
@@ -656,12 +658,6 @@ impl Deref for RealCluster {
     }
 }
 
-/// Taint kube-apiserver's TaintNodesByCondition admission (and the simulated API server's)
-/// puts on every new Node, which the node lifecycle controller lifts once the kubelet
-/// reports Ready. The real tier runs kube-controller-manager without that controller (no
-/// kubelet heartbeats) and the simulator has none, so registration lifts it.
-pub const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
-
 impl RealCluster {
     /// Registers `cfg.nodes` Nodes on the API server `kubeconfig` names (whose user must
     /// be a cluster administrator and may impersonate), and runs a simulated kubelet for
@@ -672,7 +668,7 @@ impl RealCluster {
     pub async fn attach(
         cfg: ClusterConfig,
         kubeconfig: &Path,
-        shutdown: Shutdown,
+        shutdown: CancellationToken,
     ) -> Result<RealCluster> {
         let shutdown = shutdown.child_token();
         let config = load_config(kubeconfig).await?;
@@ -701,7 +697,7 @@ impl RealCluster {
             config,
             kubeconfig: kubeconfig.to_path_buf(),
         };
-        cluster.install_lifecycle_crds().await?;
+        cluster.install_crds(&cfg.crds).await?;
         Ok(cluster)
     }
 
@@ -813,9 +809,9 @@ async fn register_and_report(
     Ok(())
 }
 
-/// A cluster graceful-drain's components can be given credentials for: the simulated
+/// A cluster that components under test can be given credentials for: the simulated
 /// API server (a token that names the user) or a real one (a ServiceAccount token from
-/// the TokenRequest API, so RBAC judges the component as it judges the chart's pods).
+/// the TokenRequest API, so RBAC judges the component as it judges an installed one).
 pub trait Access: Deref<Target = DataPlane> + Sync {
     /// Writes a kubeconfig at `path` that authenticates as `user`; on a real API server
     /// `user` must be a ServiceAccount (`system:serviceaccount:NS:NAME`), created if

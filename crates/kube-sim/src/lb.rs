@@ -32,7 +32,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::traffic::timeline::{EventKind, Timeline};
-use graceful_drain_core::runtime::Shutdown;
+use tokio_util::sync::CancellationToken;
 
 /// Label linking an EndpointSlice to its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -465,7 +465,7 @@ async fn publish_ingress(client: &kube::Client, svc: &Service) -> bool {
 pub async fn run(
     client: kube::Client,
     lbs: LoadBalancers,
-    shutdown: Shutdown,
+    shutdown: CancellationToken,
 ) -> Result<(), super::controllers::Error> {
     let watches = super::controllers::Watches::new(client.clone(), shutdown.clone());
     let wake = watches.wake();

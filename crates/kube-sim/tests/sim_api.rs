@@ -6,7 +6,6 @@
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
-use graceful_drain_core::runtime::Shutdown;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions, WatchEvent,
@@ -16,9 +15,10 @@ use kube::core::Status;
 use kube_sim::apiserver::{ApiServer, Config};
 use kube_sim::fixtures::{self, PodFixture, to_json};
 use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 
-async fn server(config: Config) -> (ApiServer, Shutdown) {
-    let shutdown = Shutdown::new();
+async fn server(config: Config) -> (ApiServer, CancellationToken) {
+    let shutdown = CancellationToken::new();
     let api = ApiServer::start(config, shutdown.clone()).await.unwrap();
     (api, shutdown)
 }
@@ -820,16 +820,16 @@ static GATE_REACHED: tokio::sync::Notify = tokio::sync::Notify::const_new();
 static GATE_OPEN: tokio::sync::Notify = tokio::sync::Notify::const_new();
 
 /// A tiny HTTPS webhook on loopback; returns its address, CA (PEM) and request log.
-async fn webhook_server(shutdown: Shutdown) -> (SocketAddr, String, Seen) {
-    graceful_drain_core::runtime::install_crypto_provider();
-    let dns = vec!["localhost".to_string(), "hooks.default.svc".to_string()];
-    let bundle =
-        graceful_drain_core::certs::generate("hooks", &dns, &["127.0.0.1".parse().unwrap()])
-            .unwrap();
-    let certs = rustls::pki_types::CertificateDer::pem_slice_iter(bundle.cert.as_bytes())
+async fn webhook_server(shutdown: CancellationToken) -> (SocketAddr, String, Seen) {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let names = ["localhost", "hooks.default.svc", "127.0.0.1"].map(String::from);
+    let issued = rcgen::generate_simple_self_signed(names.to_vec()).unwrap();
+    let ca = issued.cert.pem();
+    let certs = rustls::pki_types::CertificateDer::pem_slice_iter(ca.as_bytes())
         .collect::<Result<Vec<_>, _>>()
         .unwrap();
-    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(bundle.key.as_bytes()).unwrap();
+    let key = issued.signing_key.serialize_pem();
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
     let tls = rustls::ServerConfig::builder()
         .with_no_client_auth()
         .with_single_cert(certs, key)
@@ -862,7 +862,7 @@ async fn webhook_server(shutdown: Shutdown) -> (SocketAddr, String, Seen) {
             });
         }
     });
-    (addr, bundle.ca_cert, seen)
+    (addr, ca, seen)
 }
 
 use rustls::pki_types::pem::PemObject;
@@ -911,7 +911,7 @@ struct AdmissionFixture {
     hook_addr: SocketAddr,
     ca_bundle: String,
     seen: Seen,
-    _shutdown: Shutdown,
+    _shutdown: CancellationToken,
 }
 
 impl AdmissionFixture {
@@ -1189,23 +1189,41 @@ async fn failed_webhook_calls_follow_the_failure_policy() {
 // ---------------------------------------------------------------------------------
 // CRDs, defaults, events, leases
 
-use graceful_drain_core::lifecycle::types::{LifecycleEvent, LifecycleEventSpec};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::CustomResourceExt;
+use kube::ResourceExt;
+use kube::api::{ApiResource, DynamicObject};
+
+/// A cluster-scoped CRD shaped like real ones: a status subresource, a selectable
+/// `spec.node`, and schema defaults for `spec.size` and the status's `phase`.
+fn widget_crd() -> CustomResourceDefinition {
+    let schema = json!({"type": "object", "properties": {
+        "spec": {"type": "object", "properties": {
+            "node": {"type": "string"},
+            "size": {"type": "integer", "default": 1}}},
+        "status": {"type": "object", "default": {}, "properties": {
+            "phase": {"type": "string", "default": "Pending"}}}}});
+    serde_json::from_value(json!({
+        "metadata": {"name": "widgets.example.com"},
+        "spec": {"group": "example.com", "scope": "Cluster",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget",
+                      "listKind": "WidgetList"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "subresources": {"status": {}},
+                "selectableFields": [{"jsonPath": ".spec.node"}],
+                "schema": {"openAPIV3Schema": schema}}]}}))
+    .unwrap()
+}
 
 #[tokio::test]
-async fn crds_serve_cluster_scoped_lifecycle_events_with_status() {
+async fn crds_serve_custom_resources_with_their_defaults_and_selectable_fields() {
     let (api, _shutdown) = server(Config::default()).await;
     let client = api.client("admin");
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.create(&PostParams::default(), &LifecycleEvent::crd())
+    crds.create(&PostParams::default(), &widget_crd())
         .await
         .unwrap();
-    let crd = crds
-        .get("lifecycleevents.lifecycle.graceful-drain.io")
-        .await
-        .unwrap();
+    let crd = crds.get("widgets.example.com").await.unwrap();
     let conditions = crd.status.unwrap().conditions.unwrap();
     assert!(
         conditions
@@ -1215,52 +1233,63 @@ async fn crds_serve_cluster_scoped_lifecycle_events_with_status() {
 
     // Discovery lists the new group for kubectl and kube's dynamic APIs.
     let discovery = kube::Discovery::new(client.clone()).run().await.unwrap();
-    assert!(discovery.has_group("lifecycle.graceful-drain.io"));
+    assert!(discovery.has_group("example.com"));
 
-    let events: Api<LifecycleEvent> = Api::all(client.clone());
-    let mut event = LifecycleEvent::new(
-        "drain-n1",
-        LifecycleEventSpec {
-            transition_name: "drain".into(),
-            binding_node: "n1".into(),
-        },
-    );
-    event.status = Some(serde_json::from_value(json!({"claimStatus": "Claimed"})).unwrap());
-    let created = events.create(&PostParams::default(), &event).await.unwrap();
-    // Whatever the client sends, a new event starts Pending.
-    assert_eq!(
-        serde_json::to_value(created.status.unwrap()).unwrap()["claimStatus"],
-        "Pending"
-    );
-    let other = LifecycleEvent::new(
-        "drain-n2",
-        LifecycleEventSpec {
-            transition_name: "drain".into(),
-            binding_node: "n2".into(),
-        },
-    );
-    events.create(&PostParams::default(), &other).await.unwrap();
-    let on_n1 = events
-        .list(&ListParams::default().fields("spec.bindingNode=n1"))
+    let resource = ApiResource {
+        group: "example.com".into(),
+        version: "v1".into(),
+        api_version: "example.com/v1".into(),
+        kind: "Widget".into(),
+        plural: "widgets".into(),
+    };
+    let widgets: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    let widget = |name: &str, node: &str| {
+        DynamicObject::new(name, &resource).data(json!({"spec": {"node": node}}))
+    };
+    let mut first = widget("w1", "n1");
+    first.data["status"] = json!({"phase": "Done"});
+    let created = widgets
+        .create(&PostParams::default(), &first)
         .await
         .unwrap();
-    assert_eq!(on_n1.items.len(), 1);
-    let claimed = events
+    // The status a create sends is dropped; the schema's defaults fill in the rest.
+    assert_eq!(created.data["status"], json!({"phase": "Pending"}));
+    assert_eq!(created.data["spec"]["size"], 1);
+    widgets
+        .create(&PostParams::default(), &widget("w2", "n2"))
+        .await
+        .unwrap();
+    let on_n1 = widgets
+        .list(&ListParams::default().fields("spec.node=n1"))
+        .await
+        .unwrap();
+    let names: Vec<_> = on_n1.items.iter().map(|w| w.name_any()).collect();
+    assert_eq!(names, ["w1"]);
+    // Only metadata.name, metadata.namespace and the declared fields are selectable.
+    let by_name = widgets
+        .list(&ListParams::default().fields("metadata.name=w2"))
+        .await
+        .unwrap();
+    assert_eq!(by_name.items.len(), 1);
+    let undeclared = widgets
+        .list(&ListParams::default().fields("spec.size=1"))
+        .await
+        .unwrap_err();
+    assert_eq!(api_error(undeclared).code, 400);
+
+    let done = widgets
         .patch_status(
-            "drain-n1",
+            "w1",
             &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"claimStatus": "Claimed"}})),
+            &Patch::Merge(json!({"status": {"phase": "Done"}})),
         )
         .await
         .unwrap();
-    assert_eq!(
-        serde_json::to_value(claimed.status.unwrap()).unwrap()["claimStatus"],
-        "Claimed"
-    );
+    assert_eq!(done.data["status"]["phase"], "Done");
     // Custom resources take merge patches but not strategic ones.
-    let strategic = events
+    let strategic = widgets
         .patch(
-            "drain-n1",
+            "w1",
             &PatchParams::default(),
             &Patch::Strategic(json!({"metadata": {"labels": {"a": "b"}}})),
         )
@@ -1269,14 +1298,11 @@ async fn crds_serve_cluster_scoped_lifecycle_events_with_status() {
     assert_eq!(api_error(strategic).code, 415);
 
     // Deleting the CRD stops serving its resources.
-    crds.delete(
-        "lifecycleevents.lifecycle.graceful-drain.io",
-        &DeleteParams::default(),
-    )
-    .await
-    .unwrap();
+    crds.delete("widgets.example.com", &DeleteParams::default())
+        .await
+        .unwrap();
     assert_eq!(
-        api_error(events.list(&ListParams::default()).await.unwrap_err()).code,
+        api_error(widgets.list(&ListParams::default()).await.unwrap_err()).code,
         404
     );
 }

@@ -6,12 +6,12 @@
 use std::path::{Path, PathBuf};
 
 use futures::TryStreamExt;
-use graceful_drain_core::runtime::Shutdown;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube_sim::apiserver::{ApiServer, Config};
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
 struct Kubectl {
     kubeconfig: PathBuf,
@@ -55,7 +55,7 @@ impl Kubectl {
 }
 
 /// Stands in for the kubelets: pods marked for deletion are removed with grace 0.
-fn kubelet_stand_in(api: &ApiServer, shutdown: Shutdown) {
+fn kubelet_stand_in(api: &ApiServer, shutdown: CancellationToken) {
     let client = api.client("system:node:n1");
     let pods: Api<Pod> = Api::all(client.clone());
     tokio::spawn(async move {
@@ -152,7 +152,7 @@ spec:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_kubectl_gets_creates_applies_cordons_and_drains() {
-    let shutdown = Shutdown::new();
+    let shutdown = CancellationToken::new();
     let api = ApiServer::start(Config::default(), shutdown.clone())
         .await
         .unwrap();
@@ -303,8 +303,9 @@ async fn real_kubectl_gets_creates_applies_cordons_and_drains() {
 }
 
 /// A fresh API server and a kubectl bound to it.
-async fn kubectl_against_a_fresh_server() -> (ApiServer, Kubectl, tempfile::TempDir, Shutdown) {
-    let shutdown = Shutdown::new();
+async fn kubectl_against_a_fresh_server()
+-> (ApiServer, Kubectl, tempfile::TempDir, CancellationToken) {
+    let shutdown = CancellationToken::new();
     let api = ApiServer::start(Config::default(), shutdown.clone())
         .await
         .unwrap();

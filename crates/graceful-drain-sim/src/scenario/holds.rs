@@ -71,7 +71,7 @@ pub async fn run(
     cfg: &ScenarioConfig,
     shutdown: &Shutdown,
 ) -> Result<Report, Error> {
-    let cluster = RealCluster::attach(cfg.cluster.clone(), kubeconfig, shutdown.clone()).await?;
+    let cluster = crate::setup::attach(cfg.cluster.clone(), kubeconfig, shutdown.clone()).await?;
     super::real::apply_chart_rbac(&cluster).await?;
     let mut components = Components::start(&cluster, &cfg.components).await?;
     let idle = phase(&cluster, cfg, "holds-idle", false).await;

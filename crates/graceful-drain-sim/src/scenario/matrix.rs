@@ -29,7 +29,7 @@ use super::{
 };
 use graceful_drain_core::labels::DRAINING_LABEL;
 use graceful_drain_core::runtime::Shutdown;
-use kube_sim::cluster::{Access, Cluster, DataPlane, RealCluster, wait_for};
+use kube_sim::cluster::{Access, DataPlane, wait_for};
 use kube_sim::traffic::timeline::Event;
 
 /// Every scenario of `--matrix`, in table order.
@@ -352,11 +352,11 @@ async fn run_on_plane(
     kubeconfig: &std::path::Path,
     shutdown: &Shutdown,
 ) -> (Result<Outcome, Error>, Vec<Event>) {
-    let cluster = match RealCluster::attach(cfg.cluster.clone(), kubeconfig, shutdown.clone()).await
-    {
-        Ok(cluster) => cluster,
-        Err(e) => return (Err(e.into()), Vec::new()),
-    };
+    let cluster =
+        match crate::setup::attach(cfg.cluster.clone(), kubeconfig, shutdown.clone()).await {
+            Ok(cluster) => cluster,
+            Err(e) => return (Err(e), Vec::new()),
+        };
     if protection == Protection::GracefulDrain
         && let Err(e) = super::real::apply_chart_rbac(&cluster).await
     {
@@ -519,9 +519,9 @@ async fn run_disruption(
     protection: Protection,
     shutdown: &Shutdown,
 ) -> (Result<Outcome, Error>, Vec<Event>) {
-    let cluster = match Cluster::start(cfg.cluster.clone(), shutdown.clone()).await {
+    let cluster = match crate::setup::start(cfg.cluster.clone(), shutdown.clone()).await {
         Ok(cluster) => cluster,
-        Err(e) => return (Err(e.into()), Vec::new()),
+        Err(e) => return (Err(e), Vec::new()),
     };
     disrupt_timed(&cluster, cfg, scenario, protection).await
 }

@@ -25,7 +25,7 @@ use kube::api::ListParams;
 
 use self::components::{Components, ComponentsConfig};
 use graceful_drain_core::runtime::Shutdown;
-use kube_sim::cluster::{self, Cluster, ClusterConfig, DataPlane, WebSpec, wait_for};
+use kube_sim::cluster::{self, ClusterConfig, DataPlane, WebSpec, wait_for};
 use kube_sim::traffic::TrafficConfig;
 use kube_sim::traffic::clients::Clients;
 use kube_sim::traffic::timeline::Event;
@@ -64,6 +64,9 @@ pub enum Error {
         /// did not complete in time.
         reason: String,
     },
+    /// graceful-drain's CRDs could not be built for the cluster.
+    #[error(transparent)]
+    Crds(#[from] graceful_drain_core::lifecycle::crds::Error),
     /// A drain evicted a pod of a tier before the tier before it had left the node.
     #[error("eviction tiers out of order: {reason}")]
     TierOrder {
@@ -237,7 +240,7 @@ pub async fn run_protection(
             })
             .collect()
     };
-    let cluster = match Cluster::start(cfg.cluster.clone(), shutdown.clone()).await {
+    let cluster = match crate::setup::start(cfg.cluster.clone(), shutdown.clone()).await {
         Ok(c) => c,
         Err(e) => return failed(graceful_drain_core::error::chain(&e).to_string()),
     };

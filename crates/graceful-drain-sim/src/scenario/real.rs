@@ -249,7 +249,7 @@ pub async fn run(
     shutdown: &Shutdown,
     progress: &mut dyn FnMut(&RealRow),
 ) -> Result<Vec<RealRow>, Error> {
-    let cluster = RealCluster::attach(cfg.cluster.clone(), kubeconfig, shutdown.clone()).await?;
+    let cluster = crate::setup::attach(cfg.cluster.clone(), kubeconfig, shutdown.clone()).await?;
     let upstream = serves_eviction_requests(&cluster.client()).await;
     progress_note(upstream);
     let mut rows = Vec::new();

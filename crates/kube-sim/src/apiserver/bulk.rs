@@ -102,11 +102,11 @@ mod tests {
 
     use super::*;
     use crate::apiserver::Config;
-    use graceful_drain_core::runtime::Shutdown;
+    use tokio_util::sync::CancellationToken;
 
     #[tokio::test]
     async fn loaded_objects_read_back_like_created_ones_with_their_status() {
-        let server = ApiServer::start(Config::default(), Shutdown::new())
+        let server = ApiServer::start(Config::default(), CancellationToken::new())
             .await
             .unwrap();
         let pod = json!({"metadata": {"name": "p", "namespace": "default"},

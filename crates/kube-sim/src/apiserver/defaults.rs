@@ -3,6 +3,7 @@
 //! replicas and rollout strategy, Service type and cluster IP, ...), so controllers see
 //! the objects they would see on a real cluster, and the pod-update restriction
 //! (only images, tolerations, activeDeadlineSeconds and the grace period may change).
+//! Custom resources get the `default`s their CRD's schema declares ([`from_schema`]).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -169,6 +170,51 @@ pub(crate) fn apply(def: &ResourceDef, obj: &mut Value) {
     }
 }
 
+/// Applies the `default`s of a custom resource's structural schema, the way
+/// kube-apiserver does (`structuraldefaulting.Default` in k8s.io/apiextensions-apiserver
+/// pkg/apiserver/schema/defaulting/algorithm.go): a property that is absent, or `null`
+/// without `nullable: true`, gets its default, and defaulting continues into every
+/// property present afterwards, defaulted ones included, into array `items` and into
+/// `additionalProperties` values.
+pub(crate) fn from_schema(schema: &Value, obj: &mut Value) {
+    match obj {
+        Value::Object(map) => {
+            let properties = schema.get("properties").and_then(Value::as_object);
+            for (name, property) in properties.into_iter().flatten() {
+                default_property(map, name, property);
+            }
+            let extra = schema.get("additionalProperties").filter(|s| s.is_object());
+            for (name, value) in map.iter_mut() {
+                if let Some(property) = properties.and_then(|p| p.get(name)).or(extra) {
+                    from_schema(property, value);
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(item) = schema.get("items") {
+                items.iter_mut().for_each(|value| from_schema(item, value));
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Sets property `name` to its schema default when it is missing or a null it may not be.
+fn default_property(map: &mut Map<String, Value>, name: &str, property: &Value) {
+    let Some(default) = property.get("default") else {
+        return;
+    };
+    let nullable = property.get("nullable").and_then(Value::as_bool) == Some(true);
+    let unset = match map.get(name) {
+        None => true,
+        Some(Value::Null) => !nullable,
+        Some(_) => false,
+    };
+    if unset {
+        map.insert(name.to_string(), default.clone());
+    }
+}
+
 /// Pod spec fields an update may change (upstream ValidatePodUpdate).
 fn mutable_pod_spec_view(spec: &Value) -> Value {
     let mut view = spec.clone();
@@ -206,6 +252,30 @@ pub(crate) fn check_pod_update(old: &Value, new: &Value) -> Result<(), String> {
 mod tests {
     use super::*;
     use crate::apiserver::resources::Registry;
+
+    #[test]
+    fn schema_defaults_fill_absent_and_non_nullable_null_properties_top_down() {
+        let schema = json!({"type": "object", "properties": {
+            "spec": {"type": "object", "properties": {
+                "size": {"type": "integer", "default": 1},
+                "note": {"type": "string", "nullable": true, "default": "n"},
+                "ports": {"type": "array", "items": {"type": "object", "properties": {
+                    "protocol": {"type": "string", "default": "TCP"}}}},
+                "labels": {"type": "object", "additionalProperties": {
+                    "type": "object", "properties": {"weight": {"type": "integer", "default": 0}}}}}},
+            "status": {"type": "object", "default": {}, "properties": {
+                "phase": {"type": "string", "default": "Pending"}}}}});
+        let mut obj = json!({"spec": {"size": null, "note": null,
+            "ports": [{"port": 80}, {"protocol": "UDP"}], "labels": {"a": {}}}});
+        from_schema(&schema, &mut obj);
+        assert_eq!(
+            obj,
+            json!({"spec": {"size": 1, "note": null,
+                "ports": [{"port": 80, "protocol": "TCP"}, {"protocol": "UDP"}],
+                "labels": {"a": {"weight": 0}}},
+                "status": {"phase": "Pending"}})
+        );
+    }
 
     #[test]
     fn workloads_and_services_get_upstream_defaults() {

@@ -30,7 +30,7 @@ use rand::{Rng, SeedableRng};
 
 use super::request::{Target, UserInfo};
 use super::status::ApiError;
-use graceful_drain_core::runtime::Shutdown;
+use tokio_util::sync::CancellationToken;
 
 /// Faults the simulated API server injects.
 #[derive(Clone, Debug, PartialEq)]
@@ -129,11 +129,11 @@ pub(crate) struct Injector {
     /// Requests each burst still throttles.
     burst_left: Mutex<Vec<u32>>,
     /// Ends the hang of hung users' requests.
-    shutdown: Shutdown,
+    shutdown: CancellationToken,
 }
 
 impl Injector {
-    pub(crate) fn new(faults: Faults, shutdown: Shutdown) -> Self {
+    pub(crate) fn new(faults: Faults, shutdown: CancellationToken) -> Self {
         let rng = Mutex::new(StdRng::seed_from_u64(faults.seed));
         let burst_left = Mutex::new(faults.bursts.iter().map(|b| b.times).collect());
         Self {
@@ -274,7 +274,7 @@ mod tests {
     }
 
     fn with_faults(faults: Faults) -> Injector {
-        Injector::new(faults, Shutdown::new())
+        Injector::new(faults, CancellationToken::new())
     }
 
     /// `plural` (core group) in `namespace`, named `name`, with subresource `sub`.
@@ -424,7 +424,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_hung_users_requests_wait_for_the_shutdown_and_others_pass() {
-        let shutdown = Shutdown::new();
+        let shutdown = CancellationToken::new();
         let injector = Injector::new(
             Faults {
                 hung_users: vec!["agent".into()],

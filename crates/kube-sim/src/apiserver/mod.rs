@@ -48,11 +48,18 @@ use kube::config::{
     AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext,
 };
 
-use graceful_drain_core::runtime::Shutdown;
+use tokio_util::sync::CancellationToken;
 
 pub use self::bulk::LoadError;
 pub use self::faults::{Burst, Faults, Forbidden};
 pub use routing::{Route, RouteFrom};
+
+/// Taint kube-apiserver's TaintNodesByCondition admission (and this API server's) puts on
+/// every new Node, which the node lifecycle controller lifts once the kubelet reports Ready.
+/// The real tier runs kube-controller-manager without that controller (no kubelet
+/// heartbeats) and the simulator has none, so node registration in [`crate::cluster`]
+/// lifts it.
+pub const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
 
 /// Errors starting the simulated API server.
 #[derive(Debug, thiserror::Error)]
@@ -220,7 +227,7 @@ pub(crate) struct Ctx {
     pub routes: Mutex<routing::Routes>,
     pub url: String,
     pub config: Config,
-    pub shutdown: Shutdown,
+    pub shutdown: CancellationToken,
     pub faults: faults::Injector,
 }
 
@@ -338,7 +345,7 @@ impl std::fmt::Debug for ApiServer {
 
 impl ApiServer {
     /// Binds the listener, creates the built-in namespaces and serves until `shutdown`.
-    pub async fn start(config: Config, shutdown: Shutdown) -> Result<ApiServer> {
+    pub async fn start(config: Config, shutdown: CancellationToken) -> Result<ApiServer> {
         let listener = tokio::net::TcpListener::bind(config.addr)
             .await
             .map_err(|source| Error::Bind {
@@ -370,7 +377,7 @@ impl ApiServer {
         }
         let router = handler::router(ctx.clone());
         let stop = shutdown.clone();
-        graceful_drain_core::runtime::spawn_owned("sim-apiserver", shutdown, async move {
+        crate::task::spawn_owned("sim-apiserver", shutdown, async move {
             axum::serve(listener, router)
                 .with_graceful_shutdown(async move { stop.cancelled().await })
                 .await

@@ -47,6 +47,8 @@ pub(crate) struct ResourceDef {
     pub view: View,
     /// (name, type, jsonPath) Table columns of a custom resource.
     pub printer_columns: Vec<(String, String, String)>,
+    /// A custom resource's `openAPIV3Schema`, whose `default`s the API server applies.
+    pub schema: Option<Arc<Value>>,
 }
 
 impl ResourceDef {
@@ -210,6 +212,7 @@ impl Default for Registry {
                         View::Native
                     },
                     printer_columns: Vec::new(),
+                    schema: None,
                 })
             })
             .collect();
@@ -468,7 +471,9 @@ fn subresource_entry(d: &ResourceDef, sub: &str) -> Value {
     }
 }
 
-/// A CRD version's `selectableFields` as field-selector paths.
+/// A CRD version's `selectableFields` as field-selector paths. As in kube-apiserver
+/// (CustomResourceFieldSelectors, GA in 1.32), a custom resource can be selected on
+/// `metadata.name`, `metadata.namespace` and exactly these fields.
 fn selectable_fields(version: &Value) -> Vec<String> {
     version
         .get("selectableFields")
@@ -542,11 +547,6 @@ fn crd_defs(crd: &Value) -> Vec<ResourceDef> {
         .filter_map(|v| {
             let version = v.get("name")?.as_str()?.to_string();
             let status = v.pointer("/subresources/status").is_some();
-            let mut fields = selectable_fields(v);
-            if group == "lifecycle.graceful-drain.io" && plural == "lifecycleevents" {
-                fields.push("spec.bindingNode".into());
-                fields.push("spec.transitionName".into());
-            }
             Some(ResourceDef {
                 group: group.clone(),
                 version,
@@ -560,11 +560,12 @@ fn crd_defs(crd: &Value) -> Vec<ResourceDef> {
                 } else {
                     vec![]
                 },
-                selectable_fields: fields,
+                selectable_fields: selectable_fields(v),
                 normalize: None,
                 custom: true,
                 view: View::Native,
                 printer_columns: printer_columns(v),
+                schema: v.pointer("/schema/openAPIV3Schema").cloned().map(Arc::new),
             })
         })
         .collect()
@@ -604,19 +605,14 @@ mod tests {
     #[test]
     fn crd_installs_cluster_scoped_resources() {
         let reg = Registry::default();
-        let crd = json!({"spec": {"group": "lifecycle.graceful-drain.io", "scope": "Cluster",
-            "names": {"plural": "lifecycleevents", "kind": "LifecycleEvent"},
+        let crd = json!({"spec": {"group": "example.com", "scope": "Cluster",
+            "names": {"plural": "widgets", "kind": "Widget"},
             "versions": [{"name": "v1alpha1", "served": true, "subresources": {"status": {}}}]}});
         reg.install_crd(&crd);
-        let def = reg
-            .find("lifecycle.graceful-drain.io", "v1alpha1", "lifecycleevents")
-            .unwrap();
+        let def = reg.find("example.com", "v1alpha1", "widgets").unwrap();
         assert!(!def.namespaced);
         assert!(def.has_status());
         reg.remove_crd(&crd);
-        assert!(
-            reg.find("lifecycle.graceful-drain.io", "v1alpha1", "lifecycleevents")
-                .is_none()
-        );
+        assert!(reg.find("example.com", "v1alpha1", "widgets").is_none());
     }
 }

@@ -6,7 +6,9 @@
 
 use serde_json::Value;
 
-use graceful_drain_core::selector::{Selector, SelectorExt, json_labels, parse_label_selector};
+use kube::core::{Selector, SelectorExt};
+
+use crate::selector::{json_labels, parse_label_selector};
 
 /// A parsed label selector (all requirements must hold).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -37,7 +39,7 @@ impl LabelSelector {
     }
 }
 
-pub(crate) use graceful_drain_core::selector::selector_object_matches;
+pub(crate) use crate::selector::selector_object_matches;
 
 impl FieldSelector {
     /// Parses the `fieldSelector` query syntax, accepting only the paths in `allowed`

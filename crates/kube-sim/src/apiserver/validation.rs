@@ -1,6 +1,6 @@
 //! Field validation the registry runs on every create and update of a kind, after
 //! defaulting and mutating admission, before the object is stored. Only the rules of
-//! kinds graceful-drain depends on are modelled; an object they refuse is a 422 that
+//! kinds its clients have been seen to trip over are modelled; an object they refuse is a 422 that
 //! names it, as upstream answers, and nothing is stored.
 
 use serde_json::Value;

@@ -11,7 +11,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::DeleteOptions;
 use rand::Rng;
 use serde_json::{Map, Value, json};
 
-use super::Ctx;
 use super::admission::{self, Attributes, Operation};
 use super::defaults;
 use super::patch::{self, PatchKind};
@@ -19,6 +18,7 @@ use super::request::{Req, Target, UserInfo, check_deadline, get};
 use super::resources::ResourceDef;
 use super::status::{ApiError, ApiResult};
 use super::store::{StoreError, rv_of};
+use super::{Ctx, NOT_READY_TAINT};
 
 /// How often a write retries after losing a resourceVersion race with another writer
 /// (patch and delete retry internally like upstream's GuaranteedUpdate).
@@ -145,6 +145,8 @@ pub(crate) fn prepare_body(def: &ResourceDef, body: Value, fields: Fields) -> Ap
             )));
         }
         defaults::apply(def, &mut obj);
+    } else if let Some(schema) = &def.schema {
+        defaults::from_schema(schema, &mut obj);
     }
     super::validation::validate(def, &obj)?;
     meta_mut(&mut obj)
@@ -305,18 +307,28 @@ pub(crate) fn prepare_for_create(def: &ResourceDef, obj: &mut Value) {
                 }),
             );
         }
-        ("lifecycle.graceful-drain.io", "lifecycleevents") => {
-            map.insert("status".into(), json!({"claimStatus": "Pending"}));
-        }
         _ if def.has_status() => {
             map.remove("status");
         }
         _ => {}
     }
+    default_custom_status(def, obj);
+}
+
+/// A custom resource with a status subresource starts without status: kube-apiserver
+/// drops what the create body sent (`PrepareForCreate` in k8s.io/apiextensions-apiserver
+/// pkg/registry/customresource/strategy.go). Every read of it from etcd is defaulted by
+/// the CRD's schema again, so clients see the status the schema's defaults make of
+/// nothing (a `status` defaulting to `{}` with a `phase` defaulting to `Pending` reads as
+/// `{"phase": "Pending"}`); the simulated store keeps what it serves, so the defaults are
+/// applied here, once the status is gone.
+fn default_custom_status(def: &ResourceDef, obj: &mut Value) {
+    if let Some(schema) = def.schema.as_ref().filter(|_| def.has_status()) {
+        defaults::from_schema(schema, obj);
+    }
 }
 
 fn add_not_ready_taint(node: &mut serde_json::Map<String, Value>) {
-    use crate::cluster::NOT_READY_TAINT;
     let spec = node.entry("spec").or_insert_with(|| json!({}));
     let Some(spec) = spec.as_object_mut() else {
         return;

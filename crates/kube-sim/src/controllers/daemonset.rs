@@ -38,10 +38,10 @@ use kube::{Api, ResourceExt};
 use super::deployment::template_hash;
 use super::statefulset::{Expectations, REVISION_LABEL, delete_pod, set_owner};
 use super::{
-    Result, Watches, Workers, api_err, by_namespace, controller_of, key, labels_of, next_pass,
-    ns_name, pod_finished, pod_ready, ready, scaled, selector_matches,
+    Reconciler, Result, Watches, Workers, api_err, by_namespace, controller_of, key, labels_of,
+    ns_name, pod_finished, pod_ready, ready, run_passes, scaled, selector_matches,
 };
-use graceful_drain_core::runtime::Shutdown;
+use tokio_util::sync::CancellationToken;
 
 /// The tolerations every daemon pod gets (upstream `AddOrUpdateDaemonPodTolerations`):
 /// it survives the node turning not-ready or unreachable, and is placed on nodes under
@@ -643,7 +643,7 @@ struct Controller {
     expectations: Expectations,
 }
 
-impl Controller {
+impl Reconciler for Controller {
     async fn pass(&mut self) -> Option<Instant> {
         let now = Instant::now();
         let all = self.pods.state();
@@ -687,7 +687,7 @@ impl Controller {
 }
 
 /// Runs the DaemonSet controller until `shutdown`.
-pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
+pub async fn run(client: kube::Client, shutdown: CancellationToken) -> Result<()> {
     let watches = Watches::new(client.clone(), shutdown.clone());
     let wake = watches.wake();
     let sets = watches.all::<DaemonSet>();
@@ -699,7 +699,7 @@ pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
     {
         return Ok(());
     }
-    let mut ctl = Controller {
+    let ctl = Controller {
         client,
         sets,
         nodes,
@@ -707,12 +707,7 @@ pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
         workers: Workers::new(wake.clone()),
         expectations: Expectations::default(),
     };
-    loop {
-        let next = ctl.pass().await;
-        if !next_pass(&wake, &shutdown, next).await {
-            return Ok(());
-        }
-    }
+    run_passes(ctl, &wake, &shutdown).await
 }
 
 #[cfg(test)]

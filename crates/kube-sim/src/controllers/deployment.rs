@@ -20,10 +20,10 @@ use kube::runtime::reflector::Store;
 use kube::{Api, ResourceExt};
 
 use super::{
-    Error, Result, Watches, Workers, api_err, controller_of, next_pass, ns_name, ready, scaled,
-    status_code,
+    Error, Reconciler, Result, Watches, Workers, api_err, controller_of, ns_name, ready,
+    run_passes, scaled, status_code,
 };
-use graceful_drain_core::runtime::Shutdown;
+use tokio_util::sync::CancellationToken;
 
 /// Label (on ReplicaSets, their selectors and pods) naming the template version.
 pub const POD_TEMPLATE_HASH: &str = "pod-template-hash";
@@ -346,8 +346,8 @@ struct Controller {
     workers: Workers,
 }
 
-impl Controller {
-    fn pass(&mut self) -> Option<Instant> {
+impl Reconciler for Controller {
+    async fn pass(&mut self) -> Option<Instant> {
         let sets = self.sets.state();
         for deploy in self.deployments.state() {
             let uid = deploy.uid().unwrap_or_default();
@@ -371,7 +371,7 @@ impl Controller {
 }
 
 /// Runs the Deployment controller until `shutdown`.
-pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
+pub async fn run(client: kube::Client, shutdown: CancellationToken) -> Result<()> {
     let watches = Watches::new(client.clone(), shutdown.clone());
     let wake = watches.wake();
     let deployments = watches.all::<Deployment>();
@@ -379,18 +379,13 @@ pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
     if !(ready(&deployments, &shutdown).await && ready(&sets, &shutdown).await) {
         return Ok(());
     }
-    let mut ctl = Controller {
+    let ctl = Controller {
         client,
         deployments,
         sets,
         workers: Workers::new(wake.clone()),
     };
-    loop {
-        let next = ctl.pass();
-        if !next_pass(&wake, &shutdown, next).await {
-            return Ok(());
-        }
-    }
+    run_passes(ctl, &wake, &shutdown).await
 }
 
 #[cfg(test)]

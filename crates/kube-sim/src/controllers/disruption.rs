@@ -34,10 +34,10 @@ use kube::runtime::reflector::Store;
 use kube::{Api, Resource, ResourceExt};
 
 use super::{
-    Result, Watches, api_err, by_namespace, controller_of, labels_of, next_pass, ns_name,
-    pod_ready, ready, scaled, selector_matches, status_code,
+    Reconciler, Result, Watches, api_err, by_namespace, controller_of, labels_of, ns_name,
+    pod_ready, ready, run_passes, scaled, selector_matches, status_code,
 };
-use graceful_drain_core::runtime::Shutdown;
+use tokio_util::sync::CancellationToken;
 
 /// How long a pod listed in `disruptedPods` counts as disrupted without being deleted
 /// (the upstream `DeletionTimeout`, two minutes).
@@ -416,7 +416,9 @@ impl Controller {
         }
         others
     }
+}
 
+impl Reconciler for Controller {
     async fn pass(&mut self) -> Option<Instant> {
         let now = jiff::Timestamp::now();
         let (sets, deployments) = (self.sets.state(), self.deployments.state());
@@ -462,7 +464,9 @@ impl Controller {
         }
         next
     }
+}
 
+impl Controller {
     /// A Warning event `UnmanagedPods` on the PDB when its set of unmanaged pods changed.
     async fn report_unmanaged(&mut self, pdb: &PodDisruptionBudget, unmanaged: &[String]) {
         let (ns, name) = ns_name(pdb);
@@ -547,7 +551,7 @@ impl Controller {
 /// disrupted for at most `deletion_timeout`.
 pub async fn run(
     client: kube::Client,
-    shutdown: Shutdown,
+    shutdown: CancellationToken,
     deletion_timeout: Duration,
 ) -> Result<()> {
     let watches = Watches::new(client.clone(), shutdown.clone());
@@ -565,7 +569,7 @@ pub async fn run(
     {
         return Ok(());
     }
-    let mut ctl = Controller {
+    let ctl = Controller {
         client,
         deletion_timeout,
         pdbs,
@@ -575,12 +579,7 @@ pub async fn run(
         statefulsets,
         reported: HashMap::new(),
     };
-    loop {
-        let next = ctl.pass().await;
-        if !next_pass(&wake, &shutdown, next).await {
-            return Ok(());
-        }
-    }
+    run_passes(ctl, &wake, &shutdown).await
 }
 
 #[cfg(test)]

@@ -30,11 +30,11 @@ use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 
 use super::{
-    Result, Watches, api_err, by_namespace, labels_of, map_selector_matches, next_pass, ns_name,
-    pod_finished, pod_ready, ready, status_code,
+    Reconciler, Result, Watches, api_err, by_namespace, labels_of, map_selector_matches, ns_name,
+    pod_finished, pod_ready, ready, run_passes, status_code,
 };
 use crate::lb::SERVICE_NAME_LABEL;
-use graceful_drain_core::runtime::Shutdown;
+use tokio_util::sync::CancellationToken;
 
 /// Label naming the controller that manages a slice.
 pub const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
@@ -293,7 +293,7 @@ fn fresher<'a>(
     }
 }
 
-impl Controller {
+impl Reconciler for Controller {
     async fn pass(&mut self) -> Option<Instant> {
         let by_ns = by_namespace(&self.pods.state());
         let slices = self.slices.state();
@@ -369,7 +369,9 @@ impl Controller {
         }
         None
     }
+}
 
+impl Controller {
     /// Creates or updates the slice; returns what was written, if anything.
     async fn write(
         &self,
@@ -400,7 +402,7 @@ impl Controller {
 }
 
 /// Runs the EndpointSlice controller until `shutdown`.
-pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
+pub async fn run(client: kube::Client, shutdown: CancellationToken) -> Result<()> {
     let watches = Watches::new(client.clone(), shutdown.clone());
     let wake = watches.wake();
     let services = watches.all::<Service>();
@@ -413,19 +415,14 @@ pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
     {
         return Ok(());
     }
-    let mut ctl = Controller {
+    let ctl = Controller {
         client,
         services,
         pods,
         slices,
         written: Default::default(),
     };
-    loop {
-        let next = ctl.pass().await;
-        if !next_pass(&wake, &shutdown, next).await {
-            return Ok(());
-        }
-    }
+    run_passes(ctl, &wake, &shutdown).await
 }
 
 #[cfg(test)]

@@ -17,8 +17,10 @@ use kube::runtime::reflector::Store;
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
-use super::{Result, Watches, api_err, controller_of, next_pass, ns_name, ready, status_code};
-use graceful_drain_core::runtime::Shutdown;
+use super::{
+    Reconciler, Result, Watches, api_err, controller_of, ns_name, ready, run_passes, status_code,
+};
+use tokio_util::sync::CancellationToken;
 
 /// Whether the owner `(name, uid)` of a dependent in `ns` is really gone.
 async fn owner_gone<O>(client: &kube::Client, ns: &str, name: &str, uid: &str) -> Result<bool>
@@ -85,8 +87,44 @@ where
     Ok(())
 }
 
+/// The collector's caches of owners and dependents.
+struct Collector {
+    client: kube::Client,
+    deployments: Store<Deployment>,
+    sets: Store<ReplicaSet>,
+    pods: Store<Pod>,
+    statefulsets: Store<StatefulSet>,
+    daemonsets: Store<DaemonSet>,
+    jobs: Store<Job>,
+}
+
+impl Reconciler for Collector {
+    /// Collects what lost its owner; a failure is retried at the next pass, which only a
+    /// change or the resync brings.
+    async fn pass(&mut self) -> Option<Instant> {
+        let client = &self.client;
+        let sets = self.sets.state();
+        let collected =
+            collect::<ReplicaSet, Deployment>(client, &sets, &self.deployments, "Deployment");
+        if let Err(error) = collected.await {
+            tracing::info!(%error, "garbage collection failed; will retry");
+        }
+        let pods = self.pods.state();
+        let passes = [
+            collect::<Pod, ReplicaSet>(client, &pods, &self.sets, "ReplicaSet").await,
+            collect::<Pod, StatefulSet>(client, &pods, &self.statefulsets, "StatefulSet").await,
+            collect::<Pod, DaemonSet>(client, &pods, &self.daemonsets, "DaemonSet").await,
+            collect::<Pod, Job>(client, &pods, &self.jobs, "Job").await,
+        ];
+        for error in passes.into_iter().filter_map(Result::err) {
+            tracing::info!(%error, "garbage collection failed; will retry");
+        }
+        None
+    }
+}
+
 /// Runs the garbage collector until `shutdown`.
-pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
+pub async fn run(client: kube::Client, shutdown: CancellationToken) -> Result<()> {
     let watches = Watches::new(client.clone(), shutdown.clone());
     let wake = watches.wake();
     let deployments = watches.all::<Deployment>();
@@ -104,26 +142,14 @@ pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
     {
         return Ok(());
     }
-    loop {
-        let next: Option<Instant> = None;
-        if let Err(error) =
-            collect::<ReplicaSet, Deployment>(&client, &sets.state(), &deployments, "Deployment")
-                .await
-        {
-            tracing::info!(%error, "garbage collection failed; will retry");
-        }
-        let pods = pods.state();
-        let passes = [
-            collect::<Pod, ReplicaSet>(&client, &pods, &sets, "ReplicaSet").await,
-            collect::<Pod, StatefulSet>(&client, &pods, &statefulsets, "StatefulSet").await,
-            collect::<Pod, DaemonSet>(&client, &pods, &daemonsets, "DaemonSet").await,
-            collect::<Pod, Job>(&client, &pods, &jobs, "Job").await,
-        ];
-        for error in passes.into_iter().filter_map(Result::err) {
-            tracing::info!(%error, "garbage collection failed; will retry");
-        }
-        if !next_pass(&wake, &shutdown, next).await {
-            return Ok(());
-        }
-    }
+    let collector = Collector {
+        client,
+        deployments,
+        sets,
+        pods,
+        statefulsets,
+        daemonsets,
+        jobs,
+    };
+    run_passes(collector, &wake, &shutdown).await
 }

@@ -58,10 +58,10 @@ use kube::{Api, ResourceExt};
 
 use super::statefulset::{Expectations, delete_pod, set_owner};
 use super::{
-    Result, Watches, Workers, api_err, by_namespace, controller_of, key, labels_of, next_pass,
-    ns_name, pod_active, pod_ready, ready, selector_matches, status_code,
+    Reconciler, Result, Watches, Workers, api_err, by_namespace, controller_of, key, labels_of,
+    ns_name, pod_active, pod_ready, ready, run_passes, selector_matches, status_code,
 };
-use graceful_drain_core::runtime::Shutdown;
+use tokio_util::sync::CancellationToken;
 
 /// Finalizer that keeps a Job's pod until the controller has counted it (upstream
 /// `batch.JobTrackingFinalizer`).
@@ -829,7 +829,7 @@ struct Controller {
     expectations: Expectations,
 }
 
-impl Controller {
+impl Reconciler for Controller {
     async fn pass(&mut self) -> Option<Instant> {
         let now = Instant::now();
         let all = self.pods.state();
@@ -863,7 +863,9 @@ impl Controller {
         }
         next
     }
+}
 
+impl Controller {
     /// Upstream `syncOrphanPod`: a pod holding the tracking finalizer whose controller is
     /// not a live, unfinished Job (deleted, finished, or the pod was released) loses it.
     fn release_orphans(&mut self, jobs: &[Arc<Job>], pods: &[Arc<Pod>]) {
@@ -890,7 +892,7 @@ impl Controller {
 }
 
 /// Runs the Job controller until `shutdown`.
-pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
+pub async fn run(client: kube::Client, shutdown: CancellationToken) -> Result<()> {
     let watches = Watches::new(client.clone(), shutdown.clone());
     let wake = watches.wake();
     let jobs = watches.all::<Job>();
@@ -898,19 +900,14 @@ pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
     if !(ready(&jobs, &shutdown).await && ready(&pods, &shutdown).await) {
         return Ok(());
     }
-    let mut ctl = Controller {
+    let ctl = Controller {
         client,
         jobs,
         pods,
         workers: Workers::new(wake.clone()),
         expectations: Expectations::default(),
     };
-    loop {
-        let next = ctl.pass().await;
-        if !next_pass(&wake, &shutdown, next).await {
-            return Ok(());
-        }
-    }
+    run_passes(ctl, &wake, &shutdown).await
 }
 
 #[cfg(test)]

@@ -39,11 +39,10 @@ use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 
-use super::{Result, Watches, api_err, key, next_pass, ns_name, ready, status_code};
+use super::{Reconciler, Result, Watches, api_err, key, ns_name, ready, run_passes, status_code};
 use crate::traffic::apps::{APP_BEHAVIOUR_ANNOTATION, Apps, Behaviour};
 use crate::traffic::timeline::{EventKind, Timeline};
-use graceful_drain_core::labels::DRAINING_LABEL;
-use graceful_drain_core::runtime::Shutdown;
+use tokio_util::sync::CancellationToken;
 
 /// Concurrent status patches and deletes of one kubelet.
 const CALL_CONCURRENCY: usize = 16;
@@ -315,6 +314,8 @@ struct Kubelet {
     app: Behaviour,
     apps: Apps,
     timeline: Timeline,
+    /// See [`Context::isolation_label`].
+    isolation_label: Option<String>,
     pods: Store<Pod>,
     local: HashMap<String, Local>,
     next_ip: u32,
@@ -349,7 +350,8 @@ impl Kubelet {
         let Some(st) = self.local.get_mut(&uid) else {
             return (None, None);
         };
-        if !st.isolated && pod.labels().contains_key(DRAINING_LABEL) {
+        let isolating = self.isolation_label.as_ref();
+        if !st.isolated && isolating.is_some_and(|l| pod.labels().contains_key(l)) {
             st.isolated = true;
             env.timeline.record(EventKind::Isolated, &st.pod);
         }
@@ -358,7 +360,9 @@ impl Kubelet {
             Some(_) => st.terminating(&env, &uid, pod, now),
         }
     }
+}
 
+impl Reconciler for Kubelet {
     async fn pass(&mut self) -> Option<Instant> {
         let now = Instant::now();
         let pods = self.pods.state();
@@ -404,7 +408,9 @@ impl Kubelet {
         }
         next
     }
+}
 
+impl Kubelet {
     /// Pods gone from the cache: their apps go too.
     fn forget_gone(&mut self, pods: &[Arc<Pod>]) {
         let live: std::collections::HashSet<String> = pods.iter().filter_map(|p| p.uid()).collect();
@@ -626,10 +632,12 @@ pub struct Context {
     /// Where the pods' significant moments are recorded: Ready, isolated, SIGTERM, stopped
     /// accepting, connections closed, deleted.
     pub timeline: Timeline,
+    /// The label whose arrival on a pod is recorded as its isolation; `None` records none.
+    pub isolation_label: Option<String>,
 }
 
 /// Runs the kubelet of `ctx.node` until `shutdown`.
-pub async fn run(ctx: Context, shutdown: Shutdown) -> Result<()> {
+pub async fn run(ctx: Context, shutdown: CancellationToken) -> Result<()> {
     report_node_ready(&ctx.client, &ctx.node).await?;
     let watches = Watches::new(ctx.client.clone(), shutdown.clone());
     let wake = watches.wake();
@@ -638,7 +646,7 @@ pub async fn run(ctx: Context, shutdown: Shutdown) -> Result<()> {
     if !ready(&pods, &shutdown).await {
         return Ok(());
     }
-    let mut kubelet = Kubelet {
+    let kubelet = Kubelet {
         client: ctx.client,
         node: ctx.node,
         node_index: ctx.node_index,
@@ -646,16 +654,12 @@ pub async fn run(ctx: Context, shutdown: Shutdown) -> Result<()> {
         app: ctx.app,
         apps: ctx.apps,
         timeline: ctx.timeline,
+        isolation_label: ctx.isolation_label,
         pods,
         local: HashMap::new(),
         next_ip: 0,
     };
-    loop {
-        let next = kubelet.pass().await;
-        if !next_pass(&wake, &shutdown, next).await {
-            return Ok(());
-        }
-    }
+    run_passes(kubelet, &wake, &shutdown).await
 }
 
 #[cfg(test)]

@@ -5,8 +5,9 @@
 //! Every controller is level-triggered: reflectors keep local caches and wake the
 //! controller; a pass compares the caches with the desired state and acts; the pass
 //! says when it wants to run again (timers), and a periodic resync catches anything
-//! missed. Writes that depend on a cached object carry its resourceVersion, so a stale
-//! cache causes a conflict and a retry, never a wrong write.
+//! missed; `run_passes` is that loop, shared by all of them. Writes that depend on a
+//! cached object carry its resourceVersion, so a stale cache causes a conflict and a
+//! retry, never a wrong write.
 
 pub mod daemonset;
 pub mod deployment;
@@ -36,7 +37,9 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use graceful_drain_core::runtime::{Shutdown, spawn_owned};
+use tokio_util::sync::CancellationToken;
+
+use crate::task::spawn_owned;
 
 /// The users the controllers authenticate as: the names kube-controller-manager's controllers
 /// get with `--use-service-account-credentials` (one ServiceAccount per controller in
@@ -145,12 +148,12 @@ pub const BATCH: Duration = Duration::from_millis(20);
 pub struct Watches {
     client: kube::Client,
     wake: Arc<Notify>,
-    shutdown: Shutdown,
+    shutdown: CancellationToken,
 }
 
 impl Watches {
     /// Reflectors for a controller acting as `client`'s user, until `shutdown`.
-    pub fn new(client: kube::Client, shutdown: Shutdown) -> Self {
+    pub fn new(client: kube::Client, shutdown: CancellationToken) -> Self {
         Self {
             client,
             wake: Arc::new(Notify::new()),
@@ -193,7 +196,7 @@ fn reflect<K>(
     api: Api<K>,
     config: watcher::Config,
     wake: Arc<Notify>,
-    shutdown: Shutdown,
+    shutdown: CancellationToken,
 ) -> Store<K>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -218,9 +221,33 @@ where
     store
 }
 
+/// A level-triggered controller: each pass compares its caches with the desired state
+/// and acts.
+pub(crate) trait Reconciler {
+    /// Runs one pass; returns when the controller wants the next one, if that is sooner
+    /// than a change or the resync.
+    fn pass(&mut self) -> impl Future<Output = Option<Instant>> + Send;
+}
+
+/// The loop of every controller once its caches are ready: a pass, then a wait for a
+/// change (`wake`), the time the pass asked for, or [`RESYNC`] ([`next_pass`]); until
+/// `shutdown`.
+pub(crate) async fn run_passes(
+    mut reconciler: impl Reconciler,
+    wake: &Notify,
+    shutdown: &CancellationToken,
+) -> Result<()> {
+    loop {
+        let next = reconciler.pass().await;
+        if !next_pass(wake, shutdown, next).await {
+            return Ok(());
+        }
+    }
+}
+
 /// Waits for the next pass: returns `false` on `shutdown`, `true` when `wake` fires,
 /// when `next` (the time the last pass asked for) comes, or after [`RESYNC`].
-pub async fn next_pass(wake: &Notify, shutdown: &Shutdown, next: Option<Instant>) -> bool {
+pub async fn next_pass(wake: &Notify, shutdown: &CancellationToken, next: Option<Instant>) -> bool {
     let resync = Instant::now() + RESYNC;
     let deadline = next.map_or(resync, |n| n.min(resync));
     tokio::select! {
@@ -235,7 +262,7 @@ pub async fn next_pass(wake: &Notify, shutdown: &Shutdown, next: Option<Instant>
 }
 
 /// Waits until `store` has its first list; `false` if `shutdown` came first.
-pub async fn ready<K>(store: &Store<K>, shutdown: &Shutdown) -> bool
+pub async fn ready<K>(store: &Store<K>, shutdown: &CancellationToken) -> bool
 where
     K: Resource + Clone + 'static,
     K::DynamicType: Eq + Hash + Clone,
@@ -356,7 +383,7 @@ pub fn controller_of<K: Resource>(obj: &K) -> Option<&OwnerReference> {
         .find(|r| r.controller == Some(true))
 }
 
-pub use graceful_drain_core::selector::selector_matches;
+pub use crate::selector::selector_matches;
 
 /// Whether `labels` satisfy a Service's selector map (a missing or empty selector
 /// selects nothing: such Services have no managed endpoints).

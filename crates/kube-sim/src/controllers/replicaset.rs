@@ -31,10 +31,10 @@ use kube::runtime::reflector::Store;
 use kube::{Api, ResourceExt};
 
 use super::{
-    Result, Watches, Workers, api_err, by_namespace, controller_of, key, labels_of, next_pass,
-    ns_name, pod_active, pod_ready, ready, selector_matches, status_code,
+    Reconciler, Result, Watches, Workers, api_err, by_namespace, controller_of, key, labels_of,
+    ns_name, pod_active, pod_ready, ready, run_passes, selector_matches, status_code,
 };
-use graceful_drain_core::runtime::Shutdown;
+use tokio_util::sync::CancellationToken;
 
 /// Concurrent pod creations/deletions for one ReplicaSet.
 const CALL_CONCURRENCY: usize = 16;
@@ -256,7 +256,7 @@ struct Controller {
     last: LastControllers,
 }
 
-impl Controller {
+impl Reconciler for Controller {
     async fn pass(&mut self) -> Option<Instant> {
         let now = Instant::now();
         let all = self.pods.state();
@@ -512,7 +512,7 @@ where
 pub const DEFAULT_WORKERS: usize = 5;
 
 /// Runs the ReplicaSet controller with `workers` workers until `shutdown`.
-pub async fn run(client: kube::Client, shutdown: Shutdown, workers: usize) -> Result<()> {
+pub async fn run(client: kube::Client, shutdown: CancellationToken, workers: usize) -> Result<()> {
     let watches = Watches::new(client.clone(), shutdown.clone());
     let wake = watches.wake();
     let sets = watches.all::<ReplicaSet>();
@@ -520,7 +520,7 @@ pub async fn run(client: kube::Client, shutdown: Shutdown, workers: usize) -> Re
     if !(ready(&sets, &shutdown).await && ready(&pods, &shutdown).await) {
         return Ok(());
     }
-    let mut ctl = Controller {
+    let ctl = Controller {
         client,
         sets,
         pods,
@@ -528,12 +528,7 @@ pub async fn run(client: kube::Client, shutdown: Shutdown, workers: usize) -> Re
         expectations: Arc::default(),
         last: LastControllers::default(),
     };
-    loop {
-        let next = ctl.pass().await;
-        if !next_pass(&wake, &shutdown, next).await {
-            return Ok(());
-        }
-    }
+    run_passes(ctl, &wake, &shutdown).await
 }
 
 #[cfg(test)]
@@ -579,7 +574,7 @@ mod tests {
             pod("a", &[("app", "web")], Some("rs-uid"), true, true, 30),
             pod(
                 "b",
-                &[("graceful-drain.io/draining", "true")],
+                &[("example.com/isolated", "true")],
                 Some("rs-uid"),
                 true,
                 true,

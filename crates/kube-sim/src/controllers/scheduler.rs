@@ -13,8 +13,10 @@ use kube::api::PostParams;
 use kube::runtime::reflector::Store;
 use kube::{Api, ResourceExt};
 
-use super::{Result, Watches, labels_of, next_pass, ns_name, pod_finished, ready, status_code};
-use graceful_drain_core::runtime::Shutdown;
+use super::{
+    Reconciler, Result, Watches, labels_of, ns_name, pod_finished, ready, run_passes, status_code,
+};
+use tokio_util::sync::CancellationToken;
 
 /// Concurrent binding calls; the API server handles them independently, and 16 keeps
 /// a 500-pod burst quick without flooding it.
@@ -121,7 +123,7 @@ struct Scheduler {
     assumed: HashMap<String, String>,
 }
 
-impl Scheduler {
+impl Reconciler for Scheduler {
     async fn pass(&mut self) -> Option<Instant> {
         let pods = self.pods.state();
         let nodes = self.nodes.state();
@@ -190,7 +192,7 @@ async fn bind(client: &kube::Client, ns: &str, name: &str, node: &str) -> Result
 }
 
 /// Runs the scheduler as `system:kube-scheduler` until `shutdown`.
-pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
+pub async fn run(client: kube::Client, shutdown: CancellationToken) -> Result<()> {
     let watches = Watches::new(client.clone(), shutdown.clone());
     let wake = watches.wake();
     let pods = watches.all::<Pod>();
@@ -198,18 +200,13 @@ pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
     if !(ready(&pods, &shutdown).await && ready(&nodes, &shutdown).await) {
         return Ok(());
     }
-    let mut sched = Scheduler {
+    let sched = Scheduler {
         client,
         pods,
         nodes,
         assumed: HashMap::new(),
     };
-    loop {
-        let next = sched.pass().await;
-        if !next_pass(&wake, &shutdown, next).await {
-            return Ok(());
-        }
-    }
+    run_passes(sched, &wake, &shutdown).await
 }
 
 #[cfg(test)]

@@ -34,10 +34,10 @@ use kube::{Api, Resource, ResourceExt};
 
 use super::deployment::template_hash;
 use super::{
-    Result, Watches, Workers, api_err, by_namespace, controller_of, key, labels_of, next_pass,
-    ns_name, pod_finished, pod_ready, ready, selector_matches, status_code,
+    Reconciler, Result, Watches, Workers, api_err, by_namespace, controller_of, key, labels_of,
+    ns_name, pod_finished, pod_ready, ready, run_passes, selector_matches, status_code,
 };
-use graceful_drain_core::runtime::Shutdown;
+use tokio_util::sync::CancellationToken;
 
 /// Label naming the pod, so a Service can select exactly one replica (upstream
 /// `apps.StatefulSetPodNameLabel`).
@@ -564,7 +564,7 @@ struct Controller {
     expectations: Expectations,
 }
 
-impl Controller {
+impl Reconciler for Controller {
     async fn pass(&mut self) -> Option<Instant> {
         let now = Instant::now();
         let all = self.pods.state();
@@ -601,7 +601,7 @@ impl Controller {
 }
 
 /// Runs the StatefulSet controller until `shutdown`.
-pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
+pub async fn run(client: kube::Client, shutdown: CancellationToken) -> Result<()> {
     let watches = Watches::new(client.clone(), shutdown.clone());
     let wake = watches.wake();
     let sets = watches.all::<StatefulSet>();
@@ -609,19 +609,14 @@ pub async fn run(client: kube::Client, shutdown: Shutdown) -> Result<()> {
     if !(ready(&sets, &shutdown).await && ready(&pods, &shutdown).await) {
         return Ok(());
     }
-    let mut ctl = Controller {
+    let ctl = Controller {
         client,
         sets,
         pods,
         workers: Workers::new(wake.clone()),
         expectations: Expectations::default(),
     };
-    loop {
-        let next = ctl.pass().await;
-        if !next_pass(&wake, &shutdown, next).await {
-            return Ok(());
-        }
-    }
+    run_passes(ctl, &wake, &shutdown).await
 }
 
 #[cfg(test)]

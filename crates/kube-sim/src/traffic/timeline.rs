@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 pub enum EventKind {
     /// The app of a pod started serving and the pod became Ready.
     Ready,
-    /// The webhook relabelled the pod (`graceful-drain.io/draining` appeared).
+    /// The pod gained the cluster's isolation label
+    /// ([`crate::cluster::ClusterConfig::isolation_label`]).
     Isolated,
     /// The pod got a deletionTimestamp (its app receives SIGTERM).
     Terminating,
