@@ -2,8 +2,8 @@
 //! `review` span (uid, operation, namespace, pod, outcome). Business outcomes are HTTP 200
 //! AdmissionReviews; only a body that is not an AdmissionReview gets a 400.
 //!
-//! One module per operation, each owning its fast path and its answers: [`evict`] for
-//! `CREATE pods/eviction` (mutating), [`delete`] for `DELETE pods` (validating). The act
+//! One module per operation, each owning its fast path and its answers: `evict` for
+//! `CREATE pods/eviction` (mutating), `delete` for `DELETE pods` (validating). The act
 //! phase they share is [`crate::settle`]; the state they share is [`crate::state`]. The
 //! connections, TLS and their bounds are [`crate::transport`]'s, which knows nothing of
 //! admission.
