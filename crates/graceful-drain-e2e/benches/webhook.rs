@@ -294,6 +294,7 @@ async fn async_main() {
         shutdown: shutdown.clone(),
         holds: server::Holds::default(),
         watch_drained_nodes: false,
+        unconfirmed: Default::default(),
     });
     let resolver = Arc::new(tls::ReloadingResolver::new(paths.cert, paths.key));
     resolver.reload().unwrap();

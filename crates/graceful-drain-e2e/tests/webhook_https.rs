@@ -75,6 +75,7 @@ async fn start(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Server {
         shutdown: shutdown.clone(),
         holds: server::Holds::default(),
         watch_drained_nodes: false,
+        unconfirmed: Default::default(),
     });
     let resolver = Arc::new(tls::ReloadingResolver::new(
         cert.to_path_buf(),

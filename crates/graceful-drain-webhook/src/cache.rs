@@ -261,6 +261,32 @@ impl Slices {
             .is_some_and(|endpoints| endpoints.iter().any(|ep| ep.ready))
     }
 
+    /// How many pods other than `except` the slices of Service `namespace/service` list
+    /// as ready, each pod once. It walks every slice of the cluster: only an isolation that
+    /// nothing authenticated confirmed asks (see `crate::state::Unconfirmed`).
+    pub fn ready_pods_of(&self, namespace: &str, service: &str, except: &str) -> usize {
+        let except = self.pod_key(namespace, except);
+        let mut ready = std::collections::HashSet::new();
+        for ((ns, _), &slot) in &self.ids {
+            let Some(Some(entry)) = self.slots.get(slot as usize) else {
+                continue;
+            };
+            if ns != namespace || entry.service.as_deref() != Some(service) {
+                continue;
+            }
+            for &pod in entry.pods.iter().filter(|&&p| p != except) {
+                let listed_ready = self
+                    .by_pod
+                    .get(&pod)
+                    .is_some_and(|eps| eps.iter().any(|ep| ep.slice == slot && ep.ready));
+                if listed_ready {
+                    ready.insert(pod);
+                }
+            }
+        }
+        ready.len()
+    }
+
     /// The node a slice places pod `namespace/name` on (its endpoints' `nodeName`).
     pub fn node_of(&self, namespace: &str, name: &str) -> Option<&str> {
         self.by_pod
@@ -435,6 +461,12 @@ impl Cache {
     /// Fast path: does any slice name `namespace/pod` as a ready endpoint?
     pub fn has_ready_endpoint(&self, namespace: &str, pod: &str) -> bool {
         read(&self.slices).has_ready(namespace, pod)
+    }
+
+    /// How many pods other than `except` the EndpointSlices of Service
+    /// `namespace/service` list as ready.
+    pub fn ready_pods_of(&self, namespace: &str, service: &str, except: &str) -> usize {
+        read(&self.slices).ready_pods_of(namespace, service, except)
     }
 
     /// The node the EndpointSlices place pod `namespace/pod` on, if any names it.

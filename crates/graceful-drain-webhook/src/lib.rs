@@ -490,6 +490,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         shutdown: Shutdown::new(),
         holds: server::Holds::bounded(max_held_deletes),
         watch_drained_nodes: true,
+        unconfirmed: Default::default(),
     });
     let holds = state.shutdown.clone();
     let app = server::router(state, policy.max_body_bytes);

@@ -37,6 +37,9 @@ pub(crate) enum Settled {
     Permanent(&'static str),
     /// The API server's deadline for this call came first.
     Deadline,
+    /// Isolating the pod, which no drain or rollout confirms, would take one of its
+    /// Services below what unconfirmed isolations may take; why.
+    Unconfirmed(String),
 }
 
 impl Settled {
@@ -50,6 +53,7 @@ impl Settled {
             Settled::Failed(_) => "error",
             Settled::Permanent(_) => "failed_permanently",
             Settled::Deadline => "deadline",
+            Settled::Unconfirmed(_) => "unconfirmed_limit",
         }
     }
 }
@@ -140,6 +144,16 @@ pub(crate) async fn settle(
                 charge,
                 capped,
             } => {
+                let on_due = on_due(req, &pod);
+                let confirmed = on_due == isolate::OnDue::Deleter
+                    || (req.path == Path::Evict && isolate::node_draining(&state.ctx, &pod).await);
+                if let Some(why) = (!confirmed)
+                    .then(|| unconfirmed_refusal(state, &pod, &snap, now))
+                    .flatten()
+                {
+                    tracing::info!(%why, "isolation not confirmed by a drain or rollout; refused");
+                    return Settled::Unconfirmed(why);
+                }
                 if capped {
                     delay_capped(state, &pod).await;
                 }
@@ -147,7 +161,8 @@ pub(crate) async fn settle(
                     delete_at,
                     grace_period,
                     charge,
-                    on_due: on_due(req, &pod),
+                    on_due,
+                    confirmed,
                 }
             }
         };
@@ -158,6 +173,12 @@ pub(crate) async fn settle(
                 delete_at,
             }) => {
                 state.metrics.pods_isolated.inc();
+                if !plan.confirmed {
+                    let until = isolate::restore_at(delete_at, state.ctx.restore_after);
+                    state
+                        .unconfirmed
+                        .record(&pod.namespace, balancing(&snap), &pod.name, until);
+                }
                 let removed: Vec<&String> = removed.keys().collect();
                 tracing::info!(%delete_at, ?removed, ?uncharged, "pod isolated");
                 return Settled::Isolated(delete_at);
@@ -208,6 +229,34 @@ pub(crate) async fn settle(
     }
     tracing::warn!("pod kept changing while isolating");
     Settled::Failed("the pod kept changing while it was being isolated".to_string())
+}
+
+/// The Services of the snapshot that balance traffic (not headless): those an isolation
+/// takes the pod out of.
+fn balancing(snap: &decide::Snapshot) -> impl Iterator<Item = &str> {
+    snap.services
+        .iter()
+        .filter(|s| s.service_type != decide::ServiceType::Headless)
+        .map(|s| s.name.as_str())
+}
+
+/// Why an isolation nothing authenticated confirmed would take one of the pod's Services
+/// too far (see [`crate::state::UNCONFIRMED_SHARE_PERCENT`]), if it would.
+fn unconfirmed_refusal(
+    state: &AppState,
+    pod: &PodFacts,
+    snap: &decide::Snapshot,
+    now: Timestamp,
+) -> Option<String> {
+    balancing(snap).find_map(|service| {
+        let ready_others = state
+            .ctx
+            .cache
+            .ready_pods_of(&pod.namespace, service, &pod.name);
+        state
+            .unconfirmed
+            .refusal(&pod.namespace, service, &pod.name, ready_others, now)
+    })
 }
 
 /// Who removes the pod once it is due: the deferred deleter only for a ReplicaSet

@@ -28,6 +28,86 @@ pub struct AppState {
     /// Evictions open a watch of their pod's node and later ones read their pod from it
     /// (see [`super::nodepods`]); off, every eviction reads its pod.
     pub watch_drained_nodes: bool,
+    /// The isolations nothing authenticated confirmed, bounded per Service.
+    pub unconfirmed: Unconfirmed,
+}
+
+/// Percentage of a Service's ready endpoints that isolations nothing authenticated
+/// confirmed may hold at once (at least one), and never its last ready endpoint.
+///
+/// An isolation is confirmed when something only an authenticated user can do stands
+/// behind it: the pod's node is being drained (cordoned, or a drainer's taint), or the live
+/// ReplicaSet has a pod too many for its controller's DELETE. Anything else — an eviction on
+/// a schedulable node (the descheduler, or a review forged by anyone who reaches the port),
+/// a DELETE by a person or another controller — could be a forged review, so a flood of
+/// them must not empty a Service (docs/security.md). A quarter keeps three quarters serving
+/// while replacements start, and lets a descheduler or a StatefulSet's one-at-a-time update
+/// through at once; drains and rollouts are confirmed and never counted.
+pub const UNCONFIRMED_SHARE_PERCENT: usize = 25;
+
+/// Unconfirmed isolations by Service, each until the pod is restored if nobody removes it.
+/// Per replica: with the chart's two replicas, an attacker splitting a flood between them
+/// reaches at most twice the share, and never a Service's last endpoint.
+#[derive(Debug, Default)]
+pub struct Unconfirmed {
+    by_service: std::sync::Mutex<std::collections::HashMap<ServiceKey, Vec<Held>>>,
+}
+
+/// A Service by namespace and name.
+type ServiceKey = (String, String);
+/// An unconfirmed isolation: the pod's name and when it is restored at the latest.
+type Held = (String, jiff::Timestamp);
+
+impl Unconfirmed {
+    /// Why isolating pod `namespace/pod` unconfirmed now would take Service `service` too
+    /// far, if it would: `ready_others` is how many other pods the Service's slices list as
+    /// ready.
+    pub(crate) fn refusal(
+        &self,
+        namespace: &str,
+        service: &str,
+        pod: &str,
+        ready_others: usize,
+        now: jiff::Timestamp,
+    ) -> Option<String> {
+        if ready_others == 0 {
+            return Some(format!(
+                "pod {namespace}/{pod} is the last ready endpoint of Service {service}"
+            ));
+        }
+        let mut table = self.by_service.lock().unwrap_or_else(|e| e.into_inner());
+        let held = table
+            .get_mut(&(namespace.to_string(), service.to_string()))
+            .map_or(0, |pods| {
+                pods.retain(|(name, until)| *until > now && name != pod);
+                pods.len()
+            });
+        let total = ready_others + 1 + held;
+        let allowed = (total * UNCONFIRMED_SHARE_PERCENT / 100).max(1);
+        (held >= allowed).then(|| {
+            format!(
+                "Service {service} already has {held} of its {total} pods isolated by evictions or deletions no drain or rollout confirms (at most {allowed} at once)"
+            )
+        })
+    }
+
+    /// Counts pod `namespace/pod`, isolated unconfirmed, against `services` until `until`.
+    pub(crate) fn record<'a>(
+        &self,
+        namespace: &str,
+        services: impl IntoIterator<Item = &'a str>,
+        pod: &str,
+        until: jiff::Timestamp,
+    ) {
+        let mut table = self.by_service.lock().unwrap_or_else(|e| e.into_inner());
+        for service in services {
+            let pods = table
+                .entry((namespace.to_string(), service.to_string()))
+                .or_default();
+            pods.retain(|(name, _)| name != pod);
+            pods.push((pod.to_string(), until));
+        }
+    }
 }
 
 /// How long the hold of a DELETE is remembered: the API server's own request deadline
@@ -86,5 +166,51 @@ impl Holds {
             .entry(uid.to_string())
             .or_insert((deadline, now + REQUEST_DEADLINE));
         (*first).min(deadline)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: &str) -> jiff::Timestamp {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_services_last_ready_endpoint_is_never_isolated_unconfirmed() {
+        let table = Unconfirmed::default();
+        let now = at("2026-01-01T00:00:00Z");
+        let why = table.refusal("web", "web", "web-1", 0, now).unwrap();
+        assert!(why.contains("last ready endpoint of Service web"), "{why}");
+    }
+
+    #[test]
+    fn unconfirmed_isolations_hold_at_most_a_quarter_of_a_service_at_once() {
+        let table = Unconfirmed::default();
+        let now = at("2026-01-01T00:00:00Z");
+        let until = at("2026-01-01T00:02:00Z");
+        // Eight pods: two may be held at once.
+        assert_eq!(table.refusal("web", "web", "web-0", 7, now), None);
+        table.record("web", ["web"], "web-0", until);
+        assert_eq!(table.refusal("web", "web", "web-1", 6, now), None);
+        table.record("web", ["web"], "web-1", until);
+        let why = table.refusal("web", "web", "web-2", 5, now).unwrap();
+        assert!(why.contains("2 of its 8 pods"), "{why}");
+        // Another Service, or the same pod asked again, is not held back by them.
+        assert_eq!(table.refusal("web", "api", "web-2", 5, now), None);
+        assert_eq!(table.refusal("web", "web", "web-1", 6, now), None);
+        // Once restored (past their time) they no longer count.
+        let later = at("2026-01-01T00:02:01Z");
+        assert_eq!(table.refusal("web", "web", "web-2", 7, later), None);
+    }
+
+    #[test]
+    fn a_small_service_still_lets_one_unconfirmed_isolation_through() {
+        let table = Unconfirmed::default();
+        let now = at("2026-01-01T00:00:00Z");
+        assert_eq!(table.refusal("web", "web", "web-0", 1, now), None);
+        table.record("web", ["web"], "web-0", at("2026-01-01T00:01:00Z"));
+        assert!(table.refusal("web", "web", "web-1", 1, now).is_some());
     }
 }

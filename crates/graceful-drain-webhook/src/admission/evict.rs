@@ -51,6 +51,16 @@ pub(super) async fn respond(
             );
             return (review::too_many_requests(request, message, retry), outcome);
         }
+        Settled::Unconfirmed(why) => {
+            // Like a PDB that allows no disruption now: the caller retries, and goes through
+            // once fewer of the Service's pods are held (or once a drain confirms it).
+            let message =
+                format!("graceful-drain: not isolating pod {pod} now: {why}; retry the eviction");
+            return (
+                review::too_many_requests(request, message, RETRY_AFTER_SECONDS),
+                outcome,
+            );
+        }
         Settled::Failed(why) => {
             // Letting the eviction through would delete a pod that still serves traffic;
             // every eviction caller (kubectl drain, our node agent, autoscalers) retries a

@@ -42,7 +42,15 @@ mod basics {
             "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
             "metadata": {"name": "web-x1", "namespace": "web", "labels": {"kubernetes.io/service-name": "web"}},
             "endpoints": [{"addresses": ["10.0.0.1"], "conditions": {"ready": true},
-                           "targetRef": {"kind": "Pod", "name": "web-1", "namespace": "web", "uid": "uid-1"}}]
+                           "targetRef": {"kind": "Pod", "name": "web-1", "namespace": "web", "uid": "uid-1"}},
+                          // Three more ready pods: web-1 is never the Service's last endpoint,
+                          // and one unconfirmed isolation of the four is within the share.
+                          {"addresses": ["10.0.0.11"], "conditions": {"ready": true},
+                           "targetRef": {"kind": "Pod", "name": "web-a", "namespace": "web", "uid": "uid-a"}},
+                          {"addresses": ["10.0.0.12"], "conditions": {"ready": true},
+                           "targetRef": {"kind": "Pod", "name": "web-b", "namespace": "web", "uid": "uid-b"}},
+                          {"addresses": ["10.0.0.13"], "conditions": {"ready": true},
+                           "targetRef": {"kind": "Pod", "name": "web-c", "namespace": "web", "uid": "uid-c"}}]
         })).unwrap());
         cache.apply_service(&serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "web"},
@@ -71,6 +79,7 @@ mod basics {
             shutdown: Shutdown::new(),
             holds: Holds::default(),
             watch_drained_nodes: false,
+            unconfirmed: Default::default(),
         })
     }
 
@@ -869,5 +878,76 @@ mod answers {
             MAX_CALL_BUDGET
         );
         assert_eq!(call_budget(Some("bogus"), default), default);
+    }
+
+    /// The Service's only ready endpoint, evicted on a schedulable node (what a forged
+    /// review looks like): refused with 429, nothing written. The same eviction on a
+    /// cordoned node (a drain, which only an authenticated user starts) isolates it.
+    #[tokio::test]
+    async fn an_unconfirmed_eviction_never_takes_a_services_last_endpoint() {
+        let mut pod = pod_json("uid-1");
+        pod["spec"]["nodeName"] = json!("n1");
+        let node = |cordoned: bool| {
+            json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "n1"}, "spec": {"unschedulable": cordoned}})
+        };
+        let lone = |client| {
+            let st = state(client);
+            st.ctx.cache.apply_slice(&serde_json::from_value(json!({
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+                "metadata": {"name": "web-x1", "namespace": "web", "labels": {"kubernetes.io/service-name": "web"}},
+                "endpoints": [{"addresses": ["10.0.0.1"], "conditions": {"ready": true},
+                               "targetRef": {"kind": "Pod", "name": "web-1", "namespace": "web", "uid": "uid-1"}}]
+            })).unwrap());
+            st
+        };
+
+        let (client, mut api) = mock::client();
+        let answer = tokio::spawn(call(
+            lone(client),
+            "/mutate/eviction?timeout=10s",
+            eviction(json!({})),
+        ));
+        mock::play(&mut api, [PodIs(pod.clone()), NodeIs(node(false))]).await;
+        let (_, review) = answer.await.unwrap();
+        assert_eq!(review["response"]["status"]["code"], 429);
+        let message = review["response"]["status"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("last ready endpoint of Service web"),
+            "{message}"
+        );
+        let next = api.next_request().await.map(|(r, _)| r.method().clone());
+        assert_eq!(next, None, "the pod was touched");
+
+        let (client, mut api) = mock::client();
+        let answer = tokio::spawn(call(
+            lone(client),
+            "/mutate/eviction?timeout=10s",
+            eviction(json!({})),
+        ));
+        let played = mock::play(
+            &mut api,
+            [
+                PodIs(pod),
+                NodeIs(node(true)),
+                Relabeled("web-1"),
+                EventPosted,
+            ],
+        )
+        .await;
+        assert!(
+            played[2]
+                .body
+                .to_string()
+                .contains("graceful-drain.io~1draining")
+        );
+        let (_, review) = answer.await.unwrap();
+        assert_eq!(review["response"]["status"]["code"], 429, "deregistering");
+        assert!(
+            review["response"]["status"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("leaving its load balancers")
+        );
     }
 }

@@ -76,6 +76,10 @@ pub struct Plan {
     pub charge: Charge,
     /// Who removes the pod once it is due (see [`OnDue`]).
     pub on_due: OnDue,
+    /// Something only an authenticated user can do stands behind this isolation: the
+    /// pod's node is being drained ([`node_draining`]) or the live ReplicaSet has a pod too
+    /// many. Only then may a pod its PDB still selects go to the deferred deleter.
+    pub confirmed: bool,
 }
 
 /// Who removes an isolated pod once its delay is over.
@@ -217,7 +221,7 @@ pub async fn isolate(
         .any(|pdb| !removed.keys().any(|k| pdb.selector_keys.contains(k)));
     let on_due = match plan.on_due {
         OnDue::Caller if in_pdb && plan.charge == Charge::Required => {
-            if node_draining(ctx, pod).await {
+            if plan.confirmed {
                 OnDue::Deleter
             } else {
                 tracing::info!(

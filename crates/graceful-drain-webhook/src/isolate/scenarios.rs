@@ -17,6 +17,8 @@ const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/web/deployments";
 pub(crate) enum Scenario {
     /// The `GET` of the pod answers this pod (it names itself, in namespace `web`).
     PodIs(Value),
+    /// The `GET` of a Node answers this Node (it names itself).
+    NodeIs(Value),
     /// The `GET` of pod `web/<name>` answers 404: no such pod.
     PodMissing(&'static str),
     /// The `GET` of the ReplicaSet answers this ReplicaSet (it names itself).
@@ -51,6 +53,7 @@ impl mock::Scenario for Scenario {
         use Method as M;
         let step = match self {
             Scenario::PodIs(pod) => Step::new(M::GET, named(PODS, &pod), 200, pod),
+            Scenario::NodeIs(node) => Step::new(M::GET, named("/api/v1/nodes", &node), 200, node),
             Scenario::PodMissing(name) => {
                 Step::refused(M::GET, format!("{PODS}/{name}"), 404, "NotFound")
             }

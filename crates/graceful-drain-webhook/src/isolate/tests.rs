@@ -54,6 +54,7 @@ fn evict_plan() -> Plan {
         grace_period: None,
         charge: Charge::Required,
         on_due: OnDue::Caller,
+        confirmed: true,
     }
 }
 
@@ -102,6 +103,7 @@ async fn isolation_sends_pdb_update_then_guarded_patch_then_event() {
             grace_period: Some(20),
             charge: Charge::Required,
             on_due: OnDue::Caller,
+            confirmed: true,
         };
         isolate(&ctx, &pod(), &snapshot(), plan, now()).await
     });
@@ -180,6 +182,7 @@ async fn a_replica_set_read_once_serves_its_other_pods() {
             grace_period: None,
             charge: Charge::Required,
             on_due: OnDue::Caller,
+            confirmed: true,
         };
         let mut second = pod();
         second.name = "web-2".into();
@@ -222,6 +225,7 @@ fn the_delay_counts_from_the_relabel_when_the_work_before_it_was_slow() {
         grace_period: None,
         charge: Charge::Required,
         on_due: OnDue::Caller,
+        confirmed: true,
     };
     let quick = plan.counted_from_now(std::time::Duration::from_millis(40));
     assert_eq!(quick, plan, "a quick relabel keeps the decided time");
@@ -272,6 +276,7 @@ async fn kept_labels_stay_and_the_deployment_becomes_the_controller() {
             grace_period: None,
             charge: Charge::IfPossible,
             on_due: OnDue::Caller,
+            confirmed: true,
         };
         isolate(&ctx, &facts, &snap, plan, now()).await
     });
@@ -337,6 +342,7 @@ async fn a_recreate_deployments_pod_is_not_isolated() {
             grace_period: None,
             charge: Charge::IfPossible,
             on_due: OnDue::Caller,
+            confirmed: true,
         };
         isolate(&ctx, &facts, &Snapshot::default(), plan, now()).await
     });
