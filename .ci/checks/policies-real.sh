@@ -94,6 +94,11 @@ ISOLATE='[{"op":"remove","path":"/metadata/labels/app"},{"op":"remove","path":"/
  {"op":"add","path":"/metadata/annotations/graceful-drain.io~1delete-at","value":"2026-01-01T00:00:00Z"}'
 # Isolated for a caller (evictions, DELETEs by people): restored if the caller never comes.
 ISOLATE_CALLER="$ISOLATE"',{"op":"add","path":"/metadata/annotations/graceful-drain.io~1restore-at","value":"2026-01-01T00:01:00Z"}]'
+# An isolation recording a label the pod never had, to "restore" it later.
+ISOLATE_FAKE='[{"op":"remove","path":"/metadata/labels/app"},
+ {"op":"add","path":"/metadata/labels/graceful-drain.io~1draining","value":"web"},
+ {"op":"add","path":"/metadata/annotations/graceful-drain.io~1original-labels","value":"{\"admin\":\"yes\",\"app\":\"web\"}"},
+ {"op":"add","path":"/metadata/annotations/graceful-drain.io~1delete-at","value":"2026-01-01T00:00:00Z"}]'
 # Isolated for a ReplicaSet scale-down (the webhook deletes it once due).
 ISOLATE_SCALE_DOWN="$ISOLATE]"
 RESTORE='[{"op":"remove","path":"/metadata/labels/graceful-drain.io~1draining"},
@@ -118,7 +123,14 @@ refused "change an annotation not ours" "$WEBHOOK" -n shop annotate pod web-1 no
 refused "delete a pod it did not isolate" "$WEBHOOK" -n shop delete pod web-1 --wait=false
 k -n shop create deployment web --image=registry.example/web:1 --replicas=0 >/dev/null
 refused "change another Deployment" "$WEBHOOK" -n shop scale deployment web --replicas=0
+refused "set a delete time on a pod it does not isolate" "$WEBHOOK" -n shop patch pod web-1 --type=json \
+  -p '[{"op":"add","path":"/metadata/annotations/graceful-drain.io~1delete-at","value":"2026-01-01T00:00:00Z"}]'
+refused "isolate recording labels that were never there" "$WEBHOOK" -n shop patch pod web-1 --type=json -p "$ISOLATE_FAKE"
 allowed "isolate a pod (remove its labels, add ours)" "$WEBHOOK" -n shop patch pod web-1 --type=json -p "$ISOLATE_CALLER"
+refused "rewrite the recorded labels of an isolated pod" "$WEBHOOK" -n shop patch pod web-1 --type=json \
+  -p '[{"op":"replace","path":"/metadata/annotations/graceful-drain.io~1original-labels","value":"{\"admin\":\"yes\"}"}]'
+refused "drop the restore time of an isolated pod" "$WEBHOOK" -n shop patch pod web-1 --type=json \
+  -p '[{"op":"remove","path":"/metadata/annotations/graceful-drain.io~1restore-at"}]'
 refused "delete a pod whose caller removes it" "$WEBHOOK" -n shop delete pod web-1 --wait=false
 refused "restore with a label that was never there" "$WEBHOOK" -n shop patch pod web-1 --type=json \
   -p '[{"op":"remove","path":"/metadata/labels/graceful-drain.io~1draining"},{"op":"add","path":"/metadata/labels/admin","value":"yes"}]'

@@ -148,7 +148,7 @@ pub(crate) async fn settle(
                 let confirmed = on_due == isolate::OnDue::Deleter
                     || (req.path == Path::Evict && isolate::node_draining(&state.ctx, &pod).await);
                 if let Some(why) = (!confirmed)
-                    .then(|| unconfirmed_refusal(state, &pod, &snap, now))
+                    .then(|| unconfirmed_refusal(state, req.path, &pod, &snap, now))
                     .flatten()
                 {
                     tracing::info!(%why, "isolation not confirmed by a drain or rollout; refused");
@@ -244,18 +244,28 @@ fn balancing(snap: &decide::Snapshot) -> impl Iterator<Item = &str> {
 /// too far (see [`crate::state::UNCONFIRMED_SHARE_PERCENT`]), if it would.
 fn unconfirmed_refusal(
     state: &AppState,
+    req_path: Path,
     pod: &PodFacts,
     snap: &decide::Snapshot,
     now: Timestamp,
 ) -> Option<String> {
+    // An eviction is charged to the budgets that select the pod, which bound it.
+    let budgeted = req_path == Path::Evict && !snap.pdbs.is_empty();
     balancing(snap).find_map(|service| {
         let ready_others = state
             .ctx
             .cache
             .ready_pods_of(&pod.namespace, service, &pod.name);
-        state
-            .unconfirmed
-            .refusal(&pod.namespace, service, &pod.name, ready_others, now)
+        let cache = &state.ctx.cache;
+        state.unconfirmed.refusal(
+            &pod.namespace,
+            service,
+            &pod.name,
+            ready_others,
+            budgeted,
+            now,
+            |name| cache.isolated(&pod.namespace, name).is_some(),
+        )
     })
 }
 

@@ -32,18 +32,20 @@ pub struct AppState {
     pub unconfirmed: Unconfirmed,
 }
 
-/// Percentage of a Service's ready endpoints that isolations nothing authenticated
-/// confirmed may hold at once (at least one), and never its last ready endpoint.
+/// Percentage of a Service's pods (rounded up, at least one) that isolations nothing
+/// authenticated confirmed may hold at once; never its last ready endpoint.
 ///
 /// An isolation is confirmed when something only an authenticated user can do stands
 /// behind it: the pod's node is being drained (cordoned, or a drainer's taint), or the live
 /// ReplicaSet has a pod too many for its controller's DELETE. Anything else — an eviction on
 /// a schedulable node (the descheduler, or a review forged by anyone who reaches the port),
 /// a DELETE by a person or another controller — could be a forged review, so a flood of
-/// them must not empty a Service (docs/security.md). A quarter keeps three quarters serving
-/// while replacements start, and lets a descheduler or a StatefulSet's one-at-a-time update
-/// through at once; drains and rollouts are confirmed and never counted.
-pub const UNCONFIRMED_SHARE_PERCENT: usize = 25;
+/// them must not empty a Service (docs/security.md). An eviction of a pod a
+/// PodDisruptionBudget selects is bounded by that budget instead (it is charged); a DELETE,
+/// which no budget blocks, by this share. Half keeps most of a Service serving while
+/// replacements start and still lets people delete a few pods of a small Deployment at once
+/// (two of four); drains and rollouts are confirmed and never counted.
+pub const UNCONFIRMED_SHARE_PERCENT: usize = 50;
 
 /// Unconfirmed isolations by Service, each until the pod is restored if nobody removes it.
 /// Per replica: with the chart's two replicas, an attacker splitting a flood between them
@@ -61,29 +63,38 @@ type Held = (String, jiff::Timestamp);
 impl Unconfirmed {
     /// Why isolating pod `namespace/pod` unconfirmed now would take Service `service` too
     /// far, if it would: `ready_others` is how many other pods the Service's slices list as
-    /// ready.
+    /// ready; with `budgeted`, a PodDisruptionBudget charged for this isolation bounds it
+    /// and only the last endpoint is kept; `isolated` says whether a pod of the namespace is
+    /// still isolated (one deleted or restored, or replaced by a pod of the same name, no
+    /// longer counts).
+    #[allow(clippy::too_many_arguments)] // the facts of one decision, each named
     pub(crate) fn refusal(
         &self,
         namespace: &str,
         service: &str,
         pod: &str,
         ready_others: usize,
+        budgeted: bool,
         now: jiff::Timestamp,
+        isolated: impl Fn(&str) -> bool,
     ) -> Option<String> {
         if ready_others == 0 {
             return Some(format!(
                 "pod {namespace}/{pod} is the last ready endpoint of Service {service}"
             ));
         }
+        if budgeted {
+            return None;
+        }
         let mut table = self.by_service.lock().unwrap_or_else(|e| e.into_inner());
         let held = table
             .get_mut(&(namespace.to_string(), service.to_string()))
             .map_or(0, |pods| {
-                pods.retain(|(name, until)| *until > now && name != pod);
+                pods.retain(|(name, until)| *until > now && name != pod && isolated(name));
                 pods.len()
             });
         let total = ready_others + 1 + held;
-        let allowed = (total * UNCONFIRMED_SHARE_PERCENT / 100).max(1);
+        let allowed = (total * UNCONFIRMED_SHARE_PERCENT).div_ceil(100).max(1);
         (held >= allowed).then(|| {
             format!(
                 "Service {service} already has {held} of its {total} pods isolated by evictions or deletions no drain or rollout confirms (at most {allowed} at once)"
@@ -181,36 +192,74 @@ mod tests {
     fn a_services_last_ready_endpoint_is_never_isolated_unconfirmed() {
         let table = Unconfirmed::default();
         let now = at("2026-01-01T00:00:00Z");
-        let why = table.refusal("web", "web", "web-1", 0, now).unwrap();
+        let why = table
+            .refusal("web", "web", "web-1", 0, false, now, |_| true)
+            .unwrap();
         assert!(why.contains("last ready endpoint of Service web"), "{why}");
     }
 
     #[test]
-    fn unconfirmed_isolations_hold_at_most_a_quarter_of_a_service_at_once() {
+    fn unconfirmed_isolations_hold_at_most_half_a_service_at_once() {
         let table = Unconfirmed::default();
         let now = at("2026-01-01T00:00:00Z");
         let until = at("2026-01-01T00:02:00Z");
-        // Eight pods: two may be held at once.
-        assert_eq!(table.refusal("web", "web", "web-0", 7, now), None);
-        table.record("web", ["web"], "web-0", until);
-        assert_eq!(table.refusal("web", "web", "web-1", 6, now), None);
-        table.record("web", ["web"], "web-1", until);
-        let why = table.refusal("web", "web", "web-2", 5, now).unwrap();
-        assert!(why.contains("2 of its 8 pods"), "{why}");
-        // Another Service, or the same pod asked again, is not held back by them.
-        assert_eq!(table.refusal("web", "api", "web-2", 5, now), None);
-        assert_eq!(table.refusal("web", "web", "web-1", 6, now), None);
-        // Once restored (past their time) they no longer count.
+        // Five pods: three may be held at once (half, rounded up).
+        for (n, pod) in ["web-0", "web-1", "web-2"].into_iter().enumerate() {
+            assert_eq!(
+                table.refusal("web", "web", pod, 4 - n, false, now, |_| true),
+                None
+            );
+            table.record("web", ["web"], pod, until);
+        }
+        let why = table
+            .refusal("web", "web", "web-3", 1, false, now, |_| true)
+            .unwrap();
+        assert!(why.contains("3 of its 5 pods"), "{why}");
+        // A budget charged for it bounds it instead; another Service, or the same pod
+        // asked again, is not held back by them.
+        assert_eq!(
+            table.refusal("web", "web", "web-3", 1, true, now, |_| true),
+            None
+        );
+        assert_eq!(
+            table.refusal("web", "api", "web-3", 1, false, now, |_| true),
+            None
+        );
+        assert_eq!(
+            table.refusal("web", "web", "web-2", 2, false, now, |_| true),
+            None
+        );
+        // Once gone or restored they no longer count, nor past their restore time.
+        let gone = |p: &str| p != "web-0";
+        assert_eq!(
+            table.refusal("web", "web", "web-3", 1, false, now, gone),
+            None
+        );
         let later = at("2026-01-01T00:02:01Z");
-        assert_eq!(table.refusal("web", "web", "web-2", 7, later), None);
+        assert_eq!(
+            table.refusal("web", "web", "web-3", 4, false, later, |_| true),
+            None
+        );
     }
 
     #[test]
-    fn a_small_service_still_lets_one_unconfirmed_isolation_through() {
+    fn a_two_pod_service_lets_one_unconfirmed_isolation_through_at_a_time() {
         let table = Unconfirmed::default();
         let now = at("2026-01-01T00:00:00Z");
-        assert_eq!(table.refusal("web", "web", "web-0", 1, now), None);
+        assert_eq!(
+            table.refusal("web", "web", "web-0", 1, false, now, |_| true),
+            None
+        );
         table.record("web", ["web"], "web-0", at("2026-01-01T00:01:00Z"));
-        assert!(table.refusal("web", "web", "web-1", 1, now).is_some());
+        // Its replacement is ready: still one of three held, within half.
+        assert_eq!(
+            table.refusal("web", "web", "web-1", 1, false, now, |_| true),
+            None
+        );
+        table.record("web", ["web"], "web-1", at("2026-01-01T00:01:00Z"));
+        let why = table
+            .refusal("web", "web", "web-2", 1, false, now, |_| true)
+            .unwrap();
+        assert!(why.contains("2 of its 4 pods"), "{why}");
     }
 }
