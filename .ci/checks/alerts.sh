@@ -8,7 +8,8 @@
 #
 # promtool is built from the Prometheus module served by the Go module proxy into the cache
 # outside the clone ($GRACEFUL_DRAIN_CACHE, else $XDG_CACHE_HOME/graceful-drain, else
-# ~/.cache/graceful-drain), once: about 12 minutes cold on the 2-core machine, a no-op after.
+# ~/.cache/graceful-drain), once: 14.4 minutes cold on the 2-core machine while it also built
+# other things (load average 9-11), a no-op after.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
