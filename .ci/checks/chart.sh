@@ -98,6 +98,8 @@ render cert-manager cert-manager
 render self-signed self-signed
 render secret secret
 render everything cert-manager --set metrics.serviceMonitor.enabled=true \
+  --set metrics.prometheusRule.enabled=true --set metrics.prometheusRule.labels.release=prometheus \
+  --set metrics.dashboard.enabled=true --set metrics.dashboard.namespace=monitoring \
   --set networkPolicy.enabled=true --set 'networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.name=monitoring' \
   --set webhook.podAntiAffinity=hard --set certificates.certManager.issuerRef.name=corp-ca \
   --set certificates.certManager.issuerRef.kind=ClusterIssuer --set webhook.failurePolicy=Fail \
@@ -105,7 +107,20 @@ render everything cert-manager --set metrics.serviceMonitor.enabled=true \
   --set agent.drain.ignoreDaemonsets=false --set webhook.deregistrationDelay=45s \
   --set-json 'agent.drain.tiers=[{"name":"databases","match":[{"namespaces":["db"]},{"priorityClassNames":["critical-db"]}]}]' \
   --set-json "agent.hooks=[{\"name\":\"evacuate-vms\",\"at\":\"before-eviction\",\"timeout\":\"30m\",\"https\":{\"url\":\"https://vm-evacuator.ops.svc/evacuate\",\"caBundle\":\"$CA_BUNDLE\"}},{\"name\":\"report\",\"at\":\"after-last-pod\",\"optional\":true,\"job\":{\"namespace\":\"ops\",\"template\":{\"spec\":{\"template\":{\"spec\":{\"containers\":[{\"name\":\"report\",\"image\":\"busybox\"}]}}}}}}]"
-render minimal self-signed --set agent.enabled=false --set lifecycleCrds.install=false
+render minimal self-signed --set agent.enabled=false --set lifecycleCrds.install=false \
+  --set metrics.prometheusRule.enabled=true
+grep -q 'alert: GracefulDrainWebhookDown' "$WORK/everything.yaml" || die "everything: no PrometheusRule"
+grep -q 'alert: GracefulDrainDrainStuck' "$WORK/everything.yaml" || die "everything: no agent alerts"
+grep -q 'grafana_dashboard: "1"' "$WORK/everything.yaml" || die "everything: no dashboard ConfigMap"
+if grep -q 'alert: GracefulDrainDrainStuck' "$WORK/minimal.yaml"; then
+  die "minimal: agent alerts rendered without an agent"
+fi
+for plain in cert-manager self-signed secret; do
+  if grep -qE 'kind: PrometheusRule|grafana_dashboard' "$WORK/$plain.yaml"; then
+    die "$plain: alerts or dashboard rendered while off by default"
+  fi
+done
+say "alerts and dashboard: rendered when on, agent alerts only with the agent, off by default"
 render seed self-signed --set lifecycleCrds.seedGroup=true
 grep -q 'name: lifecycleevents.lifecycle.k8s.io' "$WORK/seed.yaml" || die "seedGroup: no seed-group LifecycleEvent CRD"
 # Where Kubernetes serves lifecycle.k8s.io itself, seed-group CRDs would never be served.
@@ -170,6 +185,8 @@ bad_values=(
   "agent.drain.forse=true"                  # unknown (misspelt) key
   "agent.hooks[0].name=x"                   # a hook without at, https or job
   "certificates.mode=secret"                # secret mode without name/caBundle
+  "metrics.prometheusRule.bogus=1"          # unknown key
+  "metrics.dashboard.enabled=yes"           # wrong type
 )
 for bad in "${bad_values[@]}"; do
   if helm template graceful-drain "$CHART" --set "$bad" >/dev/null 2>"$WORK/err.log"; then

@@ -106,6 +106,10 @@ pub struct Components {
     webhook_flags: Vec<String>,
     /// Where the running webhook replica serves admission.
     webhook_listen: Option<SocketAddr>,
+    /// The admin port of the webhook replica started last.
+    webhook_admin: Option<SocketAddr>,
+    /// The admin port of each node agent, by node.
+    agent_admins: std::collections::BTreeMap<String, SocketAddr>,
     /// Stops one node agent alone (children of `stop`), by node.
     agent_stops: std::collections::BTreeMap<String, Shutdown>,
     /// The webhook replica running as its own process, if one does (killed on drop).
@@ -189,6 +193,8 @@ impl Components {
             webhook_deployment: None,
             webhook_flags: Vec::new(),
             webhook_listen: None,
+            webhook_admin: None,
+            agent_admins: Default::default(),
             agent_stops: Default::default(),
             webhook_process: None,
             agent_program: cfg.agent_program.clone(),
@@ -289,6 +295,17 @@ impl Components {
             .map_err(|e| fail(e.to_string()))
     }
 
+    /// The admin port (`/livez`, `/readyz`, `/metrics`) of the in-process webhook replica
+    /// started last.
+    pub fn webhook_admin(&self) -> Option<SocketAddr> {
+        self.webhook_admin
+    }
+
+    /// The admin port of `node`'s agent, once it was started.
+    pub fn agent_admin(&self, node: &str) -> Option<SocketAddr> {
+        self.agent_admins.get(node).copied()
+    }
+
     fn dir(&self) -> &Path {
         self._dir.path()
     }
@@ -387,6 +404,7 @@ impl Components {
         self.spawn(name.clone(), graceful_drain_webhook::run(cli.args, stop));
         let admin = replica.admin;
         self.await_ready(&name, || ready_http(admin)).await?;
+        self.webhook_admin = Some(admin);
         Ok(replica.listen)
     }
 
@@ -533,7 +551,9 @@ impl Components {
         let mut command = AgentCommand::new(node, &base)
             .reconciler("on")
             .with(&self.agent_flags);
-        command.admin_listen = free_port()?.to_string();
+        let admin = free_port()?;
+        command.admin_listen = admin.to_string();
+        self.agent_admins.insert(node.to_string(), admin);
         command.kubeconfig = Some(kubeconfig);
         for dir in [&command.plugins_dir, &command.registry_dir] {
             std::fs::create_dir_all(dir).map_err(|e| component_err("node-agent")(e.to_string()))?;
