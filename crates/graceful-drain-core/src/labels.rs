@@ -115,6 +115,9 @@ pub mod webhook_reason {
     pub const ISOLATION_DEFERRED: &str = "graceful-drain.io/IsolationDeferred";
     /// Warning Event reason when a pod could not be isolated and its request went through.
     pub const ISOLATION_FAILED: &str = "graceful-drain.io/IsolationFailed";
+    /// The API server stopped calling the webhook (its probe's dry-run eviction came back
+    /// without the webhook's warning): evictions and deletes pass unprotected.
+    pub const PROTECTION_LOST: &str = "graceful-drain.io/ProtectionLost";
 }
 
 /// Event reasons the node agent posts on the Node, where `kubectl describe node` shows

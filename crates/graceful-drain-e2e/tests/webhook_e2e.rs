@@ -2199,3 +2199,120 @@ async fn under_a_busy_endpointslice_controller_the_delay_counts_from_the_removal
         "evicted {unlisted_for:?} after it left its slices; its delay is {delay:?}"
     );
 }
+
+/// The value of the unlabelled metric `name` on the webhook's admin port.
+async fn gauge(admin: std::net::SocketAddr, name: &str) -> Option<f64> {
+    let text = admin_get(admin, "/metrics").await;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// How long a broken path may take to show: the next probe (1 s apart here, 30 s by
+/// default) plus its call, which fails at once when nothing listens.
+const PROTECTION_BOUND: Duration = Duration::from_secs(5);
+
+/// Protection is observed, not assumed: the webhook's probe (a dry-run eviction of a pod
+/// that does not exist) comes back from the API server with the webhook's warning, and the
+/// deleter Lease and the metric say `active`. Once the webhook configurations point where
+/// nothing answers (what a NetworkPolicy that does not admit the control plane, or every
+/// replica down, does; with `failurePolicy: Ignore` every eviction then passes unprotected),
+/// the Lease, the metric and a Warning Event on the webhook's pod say so within
+/// [`PROTECTION_BOUND`]; restored, it is `active` again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_the_api_server_stops_calling_says_so() {
+    protection_observed(Tier::Simulated).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_tier_a_webhook_the_api_server_stops_calling_says_so() {
+    protection_observed(Tier::Real).await;
+}
+
+async fn protection_observed(tier: Tier) {
+    use graceful_drain_webhook::probe;
+    use k8s_openapi::api::coordination::v1::Lease;
+    let Some(cluster) = TestCluster::start(tier, ClusterConfig::default())
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let webhook = start_webhook_with(
+        &cluster,
+        Duration::from_secs(5),
+        10,
+        &["--probe-interval", "1s"],
+    )
+    .await;
+    let leases: Api<Lease> = Api::namespaced(cluster.client(), "graceful-drain");
+    let protection = || async {
+        leases
+            .get_opt(graceful_drain_webhook::lease::DEFAULT_NAME)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| l.metadata.annotations)
+            .and_then(|a| a.get(probe::PROTECTION_ANNOTATION).cloned())
+    };
+    wait_for("protection active on the Lease", TIMEOUT, || async {
+        protection().await.as_deref() == Some("active")
+    })
+    .await
+    .unwrap();
+    let active = "graceful_drain_webhook_protection_active";
+    assert_eq!(gauge(webhook.admin, active).await, Some(1.0));
+
+    // Point the mutating webhook where nothing listens.
+    let configurations: Api<MutatingWebhookConfiguration> = Api::all(cluster.client());
+    let mut mutating = configurations
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let mut broken = mutating.remove(0);
+    let name = broken.metadata.name.clone().unwrap();
+    let original = broken.clone();
+    for hook in broken.webhooks.iter_mut().flatten() {
+        hook.client_config.url = Some(format!("https://127.0.0.1:{}", free_port().port()));
+    }
+    configurations
+        .replace(&name, &PostParams::default(), &broken)
+        .await
+        .unwrap();
+    let broke = Instant::now();
+    wait_for("protection lost on the Lease", PROTECTION_BOUND, || async {
+        protection().await.as_deref() == Some("lost")
+    })
+    .await
+    .unwrap();
+    eprintln!(
+        "protection reported lost {:?} after the path broke",
+        broke.elapsed()
+    );
+    assert_eq!(gauge(webhook.admin, active).await, Some(0.0));
+    let events: Api<Event> = Api::namespaced(cluster.client(), "graceful-drain");
+    wait_for("a ProtectionLost Warning Event", EVENT_WAIT, || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some(webhook_reason::PROTECTION_LOST))
+    })
+    .await
+    .unwrap();
+
+    // Fixed: active again.
+    let mut fixed = configurations.get(&name).await.unwrap();
+    fixed.webhooks = original.webhooks;
+    configurations
+        .replace(&name, &PostParams::default(), &fixed)
+        .await
+        .unwrap();
+    wait_for("protection active again", PROTECTION_BOUND, || async {
+        protection().await.as_deref() == Some("active")
+    })
+    .await
+    .unwrap();
+}

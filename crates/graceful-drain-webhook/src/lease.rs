@@ -143,6 +143,8 @@ pub struct Elector {
     /// Where to report until when some replica holds the lease (admission refuses to
     /// isolate pods nobody would delete).
     presence: Option<std::sync::Arc<super::cache::Cache>>,
+    /// The probe's outcome, written into the Lease's annotations with every write of ours.
+    protection: Option<std::sync::Arc<super::probe::Shared>>,
 }
 
 impl Elector {
@@ -154,6 +156,7 @@ impl Elector {
             name: name.to_string(),
             identity: identity.to_string(),
             presence: None,
+            protection: None,
         }
     }
 
@@ -161,6 +164,27 @@ impl Elector {
     pub fn reporting_to(mut self, cache: std::sync::Arc<super::cache::Cache>) -> Elector {
         self.presence = Some(cache);
         self
+    }
+
+    /// Publishes the probe's outcome in the Lease while this replica holds it, where
+    /// `graceful-drain status` reads it.
+    pub fn publishing(mut self, protection: std::sync::Arc<super::probe::Shared>) -> Elector {
+        self.protection = Some(protection);
+        self
+    }
+
+    fn annotate(&self, lease: &mut Lease) {
+        let Some(protection) = &self.protection else {
+            return;
+        };
+        let annotations = lease
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default);
+        annotations.remove(super::probe::MESSAGE_ANNOTATION);
+        for (key, value) in protection.annotations() {
+            annotations.insert(key.to_string(), value);
+        }
     }
 
     fn report(&self, until: Option<Timestamp>) {
@@ -198,8 +222,12 @@ impl Elector {
                 self.report(until.and_then(|t| t.checked_add(takeover).ok()));
                 return Ok(false);
             }
-            Step::Create(lease) => self.api.create(&PostParams::default(), &lease).await,
-            Step::Replace(lease) => {
+            Step::Create(mut lease) => {
+                self.annotate(&mut lease);
+                self.api.create(&PostParams::default(), &lease).await
+            }
+            Step::Replace(mut lease) => {
+                self.annotate(&mut lease);
                 self.api
                     .replace(&self.name, &PostParams::default(), &lease)
                     .await

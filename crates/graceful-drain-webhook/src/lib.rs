@@ -19,6 +19,7 @@ pub mod isolate;
 pub mod lease;
 pub mod metrics;
 pub mod nodepods;
+pub mod probe;
 pub mod restore;
 pub mod review;
 pub mod server;
@@ -126,6 +127,9 @@ pub struct Args {
     /// What the webhook handles and how (exposure, exclusions, kept labels, limits).
     #[command(flatten)]
     pub policy: Box<PolicyArgs>,
+    /// The protection probe: proof that the API server calls the webhook.
+    #[command(flatten)]
+    pub probe: Box<probe::ProbeArgs>,
     /// How to reach the API server (`--kubeconfig`, `--context`).
     #[command(flatten)]
     pub kube: graceful_drain_core::kubeclient::KubeArgs,
@@ -262,6 +266,8 @@ async fn watch_readiness(
 /// The long-running pieces behind the admission endpoints.
 struct Workers {
     ctx: isolate::Context,
+    /// The probe's outcome, which the Lease holder publishes.
+    protection: Arc<probe::Shared>,
     /// The deleter's client: without kube's hidden retries, so a PDB's 429 to its
     /// eviction comes back at once and the pod is deleted instead (kube would retry the
     /// 429 up to 15 times with backoff, holding the pod far past its delete time).
@@ -285,6 +291,7 @@ struct Workers {
 fn spawn_workers(w: Workers, shutdown: &Shutdown) -> Vec<tokio::task::JoinHandle<()>> {
     let Workers {
         ctx,
+        protection,
         deleter_client,
         resolver,
         readiness,
@@ -316,7 +323,8 @@ fn spawn_workers(w: Workers, shutdown: &Shutdown) -> Vec<tokio::task::JoinHandle
         &lease_name,
         &ctx.identity,
     )
-    .reporting_to(cache.clone());
+    .reporting_to(cache.clone())
+    .publishing(protection);
     let lease = spawn_owned(
         "lease",
         shutdown.clone(),
@@ -396,12 +404,16 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         deployment,
         identity,
         policy,
+        probe: probe_args,
         kube,
     } = args;
     let (tls, policy) = (*tls, *policy);
     let config = kube.config().await?;
     let client = kube::Client::try_from(config.clone()).context("build client")?;
     let admission = admission_client(config)?;
+    // With the pod's own name (the chart's downward API), a lost protection is a Warning
+    // Event on this pod.
+    let own_pod = identity.clone().map(|name| (lease_namespace.clone(), name));
     let identity = identity.unwrap_or_else(default_identity);
     let own = own_users(&client, policy.own_users).await;
     tracing::info!(%identity, own_users = ?own, "starting webhook");
@@ -452,8 +464,26 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
     if let Some((client, namespace, name, own)) = &uninstall {
         uninstall::adopt(client, namespace, name, own).await;
     }
+    let protection = Arc::new(probe::Shared::default());
+    let reporter = probe::Reporter {
+        ctx: ctx.clone(),
+        pod: own_pod,
+    };
+    spawn_owned(
+        "probe",
+        shutdown.clone(),
+        probe::run(
+            ctx.client.clone(),
+            *probe_args,
+            protection.clone(),
+            metrics.clone(),
+            reporter,
+            shutdown.clone(),
+        ),
+    );
     let workers = Workers {
         ctx,
+        protection,
         deleter_client: admission_ctx.client.clone(),
         resolver,
         readiness: readiness.clone(),

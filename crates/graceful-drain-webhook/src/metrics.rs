@@ -61,6 +61,12 @@ pub struct Metrics {
     /// `disruptedPods` entries of held pods rewritten before the disruption controller
     /// would drop them (or recorded again after it did).
     pub disruptions_renewed: Counter,
+    /// `protection_active`: 1 while this replica's last probe reached the webhook through
+    /// the API server, 0 once one did not (see `crate::probe`).
+    pub protection_active: Gauge,
+    /// `protection_verified_timestamp_seconds`: when a probe last reached the webhook
+    /// (Unix time); its age is how long protection has not been proven.
+    pub protection_verified: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 /// Removal lag buckets (seconds): an idle EndpointSlice controller drops a pod within a
@@ -94,6 +100,8 @@ impl Metrics {
             leader: Gauge::default(),
             endpoint_removal: removal_histogram(),
             disruptions_renewed: Counter::default(),
+            protection_active: Gauge::default(),
+            protection_verified: Gauge::default(),
         };
         let reg = registry.sub_registry_with_prefix("graceful_drain_webhook");
         reg.register(
@@ -150,6 +158,16 @@ impl Metrics {
             "disruptions_renewed",
             "PDB disruptedPods entries of held pods rewritten so the disruption controller keeps counting them as disrupted",
             metrics.disruptions_renewed.clone(),
+        );
+        reg.register(
+            "protection_active",
+            "1 while this replica's last probe (a dry-run eviction) reached the webhook through the API server, 0 once one did not",
+            metrics.protection_active.clone(),
+        );
+        reg.register(
+            "protection_verified_timestamp_seconds",
+            "When a probe last reached the webhook through the API server (Unix time)",
+            metrics.protection_verified.clone(),
         );
         metrics
     }

@@ -134,6 +134,17 @@ async fn respond(
     deadline: Instant,
 ) -> (AdmissionResponse, &'static str) {
     let request = review.request;
+    // The protection probe (crate::probe): its arrival is its answer, handed back to the
+    // prober by the API server as a warning.
+    if crate::probe::is_probe(&request.name, request.dry_run) {
+        let mut allow = review::allow(&request);
+        allow.warnings = Some(vec![format!(
+            "{} (replica {})",
+            crate::probe::SEEN_WARNING,
+            state.ctx.identity
+        )]);
+        return (allow, "probe");
+    }
     match review.parsed {
         Parsed::NotOurs(reason) => {
             tracing::debug!(reason, "not ours; allowing unchanged");

@@ -447,6 +447,15 @@ async fn call(ctx: &Ctx, hook: &Hook, attrs: &Attributes<'_>) -> Result<Outcome,
             "expected response.uid=\"{uid}\", got \"{got_uid}\""
         ));
     }
+    for warning in response
+        .get("warnings")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+    {
+        super::request::add_warning(warning);
+    }
     interpret(hook, attrs, response)
 }
 

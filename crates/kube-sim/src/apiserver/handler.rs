@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 use super::Ctx;
 use super::request::{
     DEADLINE, Req, Target, UserInfo, deadline_exceeded, deadline_of, filter_of, get, prefix_of,
+    with_warnings,
 };
 use super::status::{ApiError, ApiResult};
 use super::store::Scope;
@@ -100,7 +101,10 @@ async fn handle(State(ctx): State<Arc<Ctx>>, request: Request) -> Response {
     }
     // Store writes follow `check_deadline()` with no await in between, so a request
     // answered 504 here writes nothing after its deadline.
-    let run = DEADLINE.scope(deadline, dispatch(&ctx, parts.method, target, req));
+    let run = DEADLINE.scope(
+        deadline,
+        with_warnings(dispatch(&ctx, parts.method, target, req)),
+    );
     match tokio::time::timeout_at(deadline, run).await {
         Ok(response) => response,
         Err(_) => deadline_exceeded().into_response(),

@@ -26,6 +26,40 @@ tokio::task_local! {
     pub(crate) static DEADLINE: tokio::time::Instant;
 }
 
+tokio::task_local! {
+    /// The warnings admission webhooks returned for the request being served.
+    pub(crate) static WARNINGS: std::cell::RefCell<Vec<String>>;
+}
+
+/// Records an admission webhook's warning for the request this task serves: upstream
+/// adds each to the request's warning recorder (`warning.AddWarning` in
+/// staging/src/k8s.io/apiserver/pkg/admission/plugin/webhook/mutating/dispatcher.go and
+/// validating/dispatcher.go), which writes it as a `Warning` header of the answer.
+pub(crate) fn add_warning(text: &str) {
+    let _ = WARNINGS.try_with(|w| w.borrow_mut().push(text.to_string()));
+}
+
+/// Runs `call`, then writes the warnings admission recorded meanwhile as `Warning: 299 -
+/// "text"` headers of its answer (staging/src/k8s.io/apiserver/pkg/endpoints/filters/
+/// warning.go, RFC 7234 §5.5), whatever its status.
+pub(crate) async fn with_warnings(
+    call: impl std::future::Future<Output = axum::response::Response>,
+) -> axum::response::Response {
+    WARNINGS
+        .scope(std::cell::RefCell::new(Vec::new()), async move {
+            let mut response = call.await;
+            let warnings = WARNINGS.with(|w| w.take());
+            for text in warnings {
+                let quoted = text.replace('\\', "\\\\").replace('"', "\\\"");
+                if let Ok(value) = http::HeaderValue::from_str(&format!("299 - \"{quoted}\"")) {
+                    response.headers_mut().append(http::header::WARNING, value);
+                }
+            }
+            response
+        })
+        .await
+}
+
 /// The deadline of the request this task serves, if any.
 pub(crate) fn request_deadline() -> Option<tokio::time::Instant> {
     DEADLINE.try_with(|d| *d).ok()
