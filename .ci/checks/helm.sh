@@ -68,7 +68,9 @@ fi
 for hint in "cert-manager is not installed" "certificates.mode=self-signed" "certificates.mode=secret"; do
   grep -qF "$hint" "$WORK/no-cm.log" || die "the refusal lacks '$hint': $(cat "$WORK/no-cm.log")"
 done
-if helm list --namespace "$NS" -q -a | grep -qx "$REL"; then die "the refused install left a release"; fi
+# (helm 4 lists releases in every status by default.)
+helm list --namespace "$NS" -q >"$WORK/list.txt" || die "helm list"
+if grep -qx "$REL" "$WORK/list.txt"; then die "the refused install left a release"; fi
 say "refused with the ways on (self-signed, secret), no release left"
 
 echo "helm: install"
