@@ -39,24 +39,22 @@ mode_args() {
 }
 
 # The raw manifests for users without Helm: cert-manager mode, fixed release name,
-# namespace and Kubernetes version, with the Namespace in front.
+# namespace and Kubernetes version, with the Namespace (and its Pod Security labels) in
+# front (namespace.create; helm template sorts Namespaces first).
 render_deploy() {
   cat <<HEADER
 # graceful-drain: raw manifests for clusters without Helm (cert-manager must be installed).
 # Generated from charts/graceful-drain by .ci/checks/chart.sh --update; do not edit by hand.
 # kubectl apply --server-side -f deploy/graceful-drain.yaml
-apiVersion: v1
-kind: Namespace
-metadata:
-  name: $NS
-  labels:
-    app.kubernetes.io/name: graceful-drain
-    # The node agent mounts two kubelet folders (hostPath) and runs as uid 0 without
-    # capabilities, which the baseline and restricted Pod Security levels refuse.
-    pod-security.kubernetes.io/enforce: privileged
 HEADER
   helm template graceful-drain "$CHART" --namespace "$NS" --kube-version 1.33.0 \
-    --set certificates.mode=cert-manager
+    --set certificates.mode=cert-manager --set namespace.create=true
+}
+
+# charts/graceful-drain/README.md carries docs/install.md's values table between two
+# markers, its links rewritten for the chart's folder: one table to maintain.
+render_readme() {
+  $PY "$CHECKS/assert.py" readme docs/install.md "$CHART/README.md"
 }
 
 # What lifecycleCrds.seedGroup adds, for clusters without Helm (applied over
@@ -72,7 +70,8 @@ render_seed_group() {
 if [ "${1:-}" = "--update" ]; then
   render_deploy >deploy/graceful-drain.yaml
   render_seed_group >deploy/seed-group.yaml
-  echo "chart: wrote deploy/graceful-drain.yaml and deploy/seed-group.yaml"
+  render_readme >"$WORK/README.md" && cp "$WORK/README.md" "$CHART/README.md"
+  echo "chart: wrote deploy/graceful-drain.yaml, deploy/seed-group.yaml and $CHART/README.md's values table"
   exit 0
 fi
 
@@ -105,6 +104,10 @@ render everything cert-manager --set metrics.serviceMonitor.enabled=true \
   --set certificates.certManager.issuerRef.kind=ClusterIssuer --set webhook.failurePolicy=Fail \
   --set agent.drain.force=true --set agent.drain.gracePeriodSeconds=30 --set agent.drain.timeout=10m \
   --set agent.drain.ignoreDaemonsets=false --set webhook.deregistrationDelay=45s \
+  --set namespace.create=true --set logLevel=debug \
+  --set-json 'webhook.namespaceSelector={"matchLabels":{"team":"payments"},"matchExpressions":[{"key":"env","operator":"In","values":["prod"]}]}' \
+  --set-json 'webhook.securityContext={"allowPrivilegeEscalation":false,"readOnlyRootFilesystem":true,"capabilities":{"drop":["ALL"]},"seccompProfile":{"type":"RuntimeDefault"},"runAsUser":1000}' \
+  --set agent.podSecurityContext.seccompProfile.type=Unconfined \
   --set-json 'agent.drain.tiers=[{"name":"databases","match":[{"namespaces":["db"]},{"priorityClassNames":["critical-db"]}]}]' \
   --set-json "agent.hooks=[{\"name\":\"evacuate-vms\",\"at\":\"before-eviction\",\"timeout\":\"30m\",\"https\":{\"url\":\"https://vm-evacuator.ops.svc/evacuate\",\"caBundle\":\"$CA_BUNDLE\"}},{\"name\":\"report\",\"at\":\"after-last-pod\",\"optional\":true,\"job\":{\"namespace\":\"ops\",\"template\":{\"spec\":{\"template\":{\"spec\":{\"containers\":[{\"name\":\"report\",\"image\":\"busybox\"}]}}}}}}]"
 render minimal self-signed --set agent.enabled=false --set lifecycleCrds.install=false \
@@ -121,6 +124,20 @@ for plain in cert-manager self-signed secret; do
   fi
 done
 say "alerts and dashboard: rendered when on, agent alerts only with the agent, off by default"
+say "$($PY "$CHECKS/assert.py" users "$WORK/everything.yaml" "$NS")"
+if grep -q '^kind: Namespace' "$WORK/cert-manager.yaml"; then
+  die "cert-manager: a Namespace rendered by default (it conflicts with helm --create-namespace)"
+fi
+# A level the node agent cannot run under is refused when the chart renders the namespace.
+if helm template graceful-drain "$CHART" --namespace "$NS" --set namespace.create=true \
+  --set namespace.podSecurity=baseline >/dev/null 2>"$WORK/psa-refused.log"; then
+  die "namespace.podSecurity=baseline rendered with the node agent"
+fi
+grep -q "refuse the node agent" "$WORK/psa-refused.log" || die "baseline refusal does not say why: $(cat "$WORK/psa-refused.log")"
+helm template graceful-drain "$CHART" --namespace "$NS" --set namespace.create=true \
+  --set namespace.podSecurity=restricted --set agent.enabled=false | grep -q 'pod-security.kubernetes.io/enforce: restricted' \
+  || die "namespace.podSecurity=restricted without the agent"
+say "namespace: off by default, baseline refused with the agent, restricted for the webhook alone"
 render seed self-signed --set lifecycleCrds.seedGroup=true
 grep -q 'name: lifecycleevents.lifecycle.k8s.io' "$WORK/seed.yaml" || die "seedGroup: no seed-group LifecycleEvent CRD"
 # Where Kubernetes serves lifecycle.k8s.io itself, seed-group CRDs would never be served.
@@ -187,6 +204,13 @@ bad_values=(
   "certificates.mode=secret"                # secret mode without name/caBundle
   "metrics.prometheusRule.bogus=1"          # unknown key
   "metrics.dashboard.enabled=yes"           # wrong type
+  "logLevel=loud"                           # neither a level nor a filter
+  "namespace.podSecurity=open"              # bad enum
+  "namespace.bogus=1"                       # unknown key
+  "webhook.securityContext.privilegd=true"  # unknown (misspelt) field
+  "agent.podSecurityContext.runAsUser=-1"   # below the minimum
+  "webhook.namespaceSelector.matchExpressions[0].key=env" # no operator
+  "webhook.namespaceSelector.matchLabel.a=b" # unknown (misspelt) key
 )
 for bad in "${bad_values[@]}"; do
   if helm template graceful-drain "$CHART" --set "$bad" >/dev/null 2>"$WORK/err.log"; then
@@ -265,6 +289,16 @@ sim_apply() {
     || die "self-signed: re-render against the cluster made a new certificate (lookup did not reuse the Secret)"
   grep -q 'timeoutSeconds: 12' "$WORK/gd.upgrade.yaml" || die "upgrade render lost --set webhook.timeoutSeconds=12"
   say "self-signed: upgrade render against the cluster reuses the installed certificate"
+  # The simulated cluster serves no cert-manager.io: the default mode must say so, and how
+  # to go on, instead of Helm's bare "no matches for kind Certificate".
+  if helm template gd "$CHART" --namespace gd-system --kubeconfig "$kc" --dry-run=server \
+    --disable-openapi-validation >/dev/null 2>"$WORK/no-cert-manager.log"; then
+    die "cert-manager mode rendered against a cluster without cert-manager"
+  fi
+  for hint in "cert-manager is not installed" "certificates.mode=self-signed" "certificates.mode=secret"; do
+    grep -qF "$hint" "$WORK/no-cert-manager.log" || die "cert-manager refusal lacks '$hint': $(cat "$WORK/no-cert-manager.log")"
+  done
+  say "cert-manager mode without cert-manager: refused, naming self-signed and secret modes"
   kill "$pid" 2>/dev/null
   wait "$pid" 2>/dev/null || true
 }
@@ -274,8 +308,13 @@ else
   skip "$BIN has no simulate --serve"
 fi
 
-echo "chart: docs/install.md documents every value"
+echo "chart: docs/install.md and the chart's README document every value"
 say "$($PY "$CHECKS/assert.py" docs "$CHART/values.yaml" docs/install.md)"
+say "$($PY "$CHECKS/assert.py" docs "$CHART/values.yaml" "$CHART/README.md")"
+render_readme >"$WORK/README.md"
+diff -u "$CHART/README.md" "$WORK/README.md" >"$WORK/readme.diff" \
+  || { head -40 "$WORK/readme.diff"; die "$CHART/README.md's values table is stale: run bash .ci/checks/chart.sh --update"; }
+say "$CHART/README.md: values table up to date"
 
 echo "chart: Dockerfile"
 hadolint Dockerfile || die "hadolint Dockerfile"

@@ -7,7 +7,9 @@
 # the lifecycle CRDs are not installed by the chart because the simulated cluster already
 # serves them; the first install leaves the node agent out and the upgrade adds it (its
 # pods come from the simulated DaemonSet controller, and the uninstall check sees the
-# garbage collector remove them).
+# garbage collector remove them). Before that, an install in the default cert-manager mode
+# must be refused with the ways on (the simulated cluster serves no cert-manager.io); the
+# upgrade also takes over the namespace to label it for Pod Security (namespace.create).
 #   bash .ci/checks/helm.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -57,6 +59,20 @@ VALUES=(--set certificates.mode=self-signed --set lifecycleCrds.install=false --
 ca_bundle() { k get validatingwebhookconfigurations -l "app.kubernetes.io/instance=$REL" -o jsonpath='{.items[0].webhooks[0].clientConfig.caBundle}'; }
 timeout_seconds() { k get validatingwebhookconfigurations -l "app.kubernetes.io/instance=$REL" -o jsonpath='{.items[0].webhooks[0].timeoutSeconds}'; }
 
+echo "helm: install in cert-manager mode, on a cluster without cert-manager"
+# The default mode needs cert-manager's CRDs; the chart must say so, and name the other
+# modes, before anything is created.
+if helm install "$REL" "$CHART" --namespace "$NS" --create-namespace "${VALUES[@]:2}" >"$WORK/no-cm.log" 2>&1; then
+  die "helm install in cert-manager mode succeeded without cert-manager"
+fi
+for hint in "cert-manager is not installed" "certificates.mode=self-signed" "certificates.mode=secret"; do
+  grep -qF "$hint" "$WORK/no-cm.log" || die "the refusal lacks '$hint': $(cat "$WORK/no-cm.log")"
+done
+# (helm 4 lists releases in every status by default.)
+helm list --namespace "$NS" -q >"$WORK/list.txt" || die "helm list"
+if grep -qx "$REL" "$WORK/list.txt"; then die "the refused install left a release"; fi
+say "refused with the ways on (self-signed, secret), no release left"
+
 echo "helm: install"
 h install "$REL" "$CHART" --create-namespace "${VALUES[@]}" --set agent.enabled=false --wait --timeout 60s \
   || die "helm install --wait"
@@ -73,7 +89,11 @@ CA="$(ca_bundle)"
 say "release $REL in $NS: webhook Deployment ready (--wait), applied server-side by helm"
 
 echo "helm: upgrade"
-h upgrade "$REL" "$CHART" "${VALUES[@]}" --set webhook.timeoutSeconds=12 || die "helm upgrade"
+# The chart takes over the namespace --create-namespace made, to label it for Pod Security.
+h upgrade "$REL" "$CHART" "${VALUES[@]}" --set webhook.timeoutSeconds=12 \
+  --set namespace.create=true --take-ownership || die "helm upgrade"
+[ "$(k get namespace "$NS" -o jsonpath='{.metadata.labels.pod-security\.kubernetes\.io/enforce}')" = privileged ] \
+  || die "upgrade with namespace.create did not label $NS pod-security.kubernetes.io/enforce=privileged"
 [ "$(timeout_seconds)" = 12 ] || die "upgrade did not set timeoutSeconds=12 (got $(timeout_seconds))"
 [ "$(ca_bundle)" = "$CA" ] || die "upgrade changed the caBundle (lookup did not find the Secret)"
 k -n "$NS" get daemonset "$REL-graceful-drain-agent" >/dev/null || die "upgrade did not add the agent DaemonSet"
@@ -81,7 +101,7 @@ helm history "$REL" --namespace "$NS" -o json >"$WORK/history.json" || die "helm
 grep -q '"revision":2' "$WORK/history.json" || die "no revision 2 in helm history"
 helm status "$REL" --namespace "$NS" >"$WORK/status.txt" || die "helm status"
 grep -q 'STATUS: deployed' "$WORK/status.txt" || die "release not deployed after upgrade"
-say "revision 2 deployed: timeoutSeconds=12, same caBundle, agent DaemonSet added"
+say "revision 2 deployed: timeoutSeconds=12, same caBundle, agent DaemonSet added, namespace labelled"
 
 echo "helm: uninstall"
 # The webhook keeps its rights until it has dealt with the pods it isolated: its
@@ -98,6 +118,7 @@ held() {
 }
 [ "$(held)" = '["graceful-drain.io/uninstall"]["graceful-drain.io/uninstall"]' ] \
   || die "the webhook's binding and ServiceAccount are not held for its uninstall work: $(held)"
+grep -qF "[Namespace] $NS" "$WORK/uninstall.txt" || die "helm uninstall did not keep the namespace: $(cat "$WORK/uninstall.txt")"
 for kept in "[ClusterRole] $WH" "[Role] $WH-leader-election" "[RoleBinding] $WH-leader-election"; do
   grep -qF "$kept" "$WORK/uninstall.txt" || die "helm uninstall did not keep $kept: $(cat "$WORK/uninstall.txt")"
 done

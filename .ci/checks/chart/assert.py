@@ -9,6 +9,8 @@ Usage: assert.py split RENDERED OUTDIR      -> OUTDIR/core.yaml, OUTDIR/cert-man
        assert.py helm-owned RENDERED RELEASE NAMESPACE OUT -> OUT: marked as a Helm release's
        assert.py same-ca RENDERED_A RENDERED_B   -> both renders carry one CA and caBundle
        assert.py docker-context                  -> .dockerignore keeps what cargo build needs
+       assert.py users RENDERED NAMESPACE        -> namespace, namespaceSelector, log level, securityContext values
+       assert.py readme DOC_MD README_MD         -> README_MD with DOC_MD's values table (stdout)
 MODE is cert-manager, self-signed or secret. Exits non-zero with one line per failure.
 """
 
@@ -411,7 +413,9 @@ def docker_context():
 
 
 # Values documented as one row although they are maps (their keys are free-form).
-WHOLE_VALUES = {"webhook.resources", "agent.resources", "agent.updateStrategy"}
+WHOLE_VALUES = {"webhook.resources", "agent.resources", "agent.updateStrategy",
+                "webhook.podSecurityContext", "webhook.securityContext",
+                "agent.podSecurityContext", "agent.securityContext"}
 
 
 def leaf_values(values, prefix=""):
@@ -439,8 +443,73 @@ def docs(values_yaml, doc_md):
     print(f"{len(wanted)} values documented")
 
 
+def users(rendered, namespace):
+    """The values that meet users where they are, as chart.sh's "everything" render sets
+    them: the labelled Namespace, the user's namespaceSelector ANDed after the chart's
+    exclusions, RUST_LOG from logLevel, and securityContext values replacing the defaults."""
+    ck = Checker(load(rendered))
+    ns = ck.one("Namespace", namespace)
+    labels = ns.get("metadata", {}).get("labels", {})
+    for mode in ("enforce", "warn", "audit"):
+        ck.expect(labels.get(f"pod-security.kubernetes.io/{mode}") == "privileged",
+                  f"Namespace: pod-security.kubernetes.io/{mode} is not privileged")
+    ck.expect(ns.get("metadata", {}).get("annotations", {}).get("helm.sh/resource-policy") == "keep",
+              "Namespace: not kept on uninstall")
+    for kind in WEBHOOK_KINDS:
+        for w in ck.one(kind).get("webhooks", []):
+            sel = w["namespaceSelector"]
+            exprs = sel["matchExpressions"]
+            ck.expect(sel.get("matchLabels") == {"team": "payments"}, f"{kind}: matchLabels {sel}")
+            ck.expect([e["key"] for e in exprs] == ["kubernetes.io/metadata.name",
+                                                    "graceful-drain.io/exclude", "env"],
+                      f"{kind}: the user's matchExpressions are not appended to the exclusions: {exprs}")
+            ck.expect(namespace in exprs[0]["values"], f"{kind}: own namespace no longer excluded")
+    for kind in ("Deployment", "DaemonSet"):
+        c = container(ck.one(kind))
+        ck.expect(env_of(c).get("RUST_LOG", {}).get("value") == "warn,graceful_drain=debug",
+                  f"{kind}: RUST_LOG is not warn,graceful_drain=debug")
+    dep, ds = ck.one("Deployment"), ck.one("DaemonSet")
+    ck.expect(container(dep)["securityContext"].get("runAsUser") == 1000,
+              "webhook: securityContext value not rendered")
+    ck.expect(ds["spec"]["template"]["spec"]["securityContext"].get("seccompProfile")
+              == {"type": "Unconfined"} and
+              ds["spec"]["template"]["spec"]["securityContext"].get("runAsUser") == 0,
+              "agent: podSecurityContext not merged with its defaults")
+    for msg in ck.failures:
+        print(f"FAIL {rendered} users: {msg}")
+    if ck.failures:
+        sys.exit(1)
+    return "namespace labels, namespaceSelector, RUST_LOG and securityContext values: ok"
+
+
+BEGIN, END = "<!-- values-table:begin -->", "<!-- values-table:end -->"
+
+
+def readme(doc_md, readme_md):
+    """Prints README_MD with the table of DOC_MD's "## Values" section between its markers;
+    links to docs/ pages are rewritten relative to the chart's folder."""
+    import re
+    with open(doc_md, encoding="utf-8") as f:
+        section = f.read().split("\n## Values\n", 1)[1].split("\n## ", 1)[0]
+    table = [l for l in section.splitlines() if l.startswith("|")]
+    docs_dir = os.path.relpath(os.path.dirname(doc_md), os.path.dirname(readme_md))
+    fix = lambda l: re.sub(r"\]\((?!https?:|#)([^)]+)\)", lambda m: f"]({docs_dir}/{m.group(1)})", l)
+    with open(readme_md, encoding="utf-8") as f:
+        text = f.read()
+    if BEGIN not in text or END not in text:
+        print(f"FAIL {readme_md}: no {BEGIN} ... {END} markers", file=sys.stderr)
+        sys.exit(1)
+    head, rest = text.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    sys.stdout.write(head + BEGIN + "\n" + "\n".join(fix(l) for l in table) + "\n" + END + tail)
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "docker-context":
+    if sys.argv[1] == "users":
+        print(users(sys.argv[2], sys.argv[3]))
+    elif sys.argv[1] == "readme":
+        readme(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "docker-context":
         docker_context()
     elif sys.argv[1] == "helm-owned":
         helm_owned(*sys.argv[2:6])

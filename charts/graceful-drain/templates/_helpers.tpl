@@ -94,13 +94,25 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns) | toJson -}}
 {{- end -}}
 
-{{/* The restricted-profile security context shared by both containers. */}}
-{{- define "graceful-drain.containerSecurityContext" -}}
-allowPrivilegeEscalation: false
-readOnlyRootFilesystem: true
-capabilities:
-  drop:
-    - ALL
-seccompProfile:
-  type: RuntimeDefault
+{{/* RUST_LOG of both workloads: a level applies to graceful-drain's own crates (a target
+matches by prefix, so graceful_drain covers graceful_drain_core, _webhook and _agent) and
+leaves every other crate at warn, as the binary's default filter does; a value holding "="
+is a whole filter. */}}
+{{- define "graceful-drain.rustLog" -}}
+{{- if contains "=" .Values.logLevel -}}
+{{- .Values.logLevel -}}
+{{- else -}}
+{{- printf "warn,graceful_drain=%s" .Values.logLevel -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when .Capabilities is Helm's built-in offline set (helm template or lint
+without a cluster) rather than a cluster's discovery. That set comes from client-go's
+scheme and still lists extensions/v1beta1 and policy/v1beta1, which no Kubernetes the
+chart supports serves (removed in 1.22 and 1.25) and no CRD can claim (a CRD's group
+needs a dot). `--api-versions` only adds to it. */}}
+{{- define "graceful-drain.offlineCapabilities" -}}
+{{- if and (.Capabilities.APIVersions.Has "extensions/v1beta1") (.Capabilities.APIVersions.Has "policy/v1beta1") -}}
+true
+{{- end -}}
 {{- end -}}
