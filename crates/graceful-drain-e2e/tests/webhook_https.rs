@@ -50,7 +50,8 @@ fn bundle() -> certs::Bundle {
 /// stays on paths that need no API call) and the given TLS files.
 async fn start(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Server {
     graceful_drain_core::runtime::install_crypto_provider();
-    let (client, _api) = graceful_drain_testing::fixtures::mock::client();
+    let (client, api) = graceful_drain_testing::fixtures::mock::client();
+    tokio::spawn(serve_live_pod(api));
     let mut registry = prometheus_client::registry::Registry::default();
     let shutdown = Shutdown::new();
     let state = Arc::new(server::AppState {
@@ -206,6 +207,32 @@ fn isolated_pod_delete(uid: &str, user: &str) -> Vec<u8> {
         }
     }))
     .unwrap()
+}
+
+/// The API behind the server: pod `web/web-1` as [`isolated_pod_delete`]'s review shows
+/// it (the webhook reads a DELETE's pod live and acts only on what it reads); anything
+/// else is not found.
+async fn serve_live_pod(mut api: graceful_drain_testing::fixtures::mock::Handle) {
+    let review: Value = serde_json::from_slice(&isolated_pod_delete("live", "alice")).unwrap();
+    let pod = review["request"]["oldObject"].clone();
+    while let Some((request, send)) = api.next_request().await {
+        let (status, body) = if request.method() == http::Method::GET
+            && request.uri().path() == "/api/v1/namespaces/web/pods/web-1"
+        {
+            (200, pod.clone())
+        } else {
+            (
+                404,
+                graceful_drain_testing::fixtures::mock::status(404, "NotFound"),
+            )
+        };
+        let response = http::Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(kube::client::Body::from(serde_json::to_vec(&body).unwrap()))
+            .unwrap();
+        send.send_response(response);
+    }
 }
 
 fn review(body: &[u8]) -> Value {
