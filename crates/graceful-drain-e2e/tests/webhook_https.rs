@@ -480,3 +480,49 @@ async fn held_delete_answers_before_the_api_server_deadline() {
     assert_eq!(status, 200);
     assert_eq!(review(&body)["response"]["allowed"], true);
 }
+
+/// Whether a client presenting `identity` gets an eviction review answered.
+async fn served_with(addr: SocketAddr, server_ca: &str, identity: (&str, &str)) -> bool {
+    let opts = ClientOpts {
+        identity: Some(identity),
+        ..client_opts(server_ca)
+    };
+    let Ok(stream) = connect(addr, &opts).await else {
+        return false;
+    };
+    let Ok((mut s, conn)) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
+    else {
+        return false;
+    };
+    tokio::spawn(conn);
+    let req = Request::post("/mutate/eviction")
+        .body(Full::new(Bytes::from(eviction("x"))))
+        .unwrap();
+    s.send_request(req)
+        .await
+        .is_ok_and(|r| r.status() == http::StatusCode::OK)
+}
+
+/// A client CA rotated in its file (the kubelet swapping a Secret volume) is picked up by
+/// new handshakes without a restart: the new CA's clients are served, the old CA's refused.
+#[tokio::test]
+async fn a_rotated_client_ca_is_picked_up_by_new_handshakes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, cert, key) = write_bundle(dir.path());
+    let before = bundle();
+    let ca_path = dir.path().join("client-ca.crt");
+    std::fs::write(&ca_path, &before.ca_cert).unwrap();
+    let srv = start(&cert, &key, Some(&ca_path)).await;
+    assert!(served_with(srv.addr, &b.ca_cert, (&before.cert, &before.key)).await);
+
+    let after = bundle();
+    std::fs::write(&ca_path, &after.ca_cert).unwrap();
+    eventually("the rotated CA's client served", || async {
+        served_with(srv.addr, &b.ca_cert, (&after.cert, &after.key)).await
+    })
+    .await;
+    assert!(
+        !served_with(srv.addr, &b.ca_cert, (&before.cert, &before.key)).await,
+        "a client of the rotated-out CA is still served"
+    );
+}

@@ -1,6 +1,7 @@
 //! TLS for the admission server: TLS 1.2 and 1.3 only (ring provider), ALPN `h2` and
 //! `http/1.1`, an optional client CA, and a certificate resolver that re-reads the
-//! certificate and key files for new handshakes.
+//! certificate and key files for new handshakes; the client CA file is re-read the same
+//! way ([`ReloadingClientVerifier`]).
 //!
 //! cert-manager rotates the Secret and the kubelet swaps the volume's `..data` symlink;
 //! we never watch files (inotify misses symlink swaps). Instead [`ReloadingResolver`]
@@ -11,12 +12,15 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::CryptoProvider;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
+use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use rustls::{RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 
 /// How often the certificate files are compared with the loaded ones. The kubelet syncs
 /// Secret volumes about once a minute, so seconds are plenty, and two small file reads
@@ -168,26 +172,141 @@ pub fn server_config(
     let builder = match client_ca {
         None => builder.with_no_client_auth(),
         Some(path) => {
-            let ca_err = |message: String| Error::ClientCa {
-                path: path.to_path_buf(),
-                message,
-            };
-            let pem = read(path)?;
-            let mut roots = RootCertStore::empty();
-            for cert in CertificateDer::pem_slice_iter(&pem) {
-                roots
-                    .add(cert.map_err(|e| ca_err(e.to_string()))?)
-                    .map_err(|e| ca_err(e.to_string()))?;
-            }
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                .build()
-                .map_err(|e| ca_err(e.to_string()))?;
-            builder.with_client_cert_verifier(verifier)
+            let verifier = ReloadingClientVerifier::new(path, provider, RECHECK)?;
+            builder.with_client_cert_verifier(Arc::new(verifier))
         }
     };
     let mut config = builder.with_cert_resolver(resolver);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(config)
+}
+
+/// Builds a verifier of client certificates signed by a CA in `pem` (from `path`).
+fn client_verifier(
+    path: &Path,
+    pem: &[u8],
+    provider: &Arc<CryptoProvider>,
+) -> Result<Arc<dyn ClientCertVerifier>, Error> {
+    let ca_err = |message: String| Error::ClientCa {
+        path: path.to_path_buf(),
+        message,
+    };
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(pem) {
+        roots
+            .add(cert.map_err(|e| ca_err(e.to_string()))?)
+            .map_err(|e| ca_err(e.to_string()))?;
+    }
+    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .build()
+        .map_err(|e| ca_err(e.to_string()))
+}
+
+/// Client certificates verified against the CA file as it is now: re-read at most every
+/// `recheck` on a handshake, and swapped when its content changed and parses (the last
+/// good CA stays otherwise), so a rotated client CA is picked up like a rotated serving
+/// certificate, without a restart. It names no acceptable CA in its request (an empty
+/// list lets the client send its certificate, as kube-apiserver does).
+#[derive(Debug)]
+pub struct ReloadingClientVerifier {
+    path: PathBuf,
+    provider: Arc<CryptoProvider>,
+    recheck: Duration,
+    state: Mutex<ClientCa>,
+}
+
+#[derive(Debug)]
+struct ClientCa {
+    checked: Instant,
+    pem: Vec<u8>,
+    verifier: Arc<dyn ClientCertVerifier>,
+}
+
+impl ReloadingClientVerifier {
+    /// A verifier of the CA in `path`, which must be readable and valid now.
+    pub fn new(
+        path: &Path,
+        provider: Arc<CryptoProvider>,
+        recheck: Duration,
+    ) -> Result<Self, Error> {
+        let pem = read(path)?;
+        let verifier = client_verifier(path, &pem, &provider)?;
+        Ok(ReloadingClientVerifier {
+            path: path.to_path_buf(),
+            provider,
+            recheck,
+            state: Mutex::new(ClientCa {
+                checked: Instant::now(),
+                pem,
+                verifier,
+            }),
+        })
+    }
+
+    /// The verifier of the CA file's current content.
+    fn current(&self) -> Arc<dyn ClientCertVerifier> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.checked.elapsed() >= self.recheck {
+            state.checked = Instant::now();
+            match read(&self.path) {
+                Ok(pem) if pem != state.pem => {
+                    match client_verifier(&self.path, &pem, &self.provider) {
+                        Ok(verifier) => {
+                            tracing::info!(path = %self.path.display(), "client CA reloaded");
+                            state.pem = pem;
+                            state.verifier = verifier;
+                        }
+                        Err(error) => {
+                            tracing::warn!(%error, "client CA changed but does not parse; keeping the last good one");
+                        }
+                    }
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(%error, "client CA unreadable; keeping the last good one");
+                }
+            }
+        }
+        state.verifier.clone()
+    }
+}
+
+impl ClientCertVerifier for ReloadingClientVerifier {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        self.current()
+            .verify_client_cert(end_entity, intermediates, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.current().verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.current().verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.current().supported_verify_schemes()
+    }
 }
 
 #[cfg(test)]
