@@ -32,6 +32,11 @@ enum ControlPlane {
         /// Leave lifecycle.k8s.io/v1alpha1 (EvictionRequest, KEP-4563) and its feature gate off.
         #[arg(long)]
         no_eviction_request_api: bool,
+        /// Present a client certificate to admission webhooks (an AdmissionConfiguration
+        /// naming a kubeconfig); the CA to give a webhook's `--client-ca` is
+        /// DIR/pki/webhook-client-ca.crt.
+        #[arg(long)]
+        webhook_client_certificates: bool,
     },
     /// Stop the control plane started in DIR.
     Down {
@@ -82,6 +87,7 @@ fn main() -> anyhow::Result<()> {
             dir,
             versions,
             no_eviction_request_api,
+            webhook_client_certificates,
         }) => {
             let bin = kube_control_plane::build::build(&versions.versions(), &mut |line| {
                 eprintln!("{line}")
@@ -94,6 +100,7 @@ fn main() -> anyhow::Result<()> {
                 bin,
                 eviction_request_api: !no_eviction_request_api,
                 apiserver_flags: Vec::new(),
+                webhook_client_certificate: webhook_client_certificates,
             };
             let started = std::time::Instant::now();
             let cp = kube_control_plane::up(&dir, &options)?;

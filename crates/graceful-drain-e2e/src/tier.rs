@@ -177,6 +177,44 @@ impl TestCluster {
     /// [`TestCluster::start`] without the chart's RBAC on the real tier: for a test that
     /// installs the chart itself (Helm refuses to take over objects it did not create).
     pub async fn start_bare(tier: Tier, cfg: ClusterConfig) -> Result<Option<TestCluster>, Error> {
+        Self::start_bare_with(tier, cfg, false).await
+    }
+
+    /// [`TestCluster::start`] on a control plane of ours whose kube-apiserver presents a
+    /// client certificate to admission webhooks, signed by the CA at
+    /// [`TestCluster::webhook_client_ca`]. `Ok(None)` where the real tier is not available
+    /// or is the user's cluster (whose API server this cannot configure).
+    pub async fn start_with_webhook_client_certificates(
+        cfg: ClusterConfig,
+    ) -> Result<Option<TestCluster>, Error> {
+        if std::env::var_os(KUBECONFIG_VAR).is_some() {
+            eprintln!(
+                "skipped: {KUBECONFIG_VAR}'s API server cannot be given client certificates here"
+            );
+            return Ok(None);
+        }
+        let Some(cluster) = Self::start_bare_with(Tier::Real, cfg, true).await? else {
+            return Ok(None);
+        };
+        if let Inner::Real(real) = &cluster.inner {
+            apply_chart_rbac(real)
+                .await
+                .map_err(|e| Error::Rbac(graceful_drain_core::error::chain(&e).to_string()))?;
+        }
+        Ok(Some(cluster))
+    }
+
+    /// The CA that signed kube-apiserver's client certificate for webhooks, on a control
+    /// plane started by [`TestCluster::start_with_webhook_client_certificates`].
+    pub fn webhook_client_ca(&self) -> Option<PathBuf> {
+        self.plane.as_ref().map(|p| p.webhook_client_ca())
+    }
+
+    async fn start_bare_with(
+        tier: Tier,
+        cfg: ClusterConfig,
+        webhook_client_certificate: bool,
+    ) -> Result<Option<TestCluster>, Error> {
         graceful_drain_core::runtime::install_crypto_provider();
         let cfg = graceful_drain_sim::setup::configure(cfg)?;
         let dir = TempDir::new("gd-tier").map_err(Error::Scratch)?;
@@ -205,7 +243,8 @@ impl TestCluster {
                         reset_shared(&path).await?;
                         (path, None)
                     }
-                    Err(options) => {
+                    Err(mut options) => {
+                        options.webhook_client_certificate = webhook_client_certificate;
                         let path = dir.path().join("control-plane");
                         let versions = kube_control_plane::Versions::default().to_string();
                         let plane = tokio::task::spawn_blocking(move || {

@@ -2316,3 +2316,105 @@ async fn protection_observed(tier: Tier) {
     .await
     .unwrap();
 }
+
+/// With kube-apiserver presenting a client certificate to webhooks (an
+/// AdmissionConfiguration naming a kubeconfig, docs/install.md "Client certificates") and
+/// the webhook requiring one signed by that CA (`--client-ca`), evictions still reach the
+/// webhook through the API server, while a review posted straight to the webhook's port —
+/// anyone on the pod network forging one — is refused at the TLS handshake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_tier_with_client_certificates_only_the_api_server_reaches_the_webhook() {
+    let Some(cluster) =
+        TestCluster::start_with_webhook_client_certificates(ClusterConfig::default())
+            .await
+            .unwrap()
+    else {
+        return;
+    };
+    let ca = cluster.webhook_client_ca().unwrap();
+    let ca = ca.to_str().unwrap();
+    let webhook =
+        start_webhook_with(&cluster, Duration::from_secs(30), 10, &["--client-ca", ca]).await;
+    let spec = WebSpec {
+        replicas: 3,
+        min_available: 1,
+        ..WebSpec::default()
+    };
+    deploy_protected(&cluster, &spec).await;
+    let victim = web_pods(&cluster, &spec).await.remove(0);
+    let node = victim
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap();
+    actions::cordon(&cluster.client(), &node, true)
+        .await
+        .unwrap();
+    // Through the API server: isolated, and the caller asked to come back.
+    assert!(
+        matches!(
+            evict(&cluster, &victim.name_any()).await,
+            Evicted::Deregistering(_)
+        ),
+        "the API server's call did not reach the webhook"
+    );
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    assert!(is_draining(&pods.get(&victim.name_any()).await.unwrap()));
+
+    // Straight to the port, without the API server's certificate: no TLS session.
+    let forged = forge_eviction_review(webhook.listen, &webhook.ca, &victim.name_any()).await;
+    assert!(
+        forged.is_err(),
+        "a review posted without a client certificate was served: {forged:?}"
+    );
+}
+
+/// Posts an eviction review of `pod` to the webhook at `addr` over TLS, trusting `ca`
+/// for the server and presenting no client certificate: the answer's status, or why none
+/// came.
+async fn forge_eviction_review(
+    addr: std::net::SocketAddr,
+    ca: &str,
+    pod: &str,
+) -> Result<u16, String> {
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::rt::TokioIo;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let tls = connector
+        .connect(name, tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let review = serde_json::json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "forged", "kind": {"group": "policy", "version": "v1", "kind": "Eviction"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"}, "subResource": "eviction",
+            "name": pod, "namespace": "default", "operation": "CREATE",
+            "userInfo": {"username": "system:serviceaccount:tenant:viewer"},
+            "object": {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": pod, "namespace": "default"}}}});
+    let request = http::Request::post("/mutate/eviction")
+        .header("content-type", "application/json")
+        .body(Full::new(bytes::Bytes::from(review.to_string())))
+        .unwrap();
+    let answer = sender
+        .send_request(request)
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = answer.status().as_u16();
+    let _ = answer.into_body().collect().await;
+    Ok(status)
+}

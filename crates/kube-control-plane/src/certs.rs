@@ -165,6 +165,59 @@ pub fn write_kubeconfig(dir: &Path, pki: &Pki, id: Identity, server: &str) -> Re
     Ok(path)
 }
 
+/// File name of the CA that signs kube-apiserver's client certificate for admission
+/// webhooks (in `dir/pki`), which a webhook trusts with `--client-ca`.
+pub const WEBHOOK_CLIENT_CA: &str = "webhook-client-ca.crt";
+
+/// Makes kube-apiserver present a client certificate to every admission webhook: a CA of
+/// its own (`dir/pki/`[`WEBHOOK_CLIENT_CA`], apart from the cluster CA, so a webhook that
+/// trusts it trusts no other client), a certificate it signed, a kubeconfig whose user `*`
+/// carries it (matched for any webhook host, `clientConfig` in
+/// staging/src/k8s.io/apiserver/pkg/util/webhook/authentication.go) and the
+/// AdmissionConfiguration naming that kubeconfig for both webhook plugins. Returns the
+/// AdmissionConfiguration's path, for `--admission-control-config-file`.
+pub fn write_webhook_client(dir: &Path) -> Result<PathBuf> {
+    let pki = dir.join("pki");
+    let ca_key = KeyPair::generate()?;
+    let mut ca = CertificateParams::default();
+    ca.distinguished_name = dn("graceful-drain webhook client CA", None);
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_cert = ca.self_signed(&ca_key)?;
+    let issuer = Issuer::new(ca, &ca_key);
+    let mut client = CertificateParams::default();
+    client.distinguished_name = dn("kube-apiserver-webhook-client", None);
+    client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let key = KeyPair::generate()?;
+    let cert = client.signed_by(&key, &issuer)?;
+    write(&pki.join(WEBHOOK_CLIENT_CA), &ca_cert.pem(), false)?;
+    let b64 = |s: &str| STANDARD.encode(s.as_bytes());
+    let kubeconfig = pki.join("webhook-client.kubeconfig");
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nusers:\n- name: \"*\"\n  user:\n    client-certificate-data: {cert}\n    client-key-data: {key}\n",
+        cert = b64(&cert.pem()),
+        key = b64(&key.serialize_pem()),
+    );
+    write(&kubeconfig, &text, true)?;
+    let plugin = |name: &str| {
+        format!(
+            "- name: {name}\n  configuration:\n    apiVersion: apiserver.config.k8s.io/v1\n    kind: WebhookAdmissionConfiguration\n    kubeConfigFile: {}\n",
+            kubeconfig.display()
+        )
+    };
+    let config = pki.join("admission-config.yaml");
+    let text = format!(
+        "apiVersion: apiserver.config.k8s.io/v1\nkind: AdmissionConfiguration\nplugins:\n{}{}",
+        plugin("ValidatingAdmissionWebhook"),
+        plugin("MutatingAdmissionWebhook")
+    );
+    write(&config, &text, false)?;
+    Ok(config)
+}
+
 fn dn(common_name: &str, organization: Option<&str>) -> DistinguishedName {
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, common_name);

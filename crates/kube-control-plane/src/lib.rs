@@ -39,6 +39,7 @@ pub fn cached_options(eviction_request_api: bool, apiserver_flags: Vec<String>) 
         bin: bin_dir(&versions),
         eviction_request_api,
         apiserver_flags,
+        webhook_client_certificate: false,
     })
 }
 

@@ -47,6 +47,9 @@ pub struct Options {
     pub eviction_request_api: bool,
     /// Extra kube-apiserver flags (`--flag=value`), after ours.
     pub apiserver_flags: Vec<String>,
+    /// kube-apiserver presents a client certificate to admission webhooks, signed by the
+    /// CA at [`ControlPlane::webhook_client_ca`] (see `certs::write_webhook_client`).
+    pub webhook_client_certificate: bool,
 }
 
 /// A running control plane, described by its folder.
@@ -68,6 +71,12 @@ impl ControlPlane {
     /// The folder of this control plane.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The CA that signed kube-apiserver's client certificate for admission webhooks
+    /// (with [`Options::webhook_client_certificate`]).
+    pub fn webhook_client_ca(&self) -> PathBuf {
+        self.dir.join("pki").join(certs::WEBHOOK_CLIENT_CA)
     }
 
     /// The kubeconfig of a cluster administrator (`system:masters`).
@@ -190,7 +199,14 @@ pub fn up(dir: &Path, options: &Options) -> Result<ControlPlane> {
         "--log-level=warn".into(),
     ];
     start(&mut cp, options, "etcd", &etcd_args)?;
-    let apiserver_args = apiserver_args(dir, &pki, &etcd_url, apiserver, options);
+    let mut apiserver_args = apiserver_args(dir, &pki, &etcd_url, apiserver, options);
+    if options.webhook_client_certificate {
+        let config = certs::write_webhook_client(dir)?;
+        apiserver_args.push(format!(
+            "--admission-control-config-file={}",
+            config.display()
+        ));
+    }
     start(&mut cp, options, "kube-apiserver", &apiserver_args)?;
     wait_ready(&cp)?;
     let kcm = dir.join(Identity::ControllerManager.kubeconfig());

@@ -26,6 +26,7 @@ fn options(eviction_request_api: bool) -> Option<Options> {
         bin: kube_control_plane::bin_dir(&versions),
         eviction_request_api,
         apiserver_flags: Vec::new(),
+        webhook_client_certificate: false,
     })
 }
 
