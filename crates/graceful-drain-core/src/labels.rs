@@ -7,8 +7,8 @@
 //! match on them, so a value never changes once released. Each one is defined here and
 //! only here; components, tests and tools import it from this module.
 //!
-//! In order: labels, annotations (on pods, Nodes and LifecycleEvents), finalizers, the
-//! Event reasons of the webhook ([`webhook_reason`]) and of the node agent
+//! In order: labels, annotations (on pods, Nodes, LifecycleEvents and the webhook's Lease),
+//! finalizers, the Event reasons of the webhook ([`webhook_reason`]) and of the node agent
 //! ([`agent_reason`]), status causes ([`DEREGISTERING_CAUSE`]), the hook protocol's
 //! [`HOOK_API_VERSION`], and the names we present ([`FIELD_MANAGER`],
 //! [`WEBHOOK_REPORTING_COMPONENT`]).
@@ -86,6 +86,30 @@ pub const SEED_UID_ANNOTATION: &str = "graceful-drain.io/seed-uid";
 /// Annotation on a seed-group LifecycleEvent: the UID of its mirror, written once the
 /// mirror exists.
 pub const MIRROR_UID_ANNOTATION: &str = "graceful-drain.io/mirror-uid";
+
+// On the webhook's deleter Lease (written by the webhook's protection probe: a periodic
+// dry-run eviction it must see arrive; read by `graceful-drain status`).
+
+/// Lease annotation: whether evictions reach the webhook, `active`, `lost` or `unknown`
+/// (see [`protection`]).
+pub const PROTECTION_ANNOTATION: &str = "graceful-drain.io/protection";
+/// Lease annotation: RFC3339 time of the last protection probe.
+pub const PROTECTION_CHECKED_AT_ANNOTATION: &str = "graceful-drain.io/protection-checked-at";
+/// Lease annotation: RFC3339 time of the last protection probe that succeeded.
+pub const PROTECTION_VERIFIED_AT_ANNOTATION: &str = "graceful-drain.io/protection-verified-at";
+/// Lease annotation: the text of the last failed protection probe.
+pub const PROTECTION_MESSAGE_ANNOTATION: &str = "graceful-drain.io/protection-message";
+
+/// The values of [`PROTECTION_ANNOTATION`].
+pub mod protection {
+    /// The last probe's dry-run eviction reached the webhook.
+    pub const ACTIVE: &str = "active";
+    /// The last probe's dry-run eviction did not reach the webhook: evictions go through
+    /// unprotected.
+    pub const LOST: &str = "lost";
+    /// No probe has answered yet.
+    pub const UNKNOWN: &str = "unknown";
+}
 
 // # Finalizers
 

@@ -18,7 +18,9 @@ use graceful_drain_core::lifecycle::{
 };
 use graceful_drain_core::runtime::Shutdown;
 use graceful_drain_sim::scenario::actions;
-use graceful_drain_sim::scenario::components::{Components, ComponentsConfig};
+use graceful_drain_sim::scenario::components::{
+    self as sim_components, Components, ComponentsConfig,
+};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube_sim::cluster::{Cluster, ClusterConfig, WebSpec, wait_for};
@@ -685,4 +687,53 @@ async fn the_cli_prints_the_drain_plan_before_any_eviction() {
     assert!(plan < at("eviction tier 1/2 (workloads)"), "{stdout}");
     assert!(plan < at(" remaining"), "{stdout}");
     assert_no_web_pods_left(&admin).await;
+
+    // `graceful-drain status -o json` afterwards: the webhook replica holding the deleter
+    // Lease, no pod left isolated and the node's finished transition, as a script would
+    // read them.
+    let status = tokio::process::Command::new(env!("CARGO_BIN_EXE_graceful-drain-e2e"))
+        .args([
+            "status",
+            "-o",
+            "json",
+            "--namespace",
+            sim_components::NAMESPACE,
+        ])
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(TIMEOUT, status)
+        .await
+        .expect("status answered in time")
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let holder = sim_components::deleter_lease_holder(&admin).await;
+    assert!(holder.is_some(), "the webhook holds its Lease");
+    assert_eq!(
+        report["deleterLease"]["holder"].as_str(),
+        holder.as_deref(),
+        "{report:#}"
+    );
+    assert_eq!(report["deleterLease"]["expired"], false, "{report:#}");
+    assert!(report["protection"]["state"].is_string(), "{report:#}");
+    assert_eq!(
+        report["isolatedPods"],
+        json!([]),
+        "the drain left no isolated pod"
+    );
+    assert!(report["lifecycleEvents"].is_array(), "{report:#}");
+    let node_row = report["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == NODE)
+        .unwrap();
+    assert_eq!(node_row["lifecycleTransition"]["reason"], "drain-complete");
+    assert_eq!(node_row["schedulable"], false);
 }

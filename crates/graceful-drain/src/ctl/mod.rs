@@ -3,8 +3,9 @@
 //! `drain` and `uncordon` check that the node and the transition exist, create a
 //! LifecycleEvent bound to the node (or follow one already running for it), then
 //! [`follow`] it live until it ends: Succeeded exits 0; Failed, SlaExpired or the
-//! `--timeout` exit non-zero naming what blocked the drain. `status` prints the
-//! events and the nodes' transition conditions ([`mod@status`]).
+//! `--timeout` exit non-zero naming what blocked the drain. `status` reports the
+//! webhook's protection, isolated pods, node agents, events and the nodes' transition
+//! conditions as text, JSON or YAML ([`mod@status`]).
 
 pub mod display;
 pub mod follow;
@@ -213,6 +214,12 @@ pub struct StatusArgs {
     pub kube: graceful_drain_core::kubeclient::KubeArgs,
     /// Only this node.
     pub node: Option<String>,
+    /// How to print the report.
+    #[arg(short, long, value_enum, default_value_t = status::Output::Text)]
+    pub output: status::Output,
+    /// The namespace graceful-drain is installed in (the webhook's Lease, the node agents).
+    #[arg(short, long, default_value = status::DEFAULT_NAMESPACE, env = "GRACEFUL_DRAIN_NAMESPACE")]
+    pub namespace: String,
 }
 
 /// One `drain` or `uncordon` request.
@@ -277,9 +284,16 @@ pub async fn status(
     args: StatusArgs,
     _shutdown: graceful_drain_core::runtime::Shutdown,
 ) -> anyhow::Result<()> {
-    let client = args.kube.client().await?;
-    let text = status::render(&client, args.node.as_deref(), jiff::Timestamp::now()).await?;
-    print!("{text}");
+    let StatusArgs {
+        kube,
+        node,
+        output,
+        namespace,
+    } = args;
+    let client = kube.client().await?;
+    let fetched = status::fetch(&client, &namespace, node.as_deref()).await?;
+    let report = status::report::report(&fetched, jiff::Timestamp::now());
+    print!("{}", status::format(&report, output)?);
     Ok(())
 }
 
