@@ -29,14 +29,13 @@ pub const PROBE_POD_PREFIX: &str = "graceful-drain-probe-";
 /// The warning the webhook returns for a probe's review.
 pub const SEEN_WARNING: &str = "graceful-drain.io/probe: reached the graceful-drain webhook";
 
-/// Annotations of the deleter Lease that carry the probe's outcome.
-pub const PROTECTION_ANNOTATION: &str = "graceful-drain.io/protection";
-/// See [`PROTECTION_ANNOTATION`]: when the last probe ran (RFC 3339).
-pub const CHECKED_AT_ANNOTATION: &str = "graceful-drain.io/protection-checked-at";
-/// See [`PROTECTION_ANNOTATION`]: when a probe last reached the webhook (RFC 3339).
-pub const VERIFIED_AT_ANNOTATION: &str = "graceful-drain.io/protection-verified-at";
-/// See [`PROTECTION_ANNOTATION`]: why the last probe failed.
-pub const MESSAGE_ANNOTATION: &str = "graceful-drain.io/protection-message";
+/// Annotations of the deleter Lease that carry the probe's outcome (the vocabulary is
+/// core's, which `graceful-drain status` reads).
+pub use graceful_drain_core::labels::{
+    PROTECTION_ANNOTATION, PROTECTION_CHECKED_AT_ANNOTATION as CHECKED_AT_ANNOTATION,
+    PROTECTION_MESSAGE_ANNOTATION as MESSAGE_ANNOTATION,
+    PROTECTION_VERIFIED_AT_ANNOTATION as VERIFIED_AT_ANNOTATION,
+};
 
 /// How the probe runs.
 #[derive(Clone, Debug, clap::Args)]
@@ -70,10 +69,11 @@ pub enum Protection {
 impl Protection {
     /// The value of [`PROTECTION_ANNOTATION`].
     pub fn as_str(&self) -> &'static str {
+        use graceful_drain_core::labels::protection;
         match self {
-            Protection::Unknown => "unknown",
-            Protection::Active => "active",
-            Protection::Lost(_) => "lost",
+            Protection::Unknown => protection::UNKNOWN,
+            Protection::Active => protection::ACTIVE,
+            Protection::Lost(_) => protection::LOST,
         }
     }
 }
