@@ -304,7 +304,7 @@ async fn async_main() {
     tokio::spawn(server::serve(
         listener,
         config,
-        server::router(state, 8 << 20),
+        server::router(state, graceful_drain_webhook::DEFAULT_MAX_BODY),
         shutdown.clone(),
     ));
 
@@ -338,6 +338,8 @@ async fn async_main() {
         )
         .await,
     ];
+    let rss_before_hostile = rss_kib();
+    let hostile = hostile(addr, ca).await;
     shutdown.cancel();
     let rss_end = rss_kib();
 
@@ -370,7 +372,170 @@ async fn async_main() {
         rss_filled as f64 / 1024.0
     );
     println!(
-        "| after all load scenarios | {:.1} MiB |",
+        "| after the load scenarios | {:.1} MiB |",
+        rss_before_hostile as f64 / 1024.0
+    );
+    println!(
+        "| peak while {HUGE_REVIEWS} reviews of {:.1} MB and {} slow connections arrive | {:.1} MiB |",
+        HUGE_BYTES as f64 / 1e6,
+        hostile.slow_open,
+        hostile.peak_rss_kib as f64 / 1024.0
+    );
+    println!(
+        "| after all scenarios | {:.1} MiB |",
         rss_end as f64 / 1024.0
     );
+    println!("\n| under hostile load | value |");
+    println!("|---|---:|");
+    println!(
+        "| {HUGE_REVIEWS} reviews of {:.1} MB: answered 413 | {} |",
+        HUGE_BYTES as f64 / 1e6,
+        hostile.huge_refused
+    );
+    println!(
+        "| slow connections tried from 3 addresses / served (TLS done, half a request sent; {} per address) | {SLOW_CONNECTIONS} / {} |",
+        graceful_drain_webhook::transport::MAX_CONNECTIONS_PER_PEER,
+        hostile.slow_open
+    );
+    println!(
+        "| …still open {} s later (header timeout 10 s) | {} |",
+        SLOW_WAIT.as_secs(),
+        hostile.slow_left
+    );
+    println!(
+        "| isolate-eviction p99 meanwhile ({CONNECTIONS} conns) | {:.3} ms ({} reviews) |",
+        ms(hostile.p99),
+        hostile.reviews
+    );
+}
+
+/// Oversized reviews sent at once during the hostile run, and their size: a review of a
+/// pod as big as a 7.9 MB body (past kube-apiserver's 3 MiB request limit, so none is real).
+const HUGE_REVIEWS: usize = 10;
+const HUGE_BYTES: usize = 7_900_000;
+/// Connections that finish TLS, send half a request's headers and stall.
+const SLOW_CONNECTIONS: usize = 3_000;
+/// How long after the slow connections opened they are counted again.
+const SLOW_WAIT: Duration = Duration::from_secs(12);
+
+struct Hostile {
+    huge_refused: usize,
+    slow_open: usize,
+    slow_left: usize,
+    p99: Duration,
+    reviews: usize,
+    peak_rss_kib: u64,
+}
+
+/// Real reviews under attack: huge bodies and connections that never finish a request.
+async fn hostile(addr: std::net::SocketAddr, ca: &str) -> Hostile {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let connector = tls_connector(ca);
+    let peak = Arc::new(std::sync::atomic::AtomicU64::new(rss_kib()));
+    let sampling = {
+        let peak = peak.clone();
+        tokio::spawn(async move {
+            loop {
+                peak.fetch_max(rss_kib(), std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    // The slow connections first: each holds a TLS session and half a request.
+    // From addresses of their own in the loopback range (one per 1,000), as attackers on
+    // the pod network would be, apart from the API server's (127.0.0.1 here).
+    let mut slow = Vec::new();
+    for i in 0..SLOW_CONNECTIONS {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        let from = std::net::Ipv4Addr::new(127, 0, 1, u8::try_from(1 + i / 1000).unwrap());
+        if socket.bind((from, 0).into()).is_err() {
+            continue;
+        }
+        let Ok(tcp) = socket.connect(addr).await else {
+            continue;
+        };
+        let name = ServerName::try_from("localhost").unwrap();
+        let Ok(mut tls) = connector.connect(name, tcp).await else {
+            continue;
+        };
+        if tls
+            .write_all(b"POST /validate/delete HTTP/1.1\r\nhost: localhost\r\n")
+            .await
+            .is_ok()
+        {
+            slow.push(tls);
+        }
+    }
+    let slow_open = slow.len();
+    let opened = Instant::now();
+    // The huge reviews and real ones at once.
+    let huge = (0..HUGE_REVIEWS).map(|_| {
+        let connector = connector.clone();
+        tokio::spawn(async move {
+            let tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
+            let tls = connector
+                .connect(ServerName::try_from("localhost").unwrap(), tcp)
+                .await
+                .ok()?;
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+                .await
+                .ok()?;
+            tokio::spawn(conn);
+            let body = vec![b' '; HUGE_BYTES];
+            let req = http::Request::post("/validate/delete?timeout=30s")
+                .header("host", "localhost")
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(body)))
+                .unwrap();
+            let resp = sender.send_request(req).await.ok()?;
+            Some(resp.status().as_u16())
+        })
+    });
+    let huge: Vec<_> = huge.collect();
+    let (mut latencies, _) = load(
+        addr,
+        ca,
+        "/mutate/eviction",
+        |c, n| eviction(&format!("pod-{}", (c * 1000 + n) % 10_000), n),
+        CONNECTIONS,
+    )
+    .await;
+    let mut huge_refused = 0;
+    for h in huge {
+        if h.await.ok().flatten() == Some(413) {
+            huge_refused += 1;
+        }
+    }
+    tokio::time::sleep(SLOW_WAIT.saturating_sub(opened.elapsed())).await;
+    // A connection the server closed reads end-of-file (or an error) at once.
+    let mut slow_left = 0;
+    for mut conn in slow {
+        let mut buf = [0u8; 1];
+        match tokio::time::timeout(Duration::from_millis(5), conn.read(&mut buf)).await {
+            Err(_) => slow_left += 1,
+            Ok(Ok(n)) if n > 0 => slow_left += 1,
+            Ok(_) => {}
+        }
+    }
+    sampling.abort();
+    Hostile {
+        huge_refused,
+        slow_open,
+        slow_left,
+        reviews: latencies.len(),
+        p99: quantile(&mut latencies, 0.99),
+        peak_rss_kib: peak.load(std::sync::atomic::Ordering::Relaxed),
+    }
+}
+
+fn tls_connector(ca: &str) -> tokio_rustls::TlsConnector {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca.as_bytes()).unwrap())
+        .unwrap();
+    let mut config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    tokio_rustls::TlsConnector::from(Arc::new(config))
 }

@@ -38,6 +38,50 @@ const H2_MAX_STREAMS: u32 = 250;
 /// its memory limit while a few API servers, probes and Prometheus need a handful.
 pub const MAX_CONNECTIONS: usize = 1024;
 
+/// Connections served at once from one address: kube-apiserver multiplexes its calls over
+/// a few h2 connections per webhook, so 128 leave room for several API servers behind one
+/// address, while one attacker's slow connections cannot take every slot of
+/// [`MAX_CONNECTIONS`] from the API server.
+pub const MAX_CONNECTIONS_PER_PEER: usize = 128;
+
+/// One connection counted against its address until dropped.
+struct PeerSlot {
+    peers: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+    ip: std::net::IpAddr,
+}
+
+impl PeerSlot {
+    /// A slot for one more connection from `ip`, or `None` when it has
+    /// [`MAX_CONNECTIONS_PER_PEER`].
+    fn take(
+        peers: &Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+        ip: std::net::IpAddr,
+    ) -> Option<PeerSlot> {
+        let mut table = peers.lock().unwrap_or_else(|e| e.into_inner());
+        let open = table.entry(ip).or_insert(0);
+        if *open >= MAX_CONNECTIONS_PER_PEER {
+            return None;
+        }
+        *open += 1;
+        Some(PeerSlot {
+            peers: peers.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut table = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(open) = table.get_mut(&self.ip) {
+            *open -= 1;
+            if *open == 0 {
+                table.remove(&self.ip);
+            }
+        }
+    }
+}
+
 /// Pause after a failed accept (e.g. out of file descriptors) before the next one.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
 
@@ -80,7 +124,7 @@ pub async fn serve(
         .keep_alive_timeout(H2_KEEPALIVE_TIMEOUT)
         .max_concurrent_streams(H2_MAX_STREAMS);
     let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    let app = bounded(app, Arc::new(tokio::sync::Semaphore::new(BODY_BUDGET_KIB)));
+    let peers = Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));
     loop {
         let (stream, peer) = tokio::select! {
             () = shutdown.cancelled() => break,
@@ -95,6 +139,11 @@ pub async fn serve(
                 Err(source) => return Err(Error::Accept { addr, source }),
             },
         };
+        let Some(peer_slot) = PeerSlot::take(&peers, peer.ip()) else {
+            tracing::warn!(%peer, max = MAX_CONNECTIONS_PER_PEER, "too many connections from this address; closing this one");
+            drop(stream);
+            continue;
+        };
         let Ok(permit) = connections.clone().try_acquire_owned() else {
             tracing::warn!(%peer, max = MAX_CONNECTIONS, "too many connections; closing this one");
             drop(stream);
@@ -105,7 +154,7 @@ pub async fn serve(
         let builder = builder.clone();
         let watcher = graceful.watcher();
         tokio::spawn(async move {
-            let _permit = permit;
+            let _permits = (permit, peer_slot);
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(error)) => {
@@ -151,14 +200,23 @@ const BUDGET_WAIT: Duration = Duration::from_secs(5);
 /// the API server's 30 s budget, so anything slower is a slow sender.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(35);
 
-/// `app` behind the per-request bounds: a share of the body budget by declared length (a
-/// body may not exceed what it declared, hyper checks), and [`REQUEST_TIMEOUT`].
-pub fn bounded(app: axum::Router, budget: Arc<tokio::sync::Semaphore>) -> axum::Router {
-    app.layer(axum::middleware::from_fn_with_state(budget, limit))
+/// `app` behind the per-request bounds: a body declared larger than `max_body` is
+/// answered 413 at once; any other takes its share of a [`BODY_BUDGET_KIB`] budget by
+/// declared length (a body may not exceed what it declared, hyper checks) for as long as
+/// it runs; and [`REQUEST_TIMEOUT`].
+pub fn bounded(app: axum::Router, max_body: usize) -> axum::Router {
+    let budget = Arc::new(tokio::sync::Semaphore::new(BODY_BUDGET_KIB));
+    app.layer(axum::middleware::from_fn_with_state(
+        (budget, max_body),
+        limit,
+    ))
 }
 
 async fn limit(
-    axum::extract::State(budget): axum::extract::State<Arc<tokio::sync::Semaphore>>,
+    axum::extract::State((budget, max_body)): axum::extract::State<(
+        Arc<tokio::sync::Semaphore>,
+        usize,
+    )>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
@@ -168,10 +226,16 @@ async fn limit(
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|bytes| bytes > max_body) {
+        return (
+            http::StatusCode::PAYLOAD_TOO_LARGE,
+            format!("graceful-drain: request body over {max_body} bytes\n"),
+        )
+            .into_response();
+    }
     let kib = declared.map_or(MIN_CHARGE_KIB, |bytes| {
         bytes.div_ceil(1024).max(MIN_CHARGE_KIB)
     });
-    // A declared length beyond the whole budget is refused by the body limit anyway.
     let kib = u32::try_from(kib.min(BODY_BUDGET_KIB)).unwrap_or(u32::MAX);
     let permit = match tokio::time::timeout(BUDGET_WAIT, budget.acquire_many_owned(kib)).await {
         Ok(Ok(permit)) => permit,

@@ -36,11 +36,12 @@ const HOLD_MARGIN: Duration = Duration::from_secs(2);
 
 /// The admission router: `POST /mutate/eviction`, `POST /validate/delete`.
 pub fn router(state: Arc<AppState>, max_body: usize) -> axum::Router {
-    axum::Router::new()
+    let router = axum::Router::new()
         .route(configurations::EVICTION_PATH, post(evict))
         .route(configurations::DELETE_PATH, post(delete))
         .layer(DefaultBodyLimit::max(max_body))
-        .with_state(state)
+        .with_state(state);
+    crate::transport::bounded(router, max_body)
 }
 
 #[derive(Debug, serde::Deserialize)]
