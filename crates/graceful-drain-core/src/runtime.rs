@@ -22,22 +22,36 @@ pub enum LogFormat {
     Json,
 }
 
-/// Installs the tracing subscriber. The filter comes from `RUST_LOG`, defaulting to `info`
-/// for our crate and `warn` for dependencies. Safe to call more than once (tests).
+/// Installs the tracing subscriber, writing to stderr. The filter comes from `RUST_LOG`,
+/// defaulting to `info` for our crate and `warn` for dependencies. Safe to call more than
+/// once (tests).
 pub fn init_tracing(format: LogFormat) {
-    // A directive's target matches by prefix, so `graceful_drain` covers every crate of ours
-    // (graceful_drain_core, _webhook, _agent, _sim) and nothing else.
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,graceful_drain=info"));
     // Colour codes only for a person at a terminal: a log written to a file or a pipe (a
     // container runtime, Loki, Elasticsearch) gets plain text, or JSON on request. NO_COLOR
     // turns them off at a terminal too.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
         && std::env::var_os("NO_COLOR").is_none();
+    install_subscriber(format, ansi, std::io::stderr);
+}
+
+/// [`init_tracing`] into `file` instead of stderr, without colour codes: `simulate` keeps
+/// its components' logs apart from the table and progress lines a person reads.
+pub fn init_tracing_to_file(format: LogFormat, file: std::fs::File) {
+    install_subscriber(format, false, std::sync::Arc::new(file));
+}
+
+fn install_subscriber<W>(format: LogFormat, ansi: bool, writer: W)
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    // A directive's target matches by prefix, so `graceful_drain` covers every crate of ours
+    // (graceful_drain_core, _webhook, _agent, _sim) and nothing else.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,graceful_drain=info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(ansi)
-        .with_writer(std::io::stderr);
+        .with_writer(writer);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),

@@ -554,3 +554,75 @@ async fn disrupted_pod_never_deleted_counts_again_after_the_configured_timeout()
         started.elapsed()
     );
 }
+
+/// What a person sees of `simulate`: progress on stderr, the table and a verdict on
+/// stdout, and the components' logs in the file stderr names; no error anywhere, the
+/// teardown included.
+#[test]
+fn simulate_shows_progress_table_and_verdict_and_keeps_component_logs_apart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_graceful-drain-e2e"))
+        .arg("simulate")
+        // The default log file goes under the temporary directory.
+        .env("TMPDIR", tmp.path())
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let both = format!("stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(out.status.success(), "{both}");
+
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(lines[0].starts_with("scenario  protection"), "{both}");
+    for (scenario, protection) in [
+        ("drain", "none"),
+        ("drain", "graceful-drain"),
+        ("rollout", "none"),
+        ("rollout", "graceful-drain"),
+    ] {
+        assert!(
+            lines[1..5].iter().any(|l| {
+                let cells: Vec<&str> = l.split_whitespace().collect();
+                cells[..2] == [scenario, protection]
+            }),
+            "row {scenario} / {protection}: {both}"
+        );
+    }
+    assert!(
+        lines[5].starts_with("verdict: with graceful-drain 0 5xx in every scenario (without: "),
+        "{both}"
+    );
+
+    let log = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("component logs: "))
+        .unwrap_or_else(|| panic!("stderr names the log file: {both}"));
+    let log = std::path::Path::new(log);
+    assert!(log.starts_with(tmp.path()), "{both}");
+    let logged = std::fs::read_to_string(log).unwrap();
+    assert!(
+        logged.contains("graceful_drain_webhook"),
+        "the webhook logs to the file: {logged}"
+    );
+    for phase in ["drain", "rollout"] {
+        for protection in ["without", "with"] {
+            let started = format!("running {phase} {protection} graceful-drain…");
+            let done = format!("{phase} {protection} graceful-drain: done in ");
+            assert!(stderr.lines().any(|l| l == started), "{started}: {both}");
+            assert!(
+                stderr.lines().any(|l| l.starts_with(&done)),
+                "{done}: {both}"
+            );
+        }
+    }
+    assert!(
+        !stderr.contains("graceful_drain_"),
+        "no component log on the console: {both}"
+    );
+    assert!(!both.contains("ERROR"), "{both}");
+    assert!(
+        !logged.contains("ERROR"),
+        "a clean teardown logs no error: {logged}"
+    );
+}

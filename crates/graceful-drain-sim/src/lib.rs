@@ -4,11 +4,13 @@
 //! [`scenario`] runs the drain and rollout scenarios with and without graceful-drain and the
 //! scenario matrix; [`vmhost`] is the simulated VM host behind the maintenance hooks;
 //! [`command`] holds our components' command lines, shared with the tests and benches;
-//! [`setup`] gives every cluster what graceful-drain needs of it.
+//! [`setup`] gives every cluster what graceful-drain needs of it; [`console`] decides
+//! where the components' logs go and prints the progress lines.
 //! `simulate` runs the scenarios and prints a table, or with `--serve` keeps a cluster up
 //! for `kubectl` and separately started components.
 
 pub mod command;
+pub mod console;
 pub mod scenario;
 pub mod setup;
 pub mod vmhost;
@@ -204,6 +206,14 @@ pub struct Args {
     /// Seed of the faults' random choices (same seed, same faults for the same requests).
     #[arg(long, default_value_t = 0)]
     pub fault_seed: u64,
+    /// Write the components' logs (webhook, node agents, simulated cluster) to stderr
+    /// instead of a file.
+    #[arg(short, long, conflicts_with = "log_file")]
+    pub verbose: bool,
+    /// Where the components' logs go (default: `simulate.log` in a new directory under
+    /// the temporary directory; `--serve` logs to stderr unless given).
+    #[arg(long, value_name = "FILE")]
+    pub log_file: Option<PathBuf>,
 }
 
 /// Accepts the name of a matrix scenario.
@@ -322,10 +332,21 @@ impl Args {
 }
 
 /// Runs the default scenario, the matrix (`--matrix`, `--scenario`), or serves the
-/// cluster with `--serve`.
+/// cluster with `--serve`. A failed run ends with the last lines of the components' log
+/// file, if they went to one ([`console::init_logging`]).
 pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
+    let outcome = dispatch(&args, shutdown).await;
+    if outcome.is_err()
+        && let Some(path) = &args.log_file
+    {
+        console::print_log_tail(path);
+    }
+    outcome
+}
+
+async fn dispatch(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> {
     if args.serve {
-        return serve(&args, shutdown).await;
+        return serve(args, shutdown).await;
     }
     if args.list_scenarios {
         for s in scenario::matrix::scenarios() {
@@ -334,16 +355,25 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         return Ok(());
     }
     if args.real || args.kubeconfig.is_some() {
-        return run_real(&args, shutdown).await;
+        return run_real(args, shutdown).await;
     }
     if args.matrix || !args.scenarios.is_empty() {
-        return run_matrix(&args, shutdown).await;
+        return run_matrix(args, shutdown).await;
     }
+    run_default(args, shutdown).await
+}
+
+/// The default scenario: drain and rollout, without and with graceful-drain, on two
+/// clusters side by side; the table and a verdict on stdout, progress on stderr.
+async fn run_default(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> {
     let mut cfg = args.scenario();
     // Two clusters run side by side: each API server takes a free port.
     cfg.cluster.api.addr = apiserver::Config::default().addr;
-    let rows = scenario::run_all(&cfg, &shutdown).await;
+    eprintln!("starting two simulated clusters, one without and one with graceful-drain…");
+    let rows = scenario::run_all_reporting(&cfg, &shutdown, &console::report).await;
+    let verdict = scenario::verdict(&rows);
     print!("{}", scenario::table(&rows));
+    println!("{}", verdict.line);
     println!(
         "\nmore: `graceful-drain simulate --matrix` runs {} scenarios (StatefulSets, DaemonSets, NLBs, keep-alive clients, PDB kinds, API 429s, restarts) as a scoreboard; --list-scenarios names them",
         scenario::matrix::scenarios().len()
@@ -361,6 +391,10 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
             }
         }
     }
+    anyhow::ensure!(
+        verdict.passed,
+        "some scenarios did not behave as expected (see the verdict)"
+    );
     Ok(())
 }
 

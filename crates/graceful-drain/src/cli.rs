@@ -55,8 +55,11 @@ pub enum Command {
 /// the outcome to an exit code. Errors print with their cause chain, each cause once.
 pub fn main() -> ExitCode {
     runtime::install_crypto_provider();
-    let cli = Cli::parse();
-    runtime::init_tracing(cli.log_format);
+    let mut cli = Cli::parse();
+    if let Err(error) = init_logging(&mut cli) {
+        eprintln!("error: {error:#}");
+        return ExitCode::FAILURE;
+    }
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(error) => {
@@ -76,6 +79,19 @@ pub fn main() -> ExitCode {
                 .downcast_ref::<crate::ctl::Error>()
                 .map_or(crate::ctl::exit::ERROR, crate::ctl::Error::exit_code);
             ExitCode::from(code)
+        }
+    }
+}
+
+/// Installs the tracing subscriber: on stderr, except for `simulate`, whose components
+/// log to a file unless `--verbose` (`graceful_drain_sim::console`).
+fn init_logging(cli: &mut Cli) -> anyhow::Result<()> {
+    match &mut cli.command {
+        #[cfg(feature = "sim")]
+        Command::Simulate(args) => graceful_drain_sim::console::init_logging(args, cli.log_format),
+        _ => {
+            runtime::init_tracing(cli.log_format);
+            Ok(())
         }
     }
 }

@@ -31,6 +31,9 @@ pub const WEBHOOK_USER: &str = "system:serviceaccount:graceful-drain:graceful-dr
 pub const AGENT_USER: &str = "system:serviceaccount:graceful-drain:graceful-drain-agent";
 /// How long a component may take to become ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long [`Components::shut_down`] waits for the components to exit: the webhook's
+/// shutdown delay (5 s by default) and its held DELETEs, with room to spare.
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How graceful-drain is configured in a scenario.
 #[derive(Clone, Debug)]
@@ -212,6 +215,31 @@ impl Components {
         self.webhook_stop.cancel();
         let name = self.webhook_task.clone();
         self.join_task(&name).await
+    }
+
+    /// Stops every component and waits until each has exited (processes are killed), so
+    /// none is left calling an API server that stops next: a call that finds it gone logs
+    /// an error. Returns the first component's error.
+    pub async fn shut_down(mut self) -> Result<(), Error> {
+        self.stop.cancel();
+        let mut outcome = Ok(());
+        let processes = std::mem::take(&mut self.agent_processes)
+            .into_iter()
+            .map(|(node, (child, _))| (format!("node-agent {node} (process)"), child))
+            .chain(self.webhook_process.take());
+        for (name, child) in processes {
+            outcome = outcome.and(kill(&name, child).await);
+        }
+        for (name, task) in std::mem::take(&mut self.tasks) {
+            let exited = match tokio::time::timeout(STOP_TIMEOUT, task).await {
+                Ok(Ok(Ok(()))) => Ok(()),
+                Ok(Ok(Err(e))) => Err(format!("{e:#}")),
+                Ok(Err(e)) => Err(format!("panicked: {e}")),
+                Err(_) => Err(format!("still running after {STOP_TIMEOUT:?}")),
+            };
+            outcome = outcome.and(exited.map_err(component_err(&name)));
+        }
+        outcome
     }
 
     /// Waits until the task called `name` has exited; its outcome.

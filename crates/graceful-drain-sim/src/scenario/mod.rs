@@ -84,6 +84,16 @@ pub enum Protection {
     GracefulDrain,
 }
 
+impl Protection {
+    /// `without graceful-drain` or `with graceful-drain`, for sentences.
+    pub fn phrase(self) -> &'static str {
+        match self {
+            Protection::None => "without graceful-drain",
+            Protection::GracefulDrain => "with graceful-drain",
+        }
+    }
+}
+
 impl fmt::Display for Protection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -135,6 +145,26 @@ pub struct Row {
     /// The figures, or why the phase failed (the error with its causes).
     pub result: Result<Measured, String>,
 }
+
+/// A phase of [`run_all_reporting`] starting or ending, for a progress report.
+#[derive(Clone, Copy, Debug)]
+pub enum Progress<'a> {
+    /// Phase `scenario` (`drain`, `rollout`) with `protection` begins, traffic flowing.
+    Started {
+        /// The phase.
+        scenario: &'static str,
+        /// Whether graceful-drain runs.
+        protection: Protection,
+    },
+    /// A phase ended (or could not run): its row of the table.
+    Finished(&'a Row),
+    /// Both phases ended; graceful-drain's components stop, and are waited for, before
+    /// the cluster.
+    Stopping,
+}
+
+/// Receives [`Progress`] as the phases of both clusters start and end.
+pub type ProgressFn<'r> = &'r (dyn Fn(Progress<'_>) + Sync);
 
 /// The node running most pods of `spec` (ties by name).
 pub(crate) async fn busiest_node(cluster: &DataPlane, spec: &WebSpec) -> Result<String, Error> {
@@ -225,20 +255,35 @@ pub async fn run_protection(
     protection: Protection,
     shutdown: &Shutdown,
 ) -> Vec<Row> {
+    run_protection_reporting(cfg, protection, shutdown, &|_| {}).await
+}
+
+/// [`run_protection`], telling `progress` as each phase starts and ends.
+async fn run_protection_reporting(
+    cfg: &ScenarioConfig,
+    protection: Protection,
+    shutdown: &Shutdown,
+    progress: ProgressFn<'_>,
+) -> Vec<Row> {
     let row = |scenario, result: Result<Measured, Error>| Row {
         scenario,
         protection,
         result: result.map_err(|e| graceful_drain_core::error::chain(&e).to_string()),
     };
+    // Set-up failed: neither phase can run.
     let failed = |reason: String| -> Vec<Row> {
-        ["drain", "rollout"]
+        let rows: Vec<Row> = ["drain", "rollout"]
             .into_iter()
             .map(|scenario| Row {
                 scenario,
                 protection,
                 result: Err(reason.clone()),
             })
-            .collect()
+            .collect();
+        for row in &rows {
+            progress(Progress::Finished(row));
+        }
+        rows
     };
     let cluster = match crate::setup::start(cfg.cluster.clone(), shutdown.clone()).await {
         Ok(c) => c,
@@ -265,33 +310,108 @@ pub async fn run_protection(
             }
         }
     };
+    progress(Progress::Started {
+        scenario: "drain",
+        protection,
+    });
     let mut rows = vec![row("drain", measure(&cluster, cfg, drain).await)];
+    progress(Progress::Finished(&rows[0]));
     let rollout = async {
         cluster.wait_web_ready(&cfg.web, cfg.phase_timeout).await?;
         cluster.step("rollout restart");
         actions::rollout(&client, &cfg.web, cfg.phase_timeout).await
     };
+    progress(Progress::Started {
+        scenario: "rollout",
+        protection,
+    });
     rows.push(row("rollout", measure(&cluster, cfg, rollout).await));
-    // A component that died during the run makes its figures meaningless.
-    if let Some(c) = components.as_mut()
-        && let Err(e) = c.check().await
-    {
-        for r in &mut rows {
-            r.result = Err(graceful_drain_core::error::chain(&e).to_string());
-        }
+    progress(Progress::Finished(&rows[1]));
+    // The components stop before the cluster (dropped on return), so none calls a
+    // stopped API server.
+    if let Some(c) = components {
+        progress(Progress::Stopping);
+        stop_components(c, &mut rows).await;
     }
     rows
 }
 
+/// Stops `components` and waits until they exited; one that died during the run, or
+/// failed to stop, makes the figures of `rows` meaningless.
+async fn stop_components(mut components: Components, rows: &mut [Row]) {
+    let outcome = match components.check().await {
+        Ok(()) => components.shut_down().await,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = outcome {
+        for r in rows {
+            r.result = Err(graceful_drain_core::error::chain(&e).to_string());
+        }
+    }
+}
+
 /// Runs every phase without and with graceful-drain, both clusters side by side.
 pub async fn run_all(cfg: &ScenarioConfig, shutdown: &Shutdown) -> Vec<Row> {
+    run_all_reporting(cfg, shutdown, &|_| {}).await
+}
+
+/// [`run_all`], telling `progress` as each phase of either cluster starts and ends.
+pub async fn run_all_reporting(
+    cfg: &ScenarioConfig,
+    shutdown: &Shutdown,
+    progress: ProgressFn<'_>,
+) -> Vec<Row> {
     let (mut without, with) = tokio::join!(
-        run_protection(cfg, Protection::None, shutdown),
-        run_protection(cfg, Protection::GracefulDrain, shutdown)
+        run_protection_reporting(cfg, Protection::None, shutdown, progress),
+        run_protection_reporting(cfg, Protection::GracefulDrain, shutdown, progress)
     );
     without.extend(with);
     without.sort_by_key(|r| (r.scenario, r.protection));
     without
+}
+
+/// The one-line summary of [`run_all`]'s rows, and whether they behaved as expected.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    /// `verdict: …`, naming the rows that did not behave as expected.
+    pub line: String,
+    /// Every row ran and none with graceful-drain saw a 5xx.
+    pub passed: bool,
+}
+
+/// Judges the rows: every phase must run, and with graceful-drain none may see a 5xx.
+/// The 5xx without it are what graceful-drain saves, counted for the summary.
+pub fn verdict(rows: &[Row]) -> Verdict {
+    let mut problems = Vec::new();
+    let mut unprotected_5xx = 0;
+    for r in rows {
+        match (&r.result, r.protection) {
+            (Err(_), _) => problems.push(format!(
+                "{} {} failed",
+                r.scenario,
+                Protection::phrase(r.protection)
+            )),
+            (Ok(m), Protection::None) => unprotected_5xx += m.errors_5xx,
+            (Ok(m), Protection::GracefulDrain) if m.errors_5xx > 0 => problems.push(format!(
+                "{} with graceful-drain had {} 5xx",
+                r.scenario, m.errors_5xx
+            )),
+            (Ok(_), Protection::GracefulDrain) => {}
+        }
+    }
+    if problems.is_empty() {
+        Verdict {
+            line: format!(
+                "verdict: with graceful-drain 0 5xx in every scenario (without: {unprotected_5xx})"
+            ),
+            passed: true,
+        }
+    } else {
+        Verdict {
+            line: format!("verdict: not as expected: {}", problems.join("; ")),
+            passed: false,
+        }
+    }
 }
 
 /// Renders the result table.
@@ -323,6 +443,63 @@ pub fn table(rows: &[Row]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn measured(requests: u64, errors_5xx: u64) -> Result<Measured, String> {
+        Ok(Measured {
+            requests,
+            errors_5xx,
+            duration: Duration::from_secs(2),
+            timeline: vec![],
+        })
+    }
+
+    fn rows(results: [Result<Measured, String>; 4]) -> Vec<Row> {
+        let keys = [
+            ("drain", Protection::None),
+            ("drain", Protection::GracefulDrain),
+            ("rollout", Protection::None),
+            ("rollout", Protection::GracefulDrain),
+        ];
+        keys.into_iter()
+            .zip(results)
+            .map(|((scenario, protection), result)| Row {
+                scenario,
+                protection,
+                result,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn verdict_passes_when_graceful_drain_saves_every_request() {
+        let v = verdict(&rows([
+            measured(400, 119),
+            measured(700, 0),
+            measured(450, 196),
+            measured(700, 0),
+        ]));
+        assert_eq!(
+            v.line,
+            "verdict: with graceful-drain 0 5xx in every scenario (without: 315)"
+        );
+        assert!(v.passed);
+    }
+
+    #[test]
+    fn verdict_names_the_rows_that_misbehaved() {
+        let v = verdict(&rows([
+            measured(400, 119),
+            measured(700, 3),
+            Err("cluster: api server gone".into()),
+            measured(700, 0),
+        ]));
+        assert_eq!(
+            v.line,
+            "verdict: not as expected: drain with graceful-drain had 3 5xx; \
+             rollout without graceful-drain failed"
+        );
+        assert!(!v.passed);
+    }
 
     #[test]
     fn table_shows_figures_and_errors() {
