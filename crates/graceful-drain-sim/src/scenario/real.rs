@@ -573,9 +573,24 @@ async fn statefulset_long_delay(
     };
     let measured = measure(cluster, &cfg, turns).await;
     delete_namespace(cluster, &cfg.web.namespace).await;
-    // Later rows run with the usual delay.
+    // Later rows run with the usual delay and every node schedulable again.
     components.roll_webhook(cluster, &usual).await?;
+    uncordon_all(&client).await?;
     measured
+}
+
+/// Makes every cordoned Node schedulable again.
+async fn uncordon_all(client: &kube::Client) -> Result<(), Error> {
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(api("list", "nodes".to_string()))?;
+    for node in nodes.items {
+        if node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true) {
+            actions::cordon(client, &node.name_any(), false).await?;
+        }
+    }
+    Ok(())
 }
 
 /// Evicts `first`, which must be refused while it deregisters, then retries `second`
@@ -610,6 +625,16 @@ async fn evict_in_turn(
         .get(first)
         .await
         .map_err(api("get", format!("pod {ns}/{first}")))?;
+    // A drain cordons the node first, and only a node being drained lets the webhook
+    // remove a member its PDB still selects (a review's word alone deletes nothing).
+    let node = held
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .ok_or_else(|| failed(format!("{ns}/{first} is not scheduled")))?;
+    actions::cordon(client, &node, true)
+        .await
+        .map_err(|e| failed(format!("cordon {node}: {e}")))?;
     let answer = evict(first).await;
     if !is_deregistering(&answer) {
         return Err(failed(format!(
