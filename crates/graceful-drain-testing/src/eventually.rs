@@ -1,7 +1,7 @@
 //! The one wait of the tests for a state that no event announces: a component's memory, an
 //! HTTP endpoint, a condition on an object read through a client that does not watch.
 //! Where an event can be awaited (a watch, a recorded request — see
-//! [`crate::sim_api::SimApi::until`]) a test awaits it instead.
+//! `graceful_drain_e2e::sim_api::SimApi::until`) a test awaits it instead.
 //!
 //! The check runs at once, then every [`POLL`] until it holds; past the deadline the test
 //! fails with what it waited for and the last value seen.

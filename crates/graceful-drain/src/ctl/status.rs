@@ -6,7 +6,7 @@
 //!
 //! [`fetch`] reads the objects (one list or get per part; a part the user may not read is
 //! shown as unavailable with the reason, any other failure names its object and fails);
-//! [`report::report`] turns them into one serializable [`Report`] without I/O; [`format`]
+//! [`report::report`] turns them into one serializable [`Report`] without I/O; [`format()`]
 //! prints it as text ([`text`]), JSON or YAML.
 
 pub mod report;
