@@ -195,7 +195,7 @@ fn agents_are_listed_per_node_with_the_lifecycle_transition() {
     assert_eq!(rows[2].ready, Some(false));
     let table = text::agents_table(&rows);
     let w2: Vec<&str> = table.lines().nth(2).unwrap().split_whitespace().collect();
-    assert_eq!(w2, ["w2", "none", "-", "-"], "{table}");
+    assert_eq!(w2, ["none", "w2", "-", "-"], "{table}");
     ready.status = None;
     assert_eq!(
         report::agents(None, &[ready], Some("w1"))[0].ready,

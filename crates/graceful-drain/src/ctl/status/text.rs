@@ -108,16 +108,18 @@ pub fn isolated_table(pods: &[IsolatedPod]) -> String {
     format_table(&table)
 }
 
-/// One row per node with its agent pod and the node's LifecycleTransition reason.
+/// One row per node with its agent pod and the node's LifecycleTransition reason. Rows
+/// start with the agent pod (`none` where a node has none), so the only row that starts
+/// with a node's name is its row of the Nodes table.
 pub fn agents_table(agents: &[NodeAgent]) -> String {
     if agents.is_empty() {
         return "No nodes and no node agents.\n".into();
     }
-    let mut table = vec![["NODE", "AGENT", "READY", "LIFECYCLETRANSITION"].map(String::from)];
+    let mut table = vec![["AGENT", "NODE", "READY", "LIFECYCLETRANSITION"].map(String::from)];
     for a in agents {
         table.push([
-            a.node.clone().unwrap_or_else(|| "<unscheduled>".into()),
             a.pod.clone().unwrap_or_else(|| "none".into()),
+            a.node.clone().unwrap_or_else(|| "<unscheduled>".into()),
             match a.ready {
                 None => "-",
                 Some(true) => "yes",
