@@ -49,6 +49,11 @@ pub fn is_replicaset_controller(user: &str) -> bool {
     user == REPLICASET_CONTROLLER || user == CONTROLLER_MANAGER
 }
 
+/// Username of the StatefulSet controller (with `--use-service-account-credentials`).
+pub const STATEFULSET_CONTROLLER: &str = "system:serviceaccount:kube-system:statefulset-controller";
+/// Username of the DaemonSet controller (with `--use-service-account-credentials`).
+pub const DAEMONSET_CONTROLLER: &str = "system:serviceaccount:kube-system:daemon-set-controller";
+
 /// Whether the pod belongs to a ReplicaSet: its controller, or — once we isolated it and
 /// handed the controller role to the Deployment — an owner without the controller flag.
 /// The API server may call us again for the same DELETE with the pod as our isolation
@@ -90,6 +95,12 @@ pub struct Request {
     pub grace_period: Option<i64>,
     /// `request.userInfo.username`.
     pub user: String,
+    /// A StatefulSet's or DaemonSet's controller DELETE that its live owner backs (a pod
+    /// past the StatefulSet's replicas or of an older revision; a DaemonSet pod of an
+    /// older template generation), checked by `admission::delete`. Such a DELETE is
+    /// confirmed: never counted against the unconfirmed share, and isolated even where
+    /// the pod's budget is spent (PDBs never block a controller's DELETE).
+    pub owner_backed: bool,
 }
 
 /// The kind of the pod's controlling owner.

@@ -150,6 +150,7 @@ fn classify_eviction(req: &AdmissionRequest<DynamicObject>) -> Parsed {
             .get("gracePeriodSeconds")
             .and_then(Value::as_i64),
         user: req.user_info.username.clone().unwrap_or_default(),
+        owner_backed: false,
     };
     Parsed::Evict(Eviction {
         request,
@@ -185,6 +186,7 @@ fn classify_deletion(req: &mut AdmissionRequest<DynamicObject>) -> Parsed {
         dry_run: req.dry_run || options_dry_run(&options),
         grace_period: options.get("gracePeriodSeconds").and_then(Value::as_i64),
         user: req.user_info.username.clone().unwrap_or_default(),
+        owner_backed: false,
     };
     match req.old_object.take() {
         Some(object) => Parsed::Delete(Deletion {

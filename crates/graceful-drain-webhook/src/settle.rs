@@ -10,7 +10,7 @@ use kube::Api;
 use tokio::time::Instant;
 
 use super::decide::{
-    self, Decision, Pass, Path, PodFacts, Request, is_replicaset_controller, of_replicaset,
+    self, Charge, Decision, Pass, Path, PodFacts, Request, is_replicaset_controller, of_replicaset,
 };
 use super::isolate::{self, Budget, Outcome};
 use super::review;
@@ -146,9 +146,26 @@ pub(crate) async fn settle(
             } => {
                 let on_due = on_due(req, &pod);
                 let confirmed = on_due == isolate::OnDue::Deleter
+                    || req.owner_backed
                     || (req.path == Path::Evict && isolate::node_draining(&state.ctx, &pod).await);
+                // PDBs never block a DELETE, but an isolation is a disruption: one that no
+                // drain or controller confirms (a person's `kubectl delete pod`, or a review
+                // forged by anyone who reaches the port) is bound by the pod's budget as an
+                // eviction is. Past a spent budget it is not isolated and the DELETE goes
+                // through as it would without us (docs/security.md).
+                let charge = if !confirmed && req.path == Path::Delete {
+                    if snap.pdbs.len() > 1 {
+                        return Settled::Unconfirmed(format!(
+                            "pod {}/{} is selected by several PodDisruptionBudgets and nothing confirms its deletion",
+                            pod.namespace, pod.name
+                        ));
+                    }
+                    Charge::Required
+                } else {
+                    charge
+                };
                 if let Some(why) = (!confirmed)
-                    .then(|| unconfirmed_refusal(state, req.path, &pod, &snap, now))
+                    .then(|| unconfirmed_refusal(state, &pod, &snap, now))
                     .flatten()
                 {
                     tracing::info!(%why, "isolation not confirmed by a drain or rollout; refused");
@@ -244,13 +261,13 @@ fn balancing(snap: &decide::Snapshot) -> impl Iterator<Item = &str> {
 /// too far (see [`crate::state::UNCONFIRMED_SHARE_PERCENT`]), if it would.
 fn unconfirmed_refusal(
     state: &AppState,
-    req_path: Path,
     pod: &PodFacts,
     snap: &decide::Snapshot,
     now: Timestamp,
 ) -> Option<String> {
-    // An eviction is charged to the budgets that select the pod, which bound it.
-    let budgeted = req_path == Path::Evict && !snap.pdbs.is_empty();
+    // An unconfirmed isolation is charged to the budget that selects the pod, which
+    // bounds it.
+    let budgeted = !snap.pdbs.is_empty();
     balancing(snap).find_map(|service| {
         let ready_others = state
             .ctx

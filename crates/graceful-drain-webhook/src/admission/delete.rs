@@ -6,13 +6,16 @@
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::api::apps::v1::ReplicaSet;
+use k8s_openapi::api::apps::v1::{DaemonSet, ReplicaSet, StatefulSet};
 use kube::Api;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse};
 use tokio::time::Instant;
 
-use crate::decide::{self, Pass, PodFacts, is_replicaset_controller, of_replicaset};
+use crate::decide::{
+    self, CONTROLLER_MANAGER, DAEMONSET_CONTROLLER, OwnerKind, Pass, PodFacts,
+    STATEFULSET_CONTROLLER, is_replicaset_controller, of_replicaset,
+};
 use crate::review;
 use crate::settle::{Settled, fetch_pod, settle, settle_until};
 use crate::state::AppState;
@@ -93,6 +96,20 @@ pub(super) async fn respond(
             }
         }
     }
+    // A StatefulSet's or DaemonSet's DELETE is confirmed only where its live owner backs
+    // it; anything else the review claims counts as unconfirmed (bound by the pod's budget
+    // and the unconfirmed share).
+    req.owner_backed = match &pod.owner {
+        Some((OwnerKind::StatefulSet, owner))
+            if is_controller(&req.user, STATEFULSET_CONTROLLER) =>
+        {
+            owner_backs(state, &pod, owner, statefulset_deletes).await
+        }
+        Some((OwnerKind::DaemonSet, owner)) if is_controller(&req.user, DAEMONSET_CONTROLLER) => {
+            owner_backs(state, &pod, owner, daemonset_deletes).await
+        }
+        _ => false,
+    };
     // Every DELETE this replica would hold takes a slot first, a repeated call for one
     // DELETE too (the first call's slot was freed when it was answered); with every slot
     // taken it goes through at once, unprotected, rather than tie up one more of the API
@@ -186,6 +203,125 @@ async fn replicaset_has_surplus(
     Ok((has <= wanted)
         .then(|| format!("ReplicaSet {name} has {has} replicas and wants {wanted}: none to spare")))
 }
+
+/// Whether `user` is the controller `own` (or kube-controller-manager's own identity,
+/// which every controller uses without `--use-service-account-credentials`).
+fn is_controller(user: &str, own: &str) -> bool {
+    user == own || user == CONTROLLER_MANAGER
+}
+
+/// Reads the pod's controlling owner `name` live and asks `deletes` whether its
+/// controller would delete the pod now; a failed read or a missing owner backs nothing.
+async fn owner_backs<K>(
+    state: &AppState,
+    pod: &PodFacts,
+    name: &str,
+    deletes: fn(&K, &PodFacts) -> Result<(), String>,
+) -> bool
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let api = Api::<K>::namespaced(state.ctx.client.clone(), &pod.namespace);
+    let kind = K::kind(&K::DynamicType::default()).to_string();
+    match api.get_opt(name).await {
+        Ok(Some(owner)) => match deletes(&owner, pod) {
+            Ok(()) => true,
+            Err(why) => {
+                tracing::info!(%why, "{kind} DELETE not backed by the live {kind}; unconfirmed");
+                false
+            }
+        },
+        Ok(None) => false,
+        Err(error) => {
+            tracing::warn!(%error, "could not read {kind} {}/{name}; the DELETE counts as unconfirmed", pod.namespace);
+            false
+        }
+    }
+}
+
+/// Whether the StatefulSet controller deletes `pod` now: a pod whose ordinal is outside
+/// the StatefulSet's range (a scale-down), or of another revision than `status.
+/// updateRevision` at or past the rolling update's partition (`updateStatefulSet` in
+/// pkg/controller/statefulset/stateful_set_control.go deletes exactly those; under
+/// `OnDelete` it deletes none for an update). `Err` says why not.
+pub(crate) fn statefulset_deletes(sts: &StatefulSet, pod: &PodFacts) -> Result<(), String> {
+    let name = sts.metadata.name.as_deref().unwrap_or_default();
+    let spec = sts.spec.as_ref();
+    let ordinal = pod
+        .name
+        .strip_prefix(name)
+        .and_then(|rest| rest.strip_prefix('-'))
+        .and_then(|n| n.parse::<i64>().ok())
+        .ok_or_else(|| format!("pod {} has no ordinal of StatefulSet {name}", pod.name))?;
+    let start = spec
+        .and_then(|s| s.ordinals.as_ref())
+        .and_then(|o| o.start)
+        .map_or(0, i64::from);
+    let replicas = i64::from(spec.and_then(|s| s.replicas).unwrap_or(1));
+    if ordinal < start || ordinal >= start + replicas {
+        return Ok(());
+    }
+    let strategy = spec.and_then(|s| s.update_strategy.as_ref());
+    if strategy.and_then(|u| u.type_.as_deref()) == Some("OnDelete") {
+        return Err(format!(
+            "StatefulSet {name} updates OnDelete and keeps ordinal {ordinal}"
+        ));
+    }
+    let partition = strategy
+        .and_then(|u| u.rolling_update.as_ref())
+        .and_then(|r| r.partition)
+        .map_or(0, i64::from);
+    let update = sts
+        .status
+        .as_ref()
+        .and_then(|s| s.update_revision.as_deref());
+    let revision = pod
+        .labels
+        .get(STATEFULSET_REVISION_LABEL)
+        .map(String::as_str);
+    match update {
+        Some(update) if revision != Some(update) && ordinal >= start + partition => Ok(()),
+        _ => Err(format!(
+            "StatefulSet {name} keeps pod {} (ordinal {ordinal} of {replicas}, its revision current)",
+            pod.name
+        )),
+    }
+}
+
+/// Whether the DaemonSet controller deletes `pod` now for an update: its
+/// `pod-template-generation` label differs from the DaemonSet's template generation (the
+/// API server bumps it on every template change, pkg/registry/apps/daemonset/strategy.go;
+/// `IsPodUpdated` in pkg/controller/daemon/util/daemonset_util.go compares the two).
+pub(crate) fn daemonset_deletes(ds: &DaemonSet, pod: &PodFacts) -> Result<(), String> {
+    let name = ds.metadata.name.as_deref().unwrap_or_default();
+    let current = ds
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(DAEMONSET_TEMPLATE_GENERATION));
+    let of_pod = pod.labels.get(POD_TEMPLATE_GENERATION);
+    match (current, of_pod) {
+        (Some(current), Some(of_pod)) if current != of_pod => Ok(()),
+        _ => Err(format!(
+            "pod {} is of DaemonSet {name}'s current template generation",
+            pod.name
+        )),
+    }
+}
+
+/// The label the StatefulSet controller puts its revision in (`apps/v1`
+/// `ControllerRevisionHashLabelKey`).
+const STATEFULSET_REVISION_LABEL: &str = "controller-revision-hash";
+/// A DaemonSet's template generation, kept by the API server (`apps/v1`
+/// `DeprecatedTemplateGeneration`).
+const DAEMONSET_TEMPLATE_GENERATION: &str = "deprecated.daemonset.template.generation";
+/// The label with the template generation of a DaemonSet's pod
+/// (`DaemonSetTemplateGenerationKey` in pkg/apis/apps/types.go).
+const POD_TEMPLATE_GENERATION: &str = "pod-template-generation";
 
 /// Holds until `delete_at` or `deadline`, whichever is first, or until shutdown.
 async fn hold(state: &AppState, delete_at: Timestamp, deadline: Instant) {

@@ -354,13 +354,18 @@ mod support {
 
     /// A DELETE review of `pod`.
     pub(super) fn deletion_of(pod: Value) -> Vec<u8> {
+        deletion_by(pod, "alice")
+    }
+
+    /// A DELETE review of `pod` by `user`.
+    pub(super) fn deletion_by(pod: Value, user: &str) -> Vec<u8> {
         serde_json::to_vec(&json!({
             "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
             "request": {"uid": "del-1",
                 "kind": {"group": "", "version": "v1", "kind": "Pod"},
                 "resource": {"group": "", "version": "v1", "resource": "pods"},
                 "name": "web-1", "namespace": "web", "operation": "DELETE",
-                "userInfo": {"username": "alice"},
+                "userInfo": {"username": user},
                 "oldObject": pod,
                 "options": {"apiVersion": "meta.k8s.io/v1", "kind": "DeleteOptions"}}
         }))
@@ -493,37 +498,132 @@ mod answers {
         assert!(review["response"].get("patch").is_none());
     }
 
-    /// A DELETE behind an exhausted PDB isolates the pod anyway (PDBs never block a
-    /// DELETE) and is held; before, it passed at once and the pod died unprotected.
+    /// A person's DELETE (or a forged review of one) behind an exhausted PDB is not
+    /// isolated: nothing confirms it, so it is bound by the budget like an eviction, and
+    /// the DELETE goes through as it would without graceful-drain. A review's word cannot
+    /// take a Service below its budget.
     #[tokio::test]
-    async fn delete_behind_an_exhausted_pdb_is_isolated_and_held() {
+    async fn an_unconfirmed_delete_behind_an_exhausted_pdb_isolates_nothing() {
         let (client, mut api) = mock::client();
         let st = state(client);
         st.ctx
             .cache
             .apply_pdb(&serde_json::from_value(pdb_json("1", 0)).unwrap());
         let call = tokio::spawn(call(st, "/validate/delete?timeout=2s", deletion()));
-        let scenarios = [
-            PodIs(pod_json("uid-1")),
-            PdbIs(pdb_json("2", 0)),
-            Relabeled("web-1"),
-            EventPosted,
-        ];
-        let [_pod, _pdb, patch, event] = mock::play(&mut api, scenarios).await.try_into().unwrap();
+        mock::play(
+            &mut api,
+            [PodIs(pod_json("uid-1")), PdbIs(pdb_json("2", 0))],
+        )
+        .await;
+        let (_, review) = call.await.unwrap();
+        assert_eq!(review["response"]["allowed"], true);
+        let more = tokio::time::timeout(Duration::from_millis(100), api.next_request()).await;
+        let more = more
+            .ok()
+            .flatten()
+            .map(|(r, _)| (r.method().clone(), r.uri().clone()));
         assert!(
-            patch
+            more.is_none(),
+            "the pod was isolated past its budget: {more:?}"
+        );
+    }
+
+    /// `web/web-1` as ordinal 1 of StatefulSet `web`, of revision `web-old`.
+    fn statefulset_pod() -> Value {
+        let mut pod = pod_json("uid-1");
+        pod["metadata"]["labels"]["controller-revision-hash"] = json!("web-old");
+        pod["metadata"]["labels"]["sts"] = json!("web");
+        pod["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1",
+            "kind": "StatefulSet", "name": "web", "uid": "sts-1", "controller": true}]);
+        pod
+    }
+
+    /// StatefulSet `web` with `replicas`, rolling to revision `update`.
+    fn statefulset(replicas: i32, update: &str) -> Value {
+        json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": {"name": "web", "namespace": "web", "uid": "sts-1"},
+            "spec": {"replicas": replicas, "serviceName": "web",
+                "selector": {"matchLabels": {"sts": "web"}},
+                "template": {"metadata": {"labels": {"app": "web", "sts": "web"}}}},
+            "status": {"replicas": replicas, "updateRevision": update}})
+    }
+
+    /// The StatefulSet controller's DELETE of a pod of an older revision, backed by the
+    /// live StatefulSet (a rolling update), is confirmed: isolated even though the budget
+    /// is spent (PDBs never block a controller's DELETE, and the same-name replacement of
+    /// the previous pod is still listed as disrupted for two minutes).
+    #[tokio::test]
+    async fn a_statefulset_rollouts_delete_is_isolated_past_a_spent_budget() {
+        let (client, mut api) = mock::client();
+        let st = state(client);
+        st.ctx
+            .cache
+            .apply_pdb(&serde_json::from_value(pdb_json("1", 0)).unwrap());
+        let body = deletion_by(statefulset_pod(), crate::decide::STATEFULSET_CONTROLLER);
+        let call = tokio::spawn(call(st, "/validate/delete?timeout=2s", body));
+        let played = mock::play(
+            &mut api,
+            [
+                PodIs(statefulset_pod()),
+                StatefulSetIs(statefulset(3, "web-new")),
+                StatefulSetIs(statefulset(3, "web-new")),
+                PdbIs(pdb_json("2", 0)),
+                Relabeled("web-1"),
+                EventPosted,
+            ],
+        )
+        .await;
+        assert!(
+            played[4]
                 .body
                 .to_string()
                 .contains("graceful-drain.io~1draining")
         );
-        assert!(
-            event.body["message"]
-                .as_str()
-                .unwrap()
-                .contains("not charged")
-        );
         let (_, review) = call.await.unwrap();
         assert_eq!(review["response"]["allowed"], true);
+    }
+
+    /// What the live StatefulSet and DaemonSet say of their controller's DELETE: a pod past
+    /// the replicas or of an older revision (at or past the partition) is backed; a
+    /// current pod, an `OnDelete` StatefulSet's, or a DaemonSet pod of the current
+    /// template generation is not.
+    #[test]
+    fn the_live_owner_backs_only_the_deletes_its_controller_makes() {
+        use super::super::delete::{daemonset_deletes, statefulset_deletes};
+        use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
+        let facts = |pod: Value| crate::review::pod_facts(&serde_json::from_value(pod).unwrap());
+        let sts = |v: Value| -> StatefulSet { serde_json::from_value(v).unwrap() };
+        let old = facts(statefulset_pod());
+        assert!(statefulset_deletes(&sts(statefulset(3, "web-new")), &old).is_ok());
+        assert!(statefulset_deletes(&sts(statefulset(3, "web-old")), &old).is_err());
+        assert!(
+            statefulset_deletes(&sts(statefulset(1, "web-old")), &old).is_ok(),
+            "ordinal 1 of 1 replica"
+        );
+        let mut partitioned = statefulset(3, "web-new");
+        partitioned["spec"]["updateStrategy"] =
+            json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 2}});
+        assert!(statefulset_deletes(&sts(partitioned), &old).is_err());
+        let mut on_delete = statefulset(3, "web-new");
+        on_delete["spec"]["updateStrategy"] = json!({"type": "OnDelete"});
+        assert!(statefulset_deletes(&sts(on_delete), &old).is_err());
+        let ds = |generation: &str| -> DaemonSet {
+            serde_json::from_value(json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+                "metadata": {"name": "web", "namespace": "web",
+                    "annotations": {"deprecated.daemonset.template.generation": generation}},
+                "spec": {"selector": {"matchLabels": {"app": "web"}},
+                    "template": {"metadata": {"labels": {"app": "web"}}}}}))
+            .unwrap()
+        };
+        let mut ds_pod = pod_json("uid-1");
+        ds_pod["metadata"]["labels"]["pod-template-generation"] = json!("1");
+        let ds_pod = facts(ds_pod);
+        assert!(daemonset_deletes(&ds("2"), &ds_pod).is_ok());
+        assert!(daemonset_deletes(&ds("1"), &ds_pod).is_err());
+        assert!(
+            daemonset_deletes(&ds("2"), &facts(pod_json("uid-1"))).is_err(),
+            "no generation label"
+        );
     }
 
     /// `web/web-1` as a pod of ReplicaSet `web-abc`.

@@ -23,6 +23,7 @@ fn req(path: Path) -> Request {
         dry_run: false,
         grace_period: None,
         user: "alice".into(),
+        owner_backed: false,
     }
 }
 

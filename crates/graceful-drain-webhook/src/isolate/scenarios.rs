@@ -11,6 +11,7 @@ const EVENTS: &str = "/api/v1/namespaces/web/events";
 const PDB: &str = "/apis/policy/v1/namespaces/web/poddisruptionbudgets/web";
 const REPLICASETS: &str = "/apis/apps/v1/namespaces/web/replicasets";
 const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/web/deployments";
+const STATEFULSETS: &str = "/apis/apps/v1/namespaces/web/statefulsets";
 
 /// One thing the API server does, in the order the webhook asks for it.
 #[derive(Debug)]
@@ -25,6 +26,8 @@ pub(crate) enum Scenario {
     ReplicaSetIs(Value),
     /// The `GET` of the Deployment answers this Deployment (it names itself).
     DeploymentIs(Value),
+    /// The `GET` of the StatefulSet answers this StatefulSet (it names itself).
+    StatefulSetIs(Value),
     /// The `GET` of PDB `web/web` answers this budget.
     PdbIs(Value),
     /// The `PUT` of PDB `web/web`'s status charging a disruption is accepted; the answer is
@@ -59,6 +62,7 @@ impl mock::Scenario for Scenario {
             }
             Scenario::ReplicaSetIs(rs) => Step::new(M::GET, named(REPLICASETS, &rs), 200, rs),
             Scenario::DeploymentIs(d) => Step::new(M::GET, named(DEPLOYMENTS, &d), 200, d),
+            Scenario::StatefulSetIs(s) => Step::new(M::GET, named(STATEFULSETS, &s), 200, s),
             Scenario::PdbIs(pdb) => Step::new(M::GET, PDB, 200, pdb),
             Scenario::PdbCharged(pdb) | Scenario::PdbRefunded(pdb) => {
                 Step::new(M::PUT, format!("{PDB}/status"), 200, pdb)
