@@ -14,7 +14,7 @@ use super::decide::{
 };
 use super::isolate::{self, Budget, Outcome};
 use super::review;
-use super::state::AppState;
+use super::state::{AppState, Seen};
 use graceful_drain_core::backoff::Backoff;
 use graceful_drain_core::labels::webhook_reason;
 
@@ -168,6 +168,7 @@ pub(crate) async fn settle(
                     .then(|| unconfirmed_refusal(state, &pod, &snap, now))
                     .flatten()
                 {
+                    state.unconfirmed.release(&pod.namespace, &pod.name);
                     tracing::info!(%why, "isolation not confirmed by a drain or rollout; refused");
                     return Settled::Unconfirmed(why);
                 }
@@ -183,7 +184,11 @@ pub(crate) async fn settle(
                 }
             }
         };
-        let error = match isolate::isolate(&state.ctx, &pod, &snap, plan, now).await {
+        let result = isolate::isolate(&state.ctx, &pod, &snap, plan, now).await;
+        if !plan.confirmed && !matches!(result, Ok(Outcome::Isolated { .. })) {
+            state.unconfirmed.release(&pod.namespace, &pod.name);
+        }
+        let error = match result {
             Ok(Outcome::Isolated {
                 removed,
                 uncharged,
@@ -274,14 +279,17 @@ fn unconfirmed_refusal(
             .cache
             .ready_pods_of(&pod.namespace, service, &pod.name);
         let cache = &state.ctx.cache;
-        state.unconfirmed.refusal(
+        state.unconfirmed.reserve(
             &pod.namespace,
             service,
             &pod.name,
             ready_others,
             budgeted,
             now,
-            |name| cache.isolated(&pod.namespace, name).is_some(),
+            |name| Seen {
+                isolated: cache.isolated(&pod.namespace, name).is_some(),
+                listed_ready: cache.has_ready_endpoint(&pod.namespace, name),
+            },
         )
     })
 }

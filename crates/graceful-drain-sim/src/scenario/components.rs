@@ -289,6 +289,11 @@ impl Components {
             .extend(flags.iter().map(|f| f.to_string()));
     }
 
+    /// Whether [`Components::add_webhook_flags`] gave the webhook `flag` already.
+    pub fn has_webhook_flag(&self, flag: &str) -> bool {
+        self.webhook_flags.iter().any(|f| f == flag)
+    }
+
     /// Posts `review` straight to the running webhook's `path` over HTTPS (trusting its
     /// CA), as anyone who can reach its port could, and returns its answer.
     pub async fn post_review(

@@ -21,6 +21,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 
 use super::components::Components;
+use super::forged;
 use super::{Error, Measured, Protection, ScenarioConfig, actions, busiest_node, measure};
 use graceful_drain_core::runtime::Shutdown;
 use kube_sim::cluster::{DataPlane, RealCluster, WebSpec, wait_for};
@@ -51,10 +52,12 @@ pub enum Disruption {
     /// Drain of a node running pods of a StatefulSet behind its governing headless Service
     /// (whose selector is the StatefulSet's own) and a LoadBalancer Service.
     StatefulSetDrain,
-    /// An eviction AdmissionReview forged by someone who reaches the webhook's port (no
-    /// eviction reached the API server): the pod is isolated, nothing deletes it, and it
-    /// goes back into its Service at its restore time. Protected only.
-    ForgedReview,
+    /// AdmissionReviews forged by someone who reaches the webhook's port (none reached the
+    /// API server) about pods of `0` ([`forged`]): an eviction and two DELETEs, one
+    /// claiming the pods' controller, or a flood of evictions. Nothing is deleted, the
+    /// Service never drops below its budget, and every isolated pod goes back into its
+    /// Service at its restore time. Protected only.
+    Forged(forged::Target),
     /// `kubectl apply -f` of the example LifecycleEvent written in the seed group
     /// `lifecycle.k8s.io` (the SLM seeds' YAML), with deploy/seed-group.yaml applied (the
     /// chart's `lifecycleCrds.seedGroup`): the node agents carry it over to our group and
@@ -96,7 +99,12 @@ impl fmt::Display for Disruption {
             Disruption::ScaleDownUp => "scale-down-up",
             Disruption::RecreateRollout => "recreate-rollout",
             Disruption::StatefulSetDrain => "statefulset-drain",
-            Disruption::ForgedReview => "forged-review",
+            Disruption::Forged(forged::Target::Deployment) => "forged-review",
+            Disruption::Forged(forged::Target::StatefulSet) => "forged-statefulset",
+            Disruption::Forged(forged::Target::DaemonSet) => "forged-daemonset",
+            Disruption::Forged(forged::Target::BarePods) => "forged-bare-pods",
+            Disruption::Forged(forged::Target::Flood { pdb: true }) => "forged-flood",
+            Disruption::Forged(forged::Target::Flood { pdb: false }) => "forged-flood-no-pdb",
             Disruption::SeedGroupDrain => "seed-group-drain",
             Disruption::StatefulSetLongDelay => "statefulset-long-delay",
             Disruption::ApiServerRestartDrain => "apiserver-restart-drain",
@@ -141,11 +149,20 @@ pub fn scenarios(upstream: bool, faults: bool) -> Vec<RealScenario> {
             });
         }
     }
-    all.push(RealScenario {
-        disruption: ForgedReview,
-        protection: Protection::GracefulDrain,
-        expect: Expect::Pass,
-    });
+    for target in [
+        forged::Target::Deployment,
+        forged::Target::StatefulSet,
+        forged::Target::DaemonSet,
+        forged::Target::BarePods,
+        forged::Target::Flood { pdb: true },
+        forged::Target::Flood { pdb: false },
+    ] {
+        all.push(RealScenario {
+            disruption: Forged(target),
+            protection: Protection::GracefulDrain,
+            expect: Expect::Pass,
+        });
+    }
     if !upstream {
         all.push(RealScenario {
             disruption: SeedGroupDrain,
@@ -282,7 +299,7 @@ pub async fn run(
         }
         let result = match (&mut components, scenario.disruption) {
             (Some(Err(e)), _) => Err(format!("graceful-drain did not start: {e}")),
-            (Some(Ok(c)), Disruption::ForgedReview) => forged_review(&cluster, cfg, c)
+            (Some(Ok(c)), Disruption::Forged(target)) => forged::row(&cluster, cfg, c, target)
                 .await
                 .map_err(|e| graceful_drain_core::error::chain(&e).to_string()),
             (Some(Ok(c)), Disruption::StatefulSetLongDelay) => {
@@ -400,9 +417,9 @@ async fn run_row(
             };
             measure(cluster, &cfg, rollout).await
         }
-        // Need the running components (`forged_review`, `statefulset_long_delay`,
+        // Need the running components (`forged::row`, `statefulset_long_delay`,
         // `uninstall_mid_drain`).
-        Disruption::ForgedReview
+        Disruption::Forged(_)
         | Disruption::StatefulSetLongDelay
         | Disruption::ApiServerRestartDrain
         | Disruption::ControllerManagerRestartRollout
@@ -425,103 +442,6 @@ async fn run_row(
     // The next row starts from a quiet cluster whatever this one left behind.
     delete_namespace(cluster, &cfg.web.namespace).await;
     outcome
-}
-
-/// How long after its delete time the forged review's pod is put back (`--restore-after`
-/// of the replica this row starts; the product's default is a minute).
-const FORGED_RESTORE_AFTER: &str = "5s";
-
-/// A forged eviction review, on the real API server: posted straight to the webhook's port
-/// for a ready pod, it is answered 429 and the pod is isolated; no eviction follows, so
-/// nothing may delete the pod, and at its restore time it must be back in its Service (a
-/// `graceful-drain.io/Restored` Event) with the Deployment back at its replicas and no
-/// request failed.
-async fn forged_review(
-    cluster: &RealCluster,
-    cfg: &ScenarioConfig,
-    components: &mut Components,
-) -> Result<Measured, Error> {
-    use k8s_openapi::api::core::v1::Event as CoreEvent;
-    let mut cfg = cfg.clone();
-    cfg.web.namespace = "forged-review-graceful-drain".to_string();
-    cluster.ensure_namespace(&cfg.web.namespace).await?;
-    cluster.deploy_web(&cfg.web, cfg.phase_timeout).await?;
-    components.add_webhook_flags(&["--restore-after", FORGED_RESTORE_AFTER]);
-    components.roll_webhook(cluster, &cfg.components).await?;
-    let client = cluster.client();
-    let ns = cfg.web.namespace.clone();
-    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
-    let victim = pods
-        .list(&ListParams::default())
-        .await
-        .map_err(api("list", format!("pods in {ns}")))?
-        .items
-        .into_iter()
-        .find(|p| kube_sim::controllers::pod_ready(p) && p.metadata.deletion_timestamp.is_none())
-        .ok_or_else(|| Error::Component {
-            name: "forged review".into(),
-            reason: format!("no ready pod in {ns}"),
-        })?;
-    let name = victim.name_any();
-    let uid = victim.metadata.uid.clone().unwrap_or_default();
-    let forged = serde_json::json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-        "request": {"uid": "forged-review-1",
-            "kind": {"group": "policy", "version": "v1", "kind": "Eviction"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "subResource": "eviction", "name": name, "namespace": ns,
-            "operation": "CREATE", "userInfo": {"username": "system:node:somewhere-else"},
-            "object": {"apiVersion": "policy/v1", "kind": "Eviction",
-                       "metadata": {"name": name, "namespace": ns}}}});
-    let timeout = cfg.phase_timeout;
-    let failed = |reason: String| Error::Component {
-        name: "forged review".into(),
-        reason,
-    };
-    let check = async {
-        cluster.step(format!(
-            "forged eviction review for {ns}/{name}, straight to the webhook"
-        ));
-        let answer = components
-            .post_review("/mutate/eviction?timeout=10s", &forged)
-            .await?;
-        let response = &answer["response"];
-        if response["allowed"] != false || response["status"]["code"] != 429 {
-            return Err(failed(format!("answered {answer}")));
-        }
-        let events = Api::<CoreEvent>::namespaced(client.clone(), &ns);
-        let restored = ListParams::default().fields(&format!(
-            "involvedObject.name={name},reason={}",
-            graceful_drain_core::labels::webhook_reason::RESTORED
-        ));
-        wait_for("the forged review's pod put back", timeout, || async {
-            events
-                .list(&restored)
-                .await
-                .is_ok_and(|l| !l.items.is_empty())
-        })
-        .await?;
-        let live = pods
-            .get_opt(&name)
-            .await
-            .map_err(api("get", format!("pod {ns}/{name}")))?;
-        match live {
-            Some(p)
-                if p.metadata.uid.as_deref() == Some(uid.as_str())
-                    && p.metadata.deletion_timestamp.is_none() => {}
-            other => {
-                return Err(failed(format!(
-                    "pod {ns}/{name} was deleted or replaced on a forged review's word: {:?}",
-                    other.map(|p| (p.metadata.uid, p.metadata.deletion_timestamp))
-                )));
-            }
-        }
-        cluster.step("the Deployment settles back at its replicas");
-        cluster.wait_web_ready(&cfg.web, timeout).await?;
-        Ok(())
-    };
-    let measured = measure(cluster, &cfg, check).await;
-    delete_namespace(cluster, &cfg.web.namespace).await;
-    measured
 }
 
 /// The `statefulset-long-delay` row's deregistration delay: past the disruption
