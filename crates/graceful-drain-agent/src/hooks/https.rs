@@ -1,12 +1,12 @@
-//! The HTTPS hook protocol: the messages the agent and a hook exchange, and the POST that
-//! carries them.
+//! The HTTPS hook protocol: the messages the agent and a hook exchange, the POST that
+//! carries them, and what one call to a hook learned (`Answer`, or a `CallError` to retry),
+//! which the Job target answers in the same terms.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use serde::{Deserialize, Serialize};
 
 use super::config::{HookPoint, HttpsClient};
-use super::run::{Answer, CallError};
 
 /// What `action` the agent asks of an HTTPS hook.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,6 +67,31 @@ pub struct HookResponse {
     pub message: String,
 }
 
+/// What one call to a hook learned.
+#[derive(Debug)]
+pub(super) enum Answer {
+    Said(HookResponse),
+    /// A poll for an id the hook does not know: start it.
+    Unknown,
+}
+
+/// A call that did not give an answer; retried.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum CallError {
+    #[error("{0}")]
+    Transport(String),
+    #[error("answered HTTP {status}: {body}")]
+    Status { status: u16, body: String },
+    #[error("answer is not a hook response: {0}")]
+    Body(String),
+    #[error("{what}")]
+    Kube {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
 pub(super) async fn post(
     client: &HttpsClient,
     uri: &http::Uri,
@@ -109,7 +134,7 @@ pub(super) async fn post(
 
 #[cfg(test)]
 mod tests {
-    use super::super::run::HookStep;
+    use super::super::context::HookStep;
     use super::*;
     use graceful_drain_core::labels::HOOK_API_VERSION;
     use serde_json::json;

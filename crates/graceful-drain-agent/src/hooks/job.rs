@@ -6,8 +6,8 @@ use k8s_openapi::api::core::v1::{EnvVar, Toleration};
 use kube::api::{Api, DeleteParams, PostParams, PropagationPolicy};
 
 use super::config::{Hook, HookSpec, JobSpec};
-use super::https::{HookResponse, HookStatus};
-use super::run::{Answer, CallError, HookContext};
+use super::context::HookContext;
+use super::https::{Answer, CallError, HookResponse, HookStatus};
 use crate::node::API_TIMEOUT;
 
 /// A finished hook Job is kept this long (unless its template says) for `kubectl logs`.

@@ -32,10 +32,12 @@
 //! LifecycleEvent and polls the hook with the recorded id — it never starts it twice — and
 //! the timeout keeps counting from the recorded start; a hook recorded done is skipped.
 //!
-//! The configuration, the run of a hook, the two kinds of target (HTTPS, Job) and the
-//! records on the Node each have a file of their own; this one only re-exports them.
+//! The configuration, what a run is for (`context`), the run of a hook, the two kinds of
+//! target (HTTPS, Job) and the records on the Node each have a file of their own; this one
+//! only re-exports them.
 
 mod config;
+mod context;
 mod https;
 mod job;
 mod record;
@@ -45,6 +47,7 @@ pub use config::{
     ConfigError, DEFAULT_POLL_INTERVAL, DEFAULT_TIMEOUT, Hook, HookPoint, HookSpec, Hooks,
     HttpsSpec, JobSpec, parse_arg,
 };
+pub use context::{HookContext, HookStep};
 pub use https::{HookAction, HookRequest, HookResponse, HookStatus};
 pub use record::{HookRecord, RecordState, records};
-pub use run::{HookContext, HookError, HookStep};
+pub use run::HookError;

@@ -9,7 +9,7 @@ use kube::api::{Patch, PatchParams};
 use serde::{Deserialize, Serialize};
 
 use super::config::{Hook, HookPoint};
-use super::run::HookContext;
+use super::context::HookContext;
 use crate::node;
 use graceful_drain_core::backoff::Backoff;
 use graceful_drain_core::labels::HOOKS_ANNOTATION;

@@ -1,15 +1,13 @@
 //! Running the hooks of a point: one hook's run from start (or resumed record) to done,
 //! failed or timed out, with its Events, its steps and its error.
 
-use std::fmt;
 use std::time::Duration;
 
-use serde::Serialize;
-
 use super::config::{Hook, HookPoint, Hooks, Target};
-use super::https::{HookAction, HookRequest, HookResponse, HookStatus, post};
+use super::context::{HookContext, HookStep};
+use super::https::{Answer, CallError, HookAction, HookRequest, HookStatus, post};
 use super::record::{HookRecord, RecordState};
-use crate::report::{EventType, NodeEvents};
+use crate::report::EventType;
 use graceful_drain_core::labels::{HOOK_API_VERSION, agent_reason};
 
 /// Longest one HTTPS call may take (connect, TLS, answer).
@@ -28,43 +26,6 @@ impl Hooks {
             let result = hook.run(ctx, on_step).await;
             on_step(None);
             result?;
-        }
-        Ok(())
-    }
-}
-
-/// Who runs a hook and for what.
-pub struct HookContext<'a> {
-    /// Client for Jobs and for the hook records on the Node.
-    pub client: &'a kube::Client,
-    /// The node being maintained (Jobs are pinned to it; records live on it).
-    pub node: &'a str,
-    /// The LifecycleEvent of the transition, if it names one.
-    pub event: Option<&'a str>,
-    /// What ties records to this transition across agent restarts: the event's name, or
-    /// an id of the operation when it names none.
-    pub operation: &'a str,
-    /// Posts the hooks' Events on the Node.
-    pub events: &'a NodeEvents,
-}
-
-/// Where a running hook stands (for the condition message and `/status`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct HookStep {
-    /// The hook's configured name.
-    pub name: String,
-    /// The point it runs at.
-    pub at: HookPoint,
-    /// The hook's latest message, or `starting` before it said anything.
-    pub message: String,
-}
-
-impl fmt::Display for HookStep {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "hook {} ({})", self.name, self.at)?;
-        if !self.message.is_empty() {
-            write!(f, ": {}", self.message)?;
         }
         Ok(())
     }
@@ -94,31 +55,6 @@ pub enum HookError {
         after: String,
         /// The last call's error, else the hook's last message.
         message: String,
-    },
-}
-
-/// What one call to a hook learned.
-#[derive(Debug)]
-pub(super) enum Answer {
-    Said(HookResponse),
-    /// A poll for an id the hook does not know: start it.
-    Unknown,
-}
-
-/// A call that did not give an answer; retried.
-#[derive(Debug, thiserror::Error)]
-pub(super) enum CallError {
-    #[error("{0}")]
-    Transport(String),
-    #[error("answered HTTP {status}: {body}")]
-    Status { status: u16, body: String },
-    #[error("answer is not a hook response: {0}")]
-    Body(String),
-    #[error("{what}")]
-    Kube {
-        what: String,
-        #[source]
-        source: kube::Error,
     },
 }
 

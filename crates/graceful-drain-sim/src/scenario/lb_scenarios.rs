@@ -1,6 +1,7 @@
 //! Matrix scenarios about load-balancer and client behaviour (connection-level load
 //! balancing, keep-alive clients, long requests, apps with and without a graceful
-//! SIGTERM), appended to [`super::matrix::scenarios`].
+//! SIGTERM), appended to the matrix's list of scenarios (`scenarios` in the `matrix`
+//! module).
 //!
 //! Each changes the base configuration with a tweak: the Service's default load-balancer
 //! kind, the clients, the apps' SIGTERM behaviour. The base traffic rate stays; keep-alive

@@ -7,12 +7,18 @@
 //! concurrent change fail instead of being overwritten. A failed test surfaces as
 //! [`Error::Conflict`] so the caller re-reads the pod and decides again.
 //!
-//! One job per file: this one orders the steps; `owners` reads the pod's controller,
-//! `pdb` charges and refunds budgets, `relabel` builds the patch, `record` writes
-//! the Events, and `context` holds what they share. Uses run one way, never back to a
-//! caller: `mod` first, then `record`, `pdb`, `relabel`, `owners`, and `context` last.
+//! One job per file: this one orders the steps; `owners` reads the pod's controller
+//! (`owner_reads` remembers what was read), `pdb` charges and refunds budgets against the
+//! API server (`budget` holds their arithmetic and this replica's turns at them),
+//! `relabel` builds the patch, `record` writes the Events, `context` holds what they
+//! share and `error` their errors. Uses run one way, never back to a caller: `mod` first,
+//! then `record`, `pdb`, `relabel`, `owners`, then `context`, and last the leaves
+//! `budget`, `owner_reads` and `error`.
 
+mod budget;
 mod context;
+mod error;
+mod owner_reads;
 mod owners;
 mod pdb;
 mod record;
@@ -30,15 +36,15 @@ use kube::api::PatchParams;
 use super::decide::{Charge, PodFacts, Snapshot, labels_to_remove, service_left_only_by_pinned};
 use graceful_drain_core::labels::{FIELD_MANAGER, webhook_reason};
 
-pub(crate) use context::is_status;
-pub use context::{Context, EVENT_QUEUE, Error, EventSink};
-use context::{api_err, pod_ref};
+pub use budget::{Budget, PdbGate, PdbGates, charge, charge_all};
+pub use context::{Context, EVENT_QUEUE, EventSink};
+pub use error::Error;
+pub(crate) use error::is_status;
+use error::{api_err, pod_ref};
+pub use owner_reads::{OwnerFacts, OwnerReads};
 use owners::owner_policy;
-pub use owners::{OwnerFacts, OwnerReads};
 use pdb::{Accounting, account};
-pub use pdb::{
-    Budget, PdbGate, PdbGates, charge, charge_all, consume_disruption, refund_disruption,
-};
+pub use pdb::{consume_disruption, refund_disruption};
 pub use record::{Severity, record_event};
 pub use relabel::{
     IDENTITY_LABELS, controller_handover, draining_value, isolation_patch, leave_selectors,

@@ -6,7 +6,8 @@ use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde_json::Value;
 
-use super::context::{Context, EventSink, pod_ref};
+use super::context::{Context, EventSink};
+use super::error::pod_ref;
 use super::owners::controller_ref;
 use crate::decide::PodFacts;
 use graceful_drain_core::labels::WEBHOOK_REPORTING_COMPONENT;

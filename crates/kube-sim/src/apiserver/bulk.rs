@@ -11,8 +11,9 @@
 use serde_json::Value;
 
 use super::ApiServer;
+use super::meta::meta_str;
 use super::request::Target;
-use super::write::{Fields, init_metadata, meta_str, prepare_body, prepare_for_create};
+use super::write::{Fields, init_metadata, prepare_body, prepare_for_create};
 
 /// Why a bulk load stopped.
 #[derive(Debug, thiserror::Error)]

@@ -25,13 +25,14 @@ use serde_json::{Value, json};
 
 use super::Ctx;
 use super::admission::{self, Attributes, Operation};
+use super::meta::{in_seconds, meta_mut, meta_str, no_metadata, now};
 use super::request::{Req, Target, check_deadline, filter_of, get, prefix_of};
 use super::resources::ResourceDef;
 use super::status::{ApiError, ApiResult};
 use super::store::{StoreError, rv_of};
 use super::write::{
     DeleteOpts, MAX_RACE_RETRIES, after_remove, check_preconditions, delete_options,
-    finalizers_empty, in_seconds, meta_mut, meta_str, no_metadata, now,
+    finalizers_empty,
 };
 
 /// What BeforeDelete decided for an object.

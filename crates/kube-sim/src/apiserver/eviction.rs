@@ -34,11 +34,12 @@ use serde_json::{Value, json};
 use super::Ctx;
 use super::admission::{self, Attributes, Operation};
 use super::delete::Deleter;
+use super::meta::now;
 use super::request::{Req, Target, check_deadline, get};
 use super::selector::selector_object_matches;
 use super::status::{ApiError, ApiResult};
 use super::store::{StoreError, rv_of};
-use super::write::{DeleteOpts, delete_options, now, success_status};
+use super::write::{DeleteOpts, delete_options, success_status};
 
 /// Attempts of each conflict-retrying loop (upstream `EvictionsRetry.Steps`).
 const RETRY_STEPS: usize = 20;

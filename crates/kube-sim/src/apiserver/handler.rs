@@ -249,7 +249,7 @@ async fn dispatch(ctx: &Arc<Ctx>, method: Method, target: Target, req: Req) -> R
         ("get", None | Some("status")) => get(ctx, &target).map(|v| match req.table() {
             Some(full) if target.sub.is_none() => {
                 let metadata =
-                    json!({"resourceVersion": super::write::meta_str(&v, "resourceVersion")});
+                    json!({"resourceVersion": super::meta::meta_str(&v, "resourceVersion")});
                 (
                     StatusCode::OK,
                     table::table(&target.def, &[v], metadata, full),
@@ -267,7 +267,7 @@ async fn dispatch(ctx: &Arc<Ctx>, method: Method, target: Target, req: Req) -> R
         ("create", None) => write::create(ctx, &target, &req).await,
         ("update", None | Some("status")) => write::update(ctx, &target, &req).await,
         ("patch", None | Some("status"))
-            if req.content_type.starts_with(super::apply::APPLY_YAML) =>
+            if req.content_type.starts_with(super::managed::APPLY_YAML) =>
         {
             super::apply::apply(ctx, &target, &req).await
         }

@@ -3,8 +3,9 @@
 //!
 //! Data flow: `handler` parses each request into a verb on a resource of the
 //! `resources` registry; reads come from the `store`; writes are prepared
-//! (defaults, dropped unknown fields), sent through `admission` webhooks, then stored
-//! with resourceVersion compare-and-swap; `watch` streams the store's change feed.
+//! (defaults, dropped unknown fields), sent through `admission` webhooks, their field
+//! owners recorded by `managed`, then stored with resourceVersion compare-and-swap;
+//! `watch` streams the store's change feed.
 //! `eviction` implements `pods/eviction` with the upstream PodDisruptionBudget rules.
 //! Every request is counted in [`Stats`], runs under a deadline (60 s or `?timeout=`)
 //! and may meet the `faults` a test asked for. Benchmarks fill the store without HTTP
@@ -19,7 +20,9 @@ mod delete;
 mod eviction;
 mod faults;
 mod handler;
+mod managed;
 mod matchcond;
+mod meta;
 mod patch;
 mod protobuf;
 mod request;

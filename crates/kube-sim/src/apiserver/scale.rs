@@ -7,10 +7,11 @@ use http::StatusCode;
 use serde_json::{Value, json};
 
 use super::Ctx;
+use super::meta::meta_str;
 use super::patch::{self, PatchKind};
 use super::request::{Req, Target, get};
 use super::status::{ApiError, ApiResult};
-use super::write::{CommitError, commit_update, merge_for_update, meta_str};
+use super::write::{CommitError, commit_update, merge_for_update};
 
 /// Attempts before giving up on a workload that keeps changing under the scale write.
 const MAX_RACE_RETRIES: usize = 16;

@@ -18,7 +18,7 @@ pub(crate) fn review(user: &UserInfo) -> (StatusCode, Value) {
         json!({
             "apiVersion": "authentication.k8s.io/v1",
             "kind": "SelfSubjectReview",
-            "metadata": {"creationTimestamp": super::write::now()},
+            "metadata": {"creationTimestamp": super::meta::now()},
             "status": {"userInfo": {"username": user.username, "groups": user.groups}},
         }),
     )

@@ -5,9 +5,9 @@
 
 use serde_json::Value;
 
+use super::meta::meta_str;
 use super::resources::ResourceDef;
 use super::status::{ApiError, ApiResult};
-use super::write::meta_str;
 
 /// Validates `obj` of kind `def`; `Ok` for kinds without modelled rules.
 pub(crate) fn validate(def: &ResourceDef, obj: &Value) -> ApiResult<()> {

@@ -2,7 +2,8 @@
 //! `pods/binding`, with the upstream object lifecycle: server-set metadata (uid,
 //! creationTimestamp, generation, resourceVersion), status owned by the status
 //! subresource, optimistic concurrency, finalizers, namespace cascade and background
-//! garbage collection of owned objects. DELETE itself lives in [`super::delete`].
+//! garbage collection of owned objects. DELETE itself lives in the `delete` module, which
+//! builds on this one.
 
 use std::sync::Arc;
 
@@ -13,6 +14,8 @@ use serde_json::{Map, Value, json};
 
 use super::admission::{self, Attributes, Operation};
 use super::defaults;
+use super::managed::{self, APPLY_YAML};
+use super::meta::{meta_mut, meta_str, no_metadata, now};
 use super::patch::{self, PatchKind};
 use super::request::{Req, Target, UserInfo, check_deadline, get};
 use super::resources::ResourceDef;
@@ -34,41 +37,6 @@ impl From<ApiError> for CommitError {
     fn from(e: ApiError) -> Self {
         Self::Api(e)
     }
-}
-
-pub(crate) fn now() -> String {
-    let now = jiff::Timestamp::now();
-    jiff::Timestamp::from_second(now.as_second())
-        .unwrap_or(now)
-        .to_string()
-}
-
-pub(crate) fn in_seconds(secs: i64) -> String {
-    let now = jiff::Timestamp::now().as_second().saturating_add(secs);
-    jiff::Timestamp::from_second(now)
-        .map(|t| t.to_string())
-        .unwrap_or_else(|_| self::now())
-}
-
-pub(crate) fn meta_str<'a>(obj: &'a Value, field: &str) -> &'a str {
-    obj.get("metadata")
-        .and_then(|m| m.get(field))
-        .and_then(Value::as_str)
-        .unwrap_or("")
-}
-
-/// The metadata map of an object, created when missing (`None` only for non-objects).
-pub(crate) fn meta_mut(obj: &mut Value) -> Option<&mut Map<String, Value>> {
-    let root = obj.as_object_mut()?;
-    let meta = root.entry("metadata").or_insert_with(|| json!({}));
-    if !meta.is_object() {
-        *meta = json!({});
-    }
-    meta.as_object_mut()
-}
-
-pub(crate) fn no_metadata() -> ApiError {
-    ApiError::bad_request("the object has no metadata")
 }
 
 /// How the request wants unknown fields treated (`fieldValidation`).
@@ -447,7 +415,7 @@ pub(crate) async fn create_object(
         label_namespace(def, &mut obj);
     }
     if managed_fields.is_empty() {
-        super::apply::record_update(target, req, None, &mut obj);
+        managed::record_update(target, req, None, &mut obj);
     } else if let Some(meta) = meta_mut(&mut obj) {
         meta.insert("managedFields".into(), Value::Array(managed_fields));
     }
@@ -620,12 +588,12 @@ pub(crate) async fn commit_update(
         let mutated = prepare_body(def, mutated, Fields::Drop)?;
         new = merge_for_update(def, target.sub.as_deref(), old, mutated);
     }
-    if req.content_type.starts_with(super::apply::APPLY_YAML) {
+    if req.content_type.starts_with(APPLY_YAML) {
         if let (Some(fields), Some(meta)) = (applied_fields, meta_mut(&mut new)) {
             meta.insert("managedFields".into(), fields);
         }
     } else {
-        super::apply::record_update(target, req, Some(old), &mut new);
+        managed::record_update(target, req, Some(old), &mut new);
     }
     check_new_finalizers(def, old, &new)?;
     if def.group.is_empty() && def.plural == "pods" && target.sub.is_none() {

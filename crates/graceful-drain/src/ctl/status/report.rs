@@ -1,6 +1,6 @@
 //! The status report: a pure function from the objects [`super::fetch`] read to one
-//! serializable [`Report`], which `-o json|yaml` prints as is and [`super::text`] lays out
-//! as tables. Nothing here does I/O, so every field is unit-tested from plain objects.
+//! serializable [`Report`], which `-o json|yaml` prints as is and the `text` module lays
+//! out as tables. Nothing here does I/O, so every field is unit-tested from plain objects.
 
 use std::collections::BTreeMap;
 

@@ -1,0 +1,280 @@
+use super::*;
+use proptest::prelude::*;
+use serde_json::json;
+
+pub fn eviction_review(uid: &str) -> Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "policy", "version": "v1", "kind": "Eviction"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "subResource": "eviction",
+            "name": "web-1", "namespace": "web", "operation": "CREATE",
+            "userInfo": {"username": "alice"},
+            "object": {"apiVersion": "policy/v1", "kind": "Eviction",
+                       "metadata": {"name": "web-1", "namespace": "web"},
+                       "deleteOptions": {"gracePeriodSeconds": 20}},
+            "oldObject": null, "dryRun": false
+        }
+    })
+}
+
+fn delete_review(uid: &str) -> Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "name": "web-1", "namespace": "web", "operation": "DELETE",
+            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
+            "oldObject": {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "web-1", "namespace": "web", "uid": "u1", "resourceVersion": "5",
+                             "labels": {"app": "web"},
+                             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-abc", "uid": "rs", "controller": true}]},
+                "spec": {"containers": [{"name": "c"}]},
+                "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "DeleteOptions", "gracePeriodSeconds": 30},
+            "dryRun": false
+        }
+    })
+}
+
+fn parse_value(v: &Value, path: Path) -> Result<Review, Error> {
+    parse(&serde_json::to_vec(v).unwrap(), path)
+}
+
+#[test]
+fn eviction_is_read_with_its_options() {
+    let review = parse_value(&eviction_review("u-1"), Path::Evict).unwrap();
+    let Parsed::Evict(ev) = review.parsed else {
+        panic!("not an eviction")
+    };
+    assert_eq!((ev.namespace.as_str(), ev.pod.as_str()), ("web", "web-1"));
+    assert_eq!(ev.request.grace_period, Some(20));
+    assert!(!ev.request.dry_run);
+    assert_eq!(ev.request.user, "alice");
+}
+
+/// Only the request's pod: a body naming another pod never redirects the webhook, and
+/// the caller's preconditions are read.
+#[test]
+fn eviction_is_about_the_requests_pod_with_its_preconditions() {
+    let mut v = eviction_review("u-3");
+    v["request"]["object"]["metadata"]["name"] = json!("other-pod");
+    v["request"]["object"]["deleteOptions"]["preconditions"] =
+        json!({"uid": "uid-9", "resourceVersion": "12"});
+    let Parsed::Evict(ev) = parse_value(&v, Path::Evict).unwrap().parsed else {
+        panic!("not an eviction")
+    };
+    assert_eq!(ev.pod, "web-1");
+    assert_eq!(ev.request.name, "web-1");
+    assert_eq!(ev.request.preconditions.uid.as_deref(), Some("uid-9"));
+    assert_eq!(
+        ev.request.preconditions.resource_version.as_deref(),
+        Some("12")
+    );
+}
+
+#[test]
+fn deletion_is_read_with_pod_and_options() {
+    let review = parse_value(&delete_review("u-2"), Path::Delete).unwrap();
+    let Parsed::Delete(del) = review.parsed else {
+        panic!("not a delete")
+    };
+    let request = del.request.clone();
+    let facts = pod_facts(&del.pod().unwrap());
+    assert!(facts.running && facts.ready && !facts.terminating);
+    assert_eq!(facts.owner, Some((OwnerKind::ReplicaSet, "web-abc".into())));
+    assert_eq!(request.grace_period, Some(30));
+}
+
+#[test]
+fn dry_run_is_seen_in_request_and_options() {
+    let mut v = eviction_review("u");
+    v["request"]["object"]["deleteOptions"]["dryRun"] = json!(["All"]);
+    let Parsed::Evict(ev) = parse_value(&v, Path::Evict).unwrap().parsed else {
+        panic!()
+    };
+    assert!(ev.request.dry_run);
+    let mut v = delete_review("u");
+    v["request"]["dryRun"] = json!(true);
+    let Parsed::Delete(del) = parse_value(&v, Path::Delete).unwrap().parsed else {
+        panic!()
+    };
+    assert!(del.request.dry_run);
+}
+
+#[test]
+fn bad_input_table() {
+    let not_ours: Vec<(&str, Value, Path)> = vec![
+        (
+            "wrong apiVersion",
+            {
+                let mut v = eviction_review("u");
+                v["apiVersion"] = json!("admission.k8s.io/v1beta1");
+                v
+            },
+            Path::Evict,
+        ),
+        (
+            "wrong kind",
+            {
+                let mut v = eviction_review("u");
+                v["kind"] = json!("Pod");
+                v
+            },
+            Path::Evict,
+        ),
+        (
+            "missing object",
+            {
+                let mut v = eviction_review("u");
+                v["request"]["object"] = Value::Null;
+                v
+            },
+            Path::Evict,
+        ),
+        (
+            "missing oldObject",
+            {
+                let mut v = delete_review("u");
+                v["request"]["oldObject"] = Value::Null;
+                v
+            },
+            Path::Delete,
+        ),
+        (
+            "oldObject not a pod",
+            {
+                let mut v = delete_review("u");
+                v["request"]["oldObject"]["kind"] = json!("Service");
+                v
+            },
+            Path::Delete,
+        ),
+        (
+            "delete sent to the eviction path",
+            delete_review("u"),
+            Path::Evict,
+        ),
+        (
+            "eviction sent to the delete path",
+            eviction_review("u"),
+            Path::Delete,
+        ),
+        (
+            "not pods",
+            {
+                let mut v = delete_review("u");
+                v["request"]["resource"]["resource"] = json!("services");
+                v
+            },
+            Path::Delete,
+        ),
+        (
+            "update",
+            {
+                let mut v = delete_review("u");
+                v["request"]["operation"] = json!("UPDATE");
+                v
+            },
+            Path::Delete,
+        ),
+    ];
+    for (name, v, path) in not_ours {
+        let review = parse_value(&v, path).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(matches!(review.parsed, Parsed::NotOurs(_)), "{name}");
+        let body: Value =
+            serde_json::from_slice(&to_body(allow(&review.request)).unwrap()).unwrap();
+        assert_eq!(body["apiVersion"], "admission.k8s.io/v1", "{name}");
+        assert_eq!(body["kind"], "AdmissionReview", "{name}");
+        assert_eq!(body["response"]["uid"], "u", "{name}");
+        assert_eq!(body["response"]["allowed"], true, "{name}");
+        assert!(body["response"].get("patch").is_none(), "{name}");
+    }
+    for (name, body) in [
+        ("not json", b"{".to_vec()),
+        (
+            "no request",
+            br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#.to_vec(),
+        ),
+        (
+            "request without uid",
+            br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{}}"#
+                .to_vec(),
+        ),
+    ] {
+        assert!(parse(&body, Path::Evict).is_err(), "{name}");
+    }
+}
+
+fn arb_json() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        "[a-zA-Z/.:-]{0,12}".prop_map(Value::from),
+    ];
+    leaf.prop_recursive(3, 24, 4, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            prop::collection::btree_map("[a-zA-Z]{1,10}", inner, 0..4)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+/// Replaces one field of a valid review (by a JSON pointer) with arbitrary JSON.
+fn mutated() -> impl Strategy<Value = (Value, Path)> {
+    let pointers = prop::sample::select(vec![
+        "/apiVersion",
+        "/kind",
+        "/request/uid",
+        "/request/kind",
+        "/request/resource",
+        "/request/subResource",
+        "/request/operation",
+        "/request/userInfo",
+        "/request/object",
+        "/request/object/metadata",
+        "/request/object/deleteOptions",
+        "/request/oldObject",
+        "/request/oldObject/metadata",
+        "/request/oldObject/status",
+        "/request/options",
+        "/request/dryRun",
+        "/request/namespace",
+        "/request/name",
+    ]);
+    (any::<bool>(), pointers, arb_json()).prop_map(|(evict, ptr, value)| {
+        let (mut review, path) = if evict {
+            (eviction_review("fixed-uid"), Path::Evict)
+        } else {
+            (delete_review("fixed-uid"), Path::Delete)
+        };
+        if let Some(slot) = review.pointer_mut(ptr) {
+            *slot = value;
+        }
+        (review, path)
+    })
+}
+
+proptest! {
+    #[test]
+    fn parser_never_panics_on_bytes(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+        let _ = parse(&bytes, Path::Evict);
+        let _ = parse(&bytes, Path::Delete);
+    }
+
+    #[test]
+    fn parsed_reviews_always_answer_v1_with_the_uid((review, path) in mutated()) {
+        if let Ok(parsed) = parse_value(&review, path) {
+            let body: Value = serde_json::from_slice(&to_body(allow(&parsed.request)).unwrap()).unwrap();
+            prop_assert_eq!(&body["apiVersion"], "admission.k8s.io/v1");
+            prop_assert_eq!(&body["kind"], "AdmissionReview");
+            prop_assert_eq!(&body["response"]["uid"], &review["request"]["uid"]);
+        }
+    }
+}
