@@ -14,7 +14,7 @@ use kube::{Api, ResourceExt};
 use super::components::Components;
 use super::spec::Workload;
 use super::{Error, Measured, ScenarioConfig, measure, workloads};
-use graceful_drain_core::labels::{DRAINING_LABEL, webhook_reason};
+use graceful_drain_core::labels::DRAINING_LABEL;
 use kube_sim::cluster::{RealCluster, WebSpec, wait_for};
 
 /// How long after its delete time a pod a forged review isolated is put back
@@ -86,7 +86,7 @@ pub(super) async fn row(
         let components = &*components;
         measure(cluster, cfg, attack(cluster, cfg, components, target)).await
     };
-    super::real::delete_namespace(cluster, &cfg.web.namespace).await;
+    super::workloads::delete_namespace(cluster, &cfg.web.namespace).await;
     measured
 }
 
@@ -185,6 +185,16 @@ async fn attack(
         for answer in posted {
             answer?;
         }
+        // What the reviews isolated (before any restore time: a held DELETE is answered
+        // at its pod's delete time, the restore comes later).
+        let isolated: std::collections::BTreeSet<String> = pods_api
+            .list(&ListParams::default().labels(DRAINING_LABEL))
+            .await
+            .map_err(workloads::api("list", format!("isolated pods in {ns}")))?
+            .items
+            .iter()
+            .map(ResourceExt::name_any)
+            .collect();
         cluster.step("every isolated pod back in its Services");
         wait_for("no pod isolated", cfg.phase_timeout, || async {
             pods_api
@@ -205,27 +215,20 @@ async fn attack(
             },
         )
         .await?;
-        Ok::<(), Error>(())
+        Ok::<_, Error>(isolated)
     };
-    tokio::select! {
+    let isolated = tokio::select! {
         done = reviews => done?,
         () = watch => unreachable!("the sampler never ends"),
-    }
+    };
     let lowest = lowest.load(std::sync::atomic::Ordering::Relaxed);
     if lowest < floor {
         return Err(failed(format!(
             "Service {service} fell to {lowest} serving pods, below its floor of {floor}"
         )));
     }
-    // Every pod a review isolated was put back (a `Restored` Event), none deleted by the
-    // webhook on a review's word.
-    let isolated = pods_with_event(cluster, &ns, webhook_reason::ISOLATED).await?;
-    wait_for("every isolated pod restored", cfg.phase_timeout, || async {
-        pods_with_event(cluster, &ns, webhook_reason::RESTORED)
-            .await
-            .is_ok_and(|restored| isolated.is_subset(&restored))
-    })
-    .await?;
+    // Every pod a review isolated is back in its Services (no pod carries the isolation
+    // any more, checked above) and none was deleted by the webhook on a review's word.
     // A ReplicaSet replaces a pod isolated out of it and later scales the restored pod's
     // surplus down itself (its own choice of pod, confirmed on the live ReplicaSet); every
     // other controller keeps its isolated pods, so each must be the pod it was.
@@ -298,24 +301,6 @@ fn deletion(pod: &Pod, user: &str) -> Result<serde_json::Value, Error> {
     )
 }
 
-/// The names of the pods of `namespace` with an Event of `reason`.
-async fn pods_with_event(
-    cluster: &RealCluster,
-    namespace: &str,
-    reason: &str,
-) -> Result<std::collections::BTreeSet<String>, Error> {
-    use k8s_openapi::api::core::v1::Event;
-    let events = Api::<Event>::namespaced(cluster.client(), namespace)
-        .list(&ListParams::default().fields(&format!("reason={reason}")))
-        .await
-        .map_err(workloads::api("list", format!("events in {namespace}")))?;
-    Ok(events
-        .items
-        .into_iter()
-        .filter_map(|e| e.involved_object.name)
-        .collect())
-}
-
 /// The namespace's pods that are ready and not being deleted, by name.
 async fn serving_pods(pods: &Api<Pod>) -> Result<Vec<Pod>, Error> {
     let mut list: Vec<Pod> = pods
@@ -347,6 +332,14 @@ async fn deploy_bare_pods(
         .spec
         .map(|s| s.template)
         .unwrap_or_default();
+    // The ServiceAccount controller creates `default` in a new namespace a moment later,
+    // and the API server refuses a pod without its ServiceAccount.
+    let accounts =
+        Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(cluster.client(), ns);
+    wait_for("ServiceAccount default", timeout, || async {
+        accounts.get_opt("default").await.is_ok_and(|a| a.is_some())
+    })
+    .await?;
     let pods = Api::<Pod>::namespaced(cluster.client(), ns);
     for i in 0..web.replicas {
         let pod = Pod {

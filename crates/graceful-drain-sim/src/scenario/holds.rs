@@ -166,7 +166,7 @@ async fn phase(
         Ok((rows, held))
     }
     .await;
-    super::real::delete_namespace(cluster, ns).await;
+    super::workloads::delete_namespace(cluster, ns).await;
     outcome
 }
 

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Pod;
 
 use super::actions::ready_live;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
@@ -22,7 +22,9 @@ use kube::{Api, ResourceExt};
 
 use super::components::Components;
 use super::forged;
-use super::{Error, Measured, Protection, ScenarioConfig, actions, busiest_node, measure};
+use super::{
+    Error, Measured, Protection, ScenarioConfig, actions, busiest_node, measure, workloads,
+};
 use graceful_drain_core::runtime::Shutdown;
 use kube_sim::cluster::{DataPlane, RealCluster, WebSpec, wait_for};
 
@@ -440,7 +442,7 @@ async fn run_row(
         }
     };
     // The next row starts from a quiet cluster whatever this one left behind.
-    delete_namespace(cluster, &cfg.web.namespace).await;
+    workloads::delete_namespace(cluster, &cfg.web.namespace).await;
     outcome
 }
 
@@ -492,7 +494,7 @@ async fn statefulset_long_delay(
         }
     };
     let measured = measure(cluster, &cfg, turns).await;
-    delete_namespace(cluster, &cfg.web.namespace).await;
+    workloads::delete_namespace(cluster, &cfg.web.namespace).await;
     // Later rows run with the usual delay and every node schedulable again.
     components.roll_webhook(cluster, &usual).await?;
     uncordon_all(&client).await?;
@@ -708,7 +710,7 @@ async fn restart_mid_row(
     if fault == Disruption::ApiServerRestartDrain {
         uncordon(cluster, &node, Protection::GracefulDrain, timeout).await?;
     }
-    delete_namespace(cluster, &cfg.web.namespace).await;
+    workloads::delete_namespace(cluster, &cfg.web.namespace).await;
     measured
 }
 
@@ -776,7 +778,7 @@ async fn webhook_kill_drain(
     };
     let measured = measure(cluster, &cfg, row).await;
     uncordon(cluster, &node, Protection::GracefulDrain, timeout).await?;
-    delete_namespace(cluster, &cfg.web.namespace).await;
+    workloads::delete_namespace(cluster, &cfg.web.namespace).await;
     measured
 }
 
@@ -913,7 +915,7 @@ async fn uninstall_mid_drain(
         })?
     };
     let measured = measure(cluster, &cfg, uninstall).await;
-    delete_namespace(cluster, &cfg.web.namespace).await;
+    workloads::delete_namespace(cluster, &cfg.web.namespace).await;
     measured
 }
 
@@ -964,25 +966,6 @@ async fn scale_and_wait(
     })
     .await
     .map_err(Error::Cluster)
-}
-
-/// Deletes a row's namespace and waits (bounded) until its pods are gone, so the next
-/// row's traffic and drains see only their own pods.
-pub(super) async fn delete_namespace(cluster: &DataPlane, name: &str) {
-    let _ = Api::<Namespace>::all(cluster.client())
-        .delete(name, &DeleteParams::default())
-        .await;
-    let pods: Api<Pod> = Api::namespaced(cluster.client(), name);
-    let _ = wait_for(
-        &format!("namespace {name} emptied"),
-        Duration::from_secs(60),
-        || async {
-            pods.list(&ListParams::default())
-                .await
-                .is_ok_and(|l| l.items.is_empty())
-        },
-    )
-    .await;
 }
 
 /// The chart's manifests as `deploy/graceful-drain.yaml` renders them (release

@@ -356,3 +356,22 @@ pub async fn job_completed(
         }),
     }
 }
+
+/// Deletes a row's namespace and waits (bounded) until its pods are gone, so the next
+/// row's traffic and drains see only their own pods.
+pub async fn delete_namespace(cluster: &DataPlane, name: &str) {
+    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(cluster.client())
+        .delete(name, &kube::api::DeleteParams::default())
+        .await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), name);
+    let _ = wait_for(
+        &format!("namespace {name} emptied"),
+        Duration::from_secs(60),
+        || async {
+            pods.list(&ListParams::default())
+                .await
+                .is_ok_and(|l| l.items.is_empty())
+        },
+    )
+    .await;
+}
