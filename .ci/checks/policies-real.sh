@@ -59,6 +59,7 @@ PY
 WEBHOOK="$WORK/webhook.kubeconfig"; as_user "$WEBHOOK" "system:serviceaccount:$NS:graceful-drain-webhook"
 AGENT_B="$WORK/agent-b.kubeconfig"; as_user "$AGENT_B" "system:serviceaccount:$NS:graceful-drain-agent" node-b
 AGENT_A="$WORK/agent-a.kubeconfig"; as_user "$AGENT_A" "system:serviceaccount:$NS:graceful-drain-agent" node-a
+AGENT_NONE="$WORK/agent-none.kubeconfig"; as_user "$AGENT_NONE" "system:serviceaccount:$NS:graceful-drain-agent"
 
 pod() { # NAME NODE
   k apply -f - >/dev/null <<EOF
@@ -160,6 +161,8 @@ pod web-2 node-a
 refused "cordon another node" "$AGENT_B" cordon node-a
 refused "label another node" "$AGENT_B" label node node-a graceful-drain.io/x=y
 refused "delete a pod on another node" "$AGENT_B" -n shop delete pod web-2 --wait=false
+refused "cordon a node with a token that names no node" "$AGENT_NONE" cordon node-b
+refused "delete a pod with a token that names no node" "$AGENT_NONE" -n shop delete pod web-2 --wait=false
 allowed "cordon its own node" "$AGENT_B" cordon node-b
 allowed "uncordon its own node" "$AGENT_B" uncordon node-b
 allowed "delete a pod on its own node (agent on node-a)" "$AGENT_A" -n shop delete pod web-2 --wait=false

@@ -100,6 +100,18 @@ impl Access for TestCluster {
             Inner::Real(c) => c.write_kubeconfig(path, user).await,
         }
     }
+
+    async fn write_node_kubeconfig(
+        &self,
+        path: &Path,
+        user: &str,
+        node: &str,
+    ) -> kube_sim::cluster::Result<()> {
+        match &self.inner {
+            Inner::Simulated(c) => c.write_node_kubeconfig(path, user, node).await,
+            Inner::Real(c) => c.write_node_kubeconfig(path, user, node).await,
+        }
+    }
 }
 
 /// Why a [`TestCluster`] could not start.

@@ -817,6 +817,17 @@ pub trait Access: Deref<Target = DataPlane> + Sync {
     /// `user` must be a ServiceAccount (`system:serviceaccount:NS:NAME`), created if
     /// missing.
     fn write_kubeconfig(&self, path: &Path, user: &str) -> impl Future<Output = Result<()>> + Send;
+
+    /// Like [`Access::write_kubeconfig`], for a component that runs in a pod on `node`:
+    /// on a real API server the user carries the node claim a token projected into a pod
+    /// on that node carries (`authentication.kubernetes.io/node-name` in its extra), which
+    /// the node agent's own-node admission policy requires.
+    fn write_node_kubeconfig(
+        &self,
+        path: &Path,
+        user: &str,
+        node: &str,
+    ) -> impl Future<Output = Result<()>> + Send;
 }
 
 impl Access for Cluster {
@@ -828,7 +839,16 @@ impl Access for Cluster {
                 reason: e.to_string(),
             })
     }
+
+    /// The simulated API server evaluates no admission policy: the node claim would change
+    /// nothing there.
+    async fn write_node_kubeconfig(&self, path: &Path, user: &str, _node: &str) -> Result<()> {
+        self.write_kubeconfig(path, user).await
+    }
 }
+
+/// The extra a token bound to a pod carries: the pod's node (kube-apiserver 1.32+).
+pub const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
 
 /// An object that already existed counts as created.
 fn created<T>(r: kube::Result<T>) -> kube::Result<()> {
@@ -895,6 +915,28 @@ impl Access for RealCluster {
                 token: Some(token.clone().into()),
                 ..Default::default()
             });
+        }
+        let text = serde_json::to_string_pretty(&kubeconfig).map_err(|e| err(e.to_string()))?;
+        std::fs::write(path, text).map_err(|e| err(format!("write {}: {e}", path.display())))
+    }
+
+    /// The admin's credentials impersonating `user` with the node claim of `node`: what
+    /// kube-apiserver makes of the token the kubelet projects into a pod on that node (a
+    /// TokenRequest can bind a token only to a pod object, and a pod of our own on the
+    /// node would be drained with the rest). RBAC judges the impersonated user, whose
+    /// ServiceAccount groups the API server adds itself.
+    async fn write_node_kubeconfig(&self, path: &Path, user: &str, node: &str) -> Result<()> {
+        let err = |reason: String| Error::Credentials {
+            user: user.to_string(),
+            reason,
+        };
+        let mut kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig)
+            .map_err(|e| err(e.to_string()))?;
+        for auth in &mut kubeconfig.auth_infos {
+            let info = auth.auth_info.get_or_insert_with(Default::default);
+            info.impersonate = Some(user.to_string());
+            info.impersonate_user_extra =
+                Some([(NODE_NAME_EXTRA.to_string(), vec![node.to_string()])].into());
         }
         let text = serde_json::to_string_pretty(&kubeconfig).map_err(|e| err(e.to_string()))?;
         std::fs::write(path, text).map_err(|e| err(format!("write {}: {e}", path.display())))

@@ -580,7 +580,9 @@ impl Components {
         // file another agent is reading.
         let kubeconfig = base.join("agent.kubeconfig");
         std::fs::create_dir_all(&base).map_err(|e| component_err("node-agent")(e.to_string()))?;
-        cluster.write_kubeconfig(&kubeconfig, AGENT_USER).await?;
+        cluster
+            .write_node_kubeconfig(&kubeconfig, AGENT_USER, node)
+            .await?;
         let mut command = AgentCommand::new(node, &base)
             .reconciler("on")
             .with(&self.agent_flags);
