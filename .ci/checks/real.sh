@@ -2,7 +2,8 @@
 # The real tier: `graceful-drain simulate --real` starts etcd, kube-apiserver,
 # kube-controller-manager and kube-scheduler v1.37 (built into the cache by `cargo xtask
 # control-plane build`, which `.ci/run` runs first) and runs its rows (drain, rollout-restart,
-# scale-down-up, recreate-rollout, statefulset-drain; forged-review, seed-group-drain and
+# scale-down-up, recreate-rollout, statefulset-drain; forged-review, forged-statefulset,
+# forged-daemonset, forged-bare-pods, forged-flood, forged-flood-no-pdb, seed-group-drain and
 # statefulset-long-delay where lifecycle.k8s.io is free, apiserver-restart-drain,
 # controller-manager-restart-rollout, webhook-kill-drain, uninstall-mid-drain) under traffic, without and then with
 # graceful-drain; with the EvictionRequest API off, then three rows with it on. It exits non-zero when a row differs from what it
