@@ -606,15 +606,16 @@ pub fn delete_at_of(pod: &PodFacts) -> Option<Timestamp> {
         .and_then(|v| v.parse::<Timestamp>().ok())
 }
 
-/// `now + delay` rounded up to a whole second (annotations stay readable and a pod is
-/// never deleted early), saturating at the largest representable time.
+/// `now + delay` rounded up to a whole millisecond (annotations stay short and a pod is
+/// never deleted early), saturating at the largest representable time. Not to a whole
+/// second: that would keep every drained pod up to a second past its delay.
 pub fn add(now: Timestamp, delay: Duration) -> Timestamp {
     let exact = jiff::SignedDuration::try_from(delay)
         .ok()
         .and_then(|d| now.checked_add(d).ok())
         .unwrap_or(Timestamp::MAX);
-    let whole = exact.as_second() + i64::from(exact.subsec_nanosecond() > 0);
-    Timestamp::from_second(whole).unwrap_or(exact)
+    let millis = exact.as_millisecond() + i64::from(exact.subsec_nanosecond() % 1_000_000 > 0);
+    Timestamp::from_millisecond(millis).unwrap_or(exact)
 }
 
 /// Which controller labels the relabelling prefers to keep, by owner kind, and whether the

@@ -190,7 +190,15 @@ pub struct Holds {
     deadlines: std::sync::Mutex<std::collections::HashMap<String, (Instant, Instant)>>,
     slots: Arc<tokio::sync::Semaphore>,
     pub(crate) max: usize,
+    /// Slots of evictions held for the last moments before their pod is due, apart from
+    /// the DELETEs' so that evictions (which anyone reaching the port can send) never take
+    /// a DELETE's protection away.
+    due: Arc<tokio::sync::Semaphore>,
 }
+
+/// Evictions one replica holds at once until their pod is due (see
+/// `admission::evict::DUE_HOLD`); past it an eviction is answered 429 as before.
+pub const MAX_DUE_HOLDS: usize = 64;
 
 impl Default for Holds {
     fn default() -> Holds {
@@ -205,7 +213,14 @@ impl Holds {
             deadlines: std::sync::Mutex::default(),
             slots: Arc::new(tokio::sync::Semaphore::new(max)),
             max,
+            due: Arc::new(tokio::sync::Semaphore::new(MAX_DUE_HOLDS)),
         }
+    }
+
+    /// A slot for one more eviction held until its pod is due, or `None` when
+    /// [`MAX_DUE_HOLDS`] are held.
+    pub(crate) fn due_slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.due.clone().try_acquire_owned().ok()
     }
 
     /// A slot for one more held DELETE, or `None` when `max` are held.

@@ -188,6 +188,44 @@ pub async fn kubectl_apply_drain(
     await_transition(client, node, &name, DRAIN_COMPLETE, timeout).await
 }
 
+/// `kubectl drain` of `node` as users run it (the kubectl on PATH: client-go's REST client
+/// waits out a 429's `Retry-After` and retries by itself, then kubectl retries every 5 s
+/// and polls each evicted pod once a second until it is gone), within `timeout`.
+pub async fn kubectl_drain(
+    kubeconfig: &std::path::Path,
+    node: &str,
+    timeout: Duration,
+) -> Result<(), Error> {
+    let failed = |reason: String| Error::Drain {
+        node: node.into(),
+        reason,
+    };
+    let out = tokio::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args([
+            "drain",
+            node,
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+        ])
+        .arg(format!("--timeout={}s", timeout.as_secs().max(1)))
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| failed(format!("run kubectl (needed on PATH for this row): {e}")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(failed(format!(
+            "kubectl drain failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
 /// The example LifecycleEvent `yaml` (which names `worker-1`) for `node`, named `name`, in
 /// `api_version`.
 fn example_for(yaml: &str, api_version: &str, node: &str, name: &str) -> Result<String, String> {

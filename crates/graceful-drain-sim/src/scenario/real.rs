@@ -44,6 +44,10 @@ pub enum Disruption {
     /// `kubectl apply -f` of deploy/examples/drain-event.yaml naming it (the node agents
     /// drain it).
     Drain,
+    /// `kubectl drain` of the busiest node, with and without graceful-drain: a drainer we
+    /// did not write, whose time is compared with the bound no drain can beat (the
+    /// deregistration delay plus the app's exit after SIGTERM).
+    KubectlDrain,
     /// `kubectl rollout restart` of the Deployment.
     RolloutRestart,
     /// Scale to half the replicas, then back (what an autoscaler does).
@@ -97,6 +101,7 @@ impl fmt::Display for Disruption {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Disruption::Drain => "drain",
+            Disruption::KubectlDrain => "kubectl-drain",
             Disruption::RolloutRestart => "rollout-restart",
             Disruption::ScaleDownUp => "scale-down-up",
             Disruption::RecreateRollout => "recreate-rollout",
@@ -139,6 +144,7 @@ pub fn scenarios(upstream: bool, faults: bool) -> Vec<RealScenario> {
     for protection in [Protection::None, Protection::GracefulDrain] {
         for disruption in [
             Drain,
+            KubectlDrain,
             RolloutRestart,
             ScaleDownUp,
             RecreateRollout,
@@ -347,6 +353,11 @@ async fn run_row(
 ) -> Result<Measured, Error> {
     let mut cfg = cfg.clone();
     cfg.web.namespace = format!("{}-{}", s.disruption, s.protection);
+    if s.disruption == Disruption::KubectlDrain {
+        // A budget the drained node's pods fit in at once: the row measures the drainer
+        // against the delay, not kubectl's 5 s pause after a budget's refusal.
+        cfg.web.min_available = cfg.web.replicas / 2;
+    }
     cluster.ensure_namespace(&cfg.web.namespace).await?;
     match s.disruption {
         Disruption::StatefulSetDrain => {
@@ -383,6 +394,26 @@ async fn run_row(
                 }
             };
             let measured = measure(cluster, &cfg, drain).await;
+            uncordon(cluster, &node, s.protection, timeout).await?;
+            measured
+        }
+        Disruption::KubectlDrain => {
+            let node = busiest_node(cluster, &cfg.web).await?;
+            let drain = async {
+                cluster.step(format!("kubectl drain {node}"));
+                actions::kubectl_drain(cluster.kubeconfig(), &node, timeout).await
+            };
+            let measured = measure(cluster, &cfg, drain).await;
+            if let Ok(m) = &measured {
+                let bound =
+                    cfg.components.deregistration_delay + cfg.cluster.kubelet.exit_after_sigterm;
+                cluster.step(format!(
+                    "drained in {:.1} s against a bound of {:.1} s ({:.2}x)",
+                    m.duration.as_secs_f64(),
+                    bound.as_secs_f64(),
+                    m.duration.as_secs_f64() / bound.as_secs_f64()
+                ));
+            }
             uncordon(cluster, &node, s.protection, timeout).await?;
             measured
         }

@@ -4,6 +4,8 @@
 //! left its load balancers. The webhook never deletes on an eviction review's word: the
 //! caller's retry, which the API server authenticated, removes the pod.
 
+use std::time::Duration;
+
 use jiff::Timestamp;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse};
@@ -37,7 +39,7 @@ pub(super) async fn respond(
         .unwrap_or(Settled::Deadline);
     let outcome = settled.outcome();
     let pod = format!("{}/{}", ev.namespace, ev.pod);
-    let delete_at = match settled {
+    let mut delete_at = match settled {
         Settled::Isolated(t) | Settled::Pending(t) => t,
         Settled::Pass(_) | Settled::Permanent(_) => return (allow, outcome),
         Settled::Refused(budget) => {
@@ -85,6 +87,28 @@ pub(super) async fn respond(
             );
         }
     };
+    // A pod due within moments is not sent away for another whole second: the call is held
+    // until the pod is due and then allowed, so the caller's eviction lands when the
+    // deregistration ends instead of up to a second (client-go's Retry-After) or five
+    // (kubectl's own pause) later. Allowing goes no further than the API server's own
+    // eviction: a forged review's answer reaches only its forger.
+    // Once due it is decided afresh: a pod a slice still lists stays until it is dropped.
+    let left = Timestamp::now().duration_until(delete_at);
+    let left = Duration::try_from(left).unwrap_or(Duration::ZERO);
+    let fits = !left.is_zero() && left <= DUE_HOLD && Instant::now() + left + DUE_MARGIN < deadline;
+    if let Some(_slot) = fits.then(|| state.holds.due_slot()).flatten() {
+        tokio::select! {
+            // A little past: the timer may wake a hair before the wall clock's due time.
+            () = tokio::time::sleep(left + DUE_MARGIN) => {}
+            () = state.shutdown.cancelled() => {}
+        }
+        let again = tokio::time::timeout_at(deadline, settle_eviction(state, &ev)).await;
+        match again {
+            Ok(Settled::Pass(_)) => return (allow, "held_until_due"),
+            Ok(Settled::Isolated(t) | Settled::Pending(t)) => delete_at = t,
+            _ => {}
+        }
+    }
     // The webhook never deletes on a review's word (anyone reaching its port could forge
     // one): the caller, whose eviction the API server authenticated, evicts again once the
     // pod has left its load balancers, and that eviction goes through (the pod is due, and
@@ -127,10 +151,17 @@ async fn deferred(state: &AppState, ev: &review::Eviction, message: &str) {
 /// come back at least this often, so a drain's progress stays fresh.
 const DEREGISTERING_RETRY_MAX: u32 = 60;
 
-/// Seconds from `now` until `delete_at`, at least 1 and at most
-/// [`DEREGISTERING_RETRY_MAX`].
+/// How long before its pod is due an eviction is held rather than answered 429: a little
+/// over the whole second a `Retry-After` can be early by (see [`retry_after_until`]).
+pub(super) const DUE_HOLD: Duration = Duration::from_millis(1500);
+/// How far past its due time a held eviction is decided again.
+const DUE_MARGIN: Duration = Duration::from_millis(5);
+
+/// Whole seconds from `now` until `delete_at`, rounded down (a caller sleeps at least
+/// this long and comes back at most a second before the pod is due, where
+/// [`DUE_HOLD`] catches it), at least 1 and at most [`DEREGISTERING_RETRY_MAX`].
 pub(super) fn retry_after_until(delete_at: Timestamp, now: Timestamp) -> u32 {
-    let left = now.duration_until(delete_at).as_secs_f64().ceil();
+    let left = now.duration_until(delete_at).as_secs_f64().floor();
     // Clamped first, so the cast cannot overflow or go negative.
     left.clamp(1.0, f64::from(DEREGISTERING_RETRY_MAX)) as u32
 }

@@ -177,8 +177,9 @@ mod basics {
         assert_eq!(refusal["code"], 429);
         assert_eq!(refusal["reason"], "TooManyRequests");
         let retry = refusal["details"]["retryAfterSeconds"].as_u64().unwrap();
-        // The delete time is whole seconds, so up to a second past the 30 s delay.
-        assert!((29..=31).contains(&retry), "Retry-After {retry} s");
+        // Whole seconds rounded down: the caller comes back under a second early, and
+        // that eviction is held until due.
+        assert!((29..=30).contains(&retry), "Retry-After {retry} s");
         assert_eq!(
             refusal["details"]["causes"][0]["reason"],
             DEREGISTERING_CAUSE
@@ -191,18 +192,18 @@ mod basics {
         assert_eq!(metrics_state.metrics.pods_isolated.get(), 1);
     }
 
-    /// A deregistering pod's Retry-After is the time left until its delete time, rounded
-    /// up so the caller never comes back early, and between 1 s and a minute.
+    /// A deregistering pod's Retry-After is the time left until its delete time in whole
+    /// seconds rounded down (the caller comes back less than a second early, and the
+    /// eviction is held the rest), between 1 s and a minute.
     #[test]
-    fn retry_after_until_rounds_up_and_stays_within_a_minute() {
+    fn retry_after_until_rounds_down_and_stays_within_a_minute() {
         let now: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
         let at = |millis: i64| now + jiff::SignedDuration::from_millis(millis);
         assert_eq!(retry_after_until(at(200), now), 1);
-        assert_eq!(retry_after_until(at(1_000), now), 1);
-        assert_eq!(retry_after_until(at(1_001), now), 2);
-        assert_eq!(retry_after_until(at(29_100), now), 30);
-        assert_eq!(retry_after_until(at(59_999), now), 60);
-        assert_eq!(retry_after_until(at(60_000), now), 60);
+        assert_eq!(retry_after_until(at(1_999), now), 1);
+        assert_eq!(retry_after_until(at(2_000), now), 2);
+        assert_eq!(retry_after_until(at(5_950), now), 5);
+        assert_eq!(retry_after_until(at(60_999), now), 60);
         assert_eq!(retry_after_until(at(600_000), now), 60, "at most a minute");
         assert_eq!(retry_after_until(now, now), 1, "never 0: no busy retry");
         assert_eq!(retry_after_until(at(-5_000), now), 1, "already due");
@@ -809,6 +810,61 @@ mod answers {
             review["response"]["status"]["details"]["retryAfterSeconds"],
             RETRY_AFTER_SECONDS
         );
+    }
+
+    /// An eviction of an isolated pod due within [`DUE_HOLD`] is held until the pod is due
+    /// and then allowed, so the caller evicts it then rather than a Retry-After second (or
+    /// kubectl's five) later; one due later is answered 429 at once.
+    // On the wall clock: the delete time is one, and a paused tokio clock would not move it.
+    #[tokio::test]
+    async fn an_eviction_arriving_just_before_its_pod_is_due_is_held_until_due() {
+        use super::super::evict::DUE_HOLD;
+        let isolated = |due_in: Duration| {
+            let mut pod = pod_json("uid-1");
+            pod["metadata"]["labels"] = json!({DRAINING_LABEL: "true"});
+            let due = jiff::Timestamp::now() + jiff::SignedDuration::try_from(due_in).unwrap();
+            // Its delay is over by its delete time, counted from when it left the slices.
+            pod["metadata"]["annotations"] = json!({
+                DELETE_AT_ANNOTATION: due.to_string(),
+                graceful_drain_core::labels::DELAY_ANNOTATION: "500ms",
+                ORIGINAL_LABELS_ANNOTATION: "{\"app\":\"web\"}"});
+            pod
+        };
+        for (due_in, held) in [(Duration::from_millis(900), true), (DUE_HOLD * 3, false)] {
+            let (client, mut api) = mock::client();
+            let st = state(client);
+            // Isolated: the slices no longer list it.
+            st.ctx.cache.apply_slice(&serde_json::from_value(json!({
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+                "metadata": {"name": "web-x1", "namespace": "web", "labels": {"kubernetes.io/service-name": "web"}},
+                "endpoints": [{"addresses": ["10.0.0.11"], "conditions": {"ready": true},
+                    "targetRef": {"kind": "Pod", "name": "web-a", "namespace": "web", "uid": "uid-a"}}]
+            })).unwrap());
+            let pod = isolated(due_in);
+            let started = tokio::time::Instant::now();
+            let call = tokio::spawn(call(
+                st,
+                "/mutate/eviction?timeout=10s",
+                eviction(json!({})),
+            ));
+            // Read when the eviction arrives, and again once due (decided afresh).
+            let reads = if held { 2 } else { 1 };
+            mock::play(&mut api, (0..reads).map(|_| PodIs(pod.clone()))).await;
+            let (_, review) = call.await.unwrap();
+            assert_eq!(
+                review["response"]["allowed"], held,
+                "due in {due_in:?}: {review}"
+            );
+            if held {
+                let waited = started.elapsed();
+                assert!(
+                    waited >= Duration::from_millis(850),
+                    "answered after {waited:?}"
+                );
+            } else {
+                assert_eq!(review["response"]["status"]["code"], 429);
+            }
+        }
     }
 
     /// The API server calls again within the same DELETE (the pod changed during the

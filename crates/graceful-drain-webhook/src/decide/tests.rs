@@ -651,7 +651,12 @@ fn delete_time_saturates_instead_of_overflowing() {
     );
     assert_eq!(
         add(now(), Duration::from_millis(1500)).to_string(),
-        "2026-01-01T00:00:02Z"
+        "2026-01-01T00:00:01.5Z"
+    );
+    assert_eq!(
+        add(now(), Duration::from_nanos(1_500_000_001)).to_string(),
+        "2026-01-01T00:00:01.501Z",
+        "never early"
     );
 }
 
