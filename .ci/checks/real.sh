@@ -2,7 +2,8 @@
 # The real tier: `graceful-drain simulate --real` starts etcd, kube-apiserver,
 # kube-controller-manager and kube-scheduler v1.37 (built into the cache by `cargo xtask
 # control-plane build`, which `.ci/run` runs first) and runs its rows (drain, rollout-restart,
-# scale-down-up, recreate-rollout, statefulset-drain; forged-review, forged-statefulset,
+# scale-down-up, recreate-rollout, statefulset-drain, kubectl-drain (the kubectl on PATH),
+# descheduler (built by .ci/drainers.sh); forged-review, forged-statefulset,
 # forged-daemonset, forged-bare-pods, forged-flood, forged-flood-no-pdb, seed-group-drain and
 # statefulset-long-delay where lifecycle.k8s.io is free, apiserver-restart-drain,
 # controller-manager-restart-rollout, webhook-kill-drain, uninstall-mid-drain) under traffic, without and then with
@@ -13,6 +14,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN="${GRACEFUL_DRAIN_BIN:-${CARGO_TARGET_DIR:-target}/debug/graceful-drain}"
 [ -x "$BIN" ] || cargo build -q --locked --features sim --bin graceful-drain
+# The drainers we did not write (the descheduler), built once into the cache.
+DRAINERS="$(bash .ci/drainers.sh)" || { echo "real: FAIL .ci/drainers.sh" >&2; exit 1; }
+export GRACEFUL_DRAIN_DESCHEDULER="${DRAINERS#DESCHEDULER=}"
 LOG="$(mktemp)"
 trap 'rm -f "$LOG"' EXIT
 # 6 replicas on 3 nodes at 100 requests/s, as the runs that found the gaps; a known failure

@@ -6,6 +6,7 @@
 
 pub mod actions;
 pub mod components;
+pub mod drainers;
 pub mod forged;
 pub mod holds;
 pub mod lb_scenarios;

@@ -21,10 +21,10 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 
 use super::components::Components;
-use super::forged;
 use super::{
     Error, Measured, Protection, ScenarioConfig, actions, busiest_node, measure, workloads,
 };
+use super::{drainers, forged};
 use graceful_drain_core::runtime::Shutdown;
 use kube_sim::cluster::{DataPlane, RealCluster, WebSpec, wait_for};
 
@@ -48,6 +48,10 @@ pub enum Disruption {
     /// did not write, whose time is compared with the bound no drain can beat (the
     /// deregistration delay plus the app's exit after SIGTERM).
     KubectlDrain,
+    /// One pass of the descheduler (RemoveDuplicates, one eviction per node at most) over
+    /// the Deployment packed onto all nodes but one; only where the descheduler is built
+    /// ([`drainers::descheduler`]).
+    Descheduler,
     /// `kubectl rollout restart` of the Deployment.
     RolloutRestart,
     /// Scale to half the replicas, then back (what an autoscaler does).
@@ -102,6 +106,7 @@ impl fmt::Display for Disruption {
         f.write_str(match self {
             Disruption::Drain => "drain",
             Disruption::KubectlDrain => "kubectl-drain",
+            Disruption::Descheduler => "descheduler",
             Disruption::RolloutRestart => "rollout-restart",
             Disruption::ScaleDownUp => "scale-down-up",
             Disruption::RecreateRollout => "recreate-rollout",
@@ -152,6 +157,13 @@ pub fn scenarios(upstream: bool, faults: bool) -> Vec<RealScenario> {
         ] {
             all.push(RealScenario {
                 disruption,
+                protection,
+                expect: Expect::Pass,
+            });
+        }
+        if drainers::descheduler().is_some() {
+            all.push(RealScenario {
+                disruption: Descheduler,
                 protection,
                 expect: Expect::Pass,
             });
@@ -281,6 +293,9 @@ pub async fn run(
     // Started before the first protected row; a failure to start is that row's result
     // and every later protected row's.
     let mut components: Option<Result<Components, String>> = None;
+    if drainers::descheduler().is_none() {
+        eprintln!("descheduler: not run, not built (bash .ci/drainers.sh)");
+    }
     if upstream {
         eprintln!("seed-group-drain: not run, Kubernetes serves lifecycle.k8s.io itself");
         eprintln!("statefulset-long-delay: not run, it runs once, with the API off");
@@ -351,6 +366,10 @@ async fn run_row(
     cfg: &ScenarioConfig,
     s: RealScenario,
 ) -> Result<Measured, Error> {
+    if s.disruption == Disruption::Descheduler {
+        let namespace = format!("{}-{}", s.disruption, s.protection);
+        return drainers::descheduler_row(cluster, cfg, namespace).await;
+    }
     let mut cfg = cfg.clone();
     cfg.web.namespace = format!("{}-{}", s.disruption, s.protection);
     if s.disruption == Disruption::KubectlDrain {
@@ -450,6 +469,11 @@ async fn run_row(
             };
             measure(cluster, &cfg, rollout).await
         }
+        // Answered above, before the standard workload.
+        Disruption::Descheduler => Err(Error::Component {
+            name: s.disruption.to_string(),
+            reason: "runs through drainers::descheduler_row".into(),
+        }),
         // Need the running components (`forged::row`, `statefulset_long_delay`,
         // `uninstall_mid_drain`).
         Disruption::Forged(_)
