@@ -329,6 +329,26 @@ impl TestCluster {
         Ok(real.client_as(user, groups)?)
     }
 
+    /// A client acting as ServiceAccount `user` in a pod on `node`: on the real tier it
+    /// carries the node claim of the token the kubelet projects into such a pod (what the
+    /// node agent's own-node admission policy requires, see
+    /// [`Access::write_node_kubeconfig`]).
+    pub async fn client_on_node(&self, user: &str, node: &str) -> Result<kube::Client, Error> {
+        let real = match &self.inner {
+            Inner::Simulated(c) => return Ok(c.api().client(user)),
+            Inner::Real(c) => c,
+        };
+        let path = self
+            .dir
+            .path()
+            .join(format!("{}-{node}.kubeconfig", user.replace(':', "_")));
+        real.write_node_kubeconfig(&path, user, node).await?;
+        kube_client(&path).await.map_err(|reason| Error::Client {
+            user: user.to_string(),
+            reason,
+        })
+    }
+
     /// A kubeconfig of a cluster administrator, for `kubectl` and our CLI.
     pub fn admin_kubeconfig(&self) -> &Path {
         &self.admin_kubeconfig

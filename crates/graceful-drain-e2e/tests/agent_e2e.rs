@@ -436,7 +436,10 @@ async fn lifecycle_events_drain_and_return_the_node(tier: Tier) {
     };
     cluster.deploy_web(&web, TIMEOUT).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let client = cluster.client_as(CHART_AGENT_USER).await.unwrap();
+    let client = cluster
+        .client_on_node(CHART_AGENT_USER, NODE)
+        .await
+        .unwrap();
     let shutdown = Shutdown::new();
     // `auto` sees the CRDs the simulator installs: the reconciler runs, so a kubelet that
     // refuses SLM plugins (its gate is off) does not make the agent unready.

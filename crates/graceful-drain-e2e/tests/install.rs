@@ -671,7 +671,13 @@ async fn the_node_agent_drains_a_node(tier: Tier) {
     std::fs::create_dir_all(kubelet.join("plugins_registry")).unwrap();
     let rewrite = |arg: &str| arg.replace("=/var/lib/kubelet", &format!("={}", kubelet.display()));
     let fields = fields(&[("spec.nodeName", &node)]);
-    let kubeconfig = sa_kubeconfig(cluster, dir, "graceful-drain-agent").await;
+    // The token the kubelet projects into the agent's pod names its node.
+    let kubeconfig = dir.join("graceful-drain-agent.kubeconfig");
+    let agent_user = format!("system:serviceaccount:{NAMESPACE}:graceful-drain-agent");
+    cluster
+        .write_node_kubeconfig(&kubeconfig, &agent_user, &node)
+        .await
+        .unwrap();
     let agent_name = "graceful-drain-agent";
     let mut agent = container_command(
         &installed.docs,

@@ -85,7 +85,7 @@ async fn start_agent(
     std::fs::create_dir_all(&command.registry_dir).unwrap();
     let args = AgentCli::try_parse_from(command.argv()).unwrap().args;
     let token = parent.child_token();
-    let client = cluster.client_as(AGENT_USER).await.unwrap();
+    let client = cluster.client_on_node(AGENT_USER, node).await.unwrap();
     let started = graceful_drain_agent::start(args, client, token.clone())
         .await
         .unwrap();
