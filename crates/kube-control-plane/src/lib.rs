@@ -7,6 +7,7 @@
 
 pub mod build;
 pub mod certs;
+pub mod ports;
 pub mod run;
 
 use std::fmt;
@@ -14,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use build::{bin_dir, is_built};
+pub use ports::free_loopback_port;
 pub use run::{ControlPlane, Options, down, up};
 
 /// The one way the real tier starts the cached control plane: the default [`Versions`] as

@@ -10,7 +10,6 @@
 //! every Node that no real kubelet heartbeats.
 
 use std::fs;
-use std::net::TcpListener;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -430,15 +429,12 @@ fn alive(pid: u32) -> bool {
     }
 }
 
-/// Three free loopback ports (bound, then released for the components to take).
+/// Three free loopback ports for the components to bind (see [`crate::ports`]).
 fn free_ports() -> Result<[u16; 3]> {
-    let bind =
-        || TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io(Path::new("127.0.0.1:0"), e));
-    let (a, b, c) = (bind()?, bind()?, bind()?);
-    let port = |l: &TcpListener| {
-        l.local_addr()
+    let port = || {
+        crate::ports::free_loopback_port()
             .map(|a| a.port())
-            .map_err(|e| Error::io(Path::new("127.0.0.1:0"), e))
+            .map_err(|e| Error::io(Path::new("127.0.0.1"), e))
     };
-    Ok([port(&a)?, port(&b)?, port(&c)?])
+    Ok([port()?, port()?, port()?])
 }

@@ -146,11 +146,7 @@ fn component_err(name: &str) -> impl FnOnce(String) -> Error + '_ {
 }
 
 fn free_port() -> Result<SocketAddr, Error> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::Component {
-        name: "port".into(),
-        reason: e.to_string(),
-    })?;
-    listener.local_addr().map_err(|e| Error::Component {
+    kube_control_plane::free_loopback_port().map_err(|e| Error::Component {
         name: "port".into(),
         reason: e.to_string(),
     })
