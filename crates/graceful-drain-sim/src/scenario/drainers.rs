@@ -23,15 +23,7 @@ pub fn descheduler() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("GRACEFUL_DRAIN_DESCHEDULER") {
         return Some(PathBuf::from(path));
     }
-    let cache = std::env::var_os("GRACEFUL_DRAIN_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("graceful-drain"))
-        })
-        .or_else(|| {
-            std::env::var_os("HOME").map(|d| PathBuf::from(d).join(".cache/graceful-drain"))
-        })?;
-    let path = cache
+    let path = kube_control_plane::cache_dir()
         .join("tools")
         .join(format!("descheduler-{DESCHEDULER_VERSION}"))
         .join("descheduler");

@@ -247,14 +247,8 @@ fn conflict_error(
 #[cfg(test)]
 mod tests {
     use super::super::managed::Seg;
+    use super::super::managed::tests::deployment_def;
     use super::*;
-
-    fn deployment_def() -> ResourceDef {
-        super::super::resources::Registry::default()
-            .find("apps", "v1", "deployments")
-            .map(|d| (*d).clone())
-            .unwrap()
-    }
 
     #[test]
     fn conflicts_are_worded_like_upstream() {

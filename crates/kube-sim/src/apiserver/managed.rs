@@ -415,10 +415,11 @@ fn walk_status(obj: &Value) -> FieldSet {
 }
 
 #[cfg(test)]
-mod tests {
+pub(in crate::apiserver) mod tests {
     use super::*;
 
-    fn deployment_def() -> ResourceDef {
+    /// The Deployment resource as the registry serves it (the apply tests use it too).
+    pub(in crate::apiserver) fn deployment_def() -> ResourceDef {
         super::super::resources::Registry::default()
             .find("apps", "v1", "deployments")
             .map(|d| (*d).clone())
