@@ -3,17 +3,56 @@
 # ($GRACEFUL_DRAIN_CACHE, else $XDG_CACHE_HOME/graceful-drain, else ~/.cache/graceful-drain),
 # once, from the modules the Go module proxy serves, and prints where they are:
 #   descheduler   sigs.k8s.io/descheduler v0.36.0 (cmd/descheduler)
-# A no-op when they are built.
-#   bash .ci/drainers.sh            build if missing; prints DESCHEDULER=<path>
+#   karpenter     sigs.k8s.io/karpenter v1.15.0 with its KWOK cloud provider (kwok/), its
+#                 CRDs beside it in crds/
+# A no-op when they are built; the two build at once (each is mostly waiting on one core).
+#   bash .ci/drainers.sh            build if missing; prints DESCHEDULER=<path> and
+#                                   KARPENTER=<path>
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DESCHEDULER_VERSION="v0.36.0"
+KARPENTER_VERSION="v1.15.0"
 CACHE="${GRACEFUL_DRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/graceful-drain}"
 DIR="$CACHE/tools/descheduler-$DESCHEDULER_VERSION"
 BIN="$DIR/descheduler"
+KDIR="$CACHE/tools/karpenter-kwok-$KARPENTER_VERSION"
+KBIN="$KDIR/karpenter"
 
 die() { printf 'drainers: FAIL %s\n' "$*" >&2; exit 1; }
+
+build_karpenter() {
+  echo "drainers: building karpenter $KARPENTER_VERSION (kwok provider) into $KDIR" >&2
+  rm -rf "$KDIR.tmp"
+  mkdir -p "$KDIR.tmp/src" "$KDIR.tmp/crds"
+  local started=$SECONDS
+  (
+    cd "$KDIR.tmp/src"
+    src="$(GOFLAGS=-mod=mod GOTOOLCHAIN=go1.27.3 go mod download -json "sigs.k8s.io/karpenter@$KARPENTER_VERSION" \
+      | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')"
+    # Karpenter binds its metrics and health ports on every interface (":PORT" in
+    # pkg/operator/operator.go); servers here listen on loopback only, so the build uses a
+    # copy of the module whose two bind addresses name 127.0.0.1, and nothing else changed.
+    cp -r "$src" karpenter
+    chmod -R u+w karpenter
+    sed -i 's|fmt.Sprintf(":%d", options.FromContext(ctx).MetricsPort)|fmt.Sprintf("127.0.0.1:%d", options.FromContext(ctx).MetricsPort)|; s|fmt.Sprintf(":%d", options.FromContext(ctx).HealthProbePort)|fmt.Sprintf("127.0.0.1:%d", options.FromContext(ctx).HealthProbePort)|' \
+      karpenter/pkg/operator/operator.go
+    [ "$(grep -c '127.0.0.1:%d' karpenter/pkg/operator/operator.go)" = 2 ] || exit 1
+    cp karpenter/kwok/charts/crds/*.yaml karpenter/kwok/apis/crds/*.yaml "$KDIR.tmp/crds/"
+    cd karpenter
+    GOFLAGS=-mod=mod GOTOOLCHAIN=go1.27.3 CGO_ENABLED=0 \
+      go build -trimpath -o "$KDIR.tmp/karpenter" ./kwok
+  ) || die "go build sigs.k8s.io/karpenter/kwok@$KARPENTER_VERSION"
+  rm -rf "$KDIR.tmp/src" "$KDIR"
+  mv "$KDIR.tmp" "$KDIR"
+  echo "drainers: karpenter built in $((SECONDS - started)) s" >&2
+}
+
+karpenter_pid=""
+if [ ! -x "$KBIN" ]; then
+  build_karpenter &
+  karpenter_pid=$!
+fi
 
 if [ ! -x "$BIN" ]; then
   echo "drainers: building descheduler $DESCHEDULER_VERSION into $DIR" >&2
@@ -43,5 +82,10 @@ MOD
   mv "$DIR.tmp" "$DIR"
   echo "drainers: descheduler built in $((SECONDS - started)) s" >&2
 fi
+if [ -n "$karpenter_pid" ]; then
+  wait "$karpenter_pid" || die "karpenter build"
+fi
 "$BIN" version >/dev/null 2>&1 || "$BIN" --help >/dev/null 2>&1 || die "$BIN does not run"
+[ -x "$KBIN" ] && ls "$KDIR"/crds/karpenter.sh_nodepools.yaml >/dev/null || die "$KDIR is incomplete"
 echo "DESCHEDULER=$BIN"
+echo "KARPENTER=$KBIN"

@@ -14,9 +14,11 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN="${GRACEFUL_DRAIN_BIN:-${CARGO_TARGET_DIR:-target}/debug/graceful-drain}"
 [ -x "$BIN" ] || cargo build -q --locked --features sim --bin graceful-drain
-# The drainers we did not write (the descheduler), built once into the cache.
+# The drainers we did not write (the descheduler, Karpenter), built once into the cache.
 DRAINERS="$(bash .ci/drainers.sh)" || { echo "real: FAIL .ci/drainers.sh" >&2; exit 1; }
-export GRACEFUL_DRAIN_DESCHEDULER="${DRAINERS#DESCHEDULER=}"
+GRACEFUL_DRAIN_DESCHEDULER="$(sed -n 's/^DESCHEDULER=//p' <<<"$DRAINERS")"
+GRACEFUL_DRAIN_KARPENTER="$(sed -n 's/^KARPENTER=//p' <<<"$DRAINERS")"
+export GRACEFUL_DRAIN_DESCHEDULER GRACEFUL_DRAIN_KARPENTER
 LOG="$(mktemp)"
 trap 'rm -f "$LOG"' EXIT
 # 6 replicas on 3 nodes at 100 requests/s, as the runs that found the gaps; a known failure

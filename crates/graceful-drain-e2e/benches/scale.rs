@@ -644,6 +644,7 @@ async fn run_drains(api: &ApiServer, layout: Layout, webhook: &Webhook) -> Drain
             apps: Default::default(),
             timeline: kube_sim::traffic::timeline::Timeline::new(),
             isolation_label: Some(graceful_drain_core::labels::DRAINING_LABEL.to_string()),
+            kwok: false,
         };
         tokio::spawn(sim_kubelet::run(ctx, shutdown.clone()));
     }

@@ -274,6 +274,11 @@ impl TestCluster {
                         (plane.admin_kubeconfig(), Some(plane))
                     }
                 };
+                // KWOK runs the nodes, as built next to the control plane.
+                let cfg = ClusterConfig {
+                    kwok: cfg.kwok.or_else(kube_control_plane::kwok_binary),
+                    ..cfg
+                };
                 let cluster = RealCluster::attach(cfg, &kubeconfig, shutdown).await?;
                 Ok(Some(TestCluster {
                     inner: Inner::Real(Box::new(cluster)),

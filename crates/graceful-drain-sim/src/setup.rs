@@ -30,11 +30,14 @@ pub async fn start(cfg: ClusterConfig, shutdown: Shutdown) -> Result<Cluster, Er
 }
 
 /// Attaches the data plane of `cfg`, [configured](configure) for graceful-drain, to the
-/// API server `kubeconfig` names.
+/// API server `kubeconfig` names; KWOK runs its nodes when `cargo xtask control-plane
+/// build` has built it.
 pub async fn attach(
     cfg: ClusterConfig,
     kubeconfig: &Path,
     shutdown: Shutdown,
 ) -> Result<RealCluster, Error> {
-    Ok(RealCluster::attach(configure(cfg)?, kubeconfig, shutdown).await?)
+    let mut cfg = configure(cfg)?;
+    cfg.kwok = cfg.kwok.or_else(kube_control_plane::kwok_binary);
+    Ok(RealCluster::attach(cfg, kubeconfig, shutdown).await?)
 }

@@ -1,11 +1,13 @@
-//! Building etcd, kube-apiserver, kube-controller-manager and kube-scheduler from the Go
-//! module proxy into a cache folder keyed by version.
+//! Building etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK from the
+//! Go module proxy into a cache folder keyed by version.
 //!
 //! Kubernetes is built through a wrapper module that requires `k8s.io/kubernetes` and
 //! replaces each of its staging modules (the `=> ./staging/src/…` lines of its go.mod,
 //! which a module consumer cannot follow) with the published `v0.<minor>.<patch>` of that
 //! module. etcd is built from `go.etcd.io/etcd/server/v3`, whose root package is the etcd
-//! binary. Both are built with `CGO_ENABLED=0` and `-trimpath`, so the Go build cache
+//! binary. KWOK (`sigs.k8s.io/kwok/cmd/kwok`, [`KWOK_VERSION`]) plays the nodes' kubelets:
+//! heartbeats, pod start, readiness and exit, as stages the data plane writes. All are
+//! built with `CGO_ENABLED=0` and `-trimpath`, so the Go build cache
 //! (which outlives the clone) makes a second build a matter of linking.
 
 use std::fs;
@@ -21,6 +23,9 @@ pub const KUBE_BINARIES: [&str; 3] = [
     "kube-scheduler",
 ];
 
+/// The KWOK release that plays the real tier's kubelets.
+pub const KWOK_VERSION: &str = "v0.8.0";
+
 /// Where the binaries of `versions` live once built.
 pub fn bin_dir(versions: &Versions) -> PathBuf {
     crate::cache_dir()
@@ -34,8 +39,14 @@ pub fn is_built(versions: &Versions) -> bool {
     let bin = bin_dir(versions);
     KUBE_BINARIES
         .iter()
-        .chain(["etcd"].iter())
+        .chain(["etcd", "kwok"].iter())
         .all(|b| bin.join(b).is_file())
+}
+
+/// The cached KWOK binary of the default [`Versions`], when it is built.
+pub fn kwok_binary() -> Option<PathBuf> {
+    let path = bin_dir(&Versions::default()).join("kwok");
+    path.is_file().then_some(path)
 }
 
 /// Builds the binaries of `versions` unless they are already cached; returns their folder.
@@ -62,6 +73,12 @@ pub fn build(versions: &Versions, say: &mut dyn FnMut(&str)) -> Result<PathBuf> 
     if !bin.join("etcd").is_file() {
         say(&format!("building etcd {}", versions.etcd));
         build_etcd(versions, &work.join("etcd"), &bin)?;
+    }
+    if !bin.join("kwok").is_file() {
+        say(&format!(
+            "building kwok {KWOK_VERSION} (about a minute cold)"
+        ));
+        build_kwok(&work.join("kwok"), &bin)?;
     }
     say(&format!(
         "control plane {versions} built in {}",
@@ -174,6 +191,37 @@ fn build_etcd(versions: &Versions, work: &Path, bin: &Path) -> Result<()> {
             "-o",
             &out.display().to_string(),
             "go.etcd.io/etcd/server/v3",
+        ],
+    )?;
+    Ok(())
+}
+
+fn build_kwok(work: &Path, bin: &Path) -> Result<()> {
+    fs::create_dir_all(work).map_err(|e| Error::io(work, e))?;
+    write(
+        work,
+        "go.mod",
+        &format!(
+            "module graceful-drain.local/kwok\n\ngo 1.26.0\n\nrequire sigs.k8s.io/kwok {KWOK_VERSION}\n"
+        ),
+    )?;
+    write(
+        work,
+        "tools.go",
+        "//go:build tools\n\npackage tools\n\nimport _ \"sigs.k8s.io/kwok/cmd/kwok\"\n",
+    )?;
+    go(work, &["mod", "tidy"])?;
+    let out = bin.join("kwok");
+    go(
+        work,
+        &[
+            "build",
+            "-trimpath",
+            "-ldflags",
+            "-s -w",
+            "-o",
+            &out.display().to_string(),
+            "sigs.k8s.io/kwok/cmd/kwok",
         ],
     )?;
     Ok(())

@@ -2,8 +2,9 @@
 //! for developers: etcd, kube-apiserver, kube-controller-manager and kube-scheduler built
 //! from the Go module proxy ([`build`]) and started as processes of their own ([`run`]).
 //!
-//! No kubelet, no kube-proxy, no network: the simulated kubelets, load balancers and
-//! traffic of `kube-sim` play what a control plane lacks (docs/design.md §7).
+//! No kubelet, no kube-proxy, no network: KWOK (built here too, started by `kube-sim`'s
+//! data plane with stages of its own) plays the kubelets, and the load balancers and
+//! traffic of `kube-sim` play the rest of what a control plane lacks (docs/design.md §7).
 
 pub mod build;
 pub mod certs;
@@ -14,7 +15,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use build::{bin_dir, is_built};
+pub use build::{KWOK_VERSION, bin_dir, is_built, kwok_binary};
 pub use ports::free_loopback_port;
 pub use run::{ControlPlane, Options, down, up};
 

@@ -5,9 +5,9 @@
 //! key, one kubeconfig per identity, etcd's data, the logs and `pids` (one `name pid` line
 //! per process), which is what `down` reads. Nothing listens beyond 127.0.0.1, and nothing
 //! is told to dial another address: the Service CIDR is allocated but never routed, the
-//! `kubernetes` Service gets no endpoints (`--endpoint-reconciler-type=none`), and
-//! kube-controller-manager runs without the node lifecycle controller, which would taint
-//! every Node that no real kubelet heartbeats.
+//! `kubernetes` Service gets no endpoints (`--endpoint-reconciler-type=none`).
+//! kube-controller-manager runs every controller, the node lifecycle controller included:
+//! the nodes' heartbeats (their Leases) come from KWOK, which the data plane starts.
 
 use std::fs;
 use std::os::unix::process::CommandExt as _;
@@ -216,9 +216,9 @@ pub fn up(dir: &Path, options: &Options) -> Result<ControlPlane> {
         "--bind-address=127.0.0.1".into(),
         "--secure-port=0".into(),
         "--leader-elect=false".into(),
-        // No kubelet heartbeats here: the node lifecycle controller would mark every Node
-        // NotReady and evict its pods.
-        "--controllers=*,-node-lifecycle-controller".into(),
+        // Every controller, the node lifecycle controller too: KWOK renews the nodes'
+        // Leases, and the controller lifts the not-ready taint once a node is Ready.
+        "--controllers=*".into(),
         "--use-service-account-credentials=true".into(),
         format!(
             "--service-account-private-key-file={}",

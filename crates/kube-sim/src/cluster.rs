@@ -74,6 +74,9 @@ pub enum Error {
         /// Why it could not be read or turned into a client.
         reason: String,
     },
+    /// KWOK could not run the nodes.
+    #[error("kwok: {0}")]
+    Kwok(String),
     /// A component's credentials could not be made.
     #[error("credentials for {user}: {reason}")]
     Credentials {
@@ -126,6 +129,10 @@ pub struct ClusterConfig {
     /// timeline records the pod as [`EventKind::Isolated`]. `None` (the default) records
     /// no isolation.
     pub isolation_label: Option<String>,
+    /// A KWOK binary: [`RealCluster::attach`] then hands its nodes and pods to KWOK
+    /// ([`crate::kwok`]) instead of writing their status itself. The simulated cluster
+    /// ignores it. `None` (the default) keeps the simulated kubelets' own API calls.
+    pub kwok: Option<std::path::PathBuf>,
 }
 
 /// The kubelet's default `--max-pods`.
@@ -152,6 +159,7 @@ impl Default for ClusterConfig {
             max_pods: DEFAULT_MAX_PODS,
             crds: Vec::new(),
             isolation_label: None,
+            kwok: None,
         }
     }
 }
@@ -173,6 +181,11 @@ pub struct WebSpec {
     pub max_surge: IntOrString,
     /// The Deployment's rolling-update `maxUnavailable` (a count or a percentage).
     pub max_unavailable: IntOrString,
+    /// The pods' nodeSelector (none by default).
+    pub node_selector: BTreeMap<String, String>,
+    /// The CPU each pod requests (`1`, `500m`), which a node autoscaler packs nodes by;
+    /// none by default.
+    pub cpu_request: Option<String>,
 }
 
 impl Default for WebSpec {
@@ -185,6 +198,8 @@ impl Default for WebSpec {
             grace_period_seconds: 30,
             max_surge: IntOrString::Int(1),
             max_unavailable: IntOrString::Int(0),
+            node_selector: BTreeMap::new(),
+            cpu_request: None,
         }
     }
 }
@@ -206,6 +221,13 @@ impl WebSpec {
                 container_port: 8080,
                 ..Default::default()
             }]),
+            resources: self.cpu_request.as_ref().map(|cpu| {
+                use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+                k8s_openapi::api::core::v1::ResourceRequirements {
+                    requests: Some([("cpu".to_string(), Quantity(cpu.clone()))].into()),
+                    ..Default::default()
+                }
+            }),
             ..Default::default()
         };
         Deployment {
@@ -231,6 +253,8 @@ impl WebSpec {
                     spec: Some(PodSpec {
                         containers: vec![container],
                         termination_grace_period_seconds: Some(self.grace_period_seconds),
+                        node_selector: (!self.node_selector.is_empty())
+                            .then(|| self.node_selector.clone()),
                         ..Default::default()
                     }),
                 },
@@ -337,7 +361,14 @@ impl Cluster {
             .map(|n| (n.clone(), api.retrying_client(&users::kubelet(n))))
             .collect();
         let lb_client = api.retrying_client(users::SERVICE_CONTROLLER);
-        let plane = DataPlane::start(&cfg, api.client("admin"), kubelets, lb_client, shutdown);
+        let plane = DataPlane::start(
+            &cfg,
+            api.client("admin"),
+            kubelets,
+            None,
+            lb_client,
+            shutdown,
+        );
         spawn_controllers(&api, &cfg, &plane.shutdown);
         let cluster = Cluster { plane, api };
         cluster.install_crds(&cfg.crds).await?;
@@ -352,11 +383,13 @@ impl Cluster {
 
 impl DataPlane {
     /// Starts a kubelet for each registered node with its client (`kubelets`: node, client)
-    /// and the load balancers with `lb_client`.
+    /// and the load balancers with `lb_client`; with `kwok_hosts` (a client that may watch
+    /// every pod), an app-playing kubelet for each node KWOK manages, now and later.
     fn start(
         cfg: &ClusterConfig,
         client: kube::Client,
         kubelets: Vec<(String, kube::Client)>,
+        kwok_hosts: Option<kube::Client>,
         lb_client: kube::Client,
         shutdown: CancellationToken,
     ) -> DataPlane {
@@ -375,6 +408,7 @@ impl DataPlane {
                 apps: apps.clone(),
                 timeline: timeline.clone(),
                 isolation_label: cfg.isolation_label.clone(),
+                kwok: false,
             };
             spawn_owned(
                 "kubelet",
@@ -387,6 +421,21 @@ impl DataPlane {
             shutdown.clone(),
             lb::run(lb_client, lbs.clone(), shutdown.clone()),
         );
+        if let Some(host_client) = kwok_hosts {
+            let host = crate::kwok::AppHost {
+                client: host_client,
+                config: cfg.kubelet,
+                app: cfg.app,
+                apps: apps.clone(),
+                timeline: timeline.clone(),
+                isolation_label: cfg.isolation_label.clone(),
+            };
+            spawn_owned(
+                "kwok-app-hosts",
+                shutdown.clone(),
+                crate::kwok::run_app_hosts(host, shutdown.clone()),
+            );
+        }
         DataPlane {
             client,
             apps,
@@ -649,6 +698,8 @@ pub struct RealCluster {
     plane: DataPlane,
     config: kube::Config,
     kubeconfig: std::path::PathBuf,
+    /// KWOK, when it runs the nodes; dropping it stops the process.
+    _kwok: Option<crate::kwok::Kwok>,
 }
 
 impl Deref for RealCluster {
@@ -660,9 +711,12 @@ impl Deref for RealCluster {
 
 impl RealCluster {
     /// Registers `cfg.nodes` Nodes on the API server `kubeconfig` names (whose user must
-    /// be a cluster administrator and may impersonate), and runs a simulated kubelet for
-    /// each — as `system:node:<node>`, so the Node authorizer and NodeRestriction judge it
-    /// as they judge a real kubelet — plus the load balancers. `cfg.api`,
+    /// be a cluster administrator and may impersonate) and runs their kubelets, plus the
+    /// load balancers. With `cfg.kwok`, KWOK runs the nodes ([`crate::kwok`]; its stages
+    /// file and log go to `logs/` beside the kubeconfig) and attach returns once the node
+    /// lifecycle controller has lifted each node's not-ready taint; without, a simulated
+    /// kubelet per node writes as `system:node:<node>`, so the Node authorizer and
+    /// NodeRestriction judge it as they judge a real kubelet. `cfg.api`,
     /// `cfg.disruption_timeout` and `cfg.replicaset_workers` do not apply: the API server
     /// and its controllers are the real ones.
     pub async fn attach(
@@ -674,15 +728,6 @@ impl RealCluster {
         let config = load_config(kubeconfig).await?;
         let admin = client_for(&config, None, kubeconfig)?;
         let nodes: Vec<String> = (1..=cfg.nodes).map(|i| format!("worker-{i}")).collect();
-        for node in &nodes {
-            register_and_report(&admin, &admin, node, cfg.max_pods).await?;
-        }
-        let mut kubelets = Vec::with_capacity(nodes.len());
-        for node in nodes {
-            let user = (users::kubelet(&node), vec!["system:nodes".to_string()]);
-            let client = client_for(&config, Some(user), kubeconfig)?;
-            kubelets.push((node, client));
-        }
         // The data plane's own administrator client retries nothing, like the simulated
         // cluster's: callers (a drain, a test's eviction) see every 429 and decide.
         let mut plain = config.clone();
@@ -691,11 +736,49 @@ impl RealCluster {
             path: kubeconfig.display().to_string(),
             reason: e.to_string(),
         })?;
-        let plane = DataPlane::start(&cfg, plain, kubelets, admin, shutdown);
+        let (plane, kwok) = match &cfg.kwok {
+            Some(binary) => {
+                let dir = kubeconfig
+                    .parent()
+                    .map_or_else(|| Path::new(".").to_path_buf(), |d| d.join("logs"));
+                let mut kwok = crate::kwok::Kwok::start(binary, kubeconfig, &dir, &cfg.kubelet)
+                    .map_err(|e| Error::Kwok(e.to_string()))?;
+                for node in &nodes {
+                    register_kwok_node(&admin, node, cfg.max_pods).await?;
+                }
+                for node in &nodes {
+                    await_schedulable(&admin, node, &mut kwok).await?;
+                }
+                let mut plane = DataPlane::start(
+                    &cfg,
+                    plain,
+                    Vec::new(),
+                    Some(admin.clone()),
+                    admin,
+                    shutdown,
+                );
+                plane.nodes = nodes;
+                (plane, Some(kwok))
+            }
+            None => {
+                for node in &nodes {
+                    register_and_report(&admin, &admin, node, cfg.max_pods).await?;
+                }
+                let mut kubelets = Vec::with_capacity(nodes.len());
+                for node in nodes {
+                    let user = (users::kubelet(&node), vec!["system:nodes".to_string()]);
+                    let client = client_for(&config, Some(user), kubeconfig)?;
+                    kubelets.push((node, client));
+                }
+                let plane = DataPlane::start(&cfg, plain, kubelets, None, admin, shutdown);
+                (plane, None)
+            }
+        };
         let cluster = RealCluster {
             plane,
             config,
             kubeconfig: kubeconfig.to_path_buf(),
+            _kwok: kwok,
         };
         cluster.install_crds(&cfg.crds).await?;
         Ok(cluster)
@@ -762,6 +845,75 @@ fn client_for(
         path: path.display().to_string(),
         reason: e.to_string(),
     })
+}
+
+/// Creates a Node that KWOK manages (if missing), with what a kubelet reports at
+/// registration: capacity and allocatable (`max_pods` pods). KWOK reports it Ready.
+async fn register_kwok_node(admin: &kube::Client, name: &str, max_pods: usize) -> Result<()> {
+    let resources = serde_json::json!({"cpu": "8", "memory": "32Gi", "pods": max_pods.to_string()});
+    let node = serde_json::json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                "node-role.kubernetes.io/worker": ""},
+            "annotations": {crate::kwok::NODE_ANNOTATION: crate::kwok::NODE_ANNOTATION_VALUE},
+        },
+        "status": {"capacity": resources, "allocatable": resources},
+    });
+    let node: Node = serde_json::from_value(node).map_err(|e| Error::Kwok(e.to_string()))?;
+    match Api::<Node>::all(admin.clone())
+        .create(&PostParams::default(), &node)
+        .await
+    {
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        r => r
+            .map(|_| ())
+            .map_err(api_err("register", format!("node {name}"))),
+    }
+}
+
+/// How long a new KWOK node may take to be Ready and untainted: KWOK's first status, then
+/// the node lifecycle controller's next pass (every 5 s).
+const NODE_READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Waits until node `name` is Ready without the not-ready taint, so the scheduler places
+/// pods on it; fails early, with its log's path, if KWOK exits.
+async fn await_schedulable(
+    admin: &kube::Client,
+    name: &str,
+    kwok: &mut crate::kwok::Kwok,
+) -> Result<()> {
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let schedulable = |node: Option<&Node>| {
+        let Some(node) = node else { return false };
+        let ready = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        let tainted = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| t.iter().any(|t| t.key == NOT_READY_TAINT));
+        ready && !tainted
+    };
+    let log = kwok.log().display().to_string();
+    tokio::select! {
+        r = kube::runtime::wait::await_condition(nodes, name, schedulable) => r
+            .map(|_| ())
+            .map_err(|e| Error::Kwok(format!("watching node {name}: {e}"))),
+        status = kwok.wait() => Err(Error::Kwok(format!(
+            "exited ({status}) before node {name} was Ready; see {log}"
+        ))),
+        _ = tokio::time::sleep(NODE_READY_TIMEOUT) => Err(Error::Timeout {
+            what: format!(
+                "node {name} Ready (KWOK) and untainted (node lifecycle controller); KWOK's log: {log}"
+            ),
+            after: NODE_READY_TIMEOUT,
+        }),
+    }
 }
 
 /// Creates the Node (if missing) and reports what a kubelet reports at registration —

@@ -14,6 +14,7 @@ pub mod apiserver;
 pub mod cluster;
 pub mod controllers;
 pub mod fixtures;
+pub mod kwok;
 pub mod lb;
 pub mod selector;
 mod task;

@@ -241,7 +241,10 @@ fn example_for(yaml: &str, api_version: &str, node: &str, name: &str) -> Result<
 }
 
 /// `kubectl --kubeconfig <kubeconfig> apply -f -` of `manifest`.
-async fn kubectl_apply(kubeconfig: &std::path::Path, manifest: &str) -> Result<(), String> {
+pub(super) async fn kubectl_apply(
+    kubeconfig: &std::path::Path,
+    manifest: &str,
+) -> Result<(), String> {
     use tokio::io::AsyncWriteExt;
     let mut child = tokio::process::Command::new("kubectl")
         .arg("--kubeconfig")

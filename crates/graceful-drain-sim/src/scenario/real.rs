@@ -24,7 +24,7 @@ use super::components::Components;
 use super::{
     Error, Measured, Protection, ScenarioConfig, actions, busiest_node, measure, workloads,
 };
-use super::{drainers, forged};
+use super::{drainers, forged, karpenter};
 use graceful_drain_core::runtime::Shutdown;
 use kube_sim::cluster::{DataPlane, RealCluster, WebSpec, wait_for};
 
@@ -52,6 +52,11 @@ pub enum Disruption {
     /// the Deployment packed onto all nodes but one; only where the descheduler is built
     /// ([`drainers::descheduler`]).
     Descheduler,
+    /// Karpenter (KWOK provider) provisions nodes for a Deployment of 21 pods, then, under
+    /// traffic, consolidates them after a scale-down to 6 or replaces every one of them
+    /// after its NodePool drifted ([`karpenter`]); only where Karpenter is built
+    /// ([`karpenter::karpenter`]).
+    Karpenter(karpenter::Disruption),
     /// `kubectl rollout restart` of the Deployment.
     RolloutRestart,
     /// Scale to half the replicas, then back (what an autoscaler does).
@@ -107,6 +112,10 @@ impl fmt::Display for Disruption {
             Disruption::Drain => "drain",
             Disruption::KubectlDrain => "kubectl-drain",
             Disruption::Descheduler => "descheduler",
+            Disruption::Karpenter(karpenter::Disruption::Consolidation) => {
+                "karpenter-consolidation"
+            }
+            Disruption::Karpenter(karpenter::Disruption::Drift) => "karpenter-drift",
             Disruption::RolloutRestart => "rollout-restart",
             Disruption::ScaleDownUp => "scale-down-up",
             Disruption::RecreateRollout => "recreate-rollout",
@@ -167,6 +176,18 @@ pub fn scenarios(upstream: bool, faults: bool) -> Vec<RealScenario> {
                 protection,
                 expect: Expect::Pass,
             });
+        }
+        if karpenter::karpenter().is_some() {
+            for disruption in [
+                karpenter::Disruption::Consolidation,
+                karpenter::Disruption::Drift,
+            ] {
+                all.push(RealScenario {
+                    disruption: Karpenter(disruption),
+                    protection,
+                    expect: Expect::Pass,
+                });
+            }
         }
     }
     for target in [
@@ -296,6 +317,11 @@ pub async fn run(
     if drainers::descheduler().is_none() {
         eprintln!("descheduler: not run, not built (bash .ci/drainers.sh)");
     }
+    if karpenter::karpenter().is_none() {
+        eprintln!(
+            "karpenter-consolidation, karpenter-drift: not run, Karpenter not built (bash .ci/drainers.sh)"
+        );
+    }
     if upstream {
         eprintln!("seed-group-drain: not run, Kubernetes serves lifecycle.k8s.io itself");
         eprintln!("statefulset-long-delay: not run, it runs once, with the API off");
@@ -369,6 +395,9 @@ async fn run_row(
     if s.disruption == Disruption::Descheduler {
         let namespace = format!("{}-{}", s.disruption, s.protection);
         return drainers::descheduler_row(cluster, cfg, namespace).await;
+    }
+    if let Disruption::Karpenter(disruption) = s.disruption {
+        return karpenter::row(cluster, cfg, disruption, s.protection).await;
     }
     let mut cfg = cfg.clone();
     cfg.web.namespace = format!("{}-{}", s.disruption, s.protection);
@@ -470,9 +499,9 @@ async fn run_row(
             measure(cluster, &cfg, rollout).await
         }
         // Answered above, before the standard workload.
-        Disruption::Descheduler => Err(Error::Component {
+        Disruption::Descheduler | Disruption::Karpenter(_) => Err(Error::Component {
             name: s.disruption.to_string(),
-            reason: "runs through drainers::descheduler_row".into(),
+            reason: "runs through a drainer's own row (drainers, karpenter)".into(),
         }),
         // Need the running components (`forged::row`, `statefulset_long_delay`,
         // `uninstall_mid_drain`).

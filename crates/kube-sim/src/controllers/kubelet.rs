@@ -316,6 +316,8 @@ struct Kubelet {
     timeline: Timeline,
     /// See [`Context::isolation_label`].
     isolation_label: Option<String>,
+    /// See [`Context::kwok`]: every call counts as made, none is.
+    kwok: bool,
     pods: Store<Pod>,
     local: HashMap<String, Local>,
     next_ip: u32,
@@ -377,9 +379,12 @@ impl Reconciler for Kubelet {
             };
         }
         self.forget_gone(&pods);
-        let (client, node) = (&self.client, &self.node);
+        let (client, node, kwok) = (&self.client, &self.node, self.kwok);
         let done: Vec<(String, Call)> = futures::stream::iter(calls)
             .map(|(uid, call)| async move {
+                if kwok {
+                    return Some((uid, call));
+                }
                 match make_call(client, &call).await {
                     Ok(()) => Some((uid, call)),
                     Err(error) => {
@@ -634,11 +639,17 @@ pub struct Context {
     pub timeline: Timeline,
     /// The label whose arrival on a pod is recorded as its isolation; `None` records none.
     pub isolation_label: Option<String>,
+    /// KWOK runs the node (`crate::kwok`): it reports the Node and the pods' status and
+    /// deletes them, and this kubelet makes no API call — it only plays the apps inside the
+    /// pods on the same timings.
+    pub kwok: bool,
 }
 
 /// Runs the kubelet of `ctx.node` until `shutdown`.
 pub async fn run(ctx: Context, shutdown: CancellationToken) -> Result<()> {
-    report_node_ready(&ctx.client, &ctx.node).await?;
+    if !ctx.kwok {
+        report_node_ready(&ctx.client, &ctx.node).await?;
+    }
     let watches = Watches::new(ctx.client.clone(), shutdown.clone());
     let wake = watches.wake();
     let cfg = watcher::Config::default().fields(&format!("spec.nodeName={}", ctx.node));
@@ -655,6 +666,7 @@ pub async fn run(ctx: Context, shutdown: CancellationToken) -> Result<()> {
         apps: ctx.apps,
         timeline: ctx.timeline,
         isolation_label: ctx.isolation_label,
+        kwok: ctx.kwok,
         pods,
         local: HashMap::new(),
         next_ip: 0,
