@@ -138,6 +138,24 @@ refused "restore with a label that was never there" "$WEBHOOK" -n shop patch pod
 allowed "restore the recorded labels" "$WEBHOOK" -n shop patch pod web-1 --type=json -p "$RESTORE"
 [ "$(k -n shop get pod web-1 -o jsonpath='{.metadata.labels}')" = '{"app":"web","pod-template-hash":"abc","team":"a"}' ] \
   || die "restored labels: $(k -n shop get pod web-1 -o jsonpath='{.metadata.labels}')"
+# Karpenter's do-not-disrupt: added only while isolating (recorded), removed only while
+# restoring a pod that records it; a user's own value is never touched.
+DND='{"op":"add","path":"/metadata/annotations/karpenter.sh~1do-not-disrupt","value":"true"}'
+DND_SET='{"op":"add","path":"/metadata/annotations/graceful-drain.io~1do-not-disrupt-set","value":"true"}'
+refused "mark a pod it does not isolate do-not-disrupt" "$WEBHOOK" -n shop patch pod web-1 --type=json \
+  -p "[$DND,$DND_SET]"
+allowed "isolate a pod and mark it do-not-disrupt" "$WEBHOOK" -n shop patch pod web-1 --type=json \
+  -p "${ISOLATE_CALLER%]},$DND,$DND_SET]"
+allowed "restore it, removing the mark it recorded" "$WEBHOOK" -n shop patch pod web-1 --type=json \
+  -p "${RESTORE%]},"'{"op":"remove","path":"/metadata/annotations/karpenter.sh~1do-not-disrupt"},{"op":"remove","path":"/metadata/annotations/graceful-drain.io~1do-not-disrupt-set"}]'
+k -n shop annotate pod web-1 karpenter.sh/do-not-disrupt=10m >/dev/null
+allowed "isolate a pod the user marked do-not-disrupt" "$WEBHOOK" -n shop patch pod web-1 --type=json -p "$ISOLATE_CALLER"
+refused "remove the user's do-not-disrupt while restoring" "$WEBHOOK" -n shop patch pod web-1 --type=json \
+  -p "${RESTORE%]},"'{"op":"remove","path":"/metadata/annotations/karpenter.sh~1do-not-disrupt"}]'
+allowed "restore it, the user's do-not-disrupt kept" "$WEBHOOK" -n shop patch pod web-1 --type=json -p "$RESTORE"
+[ "$(k -n shop get pod web-1 -o jsonpath='{.metadata.annotations.karpenter\.sh/do-not-disrupt}')" = 10m ] \
+  || die "the user's do-not-disrupt was not kept"
+k -n shop annotate pod web-1 karpenter.sh/do-not-disrupt- >/dev/null
 allowed "isolate for a ReplicaSet scale-down" "$WEBHOOK" -n shop patch pod web-1 --type=json \
   -p "$ISOLATE_SCALE_DOWN"
 allowed "delete the pod it isolated for a scale-down" "$WEBHOOK" -n shop delete pod web-1 --wait=false

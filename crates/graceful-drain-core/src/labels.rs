@@ -64,6 +64,17 @@ pub const HOOKS_ANNOTATION: &str = "graceful-drain.io/hooks";
 /// Node annotation recording that the node agent added [`EXCLUDE_FROM_LB_LABEL`] (so
 /// uncordoning removes only a label we added, never one an operator set).
 pub const EXCLUDE_FROM_LB_OWNED_ANNOTATION: &str = "graceful-drain.io/excluded-from-lb";
+/// Karpenter's pod annotation: Karpenter starts no disruption of the pod, plans no capacity
+/// for it when its node is being deleted, and still waits for it before deleting the node
+/// (`IsCurrentlyReschedulable` in pkg/utils/pdb/pdb.go, `IsDrainable` in
+/// pkg/utils/pod/scheduling.go, sigs.k8s.io/karpenter v1.15.0). The webhook sets it on a pod
+/// it isolates: the pod's replacement already exists, and Karpenter counting the isolated
+/// pod as still needing a node launched a node per drained one that it then had to
+/// consolidate away.
+pub const KARPENTER_DO_NOT_DISRUPT_ANNOTATION: &str = "karpenter.sh/do-not-disrupt";
+/// Pod annotation recording that isolation added [`KARPENTER_DO_NOT_DISRUPT_ANNOTATION`]
+/// (so restoring the pod removes only an annotation we added, never the user's own).
+pub const DO_NOT_DISRUPT_OWNED_ANNOTATION: &str = "graceful-drain.io/do-not-disrupt-set";
 
 // On LifecycleEvents (set by users, or written by the lifecycle reconciler and the
 // seed-group bridge).

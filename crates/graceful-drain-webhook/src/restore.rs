@@ -20,8 +20,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 use graceful_drain_core::labels::{
-    DELETE_AT_ANNOTATION, DRAINING_LABEL, GRACE_PERIOD_ANNOTATION, ORIGINAL_LABELS_ANNOTATION,
-    RESTORE_AT_ANNOTATION,
+    DELETE_AT_ANNOTATION, DO_NOT_DISRUPT_OWNED_ANNOTATION, DRAINING_LABEL, GRACE_PERIOD_ANNOTATION,
+    KARPENTER_DO_NOT_DISRUPT_ANNOTATION, ORIGINAL_LABELS_ANNOTATION, RESTORE_AT_ANNOTATION,
 };
 
 /// Why a pod cannot be restored from its metadata.
@@ -72,12 +72,18 @@ pub fn restore_patch(meta: &ObjectMeta) -> Result<Patch, Error> {
             value: Value::from(value.clone()),
         }));
     }
+    let ours = annotations.contains_key(DO_NOT_DISRUPT_OWNED_ANNOTATION);
     for key in [
         ORIGINAL_LABELS_ANNOTATION,
         DELETE_AT_ANNOTATION,
         GRACE_PERIOD_ANNOTATION,
         RESTORE_AT_ANNOTATION,
-    ] {
+        DO_NOT_DISRUPT_OWNED_ANNOTATION,
+    ]
+    .into_iter()
+    // Karpenter's annotation goes only if isolation added it.
+    .chain(ours.then_some(KARPENTER_DO_NOT_DISRUPT_ANNOTATION))
+    {
         if annotations.contains_key(key) {
             ops.push(PatchOperation::Remove(RemoveOperation {
                 path: ptr(&["metadata", "annotations", key]),
@@ -166,6 +172,25 @@ mod tests {
             back["ownerReferences"],
             json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-abc",
                     "uid": "rs-1", "controller": true, "blockOwnerDeletion": true}])
+        );
+    }
+
+    #[test]
+    fn karpenter_s_do_not_disrupt_goes_only_when_isolation_added_it() {
+        let mut ours = isolated(false);
+        let annotations = ours.annotations.get_or_insert_with(Default::default);
+        annotations.insert(KARPENTER_DO_NOT_DISRUPT_ANNOTATION.into(), "true".into());
+        annotations.insert(DO_NOT_DISRUPT_OWNED_ANNOTATION.into(), "true".into());
+        let back = applied(&ours, &restore_patch(&ours).unwrap());
+        assert_eq!(back["annotations"], json!({"owner-note": "kept"}));
+
+        let mut users = isolated(false);
+        let annotations = users.annotations.get_or_insert_with(Default::default);
+        annotations.insert(KARPENTER_DO_NOT_DISRUPT_ANNOTATION.into(), "true".into());
+        let back = applied(&users, &restore_patch(&users).unwrap());
+        assert_eq!(
+            back["annotations"],
+            json!({"owner-note": "kept", KARPENTER_DO_NOT_DISRUPT_ANNOTATION: "true"})
         );
     }
 

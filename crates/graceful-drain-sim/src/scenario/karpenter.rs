@@ -21,11 +21,12 @@ use kube_sim::cluster::{RealCluster, wait_for};
 /// The Karpenter version `.ci/drainers.sh` builds.
 pub const KARPENTER_VERSION: &str = "v1.15.0";
 
-/// The one instance type the rows' NodePools allow: 4 CPUs, 3.9 allocatable once the
-/// provider's 100m are reserved, so three pods of one CPU each fit.
-const INSTANCE_TYPE: &str = "c-4x-amd64-linux";
+/// The one instance type the rows' NodePools allow: 8 CPUs, 7.9 allocatable once the
+/// provider's 100m are reserved (kwok/cloudprovider/helpers.go), so seven pods of one CPU
+/// each fit.
+const INSTANCE_TYPE: &str = "c-8x-amd64-linux";
 /// Pods of the rows' Deployment per node of [`INSTANCE_TYPE`].
-const PODS_PER_NODE: usize = 3;
+const PODS_PER_NODE: usize = 7;
 /// Replicas the rows deploy (the issue's "at least 20").
 const REPLICAS: i32 = 21;
 /// Replicas left after the consolidation row's scale-down.
@@ -38,6 +39,13 @@ const PROVISION_TIMEOUT: Duration = Duration::from_secs(180);
 /// (`commandValidationDelay`, pkg/controllers/disruption/consolidation.go), and may take two
 /// rounds; drift replaces nodes a budget at a time.
 const DISRUPTION_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// How long Karpenter took without graceful-drain, by row name: the protected row's bound
+/// starts from it (rows run unprotected first).
+static UNPROTECTED: std::sync::Mutex<Vec<(String, Duration)>> = std::sync::Mutex::new(Vec::new());
+/// Slack for Karpenter's own pace between two runs of the same row: one command's
+/// validation wait (15 s).
+const KARPENTER_SLACK: Duration = Duration::from_secs(15);
 
 /// Which disruption a row asks Karpenter for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -215,8 +223,40 @@ pub(super) async fn row(
     let removed = remove_pool(&client, &pool).await;
     drop(karpenter);
     let _ = std::fs::remove_dir_all(&dir);
-    let (measured, summary) = outcome?;
+    let (measured, removed_nodes, mut summary) = outcome?;
     removed?;
+    let mut unprotected = UNPROTECTED.lock().unwrap_or_else(|e| e.into_inner());
+    match protection {
+        Protection::None => unprotected.push((what.to_string(), measured.duration)),
+        Protection::GracefulDrain => {
+            // Each node Karpenter removed was drained at most once per command, and each
+            // drain is held at most the deregistration delay plus the app's exit longer than
+            // without protection.
+            let per_node =
+                cfg.components.deregistration_delay + cfg.cluster.kubelet.exit_after_sigterm;
+            let baseline = unprotected
+                .iter()
+                .find(|(name, _)| name == what)
+                .map(|(_, d)| *d);
+            if let Some(baseline) = baseline {
+                let nodes = u32::try_from(removed_nodes).unwrap_or(u32::MAX);
+                let bound = baseline + per_node * nodes + KARPENTER_SLACK;
+                summary.push_str(&format!(
+                    "; bound {:.1} s (unprotected {:.1} s + {removed_nodes} nodes x {:.1} s + {:.0} s)",
+                    bound.as_secs_f64(),
+                    baseline.as_secs_f64(),
+                    per_node.as_secs_f64(),
+                    KARPENTER_SLACK.as_secs_f64(),
+                ));
+                if measured.duration > bound {
+                    return Err(failed(format!(
+                        "graceful-drain stalled Karpenter: {summary}"
+                    )));
+                }
+            }
+        }
+    }
+    drop(unprotected);
     eprintln!("karpenter {pool}: {summary}");
     cluster.step(format!("karpenter {pool}: {summary}"));
     Ok(measured)
@@ -271,7 +311,7 @@ async fn run(
     cfg: &ScenarioConfig,
     disruption: Disruption,
     pool: &str,
-) -> Result<(Measured, String), Error> {
+) -> Result<(Measured, usize, String), Error> {
     let client = cluster.client();
     cluster.ensure_namespace(&cfg.web.namespace).await?;
     cluster.step(format!("Karpenter provisions nodes for {REPLICAS} pods"));
@@ -363,10 +403,10 @@ async fn run(
         .iter()
         .filter(|b| !after.iter().any(|a| &a.name_any() == *b))
         .count();
-    let refused = drain_failures(&client, &before).await;
+    let (refused, messages) = drain_failures(&client, &before).await;
     let bound = cfg.components.deregistration_delay + cfg.cluster.kubelet.exit_after_sigterm;
     let summary = format!(
-        "{removed} of {} nodes removed, {} left, in {:.1} s (Karpenter done {:.1} s after the change); one pod's bound {:.1} s; {refused} NodeFailedToDrain events",
+        "{removed} of {} nodes removed, {} left, in {:.1} s (Karpenter done {:.1} s after the change); one pod's bound {:.1} s; {refused} FailedDraining events {messages:?}",
         before.len(),
         after.len(),
         measured.duration.as_secs_f64(),
@@ -376,7 +416,7 @@ async fn run(
     if removed == 0 {
         return Err(failed(format!("Karpenter removed no node: {summary}")));
     }
-    Ok((measured, summary))
+    Ok((measured, removed, summary))
 }
 
 /// Allows every node of the pool to be disrupted at once.
@@ -389,17 +429,19 @@ async fn open_budget(pools: &Api<DynamicObject>, pool: &str) -> Result<(), Error
         .map_err(workloads::api("patch", format!("nodepool {pool}")))
 }
 
-/// How many Events Karpenter posted on `nodes` for a failed drain (`FailedDraining`,
-/// "Failed to drain node, evicting pod violates a PDB" for an eviction refused with 429).
-async fn drain_failures(client: &kube::Client, nodes: &[String]) -> usize {
+/// The Events Karpenter posted on `nodes` for a failed drain (`FailedDraining`, "Failed
+/// to drain node, evicting pod violates a PDB" for an eviction refused with 429): how many,
+/// and their distinct messages.
+async fn drain_failures(client: &kube::Client, nodes: &[String]) -> (usize, Vec<String>) {
     let events: Api<CoreEvent> = Api::all(client.clone());
     let Ok(list) = events
         .list(&ListParams::default().fields("reason=FailedDraining"))
         .await
     else {
-        return 0;
+        return (0, Vec::new());
     };
-    list.items
+    let mine: Vec<&CoreEvent> = list
+        .items
         .iter()
         .filter(|e| {
             e.involved_object
@@ -407,8 +449,15 @@ async fn drain_failures(client: &kube::Client, nodes: &[String]) -> usize {
                 .as_ref()
                 .is_some_and(|n| nodes.contains(n))
         })
+        .collect();
+    let count = mine
+        .iter()
         .map(|e| usize::try_from(e.count.unwrap_or(1)).unwrap_or(1))
-        .sum()
+        .sum();
+    let mut messages: Vec<String> = mine.iter().filter_map(|e| e.message.clone()).collect();
+    messages.sort();
+    messages.dedup();
+    (count, messages)
 }
 
 /// Deletes the row's NodePool and waits until Karpenter has removed its nodes, so later

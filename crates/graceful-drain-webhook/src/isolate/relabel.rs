@@ -12,8 +12,8 @@ use serde_json::Value;
 
 use crate::decide::{PodFacts, ServiceType, Snapshot};
 use graceful_drain_core::labels::{
-    DELETE_AT_ANNOTATION, DRAINING_LABEL, GRACE_PERIOD_ANNOTATION, ORIGINAL_LABELS_ANNOTATION,
-    RESTORE_AT_ANNOTATION,
+    DELETE_AT_ANNOTATION, DO_NOT_DISRUPT_OWNED_ANNOTATION, DRAINING_LABEL, GRACE_PERIOD_ANNOTATION,
+    KARPENTER_DO_NOT_DISRUPT_ANNOTATION, ORIGINAL_LABELS_ANNOTATION, RESTORE_AT_ANNOTATION,
 };
 
 /// JSON-patch ops handing the controller role of an isolated ReplicaSet pod to the
@@ -137,6 +137,13 @@ pub fn isolation_patch(
     if let Some(at) = restore_at {
         annotations.insert(RESTORE_AT_ANNOTATION, at.to_string());
     }
+    if !pod
+        .annotations
+        .contains_key(KARPENTER_DO_NOT_DISRUPT_ANNOTATION)
+    {
+        annotations.insert(KARPENTER_DO_NOT_DISRUPT_ANNOTATION, "true".into());
+        annotations.insert(DO_NOT_DISRUPT_OWNED_ANNOTATION, "true".into());
+    }
     if pod.annotations.is_empty() {
         let value = serde_json::to_value(&annotations).unwrap_or(Value::Null);
         ops.push(add(ptr(&["metadata", "annotations"]), value));
@@ -170,8 +177,29 @@ mod tests {
                 {"op": "add", "path": "/metadata/labels", "value": {DRAINING_LABEL: "true"}},
                 {"op": "add", "path": "/metadata/annotations", "value": {
                     DELETE_AT_ANNOTATION: "2026-01-01T00:00:00Z",
+                    DO_NOT_DISRUPT_OWNED_ANNOTATION: "true",
+                    KARPENTER_DO_NOT_DISRUPT_ANNOTATION: "true",
                     ORIGINAL_LABELS_ANNOTATION: "{}"}},
             ])
         );
+    }
+
+    #[test]
+    fn a_pod_the_user_marked_do_not_disrupt_keeps_the_user_s_value() {
+        let mut marked = pod();
+        marked
+            .annotations
+            .insert(KARPENTER_DO_NOT_DISRUPT_ANNOTATION.into(), "10m".into());
+        let patch = serde_json::to_value(isolation_patch(
+            &marked,
+            &BTreeMap::new(),
+            now(),
+            None,
+            None,
+        ))
+        .unwrap();
+        let text = patch.to_string();
+        assert!(!text.contains(DO_NOT_DISRUPT_OWNED_ANNOTATION), "{text}");
+        assert!(!text.contains("karpenter.sh~1do-not-disrupt"), "{text}");
     }
 }

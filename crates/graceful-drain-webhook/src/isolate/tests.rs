@@ -140,6 +140,9 @@ async fn isolation_sends_pdb_update_then_guarded_patch_then_event() {
             {"op": "add", "path": "/metadata/labels/graceful-drain.io~1draining", "value": "web"},
             {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1delete-at",
              "value": "2026-01-01T00:01:00Z"},
+            // Karpenter plans no node for it and starts no second disruption.
+            {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1do-not-disrupt-set",
+             "value": "true"},
             {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1grace-period-seconds",
              "value": "20"},
             {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1original-labels",
@@ -148,6 +151,8 @@ async fn isolation_sends_pdb_update_then_guarded_patch_then_event() {
             // minute after its delete time.
             {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1restore-at",
              "value": "2026-01-01T00:02:00Z"},
+            {"op": "add", "path": "/metadata/annotations/karpenter.sh~1do-not-disrupt",
+             "value": "true"},
         ])
     );
     assert_eq!(event.body["reason"], webhook_reason::ISOLATED);
