@@ -2,7 +2,7 @@
 //!
 //! On the real tier, KWOK (`sigs.k8s.io/kwok`, one process per attached real cluster)
 //! writes what a kubelet writes: the Node's status and its Lease heartbeats, and each pod's
-//! life as [stages](stages) rendered from the cluster's [`KubeletConfig`] — an IP and
+//! life as [stages] rendered from the cluster's [`KubeletConfig`] — an IP and
 //! `Initialized` at once, Running and Ready after `start_delay`, then, once the pod has a
 //! deletionTimestamp, its deletion `exit_after_sigterm` later or when the grace period ends
 //! if that is sooner (a batch pod that a Job's finalizer holds first turns Failed with

@@ -50,7 +50,7 @@ const KARPENTER_SLACK: Duration = Duration::from_secs(15);
 /// Which disruption a row asks Karpenter for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Disruption {
-    /// Scale the Deployment from [`REPLICAS`] to [`SCALED_TO`], then let Karpenter
+    /// Scale the Deployment from 21 pods to 6, then let Karpenter
     /// consolidate the emptied nodes.
     Consolidation,
     /// Change the NodePool's template: every node drifts and is replaced.
