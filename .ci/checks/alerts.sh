@@ -10,6 +10,7 @@
 # outside the clone ($GRACEFUL_DRAIN_CACHE, else $XDG_CACHE_HOME/graceful-drain, else
 # ~/.cache/graceful-drain), once: 14.4 minutes cold on the 2-core machine while it also built
 # other things (load average 9-11), a no-op after.
+#   bash .ci/checks/alerts.sh [--build-only]   (--build-only: build promtool and stop)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -23,8 +24,10 @@ DASHBOARD="$CHART/files/grafana-dashboard.json"
 
 die() { printf 'alerts: FAIL %s\n' "$*" >&2; exit 1; }
 
-TOOLS_ENV="$(bash .ci/install-tools.sh --print-env)" || die ".ci/install-tools.sh"
-eval "$TOOLS_ENV"
+if [ "${1:-}" != --build-only ]; then
+  TOOLS_ENV="$(bash .ci/install-tools.sh --print-env)" || die ".ci/install-tools.sh"
+  eval "$TOOLS_ENV"
+fi
 
 if [ ! -x "$PROMTOOL" ]; then
   echo "alerts: building promtool $PROMETHEUS_VERSION into $PROMTOOL_DIR"
@@ -41,6 +44,7 @@ if [ ! -x "$PROMTOOL" ]; then
   echo "alerts: promtool built in $((SECONDS - started)) s"
 fi
 "$PROMTOOL" --version >/dev/null 2>&1 || die "$PROMTOOL does not run"
+[ "${1:-}" != --build-only ] || exit 0
 
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT

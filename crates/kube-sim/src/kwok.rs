@@ -475,7 +475,9 @@ mod tests {
         assert_eq!(delay("pod-deleted").as_deref(), Some("1500"));
         assert_eq!(delay("pod-terminated").as_deref(), Some("1500"));
         assert_eq!(delay("pod-created"), None);
-        // Every template expression survived the format string: no brace left unpaired.
-        assert_eq!(text.matches("{{").count(), text.matches("}}").count());
+        // Every template action survived the format string whole: each opens with `{{ `
+        // and closes with ` }}` (YAML flow maps around them use single braces).
+        assert_eq!(text.matches("{{ ").count(), text.matches(" }}").count());
+        assert!(!text.contains("{{{{"), "{text}");
     }
 }
