@@ -165,53 +165,45 @@ fn build_kubernetes(versions: &Versions, work: &Path, bin: &Path) -> Result<()> 
 }
 
 fn build_etcd(versions: &Versions, work: &Path, bin: &Path) -> Result<()> {
-    fs::create_dir_all(work).map_err(|e| Error::io(work, e))?;
-    write(
-        work,
-        "go.mod",
-        &format!(
-            "module graceful-drain.local/etcd\n\ngo 1.26.0\n\nrequire go.etcd.io/etcd/server/v3 {}\n",
-            versions.etcd
-        ),
-    )?;
-    write(
-        work,
-        "tools.go",
-        "//go:build tools\n\npackage tools\n\nimport _ \"go.etcd.io/etcd/server/v3\"\n",
-    )?;
-    go(work, &["mod", "tidy"])?;
-    let out = bin.join("etcd");
-    go(
-        work,
-        &[
-            "build",
-            "-trimpath",
-            "-ldflags",
-            "-s -w",
-            "-o",
-            &out.display().to_string(),
-            "go.etcd.io/etcd/server/v3",
-        ],
-    )?;
-    Ok(())
+    let module = "go.etcd.io/etcd/server/v3";
+    build_main(work, bin, "etcd", (module, &versions.etcd), module, "etcd")
 }
 
 fn build_kwok(work: &Path, bin: &Path) -> Result<()> {
+    let module = ("sigs.k8s.io/kwok", KWOK_VERSION);
+    build_main(
+        work,
+        bin,
+        "kwok",
+        module,
+        "sigs.k8s.io/kwok/cmd/kwok",
+        "kwok",
+    )
+}
+
+/// Builds the main package `package` of `module` (path, version) into `bin/out` through a
+/// wrapper module `graceful-drain.local/<name>` in `work` that requires it.
+fn build_main(
+    work: &Path,
+    bin: &Path,
+    name: &str,
+    (module, version): (&str, &str),
+    package: &str,
+    out: &str,
+) -> Result<()> {
     fs::create_dir_all(work).map_err(|e| Error::io(work, e))?;
     write(
         work,
         "go.mod",
-        &format!(
-            "module graceful-drain.local/kwok\n\ngo 1.26.0\n\nrequire sigs.k8s.io/kwok {KWOK_VERSION}\n"
-        ),
+        &format!("module graceful-drain.local/{name}\n\ngo 1.26.0\n\nrequire {module} {version}\n"),
     )?;
     write(
         work,
         "tools.go",
-        "//go:build tools\n\npackage tools\n\nimport _ \"sigs.k8s.io/kwok/cmd/kwok\"\n",
+        &format!("//go:build tools\n\npackage tools\n\nimport _ \"{package}\"\n"),
     )?;
     go(work, &["mod", "tidy"])?;
-    let out = bin.join("kwok");
+    let out = bin.join(out);
     go(
         work,
         &[
@@ -221,7 +213,7 @@ fn build_kwok(work: &Path, bin: &Path) -> Result<()> {
             "-s -w",
             "-o",
             &out.display().to_string(),
-            "sigs.k8s.io/kwok/cmd/kwok",
+            package,
         ],
     )?;
     Ok(())

@@ -25,6 +25,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Api;
@@ -222,7 +223,6 @@ impl WebSpec {
                 ..Default::default()
             }]),
             resources: self.cpu_request.as_ref().map(|cpu| {
-                use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
                 k8s_openapi::api::core::v1::ResourceRequirements {
                     requests: Some([("cpu".to_string(), Quantity(cpu.clone()))].into()),
                     ..Default::default()
@@ -665,23 +665,41 @@ fn spawn_controllers(api: &ApiServer, cfg: &ClusterConfig, s: &CancellationToken
     );
 }
 
-async fn register_node(client: &kube::Client, name: &str) -> Result<()> {
+/// A worker Node named `name`, labelled as a kubelet labels its Node.
+fn worker_node(name: &str) -> Node {
     let labels: BTreeMap<String, String> = [
         ("kubernetes.io/hostname".to_string(), name.to_string()),
         ("kubernetes.io/os".to_string(), "linux".to_string()),
         ("node-role.kubernetes.io/worker".to_string(), String::new()),
     ]
     .into();
-    let node = Node {
+    Node {
         metadata: ObjectMeta {
             name: Some(name.into()),
             labels: Some(labels),
             ..Default::default()
         },
         ..Default::default()
-    };
+    }
+}
+
+/// What a kubelet reports as its Node's capacity and allocatable: `max_pods` pods.
+fn node_resources(max_pods: usize) -> BTreeMap<String, Quantity> {
+    [
+        ("cpu", "8"),
+        ("memory", "32Gi"),
+        ("pods", &max_pods.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+    .collect()
+}
+
+/// Creates `node`; one that already exists counts as created.
+async fn create_node(client: &kube::Client, node: &Node) -> Result<()> {
+    let name = node.metadata.name.clone().unwrap_or_default();
     match Api::<Node>::all(client.clone())
-        .create(&PostParams::default(), &node)
+        .create(&PostParams::default(), node)
         .await
     {
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
@@ -850,27 +868,20 @@ fn client_for(
 /// Creates a Node that KWOK manages (if missing), with what a kubelet reports at
 /// registration: capacity and allocatable (`max_pods` pods). KWOK reports it Ready.
 async fn register_kwok_node(admin: &kube::Client, name: &str, max_pods: usize) -> Result<()> {
-    let resources = serde_json::json!({"cpu": "8", "memory": "32Gi", "pods": max_pods.to_string()});
-    let node = serde_json::json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {
-            "name": name,
-            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
-                "node-role.kubernetes.io/worker": ""},
-            "annotations": {crate::kwok::NODE_ANNOTATION: crate::kwok::NODE_ANNOTATION_VALUE},
-        },
-        "status": {"capacity": resources, "allocatable": resources},
+    let mut node = worker_node(name);
+    node.metadata.annotations = Some(
+        [(
+            crate::kwok::NODE_ANNOTATION.to_string(),
+            crate::kwok::NODE_ANNOTATION_VALUE.to_string(),
+        )]
+        .into(),
+    );
+    node.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+        capacity: Some(node_resources(max_pods)),
+        allocatable: Some(node_resources(max_pods)),
+        ..Default::default()
     });
-    let node: Node = serde_json::from_value(node).map_err(|e| Error::Kwok(e.to_string()))?;
-    match Api::<Node>::all(admin.clone())
-        .create(&PostParams::default(), &node)
-        .await
-    {
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-        r => r
-            .map(|_| ())
-            .map_err(api_err("register", format!("node {name}"))),
-    }
+    create_node(admin, &node).await
 }
 
 /// How long a new KWOK node may take to be Ready and untainted: KWOK's first status, then
@@ -925,10 +936,10 @@ async fn register_and_report(
     name: &str,
     max_pods: usize,
 ) -> Result<()> {
-    register_node(kubelet, name).await?;
+    create_node(kubelet, &worker_node(name)).await?;
     let nodes: Api<Node> = Api::all(kubelet.clone());
     let now = jiff::Timestamp::now().to_string();
-    let resources = serde_json::json!({"cpu": "8", "memory": "32Gi", "pods": max_pods.to_string()});
+    let resources = node_resources(max_pods);
     let status = serde_json::json!({"status": {
         "capacity": resources, "allocatable": resources,
         "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",

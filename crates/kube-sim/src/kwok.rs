@@ -131,16 +131,12 @@ impl Kwok {
     }
 }
 
-fn millis(d: Duration) -> u128 {
-    d.as_millis()
-}
-
 /// The KWOK stages that play `cfg`'s kubelet: one per transition, each selecting a state no
 /// other stage selects (KWOK picks at random among stages that match). Delays are fixed: a
 /// jitter in KWOK is a random delay between the two.
 pub fn stages(cfg: &KubeletConfig) -> String {
-    let start = millis(cfg.start_delay);
-    let exit = millis(cfg.exit_after_sigterm);
+    let start = cfg.start_delay.as_millis();
+    let exit = cfg.exit_after_sigterm.as_millis();
     // `exit_after_sigterm` after the deletion, or the grace period's end if sooner: the
     // deletionTimestamp is that end (a jq expression; the fixed delay is its fallback).
     let until_exit = format!(

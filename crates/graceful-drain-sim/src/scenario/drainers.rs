@@ -19,14 +19,20 @@ pub const DESCHEDULER_VERSION: &str = "v0.36.0";
 /// Where the descheduler binary is: `$GRACEFUL_DRAIN_DESCHEDULER`, else where
 /// `.ci/drainers.sh` builds it; `None` when it is not there.
 pub fn descheduler() -> Option<PathBuf> {
-    // Named explicitly (CI does): the row runs, and fails if it is not there.
-    if let Some(path) = std::env::var_os("GRACEFUL_DRAIN_DESCHEDULER") {
+    let dir = format!("descheduler-{DESCHEDULER_VERSION}");
+    cached_tool("GRACEFUL_DRAIN_DESCHEDULER", &dir, "descheduler")
+}
+
+/// A drainer `.ci/drainers.sh` built: the path in `$env` when set (CI names it: the row
+/// runs, and fails if it is not there), else `<cache>/tools/<dir>/<binary>` if it exists.
+pub(super) fn cached_tool(env: &str, dir: &str, binary: &str) -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os(env) {
         return Some(PathBuf::from(path));
     }
     let path = kube_control_plane::cache_dir()
         .join("tools")
-        .join(format!("descheduler-{DESCHEDULER_VERSION}"))
-        .join("descheduler");
+        .join(dir)
+        .join(binary);
     path.is_file().then_some(path)
 }
 

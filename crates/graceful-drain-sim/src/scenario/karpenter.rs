@@ -40,9 +40,6 @@ const PROVISION_TIMEOUT: Duration = Duration::from_secs(180);
 /// rounds; drift replaces nodes a budget at a time.
 const DISRUPTION_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// How long Karpenter took without graceful-drain, by row name: the protected row's bound
-/// starts from it (rows run unprotected first).
-static UNPROTECTED: std::sync::Mutex<Vec<(String, Duration)>> = std::sync::Mutex::new(Vec::new());
 /// Slack for Karpenter's own pace between two runs of the same row: one command's
 /// validation wait (15 s).
 const KARPENTER_SLACK: Duration = Duration::from_secs(15);
@@ -60,14 +57,8 @@ pub enum Disruption {
 /// Where the Karpenter binary is: `$GRACEFUL_DRAIN_KARPENTER`, else where
 /// `.ci/drainers.sh` builds it; `None` when it is not there. Its CRDs are in `crds/` beside it.
 pub fn karpenter() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("GRACEFUL_DRAIN_KARPENTER") {
-        return Some(PathBuf::from(path));
-    }
-    let path = kube_control_plane::cache_dir()
-        .join("tools")
-        .join(format!("karpenter-kwok-{KARPENTER_VERSION}"))
-        .join("karpenter");
-    path.is_file().then_some(path)
+    let dir = format!("karpenter-kwok-{KARPENTER_VERSION}");
+    super::drainers::cached_tool("GRACEFUL_DRAIN_KARPENTER", &dir, "karpenter")
 }
 
 fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
@@ -173,12 +164,15 @@ async fn pool_nodes(client: &kube::Client, pool: &str) -> Result<Vec<Node>, Erro
 /// One Karpenter row. Without protection the Deployment's pods are evicted as Karpenter
 /// evicts them; with it, graceful-drain holds each eviction until the load balancers
 /// dropped the pod. The row ends when Karpenter has removed the nodes it set out to
-/// remove and the Deployment serves at its replicas again.
+/// remove and the Deployment serves at its replicas again. With protection and the
+/// `unprotected` row's time, it fails past that time plus the delay and exit per removed
+/// node plus [`KARPENTER_SLACK`].
 pub(super) async fn row(
     cluster: &RealCluster,
     cfg: &ScenarioConfig,
     disruption: Disruption,
     protection: Protection,
+    unprotected: Option<Duration>,
 ) -> Result<Measured, Error> {
     let binary = karpenter().ok_or_else(|| {
         failed(format!(
@@ -225,38 +219,26 @@ pub(super) async fn row(
     let _ = std::fs::remove_dir_all(&dir);
     let (measured, removed_nodes, mut summary) = outcome?;
     removed?;
-    let mut unprotected = UNPROTECTED.lock().unwrap_or_else(|e| e.into_inner());
-    match protection {
-        Protection::None => unprotected.push((what.to_string(), measured.duration)),
-        Protection::GracefulDrain => {
-            // Each node Karpenter removed was drained at most once per command, and each
-            // drain is held at most the deregistration delay plus the app's exit longer than
-            // without protection.
-            let per_node =
-                cfg.components.deregistration_delay + cfg.cluster.kubelet.exit_after_sigterm;
-            let baseline = unprotected
-                .iter()
-                .find(|(name, _)| name == what)
-                .map(|(_, d)| *d);
-            if let Some(baseline) = baseline {
-                let nodes = u32::try_from(removed_nodes).unwrap_or(u32::MAX);
-                let bound = baseline + per_node * nodes + KARPENTER_SLACK;
-                summary.push_str(&format!(
-                    "; bound {:.1} s (unprotected {:.1} s + {removed_nodes} nodes x {:.1} s + {:.0} s)",
-                    bound.as_secs_f64(),
-                    baseline.as_secs_f64(),
-                    per_node.as_secs_f64(),
-                    KARPENTER_SLACK.as_secs_f64(),
-                ));
-                if measured.duration > bound {
-                    return Err(failed(format!(
-                        "graceful-drain stalled Karpenter: {summary}"
-                    )));
-                }
-            }
+    if let (Protection::GracefulDrain, Some(baseline)) = (protection, unprotected) {
+        // Each node Karpenter removed was drained at most once per command, and each drain
+        // is held at most the deregistration delay plus the app's exit longer than without
+        // protection.
+        let per_node = cfg.components.deregistration_delay + cfg.cluster.kubelet.exit_after_sigterm;
+        let nodes = u32::try_from(removed_nodes).unwrap_or(u32::MAX);
+        let bound = baseline + per_node * nodes + KARPENTER_SLACK;
+        summary.push_str(&format!(
+            "; bound {:.1} s (unprotected {:.1} s + {removed_nodes} nodes x {:.1} s + {:.0} s)",
+            bound.as_secs_f64(),
+            baseline.as_secs_f64(),
+            per_node.as_secs_f64(),
+            KARPENTER_SLACK.as_secs_f64(),
+        ));
+        if measured.duration > bound {
+            return Err(failed(format!(
+                "graceful-drain stalled Karpenter: {summary}"
+            )));
         }
     }
-    drop(unprotected);
     eprintln!("karpenter {pool}: {summary}");
     cluster.step(format!("karpenter {pool}: {summary}"));
     Ok(measured)

@@ -372,6 +372,20 @@ pub async fn run(
             (Some(Ok(c)), Disruption::UninstallMidDrain) => uninstall_mid_drain(&cluster, cfg, c)
                 .await
                 .map_err(|e| graceful_drain_core::error::chain(&e).to_string()),
+            (_, Disruption::Karpenter(disruption)) => {
+                // The protected row's time bound starts from the unprotected one's.
+                let unprotected = rows
+                    .iter()
+                    .find(|r: &&RealRow| {
+                        r.scenario.disruption == scenario.disruption
+                            && r.scenario.protection == Protection::None
+                    })
+                    .and_then(|r| r.result.as_ref().ok())
+                    .map(|m| m.duration);
+                karpenter::row(&cluster, cfg, disruption, scenario.protection, unprotected)
+                    .await
+                    .map_err(|e| graceful_drain_core::error::chain(&e).to_string())
+            }
             _ => run_row(&cluster, cfg, scenario)
                 .await
                 .map_err(|e| graceful_drain_core::error::chain(&e).to_string()),
@@ -395,9 +409,6 @@ async fn run_row(
     if s.disruption == Disruption::Descheduler {
         let namespace = format!("{}-{}", s.disruption, s.protection);
         return drainers::descheduler_row(cluster, cfg, namespace).await;
-    }
-    if let Disruption::Karpenter(disruption) = s.disruption {
-        return karpenter::row(cluster, cfg, disruption, s.protection).await;
     }
     let mut cfg = cfg.clone();
     cfg.web.namespace = format!("{}-{}", s.disruption, s.protection);
