@@ -72,6 +72,14 @@ pub const EXCLUDE_FROM_LB_OWNED_ANNOTATION: &str = "graceful-drain.io/excluded-f
 /// pod as still needing a node launched a node per drained one that it then had to
 /// consolidate away.
 pub const KARPENTER_DO_NOT_DISRUPT_ANNOTATION: &str = "karpenter.sh/do-not-disrupt";
+
+/// The descheduler's pod annotation by which a pod's owner asks for its evictions to run in
+/// the background (sigs.k8s.io/descheduler v0.36.0, `EvictionRequestAnnotationKey` in
+/// pkg/descheduler/evictions/evictions.go, read with its `EvictionsInBackground` gate on).
+/// The webhook answers the descheduler's eviction of such a pod, when the deferred deleter
+/// removes it, so that the descheduler goes on to its next pod at once.
+pub const DESCHEDULER_EVICT_IN_BACKGROUND_ANNOTATION: &str =
+    "descheduler.alpha.kubernetes.io/request-evict-only";
 /// Pod annotation recording that isolation added [`KARPENTER_DO_NOT_DISRUPT_ANNOTATION`]
 /// (so restoring the pod removes only an annotation we added, never the user's own).
 pub const DO_NOT_DISRUPT_OWNED_ANNOTATION: &str = "graceful-drain.io/do-not-disrupt-set";

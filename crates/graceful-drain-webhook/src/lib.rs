@@ -434,6 +434,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         resolver.clone(),
         tls.client_ca.as_deref(),
     )?);
+    let reviews_authenticated = tls.client_ca.is_some();
     // Admission calls and the deleter queue their Events for one sender, which groups
     // those of one controller's pods (see `events`).
     let (events, queue) = tokio::sync::mpsc::channel(isolate::EVENT_QUEUE);
@@ -521,6 +522,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         holds: server::Holds::bounded(max_held_deletes),
         watch_drained_nodes: true,
         unconfirmed: Default::default(),
+        reviews_authenticated,
     });
     let holds = state.shutdown.clone();
     let app = server::router(state, policy.max_body_bytes);

@@ -38,6 +38,9 @@ pub struct Eviction {
     pub pod: String,
     /// The Eviction's `deleteOptions` (an object) or `Value::Null` when absent.
     pub delete_options: Value,
+    /// The Eviction's `requested-by` annotation (the descheduler writes
+    /// `sigs.k8s.io/descheduler` there): a claim that only chooses the form of a refusal.
+    pub requested_by: Option<String>,
 }
 
 /// A review on the delete path. The pod stays a `DynamicObject` until it is needed:
@@ -152,11 +155,18 @@ fn classify_eviction(req: &AdmissionRequest<DynamicObject>) -> Parsed {
         user: req.user_info.username.clone().unwrap_or_default(),
         owner_backed: false,
     };
+    let requested_by = object
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("requested-by"))
+        .cloned();
     Parsed::Evict(Eviction {
         request,
         namespace,
         pod,
         delete_options,
+        requested_by,
     })
 }
 
@@ -298,6 +308,30 @@ pub fn too_many_requests(
         uid: String::new(),
         causes: Vec::new(),
         retry_after_seconds,
+    });
+    response
+}
+
+/// A 404 NotFound refusing an eviction whose pod is gone. The API server hands a webhook's
+/// refusal to the caller with its code and reason (`ToStatusErr` in staging/src/k8s.io/
+/// apiserver/pkg/admission/plugin/webhook/errors/statuserror.go), so the caller sees what
+/// it would for an eviction of a missing pod, which every eviction caller counts as done;
+/// allowing it instead would let the API server evict a replacement that took the name (a
+/// StatefulSet's) for a caller that sent no UID precondition.
+pub fn gone(
+    request: &AdmissionRequest<DynamicObject>,
+    message: impl Into<String>,
+) -> AdmissionResponse {
+    let mut response = allow(request).deny(message.into());
+    response.result.code = 404;
+    response.result.reason = "NotFound".to_string();
+    response.result.details = Some(kube::core::response::StatusDetails {
+        name: request.name.clone(),
+        group: String::new(),
+        kind: "pods".to_string(),
+        uid: String::new(),
+        causes: Vec::new(),
+        retry_after_seconds: 0,
     });
     response
 }

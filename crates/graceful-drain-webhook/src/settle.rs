@@ -147,7 +147,9 @@ pub(crate) async fn settle(
                 let on_due = on_due(req, &pod);
                 let confirmed = on_due == isolate::OnDue::Deleter
                     || req.owner_backed
-                    || (req.path == Path::Evict && isolate::node_draining(&state.ctx, &pod).await);
+                    || (req.path == Path::Evict
+                        && (state.reviews_authenticated
+                            || isolate::node_draining(&state.ctx, &pod).await));
                 // PDBs never block a DELETE, but an isolation is a disruption: one that no
                 // drain or controller confirms (a person's `kubectl delete pod`, or a review
                 // forged by anyone who reaches the port) is bound by the pod's budget as an

@@ -30,6 +30,11 @@ pub struct AppState {
     pub watch_drained_nodes: bool,
     /// The isolations nothing authenticated confirmed, bounded per Service.
     pub unconfirmed: Unconfirmed,
+    /// Every connection presents a client certificate signed by `--client-ca`
+    /// (kube-apiserver's, docs/security.md): each review comes from the API server, which
+    /// authenticated and authorised its caller, so an eviction is the caller's own word and
+    /// confirms its isolation as a drain does.
+    pub reviews_authenticated: bool,
 }
 
 /// Percentage of a Service's pods (rounded up, at least one) that isolations nothing

@@ -21,8 +21,10 @@ pub use run::{ControlPlane, Options, down, up};
 
 /// The one way the real tier starts the cached control plane: the default [`Versions`] as
 /// `cargo xtask control-plane build` left them in [`cache_dir`], started in `dir` with the
-/// EvictionRequest API on or off and kube-apiserver's extra `apiserver_flags`.
-/// [`Error::NotCached`] names the command that builds it.
+/// EvictionRequest API on or off and kube-apiserver's extra `apiserver_flags`. kube-apiserver
+/// presents a client certificate to every admission webhook that asks for one
+/// ([`ControlPlane::webhook_client_ca`] signed it); a webhook that asks for none sees no
+/// difference. [`Error::NotCached`] names the command that builds it.
 pub fn up_cached(
     dir: &Path,
     eviction_request_api: bool,
@@ -42,7 +44,7 @@ pub fn cached_options(eviction_request_api: bool, apiserver_flags: Vec<String>) 
         bin: bin_dir(&versions),
         eviction_request_api,
         apiserver_flags,
-        webhook_client_certificate: false,
+        webhook_client_certificate: true,
     })
 }
 

@@ -78,6 +78,17 @@ impl ControlPlane {
         self.dir.join("pki").join(certs::WEBHOOK_CLIENT_CA)
     }
 
+    /// [`ControlPlane::webhook_client_ca`] of the control plane whose administrator's
+    /// kubeconfig is `kubeconfig`, if it was started with
+    /// [`Options::webhook_client_certificate`].
+    pub fn webhook_client_ca_of(kubeconfig: &Path) -> Option<PathBuf> {
+        let ca = kubeconfig
+            .parent()?
+            .join("pki")
+            .join(certs::WEBHOOK_CLIENT_CA);
+        ca.is_file().then_some(ca)
+    }
+
     /// The kubeconfig of a cluster administrator (`system:masters`).
     pub fn admin_kubeconfig(&self) -> PathBuf {
         self.dir.join("admin.kubeconfig")

@@ -187,6 +187,8 @@ pub struct WebSpec {
     /// The CPU each pod requests (`1`, `500m`), which a node autoscaler packs nodes by;
     /// none by default.
     pub cpu_request: Option<String>,
+    /// Annotations of the pod template (none by default).
+    pub pod_annotations: BTreeMap<String, String>,
 }
 
 impl Default for WebSpec {
@@ -201,6 +203,7 @@ impl Default for WebSpec {
             max_unavailable: IntOrString::Int(0),
             node_selector: BTreeMap::new(),
             cpu_request: None,
+            pod_annotations: BTreeMap::new(),
         }
     }
 }
@@ -248,6 +251,8 @@ impl WebSpec {
                 template: PodTemplateSpec {
                     metadata: Some(ObjectMeta {
                         labels: Some(labels),
+                        annotations: (!self.pod_annotations.is_empty())
+                            .then(|| self.pod_annotations.clone()),
                         ..Default::default()
                     }),
                     spec: Some(PodSpec {

@@ -285,6 +285,21 @@ impl Components {
             .extend(flags.iter().map(|f| f.to_string()));
     }
 
+    /// Webhook replicas started from now on no longer get `flags` (a flag and its value,
+    /// as [`Components::add_webhook_flags`] gave them).
+    pub fn remove_webhook_flags(&mut self, flags: &[&str]) {
+        if flags.is_empty() {
+            return;
+        }
+        if let Some(at) = self
+            .webhook_flags
+            .windows(flags.len())
+            .position(|w| w.iter().zip(flags).all(|(a, b)| a == b))
+        {
+            self.webhook_flags.drain(at..at + flags.len());
+        }
+    }
+
     /// Whether [`Components::add_webhook_flags`] gave the webhook `flag` already.
     pub fn has_webhook_flag(&self, flag: &str) -> bool {
         self.webhook_flags.iter().any(|f| f == flag)

@@ -1,16 +1,19 @@
 //! The real tier's rows for drainers we did not write, run as their users run them: the
 //! descheduler (sigs.k8s.io/descheduler, built into the cache outside the clone by
-//! `.ci/drainers.sh`) evicting under traffic.
+//! `.ci/drainers.sh`) evicting under traffic, one eviction after another or in the
+//! background; and the bound no drain can beat, which every drainer's row checks.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 
-use super::{Error, Measured, ScenarioConfig, actions, measure, workloads};
+use super::components::Components;
+use super::{Error, Measured, Protection, ScenarioConfig, actions, measure, workloads};
+use graceful_drain_core::labels::{DESCHEDULER_EVICT_IN_BACKGROUND_ANNOTATION, DRAINING_LABEL};
 use kube_sim::cluster::{RealCluster, wait_for};
 
 /// The descheduler version `.ci/drainers.sh` builds.
@@ -36,6 +39,37 @@ pub(super) fn cached_tool(env: &str, dir: &str, binary: &str) -> Option<PathBuf>
     path.is_file().then_some(path)
 }
 
+/// How far past the bound no drain can beat (the slowest pod's deregistration delay plus
+/// its exit after SIGTERM) a drainer may finish with graceful-drain installed: a process
+/// start, a cordon, a list and the API server's round trips fit in it, a second of
+/// polling (kubectl drain's wait for deletion) or a serial eviction does not.
+pub(super) const BOUND_FACTOR: f64 = 1.15;
+
+/// `took` against `bound`, for the row's report.
+pub(super) fn against_bound(drainer: &str, took: Duration, bound: Duration) -> String {
+    format!(
+        "{drainer}: {:.1} s against a bound of {:.1} s ({:.2}x)",
+        took.as_secs_f64(),
+        bound.as_secs_f64(),
+        took.as_secs_f64() / bound.as_secs_f64()
+    )
+}
+
+/// Fails the row when `drainer` took longer than [`BOUND_FACTOR`] times `bound`: graceful-drain
+/// stalled it.
+pub(super) fn within_bound(drainer: &str, took: Duration, bound: Duration) -> Result<(), Error> {
+    if took.as_secs_f64() <= bound.as_secs_f64() * BOUND_FACTOR {
+        return Ok(());
+    }
+    Err(Error::Component {
+        name: drainer.to_string(),
+        reason: format!(
+            "graceful-drain stalled it: {}, past {BOUND_FACTOR}x",
+            against_bound(drainer, took, bound)
+        ),
+    })
+}
+
 /// The policy of the row: RemoveDuplicates, at most one eviction per node (the limit the
 /// row checks is kept).
 const POLICY: &str = r#"apiVersion: "descheduler/v1alpha2"
@@ -52,14 +86,47 @@ profiles:
           - "RemoveDuplicates"
 "#;
 
+/// The protected descheduler-in-background row: the webhook is rolled to require
+/// kube-apiserver's client certificate (`--client-ca` with the control plane's
+/// `client_ca`), so every review it gets is authenticated, runs the row, and is rolled
+/// back to the other rows' flags, whatever the row's outcome.
+pub(super) async fn authenticated_row(
+    cluster: &RealCluster,
+    cfg: &ScenarioConfig,
+    components: &mut Components,
+    client_ca: &Path,
+    namespace: String,
+) -> Result<Measured, Error> {
+    let ca = client_ca.to_string_lossy().into_owned();
+    let flags = ["--client-ca", ca.as_str()];
+    components.add_webhook_flags(&flags);
+    let row = match components.roll_webhook(cluster, &cfg.components).await {
+        Ok(()) => {
+            cluster.step("webhook: requires kube-apiserver's client certificate");
+            descheduler_row(cluster, cfg, namespace, true, Protection::GracefulDrain).await
+        }
+        Err(e) => Err(e),
+    };
+    components.remove_webhook_flags(&flags);
+    let back = components.roll_webhook(cluster, &cfg.components).await;
+    let measured = row?;
+    back?;
+    Ok(measured)
+}
+
 /// The descheduler row: the Deployment packed onto all nodes but the last (cordoned while
 /// it starts), then one descheduler pass (RemoveDuplicates) under traffic; it ends when
 /// every pod the descheduler evicted is gone and the Deployment serves at its replicas
-/// again. Checks that it evicted at least one pod and no more than one per node.
+/// again. Checks that it evicted at least one pod and no more than one per node, and
+/// with graceful-drain that it finished within [`BOUND_FACTOR`] of its bound: one pod's
+/// delay and exit with evictions in the `background` (they overlap), one delay per
+/// evicted pod otherwise (the descheduler waits for each answer before the next).
 pub(super) async fn descheduler_row(
     cluster: &RealCluster,
     cfg: &ScenarioConfig,
     namespace: String,
+    background: bool,
+    protection: Protection,
 ) -> Result<Measured, Error> {
     let binary = descheduler().ok_or_else(|| failed(format!(
         "the descheduler {DESCHEDULER_VERSION} is not built: run `bash .ci/drainers.sh` (or set GRACEFUL_DRAIN_DESCHEDULER)"
@@ -68,6 +135,12 @@ pub(super) async fn descheduler_row(
     cfg.web.namespace = namespace;
     // A budget the evictions fit in: the row measures the descheduler, not the budget.
     cfg.web.min_available = cfg.web.replicas / 2;
+    if background {
+        cfg.web.pod_annotations.insert(
+            DESCHEDULER_EVICT_IN_BACKGROUND_ANNOTATION.to_string(),
+            String::new(),
+        );
+    }
     let client = cluster.client();
     let timeout = cfg.phase_timeout;
     let spare = cluster
@@ -111,14 +184,25 @@ pub(super) async fn descheduler_row(
     let log = dir.join("descheduler.log");
     let run = async {
         cluster.step("descheduler: one RemoveDuplicates pass");
-        run_once(&binary, cluster.kubeconfig(), &policy, &log, timeout).await?;
+        run_once(
+            &binary,
+            cluster.kubeconfig(),
+            &policy,
+            &log,
+            background,
+            timeout,
+        )
+        .await?;
         cluster.step("every pod it evicted gone, the Deployment at its replicas");
         let kept: BTreeSet<String> = before.iter().map(|(uid, _)| uid.clone()).collect();
+        // An evicted pod is terminating, or isolated until the webhook's deleter removes
+        // it (evictions in the background): the row waits for neither to be left.
         wait_for("evicted pods gone", timeout, || async {
             pods.list(&ListParams::default()).await.is_ok_and(|l| {
                 l.items.iter().all(|p| {
-                    p.metadata.deletion_timestamp.is_none()
-                        || !p.uid().is_some_and(|u| kept.contains(&u))
+                    let leaving = p.metadata.deletion_timestamp.is_some()
+                        || p.labels().contains_key(DRAINING_LABEL);
+                    !leaving || !p.uid().is_some_and(|u| kept.contains(&u))
                 })
             })
         })
@@ -155,29 +239,56 @@ pub(super) async fn descheduler_row(
             tail(&log_text)
         )));
     }
+    // The descheduler's own word that it took the webhook's answer as an eviction under
+    // way (`evictPod` in pkg/descheduler/evictions/evictions.go logs it at -v=3).
+    if background
+        && protection == Protection::GracefulDrain
+        && !log_text.contains("Eviction in background assumed")
+    {
+        return Err(failed(format!(
+            "the descheduler did not take any eviction as one in the background; its log ends: {}",
+            tail(&log_text)
+        )));
+    }
     if let Some((node, n)) = per_node.iter().find(|(_, n)| **n > 1) {
         return Err(failed(format!(
             "{n} pods left node {node}, past the policy's maxNoOfPodsToEvictPerNode of 1"
         )));
     }
-    let bound = cfg.components.deregistration_delay + cfg.cluster.kubelet.exit_after_sigterm;
+    let (delay, exit) = (
+        cfg.components.deregistration_delay,
+        cfg.cluster.kubelet.exit_after_sigterm,
+    );
+    // In the background the evictions overlap; otherwise each is answered once its pod's
+    // delay is over, and the next is sent only then.
+    let serial = if background { 1 } else { evicted };
+    let bound = delay * u32::try_from(serial).unwrap_or(u32::MAX) + exit;
+    let drainer = if background {
+        "descheduler (evictions in the background)"
+    } else {
+        "descheduler (one eviction after another)"
+    };
     let summary = format!(
-        "descheduler: {evicted} pods evicted ({per_node:?}), one after another, in {:.1} s; one pod's bound {:.1} s",
-        measured.duration.as_secs_f64(),
-        bound.as_secs_f64()
+        "{}; {evicted} pods evicted ({per_node:?})",
+        against_bound(drainer, measured.duration, bound)
     );
     eprintln!("{summary}");
     cluster.step(summary);
+    if protection == Protection::GracefulDrain {
+        within_bound(drainer, measured.duration, bound)?;
+    }
     Ok(measured)
 }
 
-/// Runs one descheduler pass against `kubeconfig` with `policy`, its log in `log`; it
-/// serves nothing (no metrics, no HTTPS port) and elects no leader.
+/// Runs one descheduler pass against `kubeconfig` with `policy`, its log in `log`, with
+/// evictions in the `background` or not; it serves nothing (no metrics, no HTTPS port)
+/// and elects no leader.
 async fn run_once(
-    binary: &std::path::Path,
-    kubeconfig: &std::path::Path,
-    policy: &std::path::Path,
-    log: &std::path::Path,
+    binary: &Path,
+    kubeconfig: &Path,
+    policy: &Path,
+    log: &Path,
+    background: bool,
     timeout: Duration,
 ) -> Result<(), Error> {
     let out =
@@ -198,6 +309,7 @@ async fn run_once(
             "--bind-address=127.0.0.1",
             "--v=3",
         ])
+        .args(background.then_some("--feature-gates=EvictionsInBackground=true"))
         .stdin(std::process::Stdio::null())
         .stdout(out)
         .stderr(err)

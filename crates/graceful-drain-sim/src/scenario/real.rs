@@ -50,8 +50,14 @@ pub enum Disruption {
     KubectlDrain,
     /// One pass of the descheduler (RemoveDuplicates, one eviction per node at most) over
     /// the Deployment packed onto all nodes but one; only where the descheduler is built
-    /// ([`drainers::descheduler`]).
-    Descheduler,
+    /// ([`drainers::descheduler`]). With `background`, the descheduler's
+    /// `EvictionsInBackground` gate is on, the pods ask for it, and with protection the
+    /// webhook requires kube-apiserver's client certificate (every review authenticated):
+    /// only on a control plane that presents one.
+    Descheduler {
+        /// Evictions in the background.
+        background: bool,
+    },
     /// Karpenter (KWOK provider) provisions nodes for a Deployment of 21 pods, then, under
     /// traffic, consolidates them after a scale-down to 6 or replaces every one of them
     /// after its NodePool drifted ([`karpenter`]); only where Karpenter is built
@@ -111,7 +117,8 @@ impl fmt::Display for Disruption {
         f.write_str(match self {
             Disruption::Drain => "drain",
             Disruption::KubectlDrain => "kubectl-drain",
-            Disruption::Descheduler => "descheduler",
+            Disruption::Descheduler { background: false } => "descheduler",
+            Disruption::Descheduler { background: true } => "descheduler-in-background",
             Disruption::Karpenter(karpenter::Disruption::Consolidation) => {
                 "karpenter-consolidation"
             }
@@ -171,11 +178,13 @@ pub fn scenarios(upstream: bool, faults: bool) -> Vec<RealScenario> {
             });
         }
         if drainers::descheduler().is_some() {
-            all.push(RealScenario {
-                disruption: Descheduler,
-                protection,
-                expect: Expect::Pass,
-            });
+            for background in [false, true] {
+                all.push(RealScenario {
+                    disruption: Descheduler { background },
+                    protection,
+                    expect: Expect::Pass,
+                });
+            }
         }
         if karpenter::karpenter().is_some() {
             for disruption in [
@@ -315,7 +324,15 @@ pub async fn run(
     // and every later protected row's.
     let mut components: Option<Result<Components, String>> = None;
     if drainers::descheduler().is_none() {
-        eprintln!("descheduler: not run, not built (bash .ci/drainers.sh)");
+        eprintln!(
+            "descheduler, descheduler-in-background: not run, not built (bash .ci/drainers.sh)"
+        );
+    }
+    let client_ca = kube_control_plane::ControlPlane::webhook_client_ca_of(kubeconfig);
+    if client_ca.is_none() && drainers::descheduler().is_some() {
+        eprintln!(
+            "descheduler-in-background: not run, kube-apiserver presents no client certificate to webhooks here"
+        );
     }
     if karpenter::karpenter().is_none() {
         eprintln!(
@@ -328,7 +345,10 @@ pub async fn run(
     }
     let selected = scenarios(upstream, restart.is_some())
         .into_iter()
-        .filter(|s| only.is_empty() || only.contains(&s.disruption.to_string()));
+        .filter(|s| only.is_empty() || only.contains(&s.disruption.to_string()))
+        .filter(|s| {
+            client_ca.is_some() || s.disruption != Disruption::Descheduler { background: true }
+        });
     for scenario in selected {
         if scenario.protection == Protection::GracefulDrain && components.is_none() {
             let started = async {
@@ -348,6 +368,13 @@ pub async fn run(
         }
         let result = match (&mut components, scenario.disruption) {
             (Some(Err(e)), _) => Err(format!("graceful-drain did not start: {e}")),
+            (Some(Ok(c)), Disruption::Descheduler { background: true }) => {
+                let namespace = format!("{}-{}", scenario.disruption, scenario.protection);
+                let ca = client_ca.as_deref().unwrap_or(Path::new(""));
+                drainers::authenticated_row(&cluster, cfg, c, ca, namespace)
+                    .await
+                    .map_err(|e| graceful_drain_core::error::chain(&e).to_string())
+            }
             (Some(Ok(c)), Disruption::Forged(target)) => forged::row(&cluster, cfg, c, target)
                 .await
                 .map_err(|e| graceful_drain_core::error::chain(&e).to_string()),
@@ -406,9 +433,9 @@ async fn run_row(
     cfg: &ScenarioConfig,
     s: RealScenario,
 ) -> Result<Measured, Error> {
-    if s.disruption == Disruption::Descheduler {
+    if let Disruption::Descheduler { background } = s.disruption {
         let namespace = format!("{}-{}", s.disruption, s.protection);
-        return drainers::descheduler_row(cluster, cfg, namespace).await;
+        return drainers::descheduler_row(cluster, cfg, namespace, background, s.protection).await;
     }
     let mut cfg = cfg.clone();
     cfg.web.namespace = format!("{}-{}", s.disruption, s.protection);
@@ -463,18 +490,16 @@ async fn run_row(
                 actions::kubectl_drain(cluster.kubeconfig(), &node, timeout).await
             };
             let measured = measure(cluster, &cfg, drain).await;
-            if let Ok(m) = &measured {
-                let bound =
-                    cfg.components.deregistration_delay + cfg.cluster.kubelet.exit_after_sigterm;
-                cluster.step(format!(
-                    "drained in {:.1} s against a bound of {:.1} s ({:.2}x)",
-                    m.duration.as_secs_f64(),
-                    bound.as_secs_f64(),
-                    m.duration.as_secs_f64() / bound.as_secs_f64()
-                ));
-            }
             uncordon(cluster, &node, s.protection, timeout).await?;
-            measured
+            let measured = measured?;
+            let bound =
+                cfg.components.deregistration_delay + cfg.cluster.kubelet.exit_after_sigterm;
+            let summary = drainers::against_bound("kubectl drain", measured.duration, bound);
+            cluster.step(summary);
+            if s.protection == Protection::GracefulDrain {
+                drainers::within_bound("kubectl drain", measured.duration, bound)?;
+            }
+            Ok(measured)
         }
         Disruption::SeedGroupDrain => {
             let node = busiest_node(cluster, &cfg.web).await?;
@@ -510,7 +535,7 @@ async fn run_row(
             measure(cluster, &cfg, rollout).await
         }
         // Answered above, before the standard workload.
-        Disruption::Descheduler | Disruption::Karpenter(_) => Err(Error::Component {
+        Disruption::Descheduler { .. } | Disruption::Karpenter(_) => Err(Error::Component {
             name: s.disruption.to_string(),
             reason: "runs through a drainer's own row (drainers, karpenter)".into(),
         }),

@@ -7,17 +7,22 @@
 use std::time::Duration;
 
 use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse};
+use kube::runtime::conditions;
+use kube::runtime::wait::await_condition;
 use tokio::time::Instant;
 
 use crate::decide::{self, Pass, PodFacts};
+use crate::deleter;
 use crate::isolate::{self, Budget};
 use crate::nodepods::{self, Lookup};
 use crate::review;
 use crate::settle::{Settled, fetch_pod, settle, settle_until};
 use crate::state::AppState;
-use graceful_drain_core::labels::webhook_reason;
+use graceful_drain_core::labels::{DESCHEDULER_EVICT_IN_BACKGROUND_ANNOTATION, webhook_reason};
 
 /// Retry-After (seconds) of our own 429s for transient failures and deadlines: kubectl
 /// retries every 5 s whatever it is told; other callers get the same pace.
@@ -87,6 +92,9 @@ pub(super) async fn respond(
             );
         }
     };
+    if let Some(answer) = in_background(state, request, &ev, delete_at).await {
+        return (answer, "evicting_in_background");
+    }
     // A pod due within moments is not sent away for another whole second: the call is held
     // until the pod is due and then allowed, so the caller's eviction lands when the
     // deregistration ends instead of up to a second (client-go's Retry-After) or five
@@ -101,6 +109,12 @@ pub(super) async fn respond(
             // A little past: the timer may wake a hair before the wall clock's due time.
             () = tokio::time::sleep(left + DUE_MARGIN) => {}
             () = state.shutdown.cancelled() => {}
+        }
+        if gone_by_deleter(state, &ev, deadline).await {
+            let message = format!(
+                "pod {pod} is gone: graceful-drain deleted it at {delete_at}, once it had left its load balancers"
+            );
+            return (review::gone(request, message), "held_until_gone");
         }
         let again = tokio::time::timeout_at(deadline, settle_eviction(state, &ev)).await;
         match again {
@@ -118,6 +132,82 @@ pub(super) async fn respond(
         "graceful-drain: pod {pod} is leaving its load balancers; evict it again at {delete_at} (in {retry} s)"
     );
     (review::deregistering(request, message, retry), outcome)
+}
+
+/// What the descheduler writes in its Evictions' `requested-by` annotation.
+const DESCHEDULER: &str = "sigs.k8s.io/descheduler";
+/// The words the descheduler looks for in a 429 to count an eviction as under way.
+const EVACUATION_TRIGGERED: &str = "Eviction triggered evacuation";
+
+/// The descheduler evicts one pod at a time under a lock and waits for each answer, so
+/// every pod the webhook keeps for its delay would hold all the pods after it (sigs.k8s.io/
+/// descheduler v0.36.0, `PodEvictor.EvictPod` in pkg/descheduler/evictions/evictions.go).
+/// With its `EvictionsInBackground` gate on, a pod annotated
+/// [`DESCHEDULER_EVICT_IN_BACKGROUND_ANNOTATION`] whose eviction is refused with a 429 saying
+/// [`EVACUATION_TRIGGERED`] counts as being evicted — toward its per-node and
+/// per-namespace limits, until the pod is gone — and it goes on to the next pod at once.
+/// That answer, with no `Retry-After` (client-go would retry it itself), is given only
+/// when the deferred deleter removes the pod at its delete time (its node is being
+/// drained, or the review is authenticated): nothing then waits on a retry that will
+/// not come. Any other eviction, or a descheduler without the gate, gets the usual 429.
+async fn in_background(
+    state: &AppState,
+    request: &AdmissionRequest<DynamicObject>,
+    ev: &review::Eviction,
+    delete_at: Timestamp,
+) -> Option<AdmissionResponse> {
+    if ev.requested_by.as_deref() != Some(DESCHEDULER) {
+        return None;
+    }
+    let api = Api::<Pod>::namespaced(state.ctx.client.clone(), &ev.namespace);
+    let pod = match api.get_opt(&ev.pod).await {
+        Ok(pod) => pod?,
+        Err(error) => {
+            tracing::warn!(error = %graceful_drain_core::error::chain(&error), "read pod for an eviction in the background");
+            return None;
+        }
+    };
+    let annotated = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(DESCHEDULER_EVICT_IN_BACKGROUND_ANNOTATION));
+    let by_deleter = deleter::pending_from(&pod.metadata).is_some_and(|p| p.restore_at.is_none());
+    (annotated && by_deleter).then(|| {
+        let message = format!(
+            "{EVACUATION_TRIGGERED}: graceful-drain takes pod {}/{} out of its load balancers and deletes it at {delete_at}",
+            ev.namespace, ev.pod
+        );
+        review::too_many_requests(request, message, 0)
+    })
+}
+
+/// Waits, within the call's `deadline`, for a due pod the deferred deleter removes (its
+/// node is being drained, `isolate::OnDue::Deleter`) to be gone; true once it is (or was
+/// already). The caller's eviction is then answered 404 NotFound ([`review::gone`]), which
+/// every eviction caller counts as done: kubectl drain returns at once instead of polling
+/// for the deletion every second, Karpenter completes the pod. False for a pod its caller
+/// removes (it has a restore time) or one still there at the deadline: that eviction is
+/// decided again and the API server evicts the pod as usual.
+async fn gone_by_deleter(state: &AppState, ev: &review::Eviction, deadline: Instant) -> bool {
+    let api = Api::<Pod>::namespaced(state.ctx.client.clone(), &ev.namespace);
+    let pod = match api.get_opt(&ev.pod).await {
+        Ok(Some(pod)) => pod,
+        Ok(None) => return true,
+        Err(error) => {
+            tracing::warn!(error = %graceful_drain_core::error::chain(&error), "read due pod");
+            return false;
+        }
+    };
+    let ours = deleter::pending_from(&pod.metadata).is_some_and(|p| p.restore_at.is_none());
+    let Some(uid) = pod.metadata.uid.filter(|_| ours) else {
+        return false;
+    };
+    let removed = await_condition(api, &ev.pod, conditions::is_deleted(&uid));
+    tokio::select! {
+        gone = tokio::time::timeout_at(deadline, removed) => matches!(gone, Ok(Ok(_))),
+        () = state.shutdown.cancelled() => false,
+    }
 }
 
 /// Records on the pod that its eviction was refused for now because isolation could not

@@ -10,7 +10,8 @@ mod basics {
     use crate::metrics::Metrics;
     use graceful_drain_core::labels::webhook_reason;
     use graceful_drain_core::labels::{
-        DELETE_AT_ANNOTATION, DEREGISTERING_CAUSE, GRACE_PERIOD_ANNOTATION, RESTORE_AT_ANNOTATION,
+        DELETE_AT_ANNOTATION, DEREGISTERING_CAUSE, DRAINING_LABEL, GRACE_PERIOD_ANNOTATION,
+        ORIGINAL_LABELS_ANNOTATION, RESTORE_AT_ANNOTATION,
     };
     use graceful_drain_core::runtime::Shutdown;
     use jiff::Timestamp;
@@ -80,6 +81,7 @@ mod basics {
             holds: Holds::default(),
             watch_drained_nodes: false,
             unconfirmed: Default::default(),
+            reviews_authenticated: false,
         })
     }
 
@@ -190,6 +192,74 @@ mod basics {
             "{message}"
         );
         assert_eq!(metrics_state.metrics.pods_isolated.get(), 1);
+    }
+
+    /// With authenticated reviews (`--client-ca`) an eviction confirms its isolation: the
+    /// deleter removes the pod at its delete time (no restore time). The descheduler's
+    /// eviction of a pod annotated for evictions in the background is then answered at once
+    /// with a 429 saying "Eviction triggered evacuation" and no Retry-After, so it goes on
+    /// to its next pod; an unannotated pod's eviction gets the usual Retry-After.
+    #[tokio::test]
+    async fn the_deschedulers_eviction_in_the_background_is_answered_at_once_when_the_deleter_removes_the_pod()
+     {
+        use graceful_drain_core::labels::DESCHEDULER_EVICT_IN_BACKGROUND_ANNOTATION as EVICT_IN_BACKGROUND_ANNOTATION;
+        for annotated in [true, false] {
+            let (client, mut api) = mock::client();
+            let mut st = state(client);
+            Arc::get_mut(&mut st).unwrap().reviews_authenticated = true;
+            let mut body: Value = serde_json::from_slice(&eviction_body("web-1")).unwrap();
+            body["request"]["object"]["metadata"]["annotations"] =
+                json!({"requested-by": "sigs.k8s.io/descheduler"});
+            let call = tokio::spawn(call(
+                st,
+                "/mutate/eviction?timeout=10s",
+                serde_json::to_vec(&body).unwrap(),
+            ));
+            let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "web-1", "namespace": "web", "uid": "uid-1", "resourceVersion": "12",
+                             "labels": {"app": "web", "pod-template-hash": "h"}},
+                "spec": {"containers": [{"name": "c"}]},
+                "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}});
+            if annotated {
+                pod["metadata"]["annotations"] = json!({EVICT_IN_BACKGROUND_ANNOTATION: ""});
+            }
+            let [_read, patch, _event] = mock::play(
+                &mut api,
+                [PodIs(pod.clone()), Relabeled("web-1"), EventPosted],
+            )
+            .await
+            .try_into()
+            .unwrap();
+            assert!(
+                !patch.body.to_string().contains(RESTORE_AT_ANNOTATION),
+                "the deleter removes it, nothing restores it: {}",
+                patch.body
+            );
+            // The descheduler's eviction reads the pod as isolated.
+            let mut isolated = pod.clone();
+            isolated["metadata"]["labels"] = json!({DRAINING_LABEL: "web"});
+            let annotations = &mut isolated["metadata"]["annotations"];
+            annotations[DELETE_AT_ANNOTATION] = json!("2999-01-01T00:00:00Z");
+            annotations[ORIGINAL_LABELS_ANNOTATION] = json!("{\"app\":\"web\"}");
+            mock::play(&mut api, [PodIs(isolated)]).await;
+            let (_, review) = call.await.unwrap();
+            let refusal = &review["response"]["status"];
+            assert_eq!(refusal["code"], 429, "{review}");
+            let message = refusal["message"].as_str().unwrap();
+            let retry = refusal["details"]["retryAfterSeconds"]
+                .as_u64()
+                .unwrap_or(0);
+            if annotated {
+                assert!(
+                    message.contains("Eviction triggered evacuation"),
+                    "{message}"
+                );
+                assert_eq!(retry, 0, "no Retry-After: client-go must not retry it");
+            } else {
+                assert!(message.contains("evict it again"), "{message}");
+                assert!((29..=30).contains(&retry), "Retry-After {retry} s");
+            }
+        }
     }
 
     /// A deregistering pod's Retry-After is the time left until its delete time in whole
@@ -386,6 +456,7 @@ mod answers {
     use graceful_drain_core::labels::webhook_reason;
     use graceful_drain_core::labels::{
         DELETE_AT_ANNOTATION, DEREGISTERING_CAUSE, DRAINING_LABEL, ORIGINAL_LABELS_ANNOTATION,
+        RESTORE_AT_ANNOTATION,
     };
     use graceful_drain_testing::fixtures::mock;
     use serde_json::{Value, json};
@@ -814,23 +885,35 @@ mod answers {
 
     /// An eviction of an isolated pod due within [`DUE_HOLD`] is held until the pod is due
     /// and then allowed, so the caller evicts it then rather than a Retry-After second (or
-    /// kubectl's five) later; one due later is answered 429 at once.
+    /// kubectl's five) later; one due later is answered 429 at once. A pod the deleter
+    /// removes (no restore time: its node is being drained) is awaited until gone, and the
+    /// call then refused 404 NotFound without deciding again: the caller is done, with no
+    /// poll for the deletion, and no replacement that took the name is evicted.
     // On the wall clock: the delete time is one, and a paused tokio clock would not move it.
     #[tokio::test]
     async fn an_eviction_arriving_just_before_its_pod_is_due_is_held_until_due() {
         use super::super::evict::DUE_HOLD;
-        let isolated = |due_in: Duration| {
+        let isolated = |due_in: Duration, by_caller: bool| {
             let mut pod = pod_json("uid-1");
             pod["metadata"]["labels"] = json!({DRAINING_LABEL: "true"});
-            let due = jiff::Timestamp::now() + jiff::SignedDuration::try_from(due_in).unwrap();
+            let now = jiff::Timestamp::now();
+            let due = now + jiff::SignedDuration::try_from(due_in).unwrap();
             // Its delay is over by its delete time, counted from when it left the slices.
             pod["metadata"]["annotations"] = json!({
                 DELETE_AT_ANNOTATION: due.to_string(),
                 graceful_drain_core::labels::DELAY_ANNOTATION: "500ms",
                 ORIGINAL_LABELS_ANNOTATION: "{\"app\":\"web\"}"});
+            if by_caller {
+                let restore = due + jiff::SignedDuration::from_secs(60);
+                pod["metadata"]["annotations"][RESTORE_AT_ANNOTATION] = json!(restore.to_string());
+            }
             pod
         };
-        for (due_in, held) in [(Duration::from_millis(900), true), (DUE_HOLD * 3, false)] {
+        for (due_in, held, by_caller) in [
+            (Duration::from_millis(900), true, true),
+            (DUE_HOLD * 3, false, true),
+            (Duration::from_millis(900), true, false),
+        ] {
             let (client, mut api) = mock::client();
             let st = state(client);
             // Isolated: the slices no longer list it.
@@ -840,21 +923,32 @@ mod answers {
                 "endpoints": [{"addresses": ["10.0.0.11"], "conditions": {"ready": true},
                     "targetRef": {"kind": "Pod", "name": "web-a", "namespace": "web", "uid": "uid-a"}}]
             })).unwrap());
-            let pod = isolated(due_in);
+            let pod = isolated(due_in, by_caller);
             let started = tokio::time::Instant::now();
             let call = tokio::spawn(call(
                 st,
                 "/mutate/eviction?timeout=10s",
                 eviction(json!({})),
             ));
-            // Read when the eviction arrives, and again once due (decided afresh).
-            let reads = if held { 2 } else { 1 };
-            mock::play(&mut api, (0..reads).map(|_| PodIs(pod.clone()))).await;
+            // Read when the eviction arrives; once due, read to see who removes it: its
+            // caller (the eviction is decided afresh on a third read) or the deleter, which
+            // has removed it.
+            let reads = match (held, by_caller) {
+                (false, _) => vec![PodIs(pod.clone())],
+                (true, true) => vec![PodIs(pod.clone()), PodIs(pod.clone()), PodIs(pod.clone())],
+                (true, false) => vec![PodIs(pod.clone()), PodMissing("web-1")],
+            };
+            mock::play(&mut api, reads).await;
             let (_, review) = call.await.unwrap();
-            assert_eq!(
-                review["response"]["allowed"], held,
-                "due in {due_in:?}: {review}"
-            );
+            let response = &review["response"];
+            if held && !by_caller {
+                // Gone: the caller hears what it would for a missing pod.
+                assert_eq!(response["allowed"], false, "{review}");
+                assert_eq!(response["status"]["code"], 404, "{review}");
+                assert_eq!(response["status"]["reason"], "NotFound", "{review}");
+            } else {
+                assert_eq!(response["allowed"], held, "due in {due_in:?}: {review}");
+            }
             if held {
                 let waited = started.elapsed();
                 assert!(

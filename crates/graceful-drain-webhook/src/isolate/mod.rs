@@ -84,7 +84,7 @@ pub struct Plan {
     pub on_due: OnDue,
     /// Something only an authenticated user can do stands behind this isolation: the
     /// pod's node is being drained ([`node_draining`]) or the live ReplicaSet has a pod too
-    /// many. Only then may a pod its PDB still selects go to the deferred deleter.
+    /// many. Only then may an evicted pod go to the deferred deleter.
     pub confirmed: bool,
 }
 
@@ -97,7 +97,8 @@ pub enum OnDue {
     /// never deletes anything.
     Caller,
     /// The deferred deleter: a ReplicaSet scale-down the webhook refused after checking on
-    /// the live ReplicaSet that it has a replica too many.
+    /// the live ReplicaSet that it has a replica too many, or an eviction from a node
+    /// being drained.
     Deleter,
 }
 
@@ -210,31 +211,31 @@ pub async fn isolate(
         Accounting::Uncharged(pdb) => (None, Some(pdb)),
     };
     let plan = plan.counted_from_now(started.elapsed());
-    // A pod its PDB still selects after isolation (a StatefulSet's pod behind a budget on
-    // the StatefulSet's own labels, a budget on a kept label) cannot be evicted by its
-    // caller once due: its own disruption spent the budget, and the API server charges
-    // every eviction again (`checkAndDecrement` in pkg/registry/core/pod/storage/
-    // eviction.go exempts no pod already in `disruptedPods`). The deleter removes it.
+    // An evicted pod whose node is being drained (cordoned, or a drainer's taint: only an
+    // authenticated user can start that) goes to the deleter, which removes it at its
+    // delete time; the caller's retry, held until then, then finds it gone (404) and is
+    // done at once instead of evicting it itself and polling for its deletion (kubectl
+    // drain polls every second, docs/design.md §4). A pod its PDB still selects after
+    // isolation (a StatefulSet's pod behind a budget on the StatefulSet's own labels)
+    // could not be evicted by its caller anyway: its own disruption spent the budget, and
+    // the API server charges every eviction again (`checkAndDecrement` in
+    // pkg/registry/core/pod/storage/eviction.go exempts no pod already in
+    // `disruptedPods`).
     //
-    // But the deleter acts on the webhook's own authority, so a review's word alone must
-    // never send a pod there (anyone reaching the port can post one, docs/security.md): an
-    // eviction's pod goes to the deleter only while its node is being drained, which only
-    // an authenticated user can start (a cordon or a drainer's taint). Elsewhere the
-    // caller comes back itself, and a pod nobody removes is restored.
+    // The deleter acts on the webhook's own authority, so a review's word alone never
+    // sends a pod there (anyone reaching the port can post one, docs/security.md): off a
+    // drained node the caller comes back itself, and a pod nobody removes is restored.
     let in_pdb = snap
         .pdbs
         .iter()
         .any(|pdb| !removed.keys().any(|k| pdb.selector_keys.contains(k)));
     let on_due = match plan.on_due {
+        OnDue::Caller if plan.charge == Charge::Required && plan.confirmed => OnDue::Deleter,
         OnDue::Caller if in_pdb && plan.charge == Charge::Required => {
-            if plan.confirmed {
-                OnDue::Deleter
-            } else {
-                tracing::info!(
-                    "pod stays in its PDB once isolated but its node is not being drained: the caller must remove it"
-                );
-                OnDue::Caller
-            }
+            tracing::info!(
+                "pod stays in its PDB once isolated but its node is not being drained: the caller must remove it"
+            );
+            OnDue::Caller
         }
         on_due => on_due,
     };

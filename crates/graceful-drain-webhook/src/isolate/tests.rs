@@ -92,8 +92,18 @@ fn context(client: kube::Client) -> Context {
     }
 }
 
+/// An eviction's isolation: the PDB first, then the guarded relabel, then the Event. Its
+/// caller removes the pod, else it goes back a minute after its delete time — unless its
+/// node is being drained (`confirmed`): then the deleter removes it at its delete time and
+/// the pod carries no restore time.
 #[tokio::test]
 async fn isolation_sends_pdb_update_then_guarded_patch_then_event() {
+    for confirmed in [false, true] {
+        isolates_for_an_eviction(confirmed).await;
+    }
+}
+
+async fn isolates_for_an_eviction(confirmed: bool) {
     let (client, mut api) = mock::client();
     let ctx = context(client);
     let delete_at: Timestamp = "2026-01-01T00:01:00Z".parse().unwrap();
@@ -103,7 +113,7 @@ async fn isolation_sends_pdb_update_then_guarded_patch_then_event() {
             grace_period: Some(20),
             charge: Charge::Required,
             on_due: OnDue::Caller,
-            confirmed: true,
+            confirmed,
         };
         isolate(&ctx, &pod(), &snapshot(), plan, now()).await
     });
@@ -129,32 +139,33 @@ async fn isolation_sends_pdb_update_then_guarded_patch_then_event() {
         "2026-01-01T00:00:00Z"
     );
     assert_eq!(patch.content_type, "application/json-patch+json");
-    assert_eq!(
-        patch.body,
-        json!([
-            {"op": "test", "path": "/metadata/resourceVersion", "value": "41"},
-            {"op": "test", "path": "/metadata/labels",
-             "value": {"app": "web", "pod-template-hash": "abc", "team": "a"}},
-            {"op": "remove", "path": "/metadata/labels/app"},
-            {"op": "remove", "path": "/metadata/labels/pod-template-hash"},
-            {"op": "add", "path": "/metadata/labels/graceful-drain.io~1draining", "value": "web"},
-            {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1delete-at",
-             "value": "2026-01-01T00:01:00Z"},
-            // Karpenter plans no node for it and starts no second disruption.
-            {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1do-not-disrupt-set",
-             "value": "true"},
-            {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1grace-period-seconds",
-             "value": "20"},
-            {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1original-labels",
-             "value": "{\"app\":\"web\",\"pod-template-hash\":\"abc\"}"},
-            // Isolated for an eviction: its caller removes it, else it goes back a
-            // minute after its delete time.
-            {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1restore-at",
-             "value": "2026-01-01T00:02:00Z"},
-            {"op": "add", "path": "/metadata/annotations/karpenter.sh~1do-not-disrupt",
-             "value": "true"},
-        ])
-    );
+    let mut expected = json!([
+        {"op": "test", "path": "/metadata/resourceVersion", "value": "41"},
+        {"op": "test", "path": "/metadata/labels",
+         "value": {"app": "web", "pod-template-hash": "abc", "team": "a"}},
+        {"op": "remove", "path": "/metadata/labels/app"},
+        {"op": "remove", "path": "/metadata/labels/pod-template-hash"},
+        {"op": "add", "path": "/metadata/labels/graceful-drain.io~1draining", "value": "web"},
+        {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1delete-at",
+         "value": "2026-01-01T00:01:00Z"},
+        // Karpenter plans no node for it and starts no second disruption.
+        {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1do-not-disrupt-set",
+         "value": "true"},
+        {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1grace-period-seconds",
+         "value": "20"},
+        {"op": "add", "path": "/metadata/annotations/graceful-drain.io~1original-labels",
+         "value": "{\"app\":\"web\",\"pod-template-hash\":\"abc\"}"},
+        {"op": "add", "path": "/metadata/annotations/karpenter.sh~1do-not-disrupt",
+         "value": "true"},
+    ]);
+    if !confirmed {
+        // Isolated for an eviction nothing confirms: its caller removes it, else it goes
+        // back a minute after its delete time.
+        let restore = json!({"op": "add", "path": "/metadata/annotations/graceful-drain.io~1restore-at",
+             "value": "2026-01-01T00:02:00Z"});
+        expected.as_array_mut().unwrap().insert(9, restore);
+    }
+    assert_eq!(patch.body, expected, "confirmed: {confirmed}");
     assert_eq!(event.body["reason"], webhook_reason::ISOLATED);
     assert_eq!(event.body["involvedObject"]["uid"], "uid-1");
     let outcome = task.await.unwrap().unwrap();
