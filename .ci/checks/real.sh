@@ -3,7 +3,7 @@
 # kube-controller-manager and kube-scheduler v1.37 (built into the cache by `cargo xtask
 # control-plane build`, which `.ci/run` runs first) and runs its rows (drain, rollout-restart,
 # scale-down-up, recreate-rollout, statefulset-drain, kubectl-drain (the kubectl on PATH),
-# descheduler (built by .ci/drainers.sh); forged-review, forged-statefulset,
+# descheduler and descheduler-in-background (built by .ci/drainers.sh); forged-review, forged-statefulset,
 # forged-daemonset, forged-bare-pods, forged-flood, forged-flood-no-pdb, seed-group-drain and
 # statefulset-long-delay where lifecycle.k8s.io is free, apiserver-restart-drain,
 # controller-manager-restart-rollout, webhook-kill-drain, uninstall-mid-drain) under traffic, without and then with
