@@ -298,18 +298,12 @@ pub fn too_many_requests(
     message: impl Into<String>,
     retry_after_seconds: u32,
 ) -> AdmissionResponse {
-    let mut response = allow(request).deny(message.into());
-    response.result.code = 429;
-    response.result.reason = "TooManyRequests".to_string();
-    response.result.details = Some(kube::core::response::StatusDetails {
-        name: request.name.clone(),
-        group: String::new(),
-        kind: "pods".to_string(),
-        uid: String::new(),
-        causes: Vec::new(),
+    refusal(
+        request,
+        message,
+        (429, "TooManyRequests"),
         retry_after_seconds,
-    });
-    response
+    )
 }
 
 /// A 404 NotFound refusing an eviction whose pod is gone. The API server hands a webhook's
@@ -322,16 +316,26 @@ pub fn gone(
     request: &AdmissionRequest<DynamicObject>,
     message: impl Into<String>,
 ) -> AdmissionResponse {
+    refusal(request, message, (404, "NotFound"), 0)
+}
+
+/// A refusal of the request's pod with `status` (code, reason) and details.
+fn refusal(
+    request: &AdmissionRequest<DynamicObject>,
+    message: impl Into<String>,
+    (code, reason): (u16, &str),
+    retry_after_seconds: u32,
+) -> AdmissionResponse {
     let mut response = allow(request).deny(message.into());
-    response.result.code = 404;
-    response.result.reason = "NotFound".to_string();
+    response.result.code = code;
+    response.result.reason = reason.to_string();
     response.result.details = Some(kube::core::response::StatusDetails {
         name: request.name.clone(),
         group: String::new(),
         kind: "pods".to_string(),
         uid: String::new(),
         causes: Vec::new(),
-        retry_after_seconds: 0,
+        retry_after_seconds,
     });
     response
 }
