@@ -121,6 +121,12 @@ impl Pending {
     }
 }
 
+/// Whether the deleter removes the pod of `meta` itself at its delete time: we isolated it
+/// ([`pending_from`]) and no caller is left to (no restore time).
+pub fn removes(meta: &ObjectMeta) -> bool {
+    pending_from(meta).is_some_and(|p| p.restore_at.is_none())
+}
+
 /// Reads a pending deletion from pod metadata; `None` unless we isolated the pod (the
 /// draining label, the original-labels annotation and a valid delete time).
 pub fn pending_from(meta: &ObjectMeta) -> Option<Pending> {

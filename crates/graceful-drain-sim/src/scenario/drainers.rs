@@ -100,13 +100,12 @@ pub(super) async fn authenticated_row(
     let ca = client_ca.to_string_lossy().into_owned();
     let flags = ["--client-ca", ca.as_str()];
     components.add_webhook_flags(&flags);
-    let row = match components.roll_webhook(cluster, &cfg.components).await {
-        Ok(()) => {
-            cluster.step("webhook: requires kube-apiserver's client certificate");
-            descheduler_row(cluster, cfg, namespace, true, Protection::GracefulDrain).await
-        }
-        Err(e) => Err(e),
-    };
+    let row = async {
+        components.roll_webhook(cluster, &cfg.components).await?;
+        cluster.step("webhook: requires kube-apiserver's client certificate");
+        descheduler_row(cluster, cfg, namespace, true, Protection::GracefulDrain).await
+    }
+    .await;
     components.remove_webhook_flags(&flags);
     let back = components.roll_webhook(cluster, &cfg.components).await;
     let measured = row?;

@@ -370,10 +370,12 @@ pub async fn run(
             (Some(Err(e)), _) => Err(format!("graceful-drain did not start: {e}")),
             (Some(Ok(c)), Disruption::Descheduler { background: true }) => {
                 let namespace = format!("{}-{}", scenario.disruption, scenario.protection);
-                let ca = client_ca.as_deref().unwrap_or(Path::new(""));
-                drainers::authenticated_row(&cluster, cfg, c, ca, namespace)
-                    .await
-                    .map_err(|e| graceful_drain_core::error::chain(&e).to_string())
+                match client_ca.as_deref() {
+                    Some(ca) => drainers::authenticated_row(&cluster, cfg, c, ca, namespace)
+                        .await
+                        .map_err(|e| graceful_drain_core::error::chain(&e).to_string()),
+                    None => Err("kube-apiserver presents no client certificate here".into()),
+                }
             }
             (Some(Ok(c)), Disruption::Forged(target)) => forged::row(&cluster, cfg, c, target)
                 .await

@@ -159,21 +159,13 @@ async fn in_background(
     if ev.requested_by.as_deref() != Some(DESCHEDULER) {
         return None;
     }
-    let api = Api::<Pod>::namespaced(state.ctx.client.clone(), &ev.namespace);
-    let pod = match api.get_opt(&ev.pod).await {
-        Ok(pod) => pod?,
-        Err(error) => {
-            tracing::warn!(error = %graceful_drain_core::error::chain(&error), "read pod for an eviction in the background");
-            return None;
-        }
-    };
+    let pod = live_pod(state, ev).await.ok()??;
     let annotated = pod
         .metadata
         .annotations
         .as_ref()
         .is_some_and(|a| a.contains_key(DESCHEDULER_EVICT_IN_BACKGROUND_ANNOTATION));
-    let by_deleter = deleter::pending_from(&pod.metadata).is_some_and(|p| p.restore_at.is_none());
-    (annotated && by_deleter).then(|| {
+    (annotated && deleter::removes(&pod.metadata)).then(|| {
         let message = format!(
             "{EVACUATION_TRIGGERED}: graceful-drain takes pod {}/{} out of its load balancers and deletes it at {delete_at}",
             ev.namespace, ev.pod
@@ -190,24 +182,30 @@ async fn in_background(
 /// removes (it has a restore time) or one still there at the deadline: that eviction is
 /// decided again and the API server evicts the pod as usual.
 async fn gone_by_deleter(state: &AppState, ev: &review::Eviction, deadline: Instant) -> bool {
-    let api = Api::<Pod>::namespaced(state.ctx.client.clone(), &ev.namespace);
-    let pod = match api.get_opt(&ev.pod).await {
+    let pod = match live_pod(state, ev).await {
         Ok(Some(pod)) => pod,
         Ok(None) => return true,
-        Err(error) => {
-            tracing::warn!(error = %graceful_drain_core::error::chain(&error), "read due pod");
-            return false;
-        }
+        Err(()) => return false,
     };
-    let ours = deleter::pending_from(&pod.metadata).is_some_and(|p| p.restore_at.is_none());
+    let ours = deleter::removes(&pod.metadata);
     let Some(uid) = pod.metadata.uid.filter(|_| ours) else {
         return false;
     };
+    let api = Api::<Pod>::namespaced(state.ctx.client.clone(), &ev.namespace);
     let removed = await_condition(api, &ev.pod, conditions::is_deleted(&uid));
     tokio::select! {
         gone = tokio::time::timeout_at(deadline, removed) => matches!(gone, Ok(Ok(_))),
         () = state.shutdown.cancelled() => false,
     }
+}
+
+/// The eviction's pod as the API server has it now (`None`: gone); a failed read is
+/// logged and answered `Err`, which both callers take as "not the deleter's".
+async fn live_pod(state: &AppState, ev: &review::Eviction) -> Result<Option<Pod>, ()> {
+    let api = Api::<Pod>::namespaced(state.ctx.client.clone(), &ev.namespace);
+    api.get_opt(&ev.pod).await.map_err(|error| {
+        tracing::warn!(error = %graceful_drain_core::error::chain(&error), "read the evicted pod");
+    })
 }
 
 /// Records on the pod that its eviction was refused for now because isolation could not
