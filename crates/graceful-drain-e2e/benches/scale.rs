@@ -40,10 +40,10 @@ use graceful_drain_agent as agent;
 use graceful_drain_core::labels::{DELAY_ANNOTATION, DRAINING_LABEL, webhook_reason};
 use graceful_drain_core::lifecycle::{DRAIN_TRANSITION, LifecycleEvent, LifecycleEventSpec};
 use graceful_drain_core::runtime::Shutdown;
+use graceful_drain_sim::scenario::shipped;
 use graceful_drain_testing::fixtures::{
     self, NodeFixture, PdbFixture, PodFixture, ReplicaSetFixture,
 };
-use graceful_drain_webhook::{ConfigurationsSpec, Target, webhook_configurations};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
@@ -428,12 +428,14 @@ impl Webhook {
 
     /// Registers the webhook with the configurations the chart installs.
     async fn register(&self, client: &kube::Client) {
-        let (mutating, validating) = webhook_configurations(&ConfigurationsSpec {
-            target: Target::Url(format!("https://127.0.0.1:{}", self.listen.port())),
-            ca_bundle: Some(self.ca.clone()),
-            timeout_seconds: i32::try_from(TIMEOUT_SECONDS).unwrap(),
-            ..ConfigurationsSpec::default()
-        });
+        let (mutating, validating) = shipped::webhook_configurations(
+            &format!("https://127.0.0.1:{}", self.listen.port()),
+            &self.ca,
+            &shipped::Values {
+                timeout_seconds: TIMEOUT_SECONDS,
+            },
+        )
+        .unwrap();
         let pp = PostParams::default();
         Api::<MutatingWebhookConfiguration>::all(client.clone())
             .create(&pp, &mutating)

@@ -21,7 +21,7 @@ use graceful_drain_core::labels::{
 use graceful_drain_core::runtime::Shutdown;
 use graceful_drain_e2e::tier::{TestCluster, Tier};
 use graceful_drain_sim::scenario::actions;
-use graceful_drain_webhook::{ConfigurationsSpec, Target, webhook_configurations};
+use graceful_drain_sim::scenario::shipped;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
@@ -97,7 +97,7 @@ async fn ready(admin: std::net::SocketAddr) -> bool {
 }
 
 /// Starts `graceful-drain webhook` from its documented flags against `cluster` and
-/// registers it with the configurations [`webhook_configurations`] builds.
+/// registers it with the chart's configurations ([`shipped`]).
 async fn start_webhook(cluster: &impl Access, delay: Duration, timeout_seconds: u32) -> Webhook {
     start_webhook_with(cluster, delay, timeout_seconds, &[]).await
 }
@@ -167,14 +167,14 @@ async fn launch_webhook(
     }
 }
 
-/// Registers `webhook` with the configurations [`webhook_configurations`] builds.
+/// Registers `webhook` with the chart's configurations ([`shipped`]).
 async fn register_webhook(cluster: &DataPlane, webhook: &Webhook, timeout_seconds: u32) {
-    let (mutating, validating) = webhook_configurations(&ConfigurationsSpec {
-        target: Target::Url(format!("https://127.0.0.1:{}", webhook.listen.port())),
-        ca_bundle: Some(webhook.ca.clone()),
-        timeout_seconds: i32::try_from(timeout_seconds).unwrap(),
-        ..ConfigurationsSpec::default()
-    });
+    let (mutating, validating) = shipped::webhook_configurations(
+        &format!("https://127.0.0.1:{}", webhook.listen.port()),
+        &webhook.ca,
+        &shipped::Values { timeout_seconds },
+    )
+    .unwrap();
     let pp = PostParams::default();
     Api::<MutatingWebhookConfiguration>::all(cluster.client())
         .create(&pp, &mutating)

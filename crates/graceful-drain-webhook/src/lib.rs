@@ -41,7 +41,6 @@ use kube::Api;
 use kube::api::PostParams;
 use prometheus_client::registry::Registry;
 
-pub use configurations::{ConfigurationsSpec, Target, webhook_configurations};
 pub use decide::Exposure;
 
 use graceful_drain_core::admin::Readiness;

@@ -630,9 +630,8 @@ impl Components {
     /// Deletes both webhook configurations, so the API server stops calling the webhook
     /// (what `helm uninstall` does first).
     pub async fn remove_configurations(&self, cluster: &DataPlane) -> Result<(), Error> {
-        let (mutating, validating) = configurations(free_port()?, "", 10);
+        let name = super::shipped::configurations_name()?;
         let dp = kube::api::DeleteParams::default();
-        let name = mutating.metadata.name.clone().unwrap_or_default();
         let err = |what: &str| {
             let object = format!("{what} {name}");
             move |source| Error::Api {
@@ -648,7 +647,6 @@ impl Components {
                 .map(|_| ()),
         )
         .map_err(err("mutatingwebhookconfiguration"))?;
-        let name = validating.metadata.name.clone().unwrap_or_default();
         gone(
             Api::<ValidatingWebhookConfiguration>::all(cluster.client())
                 .delete(&name, &dp)
@@ -777,9 +775,6 @@ async fn front(replicas: Vec<SocketAddr>, stop: Shutdown) -> Result<SocketAddr, 
     Ok(addr)
 }
 
-/// Creates the two webhook configurations (url clientConfig, caBundle, failurePolicy
-/// Ignore, timeoutSeconds) pointing at the in-process webhook on `addr`, built by the
-/// webhook module exactly as the chart renders them.
 /// Points both webhook configurations at `addr` (an update of the Service's endpoint).
 async fn point_configurations(
     cluster: &DataPlane,
@@ -787,7 +782,7 @@ async fn point_configurations(
     ca_pem: &str,
     timeout_seconds: u32,
 ) -> Result<(), Error> {
-    let (mutating, validating) = configurations(addr, ca_pem, timeout_seconds);
+    let (mutating, validating) = configurations(addr, ca_pem, timeout_seconds)?;
     let params = PatchParams::apply("graceful-drain-sim").force();
     let err = |what: &str, name: &str| {
         let object = format!("{what} {name}");
@@ -810,19 +805,19 @@ async fn point_configurations(
     Ok(())
 }
 
+/// The chart's two webhook configurations ([`super::shipped`]), calling the webhook on
+/// `addr`'s loopback port and trusting `ca_pem`, with `timeout_seconds` as
+/// `webhook.timeoutSeconds`.
 fn configurations(
     addr: SocketAddr,
     ca_pem: &str,
     timeout_seconds: u32,
-) -> (MutatingWebhookConfiguration, ValidatingWebhookConfiguration) {
-    let spec = graceful_drain_webhook::ConfigurationsSpec {
-        target: graceful_drain_webhook::Target::Url(format!("https://127.0.0.1:{}", addr.port())),
-        ca_bundle: Some(ca_pem.to_string()),
-        timeout_seconds: i32::try_from(timeout_seconds).unwrap_or(10),
-        failure_policy: "Ignore".into(),
-        ..graceful_drain_webhook::ConfigurationsSpec::default()
-    };
-    graceful_drain_webhook::webhook_configurations(&spec)
+) -> Result<(MutatingWebhookConfiguration, ValidatingWebhookConfiguration), Error> {
+    super::shipped::webhook_configurations(
+        &format!("https://127.0.0.1:{}", addr.port()),
+        ca_pem,
+        &super::shipped::Values { timeout_seconds },
+    )
 }
 
 /// Creates both webhook configurations with a `url` clientConfig to the webhook on
@@ -833,7 +828,7 @@ pub(crate) async fn create_configurations(
     ca_pem: &str,
     timeout_seconds: u32,
 ) -> Result<(), Error> {
-    let (mutating, validating) = configurations(addr, ca_pem, timeout_seconds);
+    let (mutating, validating) = configurations(addr, ca_pem, timeout_seconds)?;
     let pp = PostParams::default();
     let name = mutating.metadata.name.clone().unwrap_or_default();
     let err = |what: &str| {

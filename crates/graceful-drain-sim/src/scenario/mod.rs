@@ -13,6 +13,7 @@ pub mod karpenter;
 pub mod lb_scenarios;
 pub mod matrix;
 pub mod real;
+pub mod shipped;
 pub mod spec;
 pub mod tiered;
 mod vm_scenario;

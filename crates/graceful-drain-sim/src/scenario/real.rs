@@ -1090,36 +1090,16 @@ async fn scale_and_wait(
     .map_err(Error::Cluster)
 }
 
-/// The chart's manifests as `deploy/graceful-drain.yaml` renders them (release
-/// `graceful-drain` in namespace `graceful-drain`, the names our components' users carry).
-const CHART_MANIFESTS: &str = include_str!("../../../../deploy/graceful-drain.yaml");
-/// The kinds of the chart's RBAC, admission policies and FlowSchema: what the
-/// components' ServiceAccounts may do, what the API server enforces on top, and the
-/// priority level the webhook's own calls get.
-const RBAC_KINDS: [&str; 8] = [
-    "FlowSchema",
-    "ServiceAccount",
-    "ClusterRole",
-    "ClusterRoleBinding",
-    "Role",
-    "RoleBinding",
-    "ValidatingAdmissionPolicy",
-    "ValidatingAdmissionPolicyBinding",
-];
-
-/// Applies the chart's ServiceAccounts, Roles, ClusterRoles, their bindings and its
-/// ValidatingAdmissionPolicies (server-side apply), so the components' tokens get exactly
-/// the chart's rights and every isolation and restore passes the chart's policies.
+/// Applies the chart's ServiceAccounts, Roles, ClusterRoles, their bindings, its
+/// ValidatingAdmissionPolicies and FlowSchema as `deploy/graceful-drain.yaml` renders them
+/// (server-side apply, [`super::shipped::access_objects`]), so the components' tokens get
+/// exactly the chart's rights and every isolation and restore passes the chart's policies.
 pub async fn apply_chart_rbac(cluster: &DataPlane) -> Result<(), Error> {
     cluster
         .ensure_namespace(super::components::NAMESPACE)
         .await?;
-    let docs = manifests(CHART_MANIFESTS, "deploy/graceful-drain.yaml")?;
-    let rbac: Vec<serde_json::Value> = docs
-        .into_iter()
-        .filter(|d| RBAC_KINDS.iter().any(|k| d["kind"] == *k))
-        .collect();
-    apply_objects(cluster, &rbac, "deploy/graceful-drain.yaml").await
+    let access = super::shipped::access_objects()?;
+    apply_objects(cluster, &access, super::shipped::FILE).await
 }
 
 /// The chart's objects for `lifecycleCrds.seedGroup` (its CRDs and the agents'
@@ -1130,7 +1110,7 @@ const SEED_GROUP_MANIFESTS: &str = include_str!("../../../../deploy/seed-group.y
 /// CustomResourceDefinitions, waits until they are Established.
 async fn apply_manifests(cluster: &DataPlane, yaml: &str, file: &str) -> Result<(), Error> {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let docs = manifests(yaml, file)?;
+    let docs = super::shipped::parse(yaml, file)?;
     apply_objects(cluster, &docs, file).await?;
     let crds: Api<CustomResourceDefinition> = Api::all(cluster.client());
     for doc in docs
@@ -1159,15 +1139,6 @@ async fn apply_manifests(cluster: &DataPlane, yaml: &str, file: &str) -> Result<
 
 /// How long a CRD may take to be Established.
 const CRD_WAIT: Duration = Duration::from_secs(30);
-
-fn manifests(yaml: &str, file: &str) -> Result<Vec<serde_json::Value>, Error> {
-    let docs: Vec<serde_json::Value> =
-        serde_saphyr::from_multiple(yaml).map_err(|e| Error::Component {
-            name: "chart".into(),
-            reason: format!("{file}: {e}"),
-        })?;
-    Ok(docs.into_iter().filter(|d| d.is_object()).collect())
-}
 
 /// Server-side applies `docs` (from `file`).
 async fn apply_objects(
