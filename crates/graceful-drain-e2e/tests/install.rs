@@ -351,37 +351,37 @@ const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../charts/graceful-
 /// `port`; the lifecycle CRDs are the data plane's already. Then the Service becomes an
 /// `ExternalName` of `localhost`, before anything could make kube-apiserver call it, and
 /// the serving certificate is written under `tls_dir` as the Secret's volume would hold
-/// it. Returns the release's manifests.
+/// it. `values` are more `--set` values. Returns the release's manifests.
 fn helm_install(
     helm_bin: &Path,
     admin: &Path,
     dir: &Path,
     port: u16,
     tls_dir: &Path,
+    values: &[&str],
 ) -> Vec<Value> {
     let port = format!("webhook.service.port={port}");
-    helm(
-        helm_bin,
-        admin,
-        dir,
-        &[
-            "install",
-            NAMESPACE,
-            CHART,
-            "--namespace",
-            NAMESPACE,
-            "--create-namespace",
-            "--set",
-            "certificates.mode=self-signed",
-            "--set",
-            "lifecycleCrds.install=false",
-            "--set",
-            &port,
-            "--wait",
-            "--timeout",
-            "90s",
-        ],
-    );
+    let mut args = vec![
+        "install",
+        NAMESPACE,
+        CHART,
+        "--namespace",
+        NAMESPACE,
+        "--create-namespace",
+        "--set",
+        "certificates.mode=self-signed",
+        "--set",
+        "lifecycleCrds.install=false",
+        "--set",
+        &port,
+        "--wait",
+        "--timeout",
+        "90s",
+    ];
+    for value in values {
+        args.extend(["--set", value]);
+    }
+    helm(helm_bin, admin, dir, &args);
     let external = r#"{"spec": {"type": "ExternalName", "externalName": "localhost"}}"#;
     kubectl::stdout(
         admin,
@@ -434,6 +434,17 @@ fn helm_install(
 /// caches hold the endpoints from the first list) and waits until the webhook is ready.
 /// `None` when the real tier or Helm is not available here.
 async fn install(tier: Tier, spec: &WebSpec) -> Option<Installed> {
+    install_with(tier, spec, &[]).await
+}
+
+/// [`install`], the chart installed with the Helm `values` (`key=value`, as for `--set`);
+/// on the real tier only, where the chart is rendered (the simulated tier applies the
+/// manifests rendered with the defaults).
+async fn install_with(tier: Tier, spec: &WebSpec, values: &[&str]) -> Option<Installed> {
+    assert!(
+        values.is_empty() || tier == Tier::Real,
+        "Helm values need the real tier"
+    );
     graceful_drain_core::runtime::install_crypto_provider();
     rbac::install();
     let helm_bin = match tier {
@@ -473,7 +484,7 @@ async fn install(tier: Tier, spec: &WebSpec) -> Option<Installed> {
                 .local_addr()
                 .unwrap()
                 .port();
-            let docs = helm_install(helm_bin, &admin, dir.path(), port, &tls_dir);
+            let docs = helm_install(helm_bin, &admin, dir.path(), port, &tls_dir, values);
             (docs, format!("127.0.0.1:{port}"))
         }
     };
@@ -578,13 +589,14 @@ async fn real_tier_chart_installed_with_helm_routes_evictions_and_deletes_to_the
 }
 
 /// Admission reviews the webhook answered so far, from its `/metrics`: what reached it,
-/// on either tier.
+/// on either tier; its own protection probes' reviews not counted.
 async fn reviews_answered(installed: &Installed) -> u64 {
     admin_get(installed.webhook_admin, "/metrics")
         .await
         .expect("the webhook's admin port answers /metrics")
         .lines()
         .filter(|l| l.starts_with("graceful_drain_webhook_reviews_total{"))
+        .filter(|l| !l.contains("outcome=\"probe\""))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64
 }
@@ -740,4 +752,376 @@ async fn the_node_agent_drains_a_node(tier: Tier) {
         "each of the {on_node} evictions went through the webhook"
     );
     assert_rbac_allows(&installed, &[NAME, agent_name]);
+}
+
+/// How often the protection test's release probes (`webhook.probe.interval`).
+const PROBE_INTERVAL: Duration = Duration::from_secs(2);
+/// Probes in a row that stand for more than the alert's `for: 2m` once each probe counts as
+/// one scrape of the default 30 s interval: 6 × 30 s.
+const PROBES_PER_PHASE: usize = 6;
+
+/// promtool, as `.ci/checks/alerts.sh` builds it into the cache outside the clone:
+/// `GRACEFUL_DRAIN_PROMTOOL`, else `tools/promtool-*/promtool` there. `None` (the test
+/// ends) where it is not built, except in CI.
+fn promtool_binary() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("GRACEFUL_DRAIN_PROMTOOL") {
+        return Some(PathBuf::from(path));
+    }
+    let tools = kube_control_plane::cache_dir().join("tools");
+    let found = std::fs::read_dir(&tools)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("promtool-"))
+        .map(|e| e.path().join("promtool"))
+        .find(|p| p.is_file());
+    if found.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must build promtool before the tests (bash .ci/checks/alerts.sh --build-only): none under {}",
+            tools.display()
+        );
+        eprintln!(
+            "skipped: no promtool under {} (bash .ci/checks/alerts.sh --build-only)",
+            tools.display()
+        );
+    }
+    found
+}
+
+/// The value of the metric `name` (without labels) on the admin port `admin`.
+async fn gauge(admin: SocketAddr, name: &str) -> Option<f64> {
+    admin_get(admin, "/metrics")
+        .await?
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// What one probe left behind: the Lease's annotations and the replica's gauge.
+#[derive(Debug)]
+struct Probed {
+    protection: String,
+    checked_at: String,
+    gauge: f64,
+}
+
+/// Waits for the next probe the Lease records (its checked-at annotation changes from
+/// `last`), bounded by two probe intervals and the Lease's renewal, and returns it.
+async fn next_probe(installed: &Installed, lease: &str, last: Option<&str>) -> Probed {
+    use graceful_drain_webhook::probe;
+    use k8s_openapi::api::coordination::v1::Lease;
+    let leases: Api<Lease> = Api::namespaced(installed.cluster.client(), NAMESPACE);
+    let seen = std::sync::Mutex::new(None);
+    let bound = PROBE_INTERVAL * 2 + graceful_drain_webhook::lease::RETRY;
+    wait_for("the next probe on the Lease", bound, || {
+        let (leases, seen) = (&leases, &seen);
+        async move {
+            let annotations = leases
+                .get_opt(lease)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|l| l.metadata.annotations)
+                .unwrap_or_default();
+            let checked = annotations.get(probe::CHECKED_AT_ANNOTATION).cloned();
+            if checked.is_none() || checked.as_deref() == last {
+                return false;
+            }
+            *seen.lock().unwrap() = Some((
+                annotations[probe::PROTECTION_ANNOTATION].clone(),
+                checked.unwrap(),
+            ));
+            true
+        }
+    })
+    .await
+    .unwrap();
+    let (protection, checked_at) = seen.into_inner().unwrap().unwrap();
+    let gauge = gauge(
+        installed.webhook_admin,
+        "graceful_drain_webhook_protection_active",
+    )
+    .await
+    .expect("the webhook exports graceful_drain_webhook_protection_active");
+    Probed {
+        protection,
+        checked_at,
+        gauge,
+    }
+}
+
+/// The chart's alert rules (its PrometheusRule's spec, release `graceful-drain`) as the
+/// file promtool reads (`rules.yaml` in `dir`); returns the spec.
+fn alert_rules(helm_bin: &Path, dir: &Path) -> Value {
+    let out = std::process::Command::new(helm_bin)
+        .args(["template", NAMESPACE, CHART, "--namespace", NAMESPACE])
+        .args(["--set", "metrics.prometheusRule.enabled=true"])
+        .args(["--show-only", "templates/prometheus-rule.yaml"])
+        .env("HELM_CACHE_HOME", dir.join("helm/cache"))
+        .env("HELM_CONFIG_HOME", dir.join("helm/config"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "helm template: {out:?}");
+    let rule: Value = serde_saphyr::from_str(&String::from_utf8_lossy(&out.stdout)).unwrap();
+    assert_eq!(rule["kind"], "PrometheusRule");
+    // JSON is YAML: promtool reads it as it is.
+    std::fs::write(dir.join("rules.yaml"), rule["spec"].to_string()).unwrap();
+    rule["spec"].clone()
+}
+
+/// Protection observed on a release installed as users install it: `helm install` of the
+/// chart, its own webhook configurations (matchConditions included), the webhook under its
+/// own ServiceAccount, probing every [`PROBE_INTERVAL`]. Protection is `active` on the
+/// Lease and the gauge within two probes; with the MutatingWebhookConfiguration pointed at
+/// a closed port it turns `lost`, with one Warning Event however many probes fail; set
+/// back, `active` again. The gauge's series this run produced, each probe one scrape of
+/// the default 30 s interval, goes through the chart's alert rules in promtool:
+/// GracefulDrainProtectionLost fires only in the broken phase. And the probe's exception
+/// in the matchConditions is only the probe's: the deleter's own DELETE of a scale-down's
+/// pod still skips the webhook.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_tier_a_helm_release_reports_whether_the_api_server_calls_it() {
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    use k8s_openapi::api::core::v1::Event;
+    let interval = format!("webhook.probe.interval={}s", PROBE_INTERVAL.as_secs());
+    let Some(installed) = install_with(Tier::Real, &web(), &[&interval]).await else {
+        return;
+    };
+    let Some(promtool) = promtool_binary() else {
+        return;
+    };
+    let helm_bin = helm_binary().unwrap();
+    let dir = installed.dir.path();
+    // The Lease the release's webhook writes, from its command line.
+    let webhook = installed
+        .docs
+        .iter()
+        .find(|d| kind(d) == "Deployment" && d["metadata"]["name"] == NAME)
+        .unwrap();
+    let lease = webhook["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|a| a.as_str()?.strip_prefix("--lease-name="))
+        .expect("the chart names the webhook's Lease")
+        .to_string();
+
+    let mut series: Vec<f64> = Vec::new();
+    let mut last: Option<String> = None;
+    let probe = async |series: &mut Vec<f64>, last: &mut Option<String>| {
+        let probed = next_probe(&installed, &lease, last.as_deref()).await;
+        eprintln!("probe: {probed:?}");
+        series.push(probed.gauge);
+        *last = Some(probed.checked_at.clone());
+        probed
+    };
+
+    // Active from the first probe on, through the chart's own configurations.
+    for _ in 0..PROBES_PER_PHASE {
+        let probed = probe(&mut series, &mut last).await;
+        assert_eq!(
+            (probed.protection.as_str(), probed.gauge),
+            ("active", 1.0),
+            "a release whose webhook the API server calls reports protection"
+        );
+    }
+    let active_until = series.len();
+
+    // The mutating configuration (evictions) pointed at a port where nothing listens.
+    let configurations: Api<MutatingWebhookConfiguration> = Api::all(installed.cluster.client());
+    let name = installed
+        .docs
+        .iter()
+        .find(|d| kind(d) == "MutatingWebhookConfiguration")
+        .and_then(|d| d["metadata"]["name"].as_str())
+        .unwrap()
+        .to_string();
+    let original = configurations.get(&name).await.unwrap();
+    let mut broken = original.clone();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    for hook in broken.webhooks.iter_mut().flatten() {
+        let service = hook.client_config.service.as_mut().unwrap();
+        service.port = Some(i32::from(closed));
+    }
+    configurations
+        .replace(&name, &PostParams::default(), &broken)
+        .await
+        .unwrap();
+    // Probes that may still have gone through before the API server saw the change.
+    let mut lost = 0;
+    while lost < PROBES_PER_PHASE {
+        let probed = probe(&mut series, &mut last).await;
+        if probed.protection == "active" {
+            assert_eq!(lost, 0, "protection came back while the path was broken");
+            assert!(
+                series.len() - active_until <= 2,
+                "protection not reported lost within two probes: {series:?}"
+            );
+            continue;
+        }
+        assert_eq!((probed.protection.as_str(), probed.gauge), ("lost", 0.0));
+        lost += 1;
+    }
+    let lost_until = series.len();
+    let events: Api<Event> = Api::namespaced(installed.cluster.client(), NAMESPACE);
+    let warnings: Vec<Event> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref()
+                == Some(graceful_drain_core::labels::webhook_reason::PROTECTION_LOST)
+        })
+        .collect();
+    assert_eq!(
+        warnings.len(),
+        1,
+        "one Warning Event for {lost} failed probes: {warnings:?}"
+    );
+    assert_eq!(warnings[0].type_.as_deref(), Some("Warning"));
+    assert!(
+        warnings[0].count.unwrap_or(1) == 1 && warnings[0].series.is_none(),
+        "the Event repeated: {:?}",
+        warnings[0]
+    );
+
+    // Set back: active again within two probes.
+    let mut fixed = configurations.get(&name).await.unwrap();
+    fixed.webhooks = original.webhooks;
+    configurations
+        .replace(&name, &PostParams::default(), &fixed)
+        .await
+        .unwrap();
+    loop {
+        let probed = probe(&mut series, &mut last).await;
+        if probed.protection == "active" {
+            assert_eq!(probed.gauge, 1.0);
+            break;
+        }
+        assert!(
+            series.len() - lost_until < 2,
+            "protection not back within two probes: {series:?}"
+        );
+    }
+
+    // The probe's exception in the chart's matchConditions lets nothing else of the webhook
+    // through: a scale-down's pod, isolated when the replicaset-controller deletes it, is
+    // deleted by the webhook's deleter at its delete time, and that DELETE skips the webhook.
+    let own = |text: String| {
+        text.lines()
+            .filter(|l| l.starts_with("graceful_drain_webhook_reviews_total{"))
+            .filter(|l| l.contains("outcome=\"own_request\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let metrics = || async {
+        admin_get(installed.webhook_admin, "/metrics")
+            .await
+            .expect("the webhook's admin port answers /metrics")
+    };
+    let reviews_before = reviews_answered(&installed).await;
+    let spec = web();
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(installed.cluster.client(), &spec.namespace);
+    let scale = json!({"spec": {"replicas": spec.replicas - 1}});
+    deployments
+        .patch_scale(
+            &spec.name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&scale),
+        )
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(installed.cluster.client(), &spec.namespace);
+    let isolated = || async {
+        pods.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(draining)
+            .collect::<Vec<Pod>>()
+    };
+    wait_for("the scale-down's pod isolated", TIMEOUT, || async {
+        !isolated().await.is_empty()
+    })
+    .await
+    .unwrap();
+    wait_for(
+        "the isolated pod deleted by the deleter",
+        TIMEOUT,
+        || async {
+            isolated()
+                .await
+                .iter()
+                .all(|p| p.metadata.deletion_timestamp.is_some())
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        reviews_answered(&installed).await > reviews_before,
+        "the replicaset-controller's DELETE reached the webhook"
+    );
+    assert_eq!(
+        own(metrics().await),
+        0.0,
+        "the deleter's own DELETE went through the webhook"
+    );
+
+    // The chart's alert rules on this series; the alert as the chart words it.
+    let rules = alert_rules(&helm_bin, dir);
+    let alert = rules["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap())
+        .find(|r| r["alert"] == "GracefulDrainProtectionLost")
+        .expect("the chart has the GracefulDrainProtectionLost alert");
+    let at = |probes: usize| format!("{}s", (probes - 1) * 30);
+    let values: Vec<String> = series.iter().map(|v| v.to_string()).collect();
+    let tests = json!({
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "30s",
+        "tests": [{
+            "name": "protection as this run's probes saw it",
+            "interval": "30s",
+            "input_series": [{
+                "series": format!(
+                    "graceful_drain_webhook_protection_active{{namespace=\"{NAMESPACE}\",pod=\"webhook-0\"}}"
+                ),
+                "values": values.join(" "),
+            }],
+            "alert_rule_test": [
+                {"eval_time": at(active_until), "alertname": "GracefulDrainProtectionLost", "exp_alerts": []},
+                {"eval_time": at(lost_until), "alertname": "GracefulDrainProtectionLost",
+                 "exp_alerts": [{"exp_labels": alert["labels"], "exp_annotations": alert["annotations"]}]},
+                {"eval_time": at(series.len()), "alertname": "GracefulDrainProtectionLost", "exp_alerts": []},
+            ],
+        }],
+    });
+    let tests_path = dir.join("protection-test.yaml");
+    std::fs::write(&tests_path, tests.to_string()).unwrap();
+    let out = std::process::Command::new(&promtool)
+        .args(["test", "rules"])
+        .arg(&tests_path)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    eprintln!(
+        "promtool test rules on {} probes:\n{}{}",
+        series.len(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "the chart's alerts misjudge this run's series: {tests}"
+    );
 }
