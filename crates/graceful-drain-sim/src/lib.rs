@@ -172,6 +172,11 @@ pub struct Args {
     /// its scenario name (drain, rollout-restart, statefulset-long-delay, …).
     #[arg(long = "row", value_name = "NAME")]
     pub rows: Vec<String>,
+    /// With --real or --kubeconfig: run the rows in an order shuffled by this seed (the
+    /// unprotected ones still first, uninstall-mid-drain still last); every row sets up
+    /// what it needs itself, so any order must pass.
+    #[arg(long, value_name = "SEED")]
+    pub shuffle_rows: Option<u64>,
     /// With --real or --kubeconfig: instead of the rows, time how fast the ReplicaSet,
     /// StatefulSet and DaemonSet controllers create pods while the webhook holds DELETEs,
     /// and print a table (a benchmark: it asserts nothing).
@@ -563,6 +568,7 @@ async fn run_real(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> {
         &kubeconfig,
         &cfg,
         &args.rows,
+        args.shuffle_rows,
         restart,
         &shutdown,
         &mut |row| {

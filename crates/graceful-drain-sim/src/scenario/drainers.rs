@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 
@@ -113,8 +113,9 @@ pub(super) async fn authenticated_row(
     Ok(measured)
 }
 
-/// The descheduler row: the Deployment packed onto all nodes but the last (cordoned while
-/// it starts), then one descheduler pass (RemoveDuplicates) under traffic; it ends when
+/// The descheduler row: its own Deployment packed onto one or two nodes ([`Layout`]; the
+/// others cordoned while it starts, then every node ready and untainted again, read from
+/// the API server), then one descheduler pass (RemoveDuplicates) under traffic; it ends when
 /// every pod the descheduler evicted is gone and the Deployment serves at its replicas
 /// again. Checks that it evicted at least one pod and no more than one per node, and
 /// with graceful-drain that it finished within [`BOUND_FACTOR`] of its bound: one pod's
@@ -132,6 +133,18 @@ pub(super) async fn descheduler_row(
     )))?;
     let mut cfg = cfg.clone();
     cfg.web.namespace = namespace;
+    let client = cluster.client();
+    let timeout = cfg.phase_timeout;
+    let nodes = cluster.nodes().to_vec();
+    let layout = Layout::for_nodes(nodes.len()).ok_or_else(|| {
+        failed(format!(
+            "the row moves pods between nodes: it needs two or more, the cluster has {}",
+            nodes.len()
+        ))
+    })?;
+    // The row's own Deployment, whatever --replicas says: RemoveDuplicates evicts only
+    // above an even share (see [`Layout`]).
+    cfg.web.replicas = layout.replicas;
     // A budget the evictions fit in: the row measures the descheduler, not the budget.
     cfg.web.min_available = cfg.web.replicas / 2;
     if background {
@@ -140,18 +153,46 @@ pub(super) async fn descheduler_row(
             String::new(),
         );
     }
-    let client = cluster.client();
-    let timeout = cfg.phase_timeout;
-    let spare = cluster
-        .nodes()
-        .last()
-        .cloned()
-        .ok_or_else(|| failed("the cluster has no nodes".into()))?;
+    let (packed, spare) = nodes.split_at(layout.packed);
     cluster.ensure_namespace(&cfg.web.namespace).await?;
-    actions::cordon(&client, &spare, true).await?;
-    let deployed = cluster.deploy_web(&cfg.web, timeout).await;
-    actions::cordon(&client, &spare, false).await?;
+    let deployed = async {
+        for node in spare {
+            actions::cordon(&client, node, true).await?;
+        }
+        // The cordon seen by the control plane (the node lifecycle controller's taint)
+        // before the Deployment's pods are scheduled.
+        wait_nodes(&client, spare, timeout, "cordoned", |n| {
+            has_unschedulable_taint(n)
+        })
+        .await?;
+        cluster.deploy_web(&cfg.web, timeout).await?;
+        let stray = pods_on_nodes(&client, &cfg.web.namespace, spare).await?;
+        if !stray.is_empty() {
+            return Err(failed(format!(
+                "pods {stray:?} were scheduled onto the cordoned nodes {spare:?}"
+            )));
+        }
+        Ok(())
+    }
+    .await;
+    for node in spare {
+        actions::cordon(&client, node, false).await?;
+    }
     deployed?;
+    // Every node a place duplicates may land, as the descheduler reads it when it starts
+    // (pkg/descheduler/node/node.go `IsReady`; removeduplicates.go `getTargetNodes`
+    // skips nodes with a NoSchedule or NoExecute taint the pods do not tolerate, such as
+    // the cordon's, which the node lifecycle controller removes some time after the
+    // uncordon).
+    wait_nodes(&client, &nodes, timeout, "ready and untainted", |n| {
+        ready(n) && !repels(n)
+    })
+    .await?;
+    cluster.step(format!(
+        "{} pods on {packed:?}, {} node(s) free for their duplicates",
+        cfg.web.replicas,
+        spare.len()
+    ));
     let pods = Api::<Pod>::namespaced(client.clone(), &cfg.web.namespace);
     let before: Vec<(String, String)> = pods
         .list(&ListParams::default())
@@ -279,6 +320,111 @@ pub(super) async fn descheduler_row(
     Ok(measured)
 }
 
+/// Where the row's Deployment runs before the pass. RemoveDuplicates
+/// (pkg/framework/plugins/removeduplicates/removeduplicates.go, `Balance`) evicts from a
+/// node only the pods above `ceil(replicas / feasible nodes)`: the same Deployment spread
+/// evenly (2 + 2 pods with 3 nodes, say) gives it nothing to do. So the row packs
+/// `replicas = packed × nodes` pods onto `packed` nodes (two, or one on a two-node
+/// cluster), the others cordoned while they start: each packed node holds about
+/// `nodes` pods, more than the share of `packed`, and the pass evicts from each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Layout {
+    /// Nodes that hold the pods; the rest are free for the duplicates.
+    packed: usize,
+    /// The row's replicas.
+    replicas: i32,
+}
+
+impl Layout {
+    /// The layout on a cluster of `nodes` nodes; `None` under two.
+    fn for_nodes(nodes: usize) -> Option<Layout> {
+        if nodes < 2 {
+            return None;
+        }
+        let packed = (nodes - 1).min(2);
+        Some(Layout {
+            packed,
+            replicas: i32::try_from(packed * nodes).ok()?,
+        })
+    }
+}
+
+fn ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Whether `node` is cordoned or carries a taint that keeps the row's pods (which
+/// tolerate nothing) off it.
+fn repels(node: &Node) -> bool {
+    let Some(spec) = &node.spec else {
+        return false;
+    };
+    spec.unschedulable == Some(true)
+        || spec
+            .taints
+            .iter()
+            .flatten()
+            .any(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+}
+
+fn has_unschedulable_taint(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| {
+            t.iter()
+                .any(|t| t.key == "node.kubernetes.io/unschedulable")
+        })
+}
+
+/// Waits until every node of `names` is `what` by `test`, read from the API server.
+async fn wait_nodes(
+    client: &kube::Client,
+    names: &[String],
+    timeout: Duration,
+    what: &str,
+    test: impl Fn(&Node) -> bool,
+) -> Result<(), Error> {
+    let api = Api::<Node>::all(client.clone());
+    let test = &test;
+    let api = &api;
+    wait_for(&format!("nodes {names:?} {what}"), timeout, || async move {
+        let mut all = true;
+        for name in names {
+            all &= api.get(name).await.is_ok_and(|n| test(&n));
+        }
+        all
+    })
+    .await?;
+    Ok(())
+}
+
+/// The pods of `namespace` on any of `nodes`.
+async fn pods_on_nodes(
+    client: &kube::Client,
+    namespace: &str,
+    nodes: &[String],
+) -> Result<Vec<String>, Error> {
+    let pods = Api::<Pod>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default())
+        .await
+        .map_err(workloads::api("list", format!("pods in {namespace}")))?;
+    Ok(pods
+        .items
+        .iter()
+        .filter(|p| {
+            p.spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_ref())
+                .is_some_and(|n| nodes.contains(n))
+        })
+        .map(|p| p.name_any())
+        .collect())
+}
+
 /// Runs one descheduler pass against `kubeconfig` with `policy`, its log in `log`, with
 /// evictions in the `background` or not; it serves nothing (no metrics, no HTTPS port)
 /// and elects no leader.
@@ -344,5 +490,45 @@ fn failed(reason: String) -> Error {
     Error::Component {
         name: "descheduler".into(),
         reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// RemoveDuplicates' rule (removeduplicates.go `Balance`): a node with `c` pods of the
+    /// owner gives up `c - share` of them, `share = ceil(replicas / feasible nodes)`.
+    fn evicted_per_node(on_node: i32, replicas: i32, nodes: usize) -> i32 {
+        let share = (replicas + nodes as i32 - 1) / nodes as i32;
+        (on_node - share).max(0)
+    }
+
+    #[test]
+    fn every_packed_node_has_duplicates_to_give_up() {
+        for nodes in 2..=12 {
+            let layout = Layout::for_nodes(nodes).unwrap();
+            assert!(layout.packed < nodes, "{layout:?} on {nodes}");
+            // The scheduler's spread over the packed nodes: the least loaded gets the floor.
+            let fewest = layout.replicas / layout.packed as i32;
+            assert!(
+                evicted_per_node(fewest, layout.replicas, nodes) >= 1,
+                "{layout:?} on {nodes} nodes: nothing to evict"
+            );
+        }
+    }
+
+    #[test]
+    fn the_layout_that_failed_alone_had_nothing_to_evict() {
+        // 4 replicas over 2 of 3 nodes, as the row ran with the default flags.
+        assert_eq!(evicted_per_node(2, 4, 3), 0);
+        assert_eq!(Layout::for_nodes(1), None);
+        assert_eq!(
+            Layout::for_nodes(3),
+            Some(Layout {
+                packed: 2,
+                replicas: 6
+            })
+        );
     }
 }

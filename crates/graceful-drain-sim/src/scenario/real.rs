@@ -49,7 +49,7 @@ pub enum Disruption {
     /// deregistration delay plus the app's exit after SIGTERM).
     KubectlDrain,
     /// One pass of the descheduler (RemoveDuplicates, one eviction per node at most) over
-    /// the Deployment packed onto all nodes but one; only where the descheduler is built
+    /// a Deployment of its own packed onto one or two nodes (`drainers::Layout`); only where the descheduler is built
     /// ([`drainers::descheduler`]). With `background`, the descheduler's
     /// `EvictionsInBackground` gate is on, the pods ask for it, and with protection the
     /// webhook requires kube-apiserver's client certificate (every review authenticated):
@@ -258,6 +258,26 @@ pub fn scenarios(upstream: bool, faults: bool) -> Vec<RealScenario> {
     all
 }
 
+/// `rows` in an order drawn from `seed`: the unprotected rows still before the protected
+/// ones (the webhook, once started, protects every later row), and uninstall-mid-drain
+/// still last (it removes the webhook); within that, any order.
+pub fn shuffled(rows: Vec<RealScenario>, seed: u64) -> Vec<RealScenario> {
+    use rand::SeedableRng;
+    use rand::seq::SliceRandom;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (mut unprotected, rest): (Vec<_>, Vec<_>) = rows
+        .into_iter()
+        .partition(|s| s.protection == Protection::None);
+    let (mut last, mut protected): (Vec<_>, Vec<_>) = rest
+        .into_iter()
+        .partition(|s| s.disruption == Disruption::UninstallMidDrain);
+    unprotected.shuffle(&mut rng);
+    protected.shuffle(&mut rng);
+    unprotected.append(&mut protected);
+    unprotected.append(&mut last);
+    unprotected
+}
+
 /// Says whether Kubernetes' own `lifecycle.k8s.io` is served: our LifecycleEvent and
 /// LifecycleTransition live in `lifecycle.graceful-drain.io`, so the rows must pass either way.
 fn progress_note(upstream: bool) {
@@ -307,11 +327,13 @@ pub type Restart = std::sync::Arc<dyn Fn(&'static str) -> Result<(), String> + S
 
 /// Attaches the data plane to the API server of `kubeconfig` and runs every row of
 /// [`scenarios`], printing each as it finishes through `progress`. With `only` not empty,
-/// just the rows whose disruption it names; the fault rows only with `restart`.
+/// just the rows whose disruption it names; with `shuffle`, in an order shuffled by that
+/// seed ([`shuffled`]); the fault rows only with `restart`.
 pub async fn run(
     kubeconfig: &Path,
     cfg: &ScenarioConfig,
     only: &[String],
+    shuffle: Option<u64>,
     restart: Option<Restart>,
     shutdown: &Shutdown,
     progress: &mut dyn FnMut(&RealRow),
@@ -343,12 +365,25 @@ pub async fn run(
         eprintln!("seed-group-drain: not run, Kubernetes serves lifecycle.k8s.io itself");
         eprintln!("statefulset-long-delay: not run, it runs once, with the API off");
     }
-    let selected = scenarios(upstream, restart.is_some())
+    let selected: Vec<RealScenario> = scenarios(upstream, restart.is_some())
         .into_iter()
         .filter(|s| only.is_empty() || only.contains(&s.disruption.to_string()))
         .filter(|s| {
             client_ca.is_some() || s.disruption != Disruption::Descheduler { background: true }
-        });
+        })
+        .collect();
+    let selected = match shuffle {
+        Some(seed) => {
+            let rows = shuffled(selected, seed);
+            let names: Vec<String> = rows
+                .iter()
+                .map(|s| format!("{}/{}", s.disruption, s.protection))
+                .collect();
+            eprintln!("rows shuffled with seed {seed}: {}", names.join(" "));
+            rows
+        }
+        None => selected,
+    };
     for scenario in selected {
         if scenario.protection == Protection::GracefulDrain && components.is_none() {
             let started = async {
@@ -1212,4 +1247,49 @@ pub fn table(rows: &[RealRow]) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(rows: &[RealScenario]) -> Vec<String> {
+        rows.iter()
+            .map(|s| format!("{}/{}", s.disruption, s.protection))
+            .collect()
+    }
+
+    #[test]
+    fn a_shuffle_keeps_the_phases_and_every_row() {
+        let rows = scenarios(false, true);
+        let mut orders = std::collections::BTreeSet::new();
+        for seed in 0..8 {
+            let order = shuffled(rows.clone(), seed);
+            assert_eq!(order.len(), rows.len());
+            let first_protected = order
+                .iter()
+                .position(|s| s.protection == Protection::GracefulDrain)
+                .unwrap();
+            assert!(
+                order[first_protected..]
+                    .iter()
+                    .all(|s| s.protection == Protection::GracefulDrain),
+                "{:?}",
+                names(&order)
+            );
+            assert_eq!(
+                order.last().unwrap().disruption,
+                Disruption::UninstallMidDrain
+            );
+            let mut sorted = names(&order);
+            sorted.sort();
+            let mut expected = names(&rows);
+            expected.sort();
+            assert_eq!(sorted, expected);
+            // The same seed, the same order: a failing order can be run again.
+            assert_eq!(names(&shuffled(rows.clone(), seed)), names(&order));
+            orders.insert(names(&order));
+        }
+        assert!(orders.len() > 1, "the seed changes nothing");
+    }
 }
