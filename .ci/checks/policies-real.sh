@@ -38,7 +38,7 @@ for n in node-a node-b; do
   k create -f - >/dev/null <<EOF
 apiVersion: v1
 kind: Node
-metadata: {name: $n}
+metadata: {name: $n, labels: {kubernetes.io/hostname: $n}}
 EOF
 done
 
@@ -61,6 +61,36 @@ AGENT_B="$WORK/agent-b.kubeconfig"; as_user "$AGENT_B" "system:serviceaccount:$N
 AGENT_A="$WORK/agent-a.kubeconfig"; as_user "$AGENT_A" "system:serviceaccount:$NS:graceful-drain-agent" node-a
 AGENT_NONE="$WORK/agent-none.kubeconfig"; as_user "$AGENT_NONE" "system:serviceaccount:$NS:graceful-drain-agent"
 
+# A node agent may patch nodes/status but not read it, and kubectl's `patch --subresource`
+# reads first: this sends the PATCH alone, as the agent does, through the kubeconfig FILE
+# (its client certificate and impersonation), printing the API server's answer.
+status_patch() { # FILE NODE STRATEGIC-MERGE-PATCH
+  python3 - "$@" <<'PY'
+import base64, json, ssl, sys, tempfile, urllib.request, urllib.error, yaml
+path, node, body = sys.argv[1:]
+cfg = yaml.safe_load(open(path))
+cluster, user = cfg["clusters"][0]["cluster"], cfg["users"][0]["user"]
+files = {}
+for key in ("certificate-authority-data", "client-certificate-data", "client-key-data"):
+    f = tempfile.NamedTemporaryFile(delete=False)
+    f.write(base64.b64decode(user.get(key) or cluster[key])); f.close(); files[key] = f.name
+ctx = ssl.create_default_context(cafile=files["certificate-authority-data"])
+ctx.load_cert_chain(files["client-certificate-data"], files["client-key-data"])
+req = urllib.request.Request(f"{cluster['server']}/api/v1/nodes/{node}/status", data=body.encode(),
+                             method="PATCH", headers={"Content-Type": "application/strategic-merge-patch+json"})
+if "as" in user:
+    req.add_header("Impersonate-User", user["as"])
+for k, values in (user.get("as-user-extra") or {}).items():
+    for v in values:
+        req.add_header(f"Impersonate-Extra-{k.replace('/', '%2F')}", v)
+try:
+    urllib.request.urlopen(req, context=ctx).read()
+    print("patched")
+except urllib.error.HTTPError as e:
+    print(f"{e.code}: {e.read().decode()}")
+    sys.exit(1)
+PY
+}
 pod() { # NAME NODE
   k apply -f - >/dev/null <<EOF
 apiVersion: v1
@@ -174,6 +204,24 @@ allowed "record a disruption in a PDB's status" "$WEBHOOK" replace --subresource
 status_with "s['disruptedPods'] = {'web-9': '2026-01-01T00:01:00Z'}"
 allowed "renew a held pod's disruption time" "$WEBHOOK" replace --subresource=status -f "$WORK/pdb.json"
 
+echo "policies-real: the webhook's own RBAC objects"
+OTHER='{"kind":"ServiceAccount","name":"default","namespace":"shop"}'
+refused "add a subject to its own ClusterRoleBinding" "$WEBHOOK" patch clusterrolebinding graceful-drain-webhook \
+  --type=json -p '[{"op":"add","path":"/subjects/-","value":'"$OTHER"'}]'
+refused "add a subject to its leader-election RoleBinding" "$WEBHOOK" -n "$NS" patch rolebinding \
+  graceful-drain-webhook-leader-election --type=json -p '[{"op":"add","path":"/subjects/-","value":'"$OTHER"'}]'
+refused "add a rule it holds to its ClusterRole" "$WEBHOOK" patch clusterrole graceful-drain-webhook \
+  --type=json -p '[{"op":"add","path":"/rules/-","value":{"apiGroups":[""],"resources":["pods"],"verbs":["get"]}}]'
+refused "label its ClusterRole into the admin role's aggregation" "$WEBHOOK" label clusterrole graceful-drain-webhook \
+  rbac.authorization.k8s.io/aggregate-to-admin=true
+BINDING_UID="$(k get clusterrolebinding graceful-drain-webhook -o jsonpath='{.metadata.uid}')"
+allowed "make its ClusterRole a dependent of its ClusterRoleBinding" "$WEBHOOK" patch clusterrole graceful-drain-webhook \
+  --type=merge -p '{"metadata":{"ownerReferences":[{"apiVersion":"rbac.authorization.k8s.io/v1","kind":"ClusterRoleBinding","name":"graceful-drain-webhook","uid":"'"$BINDING_UID"'"}]}}'
+allowed "release its finalizer from its ClusterRoleBinding" "$WEBHOOK" patch clusterrolebinding graceful-drain-webhook \
+  --type=json -p '[{"op":"remove","path":"/metadata/finalizers"}]'
+[ "$(k get clusterrolebinding graceful-drain-webhook -o jsonpath='{.subjects[*].name}')" = graceful-drain-webhook ] \
+  || die "the ClusterRoleBinding's subjects changed: $(k get clusterrolebinding graceful-drain-webhook -o jsonpath='{.subjects}')"
+
 echo "policies-real: a node agent's ServiceAccount, bound to node-b"
 pod web-2 node-a
 refused "cordon another node" "$AGENT_B" cordon node-a
@@ -182,6 +230,25 @@ refused "delete a pod on another node" "$AGENT_B" -n shop delete pod web-2 --wai
 refused "cordon a node with a token that names no node" "$AGENT_NONE" cordon node-b
 refused "delete a pod with a token that names no node" "$AGENT_NONE" -n shop delete pod web-2 --wait=false
 allowed "cordon its own node" "$AGENT_B" cordon node-b
+allowed "exclude its own node from external load balancers" "$AGENT_B" label node node-b \
+  node.kubernetes.io/exclude-from-external-load-balancers=true
+allowed "record its drain on its own node" "$AGENT_B" annotate node node-b graceful-drain.io/drain-event=drain-1 \
+  graceful-drain.io/excluded-from-lb=true
+out="$(status_patch "$AGENT_B" node-b '{"status":{"conditions":[{"type":"DrainInProgress","status":"True","reason":"Draining","message":"listing pods"}]}}')" \
+  || die "set its DrainInProgress condition: $out"
+printf '  allowed: set its DrainInProgress condition\n'; pass=$((pass + 1))
+refused "label its own node for workloads' affinities" "$AGENT_B" label node node-b team=payments
+refused "remove a label of its own node" "$AGENT_B" label node node-b kubernetes.io/hostname-
+refused "annotate its own node outside graceful-drain's annotations" "$AGENT_B" annotate node node-b note=x
+refused "taint its own node" "$AGENT_B" taint node node-b evil=yes:NoSchedule
+refused "give its own node an owner for the garbage collector" "$AGENT_B" patch node node-b --type=merge \
+  -p '{"metadata":{"ownerReferences":[{"apiVersion":"v1","kind":"ConfigMap","name":"gone","uid":"00000000-0000-0000-0000-000000000000"}]}}'
+for what_patch in 'set a condition of the kubelet on its own node|{"status":{"conditions":[{"type":"Ready","status":"False","reason":"Evil","message":"x"}]}}' \
+  'change its own node'"'"'s capacity|{"status":{"capacity":{"pods":"1000"}}}'; do
+  out="$(status_patch "$AGENT_B" node-b "${what_patch#*|}")" && die "${what_patch%%|*}: not refused: $out"
+  grep -qi "forbidden\|denied" <<<"$out" || die "${what_patch%%|*}: $out"
+  printf '  refused: %s\n' "${what_patch%%|*}"; pass=$((pass + 1))
+done
 allowed "uncordon its own node" "$AGENT_B" uncordon node-b
 allowed "delete a pod on its own node (agent on node-a)" "$AGENT_A" -n shop delete pod web-2 --wait=false
 echo "policies-real: API Priority and Fairness"

@@ -26,9 +26,13 @@ trap 'rm -f "$LOG"' EXIT
 # `lifecycle.k8s.io` is free for `seed-group-drain`: what the API on changes for us (our CRDs
 # served from lifecycle.graceful-drain.io, the agents publishing and driving events there)
 # is what every drain of `matrix-real.sh` runs on, each on a control plane with the API on.
+# The rows run in an order shuffled by GRACEFUL_DRAIN_ROW_SEED (default: the seed below, an
+# order seen passing); every row sets up what it needs, so any seed must pass. The output
+# names the seed and the order; `simulate --real --shuffle-rows SEED` runs it again.
 echo "real: EvictionRequest API off"
-flags=(--real --nodes 3 --replicas 6 --min-available 5 --rate 100 --phase-timeout 60s --no-eviction-request-api)
-if ! RUST_LOG=error NO_COLOR=1 "$BIN" simulate "${flags[@]}" 2> >(tee "$LOG" | grep -a '^\[\|^starting\|^EvictionRequest' >&2); then
+SEED="${GRACEFUL_DRAIN_ROW_SEED:-20261129}"
+flags=(--real --nodes 3 --replicas 6 --min-available 5 --rate 100 --phase-timeout 60s --no-eviction-request-api --shuffle-rows "$SEED")
+if ! RUST_LOG=error NO_COLOR=1 "$BIN" simulate "${flags[@]}" 2> >(tee "$LOG" | grep -a '^\[\|^starting\|^EvictionRequest\|^rows shuffled' >&2); then
   echo "real: FAIL (last log lines follow)" >&2
   tail -n 60 "$LOG" >&2
   exit 1

@@ -116,3 +116,15 @@ needs a dot). `--api-versions` only adds to it. */}}
 true
 {{- end -}}
 {{- end -}}
+
+{{/*
+Variables of the policies on the webhook's own RBAC objects: its metadata may change only
+by owner references and by finalizers going (never added), labels and annotations kept.
+*/}}
+{{- define "graceful-drain.ownRbacVariables" -}}
+- name: metadataKept
+  expression: >-
+    (has(object.metadata.labels) ? object.metadata.labels : {}) == (has(oldObject.metadata.labels) ? oldObject.metadata.labels : {}) &&
+    (has(object.metadata.annotations) ? object.metadata.annotations : {}) == (has(oldObject.metadata.annotations) ? oldObject.metadata.annotations : {}) &&
+    (has(object.metadata.finalizers) ? object.metadata.finalizers : []).all(f, f in (has(oldObject.metadata.finalizers) ? oldObject.metadata.finalizers : []))
+{{- end }}

@@ -77,6 +77,7 @@ async fn start(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Server {
         holds: server::Holds::default(),
         watch_drained_nodes: false,
         unconfirmed: Default::default(),
+        throttles: Default::default(),
         reviews_authenticated: client_ca.is_some(),
     });
     let resolver = Arc::new(tls::ReloadingResolver::new(

@@ -177,6 +177,9 @@ pub struct Args {
     /// what it needs itself, so any order must pass.
     #[arg(long, value_name = "SEED")]
     pub shuffle_rows: Option<u64>,
+    /// Print the names of the real tier's rows (what --row takes), one per line, and exit.
+    #[arg(long)]
+    pub list_rows: bool,
     /// With --real or --kubeconfig: instead of the rows, time how fast the ReplicaSet,
     /// StatefulSet and DaemonSet controllers create pods while the webhook holds DELETEs,
     /// and print a table (a benchmark: it asserts nothing).
@@ -513,6 +516,12 @@ async fn run_real(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> {
         .iter()
         .map(|s| s.disruption.to_string())
         .collect();
+    if args.list_rows {
+        for name in &known {
+            println!("{name}");
+        }
+        return Ok(());
+    }
     if let Some(unknown) = args.rows.iter().find(|r| !known.contains(*r)) {
         let names: Vec<&str> = known.iter().map(String::as_str).collect();
         anyhow::bail!(

@@ -25,6 +25,7 @@ pub mod review;
 pub mod server;
 pub mod settle;
 pub mod state;
+pub mod throttle;
 pub mod tls;
 pub mod transport;
 pub mod uninstall;
@@ -521,6 +522,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         holds: server::Holds::bounded(max_held_deletes),
         watch_drained_nodes: true,
         unconfirmed: Default::default(),
+        throttles: Default::default(),
         reviews_authenticated,
     });
     let holds = state.shutdown.clone();

@@ -25,6 +25,54 @@ pub enum Error {
     /// The review carries no `request`.
     #[error("AdmissionReview has no request")]
     NoRequest,
+    /// A pod's name or namespace no API server sends (the value itself is not repeated:
+    /// it may be a megabyte long).
+    #[error("AdmissionReview's request.{field} is not a Kubernetes {kind} ({len} bytes)")]
+    Name {
+        /// `name` or `namespace`.
+        field: &'static str,
+        /// What it must be: a DNS subdomain (pods) or a DNS label (namespaces).
+        kind: &'static str,
+        /// Its length in bytes.
+        len: usize,
+    },
+}
+
+/// Whether `value` is a DNS-1123 subdomain (a pod's name: lowercase letters, digits, `-`
+/// and `.`, at most 253 bytes, alphanumeric at both ends; apimachinery's
+/// `IsDNS1123Subdomain`, which `ValidatePodName` applies) or, with `label`, a DNS-1123
+/// label (a namespace: no `.`, at most 63 bytes; `IsDNS1123Label`).
+fn dns1123(value: &str, label: bool) -> bool {
+    let max = if label { 63 } else { 253 };
+    let bytes = value.as_bytes();
+    let alnum = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    !bytes.is_empty()
+        && bytes.len() <= max
+        && bytes.first().is_some_and(alnum)
+        && bytes.last().is_some_and(alnum)
+        && bytes
+            .iter()
+            .all(|b| alnum(b) || *b == b'-' || (!label && *b == b'.'))
+}
+
+/// Refuses a pods review whose name or namespace Kubernetes would not allow: the API
+/// server never sends one, and every log line of the review carries both.
+fn check_names(req: &AdmissionRequest<DynamicObject>) -> Result<(), Error> {
+    if !req.name.is_empty() && !dns1123(&req.name, false) {
+        return Err(Error::Name {
+            field: "name",
+            kind: "pod name",
+            len: req.name.len(),
+        });
+    }
+    match req.namespace.as_deref() {
+        Some(ns) if !ns.is_empty() && !dns1123(ns, true) => Err(Error::Name {
+            field: "namespace",
+            kind: "namespace",
+            len: ns.len(),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// A review on the eviction path.
@@ -91,6 +139,9 @@ pub fn parse(body: &[u8], path: Path) -> Result<Review, Error> {
     let request: AdmissionRequest<DynamicObject> =
         review.try_into().map_err(|_| Error::NoRequest)?;
     let mut request = request;
+    if is_pods(&request) {
+        check_names(&request)?;
+    }
     let parsed = if types_ok {
         classify(&mut request, path)
     } else {

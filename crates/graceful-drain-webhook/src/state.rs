@@ -35,6 +35,8 @@ pub struct AppState {
     /// authenticated and authorised its caller, so an eviction is the caller's own word and
     /// confirms its isolation as a drain does.
     pub reviews_authenticated: bool,
+    /// Bounds on the Events and log lines a caller of the port could multiply.
+    pub throttles: super::throttle::Throttles,
 }
 
 /// Percentage of a Service's pods (rounded up, at least one) that isolations nothing

@@ -22,6 +22,7 @@ use crate::nodepods::{self, Lookup};
 use crate::review;
 use crate::settle::{Settled, fetch_pod, settle, settle_until};
 use crate::state::AppState;
+use crate::throttle::Admit;
 use graceful_drain_core::labels::{DESCHEDULER_EVICT_IN_BACKGROUND_ANNOTATION, webhook_reason};
 
 /// Retry-After (seconds) of our own 429s for transient failures and deadlines: kubectl
@@ -214,7 +215,20 @@ async fn live_pod(state: &AppState, ev: &review::Eviction) -> Result<Option<Pod>
 /// them): the caller's retry is expected, and a pod that keeps coming back here points at
 /// a slow or throttled API server. The Event is sent beside the answer, never before it:
 /// the API server that could not serve the isolation in time must not hold the 429 too.
+///
+/// Anyone who reaches the port can ask for this answer as fast as they can send (a
+/// `?timeout=0s` review of any name), so the Events are throttled
+/// ([`crate::throttle::DEFERRED_EVENTS`]: one per pod a minute, 30 a minute in all).
 async fn deferred(state: &AppState, ev: &review::Eviction, message: &str) {
+    let key = format!("{}/{}", ev.namespace, ev.pod);
+    match state.throttles.deferred_events.admit(&key, Instant::now()) {
+        Admit::No => return,
+        Admit::Yes { dropped: 0 } => {}
+        Admit::Yes { dropped } => tracing::warn!(
+            dropped,
+            "IsolationDeferred Events not recorded: more than one per pod a minute or 30 a minute in all"
+        ),
+    }
     let pod = PodFacts {
         namespace: ev.namespace.clone(),
         name: ev.pod.clone(),

@@ -98,7 +98,12 @@ async fn handle(
             state
                 .metrics
                 .review(path.as_str(), "malformed", started.elapsed().as_secs_f64());
-            tracing::warn!(operation = path.as_str(), error = %graceful_drain_core::error::chain(&error), "malformed admission review");
+            // Anyone who reaches the port can send these: a few lines, then a count.
+            if let crate::throttle::Admit::Yes { dropped } =
+                state.throttles.malformed_logs.admit("", started)
+            {
+                tracing::warn!(operation = path.as_str(), error = %graceful_drain_core::error::chain(&error), dropped, "malformed admission review (dropped: not logged since the last)");
+            }
             return (StatusCode::BAD_REQUEST, format!("{error}\n")).into_response();
         }
     };

@@ -81,6 +81,7 @@ mod basics {
             holds: Holds::default(),
             watch_drained_nodes: false,
             unconfirmed: Default::default(),
+            throttles: Default::default(),
             reviews_authenticated: false,
         })
     }

@@ -278,3 +278,33 @@ proptest! {
         }
     }
 }
+
+/// Names no API server sends are refused without being repeated: a megabyte-long name
+/// would otherwise be written on every log line of its review.
+#[test]
+fn names_kubernetes_would_not_allow_are_refused() {
+    let long = "a".repeat(1_000_000);
+    for (field, value) in [
+        ("name", long.as_str()),
+        ("name", "Web-1"),
+        ("name", "web_1"),
+        ("name", "-web"),
+        ("namespace", &long[..64]),
+        ("namespace", "web.prod"),
+    ] {
+        let mut review = eviction_review("u-1");
+        review["request"][field] = json!(value);
+        let error = parse_value(&review, Path::Evict).unwrap_err();
+        assert!(
+            matches!(error, Error::Name { field: f, .. } if f == field),
+            "{field}={:.20}: {error}",
+            value
+        );
+        assert!(error.to_string().len() < 200, "{error}");
+    }
+    // The longest a pod's name and a namespace may be.
+    let mut review = eviction_review("u-1");
+    review["request"]["name"] = json!(format!("{}.{}", "a".repeat(126), "b".repeat(126)));
+    review["request"]["namespace"] = json!("n".repeat(63));
+    assert!(parse_value(&review, Path::Evict).is_ok());
+}
