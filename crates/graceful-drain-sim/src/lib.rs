@@ -177,7 +177,8 @@ pub struct Args {
     /// what it needs itself, so any order must pass.
     #[arg(long, value_name = "SEED")]
     pub shuffle_rows: Option<u64>,
-    /// Print the names of the real tier's rows (what --row takes), one per line, and exit.
+    /// With --real: print the names of the real tier's rows (what --row takes), one per
+    /// line, and exit.
     #[arg(long)]
     pub list_rows: bool,
     /// With --real or --kubeconfig: instead of the rows, time how fast the ReplicaSet,
