@@ -15,6 +15,7 @@ use super::components::Components;
 use super::{Error, Measured, Protection, ScenarioConfig, actions, measure, workloads};
 use graceful_drain_core::labels::{DESCHEDULER_EVICT_IN_BACKGROUND_ANNOTATION, DRAINING_LABEL};
 use kube_sim::cluster::{RealCluster, wait_for};
+use kube_sim::traffic::timeline::{Event, EventKind};
 
 /// The descheduler version `.ci/drainers.sh` builds.
 pub const DESCHEDULER_VERSION: &str = "v0.36.0";
@@ -42,7 +43,9 @@ pub(super) fn cached_tool(env: &str, dir: &str, binary: &str) -> Option<PathBuf>
 /// How far past the bound no drain can beat (the slowest pod's deregistration delay plus
 /// its exit after SIGTERM) a drainer may finish with graceful-drain installed: a process
 /// start, a cordon, a list and the API server's round trips fit in it, a second of
-/// polling (kubectl drain's wait for deletion) or a serial eviction does not.
+/// polling (kubectl drain's wait for deletion) or a serial eviction does not. The
+/// descheduler's rows count from its first eviction: its start (informers over every
+/// node and pod) is its own, before anything reaches graceful-drain.
 pub(super) const BOUND_FACTOR: f64 = 1.15;
 
 /// `took` against `bound`, for the row's report.
@@ -223,7 +226,7 @@ pub(super) async fn descheduler_row(
     std::fs::write(&policy, POLICY).map_err(|e| failed(format!("write the policy: {e}")))?;
     let log = dir.join("descheduler.log");
     let run = async {
-        cluster.step("descheduler: one RemoveDuplicates pass");
+        cluster.step(PASS_STEP);
         run_once(
             &binary,
             cluster.kubeconfig(),
@@ -308,16 +311,47 @@ pub(super) async fn descheduler_row(
     } else {
         "descheduler (one eviction after another)"
     };
+    // The pass starts with the descheduler's own start: its informers list every node
+    // and pod of the cluster before any plugin runs. Nothing reaches graceful-drain
+    // before its first eviction, so the bound counts from there.
+    let lead = first_leaving(&measured.timeline, PASS_STEP, &cfg.web.namespace)
+        .unwrap_or_default()
+        .min(measured.duration);
+    let took = measured.duration - lead;
     let summary = format!(
-        "{}; {evicted} pods evicted ({per_node:?})",
-        against_bound(drainer, measured.duration, bound)
+        "{} ({:.1} s before its first eviction not counted, {:.1} s in all); {evicted} pods evicted ({per_node:?})",
+        against_bound(drainer, took, bound),
+        lead.as_secs_f64(),
+        measured.duration.as_secs_f64(),
     );
     eprintln!("{summary}");
     cluster.step(summary);
     if protection == Protection::GracefulDrain {
-        within_bound(drainer, measured.duration, bound)?;
+        within_bound(drainer, took, bound)?;
     }
     Ok(measured)
+}
+
+/// The timeline step that starts the descheduler's pass.
+const PASS_STEP: &str = "descheduler: one RemoveDuplicates pass";
+
+/// From the timeline's `step` to the first pod of `namespace` isolated or terminating
+/// after it: what a drainer spent before its first eviction was admitted. `None` when
+/// the step or such a pod is not in the timeline.
+fn first_leaving(timeline: &[Event], step: &str, namespace: &str) -> Option<Duration> {
+    let started = timeline
+        .iter()
+        .find(|e| e.kind == EventKind::Step && e.subject == step)?
+        .at;
+    let prefix = format!("{namespace}/");
+    timeline
+        .iter()
+        .filter(|e| e.at >= started)
+        .find(|e| {
+            matches!(e.kind, EventKind::Isolated | EventKind::Terminating)
+                && e.subject.starts_with(&prefix)
+        })
+        .map(|e| e.at - started)
 }
 
 /// Where the row's Deployment runs before the pass. RemoveDuplicates
@@ -496,6 +530,34 @@ fn failed(reason: String) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn event(at_ms: u64, kind: EventKind, subject: &str) -> Event {
+        Event {
+            at: Duration::from_millis(at_ms),
+            kind,
+            subject: subject.to_string(),
+        }
+    }
+
+    #[test]
+    fn the_bound_counts_from_the_first_eviction_after_the_pass_starts() {
+        let timeline = [
+            // An earlier row's pod and a pod of the row before the pass: not the pass.
+            event(100, EventKind::Terminating, "row/web-a"),
+            event(900, EventKind::Step, PASS_STEP),
+            event(1000, EventKind::Terminating, "other/web-b"),
+            event(1150, EventKind::RemovedFromSlice, "row/web-c"),
+            event(1200, EventKind::Isolated, "row/web-c"),
+            event(1300, EventKind::Terminating, "row/web-d"),
+        ];
+        assert_eq!(
+            first_leaving(&timeline, PASS_STEP, "row"),
+            Some(Duration::from_millis(300))
+        );
+        assert_eq!(first_leaving(&timeline, PASS_STEP, "none"), None);
+        assert_eq!(first_leaving(&timeline[1..2], PASS_STEP, "row"), None);
+        assert_eq!(first_leaving(&timeline[2..], PASS_STEP, "row"), None);
+    }
 
     /// RemoveDuplicates' rule (removeduplicates.go `Balance`): a node with `c` pods of the
     /// owner gives up `c - share` of them, `share = ceil(replicas / feasible nodes)`.
