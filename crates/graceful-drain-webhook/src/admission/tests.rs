@@ -380,6 +380,42 @@ mod basics {
         let (_, review) = call.await.unwrap();
         assert_eq!(review["response"]["allowed"], true, "{review}");
     }
+
+    /// The probe's answer is all a review that looks like one gets: a dry-run eviction of a
+    /// `graceful-drain-probe-` pod is allowed with the warning and reads or writes
+    /// nothing; without the dry run the same name is an eviction like any other.
+    #[tokio::test]
+    async fn a_review_that_claims_to_be_a_probe_gets_the_warning_and_changes_nothing() {
+        const NAME: &str = "graceful-drain-probe-forged";
+        assert!(NAME.starts_with(crate::probe::PROBE_POD_PREFIX));
+        let name = NAME.to_string();
+        let body = |dry_run: bool| {
+            let mut body: Value = serde_json::from_slice(&eviction_body(&name)).unwrap();
+            body["request"]["dryRun"] = json!(dry_run);
+            serde_json::to_vec(&body).unwrap()
+        };
+        let (client, mut api) = mock::client();
+        let (status, review) = call(state(client), "/mutate/eviction", body(true)).await;
+        assert_eq!(status, 200);
+        assert_eq!(review["response"]["allowed"], true, "{review}");
+        assert!(review["response"].get("patch").is_none(), "{review}");
+        let warnings = review["response"]["warnings"].to_string();
+        assert!(warnings.contains(crate::probe::SEEN_WARNING), "{warnings}");
+        let next = api.next_request().await.map(|(r, _)| r.uri().to_string());
+        assert_eq!(next, None, "a probe's review reached the API");
+
+        let (client, mut api) = mock::client();
+        let answer = tokio::spawn(call(state(client), "/mutate/eviction", body(false)));
+        // Read like any evicted pod (mock::play checks the request).
+        mock::play(&mut api, [PodMissing(NAME)]).await;
+        let (_, review) = answer.await.unwrap();
+        assert!(
+            !review["response"]["warnings"]
+                .to_string()
+                .contains(crate::probe::SEEN_WARNING),
+            "{review}"
+        );
+    }
 }
 
 mod support {
