@@ -169,7 +169,7 @@ pub struct PodFacts {
     /// `metadata.ownerReferences` as sent (the isolation may hand the controller role on).
     pub owner_refs: Vec<serde_json::Value>,
     /// `spec.nodeName`: where a drain would have to be under way for an eviction's word to
-    /// be backed by something the API server authenticated (see `isolate::node_draining`).
+    /// be backed by something the API server authenticated (see `isolate::NodeDrain`).
     pub node_name: Option<String>,
 }
 

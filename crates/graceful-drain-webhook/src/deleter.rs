@@ -176,6 +176,28 @@ pub fn is_due(
         .is_some_and(|due| now >= due)
 }
 
+/// Evicts `pod` with a proper `policy/v1` Eviction (kube's `Api::evict` sends options the
+/// API server drops): its UID as precondition, so a same-name replacement is never
+/// touched, and `grace_period` if given (else the pod's own).
+pub(crate) async fn evict_pod(
+    client: &kube::Client,
+    pod: &Pending,
+    grace_period: Option<i64>,
+) -> Result<(), kube::Error> {
+    let api = Api::<Pod>::namespaced(client.clone(), &pod.namespace);
+    let mut options = serde_json::json!({"preconditions": {"uid": pod.uid}});
+    if let Some(grace) = grace_period {
+        options["gracePeriodSeconds"] = grace.into();
+    }
+    let eviction = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": pod.name, "namespace": pod.namespace},
+        "deleteOptions": options});
+    let params = PostParams::default();
+    let call =
+        api.create_subresource::<_, serde_json::Value>("eviction", &pod.name, &params, &eviction);
+    bounded(call).await.map(|_| ())
+}
+
 /// `call`, abandoned (as a transport error) when the API server has not answered within
 /// [`CALL_TIMEOUT`].
 async fn bounded<T>(call: impl Future<Output = Result<T, kube::Error>>) -> Result<T, kube::Error> {
@@ -494,18 +516,7 @@ impl Deleter {
     /// A proper `policy/v1` Eviction (kube's `Api::evict` sends options the API server
     /// drops), with the UID precondition and the caller's grace period.
     async fn evict(&self, pod: &Pending) -> Result<(), kube::Error> {
-        let api = Api::<Pod>::namespaced(self.ctx.client.clone(), &pod.namespace);
-        let mut options = serde_json::json!({"preconditions": {"uid": pod.uid}});
-        if let Some(grace) = pod.grace_period {
-            options["gracePeriodSeconds"] = grace.into();
-        }
-        let eviction = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
-            "metadata": {"name": pod.name, "namespace": pod.namespace},
-            "deleteOptions": options});
-        let params = PostParams::default();
-        let call = api
-            .create_subresource::<_, serde_json::Value>("eviction", &pod.name, &params, &eviction);
-        bounded(call).await.map(|_| ())
+        evict_pod(&self.ctx.client, pod, pod.grace_period).await
     }
 
     async fn delete_now(&self, pod: &Pending) -> Result<(), kube::Error> {

@@ -145,11 +145,18 @@ pub(crate) async fn settle(
                 capped,
             } => {
                 let on_due = on_due(req, &pod);
+                // A merely cordoned node confirms nothing (isolate::NodeDrain::Cordoned).
                 let confirmed = on_due == isolate::OnDue::Deleter
                     || req.owner_backed
                     || (req.path == Path::Evict
                         && (state.reviews_authenticated
-                            || isolate::node_draining(&state.ctx, &pod).await));
+                            || matches!(
+                                isolate::node_drain(&state.ctx, pod.node_name.as_deref()).await,
+                                isolate::NodeDrain::Draining(_)
+                            )));
+                // The grace period the pod is removed with is the caller's only when the
+                // API server vouches for the review; otherwise the pod's own.
+                let grace_period = grace_period.filter(|_| state.reviews_authenticated);
                 // PDBs never block a DELETE, but an isolation is a disruption: one that no
                 // drain or controller confirms (a person's `kubectl delete pod`, or a review
                 // forged by anyone who reaches the port) is bound by the pod's budget as an

@@ -111,9 +111,16 @@ pub(super) async fn respond(
             () = tokio::time::sleep(left + DUE_MARGIN) => {}
             () = state.shutdown.cancelled() => {}
         }
-        if gone_by_deleter(state, &ev, deadline).await {
+        let live = live_pod(state, &ev).await;
+        if gone_by_deleter(state, &ev, &live, deadline).await {
             let message = format!(
                 "pod {pod} is gone: graceful-drain deleted it at {delete_at}, once it had left its load balancers"
+            );
+            return (review::gone(request, message), "held_until_gone");
+        }
+        if let Some(replica_set) = removed_once_replaced(state, &ev, &live, deadline).await {
+            let message = format!(
+                "pod {pod} is gone: graceful-drain evicted it at {delete_at}, once it had left its load balancers and ReplicaSet {replica_set} served a ready replacement"
             );
             return (review::gone(request, message), "held_until_gone");
         }
@@ -182,22 +189,96 @@ async fn in_background(
 /// for the deletion every second, Karpenter completes the pod. False for a pod its caller
 /// removes (it has a restore time) or one still there at the deadline: that eviction is
 /// decided again and the API server evicts the pod as usual.
-async fn gone_by_deleter(state: &AppState, ev: &review::Eviction, deadline: Instant) -> bool {
-    let pod = match live_pod(state, ev).await {
+async fn gone_by_deleter(
+    state: &AppState,
+    ev: &review::Eviction,
+    live: &Result<Option<Pod>, ()>,
+    deadline: Instant,
+) -> bool {
+    let pod = match live {
         Ok(Some(pod)) => pod,
         Ok(None) => return true,
         Err(()) => return false,
     };
     let ours = deleter::removes(&pod.metadata);
-    let Some(uid) = pod.metadata.uid.filter(|_| ours) else {
+    let Some(uid) = pod.metadata.uid.as_deref().filter(|_| ours) else {
         return false;
     };
+    until_gone(state, ev, uid, deadline).await
+}
+
+/// Whether pod `uid` of the eviction is gone within the call's `deadline`.
+async fn until_gone(state: &AppState, ev: &review::Eviction, uid: &str, deadline: Instant) -> bool {
     let api = Api::<Pod>::namespaced(state.ctx.client.clone(), &ev.namespace);
-    let removed = await_condition(api, &ev.pod, conditions::is_deleted(&uid));
+    let removed = await_condition(api, &ev.pod, conditions::is_deleted(uid));
     tokio::select! {
         gone = tokio::time::timeout_at(deadline, removed) => matches!(gone, Ok(Ok(_))),
         () = state.shutdown.cancelled() => false,
     }
+}
+
+/// A due pod of a merely cordoned node (`isolate::NodeDrain::Cordoned`), isolated for an
+/// eviction nothing confirmed (so left to its caller, with a restore time): the webhook
+/// evicts it now — the pod's own grace period, its UID as precondition — once its
+/// ReplicaSet serves every replica ready without it, so the caller's retry is answered
+/// 404 when it is gone, as on a drained node, instead of polling for the deletion. The
+/// ReplicaSet's name when it did. Anyone reaching the port could send this retry too: all
+/// it can do is move a pod off a cordoned node whose replacement already serves. Any other
+/// pod (not a ReplicaSet's, no ready replacement yet, node uncordoned) is decided again
+/// and the caller's own eviction goes through the API server.
+async fn removed_once_replaced(
+    state: &AppState,
+    ev: &review::Eviction,
+    live: &Result<Option<Pod>, ()>,
+    deadline: Instant,
+) -> Option<String> {
+    let Ok(Some(pod)) = live else {
+        return None;
+    };
+    let pending = deleter::pending_from(&pod.metadata)
+        .filter(|p| p.restore_at.is_some() && !p.terminating)?;
+    let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+    if isolate::node_drain(&state.ctx, node).await == isolate::NodeDrain::No {
+        return None;
+    }
+    let replica_set = replaced_by(state, pod).await?;
+    if let Err(error) = deleter::evict_pod(&state.ctx.client, &pending, None).await {
+        tracing::info!(error = %graceful_drain_core::error::chain(&error), "evict the replaced pod of a cordoned node; the caller evicts it");
+        return None;
+    }
+    tracing::info!(%replica_set, "evicted the due pod of a cordoned node: its ReplicaSet serves a ready replacement");
+    until_gone(state, ev, &pending.uid, deadline)
+        .await
+        .then_some(replica_set)
+}
+
+/// The ReplicaSet owning `pod` (`namespace/name`) when, read live, it has observed its
+/// latest spec and every replica it wants is ready — the isolated pod, no longer its
+/// controller's, is not among them; `None` otherwise.
+async fn replaced_by(state: &AppState, pod: &Pod) -> Option<String> {
+    use k8s_openapi::api::apps::v1::ReplicaSet;
+    let namespace = pod.metadata.namespace.as_deref()?;
+    let owner = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|r| r.kind == "ReplicaSet" && r.api_version == "apps/v1")?;
+    let api = Api::<ReplicaSet>::namespaced(state.ctx.client.clone(), namespace);
+    let rs = match api.get_opt(&owner.name).await {
+        Ok(rs) => rs?,
+        Err(error) => {
+            tracing::warn!(error = %graceful_drain_core::error::chain(&error), "read the isolated pod's ReplicaSet");
+            return None;
+        }
+    };
+    let status = rs.status.as_ref()?;
+    let wanted = rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    let observed = status.observed_generation.unwrap_or(0) >= rs.metadata.generation.unwrap_or(0);
+    (rs.metadata.uid.as_deref() == Some(owner.uid.as_str())
+        && observed
+        && status.ready_replicas.unwrap_or(0) >= wanted)
+        .then(|| format!("{namespace}/{}", owner.name))
 }
 
 /// The eviction's pod as the API server has it now (`None`: gone); a failed read is

@@ -148,7 +148,13 @@ mod basics {
             json!({"op": "remove", "path": "/metadata/labels/app"})
         );
         let annotations = &patch.body[4]["value"];
-        assert_eq!(annotations[GRACE_PERIOD_ANNOTATION], "15", "{}", patch.body);
+        // The review's gracePeriodSeconds (15) is a forger's to choose: without
+        // authenticated reviews the pod is removed with its own.
+        assert!(
+            annotations.get(GRACE_PERIOD_ANNOTATION).is_none(),
+            "{}",
+            patch.body
+        );
         let delete_at: Timestamp = annotations[DELETE_AT_ANNOTATION]
             .as_str()
             .unwrap()
@@ -236,6 +242,18 @@ mod basics {
                 "the deleter removes it, nothing restores it: {}",
                 patch.body
             );
+            // The API server vouches for the review: the caller's grace period stands.
+            let grace = patch.body.as_array().unwrap().iter().find_map(|op| {
+                let path = op["path"].as_str()?;
+                if path.ends_with("grace-period-seconds") {
+                    Some(op["value"].clone())
+                } else if path == "/metadata/annotations" {
+                    Some(op["value"][GRACE_PERIOD_ANNOTATION].clone())
+                } else {
+                    None
+                }
+            });
+            assert_eq!(grace, Some(json!("15")), "{}", patch.body);
             // The descheduler's eviction reads the pod as isolated.
             let mut isolated = pod.clone();
             isolated["metadata"]["labels"] = json!({DRAINING_LABEL: "web"});
@@ -1206,35 +1224,63 @@ mod answers {
         let next = api.next_request().await.map(|(r, _)| r.method().clone());
         assert_eq!(next, None, "the pod was touched");
 
+        // A cordon alone confirms nothing: anyone may send an eviction of a cordoned
+        // node's pod.
         let (client, mut api) = mock::client();
         let answer = tokio::spawn(call(
             lone(client),
             "/mutate/eviction?timeout=10s",
             eviction(json!({})),
         ));
-        let played = mock::play(
-            &mut api,
-            [
-                PodIs(pod),
-                NodeIs(node(true)),
-                Relabeled("web-1"),
-                EventPosted,
-            ],
-        )
-        .await;
-        assert!(
-            played[2]
-                .body
-                .to_string()
-                .contains("graceful-drain.io~1draining")
-        );
+        mock::play(&mut api, [PodIs(pod.clone()), NodeIs(node(true))]).await;
         let (_, review) = answer.await.unwrap();
-        assert_eq!(review["response"]["status"]["code"], 429, "deregistering");
+        let message = review["response"]["status"]["message"].as_str().unwrap();
         assert!(
-            review["response"]["status"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("leaving its load balancers")
+            message.contains("last ready endpoint of Service web"),
+            "{message}"
         );
+        let next = api.next_request().await.map(|(r, _)| r.method().clone());
+        assert_eq!(next, None, "the pod on a cordoned node was touched");
+
+        // A drainer's own mark on the node does: Karpenter's taint, or our node agent's
+        // DrainInProgress condition.
+        let mut karpenter = node(true);
+        karpenter["spec"]["taints"] =
+            json!([{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]);
+        let mut agent = node(true);
+        agent["status"] = json!({"conditions": [
+            {"type": "DrainInProgress", "status": "True", "reason": "Draining"}]});
+        for drained in [karpenter, agent] {
+            let (client, mut api) = mock::client();
+            let answer = tokio::spawn(call(
+                lone(client),
+                "/mutate/eviction?timeout=10s",
+                eviction(json!({})),
+            ));
+            let played = mock::play(
+                &mut api,
+                [
+                    PodIs(pod.clone()),
+                    NodeIs(drained),
+                    Relabeled("web-1"),
+                    EventPosted,
+                ],
+            )
+            .await;
+            assert!(
+                played[2]
+                    .body
+                    .to_string()
+                    .contains("graceful-drain.io~1draining")
+            );
+            let (_, review) = answer.await.unwrap();
+            assert_eq!(review["response"]["status"]["code"], 429, "deregistering");
+            assert!(
+                review["response"]["status"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("leaving its load balancers")
+            );
+        }
     }
 }

@@ -83,7 +83,7 @@ pub struct Plan {
     /// Who removes the pod once it is due (see [`OnDue`]).
     pub on_due: OnDue,
     /// Something only an authenticated user can do stands behind this isolation: the
-    /// pod's node is being drained ([`node_draining`]) or the live ReplicaSet has a pod too
+    /// pod's node is being drained ([`NodeDrain::Draining`]) or the live ReplicaSet has a pod too
     /// many. Only then may an evicted pod go to the deferred deleter.
     pub confirmed: bool,
 }
@@ -136,39 +136,74 @@ impl Plan {
     }
 }
 
-/// Taints whose presence says a drainer is emptying the node: the cordon's own taint and
-/// those Karpenter (`karpenter.sh/disrupted`, pkg/apis/v1/taints.go) and Cluster Autoscaler
-/// (`ToBeDeletedByClusterAutoscaler`, cluster-autoscaler/utils/taints/taints.go) put on a
-/// node before they evict its pods.
-pub const DRAIN_TAINTS: [&str; 3] = [
-    "node.kubernetes.io/unschedulable",
-    "karpenter.sh/disrupted",
-    "ToBeDeletedByClusterAutoscaler",
-];
+/// Taints only a drainer puts on a node, just before it evicts the node's pods: Karpenter's
+/// (`karpenter.sh/disrupted`, pkg/apis/v1/taints.go) and Cluster Autoscaler's
+/// (`ToBeDeletedByClusterAutoscaler`, cluster-autoscaler/utils/taints/taints.go). The
+/// cordon's own taint (`node.kubernetes.io/unschedulable`) is not one: a cordon alone
+/// says nothing is scheduled there, not that the node is being emptied.
+pub const DRAIN_TAINTS: [&str; 2] = ["karpenter.sh/disrupted", "ToBeDeletedByClusterAutoscaler"];
 
-/// Whether `pod`'s node is being drained, read live: cordoned, or carrying one of
-/// [`DRAIN_TAINTS`]. Only an authenticated user can put a node in that state, so it backs
-/// an eviction's word. Unknown (no node, a failed read) counts as not draining: the safe
-/// side, where the caller removes the pod itself.
-pub async fn node_draining(ctx: &Context, pod: &PodFacts) -> bool {
-    let Some(node) = pod.node_name.as_deref() else {
-        return false;
+/// The cordon's taint, which the node lifecycle controller mirrors `spec.unschedulable` to.
+const CORDON_TAINT: &str = "node.kubernetes.io/unschedulable";
+
+/// What a pod's node, read live, says about a drain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeDrain {
+    /// Schedulable, gone, or unknown (a failed read): the safe side, nothing confirmed.
+    No,
+    /// Cordoned and nothing more. People cordon nodes for many reasons, and anyone who
+    /// reaches the port can send an eviction of its pods: an eviction there is not
+    /// confirmed, and removes its pod early only once the pod's ReplicaSet has a ready
+    /// replacement (`admission::evict`).
+    Cordoned,
+    /// A drainer is emptying it, by a mark only an authenticated drainer writes: one of
+    /// [`DRAIN_TAINTS`], or our node agent's `DrainInProgress=True` condition. Why, for the
+    /// logs.
+    Draining(String),
+}
+
+/// What pod `node` says about a drain, read live (see [`NodeDrain`]).
+pub async fn node_drain(ctx: &Context, node: Option<&str>) -> NodeDrain {
+    let Some(node) = node else {
+        return NodeDrain::No;
     };
     let api = Api::<k8s_openapi::api::core::v1::Node>::all(ctx.client.clone());
     match api.get_opt(node).await {
-        Ok(Some(node)) => node.spec.is_some_and(|spec| {
-            spec.unschedulable == Some(true)
-                || spec
-                    .taints
-                    .iter()
-                    .flatten()
-                    .any(|t| DRAIN_TAINTS.contains(&t.key.as_str()))
-        }),
-        Ok(None) => false,
+        Ok(Some(node)) => drain_of(&node),
+        Ok(None) => NodeDrain::No,
         Err(error) => {
             tracing::warn!(%node, error = %graceful_drain_core::error::chain(&error), "read node; counting it as not drained");
-            false
+            NodeDrain::No
         }
+    }
+}
+
+/// [`NodeDrain`] of `node` as read.
+pub fn drain_of(node: &k8s_openapi::api::core::v1::Node) -> NodeDrain {
+    let spec = node.spec.clone().unwrap_or_default();
+    let taints = spec.taints.unwrap_or_default();
+    if let Some(taint) = taints.iter().find(|t| DRAIN_TAINTS.contains(&t.key.as_str())) {
+        return NodeDrain::Draining(format!("taint {}", taint.key));
+    }
+    let agent_drains = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|conditions| {
+            conditions.iter().any(|c| {
+                c.type_ == graceful_drain_core::labels::node_condition::DRAIN_IN_PROGRESS
+                    && c.status == "True"
+            })
+        });
+    if agent_drains {
+        return NodeDrain::Draining("graceful-drain's node agent drains it".to_string());
+    }
+    let cordoned =
+        spec.unschedulable == Some(true) || taints.iter().any(|t| t.key == CORDON_TAINT);
+    if cordoned {
+        NodeDrain::Cordoned
+    } else {
+        NodeDrain::No
     }
 }
 

@@ -608,3 +608,32 @@ async fn concurrent_isolations_never_break_min_available() {
     assert_eq!(status.disrupted_pods.unwrap().len(), 2);
     sim.shutdown.cancel();
 }
+
+/// Only a drainer's own mark says a node is being emptied; a cordon alone does not.
+#[test]
+fn a_node_is_draining_by_a_drainers_mark_not_by_a_cordon() {
+    use super::{NodeDrain, drain_of};
+    let node = |value: serde_json::Value| -> k8s_openapi::api::core::v1::Node {
+        serde_json::from_value(value).unwrap()
+    };
+    let cordon = serde_json::json!({"metadata": {"name": "n"}, "spec": {"unschedulable": true}});
+    assert_eq!(drain_of(&node(cordon.clone())), NodeDrain::Cordoned);
+    let tainted = serde_json::json!({"metadata": {"name": "n"}, "spec": {"taints": [
+        {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}]}});
+    assert_eq!(drain_of(&node(tainted)), NodeDrain::Cordoned);
+    assert_eq!(
+        drain_of(&node(serde_json::json!({"metadata": {"name": "n"}}))),
+        NodeDrain::No
+    );
+    for key in ["karpenter.sh/disrupted", "ToBeDeletedByClusterAutoscaler"] {
+        let marked = serde_json::json!({"metadata": {"name": "n"}, "spec": {"taints": [
+            {"key": key, "effect": "NoSchedule"}]}});
+        assert!(matches!(drain_of(&node(marked)), NodeDrain::Draining(_)), "{key}");
+    }
+    let mut agent = cordon.clone();
+    agent["status"] = serde_json::json!({"conditions": [
+        {"type": "DrainInProgress", "status": "True", "reason": "Draining"}]});
+    assert!(matches!(drain_of(&node(agent.clone())), NodeDrain::Draining(_)));
+    agent["status"]["conditions"][0]["status"] = "False".into();
+    assert_eq!(drain_of(&node(agent)), NodeDrain::Cordoned);
+}
