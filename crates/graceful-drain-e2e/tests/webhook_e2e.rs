@@ -1298,14 +1298,22 @@ async fn a_held_member_stays_disrupted_in_its_pdb_past_the_deletion_timeout() {
     .unwrap();
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
     let first = pods.get("web-0").await.unwrap();
-    // A drain cordons the node first; only then may the deleter remove a pod its PDB still
-    // selects (a review's word alone never deletes one).
+    // A drainer marks the node first (Karpenter's taint here; a cordon alone confirms
+    // nothing); only then may the deleter remove a pod its PDB still selects (a review's
+    // word alone never deletes one).
     let node = first
         .spec
         .as_ref()
         .and_then(|s| s.node_name.clone())
         .unwrap();
-    graceful_drain_sim::scenario::actions::cordon(&cluster.client(), &node, true)
+    let taint = serde_json::json!({"spec": {"unschedulable": true, "taints": [
+        {"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]}});
+    Api::<k8s_openapi::api::core::v1::Node>::all(cluster.client())
+        .patch(
+            &node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(taint),
+        )
         .await
         .unwrap();
     let isolated = Instant::now();

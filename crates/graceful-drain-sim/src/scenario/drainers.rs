@@ -383,7 +383,7 @@ impl Layout {
     }
 }
 
-fn ready(node: &Node) -> bool {
+pub(super) fn ready(node: &Node) -> bool {
     node.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
@@ -392,7 +392,7 @@ fn ready(node: &Node) -> bool {
 
 /// Whether `node` is cordoned or carries a taint that keeps the row's pods (which
 /// tolerate nothing) off it.
-fn repels(node: &Node) -> bool {
+pub(super) fn repels(node: &Node) -> bool {
     let Some(spec) = &node.spec else {
         return false;
     };
@@ -415,7 +415,7 @@ fn has_unschedulable_taint(node: &Node) -> bool {
 }
 
 /// Waits until every node of `names` is `what` by `test`, read from the API server.
-async fn wait_nodes(
+pub(super) async fn wait_nodes(
     client: &kube::Client,
     names: &[String],
     timeout: Duration,

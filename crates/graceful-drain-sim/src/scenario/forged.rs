@@ -13,7 +13,7 @@ use kube::{Api, ResourceExt};
 
 use super::components::Components;
 use super::spec::Workload;
-use super::{Error, Measured, ScenarioConfig, measure, workloads};
+use super::{Error, Measured, ScenarioConfig, actions, drainers, measure, workloads};
 use graceful_drain_core::labels::DRAINING_LABEL;
 use kube_sim::cluster::{RealCluster, WebSpec, wait_for};
 
@@ -39,6 +39,11 @@ pub enum Target {
         /// Whether the Deployment has its PDB.
         pdb: bool,
     },
+    /// Every node cordoned (and nothing more: no drainer's mark), then forged evictions of
+    /// every pod of the Deployment, without its PDB, asking for `gracePeriodSeconds: 0`,
+    /// twice over. A cordon is no drain: the reviews are bounded as anywhere else, and
+    /// nothing is deleted.
+    Cordoned,
 }
 
 /// Who the forged reviews claim to be: someone's token with no rights to speak of.
@@ -72,7 +77,7 @@ pub(super) async fn row(
         Target::Deployment | Target::Flood { pdb: true } => {
             cluster.deploy_web(web, timeout).await?;
         }
-        Target::Flood { pdb: false } => {
+        Target::Flood { pdb: false } | Target::Cordoned => {
             cluster.deploy_web(web, timeout).await?;
             delete_pdb(cluster, web).await?;
         }
@@ -81,11 +86,34 @@ pub(super) async fn row(
         components.add_webhook_flags(&["--restore-after", RESTORE_AFTER]);
         components.roll_webhook(cluster, &cfg.components).await?;
     }
-    let measured = {
+    let nodes = cluster.nodes().to_vec();
+    let cordoned = target == Target::Cordoned;
+    let measured = async {
+        if cordoned {
+            for node in &nodes {
+                actions::cordon(&cluster.client(), node, true).await?;
+            }
+            cluster.step(format!("every node cordoned: {nodes:?}"));
+        }
         let cfg = &cfg;
         let components = &*components;
         measure(cluster, cfg, attack(cluster, cfg, components, target)).await
-    };
+    }
+    .await;
+    if cordoned {
+        // Whatever the outcome: the rows after this one need their nodes.
+        for node in &nodes {
+            actions::cordon(&cluster.client(), node, false).await?;
+        }
+        drainers::wait_nodes(
+            &cluster.client(),
+            &nodes,
+            timeout,
+            "uncordoned, ready and untainted",
+            |n| drainers::ready(n) && !drainers::repels(n),
+        )
+        .await?;
+    }
     super::workloads::delete_namespace(cluster, &cfg.web.namespace).await;
     measured
 }
@@ -98,6 +126,7 @@ fn namespace_suffix(target: Target) -> &'static str {
         Target::BarePods => "bare-pods",
         Target::Flood { pdb: true } => "flood",
         Target::Flood { pdb: false } => "flood-no-pdb",
+        Target::Cordoned => "cordoned",
     }
 }
 
@@ -106,7 +135,7 @@ fn namespace_suffix(target: Target) -> &'static str {
 /// none).
 fn floor(target: Target, pods: usize, min_available: i32) -> usize {
     match target {
-        Target::BarePods | Target::Flood { pdb: false } => (pods / 2).max(1),
+        Target::BarePods | Target::Flood { pdb: false } | Target::Cordoned => (pods / 2).max(1),
         _ => usize::try_from(min_available).unwrap_or(0),
     }
 }
@@ -142,16 +171,26 @@ async fn attack(
     };
     let reviews = async {
         let posted = match target {
-            Target::Flood { .. } => {
+            Target::Flood { .. } | Target::Cordoned => {
+                let grace = (target == Target::Cordoned).then_some(0);
                 cluster.step(format!(
-                    "forged evictions of all {} pods of {ns}, twice",
-                    before.len()
+                    "forged evictions of all {} pods of {ns}, twice{}",
+                    before.len(),
+                    if grace.is_some() {
+                        ", with gracePeriodSeconds 0"
+                    } else {
+                        ""
+                    }
                 ));
                 let mut answers = Vec::new();
                 for round in 0..2 {
-                    let all = before
-                        .iter()
-                        .map(|p| post(components, eviction(&ns, &p.name_any(), round), EVICT));
+                    let all = before.iter().map(|p| {
+                        post(
+                            components,
+                            eviction(&ns, &p.name_any(), round, grace),
+                            EVICT,
+                        )
+                    });
                     answers.extend(futures::future::join_all(all).await);
                 }
                 answers
@@ -175,7 +214,7 @@ async fn attack(
                     c.name_any()
                 ));
                 futures::future::join_all([
-                    post(components, eviction(&ns, &a.name_any(), 0), EVICT),
+                    post(components, eviction(&ns, &a.name_any(), 0, None), EVICT),
                     post(components, deletion(b, VIEWER)?, DELETE),
                     post(components, deletion(c, controller)?, DELETE),
                 ])
@@ -217,21 +256,31 @@ async fn attack(
         .await?;
         Ok::<_, Error>(isolated)
     };
-    let isolated = tokio::select! {
-        done = reviews => done?,
+    let done = tokio::select! {
+        done = reviews => done,
         () = watch => unreachable!("the sampler never ends"),
     };
     let lowest = lowest.load(std::sync::atomic::Ordering::Relaxed);
     if lowest < floor {
+        // The floor first: what the reviews did matters more than what was left waiting.
+        let then = done
+            .as_ref()
+            .err()
+            .map(|e| format!("; then {e}"))
+            .unwrap_or_default();
         return Err(failed(format!(
-            "Service {service} fell to {lowest} serving pods, below its floor of {floor}"
+            "Service {service} fell to {lowest} serving pods, below its floor of {floor}{then}"
         )));
     }
+    let isolated = done?;
     // Every pod a review isolated is back in its Services (no pod carries the isolation
     // any more, checked above) and none was deleted by the webhook on a review's word.
     // A ReplicaSet replaces a pod isolated out of it and later scales the restored pod's
     // surplus down itself (its own choice of pod, confirmed on the live ReplicaSet); every
-    // other controller keeps its isolated pods, so each must be the pod it was.
+    // other controller keeps its isolated pods, so each must be the pod it was. With every
+    // node cordoned the replacements cannot be scheduled, and a ReplicaSet scales down
+    // unassigned pods first (`ActivePodsWithRanks.Less`, pkg/controller/controller_utils.go):
+    // there too every pod must be the one it was.
     if !matches!(target, Target::Deployment | Target::Flood { .. }) {
         let after = serving_pods(&pods_api).await?;
         for pod in &before {
@@ -271,16 +320,22 @@ async fn post(
     Ok(answer)
 }
 
-/// An eviction review of `namespace/name`, claimed by [`VIEWER`].
-fn eviction(namespace: &str, name: &str, round: usize) -> serde_json::Value {
-    serde_json::json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+/// An eviction review of `namespace/name`, claimed by [`VIEWER`], asking for
+/// `grace` seconds if given.
+fn eviction(namespace: &str, name: &str, round: usize, grace: Option<i64>) -> serde_json::Value {
+    let mut review = serde_json::json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
         "request": {"uid": format!("forged-eviction-{name}-{round}"),
             "kind": {"group": "policy", "version": "v1", "kind": "Eviction"},
             "resource": {"group": "", "version": "v1", "resource": "pods"},
             "subResource": "eviction", "name": name, "namespace": namespace,
             "operation": "CREATE", "userInfo": {"username": VIEWER},
             "object": {"apiVersion": "policy/v1", "kind": "Eviction",
-                       "metadata": {"name": name, "namespace": namespace}}}})
+                       "metadata": {"name": name, "namespace": namespace}}}});
+    if let Some(grace) = grace {
+        review["request"]["object"]["deleteOptions"] = serde_json::json!({
+            "apiVersion": "meta.k8s.io/v1", "kind": "DeleteOptions", "gracePeriodSeconds": grace});
+    }
+    review
 }
 
 /// A DELETE review of `pod` claimed by `user`, its old object the pod as `kubectl get -o
@@ -400,5 +455,6 @@ mod tests {
         assert_eq!(floor(Target::Flood { pdb: false }, 6, 5), 3);
         assert_eq!(floor(Target::BarePods, 3, 2), 1);
         assert_eq!(floor(Target::BarePods, 1, 0), 1);
+        assert_eq!(floor(Target::Cordoned, 4, 3), 2);
     }
 }

@@ -133,6 +133,7 @@ impl fmt::Display for Disruption {
             Disruption::Forged(forged::Target::BarePods) => "forged-bare-pods",
             Disruption::Forged(forged::Target::Flood { pdb: true }) => "forged-flood",
             Disruption::Forged(forged::Target::Flood { pdb: false }) => "forged-flood-no-pdb",
+            Disruption::Forged(forged::Target::Cordoned) => "forged-cordoned",
             Disruption::SeedGroupDrain => "seed-group-drain",
             Disruption::StatefulSetLongDelay => "statefulset-long-delay",
             Disruption::ApiServerRestartDrain => "apiserver-restart-drain",
@@ -206,6 +207,7 @@ pub fn scenarios(upstream: bool, faults: bool) -> Vec<RealScenario> {
         forged::Target::BarePods,
         forged::Target::Flood { pdb: true },
         forged::Target::Flood { pdb: false },
+        forged::Target::Cordoned,
     ] {
         all.push(RealScenario {
             disruption: Forged(target),

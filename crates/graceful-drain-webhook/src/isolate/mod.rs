@@ -182,7 +182,10 @@ pub async fn node_drain(ctx: &Context, node: Option<&str>) -> NodeDrain {
 pub fn drain_of(node: &k8s_openapi::api::core::v1::Node) -> NodeDrain {
     let spec = node.spec.clone().unwrap_or_default();
     let taints = spec.taints.unwrap_or_default();
-    if let Some(taint) = taints.iter().find(|t| DRAIN_TAINTS.contains(&t.key.as_str())) {
+    if let Some(taint) = taints
+        .iter()
+        .find(|t| DRAIN_TAINTS.contains(&t.key.as_str()))
+    {
         return NodeDrain::Draining(format!("taint {}", taint.key));
     }
     let agent_drains = node
@@ -198,8 +201,7 @@ pub fn drain_of(node: &k8s_openapi::api::core::v1::Node) -> NodeDrain {
     if agent_drains {
         return NodeDrain::Draining("graceful-drain's node agent drains it".to_string());
     }
-    let cordoned =
-        spec.unschedulable == Some(true) || taints.iter().any(|t| t.key == CORDON_TAINT);
+    let cordoned = spec.unschedulable == Some(true) || taints.iter().any(|t| t.key == CORDON_TAINT);
     if cordoned {
         NodeDrain::Cordoned
     } else {

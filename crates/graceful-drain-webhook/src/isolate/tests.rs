@@ -628,12 +628,18 @@ fn a_node_is_draining_by_a_drainers_mark_not_by_a_cordon() {
     for key in ["karpenter.sh/disrupted", "ToBeDeletedByClusterAutoscaler"] {
         let marked = serde_json::json!({"metadata": {"name": "n"}, "spec": {"taints": [
             {"key": key, "effect": "NoSchedule"}]}});
-        assert!(matches!(drain_of(&node(marked)), NodeDrain::Draining(_)), "{key}");
+        assert!(
+            matches!(drain_of(&node(marked)), NodeDrain::Draining(_)),
+            "{key}"
+        );
     }
     let mut agent = cordon.clone();
     agent["status"] = serde_json::json!({"conditions": [
         {"type": "DrainInProgress", "status": "True", "reason": "Draining"}]});
-    assert!(matches!(drain_of(&node(agent.clone())), NodeDrain::Draining(_)));
+    assert!(matches!(
+        drain_of(&node(agent.clone())),
+        NodeDrain::Draining(_)
+    ));
     agent["status"]["conditions"][0]["status"] = "False".into();
     assert_eq!(drain_of(&node(agent)), NodeDrain::Cordoned);
 }
