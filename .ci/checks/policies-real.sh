@@ -162,7 +162,6 @@ refused "rewrite the recorded labels of an isolated pod" "$WEBHOOK" -n shop patc
   -p '[{"op":"replace","path":"/metadata/annotations/graceful-drain.io~1original-labels","value":"{\"admin\":\"yes\"}"}]'
 refused "drop the restore time of an isolated pod" "$WEBHOOK" -n shop patch pod web-1 --type=json \
   -p '[{"op":"remove","path":"/metadata/annotations/graceful-drain.io~1restore-at"}]'
-refused "delete a pod whose caller removes it" "$WEBHOOK" -n shop delete pod web-1 --wait=false
 refused "restore with a label that was never there" "$WEBHOOK" -n shop patch pod web-1 --type=json \
   -p '[{"op":"remove","path":"/metadata/labels/graceful-drain.io~1draining"},{"op":"add","path":"/metadata/labels/admin","value":"yes"}]'
 allowed "restore the recorded labels" "$WEBHOOK" -n shop patch pod web-1 --type=json -p "$RESTORE"
@@ -199,10 +198,72 @@ status_with() { # PYTHON-EXPRESSION-ON-status
 }
 status_with "s['currentHealthy'] = 99"
 refused "change a PDB's healthy count" "$WEBHOOK" replace --subresource=status -f "$WORK/pdb.json"
-status_with "s['disruptedPods'] = {'web-9': '2026-01-01T00:00:00Z'}; s['disruptionsAllowed'] = 0"
-allowed "record a disruption in a PDB's status" "$WEBHOOK" replace --subresource=status -f "$WORK/pdb.json"
-status_with "s['disruptedPods'] = {'web-9': '2026-01-01T00:01:00Z'}"
+# A disruption recorded as the API server's eviction records one (by the administrator:
+# with no kubelet here no pod is healthy, so disruptionsAllowed stays 0 and the webhook
+# could not take one from it).
+# Times are now's: the disruption controller drops an entry older than two minutes.
+pod web-4 node-a
+now() { date -u +%Y-%m-%dT%H:%M:%SZ; }
+status_with "s['disruptedPods'] = {'web-4': '$(now)'}; s['disruptionsAllowed'] = 0"
+k replace --subresource=status -f "$WORK/pdb.json" >/dev/null
+sleep 1 # a later second for the renewal
+status_with "s['disruptedPods'] = {'web-4': '$(now)'}"
 allowed "renew a held pod's disruption time" "$WEBHOOK" replace --subresource=status -f "$WORK/pdb.json"
+status_with "s['disruptionsAllowed'] = s.get('disruptionsAllowed', 0) + 5"
+refused "raise a PDB's disruptionsAllowed with no disruption given back" "$WEBHOOK" replace --subresource=status -f "$WORK/pdb.json"
+status_with "s['disruptedPods']['web-8'] = '$(now)'"
+refused "record a disruption without taking it from disruptionsAllowed" "$WEBHOOK" replace --subresource=status -f "$WORK/pdb.json"
+status_with "s['disruptedPods'] = {}; s['disruptionsAllowed'] = s.get('disruptionsAllowed', 0) + 1"
+allowed "give back a disruption it recorded" "$WEBHOOK" replace --subresource=status -f "$WORK/pdb.json"
+
+echo "policies-real: namespaces the webhook never handles, controller references"
+k -n kube-system create serviceaccount default >/dev/null 2>&1 || true
+k apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Pod
+metadata:
+  name: web-1
+  namespace: kube-system
+  labels: {app: web, pod-template-hash: abc}
+spec:
+  nodeName: node-a
+  containers: [{name: c, image: registry.example/web:1}]
+EOF
+refused "isolate a pod in kube-system" "$WEBHOOK" -n kube-system patch pod web-1 --type=json -p "$ISOLATE_CALLER"
+pod web-5 node-a
+HANDOVER='{"op":"add","path":"/metadata/ownerReferences","value":[{"apiVersion":"apps/v1","kind":"Deployment","name":"web","uid":"00000000-0000-0000-0000-000000000001","controller":true}]}'
+refused "isolate a pod handing it to a Deployment no ReplicaSet of it is named after" "$WEBHOOK" -n shop patch pod web-5 \
+  --type=json -p "${ISOLATE_CALLER%]},$HANDOVER]"
+
+echo "policies-real: the isolation record (whoever may patch pods)"
+k -n shop create serviceaccount tenant >/dev/null
+k -n shop create role pod-writer --verb=get,list,create,patch,update --resource=pods >/dev/null
+k -n shop create rolebinding tenant-pod-writer --role=pod-writer --serviceaccount=shop:tenant >/dev/null
+TENANT="$WORK/tenant.kubeconfig"; as_user "$TENANT" "system:serviceaccount:shop:tenant"
+allowed "label a pod (tenant)" "$TENANT" -n shop label pod web-5 team=b --overwrite
+refused "put an isolation record with a past delete time on a pod (the deleter would remove it)" "$TENANT" \
+  -n shop patch pod web-5 --type=json -p "$ISOLATE_SCALE_DOWN"
+refused "label a pod graceful-drain.io/draining" "$TENANT" -n shop label pod web-5 graceful-drain.io/draining=web
+PLANTED="$WORK/planted.yaml"
+cat >"$PLANTED" <<EOF
+apiVersion: v1
+kind: Pod
+metadata:
+  name: planted
+  namespace: shop
+  labels: {graceful-drain.io/draining: web}
+  annotations: {graceful-drain.io/original-labels: "{}", graceful-drain.io/delete-at: "2026-01-01T00:00:00Z"}
+spec:
+  nodeName: node-a
+  containers: [{name: c, image: registry.example/web:1}]
+EOF
+refused "create a pod carrying an isolation record" "$TENANT" create -f "$PLANTED"
+allowed "isolate a pod (the webhook)" "$WEBHOOK" -n shop patch pod web-5 --type=json -p "$ISOLATE_CALLER"
+refused "move the delete time of an isolated pod" "$TENANT" -n shop annotate pod web-5 \
+  graceful-drain.io/delete-at=2025-01-01T00:00:00Z --overwrite
+refused "drop an isolated pod's restore time (the deleter would remove it)" "$TENANT" -n shop annotate pod web-5 \
+  graceful-drain.io/restore-at-
+allowed "remove the isolation record from a pod" "$TENANT" -n shop label pod web-5 graceful-drain.io/draining-
 
 echo "policies-real: the webhook's own RBAC objects"
 OTHER='{"kind":"ServiceAccount","name":"default","namespace":"shop"}'

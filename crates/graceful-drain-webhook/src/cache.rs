@@ -528,6 +528,13 @@ impl Cache {
         };
     }
 
+    /// Whether `namespace` is one the webhook never handles (`--exclude-namespace`: the
+    /// release's own, kube-system, the chart's list), which the webhook configurations
+    /// never send either.
+    pub fn excluded(&self, namespace: &str) -> bool {
+        self.excluded_namespaces.contains(namespace)
+    }
+
     /// Namespace settings (flag exclusion, opt-out label, delay annotation).
     pub fn namespace(&self, namespace: &str) -> NamespaceFacts {
         let mut facts = read(&self.namespaces)

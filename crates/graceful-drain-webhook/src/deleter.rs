@@ -176,6 +176,51 @@ pub fn is_due(
         .is_some_and(|due| now >= due)
 }
 
+/// Evicts `pod` ([`evict_pod`]); deletes it when the eviction cannot pass although its
+/// disruption is already accounted for: a PDB that still selects it refuses (429) while
+/// listing it as disrupted — the webhook charged it at isolation, so the budget counts it
+/// already ([`counted`]) — or several PDBs select it (500, which no eviction ever gets
+/// past). Never past a budget that has not counted it: that refusal is returned, and the
+/// removal tried again later. `grace_period` as in [`evict_pod`].
+pub(crate) async fn remove_pod(
+    ctx: &isolate::Context,
+    pod: &Pending,
+    grace_period: Option<i64>,
+) -> Result<(), kube::Error> {
+    match evict_pod(&ctx.client, pod, grace_period).await {
+        Err(kube::Error::Api(s))
+            if s.code == 500 || (s.code == 429 && counted(&ctx.cache, pod)) =>
+        {
+            tracing::info!(code = s.code, message = %s.message, "eviction refused; its budget counts it already: deleting");
+            let api = Api::<Pod>::namespaced(ctx.client.clone(), &pod.namespace);
+            let params = DeleteParams {
+                grace_period_seconds: grace_period.and_then(|g| u32::try_from(g).ok()),
+                preconditions: Some(Preconditions {
+                    uid: Some(pod.uid.clone()),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            bounded(api.delete(&pod.name, &params)).await.map(|_| ())
+        }
+        other => other,
+    }
+}
+
+/// Whether every cached PDB still selecting `pod` lists it in `status.disruptedPods` (true
+/// when none selects it).
+pub(crate) fn counted(cache: &Cache, pod: &Pending) -> bool {
+    cache
+        .pdbs_selecting(&pod.namespace, &pod.labels)
+        .iter()
+        .all(|pdb| {
+            pdb.status
+                .as_ref()
+                .and_then(|s| s.disrupted_pods.as_ref())
+                .is_some_and(|d| d.contains_key(&pod.name))
+        })
+}
+
 /// Evicts `pod` with a proper `policy/v1` Eviction (kube's `Api::evict` sends options the
 /// API server drops): its UID as precondition, so a same-name replacement is never
 /// touched, and `grace_period` if given (else the pod's own).
@@ -246,6 +291,9 @@ pub struct Deleter {
     /// one may ask for ([`Deleter::counting_delays`]).
     delays: (Duration, Duration),
     pending: HashMap<String, Pending>,
+    /// UIDs of pods carrying an isolation record in namespaces the webhook never handles,
+    /// already reported.
+    foreign: std::collections::HashSet<String>,
     /// The watched metadata of pods their callers remove, to restore them from.
     metas: HashMap<String, ObjectMeta>,
     /// When each pending pod was first seen isolated, until its departure from the slices
@@ -271,6 +319,7 @@ impl Deleter {
             margin: wait.unwrap_or(Duration::ZERO),
             delays: (Duration::ZERO, Duration::ZERO),
             pending: HashMap::new(),
+            foreign: std::collections::HashSet::new(),
             metas: HashMap::new(),
             isolated_seen: HashMap::new(),
             attempted: HashMap::new(),
@@ -357,6 +406,15 @@ impl Deleter {
     fn apply(&mut self, meta: &ObjectMeta) {
         let uid = meta.uid.clone().unwrap_or_default();
         match pending_from(meta) {
+            // The webhook never isolates there (the configurations never send those
+            // namespaces): a record there is someone else's, and the deleter is nobody's
+            // deputy. Said once per pod.
+            Some(p) if self.cache().excluded(&p.namespace) => {
+                if self.foreign.insert(uid.clone()) {
+                    tracing::warn!(namespace = %p.namespace, pod = %p.name, "a pod in a namespace graceful-drain never handles carries an isolation record; leaving it alone");
+                }
+                self.forget(&uid);
+            }
             Some(p) => {
                 self.cache()
                     .set_isolated(&p.namespace, &p.name, Some(p.delete_at));
@@ -462,15 +520,9 @@ impl Deleter {
         }
     }
 
-    /// Evicts `pod`, or deletes it when a PDB still selecting it refuses.
+    /// Removes `pod` with the recorded grace period ([`remove_pod`]).
     async fn remove(&self, pod: &Pending) -> Result<(), kube::Error> {
-        match self.evict(pod).await {
-            Err(kube::Error::Api(s)) if s.code == 429 || s.code == 500 => {
-                tracing::info!(code = s.code, message = %s.message, "eviction refused; deleting");
-                self.delete_now(pod).await
-            }
-            other => other,
-        }
+        remove_pod(&self.ctx, pod, pod.grace_period).await
     }
 
     /// Records what became of one removal; `failures` is how many failed before it.
@@ -511,25 +563,6 @@ impl Deleter {
                 tracing::warn!(error = %graceful_drain_core::error::chain(&error), failures, "remove isolated pod; will retry")
             }
         }
-    }
-
-    /// A proper `policy/v1` Eviction (kube's `Api::evict` sends options the API server
-    /// drops), with the UID precondition and the caller's grace period.
-    async fn evict(&self, pod: &Pending) -> Result<(), kube::Error> {
-        evict_pod(&self.ctx.client, pod, pod.grace_period).await
-    }
-
-    async fn delete_now(&self, pod: &Pending) -> Result<(), kube::Error> {
-        let api = Api::<Pod>::namespaced(self.ctx.client.clone(), &pod.namespace);
-        let params = DeleteParams {
-            grace_period_seconds: pod.grace_period.and_then(|g| u32::try_from(g).ok()),
-            preconditions: Some(Preconditions {
-                uid: Some(pod.uid.clone()),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        bounded(api.delete(&pod.name, &params)).await.map(|_| ())
     }
 
     /// When the next scan should run: the earliest delete time (or retry) of a pending pod,
@@ -753,7 +786,11 @@ impl Deleter {
                         self.apply(&m.metadata);
                         scan_at = scan_at.min(self.next_scan(*leader.borrow()));
                     }
-                    Some(Ok(Event::Delete(m))) => self.forget(m.metadata.uid.as_deref().unwrap_or_default()),
+                    Some(Ok(Event::Delete(m))) => {
+                        let uid = m.metadata.uid.as_deref().unwrap_or_default();
+                        self.foreign.remove(uid);
+                        self.forget(uid);
+                    }
                     Some(Ok(Event::Init)) => relist = Some(Vec::new()),
                     Some(Ok(Event::InitDone)) => self.finish_relist(relist.take()),
                     Some(Err(error)) => tracing::warn!(error = %graceful_drain_core::error::chain(&error), "watch isolated pods; retrying"),

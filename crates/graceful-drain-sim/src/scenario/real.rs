@@ -706,8 +706,11 @@ async fn evict_in_turn(
         .get(first)
         .await
         .map_err(api("get", format!("pod {ns}/{first}")))?;
-    // A drain cordons the node first, and only a node being drained lets the webhook
-    // remove a member its PDB still selects (a review's word alone deletes nothing).
+    // A drain cordons the node first and retries every eviction (kubectl every 5 s, here
+    // every second): once the first member is due, its retry finds the webhook removing it
+    // (its PDB counted it at isolation, so the API server's own eviction would be refused)
+    // and is answered 404. A cordon alone confirms nothing, so without that retry the
+    // member would be put back at its restore time.
     let node = held
         .spec
         .as_ref()
@@ -732,6 +735,17 @@ async fn evict_in_turn(
             .is_some_and(|p| {
                 p.metadata.uid == held.metadata.uid && p.metadata.deletion_timestamp.is_none()
             });
+        if still {
+            // The drain's retry of the first member: refused while it deregisters, then
+            // held until it is gone (404), or allowed.
+            match evict(first).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 429 || s.code == 404 => {}
+                other => {
+                    return Err(failed(format!("eviction of {ns}/{first}: {other:?}")));
+                }
+            }
+        }
         let answer = evict(second).await;
         let let_go = answer.is_ok() || is_deregistering(&answer);
         match (let_go, still) {

@@ -118,9 +118,9 @@ pub(super) async fn respond(
             );
             return (review::gone(request, message), "held_until_gone");
         }
-        if let Some(replica_set) = removed_once_replaced(state, &ev, &live, deadline).await {
+        if let Some(why) = removed_from_cordoned_node(state, &ev, &live, deadline).await {
             let message = format!(
-                "pod {pod} is gone: graceful-drain evicted it at {delete_at}, once it had left its load balancers and ReplicaSet {replica_set} served a ready replacement"
+                "pod {pod} is gone: graceful-drain removed it at {delete_at}, once it had left its load balancers and {why}"
             );
             return (review::gone(request, message), "held_until_gone");
         }
@@ -219,14 +219,17 @@ async fn until_gone(state: &AppState, ev: &review::Eviction, uid: &str, deadline
 
 /// A due pod of a merely cordoned node (`isolate::NodeDrain::Cordoned`), isolated for an
 /// eviction nothing confirmed (so left to its caller, with a restore time): the webhook
-/// evicts it now — the pod's own grace period, its UID as precondition — once its
-/// ReplicaSet serves every replica ready without it, so the caller's retry is answered
-/// 404 when it is gone, as on a drained node, instead of polling for the deletion. The
-/// ReplicaSet's name when it did. Anyone reaching the port could send this retry too: all
-/// it can do is move a pod off a cordoned node whose replacement already serves. Any other
-/// pod (not a ReplicaSet's, no ready replacement yet, node uncordoned) is decided again
-/// and the caller's own eviction goes through the API server.
-async fn removed_once_replaced(
+/// removes it now ([`deleter::remove_pod`]: an eviction with the pod's own grace period and
+/// its UID as precondition) when what it leaves behind is already accounted for — its
+/// ReplicaSet serves every replica ready without it, or the disruption budgets selecting it
+/// all list it as disrupted (the webhook charged them at isolation; the API server's own
+/// eviction would be refused by that very charge) — so the caller's retry is answered 404
+/// when it is gone, as on a drained node. Why, when it did. Anyone reaching the port could
+/// send this retry too: all it can do is move a pod off a cordoned node once its replacement
+/// serves or its budget counted it. Any other pod (a bare pod, one no budget counts, a
+/// ReplicaSet still short of ready replicas, a node uncordoned) is decided again and the
+/// caller's own eviction goes through the API server.
+async fn removed_from_cordoned_node(
     state: &AppState,
     ev: &review::Eviction,
     live: &Result<Option<Pod>, ()>,
@@ -241,15 +244,31 @@ async fn removed_once_replaced(
     if isolate::node_drain(&state.ctx, node).await == isolate::NodeDrain::No {
         return None;
     }
-    let replica_set = replaced_by(state, pod).await?;
-    if let Err(error) = deleter::evict_pod(&state.ctx.client, &pending, None).await {
-        tracing::info!(error = %graceful_drain_core::error::chain(&error), "evict the replaced pod of a cordoned node; the caller evicts it");
+    let why = match replaced_by(state, pod).await {
+        Some(replica_set) => format!("ReplicaSet {replica_set} served a ready replacement"),
+        None => {
+            let budgets = state
+                .ctx
+                .cache
+                .pdbs_selecting(&pending.namespace, &pending.labels);
+            if budgets.is_empty() || !deleter::counted(&state.ctx.cache, &pending) {
+                return None;
+            }
+            let names: Vec<String> = budgets
+                .iter()
+                .filter_map(|b| b.metadata.name.clone())
+                .collect();
+            format!("its disruption budget {} counted it", names.join(", "))
+        }
+    };
+    if let Err(error) = deleter::remove_pod(&state.ctx, &pending, None).await {
+        tracing::info!(error = %graceful_drain_core::error::chain(&error), "remove the due pod of a cordoned node; the caller evicts it");
         return None;
     }
-    tracing::info!(%replica_set, "evicted the due pod of a cordoned node: its ReplicaSet serves a ready replacement");
+    tracing::info!(%why, "removed the due pod of a cordoned node");
     until_gone(state, ev, &pending.uid, deadline)
         .await
-        .then_some(replica_set)
+        .then_some(why)
 }
 
 /// The ReplicaSet owning `pod` (`namespace/name`) when, read live, it has observed its

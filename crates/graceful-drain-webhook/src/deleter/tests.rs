@@ -287,3 +287,33 @@ async fn resumes_pending_deletions_after_restart() {
     );
     assert_eq!(cache.isolated("web", "foreign"), None);
 }
+
+/// The deleter is nobody's deputy where the webhook never isolates: a pod carrying an
+/// isolation record in an excluded namespace (kube-system here) is never pending, so it is
+/// neither deleted nor restored; the same record elsewhere is.
+#[tokio::test]
+async fn an_isolation_record_in_an_excluded_namespace_is_left_alone() {
+    let (client, _api) = graceful_drain_testing::fixtures::mock::client();
+    let mut registry = prometheus_client::registry::Registry::default();
+    let cache = Arc::new(Cache::new(["kube-system".to_string()]));
+    let mut deleter = Deleter::new(
+        context(client, cache),
+        Arc::new(Metrics::new(&mut registry)),
+        None,
+    );
+    let record = |namespace: &str, uid: &str| -> ObjectMeta {
+        let mut value = meta("a", uid, "2026-01-01T00:00:00Z", true)["metadata"].clone();
+        value["namespace"] = json!(namespace);
+        serde_json::from_value(value).unwrap()
+    };
+    deleter.apply(&record("kube-system", "u-system"));
+    deleter.apply(&record("kube-system", "u-system"));
+    deleter.apply(&record("web", "u-web"));
+    let due: Vec<String> = deleter
+        .due(at("2026-01-01T00:01:00Z"))
+        .into_iter()
+        .map(|p| p.uid)
+        .collect();
+    assert_eq!(due, ["u-web"]);
+    assert_eq!(deleter.foreign.len(), 1, "reported once");
+}
