@@ -342,8 +342,7 @@ pub fn plan<'a>(
     }
 }
 
-/// The taint a cordoned node carries (upstream `node.kubernetes.io/unschedulable`).
-pub const UNSCHEDULABLE_TAINT: &str = "node.kubernetes.io/unschedulable";
+pub use graceful_drain_core::labels::UNSCHEDULABLE_TAINT;
 
 /// Whether `pod` tolerates the cordon's NoSchedule taint (a toleration for its key, or an
 /// `Exists` toleration without a key), so the scheduler may place it on a cordoned node.

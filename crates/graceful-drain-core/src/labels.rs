@@ -253,6 +253,10 @@ pub const HOOK_API_VERSION: &str = "graceful-drain.io/v1";
 
 // # Names we present
 
+/// The taint a cordoned node carries, which the node lifecycle controller mirrors
+/// `spec.unschedulable` to (upstream `node.kubernetes.io/unschedulable`).
+pub const UNSCHEDULABLE_TAINT: &str = "node.kubernetes.io/unschedulable";
+
 /// Field manager and user-agent we present to the API server.
 pub const FIELD_MANAGER: &str = "graceful-drain";
 /// `reportingComponent` of the Events the webhook records.

@@ -21,6 +21,7 @@ use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams, Preconditions};
@@ -210,15 +211,20 @@ pub(crate) async fn remove_pod(
 /// Whether every cached PDB still selecting `pod` lists it in `status.disruptedPods` (true
 /// when none selects it).
 pub(crate) fn counted(cache: &Cache, pod: &Pending) -> bool {
-    cache
-        .pdbs_selecting(&pod.namespace, &pod.labels)
-        .iter()
-        .all(|pdb| {
-            pdb.status
-                .as_ref()
-                .and_then(|s| s.disrupted_pods.as_ref())
-                .is_some_and(|d| d.contains_key(&pod.name))
-        })
+    all_list(
+        &cache.pdbs_selecting(&pod.namespace, &pod.labels),
+        &pod.name,
+    )
+}
+
+/// Whether each of `pdbs` lists pod `name` in `status.disruptedPods`.
+pub(crate) fn all_list(pdbs: &[Arc<PodDisruptionBudget>], name: &str) -> bool {
+    pdbs.iter().all(|pdb| {
+        pdb.status
+            .as_ref()
+            .and_then(|s| s.disrupted_pods.as_ref())
+            .is_some_and(|d| d.contains_key(name))
+    })
 }
 
 /// Evicts `pod` with a proper `policy/v1` Eviction (kube's `Api::evict` sends options the

@@ -410,7 +410,7 @@ fn has_unschedulable_taint(node: &Node) -> bool {
         .and_then(|s| s.taints.as_ref())
         .is_some_and(|t| {
             t.iter()
-                .any(|t| t.key == "node.kubernetes.io/unschedulable")
+                .any(|t| t.key == graceful_drain_core::labels::UNSCHEDULABLE_TAINT)
         })
 }
 

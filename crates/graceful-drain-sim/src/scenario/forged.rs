@@ -15,6 +15,7 @@ use super::components::Components;
 use super::spec::Workload;
 use super::{Error, Measured, ScenarioConfig, actions, drainers, measure, workloads};
 use graceful_drain_core::labels::DRAINING_LABEL;
+use graceful_drain_webhook::decide::STATEFULSET_CONTROLLER;
 use kube_sim::cluster::{RealCluster, WebSpec, wait_for};
 
 /// How long after its delete time a pod a forged review isolated is put back
@@ -51,9 +52,6 @@ pub enum Target {
     /// nothing is deleted.
     Cordoned,
 }
-
-/// The StatefulSet controller's identity, as kube-controller-manager presents it.
-const STATEFULSET_CONTROLLER: &str = "system:serviceaccount:kube-system:statefulset-controller";
 
 /// Who the forged reviews claim to be: someone's token with no rights to speak of.
 const VIEWER: &str = "system:serviceaccount:tenant:viewer";

@@ -251,7 +251,7 @@ async fn removed_from_cordoned_node(
                 .ctx
                 .cache
                 .pdbs_selecting(&pending.namespace, &pending.labels);
-            if budgets.is_empty() || !deleter::counted(&state.ctx.cache, &pending) {
+            if budgets.is_empty() || !deleter::all_list(&budgets, &pending.name) {
                 return None;
             }
             let names: Vec<String> = budgets

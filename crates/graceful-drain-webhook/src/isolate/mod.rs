@@ -143,9 +143,6 @@ impl Plan {
 /// says nothing is scheduled there, not that the node is being emptied.
 pub const DRAIN_TAINTS: [&str; 2] = ["karpenter.sh/disrupted", "ToBeDeletedByClusterAutoscaler"];
 
-/// The cordon's taint, which the node lifecycle controller mirrors `spec.unschedulable` to.
-const CORDON_TAINT: &str = "node.kubernetes.io/unschedulable";
-
 /// What a pod's node, read live, says about a drain.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NodeDrain {
@@ -153,8 +150,9 @@ pub enum NodeDrain {
     No,
     /// Cordoned and nothing more. People cordon nodes for many reasons, and anyone who
     /// reaches the port can send an eviction of its pods: an eviction there is not
-    /// confirmed, and removes its pod early only once the pod's ReplicaSet has a ready
-    /// replacement (`admission::evict`).
+    /// confirmed, and its caller's retry has the webhook remove the due pod only once the
+    /// pod's ReplicaSet has a ready replacement or its budgets count it
+    /// (`admission::evict`).
     Cordoned,
     /// A drainer is emptying it, by a mark only an authenticated drainer writes: one of
     /// [`DRAIN_TAINTS`], or our node agent's `DrainInProgress=True` condition. Why, for the
@@ -180,8 +178,8 @@ pub async fn node_drain(ctx: &Context, node: Option<&str>) -> NodeDrain {
 
 /// [`NodeDrain`] of `node` as read.
 pub fn drain_of(node: &k8s_openapi::api::core::v1::Node) -> NodeDrain {
-    let spec = node.spec.clone().unwrap_or_default();
-    let taints = spec.taints.unwrap_or_default();
+    let spec = node.spec.as_ref();
+    let taints = spec.and_then(|s| s.taints.as_deref()).unwrap_or_default();
     if let Some(taint) = taints
         .iter()
         .find(|t| DRAIN_TAINTS.contains(&t.key.as_str()))
@@ -201,7 +199,10 @@ pub fn drain_of(node: &k8s_openapi::api::core::v1::Node) -> NodeDrain {
     if agent_drains {
         return NodeDrain::Draining("graceful-drain's node agent drains it".to_string());
     }
-    let cordoned = spec.unschedulable == Some(true) || taints.iter().any(|t| t.key == CORDON_TAINT);
+    let cordoned = spec.and_then(|s| s.unschedulable) == Some(true)
+        || taints
+            .iter()
+            .any(|t| t.key == graceful_drain_core::labels::UNSCHEDULABLE_TAINT);
     if cordoned {
         NodeDrain::Cordoned
     } else {
