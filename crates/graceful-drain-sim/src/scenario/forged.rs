@@ -40,12 +40,6 @@ pub enum Target {
         /// Whether the Deployment has its PDB.
         pdb: bool,
     },
-    /// The StatefulSet of [`Target::StatefulSet`] in a rolling update stalled after its
-    /// first step (the new template fits no node: its top member's replacement stays
-    /// Pending, and the budget is spent), then forged DELETEs of every other member
-    /// claiming the StatefulSet controller, which deletes none of them while a member is
-    /// unavailable.
-    StatefulSetRollout,
     /// Every node cordoned (and nothing more: no drainer's mark), then forged evictions of
     /// every pod of the Deployment, without its PDB, asking for `gracePeriodSeconds: 0`,
     /// twice over. A cordon is no drain: the reviews are bounded as anywhere else, and
@@ -78,10 +72,6 @@ pub(super) async fn row(
     match target {
         Target::StatefulSet => {
             workloads::deploy(cluster, web, timeout, Workload::StatefulSet).await?;
-        }
-        Target::StatefulSetRollout => {
-            workloads::deploy(cluster, web, timeout, Workload::StatefulSet).await?;
-            stall_rollout(cluster, web, timeout).await?;
         }
         Target::DaemonSet => workloads::deploy(cluster, web, timeout, Workload::DaemonSet).await?,
         Target::BarePods => deploy_bare_pods(cluster, web, timeout).await?,
@@ -133,7 +123,6 @@ fn namespace_suffix(target: Target) -> &'static str {
     match target {
         Target::Deployment => "deployment",
         Target::StatefulSet => "statefulset",
-        Target::StatefulSetRollout => "statefulset-rollout",
         Target::DaemonSet => "daemonset",
         Target::BarePods => "bare-pods",
         Target::Flood { pdb: true } => "flood",
@@ -206,21 +195,6 @@ async fn attack(
                     answers.extend(futures::future::join_all(all).await);
                 }
                 answers
-            }
-            Target::StatefulSetRollout => {
-                cluster.step(format!(
-                    "forged DELETEs of the {} serving members of {ns} claiming {STATEFULSET_CONTROLLER}, its rollout stalled",
-                    before.len()
-                ));
-                let mut reviews = Vec::new();
-                for pod in &before {
-                    reviews.push(post(
-                        components,
-                        deletion(pod, STATEFULSET_CONTROLLER)?,
-                        DELETE,
-                    ));
-                }
-                futures::future::join_all(reviews).await
             }
             _ => {
                 let controller = match target {
@@ -448,50 +422,6 @@ async fn deploy_bare_pods(
             == expected
     })
     .await?;
-    Ok(())
-}
-
-/// Starts a rolling update of `web`'s StatefulSet that stalls after its first step: the
-/// new template fits no node, so the StatefulSet controller deletes its top member (through
-/// the webhook, as any rollout), the replacement stays Pending — unavailable — and the
-/// controller deletes no other (`updateStatefulSetAfterInvariantEstablished` in
-/// pkg/controller/statefulset/stateful_set_control.go: nothing while `maxUnavailable`
-/// members are unavailable). Returns once that replacement exists, the budget spent.
-async fn stall_rollout(
-    cluster: &RealCluster,
-    web: &WebSpec,
-    timeout: Duration,
-) -> Result<(), Error> {
-    use k8s_openapi::api::apps::v1::StatefulSet;
-    use kube::api::{Patch, PatchParams};
-    let api = Api::<StatefulSet>::namespaced(cluster.client(), &web.namespace);
-    let patch = serde_json::json!({"spec": {"template": {"spec": {
-        "nodeSelector": {"graceful-drain.io/forged-row": "no-such-node"}}}}});
-    api.patch(&web.name, &PatchParams::default(), &Patch::Merge(patch))
-        .await
-        .map_err(workloads::api("patch statefulset", web.service_key()))?;
-    let pods = Api::<Pod>::namespaced(cluster.client(), &web.namespace);
-    let top = format!("{}-{}", web.name, web.replicas - 1);
-    wait_for(
-        "the rollout's first member replaced and stuck",
-        timeout,
-        || async {
-            let Ok(sts) = api.get(&web.name).await else {
-                return false;
-            };
-            let update = sts.status.and_then(|s| s.update_revision);
-            let replaced = pods.get_opt(&top).await.ok().flatten();
-            update.is_some()
-                && replaced.is_some_and(|p| {
-                    p.labels().get("controller-revision-hash") == update.as_ref()
-                        && !kube_sim::controllers::pod_ready(&p)
-                })
-        },
-    )
-    .await?;
-    cluster.step(format!(
-        "the StatefulSet's rolling update stalled: {top} replaced by a pod that fits no node"
-    ));
     Ok(())
 }
 

@@ -134,7 +134,6 @@ impl fmt::Display for Disruption {
             Disruption::Forged(forged::Target::Flood { pdb: true }) => "forged-flood",
             Disruption::Forged(forged::Target::Flood { pdb: false }) => "forged-flood-no-pdb",
             Disruption::Forged(forged::Target::Cordoned) => "forged-cordoned",
-            Disruption::Forged(forged::Target::StatefulSetRollout) => "forged-statefulset-rollout",
             Disruption::SeedGroupDrain => "seed-group-drain",
             Disruption::StatefulSetLongDelay => "statefulset-long-delay",
             Disruption::ApiServerRestartDrain => "apiserver-restart-drain",
@@ -209,7 +208,6 @@ pub fn scenarios(upstream: bool, faults: bool) -> Vec<RealScenario> {
         forged::Target::Flood { pdb: true },
         forged::Target::Flood { pdb: false },
         forged::Target::Cordoned,
-        forged::Target::StatefulSetRollout,
     ] {
         all.push(RealScenario {
             disruption: Forged(target),

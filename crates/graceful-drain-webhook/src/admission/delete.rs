@@ -244,18 +244,10 @@ where
 }
 
 /// Whether the StatefulSet controller deletes `pod` now: a pod whose ordinal is outside
-/// the StatefulSet's range (a scale-down), every pod of another revision than `status.
-/// updateRevision` under the `Recreate` strategy, and in a rolling update only the one it
-/// deletes next — of another revision, at or past the partition, the highest such ordinal
-/// (every member above it updated: `status.updatedReplicas` of them), and only while every
-/// member is available (`status.availableReplicas`), its status current. Under `OnDelete` it
-/// deletes none for an update. (pkg/controller/statefulset/stateful_set_control.go,
-/// `updateStatefulSet` and, with the MaxUnavailableStatefulSet gate on by default since
-/// v1.37, `updateStatefulSetAfterInvariantEstablished`: an OrderedReady set deletes
-/// `maxUnavailable - unavailable` members from the top, none while one is unavailable; a
-/// larger `maxUnavailable` is confirmed one member at a time, the rest bound by the budget.)
-/// So a stalled rollout, or a forged DELETE of a member the controller would not choose,
-/// confirms nothing. `Err` says why not.
+/// the StatefulSet's range (a scale-down), or of another revision than `status.
+/// updateRevision` at or past the rolling update's partition (`updateStatefulSet` in
+/// pkg/controller/statefulset/stateful_set_control.go deletes exactly those; under
+/// `OnDelete` it deletes none for an update). `Err` says why not.
 pub(crate) fn statefulset_deletes(sts: &StatefulSet, pod: &PodFacts) -> Result<(), String> {
     let name = sts.metadata.name.as_deref().unwrap_or_default();
     let spec = sts.spec.as_ref();
@@ -291,36 +283,12 @@ pub(crate) fn statefulset_deletes(sts: &StatefulSet, pod: &PodFacts) -> Result<(
         .labels
         .get(STATEFULSET_REVISION_LABEL)
         .map(String::as_str);
-    let keeps = || {
-        format!(
+    match update {
+        Some(update) if revision != Some(update) && ordinal >= start + partition => Ok(()),
+        _ => Err(format!(
             "StatefulSet {name} keeps pod {} (ordinal {ordinal} of {replicas}, its revision current)",
             pod.name
-        )
-    };
-    if update.is_none_or(|u| revision == Some(u) || ordinal < start + partition) {
-        return Err(keeps());
-    }
-    if strategy.and_then(|u| u.type_.as_deref()) == Some("Recreate") {
-        return Ok(());
-    }
-    let status = sts.status.as_ref();
-    let observed = status.and_then(|s| s.observed_generation).unwrap_or(0)
-        >= sts.metadata.generation.unwrap_or(0);
-    let updated = i64::from(status.and_then(|s| s.updated_replicas).unwrap_or(0));
-    let available = i64::from(status.and_then(|s| s.available_replicas).unwrap_or(0));
-    let next = start + replicas - 1 - updated;
-    if !observed {
-        Err(format!("StatefulSet {name}'s status is not current"))
-    } else if available < replicas {
-        Err(format!(
-            "StatefulSet {name} has {available} of {replicas} members available: its rolling update waits"
-        ))
-    } else if ordinal != next {
-        Err(format!(
-            "StatefulSet {name} updates ordinal {next} next, not {ordinal}"
-        ))
-    } else {
-        Ok(())
+        )),
     }
 }
 

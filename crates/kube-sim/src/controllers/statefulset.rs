@@ -12,17 +12,14 @@
 //! "monotonic" mode) the walk stops at the first ordinal that is missing, terminating or
 //! not Running and Ready, so ordinal `i` is created only when `0..i` are Ready, and surplus
 //! pods are deleted from the highest ordinal down, one at a time; `Parallel` creates and
-//! deletes all at once. Then the RollingUpdate strategy, as v1.37 runs it with the
-//! MaxUnavailableStatefulSet gate on by default (`updateStatefulSetAfterInvariantEstablished`,
-//! `maxUnavailable` 1): OrderedReady deletes nothing while any member is unavailable, else
-//! the highest member at or past `partition` whose `controller-revision-hash` is not the
-//! update revision; Parallel first deletes every such member that is unavailable, and one
-//! available one only while nothing is unavailable.
+//! deletes all at once. Then the RollingUpdate strategy deletes, from the highest ordinal
+//! down to `partition`, the first pod whose `controller-revision-hash` is not the update
+//! revision, and waits for its replacement to be Ready before the next one.
 //!
 //! Simplifications: no ControllerRevision objects are written (revisions are
 //! `<set>-<template hash>`, and `status.currentRevision` remembers the old one), so a pod
 //! recreated below the partition gets the current template rather than the old revision's;
-//! `minReadySeconds`, PVCs and a `maxUnavailable` other than 1 are not modelled.
+//! `minReadySeconds`, PVCs and `maxUnavailable` (alpha upstream) are not modelled.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -190,43 +187,19 @@ pub fn plan(set: &StatefulSet, pods: &[Arc<Pod>]) -> Plan {
         .and_then(|r| r.partition)
         .unwrap_or(0);
     let update = update_revision(set);
-    let old = |pod: &Pod| revision_of(pod) != Some(update.as_str()) && !terminating(pod);
-    // Upstream v1.37, with MaxUnavailableStatefulSet on by default
-    // (`updateStatefulSetAfterInvariantEstablished`, `maxUnavailable` 1): count the members
-    // that are unavailable (missing ones have just been handled above).
-    let members: Vec<&Pod> = (0..replicas)
-        .filter_map(|ord| claimed.members.get(&ord).copied())
-        .collect();
-    let unavailable = members.iter().filter(|p| !healthy(p)).count();
-    let at_or_past_partition = (partition.max(0)..replicas)
-        .rev()
-        .filter_map(|ord| claimed.members.get(&ord).copied());
-    if monotonic {
-        // OrderedReady: nothing while a member is unavailable; else the highest member of
-        // another revision.
-        if unavailable == 0
-            && let Some(pod) = at_or_past_partition.clone().find(|p| old(p))
-        {
+    // Upstream: terminate the pod with the largest ordinal that does not match the update
+    // revision, then wait for it (and every pod above the partition) to be healthy again.
+    for ord in (partition.max(0)..replicas).rev() {
+        let Some(pod) = claimed.members.get(&ord) else {
+            return out;
+        };
+        if revision_of(pod) != Some(update.as_str()) && !terminating(pod) {
             out.delete.push(name_uid(pod));
+            return out;
         }
-        return out;
-    }
-    // Parallel: the members of another revision that are unavailable go at once; an
-    // available one only while nothing is unavailable.
-    let needing_update = members.iter().filter(|p| !healthy(p) && old(p)).count();
-    if unavailable >= 1 && needing_update == 0 {
-        return out;
-    }
-    for pod in at_or_past_partition
-        .clone()
-        .filter(|p| old(p) && !healthy(p))
-    {
-        out.delete.push(name_uid(pod));
-    }
-    if unavailable == 0
-        && let Some(pod) = at_or_past_partition.clone().find(|p| old(p) && healthy(p))
-    {
-        out.delete.push(name_uid(pod));
+        if !healthy(pod) {
+            return out;
+        }
     }
     out
 }
@@ -796,26 +769,6 @@ mod tests {
         assert_eq!(deleted_names(&plan(&new, &pods)), vec!["web-1"]);
         // With partition 2, web-1 and web-0 keep the old revision.
         assert_eq!(plan(&new.clone().partition(2), &pods), Plan::default());
-    }
-
-    /// v1.37's rolling update of a Parallel set (`updateStatefulSetAfterInvariantEstablished`,
-    /// `maxUnavailable` 1): a member of the new revision that is unavailable stalls it; an
-    /// unavailable member of the old revision goes at once, and an available one only while
-    /// nothing is unavailable.
-    #[test]
-    fn a_parallel_rolling_update_waits_while_a_member_is_unavailable() {
-        let old = set(3).parallel();
-        let new = set(3).container("sim/web:2").parallel();
-        let mut pods: Vec<_> = (0..3).map(|i| member(&old, i, true)).collect();
-        assert_eq!(deleted_names(&plan(&new, &pods)), vec!["web-2"]);
-        pods[2] = member(&new, 2, false);
-        assert_eq!(plan(&new, &pods), Plan::default(), "stalled on web-2");
-        pods[0] = member(&old, 0, false);
-        assert_eq!(
-            deleted_names(&plan(&new, &pods)),
-            vec!["web-0"],
-            "an unavailable old member goes, the available one waits"
-        );
     }
 
     #[test]
