@@ -40,8 +40,9 @@ const PROVISION_TIMEOUT: Duration = Duration::from_secs(180);
 /// rounds; drift replaces nodes a budget at a time.
 const DISRUPTION_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// Slack for Karpenter's own pace between two runs of the same row: one command's
-/// validation wait (15 s).
+/// Slack for Karpenter's own pace inside its drains, which differs between two runs of the
+/// same row: its eviction queue's backoff (up to 10 s), its node requeue (1 s), a drift's
+/// replacement nodes.
 const KARPENTER_SLACK: Duration = Duration::from_secs(15);
 
 /// Which disruption a row asks Karpenter for.
@@ -164,9 +165,10 @@ async fn pool_nodes(client: &kube::Client, pool: &str) -> Result<Vec<Node>, Erro
 /// One Karpenter row. Without protection the Deployment's pods are evicted as Karpenter
 /// evicts them; with it, graceful-drain holds each eviction until the load balancers
 /// dropped the pod. The row ends when Karpenter has removed the nodes it set out to
-/// remove and the Deployment serves at its replicas again. With protection and the
-/// `unprotected` row's time, it fails past that time plus the delay and exit per removed
-/// node plus [`KARPENTER_SLACK`].
+/// remove and the Deployment serves at its replicas again. Its time is the time Karpenter
+/// spent draining ([`Phases::draining`]). With protection and the `unprotected` row's
+/// time, it fails past that time plus the delay and exit per removed node plus
+/// [`KARPENTER_SLACK`].
 pub(super) async fn row(
     cluster: &RealCluster,
     cfg: &ScenarioConfig,
@@ -326,6 +328,8 @@ async fn run(
         .map(|n| n.name_any())
         .collect();
     let pools = Api::<DynamicObject>::all_with(client.clone(), &node_pools());
+    let phases = Phases::default();
+    let watching = tokio::spawn(phases.clone().watch(client.clone(), pool.to_string()));
     let started = Instant::now();
     let act = async {
         match disruption {
@@ -379,7 +383,14 @@ async fn run(
         cluster.wait_web_ready(&cfg.web, cfg.phase_timeout).await?;
         Ok(())
     };
-    let measured = measure(cluster, &cfg, act).await?;
+    let measured = measure(cluster, &cfg, act).await;
+    watching.abort();
+    let mut measured = measured?;
+    let in_all = measured.duration;
+    // The row's time is the time Karpenter spent draining: its decisions before the first
+    // drain and between two commands (polls, the 15 s validation) are its own pace, which
+    // varied by 16 s between two unprotected runs of this row on the same machine.
+    measured.duration = phases.draining(Instant::now());
     let after = pool_nodes(&client, pool).await?;
     let removed = before
         .iter()
@@ -388,10 +399,11 @@ async fn run(
     let (refused, messages) = drain_failures(&client, &before).await;
     let bound = cfg.components.deregistration_delay + cfg.cluster.kubelet.exit_after_sigterm;
     let summary = format!(
-        "{removed} of {} nodes removed, {} left, in {:.1} s (Karpenter done {:.1} s after the change); one pod's bound {:.1} s; {refused} FailedDraining events {messages:?}",
+        "{removed} of {} nodes removed, {} left, {:.1} s draining ({:.1} s in all; Karpenter done {:.1} s after the change); one pod's bound {:.1} s; {refused} FailedDraining events {messages:?}",
         before.len(),
         after.len(),
         measured.duration.as_secs_f64(),
+        in_all.as_secs_f64(),
         started.elapsed().as_secs_f64(),
         bound.as_secs_f64(),
     );
@@ -399,6 +411,107 @@ async fn run(
         return Err(failed(format!("Karpenter removed no node: {summary}")));
     }
     Ok((measured, removed, summary))
+}
+
+/// When each node of a row's pool was first seen draining (Karpenter's
+/// `karpenter.sh/disrupted` taint, set before it evicts anything) and when it was gone.
+#[derive(Clone, Default)]
+struct Phases(std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Phase>>>);
+
+/// One node's draining: from its taint until it is gone (`None`: not yet).
+#[derive(Clone, Copy, Debug)]
+struct Phase {
+    from: Instant,
+    gone: Option<Instant>,
+}
+
+impl Phases {
+    /// Follows the nodes of `pool` until aborted.
+    async fn watch(self, client: kube::Client, pool: String) {
+        use futures::StreamExt;
+        use kube::runtime::watcher;
+        let nodes = Api::<Node>::all(client);
+        let config = watcher::Config::default().labels(&format!("karpenter.sh/nodepool={pool}"));
+        let mut events = std::pin::pin!(watcher(nodes, config));
+        while let Some(event) = events.next().await {
+            let now = Instant::now();
+            let mut table = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            match event {
+                Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node)) => {
+                    let tainted = node
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.taints.as_ref())
+                        .is_some_and(|taints| taints.iter().any(|t| t.key == DISRUPTED_TAINT));
+                    if tainted {
+                        table.entry(node.name_any()).or_insert(Phase {
+                            from: now,
+                            gone: None,
+                        });
+                    }
+                }
+                Ok(watcher::Event::Delete(node)) => {
+                    let phase = table.entry(node.name_any()).or_insert(Phase {
+                        from: now,
+                        gone: None,
+                    });
+                    phase.gone.get_or_insert(now);
+                }
+                Ok(_) => {}
+                // The watcher retries with its own backoff; a gap only delays what it sees.
+                Err(error) => tracing::debug!(%error, "watch of nodepool {pool}"),
+            }
+        }
+    }
+
+    /// How long, up to `end`, at least one node was draining.
+    fn draining(&self, end: Instant) -> Duration {
+        let table = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        union(
+            table
+                .values()
+                .map(|p| (p.from, p.gone.unwrap_or(end).min(end))),
+        )
+    }
+}
+
+/// Karpenter's taint on a node it disrupts (`v1.DisruptedNoScheduleTaint`,
+/// pkg/apis/v1/taints.go).
+const DISRUPTED_TAINT: &str = "karpenter.sh/disrupted";
+
+/// The length of the union of the intervals `[from, to)`.
+fn union(intervals: impl Iterator<Item = (Instant, Instant)>) -> Duration {
+    let mut spans: Vec<(Instant, Instant)> = intervals.filter(|(a, b)| a < b).collect();
+    spans.sort();
+    let mut total = Duration::ZERO;
+    let mut open: Option<(Instant, Instant)> = None;
+    for (from, to) in spans {
+        open = match open {
+            Some((a, b)) if from <= b => Some((a, b.max(to))),
+            Some((a, b)) => {
+                total += b - a;
+                Some((from, to))
+            }
+            None => Some((from, to)),
+        };
+    }
+    total + open.map_or(Duration::ZERO, |(a, b)| b - a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn draining_time_counts_overlapping_drains_once_and_the_pauses_between_not_at_all() {
+        let t = Instant::now();
+        let s = |n: u64| t + Duration::from_secs(n);
+        // Two nodes drained together (0–5, 2–6), a pause, a third (20–23).
+        let spans = [(s(0), s(5)), (s(2), s(6)), (s(20), s(23))];
+        assert_eq!(union(spans.into_iter()), Duration::from_secs(9));
+        assert_eq!(union([(s(3), s(3))].into_iter()), Duration::ZERO);
+        assert_eq!(union(std::iter::empty()), Duration::ZERO);
+    }
 }
 
 /// Allows every node of the pool to be disrupted at once.
