@@ -378,8 +378,9 @@ async fn async_main() {
         rss_before_hostile as f64 / 1024.0
     );
     println!(
-        "| peak while {HUGE_REVIEWS} reviews of {:.1} MB and {} slow connections arrive | {:.1} MiB |",
+        "| peak while {HUGE_REVIEWS} reviews of {:.1} MB, {WIDE_REVIEWS} intricate ones of {:.1} MB, {STALLED_BODIES} stalled bodies and {} slow connections arrive | {:.1} MiB |",
         HUGE_BYTES as f64 / 1e6,
+        WIDE_BYTES as f64 / 1e6,
         hostile.slow_open,
         hostile.peak_rss_kib as f64 / 1024.0
     );
@@ -393,6 +394,15 @@ async fn async_main() {
         "| {HUGE_REVIEWS} reviews of {:.1} MB: answered 413 | {} |",
         HUGE_BYTES as f64 / 1e6,
         hostile.huge_refused
+    );
+    println!(
+        "| {WIDE_REVIEWS} reviews of {:.1} MB, an array of one-key objects: refused (400) before they are built | {} |",
+        WIDE_BYTES as f64 / 1e6,
+        hostile.wide_refused
+    );
+    println!(
+        "| {STALLED_BODIES} requests declaring {:.2} MiB and sending one byte, meanwhile | held |",
+        graceful_drain_webhook::DEFAULT_MAX_BODY as f64 / (1024.0 * 1024.0)
     );
     println!(
         "| slow connections tried from 3 addresses / served (TLS done, half a request sent; {} per address) | {SLOW_CONNECTIONS} / {} |",
@@ -415,6 +425,11 @@ async fn async_main() {
 /// pod as big as a 7.9 MB body (past kube-apiserver's 3 MiB request limit, so none is real).
 const HUGE_REVIEWS: usize = 10;
 const HUGE_BYTES: usize = 7_900_000;
+/// Requests that declare a body of the largest size allowed and send one byte of it.
+const STALLED_BODIES: usize = 200;
+/// Reviews of 3.3 MB (under the body limit) of an array of one-key objects, sent at once.
+const WIDE_REVIEWS: usize = 9;
+const WIDE_BYTES: usize = 3_300_000;
 /// Connections that finish TLS, send half a request's headers and stall.
 const SLOW_CONNECTIONS: usize = 3_000;
 /// How long after the slow connections opened they are counted again.
@@ -422,6 +437,7 @@ const SLOW_WAIT: Duration = Duration::from_secs(12);
 
 struct Hostile {
     huge_refused: usize,
+    wide_refused: usize,
     slow_open: usize,
     slow_left: usize,
     p99: Duration,
@@ -469,6 +485,54 @@ async fn hostile(addr: std::net::SocketAddr, ca: &str) -> Hostile {
         }
     }
     let slow_open = slow.len();
+    // Requests that declare the largest body and send one byte of it, from addresses of
+    // their own: twice the replica's body budget declared.
+    let mut stalled = Vec::new();
+    for i in 0..STALLED_BODIES {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        let from = std::net::Ipv4Addr::new(127, 0, 2, u8::try_from(1 + i / 100).unwrap());
+        socket.bind((from, 0).into()).unwrap();
+        let tcp = socket.connect(addr).await.unwrap();
+        let mut tls = connector
+            .connect(ServerName::try_from("localhost").unwrap(), tcp)
+            .await
+            .unwrap();
+        let head = format!(
+            "POST /validate/delete HTTP/1.1\r\nhost: localhost\r\ncontent-length: {}\r\n\r\n{{",
+            graceful_drain_webhook::DEFAULT_MAX_BODY
+        );
+        tls.write_all(head.as_bytes()).await.unwrap();
+        stalled.push(tls);
+    }
+    // Reviews under the body limit whose JSON costs the most to build: an array of
+    // one-key objects in the pod's spec.
+    let wide = (0..WIDE_REVIEWS).map(|_| {
+        let connector = connector.clone();
+        tokio::spawn(async move {
+            let tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
+            let tls = connector
+                .connect(ServerName::try_from("localhost").unwrap(), tcp)
+                .await
+                .ok()?;
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+                .await
+                .ok()?;
+            tokio::spawn(conn);
+            // Built as text: a Value of it would cost the load generator what it costs the
+            // server, and the RSS shown is the process's.
+            let review = String::from_utf8(deletion_in("web", "wide", 0)).unwrap();
+            let filler = format!("[{}{{\"a\":0}}]", "{\"a\":0},".repeat(WIDE_BYTES / 8));
+            let body = review.replacen("\"spec\":{", &format!("\"spec\":{{\"x\":{filler},"), 1);
+            let req = http::Request::post("/validate/delete?timeout=30s")
+                .header("host", "localhost")
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(body)))
+                .unwrap();
+            let resp = sender.send_request(req).await.ok()?;
+            Some(resp.status().as_u16())
+        })
+    });
+    let wide: Vec<_> = wide.collect();
     let opened = Instant::now();
     // The huge reviews and real ones at once.
     let huge = (0..HUGE_REVIEWS).map(|_| {
@@ -508,6 +572,13 @@ async fn hostile(addr: std::net::SocketAddr, ca: &str) -> Hostile {
             huge_refused += 1;
         }
     }
+    let mut wide_refused = 0;
+    for w in wide {
+        if w.await.ok().flatten() == Some(400) {
+            wide_refused += 1;
+        }
+    }
+    drop(stalled);
     tokio::time::sleep(SLOW_WAIT.saturating_sub(opened.elapsed())).await;
     // A connection the server closed reads end-of-file (or an error) at once.
     let mut slow_left = 0;
@@ -522,6 +593,7 @@ async fn hostile(addr: std::net::SocketAddr, ca: &str) -> Hostile {
     sampling.abort();
     Hostile {
         huge_refused,
+        wide_refused,
         slow_open,
         slow_left,
         reviews: latencies.len(),

@@ -49,6 +49,16 @@ fn bundle() -> certs::Bundle {
 /// Starts the admission server with a mock API client nobody answers (every test here
 /// stays on paths that need no API call) and the given TLS files.
 async fn start(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Server {
+    start_with_body_limit(cert, key, client_ca, 64 * 1024).await
+}
+
+/// [`start`] with a request body limit of `max_body` bytes.
+async fn start_with_body_limit(
+    cert: &Path,
+    key: &Path,
+    client_ca: Option<&Path>,
+    max_body: usize,
+) -> Server {
     graceful_drain_core::runtime::install_crypto_provider();
     let (client, api) = graceful_drain_testing::fixtures::mock::client();
     tokio::spawn(serve_live_pod(api));
@@ -88,7 +98,7 @@ async fn start(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Server {
     let config = Arc::new(tls::server_config(resolver, client_ca).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = server::router(state, 64 * 1024);
+    let app = server::router(state, max_body);
     tokio::spawn(server::serve(listener, config, app, shutdown.clone()));
     Server { addr, shutdown }
 }
@@ -312,6 +322,76 @@ async fn rejects_bad_input_with_400_and_oversized_bodies() {
     assert!(review(&body)["response"].get("patch").is_none());
     let (status, _) = send(&mut sender, "/validate/delete", vec![b' '; 128 * 1024]).await;
     assert_eq!(status, 413);
+}
+
+/// A client that declares a large body and sends one byte of it holds that byte, not what
+/// it declared: with twice the replica's body budget declared and stalled, a review is
+/// still answered (it was 503 after 5 s when requests were charged by declared length).
+#[tokio::test]
+async fn bodies_declared_large_and_never_sent_leave_the_budget_to_reviews() {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (b, cert, key) = write_bundle(dir.path());
+    let max_body = 4 * 1024 * 1024;
+    let srv = start_with_body_limit(&cert, &key, None, max_body).await;
+    let stalled_count = 2 * graceful_drain_webhook::transport::BODY_BUDGET / max_body;
+    let mut stalled = Vec::new();
+    for _ in 0..stalled_count {
+        let mut stream = connect(srv.addr, &client_opts(&b.ca_cert)).await.unwrap();
+        let head = format!(
+            "POST /validate/delete HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {max_body}\r\n\r\n{{"
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        stream.flush().await.unwrap();
+        stalled.push(stream);
+    }
+    let stream = connect(srv.addr, &client_opts(&b.ca_cert)).await.unwrap();
+    let (status, body) = post_h1(stream, "/validate/delete", eviction("beside-stalled")).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(review(&body)["response"]["uid"], "beside-stalled");
+    drop(stalled);
+}
+
+/// A connection that completes TLS and never sends a request is closed by the header
+/// timeout (10 s) like one that sends half a request; before, it stayed open for good.
+#[tokio::test]
+async fn a_connection_silent_after_its_handshake_is_closed() {
+    use tokio::io::AsyncReadExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (b, cert, key) = write_bundle(dir.path());
+    let srv = start(&cert, &key, None).await;
+    let mut silent = connect(srv.addr, &client_opts(&b.ca_cert)).await.unwrap();
+    let mut buf = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_secs(30), silent.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0) | Err(_))),
+        "a silent connection still open 30 s after its handshake: {read:?}"
+    );
+}
+
+/// Connections that only stay open, as many as the server serves at once and from as
+/// many addresses as the per-address bound asks, do not keep a review out: the one idle
+/// longest makes room (before, every new connection was closed at once).
+#[tokio::test]
+async fn idle_connections_in_every_slot_make_room_for_a_review() {
+    use graceful_drain_webhook::transport::{MAX_CONNECTIONS, MAX_CONNECTIONS_PER_PEER};
+    let dir = tempfile::tempdir().unwrap();
+    let (b, cert, key) = write_bundle(dir.path());
+    let srv = start(&cert, &key, None).await;
+    let mut idle = Vec::new();
+    for i in 0..MAX_CONNECTIONS {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        let last = u8::try_from(1 + i / MAX_CONNECTIONS_PER_PEER).unwrap();
+        socket
+            .bind((std::net::Ipv4Addr::new(127, 0, 2, last), 0).into())
+            .unwrap();
+        idle.push(socket.connect(srv.addr).await.unwrap());
+    }
+    let stream = connect(srv.addr, &client_opts(&b.ca_cert)).await.unwrap();
+    let (status, body) = post_h1(stream, "/validate/delete", eviction("beside-idle")).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(review(&body)["response"]["uid"], "beside-idle");
+    drop(idle);
 }
 
 /// The kubelet's Secret-volume layout: files are symlinks through `..data`, which is

@@ -25,6 +25,14 @@ pub enum Error {
     /// The review carries no `request`.
     #[error("AdmissionReview has no request")]
     NoRequest,
+    /// A review holding more JSON values than [`MAX_VALUES`].
+    #[error(
+        "AdmissionReview holds {values} JSON values, more than the {MAX_VALUES} any pod's review needs"
+    )]
+    TooIntricate {
+        /// How many it holds.
+        values: usize,
+    },
     /// A pod's name or namespace no API server sends (the value itself is not repeated:
     /// it may be a megabyte long).
     #[error("AdmissionReview's request.{field} is not a Kubernetes {kind} ({len} bytes)")]
@@ -148,6 +156,92 @@ pub fn parse(body: &[u8], path: Path) -> Result<Review, Error> {
         Parsed::NotOurs("not an admission.k8s.io/v1 AdmissionReview")
     };
     Ok(Review { request, parsed })
+}
+
+/// The most JSON values a review may hold. A pod's DELETE review carries the pod once,
+/// its managed fields included: a pod of forty containers with their ports, probes and
+/// environment is a few thousand values; this is ten times a pod that fills etcd's
+/// 1.5 MiB object limit with containers.
+pub const MAX_VALUES: usize = 32_768;
+/// What parsing takes per JSON value at most, in bytes, measured over the shapes that
+/// cost the most (`examples/parse_cost.rs` prints the table).
+pub const VALUE_COST: usize = 512;
+
+/// What parsing `body` into a [`Review`] may take in memory, in bytes: a bound set from
+/// its count of JSON values before anything is built. A review over [`MAX_VALUES`] is an
+/// error: no API server sends one.
+pub fn parse_cost(body: &[u8]) -> Result<usize, Error> {
+    let values = json_values(body)?;
+    if values > MAX_VALUES {
+        return Err(Error::TooIntricate { values });
+    }
+    Ok(values * VALUE_COST)
+}
+
+/// How many JSON values `body` holds (every object, array, string, number, boolean and
+/// null; an object's keys are not counted), found by walking it with serde_json's own
+/// parser without building any of them. What parsing a review costs in memory grows with
+/// this count far more than with the body's length: a 3 MiB array of empty objects is a
+/// million values. serde_json's nesting limit (128) applies to the walk as to the parse.
+pub fn json_values(body: &[u8]) -> Result<usize, Error> {
+    let mut count = 0;
+    let mut de = serde_json::Deserializer::from_slice(body);
+    serde::de::DeserializeSeed::deserialize(Counter(&mut count), &mut de).map_err(Error::Json)?;
+    de.end().map_err(Error::Json)?;
+    Ok(count)
+}
+
+/// Counts one value and, inside arrays and objects, every value they hold.
+struct Counter<'a>(&'a mut usize);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Counter<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, de: D) -> Result<(), D::Error> {
+        de.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Counter<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        *self.0 += 1;
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        *self.0 += 1;
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        *self.0 += 1;
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        *self.0 += 1;
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        *self.0 += 1;
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        *self.0 += 1;
+        Ok(())
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        *self.0 += 1;
+        while seq.next_element_seed(Counter(&mut *self.0))?.is_some() {}
+        Ok(())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        *self.0 += 1;
+        while map.next_key::<serde::de::IgnoredAny>()?.is_some() {
+            map.next_value_seed(Counter(&mut *self.0))?;
+        }
+        Ok(())
+    }
 }
 
 fn is_pods(req: &AdmissionRequest<DynamicObject>) -> bool {

@@ -19,7 +19,9 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A request whose headers have not all arrived this long after the connection was
 /// accepted or its previous request answered is dropped, and with it the idle keep-alive
-/// connection (3,000 half-sent requests must not stay open).
+/// connection (3,000 half-sent requests must not stay open). The same bound holds between
+/// the TLS handshake and the first request on either protocol: a connection that
+/// completed TLS and sends nothing (or no whole h2 preface) is closed after it.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// h2 pings an idle connection this often and drops it when no answer comes within
@@ -33,10 +35,100 @@ const H2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// (bounded far lower by the hold slots) and its quick calls.
 const H2_MAX_STREAMS: u32 = 250;
 
-/// Connections served at once; one more is closed as soon as it is accepted. Each costs
-/// a task, a TLS session and buffers (a few tens of KiB): 1,024 keep a replica well inside
-/// its memory limit while a few API servers, probes and Prometheus need a handful.
+/// Connections served at once. Each costs a task, a TLS session and buffers (a few tens
+/// of KiB): 1,024 keep a replica well inside its memory limit while a few API servers,
+/// probes and Prometheus need a handful. When every slot is taken, the connection idle
+/// longest (no request in flight: never served, or quiet since its last answer) is closed
+/// to make room ([`Table::close_idlest`]), so connections that merely stay open cannot
+/// keep an API server out; one that finds no idle connection to replace is closed.
 pub const MAX_CONNECTIONS: usize = 1024;
+
+/// How long an accepted connection waits for the slot a closed idle one frees.
+const SLOT_WAIT: Duration = Duration::from_millis(100);
+
+/// What a connection is doing, for [`Table::close_idlest`].
+#[derive(Debug, Default)]
+struct Activity {
+    /// Requests started and not yet answered.
+    in_flight: std::sync::atomic::AtomicUsize,
+    /// When a request last started or was answered (or the connection was accepted), in
+    /// milliseconds since the table was made.
+    last: std::sync::atomic::AtomicU64,
+    /// Set once the connection was told to close.
+    closing: std::sync::atomic::AtomicBool,
+    /// Told when the connection must close.
+    close: tokio::sync::Notify,
+}
+
+/// The connections being served.
+struct Table {
+    epoch: std::time::Instant,
+    open: std::sync::Mutex<(u64, std::collections::HashMap<u64, Arc<Activity>>)>,
+}
+
+impl Table {
+    fn new() -> Arc<Table> {
+        Arc::new(Table {
+            epoch: std::time::Instant::now(),
+            open: std::sync::Mutex::new((0, std::collections::HashMap::new())),
+        })
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Adds a connection, removed when the returned entry is dropped.
+    fn enter(self: &Arc<Table>) -> Entry {
+        let activity = Arc::new(Activity::default());
+        activity
+            .last
+            .store(self.now(), std::sync::atomic::Ordering::Relaxed);
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.0 += 1;
+        let id = open.0;
+        open.1.insert(id, activity.clone());
+        Entry {
+            table: self.clone(),
+            id,
+            activity,
+        }
+    }
+
+    /// Tells the connection with no request in flight that has been idle longest to
+    /// close; `false` when every connection has a request in flight.
+    fn close_idlest(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let idlest = open
+            .1
+            .values()
+            .filter(|a| a.in_flight.load(Relaxed) == 0 && !a.closing.load(Relaxed))
+            .min_by_key(|a| a.last.load(Relaxed));
+        match idlest {
+            Some(activity) => {
+                activity.closing.store(true, Relaxed);
+                activity.close.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// A connection's place in the [`Table`].
+struct Entry {
+    table: Arc<Table>,
+    id: u64,
+    activity: Arc<Activity>,
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        let mut open = self.table.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.1.remove(&self.id);
+    }
+}
 
 /// Connections served at once from one address: kube-apiserver multiplexes its calls over
 /// a few h2 connections per webhook, so 128 leave room for several API servers behind one
@@ -125,6 +217,7 @@ pub async fn serve(
         .max_concurrent_streams(H2_MAX_STREAMS);
     let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let peers = Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));
+    let table = Table::new();
     loop {
         let (stream, peer) = tokio::select! {
             () = shutdown.cancelled() => break,
@@ -144,33 +237,92 @@ pub async fn serve(
             drop(stream);
             continue;
         };
-        let Ok(permit) = connections.clone().try_acquire_owned() else {
-            tracing::warn!(%peer, max = MAX_CONNECTIONS, "too many connections; closing this one");
-            drop(stream);
-            continue;
+        let permit = match connections.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) if table.close_idlest() => {
+                match tokio::time::timeout(SLOT_WAIT, connections.clone().acquire_owned()).await {
+                    Ok(Ok(permit)) => permit,
+                    _ => {
+                        tracing::warn!(%peer, max = MAX_CONNECTIONS, "too many connections; closing this one");
+                        continue;
+                    }
+                }
+            }
+            Err(_) => {
+                tracing::warn!(%peer, max = MAX_CONNECTIONS, "too many connections, each with a request in flight; closing this one");
+                continue;
+            }
         };
+        let entry = table.enter();
         let acceptor = acceptor.clone();
-        let service = TowerToHyperService::new(app.clone());
+        // Set when the connection's first request reaches the app: until then the
+        // connection lives at most HEADER_TIMEOUT past its handshake.
+        let served = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let service = {
+            use std::sync::atomic::Ordering::{Relaxed, Release};
+            let (served, started, answered) = (
+                served.clone(),
+                entry.activity.clone(),
+                entry.activity.clone(),
+            );
+            let (table, table2) = (entry.table.clone(), entry.table.clone());
+            let app = tower::ServiceExt::<http::Request<hyper::body::Incoming>>::map_response(
+                app.clone(),
+                move |response: axum::response::Response| {
+                    answered.in_flight.fetch_sub(1, Relaxed);
+                    answered.last.store(table2.now(), Relaxed);
+                    response
+                },
+            );
+            TowerToHyperService::new(tower::ServiceExt::map_request(
+                app,
+                move |request: http::Request<hyper::body::Incoming>| {
+                    served.store(true, Release);
+                    started.in_flight.fetch_add(1, Relaxed);
+                    started.last.store(table.now(), Relaxed);
+                    request
+                },
+            ))
+        };
         let builder = builder.clone();
         let watcher = graceful.watcher();
         tokio::spawn(async move {
-            let _permits = (permit, peer_slot);
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(error)) => {
-                    tracing::debug!(%peer, error = %graceful_drain_core::error::chain(&error), "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                    return;
+            let _slots = (permit, peer_slot);
+            let activity = entry.activity.clone();
+            let _entry = entry;
+            let serving = async move {
+                let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream))
+                    .await
+                {
+                    Ok(Ok(tls)) => tls,
+                    Ok(Err(error)) => {
+                        tracing::debug!(%peer, error = %graceful_drain_core::error::chain(&error), "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(%peer, "TLS handshake timed out");
+                        return;
+                    }
+                };
+                let conn = builder
+                    .serve_connection(TokioIo::new(tls), service)
+                    .into_owned();
+                let silent = async {
+                    tokio::time::sleep(HEADER_TIMEOUT).await;
+                    if served.load(std::sync::atomic::Ordering::Acquire) {
+                        std::future::pending::<()>().await;
+                    }
+                };
+                tokio::select! {
+                    ended = watcher.watch(conn) => if let Err(error) = ended {
+                        tracing::debug!(%peer, error = %graceful_drain_core::error::chain(&*error), "connection ended with an error");
+                    },
+                    () = silent => tracing::debug!(%peer, "no request within {}s of the handshake; closing", HEADER_TIMEOUT.as_secs()),
                 }
             };
-            let conn = builder
-                .serve_connection(TokioIo::new(tls), service)
-                .into_owned();
-            if let Err(error) = watcher.watch(conn).await {
-                tracing::debug!(%peer, error = %graceful_drain_core::error::chain(&*error), "connection ended with an error");
+            tokio::select! {
+                () = serving => {}
+                () = activity.close.notified() => tracing::debug!(%peer, "idle longest while every slot was taken; closed for a new connection"),
             }
         });
     }
@@ -186,38 +338,203 @@ fn is_transient(error: &std::io::Error) -> bool {
     ) || error.raw_os_error() == Some(24) // EMFILE: too many open files, retry later
 }
 
-/// The request bodies (and what is parsed from them) one replica holds at once, in KiB:
-/// the memory that a flood of large reviews can take. 32 MiB is nine of the largest reviews
-/// kube-apiserver can send (see `DEFAULT_MAX_BODY` in the crate root) or two thousand
-/// ordinary ones (a pod's review is about 10 KiB), well inside the chart's 256 MiB limit.
-pub const BODY_BUDGET_KIB: usize = 32 * 1024;
-/// What a request without a `Content-Length` (or a tiny one) is charged: a chunked body
-/// may grow to the body limit, which [`axum::extract::DefaultBodyLimit`] enforces.
-const MIN_CHARGE_KIB: usize = 16;
-/// How long a request waits for its share of [`BODY_BUDGET_KIB`] before it is answered 503.
+/// The request bodies, and what is parsed from them, one replica holds at once, in bytes:
+/// the memory a flood of large or intricate reviews can take. 32 MiB is several of the
+/// largest reviews kube-apiserver can send (see `DEFAULT_MAX_BODY` in the crate root) or a
+/// few hundred ordinary ones, well inside the chart's 256 MiB limit.
+pub const BODY_BUDGET: usize = 32 * 1024 * 1024;
+/// How long a request waits for its share of [`BODY_BUDGET`] before it is answered 503.
 const BUDGET_WAIT: Duration = Duration::from_secs(5);
+/// How long a request's body may take to arrive once its headers have: kube-apiserver
+/// sends a review's body at once, so a body still arriving after this is a slow sender's.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 /// The longest a request may take, its body's arrival included: a held DELETE lasts at most
 /// the API server's 30 s budget, so anything slower is a slow sender.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(35);
 
+/// A replica's [`BODY_BUDGET`], shared by every request: what a request has read and
+/// what it built from that is taken from it, and given back when the request is done. It
+/// is charged by what arrives, never by what a request declares: a client that declares
+/// 3 MiB and sends one byte holds one byte.
+#[derive(Clone, Debug)]
+pub struct Budget(Arc<tokio::sync::Semaphore>);
+
+/// Bytes taken from a [`Budget`]; given back when dropped.
+#[derive(Debug, Default)]
+pub struct Charge(Option<tokio::sync::OwnedSemaphorePermit>);
+
+/// The budget stayed taken for [`BUDGET_WAIT`], or a request asked for more than it all.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the replica's request budget ({BODY_BUDGET} bytes) is taken: {wanted} bytes more not available"
+)]
+pub struct Exhausted {
+    /// What the request asked for.
+    pub wanted: usize,
+}
+
+impl Budget {
+    /// A budget of `bytes`.
+    pub fn new(bytes: usize) -> Budget {
+        Budget(Arc::new(tokio::sync::Semaphore::new(bytes)))
+    }
+
+    /// Adds `bytes` to `charge`, waiting at most [`BUDGET_WAIT`] for them.
+    pub async fn take(&self, charge: &mut Charge, bytes: usize) -> Result<(), Exhausted> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let exhausted = Exhausted { wanted: bytes };
+        let Ok(n) = u32::try_from(bytes) else {
+            return Err(exhausted);
+        };
+        let permit =
+            match tokio::time::timeout(BUDGET_WAIT, self.0.clone().acquire_many_owned(n)).await {
+                Ok(Ok(permit)) => permit,
+                _ => return Err(exhausted),
+            };
+        match &mut charge.0 {
+            Some(held) => held.merge(permit),
+            none => *none = Some(permit),
+        }
+        Ok(())
+    }
+}
+
+/// Why a request's body was not read.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    /// The body is longer than the limit.
+    #[error("request body over {0} bytes")]
+    TooLarge(usize),
+    /// The body did not arrive within [`BODY_TIMEOUT`].
+    #[error("request body not received within {}s", BODY_TIMEOUT.as_secs())]
+    TooSlow,
+    /// The connection failed while the body arrived.
+    #[error("read request body")]
+    Read(#[source] axum::Error),
+    /// The replica's budget is taken.
+    #[error(transparent)]
+    Budget(#[from] Exhausted),
+}
+
+impl BodyError {
+    /// The HTTP status a client gets for it.
+    pub fn status(&self) -> http::StatusCode {
+        match self {
+            BodyError::TooLarge(_) => http::StatusCode::PAYLOAD_TOO_LARGE,
+            BodyError::TooSlow => http::StatusCode::REQUEST_TIMEOUT,
+            BodyError::Read(_) => http::StatusCode::BAD_REQUEST,
+            BodyError::Budget(_) => http::StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+}
+
+/// Reads `body` whole, at most `max` bytes within [`BODY_TIMEOUT`], taking from `budget`
+/// twice what arrives as it arrives (the frames, then the one buffer they are joined
+/// into). The charge lives as long as the returned bytes are needed.
+pub async fn read_body(
+    body: axum::body::Body,
+    budget: &Budget,
+    max: usize,
+) -> Result<(axum::body::Bytes, Charge), BodyError> {
+    use http_body_util::BodyExt;
+    let mut charge = Charge::default();
+    let mut frames = Vec::new();
+    let mut total = 0usize;
+    let read = async {
+        let mut body = body;
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame.map_err(BodyError::Read)?.into_data() else {
+                continue; // trailers
+            };
+            total += data.len();
+            if total > max {
+                return Err(BodyError::TooLarge(max));
+            }
+            budget.take(&mut charge, 2 * data.len()).await?;
+            frames.push(data);
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(BODY_TIMEOUT, read).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => return Err(error),
+        Err(_) => return Err(BodyError::TooSlow),
+    }
+    let bytes = match frames.len() {
+        1 => frames.pop().unwrap_or_default(),
+        _ => {
+            let mut joined = Vec::with_capacity(total);
+            for frame in frames {
+                joined.extend_from_slice(&frame);
+            }
+            joined.into()
+        }
+    };
+    Ok((bytes, charge))
+}
+
 /// `app` behind the per-request bounds: a body declared larger than `max_body` is
-/// answered 413 at once; any other takes its share of a [`BODY_BUDGET_KIB`] budget by
-/// declared length (a body may not exceed what it declared, hyper checks) for as long as
-/// it runs; and [`REQUEST_TIMEOUT`].
+/// answered 413 at once; every request finds the replica's [`Budget`] among its
+/// extensions (for [`read_body`] and what the handler builds from the body) and ends
+/// after [`REQUEST_TIMEOUT`].
 pub fn bounded(app: axum::Router, max_body: usize) -> axum::Router {
-    let budget = Arc::new(tokio::sync::Semaphore::new(BODY_BUDGET_KIB));
     app.layer(axum::middleware::from_fn_with_state(
-        (budget, max_body),
+        (Budget::new(BODY_BUDGET), max_body),
         limit,
     ))
 }
 
+/// What [`limit`] hands each request: the replica's budget and the body limit.
+#[derive(Clone, Debug)]
+struct Bounds {
+    budget: Budget,
+    max_body: usize,
+}
+
+/// A request's body, read by [`read_body`] under the bounds [`bounded`] set, with its
+/// charge and the budget (for what the handler builds from it). A handler that takes it
+/// answers a body too large, too slow or over budget before it runs.
+#[derive(Debug)]
+pub struct Received {
+    /// The body.
+    pub bytes: axum::body::Bytes,
+    /// What holding it costs; drop it with the bytes.
+    pub charge: Charge,
+    /// The replica's budget.
+    pub budget: Budget,
+}
+
+impl<S: Send + Sync> axum::extract::FromRequest<S> for Received {
+    type Rejection = axum::response::Response;
+
+    async fn from_request(request: axum::extract::Request, _: &S) -> Result<Self, Self::Rejection> {
+        use axum::response::IntoResponse;
+        let Some(bounds) = request.extensions().get::<Bounds>().cloned() else {
+            return Err((
+                http::StatusCode::INTERNAL_SERVER_ERROR,
+                "graceful-drain: the route is not behind transport::bounded\n",
+            )
+                .into_response());
+        };
+        match read_body(request.into_body(), &bounds.budget, bounds.max_body).await {
+            Ok((bytes, charge)) => Ok(Received {
+                bytes,
+                charge,
+                budget: bounds.budget,
+            }),
+            Err(error) => {
+                tracing::debug!(error = %graceful_drain_core::error::chain(&error), "request body refused");
+                Err((error.status(), format!("graceful-drain: {error}\n")).into_response())
+            }
+        }
+    }
+}
+
 async fn limit(
-    axum::extract::State((budget, max_body)): axum::extract::State<(
-        Arc<tokio::sync::Semaphore>,
-        usize,
-    )>,
-    request: axum::extract::Request,
+    axum::extract::State((budget, max_body)): axum::extract::State<(Budget, usize)>,
+    mut request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
@@ -233,28 +550,14 @@ async fn limit(
         )
             .into_response();
     }
-    let kib = declared.map_or(MIN_CHARGE_KIB, |bytes| {
-        bytes.div_ceil(1024).max(MIN_CHARGE_KIB)
-    });
-    let kib = u32::try_from(kib.min(BODY_BUDGET_KIB)).unwrap_or(u32::MAX);
-    let permit = match tokio::time::timeout(BUDGET_WAIT, budget.acquire_many_owned(kib)).await {
-        Ok(Ok(permit)) => permit,
-        _ => {
-            tracing::warn!(kib, "request body budget exhausted; answering 503");
-            return (
-                http::StatusCode::SERVICE_UNAVAILABLE,
-                "graceful-drain: too many large requests in flight; retry\n",
+    request.extensions_mut().insert(Bounds { budget, max_body });
+    tokio::time::timeout(REQUEST_TIMEOUT, next.run(request))
+        .await
+        .unwrap_or_else(|_| {
+            (
+                http::StatusCode::REQUEST_TIMEOUT,
+                "graceful-drain: the request took too long\n",
             )
-                .into_response();
-        }
-    };
-    let answer = tokio::time::timeout(REQUEST_TIMEOUT, next.run(request)).await;
-    drop(permit);
-    answer.unwrap_or_else(|_| {
-        (
-            http::StatusCode::REQUEST_TIMEOUT,
-            "graceful-drain: the request took too long\n",
-        )
-            .into_response()
-    })
+                .into_response()
+        })
 }

@@ -498,22 +498,6 @@ fn union(intervals: impl Iterator<Item = (Instant, Instant)>) -> Duration {
     total + open.map_or(Duration::ZERO, |(a, b)| b - a)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn draining_time_counts_overlapping_drains_once_and_the_pauses_between_not_at_all() {
-        let t = Instant::now();
-        let s = |n: u64| t + Duration::from_secs(n);
-        // Two nodes drained together (0–5, 2–6), a pause, a third (20–23).
-        let spans = [(s(0), s(5)), (s(2), s(6)), (s(20), s(23))];
-        assert_eq!(union(spans.into_iter()), Duration::from_secs(9));
-        assert_eq!(union([(s(3), s(3))].into_iter()), Duration::ZERO);
-        assert_eq!(union(std::iter::empty()), Duration::ZERO);
-    }
-}
-
 /// Allows every node of the pool to be disrupted at once.
 async fn open_budget(pools: &Api<DynamicObject>, pool: &str) -> Result<(), Error> {
     let patch = serde_json::json!({"spec": {"disruption": {"budgets": [{"nodes": "100%"}]}}});
@@ -581,5 +565,21 @@ fn failed(reason: String) -> Error {
     Error::Component {
         name: "karpenter".into(),
         reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn draining_time_counts_overlapping_drains_once_and_the_pauses_between_not_at_all() {
+        let t = Instant::now();
+        let s = |n: u64| t + Duration::from_secs(n);
+        // Two nodes drained together (0–5, 2–6), a pause, a third (20–23).
+        let spans = [(s(0), s(5)), (s(2), s(6)), (s(20), s(23))];
+        assert_eq!(union(spans.into_iter()), Duration::from_secs(9));
+        assert_eq!(union([(s(3), s(3))].into_iter()), Duration::ZERO);
+        assert_eq!(union(std::iter::empty()), Duration::ZERO);
     }
 }

@@ -16,8 +16,7 @@ mod tests;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -29,6 +28,7 @@ use crate::configurations;
 use crate::decide::Path;
 use crate::review::{self, Parsed};
 pub use crate::state::{AppState, Holds, MAX_HELD_DELETES};
+use crate::transport::{Charge, Received};
 
 /// How long before the API server's deadline a held DELETE is answered. Covers the
 /// response's trip back and clock granularity; capped at half the budget for tiny timeouts.
@@ -39,7 +39,6 @@ pub fn router(state: Arc<AppState>, max_body: usize) -> axum::Router {
     let router = axum::Router::new()
         .route(configurations::EVICTION_PATH, post(evict))
         .route(configurations::DELETE_PATH, post(delete))
-        .layer(DefaultBodyLimit::max(max_body))
         .with_state(state);
     crate::transport::bounded(router, max_body)
 }
@@ -52,7 +51,7 @@ struct TimeoutQuery {
 async fn evict(
     State(state): State<Arc<AppState>>,
     Query(q): Query<TimeoutQuery>,
-    body: Bytes,
+    body: Received,
 ) -> Response {
     handle(state, Path::Evict, q.timeout, body).await
 }
@@ -60,7 +59,7 @@ async fn evict(
 async fn delete(
     State(state): State<Arc<AppState>>,
     Query(q): Query<TimeoutQuery>,
-    body: Bytes,
+    body: Received,
 ) -> Response {
     handle(state, Path::Delete, q.timeout, body).await
 }
@@ -89,10 +88,32 @@ async fn handle(
     state: Arc<AppState>,
     path: Path,
     timeout: Option<String>,
-    body: Bytes,
+    body: Received,
 ) -> Response {
     let started = Instant::now();
-    let review = match review::parse(&body, path) {
+    // What the parsed review costs is taken from the replica's budget before it is built
+    // and held until the answer is sent: a held DELETE keeps its pod.
+    let mut parsed_cost = Charge::default();
+    let parsed = match review::parse_cost(&body.bytes) {
+        Ok(cost) => match body.budget.take(&mut parsed_cost, cost).await {
+            Ok(()) => review::parse(&body.bytes, path),
+            Err(exhausted) => {
+                state.metrics.review(
+                    path.as_str(),
+                    "over-budget",
+                    started.elapsed().as_secs_f64(),
+                );
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("graceful-drain: {exhausted}; retry\n"),
+                )
+                    .into_response();
+            }
+        },
+        Err(error) => Err(error),
+    };
+    drop(body);
+    let review = match parsed {
         Ok(review) => review,
         Err(error) => {
             state
@@ -120,6 +141,7 @@ async fn handle(
     let (response, outcome) = respond(&state, review, deadline)
         .instrument(span.clone())
         .await;
+    drop(parsed_cost);
     span.record("outcome", outcome);
     state
         .metrics

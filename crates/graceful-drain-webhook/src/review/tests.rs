@@ -308,3 +308,31 @@ fn names_kubernetes_would_not_allow_are_refused() {
     review["request"]["namespace"] = json!("n".repeat(63));
     assert!(parse_value(&review, Path::Evict).is_ok());
 }
+
+/// Every value counts, an object's keys do not; the count needs valid JSON.
+#[test]
+fn json_values_are_counted_without_building_them() {
+    assert_eq!(
+        json_values(br#"{"a": [1, "x", null, {"b": true}], "c": {}}"#).unwrap(),
+        8
+    );
+    assert!(json_values(b"[1, 2").is_err());
+    assert!(json_values(b"[1] 2").is_err());
+}
+
+/// What parsing is charged follows the count of values: a pod's review is charged
+/// little, a review as intricate as no pod is refused before anything is built (the
+/// 3.3 MB array of one-key objects took 416 MB to parse).
+#[test]
+fn a_review_holding_more_values_than_any_pod_is_refused_before_it_is_parsed() {
+    let ordinary = serde_json::to_vec(&delete_review("u")).unwrap();
+    let cost = parse_cost(&ordinary).unwrap();
+    assert_eq!(cost, json_values(&ordinary).unwrap() * VALUE_COST);
+    assert!(cost < 64 * 1024, "{cost}");
+    let mut wide = delete_review("u");
+    wide["request"]["oldObject"]["spec"]["x"] = Value::Array(vec![json!({"a": 0}); MAX_VALUES]);
+    let wide = serde_json::to_vec(&wide).unwrap();
+    let error = parse_cost(&wide).unwrap_err();
+    assert!(matches!(error, Error::TooIntricate { values } if values > MAX_VALUES));
+    assert!(error.to_string().contains("JSON values"), "{error}");
+}
