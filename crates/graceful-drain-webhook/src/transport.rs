@@ -39,7 +39,7 @@ const H2_MAX_STREAMS: u32 = 250;
 /// of KiB): 1,024 keep a replica well inside its memory limit while a few API servers,
 /// probes and Prometheus need a handful. When every slot is taken, the connection idle
 /// longest (no request in flight: never served, or quiet since its last answer) is closed
-/// to make room ([`Table::close_idlest`]), so connections that merely stay open cannot
+/// to make room, so connections that merely stay open cannot
 /// keep an API server out; one that finds no idle connection to replace is closed.
 pub const MAX_CONNECTIONS: usize = 1024;
 
@@ -344,7 +344,7 @@ fn is_transient(error: &std::io::Error) -> bool {
 /// few hundred ordinary ones, well inside the chart's 256 MiB limit.
 pub const BODY_BUDGET: usize = 32 * 1024 * 1024;
 /// How long a request waits for its share of [`BODY_BUDGET`] before it is answered 503.
-const BUDGET_WAIT: Duration = Duration::from_secs(5);
+pub const BUDGET_WAIT: Duration = Duration::from_secs(5);
 /// How long a request's body may take to arrive once its headers have: kube-apiserver
 /// sends a review's body at once, so a body still arriving after this is a slow sender's.
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
