@@ -119,7 +119,7 @@ fn client_opts(ca_pem: &str) -> ClientOpts<'_> {
     }
 }
 
-async fn connect(addr: SocketAddr, opts: &ClientOpts<'_>) -> std::io::Result<TlsStream<TcpStream>> {
+fn connector(opts: &ClientOpts<'_>) -> tokio_rustls::TlsConnector {
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(opts.ca_pem.as_bytes()) {
         roots.add(cert.unwrap()).unwrap();
@@ -141,9 +141,12 @@ async fn connect(addr: SocketAddr, opts: &ClientOpts<'_>) -> std::io::Result<Tls
         }
     };
     config.alpn_protocols = opts.alpn.clone();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+}
+
+async fn connect(addr: SocketAddr, opts: &ClientOpts<'_>) -> std::io::Result<TlsStream<TcpStream>> {
     let tcp = TcpStream::connect(addr).await?;
-    connector
+    connector(opts)
         .connect(ServerName::try_from("localhost").unwrap(), tcp)
         .await
 }
@@ -350,6 +353,87 @@ async fn bodies_declared_large_and_never_sent_leave_the_budget_to_reviews() {
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     assert_eq!(review(&body)["response"]["uid"], "beside-stalled");
     drop(stalled);
+}
+
+/// Bodies that really arrive, from one address, hold at most that address's share of
+/// the budget: the next are refused 503 at once, and a review from elsewhere is answered
+/// (with one budget for all, one address's stalled bodies held all of it, eight of 4 MiB).
+#[tokio::test]
+async fn one_address_s_bodies_hold_no_more_than_its_share() {
+    use graceful_drain_webhook::transport::{BODY_BUDGET, PEER_SHARE};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let (b, cert, key) = write_bundle(dir.path());
+    let max_body = 4 * 1024 * 1024;
+    let srv = start_with_body_limit(&cert, &key, None, max_body).await;
+    let count = BODY_BUDGET / max_body + 2;
+    let (hold, held) = tokio::sync::watch::channel(());
+    let (done, mut settled) = tokio::sync::mpsc::unbounded_channel();
+    let mut senders = Vec::new();
+    for _ in 0..count {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket
+            .bind((std::net::Ipv4Addr::new(127, 0, 3, 1), 0).into())
+            .unwrap();
+        let tcp = socket.connect(srv.addr).await.unwrap();
+        let stream = connector(&client_opts(&b.ca_cert))
+            .connect(ServerName::try_from("localhost").unwrap(), tcp)
+            .await
+            .unwrap();
+        let (mut held, done) = (held.clone(), done.clone());
+        senders.push(tokio::spawn(async move {
+            let (mut rd, mut wr) = tokio::io::split(stream);
+            let head = format!(
+                "POST /validate/delete HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {max_body}\r\n\r\n"
+            );
+            // All but the last byte, then hold the connection. The server answers a body
+            // it refuses at once; one it reads on gets no answer until its body timeout.
+            let writing = async {
+                let _ = wr.write_all(head.as_bytes()).await;
+                let _ = wr.write_all(&vec![b' '; max_body - 1]).await;
+                let _ = held.changed().await;
+            };
+            let answered = async {
+                let mut status = [0u8; 12];
+                if rd.read_exact(&mut status).await.is_ok() {
+                    let _ = done.send(status.to_vec());
+                }
+                std::future::pending::<()>().await;
+            };
+            tokio::select! {
+                () = writing => {}
+                () = answered => {}
+            }
+        }));
+    }
+    // The answers to refused bodies come at once; 3 s bounds the wait for them.
+    let mut refused = 0;
+    let _ = tokio::time::timeout(Duration::from_secs(3), async {
+        while let Some(status) = settled.recv().await {
+            assert_eq!(
+                &status[..],
+                b"HTTP/1.1 503",
+                "{}",
+                String::from_utf8_lossy(&status)
+            );
+            refused += 1;
+        }
+    })
+    .await;
+    let held_bodies = count - refused;
+    assert!(
+        held_bodies * (max_body - 1) <= PEER_SHARE,
+        "{held_bodies} bodies of {} bytes from one address held at once, {refused} refused",
+        max_body - 1
+    );
+    let stream = connect(srv.addr, &client_opts(&b.ca_cert)).await.unwrap();
+    let (status, body) = post_h1(stream, "/validate/delete", eviction("beside-one-address")).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(review(&body)["response"]["uid"], "beside-one-address");
+    drop(hold);
+    for sender in senders {
+        sender.abort();
+    }
 }
 
 /// A connection that completes TLS and never sends a request is closed by the header

@@ -159,12 +159,15 @@ pub fn parse(body: &[u8], path: Path) -> Result<Review, Error> {
 }
 
 /// The most JSON values a review may hold. A pod's DELETE review carries the pod once,
-/// its managed fields included: a pod of forty containers with their ports, probes and
-/// environment is a few thousand values; this is ten times a pod that fills etcd's
-/// 1.5 MiB object limit with containers.
-pub const MAX_VALUES: usize = 32_768;
-/// What parsing takes per JSON value at most, in bytes, measured over the shapes that
-/// cost the most (`examples/parse_cost.rs` prints the table).
+/// its managed fields included: a pod of forty containers, each with ports, probes,
+/// twenty environment variables and their managed fields, is about 8,300 values (the
+/// `a_pod_of_forty_containers_fits` test counts one). At [`VALUE_COST`] the largest review
+/// allowed, with its body, stays inside one address's share of the transport's budget
+/// (`transport::PEER_SHARE`).
+pub const MAX_VALUES: usize = 24_576;
+/// What parsing takes per JSON value at most, in bytes: measured over 3.3 MB reviews of
+/// the costliest shapes, an array of one-key objects took 504 bytes per value (an array
+/// of numbers 67, one object of many keys 181).
 pub const VALUE_COST: usize = 512;
 
 /// What parsing `body` into a [`Review`] may take in memory, in bytes: a bound set from

@@ -276,7 +276,8 @@ pub async fn serve(
             );
             TowerToHyperService::new(tower::ServiceExt::map_request(
                 app,
-                move |request: http::Request<hyper::body::Incoming>| {
+                move |mut request: http::Request<hyper::body::Incoming>| {
+                    request.extensions_mut().insert(Peer(peer.ip()));
                     served.store(true, Release);
                     started.in_flight.fetch_add(1, Relaxed);
                     started.last.store(table.now(), Relaxed);
@@ -339,10 +340,16 @@ fn is_transient(error: &std::io::Error) -> bool {
 }
 
 /// The request bodies, and what is parsed from them, one replica holds at once, in bytes:
-/// the memory a flood of large or intricate reviews can take. 32 MiB is several of the
-/// largest reviews kube-apiserver can send (see `DEFAULT_MAX_BODY` in the crate root) or a
-/// few hundred ordinary ones, well inside the chart's 256 MiB limit.
-pub const BODY_BUDGET: usize = 32 * 1024 * 1024;
+/// the memory a flood of large or intricate reviews can take. 64 MiB is a few of the
+/// largest reviews kube-apiserver can send (see `DEFAULT_MAX_BODY` in the crate root) or
+/// hundreds of ordinary ones, inside the chart's 256 MiB limit beside the caches.
+pub const BODY_BUDGET: usize = 64 * 1024 * 1024;
+/// What the requests from one address may hold of [`BODY_BUDGET`] at once: one of the
+/// largest reviews with the most intricate pod (`review::MAX_VALUES`), or every held
+/// DELETE of an API server several times over. A client past it gets 503 at once, so
+/// taking the whole budget needs four addresses, and an API server's reviews, which
+/// hold a small part of its share, are not kept waiting by one address's flood.
+pub const PEER_SHARE: usize = BODY_BUDGET / 4;
 /// How long a request waits for its share of [`BODY_BUDGET`] before it is answered 503.
 pub const BUDGET_WAIT: Duration = Duration::from_secs(5);
 /// How long a request's body may take to arrive once its headers have: kube-apiserver
@@ -352,48 +359,138 @@ pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 /// the API server's 30 s budget, so anything slower is a slow sender.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(35);
 
-/// A replica's [`BODY_BUDGET`], shared by every request: what a request has read and
-/// what it built from that is taken from it, and given back when the request is done. It
-/// is charged by what arrives, never by what a request declares: a client that declares
-/// 3 MiB and sends one byte holds one byte.
+/// The address a request came from, among its extensions.
+#[derive(Clone, Copy, Debug)]
+pub struct Peer(pub std::net::IpAddr);
+
+/// Bytes held per address.
+type Shares = Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>;
+
+/// A replica's [`BODY_BUDGET`], shared by every request, with each address's part of it
+/// bounded by [`PEER_SHARE`]: what a request has read and what it built from that is taken
+/// from it, and given back when the request is done. It is charged by what arrives, never
+/// by what a request declares: a client that declares 3 MiB and sends one byte holds one
+/// byte.
 #[derive(Clone, Debug)]
-pub struct Budget(Arc<tokio::sync::Semaphore>);
+pub struct Budget {
+    all: Arc<tokio::sync::Semaphore>,
+    shares: Shares,
+}
 
-/// Bytes taken from a [`Budget`]; given back when dropped.
-#[derive(Debug, Default)]
-pub struct Charge(Option<tokio::sync::OwnedSemaphorePermit>);
+/// Bytes taken from a [`Budget`] for one address; given back when dropped.
+#[derive(Debug)]
+pub struct Charge {
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    share: Option<Share>,
+}
 
-/// The budget stayed taken for [`BUDGET_WAIT`], or a request asked for more than it all.
+/// The part of a [`Charge`] counted against its address.
+#[derive(Debug)]
+struct Share {
+    shares: Shares,
+    peer: std::net::IpAddr,
+    bytes: usize,
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        let mut table = self.shares.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(held) = table.get_mut(&self.peer) {
+            *held = held.saturating_sub(self.bytes);
+            if *held == 0 {
+                table.remove(&self.peer);
+            }
+        }
+    }
+}
+
+/// The budget or an address's share of it could not give what a request asked for.
 #[derive(Debug, thiserror::Error)]
-#[error(
-    "the replica's request budget ({BODY_BUDGET} bytes) is taken: {wanted} bytes more not available"
-)]
-pub struct Exhausted {
-    /// What the request asked for.
-    pub wanted: usize,
+pub enum Exhausted {
+    /// The replica's budget stayed taken for [`BUDGET_WAIT`], or the request asked for
+    /// more than it all.
+    #[error(
+        "the replica's request budget ({BODY_BUDGET} bytes) is taken: {wanted} bytes more not available"
+    )]
+    Budget {
+        /// What the request asked for.
+        wanted: usize,
+    },
+    /// The requests from the same address hold their whole share.
+    #[error(
+        "the requests from {peer} hold their share of the request budget ({PEER_SHARE} bytes): {wanted} bytes more refused"
+    )]
+    Share {
+        /// The address.
+        peer: std::net::IpAddr,
+        /// What the request asked for.
+        wanted: usize,
+    },
 }
 
 impl Budget {
     /// A budget of `bytes`.
     pub fn new(bytes: usize) -> Budget {
-        Budget(Arc::new(tokio::sync::Semaphore::new(bytes)))
+        Budget {
+            all: Arc::new(tokio::sync::Semaphore::new(bytes)),
+            shares: Shares::default(),
+        }
     }
 
-    /// Adds `bytes` to `charge`, waiting at most [`BUDGET_WAIT`] for them.
+    /// An empty charge for a request from `peer` (`None`: unknown, bounded by the whole
+    /// budget only).
+    pub fn charge(&self, peer: Option<std::net::IpAddr>) -> Charge {
+        Charge {
+            permit: None,
+            share: peer.map(|peer| Share {
+                shares: self.shares.clone(),
+                peer,
+                bytes: 0,
+            }),
+        }
+    }
+
+    /// Adds `bytes` to `charge`: refused at once past its address's [`PEER_SHARE`],
+    /// waiting at most [`BUDGET_WAIT`] for the replica's budget.
     pub async fn take(&self, charge: &mut Charge, bytes: usize) -> Result<(), Exhausted> {
         if bytes == 0 {
             return Ok(());
         }
-        let exhausted = Exhausted { wanted: bytes };
+        let over = |held: usize| held.saturating_add(bytes) > PEER_SHARE;
+        if let Some(share) = &charge.share {
+            let table = self.shares.lock().unwrap_or_else(|e| e.into_inner());
+            if over(table.get(&share.peer).copied().unwrap_or(0)) {
+                return Err(Exhausted::Share {
+                    peer: share.peer,
+                    wanted: bytes,
+                });
+            }
+        }
+        let exhausted = Exhausted::Budget { wanted: bytes };
         let Ok(n) = u32::try_from(bytes) else {
             return Err(exhausted);
         };
         let permit =
-            match tokio::time::timeout(BUDGET_WAIT, self.0.clone().acquire_many_owned(n)).await {
+            match tokio::time::timeout(BUDGET_WAIT, self.all.clone().acquire_many_owned(n)).await {
                 Ok(Ok(permit)) => permit,
                 _ => return Err(exhausted),
             };
-        match &mut charge.0 {
+        // Counted against the address only once the bytes are there: a request waiting
+        // for the budget holds none of its share. Checked again, as others from the same
+        // address may have taken theirs meanwhile.
+        if let Some(share) = &mut charge.share {
+            let mut table = self.shares.lock().unwrap_or_else(|e| e.into_inner());
+            let held = table.entry(share.peer).or_insert(0);
+            if over(*held) {
+                return Err(Exhausted::Share {
+                    peer: share.peer,
+                    wanted: bytes,
+                });
+            }
+            *held += bytes;
+            share.bytes += bytes;
+        }
+        match &mut charge.permit {
             Some(held) => held.merge(permit),
             none => *none = Some(permit),
         }
@@ -413,7 +510,7 @@ pub enum BodyError {
     /// The connection failed while the body arrived.
     #[error("read request body")]
     Read(#[source] axum::Error),
-    /// The replica's budget is taken.
+    /// The replica's budget or the address's share is taken.
     #[error(transparent)]
     Budget(#[from] Exhausted),
 }
@@ -430,49 +527,44 @@ impl BodyError {
     }
 }
 
-/// Reads `body` whole, at most `max` bytes within [`BODY_TIMEOUT`], taking from `budget`
-/// twice what arrives as it arrives (the frames, then the one buffer they are joined
-/// into). The charge lives as long as the returned bytes are needed.
+/// Reads `body` whole, at most `max` bytes within [`BODY_TIMEOUT`], into `charge` as it
+/// arrives. A body of declared length lands in one buffer of that size, whose pages are
+/// charged as they are written; one without (chunked) is charged twice what arrives, for
+/// its buffer's growth. The charge lives as long as the returned bytes are needed.
 pub async fn read_body(
     body: axum::body::Body,
     budget: &Budget,
+    mut charge: Charge,
     max: usize,
 ) -> Result<(axum::body::Bytes, Charge), BodyError> {
     use http_body_util::BodyExt;
-    let mut charge = Charge::default();
-    let mut frames = Vec::new();
-    let mut total = 0usize;
+    let exact = axum::body::HttpBody::size_hint(&body)
+        .exact()
+        .and_then(|n| usize::try_from(n).ok());
+    if exact.is_some_and(|n| n > max) {
+        return Err(BodyError::TooLarge(max));
+    }
+    let factor = if exact.is_some() { 1 } else { 2 };
+    let mut buf = bytes::BytesMut::with_capacity(exact.unwrap_or(0));
     let read = async {
         let mut body = body;
         while let Some(frame) = body.frame().await {
             let Ok(data) = frame.map_err(BodyError::Read)?.into_data() else {
                 continue; // trailers
             };
-            total += data.len();
-            if total > max {
+            if buf.len() + data.len() > max {
                 return Err(BodyError::TooLarge(max));
             }
-            budget.take(&mut charge, 2 * data.len()).await?;
-            frames.push(data);
+            budget.take(&mut charge, factor * data.len()).await?;
+            buf.extend_from_slice(&data);
         }
         Ok(())
     };
     match tokio::time::timeout(BODY_TIMEOUT, read).await {
-        Ok(Ok(())) => {}
-        Ok(Err(error)) => return Err(error),
-        Err(_) => return Err(BodyError::TooSlow),
+        Ok(Ok(())) => Ok((buf.freeze(), charge)),
+        Ok(Err(error)) => Err(error),
+        Err(_) => Err(BodyError::TooSlow),
     }
-    let bytes = match frames.len() {
-        1 => frames.pop().unwrap_or_default(),
-        _ => {
-            let mut joined = Vec::with_capacity(total);
-            for frame in frames {
-                joined.extend_from_slice(&frame);
-            }
-            joined.into()
-        }
-    };
-    Ok((bytes, charge))
 }
 
 /// `app` behind the per-request bounds: a body declared larger than `max_body` is
@@ -491,6 +583,7 @@ pub fn bounded(app: axum::Router, max_body: usize) -> axum::Router {
 struct Bounds {
     budget: Budget,
     max_body: usize,
+    peer: Option<std::net::IpAddr>,
 }
 
 /// A request's body, read by [`read_body`] under the bounds [`bounded`] set, with its
@@ -504,6 +597,16 @@ pub struct Received {
     pub charge: Charge,
     /// The replica's budget.
     pub budget: Budget,
+    /// Where the request came from.
+    pub peer: Option<std::net::IpAddr>,
+}
+
+impl Received {
+    /// An empty charge for more of the same request (what it builds from the body),
+    /// counted against the same address.
+    pub fn more(&self) -> Charge {
+        self.budget.charge(self.peer)
+    }
 }
 
 impl<S: Send + Sync> axum::extract::FromRequest<S> for Received {
@@ -518,11 +621,13 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for Received {
             )
                 .into_response());
         };
-        match read_body(request.into_body(), &bounds.budget, bounds.max_body).await {
+        let charge = bounds.budget.charge(bounds.peer);
+        match read_body(request.into_body(), &bounds.budget, charge, bounds.max_body).await {
             Ok((bytes, charge)) => Ok(Received {
                 bytes,
                 charge,
                 budget: bounds.budget,
+                peer: bounds.peer,
             }),
             Err(error) => {
                 tracing::debug!(error = %graceful_drain_core::error::chain(&error), "request body refused");
@@ -550,7 +655,12 @@ async fn limit(
         )
             .into_response();
     }
-    request.extensions_mut().insert(Bounds { budget, max_body });
+    let peer = request.extensions().get::<Peer>().map(|p| p.0);
+    request.extensions_mut().insert(Bounds {
+        budget,
+        max_body,
+        peer,
+    });
     tokio::time::timeout(REQUEST_TIMEOUT, next.run(request))
         .await
         .unwrap_or_else(|_| {

@@ -28,7 +28,7 @@ use crate::configurations;
 use crate::decide::Path;
 use crate::review::{self, Parsed};
 pub use crate::state::{AppState, Holds, MAX_HELD_DELETES};
-use crate::transport::{Charge, Received};
+use crate::transport::Received;
 
 /// How long before the API server's deadline a held DELETE is answered. Covers the
 /// response's trip back and clock granularity; capped at half the budget for tiny timeouts.
@@ -93,7 +93,7 @@ async fn handle(
     let started = Instant::now();
     // What the parsed review costs is taken from the replica's budget before it is built
     // and held until the answer is sent: a held DELETE keeps its pod.
-    let mut parsed_cost = Charge::default();
+    let mut parsed_cost = body.more();
     let parsed = match review::parse_cost(&body.bytes) {
         Ok(cost) => match body.budget.take(&mut parsed_cost, cost).await {
             Ok(()) => review::parse(&body.bytes, path),

@@ -336,3 +336,59 @@ fn a_review_holding_more_values_than_any_pod_is_refused_before_it_is_parsed() {
     assert!(matches!(error, Error::TooIntricate { values } if values > MAX_VALUES));
     assert!(error.to_string().contains("JSON values"), "{error}");
 }
+
+/// A large but ordinary pod's review stays under [`MAX_VALUES`]: forty containers, each
+/// with two ports, two probes, twenty environment variables and requests, and a managed
+/// fields entry naming every one of those fields.
+#[test]
+fn a_pod_of_forty_containers_fits() {
+    let container = |i: usize| {
+        let env: Vec<Value> = (0..20)
+            .map(|e| json!({"name": format!("VAR_{e}"), "value": format!("value-{e}")}))
+            .collect();
+        let probe = json!({"httpGet": {"path": "/healthz", "port": 8080, "scheme": "HTTP"},
+            "periodSeconds": 10, "timeoutSeconds": 1, "successThreshold": 1, "failureThreshold": 3});
+        json!({"name": format!("c{i}"), "image": "registry.example/app:1.0",
+            "ports": [{"containerPort": 8080, "protocol": "TCP"}, {"containerPort": 9090, "name": "metrics", "protocol": "TCP"}],
+            "env": env, "readinessProbe": probe, "livenessProbe": probe,
+            "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+            "terminationMessagePath": "/dev/termination-log", "imagePullPolicy": "IfNotPresent"})
+    };
+    let managed = |i: usize| {
+        let mut fields = serde_json::Map::new();
+        for e in 0..20 {
+            fields.insert(
+                format!("k:{{\"name\":\"VAR_{e}\"}}"),
+                json!({".": {}, "f:name": {}, "f:value": {}}),
+            );
+        }
+        json!({format!("k:{{\"name\":\"c{i}\"}}"): {".": {}, "f:env": fields, "f:image": {},
+            "f:ports": {".": {}, "k:{\"containerPort\":8080}": {".": {}, "f:containerPort": {}},
+                        "k:{\"containerPort\":9090}": {".": {}, "f:containerPort": {}, "f:name": {}}},
+            "f:readinessProbe": {".": {}, "f:httpGet": {".": {}, "f:path": {}, "f:port": {}}},
+            "f:livenessProbe": {".": {}, "f:httpGet": {".": {}, "f:path": {}, "f:port": {}}},
+            "f:resources": {".": {}, "f:requests": {".": {}, "f:cpu": {}, "f:memory": {}}}}})
+    };
+    let mut review = delete_review("u");
+    let pod = &mut review["request"]["oldObject"];
+    pod["spec"]["containers"] = Value::Array((0..40).map(container).collect());
+    let mut spec_fields = serde_json::Map::new();
+    for i in 0..40 {
+        spec_fields.extend(managed(i).as_object().unwrap().clone());
+    }
+    pod["metadata"]["managedFields"] = json!([{"manager": "kubectl", "operation": "Update",
+        "apiVersion": "v1", "fieldsType": "FieldsV1",
+        "fieldsV1": {"f:spec": {"f:containers": spec_fields}}}]);
+    let body = serde_json::to_vec(&review).unwrap();
+    let values = json_values(&body).unwrap();
+    assert!(
+        values < MAX_VALUES,
+        "{values} values in {} bytes",
+        body.len()
+    );
+    assert!(parse_cost(&body).is_ok());
+    assert!(matches!(
+        parse(&body, Path::Delete).unwrap().parsed,
+        Parsed::Delete(_)
+    ));
+}
