@@ -295,6 +295,7 @@ async fn async_main() {
         holds: server::Holds::default(),
         watch_drained_nodes: false,
         unconfirmed: Default::default(),
+        scale_downs: Default::default(),
         throttles: Default::default(),
         reviews_authenticated: false,
     });

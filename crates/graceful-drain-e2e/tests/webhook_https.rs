@@ -87,6 +87,7 @@ async fn start_with_body_limit(
         holds: server::Holds::default(),
         watch_drained_nodes: false,
         unconfirmed: Default::default(),
+        scale_downs: Default::default(),
         throttles: Default::default(),
         reviews_authenticated: client_ca.is_some(),
     });

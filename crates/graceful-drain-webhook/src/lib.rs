@@ -522,6 +522,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         holds: server::Holds::bounded(max_held_deletes),
         watch_drained_nodes: true,
         unconfirmed: Default::default(),
+        scale_downs: Default::default(),
         throttles: Default::default(),
         reviews_authenticated,
     });

@@ -37,6 +37,43 @@ pub struct AppState {
     pub reviews_authenticated: bool,
     /// Bounds on the Events and log lines a caller of the port could multiply.
     pub throttles: super::throttle::Throttles,
+    /// One ReplicaSet scale-down DELETE at a time per ReplicaSet.
+    pub scale_downs: ScaleDowns,
+}
+
+/// Turns for the ReplicaSet controller's DELETEs: a DELETE counts the ReplicaSet's pods
+/// and isolates its own inside one turn of that ReplicaSet, so concurrent DELETEs (the
+/// controller's burst, or forged reviews claiming it) each see the isolations before theirs
+/// and together take no more than the ReplicaSet's surplus. Striped: a ReplicaSet maps to
+/// one of a fixed number of locks, so the table never grows.
+#[derive(Debug)]
+pub struct ScaleDowns {
+    stripes: Vec<tokio::sync::Mutex<()>>,
+}
+
+/// Locks of [`ScaleDowns`]: two ReplicaSets share one at times, which only orders their
+/// DELETEs.
+const SCALE_DOWN_STRIPES: usize = 64;
+
+impl Default for ScaleDowns {
+    fn default() -> ScaleDowns {
+        ScaleDowns {
+            stripes: (0..SCALE_DOWN_STRIPES)
+                .map(|_| tokio::sync::Mutex::new(()))
+                .collect(),
+        }
+    }
+}
+
+impl ScaleDowns {
+    /// Waits for the turn of ReplicaSet `namespace/name`; it lasts until the guard drops.
+    pub async fn turn(&self, namespace: &str, name: &str) -> tokio::sync::MutexGuard<'_, ()> {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        (namespace, name).hash(&mut hasher);
+        let stripe = usize::try_from(hasher.finish() % SCALE_DOWN_STRIPES as u64).unwrap_or(0);
+        self.stripes[stripe].lock().await
+    }
 }
 
 /// Percentage of a Service's pods (rounded up, at least one) that isolations nothing

@@ -339,6 +339,13 @@ impl Components {
             .map_err(|e| fail(e.to_string()))
     }
 
+    /// The address the API server reaches the webhook at, and the CA (PEM) that signed its
+    /// certificate; `None` before it started.
+    pub fn webhook_endpoint(&self) -> Option<(SocketAddr, String)> {
+        let (_, ca) = self.webhook_tls.as_ref()?;
+        Some((self.webhook_listen?, ca.clone()))
+    }
+
     /// The admin port (`/livez`, `/readyz`, `/metrics`) of the in-process webhook replica
     /// started last.
     pub fn webhook_admin(&self) -> Option<SocketAddr> {

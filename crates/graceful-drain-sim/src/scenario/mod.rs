@@ -9,6 +9,7 @@ pub mod components;
 pub mod drainers;
 pub mod forged;
 pub mod holds;
+mod hostile;
 pub mod karpenter;
 pub mod lb_scenarios;
 pub mod matrix;

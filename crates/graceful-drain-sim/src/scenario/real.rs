@@ -79,6 +79,11 @@ pub enum Disruption {
     /// Service never drops below its budget, and every isolated pod goes back into its
     /// Service at its restore time. Protected only.
     Forged(forged::Target),
+    /// No review at all: `kubectl drain` of the busiest node while clients hold the
+    /// webhook's port with stalled bodies, silent and bare connections from addresses of
+    /// their own (`hostile::row`). The drain must finish with no 5xx within the
+    /// kubectl-drain row's bound. Protected only.
+    ForgedTransport,
     /// `kubectl apply -f` of the example LifecycleEvent written in the seed group
     /// `lifecycle.k8s.io` (the SLM seeds' YAML), with deploy/seed-group.yaml applied (the
     /// chart's `lifecycleCrds.seedGroup`): the node agents carry it over to our group and
@@ -134,6 +139,7 @@ impl fmt::Display for Disruption {
             Disruption::Forged(forged::Target::Flood { pdb: true }) => "forged-flood",
             Disruption::Forged(forged::Target::Flood { pdb: false }) => "forged-flood-no-pdb",
             Disruption::Forged(forged::Target::Cordoned) => "forged-cordoned",
+            Disruption::ForgedTransport => "forged-transport",
             Disruption::SeedGroupDrain => "seed-group-drain",
             Disruption::StatefulSetLongDelay => "statefulset-long-delay",
             Disruption::ApiServerRestartDrain => "apiserver-restart-drain",
@@ -215,6 +221,11 @@ pub fn scenarios(upstream: bool, faults: bool) -> Vec<RealScenario> {
             expect: Expect::Pass,
         });
     }
+    all.push(RealScenario {
+        disruption: ForgedTransport,
+        protection: Protection::GracefulDrain,
+        expect: Expect::Pass,
+    });
     if !upstream {
         all.push(RealScenario {
             disruption: SeedGroupDrain,
@@ -414,6 +425,9 @@ pub async fn run(
                     None => Err("kube-apiserver presents no client certificate here".into()),
                 }
             }
+            (Some(Ok(c)), Disruption::ForgedTransport) => super::hostile::row(&cluster, cfg, c)
+                .await
+                .map_err(|e| graceful_drain_core::error::chain(&e).to_string()),
             (Some(Ok(c)), Disruption::Forged(target)) => forged::row(&cluster, cfg, c, target)
                 .await
                 .map_err(|e| graceful_drain_core::error::chain(&e).to_string()),
@@ -581,6 +595,7 @@ async fn run_row(
         // Need the running components (`forged::row`, `statefulset_long_delay`,
         // `uninstall_mid_drain`).
         Disruption::Forged(_)
+        | Disruption::ForgedTransport
         | Disruption::StatefulSetLongDelay
         | Disruption::ApiServerRestartDrain
         | Disruption::ControllerManagerRestartRollout
@@ -1094,7 +1109,7 @@ async fn uninstall_mid_drain(
 
 /// Returns a drained node to service: a LifecycleEvent of the maintenance transition with
 /// protection (the agents cordoned it), a plain uncordon without.
-async fn uncordon(
+pub(super) async fn uncordon(
     cluster: &RealCluster,
     node: &str,
     protection: Protection,

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::{DaemonSet, ReplicaSet, StatefulSet};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
+use kube::api::ListParams;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse};
 use tokio::time::Instant;
@@ -69,15 +71,26 @@ pub(super) async fn respond(
     req.preconditions.uid.get_or_insert_with(|| pod.uid.clone());
     let owned_by_rs = of_replicaset(&pod);
     let scale_down = owned_by_rs && is_replicaset_controller(&req.user);
+    // The ReplicaSet's turn, held until the pod is isolated: the next DELETE of one of its
+    // pods counts this isolation.
+    let mut _turn = None;
     if scale_down && !draining {
         // The webhook deletes this pod itself once it is due, so the review's word must not
-        // be all there is: the live ReplicaSet must really have more pods than it wants
-        // (the ReplicaSet controller deletes only then, and writes `status.replicas` after
-        // every sync: `syncReplicaSet` in pkg/controller/replicaset/replica_set.go). A
-        // stale status is answered with a refusal that isolates nothing; the controller
-        // counts the failed DELETE, requeues the ReplicaSet and asks again after its next
-        // status write.
-        match replicaset_has_surplus(state, &pod).await {
+        // be all there is: the ReplicaSet, read live with its pods, must really control
+        // more active pods than it wants (the ReplicaSet controller deletes only then:
+        // `manageReplicas` in pkg/controller/replicaset/replica_set.go), counting the
+        // pods isolated before this one. Otherwise the answer is a refusal that isolates
+        // nothing; the controller counts the failed DELETE, requeues the ReplicaSet and
+        // decides again from what it then sees.
+        let rs = pod
+            .owner_refs
+            .iter()
+            .find(|r| r.get("kind").and_then(serde_json::Value::as_str) == Some("ReplicaSet"))
+            .and_then(|r| r.get("name").and_then(serde_json::Value::as_str))
+            .unwrap_or_default()
+            .to_string();
+        _turn = Some(state.scale_downs.turn(&pod.namespace, &rs).await);
+        match replicaset_has_surplus(state, &pod, &rs).await {
             Ok(None) => {}
             Ok(Some(why)) => {
                 tracing::info!(%why, "ReplicaSet DELETE not backed by the live ReplicaSet; refused without isolating");
@@ -180,28 +193,62 @@ async fn live_pod(
     }
 }
 
-/// Reads the pod's ReplicaSet live: `None` when it has more pods than it wants
-/// (`status.replicas > spec.replicas`), else why not.
+/// Reads ReplicaSet `name` and its pods live: `None` when it controls more active pods
+/// than it wants, else why not. Active as the controller counts them
+/// (`FilterActivePods`, pkg/controller/controller_utils.go): not terminating, neither
+/// succeeded nor failed; controlled by this ReplicaSet (its UID) and not isolated (an
+/// isolated pod keeps the reference until the controller lets it go).
 async fn replicaset_has_surplus(
     state: &AppState,
     pod: &PodFacts,
+    name: &str,
 ) -> Result<Option<String>, kube::Error> {
-    let Some(name) = pod
-        .owner_refs
-        .iter()
-        .find(|r| r.get("kind").and_then(serde_json::Value::as_str) == Some("ReplicaSet"))
-        .and_then(|r| r.get("name").and_then(serde_json::Value::as_str))
-    else {
+    if name.is_empty() {
         return Ok(Some("it names no ReplicaSet".to_string()));
-    };
+    }
     let api = Api::<ReplicaSet>::namespaced(state.ctx.client.clone(), &pod.namespace);
     let Some(rs) = api.get_opt(name).await? else {
         return Ok(Some(format!("ReplicaSet {name} does not exist")));
     };
     let wanted = rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-    let has = rs.status.as_ref().map_or(0, |s| s.replicas);
-    Ok((has <= wanted)
-        .then(|| format!("ReplicaSet {name} has {has} replicas and wants {wanted}: none to spare")))
+    let uid = rs.metadata.uid.clone().unwrap_or_default();
+    let labels = rs
+        .spec
+        .as_ref()
+        .and_then(|s| s.selector.match_labels.as_ref())
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .unwrap_or_default();
+    // Its labels only narrow the list (a selector of expressions alone lists the
+    // namespace): what counts is the controller reference and our isolation label.
+    let pods = Api::<Pod>::namespaced(state.ctx.client.clone(), &pod.namespace)
+        .list(&ListParams::default().labels(&labels))
+        .await?;
+    let active =
+        pods.items
+            .iter()
+            .filter(|p| {
+                let controlled = p.metadata.owner_references.as_ref().is_some_and(|refs| {
+                    refs.iter()
+                        .any(|r| r.controller == Some(true) && r.uid == uid)
+                });
+                let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+                controlled
+                    && p.metadata.deletion_timestamp.is_none()
+                    && !matches!(phase, Some("Succeeded" | "Failed"))
+                    && !p.metadata.labels.as_ref().is_some_and(|l| {
+                        l.contains_key(graceful_drain_core::labels::DRAINING_LABEL)
+                    })
+            })
+            .count();
+    let active = i32::try_from(active).unwrap_or(i32::MAX);
+    Ok((active <= wanted).then(|| {
+        format!("ReplicaSet {name} controls {active} active pods and wants {wanted}: none to spare")
+    }))
 }
 
 /// Whether `user` is the controller `own` (or kube-controller-manager's own identity,

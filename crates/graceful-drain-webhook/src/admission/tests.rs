@@ -81,6 +81,7 @@ mod basics {
             holds: Holds::default(),
             watch_drained_nodes: false,
             unconfirmed: Default::default(),
+            scale_downs: Default::default(),
             throttles: Default::default(),
             reviews_authenticated: false,
         })
@@ -780,9 +781,10 @@ mod answers {
     }
 
     /// A DELETE claiming to come from the ReplicaSet controller while the live ReplicaSet
-    /// has no pod to spare (a forged review, or a status not written yet) is refused
-    /// without isolating: the deferred deleter would otherwise delete the pod on the
-    /// review's word alone.
+    /// controls no pod to spare is refused without isolating: the deferred deleter would
+    /// otherwise delete the pod on the review's word alone. Its status still says three
+    /// pods (it lags the isolations): the pods it controls are what count, so forged
+    /// DELETEs after a scale-down take no more pods than the surplus.
     #[tokio::test]
     async fn a_replicaset_delete_without_a_surplus_is_refused_and_isolates_nothing() {
         let (client, mut api) = mock::client();
@@ -794,9 +796,17 @@ mod answers {
             "/validate/delete?timeout=10s",
             scale_down_deletion(),
         ));
+        // Two pods it controls, and one of its pods already isolated by an earlier
+        // DELETE (no longer matched by its labels): none to spare for a third.
+        let mut sibling = replicaset_pod();
+        sibling["metadata"]["name"] = json!("web-2");
         mock::play(
             &mut api,
-            [PodIs(replicaset_pod()), ReplicaSetIs(replicaset(2, 2))],
+            [
+                PodIs(replicaset_pod()),
+                ReplicaSetIs(replicaset(2, 3)),
+                PodsListed(vec![replicaset_pod(), sibling]),
+            ],
         )
         .await;
         let (_, review) = call.await.unwrap();
@@ -822,14 +832,18 @@ mod answers {
             "/validate/delete?timeout=10s",
             scale_down_deletion(),
         ));
+        let (mut second, mut third) = (replicaset_pod(), replicaset_pod());
+        second["metadata"]["name"] = json!("web-2");
+        third["metadata"]["name"] = json!("web-3");
         let scenarios = [
             PodIs(replicaset_pod()),
             ReplicaSetIs(replicaset(2, 3)),
+            PodsListed(vec![replicaset_pod(), second, third]),
             ReplicaSetIs(replicaset(2, 3)),
             Relabeled("web-1"),
             EventPosted,
         ];
-        let [_pod, _rs, _reread, patch, _event] =
+        let [_pod, _rs, _pods, _reread, patch, _event] =
             mock::play(&mut api, scenarios).await.try_into().unwrap();
         let patch = patch.body.to_string();
         assert!(patch.contains(DELETE_AT_ANNOTATION), "{patch}");

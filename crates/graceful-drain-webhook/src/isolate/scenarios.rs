@@ -24,6 +24,8 @@ pub(crate) enum Scenario {
     PodMissing(&'static str),
     /// The `GET` of the ReplicaSet answers this ReplicaSet (it names itself).
     ReplicaSetIs(Value),
+    /// The `LIST` of pods in namespace `web` answers these pods.
+    PodsListed(Vec<Value>),
     /// The `GET` of the Deployment answers this Deployment (it names itself).
     DeploymentIs(Value),
     /// The `GET` of the StatefulSet answers this StatefulSet (it names itself).
@@ -61,6 +63,12 @@ impl mock::Scenario for Scenario {
                 Step::refused(M::GET, format!("{PODS}/{name}"), 404, "NotFound")
             }
             Scenario::ReplicaSetIs(rs) => Step::new(M::GET, named(REPLICASETS, &rs), 200, rs),
+            Scenario::PodsListed(pods) => Step::new(
+                M::GET,
+                PODS,
+                200,
+                json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": pods}),
+            ),
             Scenario::DeploymentIs(d) => Step::new(M::GET, named(DEPLOYMENTS, &d), 200, d),
             Scenario::StatefulSetIs(s) => Step::new(M::GET, named(STATEFULSETS, &s), 200, s),
             Scenario::PdbIs(pdb) => Step::new(M::GET, PDB, 200, pdb),
