@@ -15,7 +15,7 @@ use tokio::io::AsyncWriteExt as _;
 use tokio::net::TcpStream;
 
 use super::components::Components;
-use super::{Error, Measured, Protection, ScenarioConfig, actions, drainers, measure, real};
+use super::{Error, Measured, ScenarioConfig, actions, drainers, measure};
 use graceful_drain_webhook::transport::{BODY_BUDGET, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_PEER};
 use kube_sim::cluster::RealCluster;
 
@@ -145,7 +145,9 @@ pub(super) async fn row(
     };
     let measured = measure(cluster, &cfg, drain).await;
     drop(mix);
-    real::uncordon(cluster, &node, Protection::GracefulDrain, timeout).await?;
+    // The agents cordoned it for the drain: a LifecycleEvent of the maintenance
+    // transition returns it, as the kubectl-drain row does.
+    actions::lifecycle_uncordon(&cluster.client(), &node, timeout).await?;
     super::workloads::delete_namespace(cluster, &cfg.web.namespace).await;
     let measured = measured?;
     let bound = cfg.components.deregistration_delay + cfg.cluster.kubelet.exit_after_sigterm;

@@ -1109,7 +1109,7 @@ async fn uninstall_mid_drain(
 
 /// Returns a drained node to service: a LifecycleEvent of the maintenance transition with
 /// protection (the agents cordoned it), a plain uncordon without.
-pub(super) async fn uncordon(
+async fn uncordon(
     cluster: &RealCluster,
     node: &str,
     protection: Protection,
