@@ -508,60 +508,26 @@ async fn hostile(addr: std::net::SocketAddr, ca: &str) -> Hostile {
     // Reviews under the body limit whose JSON costs the most to build: an array of
     // one-key objects in the pod's spec.
     let wide = (0..WIDE_REVIEWS).map(|_| {
-        let connector = connector.clone();
-        tokio::spawn(async move {
-            // From an address of their own, as an attacker's pod would send them.
-            let socket = tokio::net::TcpSocket::new_v4().ok()?;
-            socket
-                .bind((std::net::Ipv4Addr::new(127, 0, 4, 1), 0).into())
-                .ok()?;
-            let tcp = socket.connect(addr).await.ok()?;
-            let tls = connector
-                .connect(ServerName::try_from("localhost").unwrap(), tcp)
-                .await
-                .ok()?;
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-                .await
-                .ok()?;
-            tokio::spawn(conn);
-            // Built as text: a Value of it would cost the load generator what it costs the
-            // server, and the RSS shown is the process's.
-            let review = String::from_utf8(deletion_in("web", "wide", 0)).unwrap();
-            let filler = format!("[{}{{\"a\":0}}]", "{\"a\":0},".repeat(WIDE_BYTES / 8));
-            let body = review.replacen("\"spec\":{", &format!("\"spec\":{{\"x\":{filler},"), 1);
-            let req = http::Request::post("/validate/delete?timeout=30s")
-                .header("host", "localhost")
-                .header("content-type", "application/json")
-                .body(Full::new(Bytes::from(body)))
-                .unwrap();
-            let resp = sender.send_request(req).await.ok()?;
-            Some(resp.status().as_u16())
-        })
+        // Built as text: a Value of it would cost the load generator what it costs the
+        // server, and the RSS shown is the process's.
+        let review = String::from_utf8(deletion_in("web", "wide", 0)).unwrap();
+        let filler = format!("[{}{{\"a\":0}}]", "{\"a\":0},".repeat(WIDE_BYTES / 8));
+        let body = review.replacen("\"spec\":{", &format!("\"spec\":{{\"x\":{filler},"), 1);
+        // From an address of their own, as an attacker's pod would send them.
+        let from = std::net::Ipv4Addr::new(127, 0, 4, 1);
+        tokio::spawn(post_once(connector.clone(), addr, from, body.into_bytes()))
     });
     let wide: Vec<_> = wide.collect();
     let opened = Instant::now();
     // The huge reviews and real ones at once.
     let huge = (0..HUGE_REVIEWS).map(|_| {
-        let connector = connector.clone();
-        tokio::spawn(async move {
-            let tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
-            let tls = connector
-                .connect(ServerName::try_from("localhost").unwrap(), tcp)
-                .await
-                .ok()?;
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-                .await
-                .ok()?;
-            tokio::spawn(conn);
-            let body = vec![b' '; HUGE_BYTES];
-            let req = http::Request::post("/validate/delete?timeout=30s")
-                .header("host", "localhost")
-                .header("content-type", "application/json")
-                .body(Full::new(Bytes::from(body)))
-                .unwrap();
-            let resp = sender.send_request(req).await.ok()?;
-            Some(resp.status().as_u16())
-        })
+        let body = vec![b' '; HUGE_BYTES];
+        tokio::spawn(post_once(
+            connector.clone(),
+            addr,
+            std::net::Ipv4Addr::LOCALHOST,
+            body,
+        ))
     });
     let huge: Vec<_> = huge.collect();
     let (mut latencies, _) = load(
@@ -606,6 +572,34 @@ async fn hostile(addr: std::net::SocketAddr, ca: &str) -> Hostile {
         p99: quantile(&mut latencies, 0.99),
         peak_rss_kib: peak.load(std::sync::atomic::Ordering::Relaxed),
     }
+}
+
+/// Posts one review `body` to the server at `addr` from address `from`, on a connection of
+/// its own, and returns the answer's status; `None` when the connection failed.
+async fn post_once(
+    connector: tokio_rustls::TlsConnector,
+    addr: std::net::SocketAddr,
+    from: std::net::Ipv4Addr,
+    body: Vec<u8>,
+) -> Option<u16> {
+    let socket = tokio::net::TcpSocket::new_v4().ok()?;
+    socket.bind((from, 0).into()).ok()?;
+    let tcp = socket.connect(addr).await.ok()?;
+    let tls = connector
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .ok()?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .ok()?;
+    tokio::spawn(conn);
+    let req = http::Request::post("/validate/delete?timeout=30s")
+        .header("host", "localhost")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let resp = sender.send_request(req).await.ok()?;
+    Some(resp.status().as_u16())
 }
 
 fn tls_connector(ca: &str) -> tokio_rustls::TlsConnector {
