@@ -237,6 +237,55 @@ async fn a_new_node_is_tainted_not_ready_until_lifted() {
     assert_eq!(created.spec.unwrap().taints.unwrap().len(), 1, "added once");
 }
 
+/// A DaemonSet's template generation is the API server's, as kube-apiserver keeps it:
+/// 1 on create, kept by an update, bumped by a changed template only (the DaemonSet
+/// controller labels its pods with it and our webhook compares the two).
+#[tokio::test]
+async fn a_daemonsets_template_generation_moves_with_its_template_only() {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    let (api, _shutdown) = server(Config::default()).await;
+    let sets: Api<DaemonSet> = Api::namespaced(api.client("admin"), "default");
+    let generation = |ds: &DaemonSet| {
+        ds.metadata.annotations.as_ref().unwrap()["deprecated.daemonset.template.generation"]
+            .clone()
+    };
+    let ds: DaemonSet = serde_json::from_value(json!({"metadata": {"name": "agent",
+            "annotations": {"deprecated.daemonset.template.generation": "0"}},
+        "spec": {"selector": {"matchLabels": {"app": "agent"}},
+            "template": {"metadata": {"labels": {"app": "agent"}},
+                "spec": {"containers": [{"name": "agent", "image": "agent:1"}]}}}}))
+    .unwrap();
+    let ds = sets.create(&PostParams::default(), &ds).await.unwrap();
+    assert_eq!(generation(&ds), "1");
+    let mut other = ds.clone();
+    other.spec.as_mut().unwrap().min_ready_seconds = Some(5);
+    other.metadata.annotations.as_mut().unwrap().insert(
+        "deprecated.daemonset.template.generation".into(),
+        "7".into(),
+    );
+    let other = sets
+        .replace("agent", &PostParams::default(), &other)
+        .await
+        .unwrap();
+    assert_eq!(generation(&other), "1", "not the client's to set");
+    let mut new_image = other.clone();
+    new_image
+        .spec
+        .as_mut()
+        .unwrap()
+        .template
+        .spec
+        .as_mut()
+        .unwrap()
+        .containers[0]
+        .image = Some("agent:2".into());
+    let new_image = sets
+        .replace("agent", &PostParams::default(), &new_image)
+        .await
+        .unwrap();
+    assert_eq!(generation(&new_image), "2");
+}
+
 #[tokio::test]
 async fn updates_conflict_on_stale_resource_version_and_patch_kinds_apply() {
     let (api, _shutdown) = server(Config::default()).await;

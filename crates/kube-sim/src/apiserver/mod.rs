@@ -37,6 +37,7 @@ mod table;
 mod validation;
 mod watch;
 mod write;
+pub(crate) use write::DAEMONSET_TEMPLATE_GENERATION;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

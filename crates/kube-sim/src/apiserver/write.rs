@@ -259,6 +259,11 @@ pub(crate) fn prepare_for_create(def: &ResourceDef, obj: &mut Value) {
         // the node lifecycle controller sees it Ready (`addNotReadyTaint` in
         // plugin/pkg/admission/nodetaint/admission.go, v1.37.2).
         ("", "nodes") => add_not_ready_taint(map),
+        ("apps", "daemonsets") => {
+            map.remove("status");
+            let asked = template_generation(obj).filter(|g| *g >= 1);
+            set_template_generation(obj, asked.unwrap_or(1));
+        }
         ("apiextensions.k8s.io", "customresourcedefinitions") => {
             let names = map.get("spec").and_then(|s| s.get("names")).cloned();
             map.insert(
@@ -281,6 +286,29 @@ pub(crate) fn prepare_for_create(def: &ResourceDef, obj: &mut Value) {
         _ => {}
     }
     default_custom_status(def, obj);
+}
+
+/// A DaemonSet's template generation, which apps/v1 carries in this annotation
+/// (`DeprecatedTemplateGeneration`; pkg/apis/apps/v1/conversion.go writes
+/// `Spec.TemplateGeneration` there, v1.37.2).
+pub(crate) const DAEMONSET_TEMPLATE_GENERATION: &str = "deprecated.daemonset.template.generation";
+
+fn template_generation(ds: &Value) -> Option<i64> {
+    ds.pointer("/metadata/annotations")?
+        .get(DAEMONSET_TEMPLATE_GENERATION)?
+        .as_str()?
+        .parse()
+        .ok()
+}
+
+fn set_template_generation(ds: &mut Value, generation: i64) {
+    if let Some(meta) = meta_mut(ds) {
+        let annotations = meta.entry("annotations").or_insert_with(|| json!({}));
+        if !annotations.is_object() {
+            *annotations = json!({});
+        }
+        annotations[DAEMONSET_TEMPLATE_GENERATION] = json!(generation.to_string());
+    }
 }
 
 /// A custom resource with a status subresource starts without status: kube-apiserver
@@ -499,6 +527,14 @@ pub(crate) fn merge_for_update(
             Some(status) => map.insert("status".into(), status.clone()),
             None => map.remove("status"),
         };
+    }
+    if def.group == "apps" && def.plural == "daemonsets" {
+        // The template generation is the API server's: an update keeps the old one, and
+        // a changed template bumps it (`PrepareForUpdate` in
+        // pkg/registry/apps/daemonset/strategy.go, v1.37.2).
+        let kept = template_generation(old).unwrap_or(1);
+        let changed = old.pointer("/spec/template") != new.pointer("/spec/template");
+        set_template_generation(&mut new, kept + i64::from(changed));
     }
     if without_meta_and_status(old) != without_meta_and_status(&new) {
         let generation = old

@@ -561,8 +561,14 @@ fn owner_ref(ds: &DaemonSet) -> OwnerReference {
     }
 }
 
+/// The label with the template generation of a DaemonSet's pod
+/// (`DaemonSetTemplateGenerationKey`, pkg/apis/apps/types.go, v1.37.2).
+const TEMPLATE_GENERATION_LABEL: &str = "pod-template-generation";
+
 /// The daemon pod for `node`: the template with the daemon tolerations, the revision
-/// label and `spec.nodeName` set, so no scheduler is involved.
+/// and template-generation labels (`CreatePodTemplate` in
+/// pkg/controller/daemon/util/daemonset_util.go, v1.37.2) and `spec.nodeName` set, so no
+/// scheduler is involved.
 pub fn pod_for(ds: &DaemonSet, node: &str) -> Pod {
     let meta = ds
         .spec
@@ -571,6 +577,12 @@ pub fn pod_for(ds: &DaemonSet, node: &str) -> Pod {
         .unwrap_or_default();
     let mut labels = meta.labels.unwrap_or_default();
     labels.insert(REVISION_LABEL.into(), revision(ds));
+    let generation = ds
+        .annotations()
+        .get(crate::apiserver::DAEMONSET_TEMPLATE_GENERATION);
+    if let Some(generation) = generation {
+        labels.insert(TEMPLATE_GENERATION_LABEL.into(), generation.clone());
+    }
     let mut spec = daemon_spec(ds);
     spec.node_name = Some(node.to_string());
     Pod {
@@ -814,6 +826,20 @@ mod tests {
             pod.metadata.labels.unwrap()[REVISION_LABEL],
             revision(&ds())
         );
+    }
+
+    #[test]
+    fn daemon_pods_carry_their_daemonsets_template_generation() {
+        let mut set = ds();
+        set.metadata.annotations = Some(
+            [(
+                crate::apiserver::DAEMONSET_TEMPLATE_GENERATION.to_string(),
+                "3".to_string(),
+            )]
+            .into(),
+        );
+        let labels = pod_for(&set, "n1").metadata.labels.unwrap();
+        assert_eq!(labels[TEMPLATE_GENERATION_LABEL], "3");
     }
 
     #[test]
