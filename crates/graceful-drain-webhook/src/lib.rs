@@ -24,6 +24,7 @@ pub mod restore;
 pub mod review;
 pub mod server;
 pub mod settle;
+pub mod share;
 pub mod state;
 pub mod throttle;
 pub mod tls;
@@ -482,6 +483,12 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
             shutdown.clone(),
         ),
     );
+    // Every replica counts the unconfirmed share in one Lease beside the deleter's.
+    let unconfirmed = share::Unconfirmed::shared(
+        admission_ctx.client.clone(),
+        &lease_namespace,
+        &share::lease_name(&lease_name),
+    );
     let workers = Workers {
         ctx,
         protection,
@@ -521,7 +528,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         shutdown: Shutdown::new(),
         holds: server::Holds::bounded(max_held_deletes),
         watch_drained_nodes: true,
-        unconfirmed: Default::default(),
+        unconfirmed,
         scale_downs: Default::default(),
         throttles: Default::default(),
         reviews_authenticated,

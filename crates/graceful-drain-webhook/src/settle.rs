@@ -14,7 +14,8 @@ use super::decide::{
 };
 use super::isolate::{self, Budget, Outcome};
 use super::review;
-use super::state::{AppState, Seen};
+use super::share::{Ask, Seen};
+use super::state::AppState;
 use graceful_drain_core::backoff::Backoff;
 use graceful_drain_core::labels::webhook_reason;
 
@@ -173,11 +174,14 @@ pub(crate) async fn settle(
                 } else {
                     charge
                 };
-                if let Some(why) = (!confirmed)
-                    .then(|| unconfirmed_refusal(state, &pod, &snap, now))
-                    .flatten()
-                {
-                    state.unconfirmed.release(&pod.namespace, &pod.name);
+                let refusal = if confirmed {
+                    None
+                } else {
+                    let until = isolate::restore_at(delete_at, state.ctx.restore_after);
+                    unconfirmed_refusal(state, &pod, &snap, now, until).await
+                };
+                if let Some(why) = refusal {
+                    state.unconfirmed.release(&pod.namespace, &pod.name).await;
                     tracing::info!(%why, "isolation not confirmed by a drain or rollout; refused");
                     return Settled::Unconfirmed(why);
                 }
@@ -195,7 +199,7 @@ pub(crate) async fn settle(
         };
         let result = isolate::isolate(&state.ctx, &pod, &snap, plan, now).await;
         if !plan.confirmed && !matches!(result, Ok(Outcome::Isolated { .. })) {
-            state.unconfirmed.release(&pod.namespace, &pod.name);
+            state.unconfirmed.release(&pod.namespace, &pod.name).await;
         }
         let error = match result {
             Ok(Outcome::Isolated {
@@ -208,7 +212,8 @@ pub(crate) async fn settle(
                     let until = isolate::restore_at(delete_at, state.ctx.restore_after);
                     state
                         .unconfirmed
-                        .record(&pod.namespace, balancing(&snap), &pod.name, until);
+                        .record(&pod.namespace, balancing(&snap), &pod.name, until)
+                        .await;
                 }
                 let removed: Vec<&String> = removed.keys().collect();
                 tracing::info!(%delete_at, ?removed, ?uncharged, "pod isolated");
@@ -264,7 +269,7 @@ pub(crate) async fn settle(
 
 /// The Services of the snapshot that balance traffic (not headless): those an isolation
 /// takes the pod out of.
-fn balancing(snap: &decide::Snapshot) -> impl Iterator<Item = &str> {
+fn balancing(snap: &decide::Snapshot) -> impl Iterator<Item = &str> + Clone {
     snap.services
         .iter()
         .filter(|s| s.service_type != decide::ServiceType::Headless)
@@ -272,35 +277,37 @@ fn balancing(snap: &decide::Snapshot) -> impl Iterator<Item = &str> {
 }
 
 /// Why an isolation nothing authenticated confirmed would take one of the pod's Services
-/// too far (see [`crate::state::UNCONFIRMED_SHARE_PERCENT`]), if it would.
-fn unconfirmed_refusal(
+/// too far (see [`crate::state::UNCONFIRMED_SHARE_PERCENT`]), if it would; if not, it
+/// counts against each of them until `until` (its restore time).
+async fn unconfirmed_refusal(
     state: &AppState,
     pod: &PodFacts,
     snap: &decide::Snapshot,
     now: Timestamp,
+    until: Timestamp,
 ) -> Option<String> {
     // An unconfirmed isolation is charged to the budget that selects the pod, which
     // bounds it.
     let budgeted = !snap.pdbs.is_empty();
-    balancing(snap).find_map(|service| {
-        let ready_others = state
-            .ctx
-            .cache
-            .ready_pods_of(&pod.namespace, service, &pod.name);
-        let cache = &state.ctx.cache;
-        state.unconfirmed.reserve(
-            &pod.namespace,
+    let cache = &state.ctx.cache;
+    for service in balancing(snap) {
+        let ask = Ask {
+            namespace: &pod.namespace,
             service,
-            &pod.name,
-            ready_others,
+            pod: &pod.name,
+            ready_others: cache.ready_pods_of(&pod.namespace, service, &pod.name),
             budgeted,
-            now,
-            |name| Seen {
-                isolated: cache.isolated(&pod.namespace, name).is_some(),
-                listed_ready: cache.has_ready_endpoint(&pod.namespace, name),
-            },
-        )
-    })
+            until,
+        };
+        let seen = |name: &str| Seen {
+            isolated: cache.isolated(&pod.namespace, name).is_some(),
+            listed_ready: cache.has_ready_endpoint(&pod.namespace, name),
+        };
+        if let Some(why) = state.unconfirmed.reserve(ask, now, seen).await {
+            return Some(why);
+        }
+    }
+    None
 }
 
 /// Who removes the pod once it is due: the deferred deleter only for a ReplicaSet

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use super::decide::Settings;
 use super::isolate;
 use super::metrics::Metrics;
+pub use super::share::{UNCONFIRMED_SHARE_PERCENT, Unconfirmed};
 use graceful_drain_core::runtime::Shutdown;
 
 /// Everything the handlers share.
@@ -28,7 +29,8 @@ pub struct AppState {
     /// Evictions open a watch of their pod's node and later ones read their pod from it
     /// (see [`super::nodepods`]); off, every eviction reads its pod.
     pub watch_drained_nodes: bool,
-    /// The isolations nothing authenticated confirmed, bounded per Service.
+    /// The isolations nothing authenticated confirmed, bounded per Service over every
+    /// replica.
     pub unconfirmed: Unconfirmed,
     /// Every connection presents a client certificate signed by `--client-ca`
     /// (kube-apiserver's, docs/security.md): each review comes from the API server, which
@@ -73,141 +75,6 @@ impl ScaleDowns {
         (namespace, name).hash(&mut hasher);
         let stripe = usize::try_from(hasher.finish() % SCALE_DOWN_STRIPES as u64).unwrap_or(0);
         self.stripes[stripe].lock().await
-    }
-}
-
-/// Percentage of a Service's pods (rounded up, at least one) that isolations nothing
-/// authenticated confirmed may hold at once; never its last ready endpoint.
-///
-/// An isolation is confirmed when something only an authenticated user can do stands
-/// behind it: the pod's node is being drained (cordoned, or a drainer's taint), or the live
-/// ReplicaSet has a pod too many for its controller's DELETE. Anything else — an eviction on
-/// a schedulable node (the descheduler, or a review forged by anyone who reaches the port),
-/// a DELETE by a person or another controller — could be a forged review, so a flood of
-/// them must not empty a Service (docs/security.md). An eviction of a pod a
-/// PodDisruptionBudget selects is bounded by that budget instead (it is charged); a DELETE,
-/// which no budget blocks, by this share. Half keeps most of a Service serving while
-/// replacements start and still lets people delete a few pods of a small Deployment at once
-/// (two of four); drains and rollouts are confirmed and never counted.
-pub const UNCONFIRMED_SHARE_PERCENT: usize = 50;
-
-/// Unconfirmed isolations by Service, each until the pod is restored if nobody removes it.
-/// Per replica: with the chart's two replicas, an attacker splitting a flood between them
-/// reaches at most twice the share, and never a Service's last endpoint.
-#[derive(Debug, Default)]
-pub struct Unconfirmed {
-    by_service: std::sync::Mutex<std::collections::HashMap<ServiceKey, Vec<Held>>>,
-}
-
-/// A Service by namespace and name.
-type ServiceKey = (String, String);
-/// An unconfirmed isolation, or a reservation for one under way.
-#[derive(Debug)]
-struct Held {
-    /// The pod's name.
-    pod: String,
-    /// When it is restored at the latest, or when the reservation lapses.
-    until: jiff::Timestamp,
-    /// Reserved by an isolation still under way: it counts although the cache does not
-    /// show the pod isolated yet, so concurrent reviews cannot all pass the check before
-    /// any of them isolates.
-    reserved: bool,
-}
-
-/// How long a reservation counts when its isolation never reports back (a review whose
-/// caller hung up mid-way): a whole request's time.
-const RESERVATION: jiff::SignedDuration = jiff::SignedDuration::from_secs(35);
-
-/// What the webhook's cache shows of a pod the table holds.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Seen {
-    /// The pod carries our isolation (it is neither deleted, restored nor replaced).
-    pub isolated: bool,
-    /// An EndpointSlice still lists it as a ready endpoint.
-    pub listed_ready: bool,
-}
-
-impl Unconfirmed {
-    /// Why isolating pod `namespace/pod` unconfirmed now would take Service `service` too
-    /// far, if it would; if not, the isolation is reserved until [`Unconfirmed::record`]
-    /// or [`Unconfirmed::release`]. `ready_others` is how many other pods the Service's
-    /// slices list as ready; with `budgeted`, a PodDisruptionBudget charged for this
-    /// isolation bounds it and only the last endpoint is kept; `seen` tells what the cache
-    /// shows of a held pod.
-    #[allow(clippy::too_many_arguments)] // the facts of one decision, each named
-    pub(crate) fn reserve(
-        &self,
-        namespace: &str,
-        service: &str,
-        pod: &str,
-        ready_others: usize,
-        budgeted: bool,
-        now: jiff::Timestamp,
-        seen: impl Fn(&str) -> Seen,
-    ) -> Option<String> {
-        let mut table = self.by_service.lock().unwrap_or_else(|e| e.into_inner());
-        let held = table
-            .entry((namespace.to_string(), service.to_string()))
-            .or_default();
-        held.retain(|h| h.until > now && h.pod != pod && (h.reserved || seen(&h.pod).isolated));
-        // A reserved pod the slices still list is among `ready_others`: count it once.
-        let still_listed = held.iter().filter(|h| seen(&h.pod).listed_ready).count();
-        let ready_others = ready_others.saturating_sub(still_listed);
-        if ready_others == 0 {
-            return Some(format!(
-                "pod {namespace}/{pod} is the last ready endpoint of Service {service}"
-            ));
-        }
-        if budgeted {
-            return None;
-        }
-        let total = ready_others + 1 + held.len();
-        let allowed = (total * UNCONFIRMED_SHARE_PERCENT).div_ceil(100).max(1);
-        if held.len() >= allowed {
-            return Some(format!(
-                "Service {service} already has {} of its {total} pods isolated by evictions or deletions no drain or rollout confirms (at most {allowed} at once)",
-                held.len()
-            ));
-        }
-        held.push(Held {
-            pod: pod.to_string(),
-            until: now.checked_add(RESERVATION).unwrap_or(jiff::Timestamp::MAX),
-            reserved: true,
-        });
-        None
-    }
-
-    /// Counts pod `namespace/pod`, isolated unconfirmed, against `services` until `until`
-    /// (its reservation becomes the isolation).
-    pub(crate) fn record<'a>(
-        &self,
-        namespace: &str,
-        services: impl IntoIterator<Item = &'a str>,
-        pod: &str,
-        until: jiff::Timestamp,
-    ) {
-        let mut table = self.by_service.lock().unwrap_or_else(|e| e.into_inner());
-        for service in services {
-            let held = table
-                .entry((namespace.to_string(), service.to_string()))
-                .or_default();
-            held.retain(|h| h.pod != pod);
-            held.push(Held {
-                pod: pod.to_string(),
-                until,
-                reserved: false,
-            });
-        }
-    }
-
-    /// Drops the reservations of pod `namespace/pod`: its isolation did not happen.
-    pub(crate) fn release(&self, namespace: &str, pod: &str) {
-        let mut table = self.by_service.lock().unwrap_or_else(|e| e.into_inner());
-        for ((ns, _), held) in table.iter_mut() {
-            if ns == namespace {
-                held.retain(|h| !(h.reserved && h.pod == pod));
-            }
-        }
     }
 }
 
@@ -282,136 +149,5 @@ impl Holds {
             .entry(uid.to_string())
             .or_insert((deadline, now + REQUEST_DEADLINE));
         (*first).min(deadline)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn at(s: &str) -> jiff::Timestamp {
-        s.parse().unwrap()
-    }
-
-    /// What the cache shows of a held pod: isolated and out of its slices.
-    fn out(_: &str) -> Seen {
-        Seen {
-            isolated: true,
-            listed_ready: false,
-        }
-    }
-
-    #[test]
-    fn a_services_last_ready_endpoint_is_never_isolated_unconfirmed() {
-        let table = Unconfirmed::default();
-        let now = at("2026-01-01T00:00:00Z");
-        let why = table
-            .reserve("web", "web", "web-1", 0, false, now, out)
-            .unwrap();
-        assert!(why.contains("last ready endpoint of Service web"), "{why}");
-    }
-
-    #[test]
-    fn unconfirmed_isolations_hold_at_most_half_a_service_at_once() {
-        let table = Unconfirmed::default();
-        let now = at("2026-01-01T00:00:00Z");
-        let until = at("2026-01-01T00:02:00Z");
-        // Five pods: three may be held at once (half, rounded up).
-        for (n, pod) in ["web-0", "web-1", "web-2"].into_iter().enumerate() {
-            assert_eq!(
-                table.reserve("web", "web", pod, 4 - n, false, now, out),
-                None
-            );
-            table.record("web", ["web"], pod, until);
-        }
-        let why = table
-            .reserve("web", "web", "web-3", 1, false, now, out)
-            .unwrap();
-        assert!(why.contains("3 of its 5 pods"), "{why}");
-        // A budget charged for it bounds it instead; another Service, or the same pod
-        // asked again, is not held back by them.
-        assert_eq!(
-            table.reserve("web", "web", "web-3", 1, true, now, out),
-            None
-        );
-        assert_eq!(
-            table.reserve("web", "api", "web-3", 1, false, now, out),
-            None
-        );
-        assert_eq!(
-            table.reserve("web", "web", "web-2", 2, false, now, out),
-            None
-        );
-        table.release("web", "web-2");
-        // Once gone or restored they no longer count, nor past their restore time.
-        let gone = |p: &str| Seen {
-            isolated: p != "web-0",
-            listed_ready: false,
-        };
-        assert_eq!(
-            table.reserve("web", "web", "web-3", 1, false, now, gone),
-            None
-        );
-        table.release("web", "web-3");
-        let later = at("2026-01-01T00:02:01Z");
-        assert_eq!(
-            table.reserve("web", "web", "web-3", 4, false, later, out),
-            None
-        );
-    }
-
-    #[test]
-    fn a_two_pod_service_lets_one_unconfirmed_isolation_through_at_a_time() {
-        let table = Unconfirmed::default();
-        let now = at("2026-01-01T00:00:00Z");
-        assert_eq!(
-            table.reserve("web", "web", "web-0", 1, false, now, out),
-            None
-        );
-        table.record("web", ["web"], "web-0", at("2026-01-01T00:01:00Z"));
-        // Its replacement is ready: still one of three held, within half.
-        assert_eq!(
-            table.reserve("web", "web", "web-1", 1, false, now, out),
-            None
-        );
-        table.record("web", ["web"], "web-1", at("2026-01-01T00:01:00Z"));
-        let why = table
-            .reserve("web", "web", "web-2", 1, false, now, out)
-            .unwrap();
-        assert!(why.contains("2 of its 4 pods"), "{why}");
-    }
-
-    /// Six forged evictions arriving at once, before any isolation shows in the cache
-    /// (every pod still listed ready, none isolated yet): the reservations bound them to
-    /// half the Service, and one whose isolation did not happen frees its place.
-    #[test]
-    fn concurrent_unconfirmed_isolations_are_bounded_before_any_of_them_lands() {
-        let table = Unconfirmed::default();
-        let now = at("2026-01-01T00:00:00Z");
-        let pending = |_: &str| Seen {
-            isolated: false,
-            listed_ready: true,
-        };
-        let pods = ["web-0", "web-1", "web-2", "web-3", "web-4", "web-5"];
-        let passed: Vec<&str> = pods
-            .into_iter()
-            .filter(|pod| {
-                table
-                    .reserve("web", "web", pod, 5, false, now, pending)
-                    .is_none()
-            })
-            .collect();
-        assert_eq!(passed, ["web-0", "web-1", "web-2"]);
-        table.release("web", "web-1");
-        assert_eq!(
-            table.reserve("web", "web", "web-5", 5, false, now, pending),
-            None
-        );
-        // A reservation whose isolation never reports back lapses.
-        let later = now.checked_add(RESERVATION).unwrap();
-        assert_eq!(
-            table.reserve("web", "web", "web-4", 5, false, later, pending),
-            None
-        );
     }
 }

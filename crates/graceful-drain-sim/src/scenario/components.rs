@@ -565,6 +565,38 @@ impl Components {
         kill(&name, child).await
     }
 
+    /// Back to one in-process replica after [`Components::two_replicas_one_a_process`]: a
+    /// new replica takes the configurations, the one beside the process stops, and the
+    /// process gets SIGTERM as a node's kubelet stops a container, so that it hands the
+    /// deleter Lease over (SIGKILL if it has not exited within the time a component has to get ready).
+    pub async fn back_to_one_replica(
+        &mut self,
+        cluster: &impl Access,
+        cfg: &ComponentsConfig,
+    ) -> Result<(), Error> {
+        self.roll_webhook(cluster, cfg).await?;
+        let Some((name, mut child)) = self.webhook_process.take() else {
+            return Ok(());
+        };
+        if let Some(pid) = child.id() {
+            let sent = tokio::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status()
+                .await;
+            if let Err(error) = sent {
+                tracing::warn!(%error, "{name}: could not send SIGTERM");
+            }
+        }
+        if tokio::time::timeout(READY_TIMEOUT, child.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("{name} still running {READY_TIMEOUT:?} after SIGTERM; killing it");
+            kill(&name, child).await?;
+        }
+        Ok(())
+    }
+
     /// The CA that signed the webhook's serving certificate.
     fn ca(&self) -> String {
         self.webhook_tls

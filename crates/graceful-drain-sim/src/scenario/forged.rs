@@ -45,6 +45,10 @@ pub enum Target {
     /// twice over. A cordon is no drain: the reviews are bounded as anywhere else, and
     /// nothing is deleted.
     Cordoned,
+    /// Forged evictions of every pod of the Deployment, without its PDB, twice over,
+    /// through two webhook replicas (the chart's default) that the reviews alternate
+    /// between: the unconfirmed share holds over both, not once per replica.
+    TwoReplicas,
 }
 
 /// Who the forged reviews claim to be: someone's token with no rights to speak of.
@@ -78,7 +82,7 @@ pub(super) async fn row(
         Target::Deployment | Target::Flood { pdb: true } => {
             cluster.deploy_web(web, timeout).await?;
         }
-        Target::Flood { pdb: false } | Target::Cordoned => {
+        Target::Flood { pdb: false } | Target::Cordoned | Target::TwoReplicas => {
             cluster.deploy_web(web, timeout).await?;
             delete_pdb(cluster, web).await?;
         }
@@ -86,6 +90,13 @@ pub(super) async fn row(
     if !components.has_webhook_flag("--restore-after") {
         components.add_webhook_flags(&["--restore-after", RESTORE_AFTER]);
         components.roll_webhook(cluster, &cfg.components).await?;
+    }
+    let two = target == Target::TwoReplicas;
+    if two {
+        cluster.step("two webhook replicas behind one address, each connection to the next");
+        components
+            .two_replicas_one_a_process(cluster, &cfg.components)
+            .await?;
     }
     let nodes = cluster.nodes().to_vec();
     let cordoned = target == Target::Cordoned;
@@ -115,6 +126,12 @@ pub(super) async fn row(
         )
         .await?;
     }
+    if two {
+        // Whatever the outcome: the rows after this one run on one replica.
+        components
+            .back_to_one_replica(cluster, &cfg.components)
+            .await?;
+    }
     super::workloads::delete_namespace(cluster, &cfg.web.namespace).await;
     measured
 }
@@ -128,6 +145,7 @@ fn namespace_suffix(target: Target) -> &'static str {
         Target::Flood { pdb: true } => "flood",
         Target::Flood { pdb: false } => "flood-no-pdb",
         Target::Cordoned => "cordoned",
+        Target::TwoReplicas => "two-replicas",
     }
 }
 
@@ -136,7 +154,10 @@ fn namespace_suffix(target: Target) -> &'static str {
 /// none).
 fn floor(target: Target, pods: usize, min_available: i32) -> usize {
     match target {
-        Target::BarePods | Target::Flood { pdb: false } | Target::Cordoned => (pods / 2).max(1),
+        Target::BarePods
+        | Target::Flood { pdb: false }
+        | Target::Cordoned
+        | Target::TwoReplicas => (pods / 2).max(1),
         _ => usize::try_from(min_available).unwrap_or(0),
     }
 }
@@ -172,15 +193,15 @@ async fn attack(
     };
     let reviews = async {
         let posted = match target {
-            Target::Flood { .. } | Target::Cordoned => {
+            Target::Flood { .. } | Target::Cordoned | Target::TwoReplicas => {
                 let grace = (target == Target::Cordoned).then_some(0);
                 cluster.step(format!(
                     "forged evictions of all {} pods of {ns}, twice{}",
                     before.len(),
-                    if grace.is_some() {
-                        ", with gracePeriodSeconds 0"
-                    } else {
-                        ""
+                    match target {
+                        Target::Cordoned => ", with gracePeriodSeconds 0",
+                        Target::TwoReplicas => ", alternating between the replicas",
+                        _ => "",
                     }
                 ));
                 let mut answers = Vec::new();
@@ -280,7 +301,10 @@ async fn attack(
     // node cordoned the replacements cannot be scheduled, and a ReplicaSet scales down
     // unassigned pods first (`ActivePodsWithRanks.Less`, pkg/controller/controller_utils.go):
     // there too every pod must be the one it was.
-    if !matches!(target, Target::Deployment | Target::Flood { .. }) {
+    if !matches!(
+        target,
+        Target::Deployment | Target::Flood { .. } | Target::TwoReplicas
+    ) {
         let after = serving_pods(&pods_api).await?;
         for pod in &before {
             let alive = after

@@ -139,6 +139,7 @@ impl fmt::Display for Disruption {
             Disruption::Forged(forged::Target::Flood { pdb: true }) => "forged-flood",
             Disruption::Forged(forged::Target::Flood { pdb: false }) => "forged-flood-no-pdb",
             Disruption::Forged(forged::Target::Cordoned) => "forged-cordoned",
+            Disruption::Forged(forged::Target::TwoReplicas) => "forged-two-replicas",
             Disruption::ForgedTransport => "forged-transport",
             Disruption::SeedGroupDrain => "seed-group-drain",
             Disruption::StatefulSetLongDelay => "statefulset-long-delay",
@@ -214,6 +215,7 @@ pub fn scenarios(upstream: bool, faults: bool) -> Vec<RealScenario> {
         forged::Target::Flood { pdb: true },
         forged::Target::Flood { pdb: false },
         forged::Target::Cordoned,
+        forged::Target::TwoReplicas,
     ] {
         all.push(RealScenario {
             disruption: Forged(target),
