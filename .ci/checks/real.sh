@@ -4,7 +4,7 @@
 # control-plane build`, which `.ci/run` runs first) and runs its rows (drain, rollout-restart,
 # scale-down-up, recreate-rollout, statefulset-drain, kubectl-drain (the kubectl on PATH),
 # descheduler and descheduler-in-background (built by .ci/drainers.sh); forged-review, forged-statefulset,
-# forged-daemonset, forged-bare-pods, forged-flood, forged-flood-no-pdb, forged-cordoned, forged-two-replicas, forged-transport, seed-group-drain and
+# forged-daemonset, forged-bare-pods, forged-flood, forged-flood-no-pdb, forged-cordoned, forged-two-replicas, forged-statefulset-stalled, forged-transport, seed-group-drain and
 # statefulset-long-delay where lifecycle.k8s.io is free, apiserver-restart-drain,
 # controller-manager-restart-rollout, webhook-kill-drain, uninstall-mid-drain) under traffic, without and then with
 # graceful-drain, with the EvictionRequest API off. It exits non-zero when a row differs from what it

@@ -282,6 +282,7 @@ async fn async_main() {
             restore_after: isolate::RESTORE_AFTER,
             gates: Default::default(),
             owners: Default::default(),
+            nodes: Default::default(),
         },
         settings: decide::Settings {
             default_delay: Duration::from_secs(60),

@@ -74,6 +74,7 @@ async fn start_with_body_limit(
             restore_after: isolate::RESTORE_AFTER,
             gates: Default::default(),
             owners: Default::default(),
+            nodes: Default::default(),
         },
         settings: decide::Settings {
             default_delay: Duration::from_secs(60),

@@ -450,6 +450,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         restore_after: policy.restore_after,
         gates: Default::default(),
         owners: Default::default(),
+        nodes: Default::default(),
     };
     let admission_ctx = isolate::Context {
         client: admission,

@@ -27,7 +27,9 @@ use kube::{Api, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::controllers::kubelet::{self, KubeletConfig};
-use crate::controllers::kubelet::{EXIT_CODE_ANNOTATION, RUN_FOR_ANNOTATION};
+use crate::controllers::kubelet::{
+    EXIT_CODE_ANNOTATION, NEVER_READY_ANNOTATION, RUN_FOR_ANNOTATION,
+};
 use crate::task::spawn_owned;
 use crate::traffic::apps::{Apps, Behaviour};
 use crate::traffic::timeline::Timeline;
@@ -231,6 +233,8 @@ spec:
       values: [Pending]
     - key: '.status.podIP'
       operator: Exists
+    - key: '.metadata.annotations["{NEVER_READY_ANNOTATION}"]'
+      operator: DoesNotExist
   delay:
     durationMilliseconds: {start}
   next:

@@ -49,6 +49,11 @@ pub enum Target {
     /// through two webhook replicas (the chart's default) that the reviews alternate
     /// between: the unconfirmed share holds over both, not once per replica.
     TwoReplicas,
+    /// A StatefulSet behind a PDB of one disruption whose rolling update stalls (its new
+    /// top member never turns ready), then forged DELETEs of every other member claiming
+    /// the StatefulSet controller: its controller takes nothing more down while a member
+    /// is unavailable, so none of them is its step.
+    StalledStatefulSet,
 }
 
 /// Who the forged reviews claim to be: someone's token with no rights to speak of.
@@ -74,7 +79,7 @@ pub(super) async fn row(
     cluster.ensure_namespace(&web.namespace).await?;
     let timeout = cfg.phase_timeout;
     match target {
-        Target::StatefulSet => {
+        Target::StatefulSet | Target::StalledStatefulSet => {
             workloads::deploy(cluster, web, timeout, Workload::StatefulSet).await?;
         }
         Target::DaemonSet => workloads::deploy(cluster, web, timeout, Workload::DaemonSet).await?,
@@ -90,6 +95,9 @@ pub(super) async fn row(
     if !components.has_webhook_flag("--restore-after") {
         components.add_webhook_flags(&["--restore-after", RESTORE_AFTER]);
         components.roll_webhook(cluster, &cfg.components).await?;
+    }
+    if target == Target::StalledStatefulSet {
+        stall_rollout(cluster, &cfg.web, timeout).await?;
     }
     let two = target == Target::TwoReplicas;
     if two {
@@ -146,6 +154,7 @@ fn namespace_suffix(target: Target) -> &'static str {
         Target::Flood { pdb: false } => "flood-no-pdb",
         Target::Cordoned => "cordoned",
         Target::TwoReplicas => "two-replicas",
+        Target::StalledStatefulSet => "statefulset-stalled",
     }
 }
 
@@ -216,6 +225,18 @@ async fn attack(
                     answers.extend(futures::future::join_all(all).await);
                 }
                 answers
+            }
+            Target::StalledStatefulSet => {
+                cluster.step(format!(
+                    "forged DELETEs of all {} serving members of {ns}, claiming {STATEFULSET_CONTROLLER}",
+                    before.len()
+                ));
+                let all = before
+                    .iter()
+                    .map(|p| deletion(p, STATEFULSET_CONTROLLER))
+                    .collect::<Result<Vec<_>, _>>()?;
+                futures::future::join_all(all.into_iter().map(|r| post(components, r, DELETE)))
+                    .await
             }
             _ => {
                 let controller = match target {
@@ -377,6 +398,45 @@ fn deletion(pod: &Pod, user: &str) -> Result<serde_json::Value, Error> {
             "userInfo": {"username": user}, "oldObject": old,
             "options": {"apiVersion": "meta.k8s.io/v1", "kind": "DeleteOptions"}}}),
     )
+}
+
+/// Starts a rolling update of the row's StatefulSet to a template whose pods never turn
+/// ready, and waits until it has stalled: its controller replaced the top member, and the
+/// new one is not ready (it takes nothing more down while a member is unavailable).
+async fn stall_rollout(
+    cluster: &RealCluster,
+    web: &WebSpec,
+    timeout: Duration,
+) -> Result<(), Error> {
+    use k8s_openapi::api::apps::v1::StatefulSet;
+    use kube::api::{Patch, PatchParams};
+    use kube_sim::controllers::kubelet::NEVER_READY_ANNOTATION;
+    let ns = &web.namespace;
+    let sets = Api::<StatefulSet>::namespaced(cluster.client(), ns);
+    let patch = serde_json::json!({"spec": {"template": {"metadata": {"annotations": {NEVER_READY_ANNOTATION: "true"}}}}});
+    sets.patch(&web.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(workloads::api("patch statefulset", web.service_key()))?;
+    let top = format!("{}-{}", web.name, web.replicas - 1);
+    cluster.step(format!(
+        "rolling update of StatefulSet {ns}/{} to pods that never turn ready",
+        web.name
+    ));
+    let pods = Api::<Pod>::namespaced(cluster.client(), ns);
+    wait_for(
+        &format!("{ns}/{top} replaced by a member that never turns ready"),
+        timeout,
+        || async {
+            pods.get_opt(&top).await.ok().flatten().is_some_and(|p| {
+                p.annotations().contains_key(NEVER_READY_ANNOTATION)
+                    && p.metadata.deletion_timestamp.is_none()
+                    && !kube_sim::controllers::pod_ready(&p)
+            })
+        },
+    )
+    .await?;
+    cluster.step(format!("the rollout stalled on {ns}/{top}"));
+    Ok(())
 }
 
 /// The namespace's pods that are ready and not being deleted, by name.

@@ -140,6 +140,7 @@ impl fmt::Display for Disruption {
             Disruption::Forged(forged::Target::Flood { pdb: false }) => "forged-flood-no-pdb",
             Disruption::Forged(forged::Target::Cordoned) => "forged-cordoned",
             Disruption::Forged(forged::Target::TwoReplicas) => "forged-two-replicas",
+            Disruption::Forged(forged::Target::StalledStatefulSet) => "forged-statefulset-stalled",
             Disruption::ForgedTransport => "forged-transport",
             Disruption::SeedGroupDrain => "seed-group-drain",
             Disruption::StatefulSetLongDelay => "statefulset-long-delay",
@@ -216,6 +217,7 @@ pub fn scenarios(upstream: bool, faults: bool) -> Vec<RealScenario> {
         forged::Target::Flood { pdb: false },
         forged::Target::Cordoned,
         forged::Target::TwoReplicas,
+        forged::Target::StalledStatefulSet,
     ] {
         all.push(RealScenario {
             disruption: Forged(target),

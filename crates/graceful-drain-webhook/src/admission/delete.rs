@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::api::apps::v1::{DaemonSet, ReplicaSet, StatefulSet};
+use k8s_openapi::api::apps::v1::{DaemonSet, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::ListParams;
@@ -116,7 +116,7 @@ pub(super) async fn respond(
         Some((OwnerKind::StatefulSet, owner))
             if is_controller(&req.user, STATEFULSET_CONTROLLER) =>
         {
-            owner_backs(state, &pod, owner, statefulset_deletes).await
+            super::stateful::backs(state, &pod, owner).await
         }
         Some((OwnerKind::DaemonSet, owner)) if is_controller(&req.user, DAEMONSET_CONTROLLER) => {
             owner_backs(state, &pod, owner, daemonset_deletes).await
@@ -290,55 +290,6 @@ where
     }
 }
 
-/// Whether the StatefulSet controller deletes `pod` now: a pod whose ordinal is outside
-/// the StatefulSet's range (a scale-down), or of another revision than `status.
-/// updateRevision` at or past the rolling update's partition (`updateStatefulSet` in
-/// pkg/controller/statefulset/stateful_set_control.go deletes exactly those; under
-/// `OnDelete` it deletes none for an update). `Err` says why not.
-pub(crate) fn statefulset_deletes(sts: &StatefulSet, pod: &PodFacts) -> Result<(), String> {
-    let name = sts.metadata.name.as_deref().unwrap_or_default();
-    let spec = sts.spec.as_ref();
-    let ordinal = pod
-        .name
-        .strip_prefix(name)
-        .and_then(|rest| rest.strip_prefix('-'))
-        .and_then(|n| n.parse::<i64>().ok())
-        .ok_or_else(|| format!("pod {} has no ordinal of StatefulSet {name}", pod.name))?;
-    let start = spec
-        .and_then(|s| s.ordinals.as_ref())
-        .and_then(|o| o.start)
-        .map_or(0, i64::from);
-    let replicas = i64::from(spec.and_then(|s| s.replicas).unwrap_or(1));
-    if ordinal < start || ordinal >= start + replicas {
-        return Ok(());
-    }
-    let strategy = spec.and_then(|s| s.update_strategy.as_ref());
-    if strategy.and_then(|u| u.type_.as_deref()) == Some("OnDelete") {
-        return Err(format!(
-            "StatefulSet {name} updates OnDelete and keeps ordinal {ordinal}"
-        ));
-    }
-    let partition = strategy
-        .and_then(|u| u.rolling_update.as_ref())
-        .and_then(|r| r.partition)
-        .map_or(0, i64::from);
-    let update = sts
-        .status
-        .as_ref()
-        .and_then(|s| s.update_revision.as_deref());
-    let revision = pod
-        .labels
-        .get(STATEFULSET_REVISION_LABEL)
-        .map(String::as_str);
-    match update {
-        Some(update) if revision != Some(update) && ordinal >= start + partition => Ok(()),
-        _ => Err(format!(
-            "StatefulSet {name} keeps pod {} (ordinal {ordinal} of {replicas}, its revision current)",
-            pod.name
-        )),
-    }
-}
-
 /// Whether the DaemonSet controller deletes `pod` now for an update: its
 /// `pod-template-generation` label differs from the DaemonSet's template generation (the
 /// API server bumps it on every template change, pkg/registry/apps/daemonset/strategy.go;
@@ -360,9 +311,6 @@ pub(crate) fn daemonset_deletes(ds: &DaemonSet, pod: &PodFacts) -> Result<(), St
     }
 }
 
-/// The label the StatefulSet controller puts its revision in (`apps/v1`
-/// `ControllerRevisionHashLabelKey`).
-const STATEFULSET_REVISION_LABEL: &str = "controller-revision-hash";
 /// A DaemonSet's template generation, kept by the API server (`apps/v1`
 /// `DeprecatedTemplateGeneration`).
 const DAEMONSET_TEMPLATE_GENERATION: &str = "deprecated.daemonset.template.generation";

@@ -10,6 +10,7 @@
 
 mod delete;
 mod evict;
+mod stateful;
 #[cfg(test)]
 mod tests;
 

@@ -68,6 +68,7 @@ mod basics {
                 restore_after: isolate::RESTORE_AFTER,
                 gates: Default::default(),
                 owners: Default::default(),
+                nodes: Default::default(),
             },
             settings: Settings {
                 default_delay: Duration::from_secs(30),
@@ -694,6 +695,12 @@ mod answers {
             [
                 PodIs(statefulset_pod()),
                 StatefulSetIs(statefulset(3, "web-new")),
+                // Its members: web-2 already updated and ready, web-0 not yet due.
+                PodsListed(vec![
+                    member(0, "web-old", true),
+                    statefulset_pod(),
+                    member(2, "web-new", true),
+                ]),
                 StatefulSetIs(statefulset(3, "web-new")),
                 PdbIs(pdb_json("2", 0)),
                 Relabeled("web-1"),
@@ -702,7 +709,7 @@ mod answers {
         )
         .await;
         assert!(
-            played[4]
+            played[5]
                 .body
                 .to_string()
                 .contains("graceful-drain.io~1draining")
@@ -711,13 +718,97 @@ mod answers {
         assert_eq!(review["response"]["allowed"], true);
     }
 
+    /// Member `web-<ordinal>` of StatefulSet `web`, of `revision`, Ready or not.
+    fn member(ordinal: usize, revision: &str, ready: bool) -> Value {
+        let mut pod = statefulset_pod();
+        pod["metadata"]["name"] = json!(format!("web-{ordinal}"));
+        pod["metadata"]["uid"] = json!(format!("uid-{ordinal}"));
+        pod["metadata"]["labels"]["controller-revision-hash"] = json!(revision);
+        pod["status"]["conditions"] =
+            json!([{"type": "Ready", "status": if ready { "True" } else { "False" }}]);
+        pod
+    }
+
+    /// The StatefulSet controller takes one member down at a time (its `maxUnavailable`),
+    /// from the highest ordinal, and none while a member is unavailable: a DELETE claiming
+    /// it is backed only when it is that step. A stalled rollout backs nothing; a second
+    /// member while one is isolated, or a lower ordinal before a higher one, is not backed.
+    #[test]
+    fn a_statefulset_delete_is_backed_only_as_its_controllers_next_step() {
+        use super::super::stateful::{Member, is_the_step};
+        use k8s_openapi::api::apps::v1::StatefulSet;
+        let sts = |v: Value| -> StatefulSet { serde_json::from_value(v).unwrap() };
+        let m = |ordinal: i64, revision: &str, available: bool, isolated: bool| Member {
+            name: format!("web-{ordinal}"),
+            ordinal,
+            revision: Some(revision.to_string()),
+            available,
+            terminating: false,
+            isolated,
+        };
+        let set = sts(statefulset(3, "web-new"));
+        // web-2 updated and ready: web-1 is next.
+        let rolling = [
+            m(0, "web-old", true, false),
+            m(1, "web-old", true, false),
+            m(2, "web-new", true, false),
+        ];
+        assert_eq!(is_the_step(&set, "web-1", &rolling), Ok(()));
+        // web-0 before web-1: not the controller's order.
+        let why = is_the_step(&set, "web-0", &rolling).unwrap_err();
+        assert!(
+            why.contains("updates web-1 (a higher ordinal) before web-0"),
+            "{why}"
+        );
+        // Stalled: the new web-2 never turns ready; nothing more is taken down.
+        let stalled = [
+            m(0, "web-old", true, false),
+            m(1, "web-old", true, false),
+            m(2, "web-new", false, false),
+        ];
+        let why = is_the_step(&set, "web-1", &stalled).unwrap_err();
+        assert!(why.contains("1 of its members unavailable"), "{why}");
+        assert!(is_the_step(&set, "web-0", &stalled).is_err());
+        // web-1 isolated already (the controller's DELETE of it is held): web-0 waits.
+        let held = [
+            m(0, "web-old", true, false),
+            m(1, "web-old", true, true),
+            m(2, "web-new", true, false),
+        ];
+        assert!(is_the_step(&set, "web-0", &held).is_err());
+        // The repeated call for web-1 itself is still its step.
+        assert_eq!(is_the_step(&set, "web-1", &held), Ok(()));
+        // maxUnavailable 2: with web-2 terminating, web-1 may go too.
+        let mut two = statefulset(3, "web-new");
+        two["spec"]["updateStrategy"] =
+            json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 2}});
+        let terminating = [
+            m(0, "web-old", true, false),
+            m(1, "web-old", true, false),
+            Member {
+                terminating: true,
+                available: false,
+                ..m(2, "web-old", true, false)
+            },
+        ];
+        assert_eq!(
+            is_the_step(&sts(two.clone()), "web-1", &terminating),
+            Ok(())
+        );
+        assert!(is_the_step(&set, "web-1", &terminating).is_err());
+        // 34% of 3 rounds up to 2 as well.
+        two["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"] = json!("34%");
+        assert_eq!(is_the_step(&sts(two), "web-1", &terminating), Ok(()));
+    }
+
     /// What the live StatefulSet and DaemonSet say of their controller's DELETE: a pod past
     /// the replicas or of an older revision (at or past the partition) is backed; a
     /// current pod, an `OnDelete` StatefulSet's, or a DaemonSet pod of the current
     /// template generation is not.
     #[test]
     fn the_live_owner_backs_only_the_deletes_its_controller_makes() {
-        use super::super::delete::{daemonset_deletes, statefulset_deletes};
+        use super::super::delete::daemonset_deletes;
+        use super::super::stateful::statefulset_deletes;
         use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
         let facts = |pod: Value| crate::review::pod_facts(&serde_json::from_value(pod).unwrap());
         let sts = |v: Value| -> StatefulSet { serde_json::from_value(v).unwrap() };

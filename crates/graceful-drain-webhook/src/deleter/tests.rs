@@ -130,6 +130,7 @@ fn context(client: kube::Client, cache: Arc<Cache>) -> isolate::Context {
         restore_after: isolate::RESTORE_AFTER,
         gates: Default::default(),
         owners: Default::default(),
+        nodes: Default::default(),
     }
 }
 

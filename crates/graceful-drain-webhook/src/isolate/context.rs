@@ -48,4 +48,6 @@ pub struct Context {
     pub gates: std::sync::Arc<PdbGates>,
     /// This replica's reads of pods' controllers.
     pub owners: std::sync::Arc<OwnerReads>,
+    /// This replica's recent reads of nodes' drains.
+    pub nodes: std::sync::Arc<super::NodeReads>,
 }

@@ -18,6 +18,7 @@
 mod budget;
 mod context;
 mod error;
+mod node_reads;
 mod owner_reads;
 mod owners;
 mod pdb;
@@ -41,6 +42,7 @@ pub use context::{Context, EVENT_QUEUE, EventSink};
 pub use error::Error;
 pub(crate) use error::is_status;
 use error::{api_err, pod_ref};
+pub use node_reads::{NODE_READ_TTL, NodeReads};
 pub use owner_reads::{OwnerFacts, OwnerReads};
 use owners::owner_policy;
 use pdb::{Accounting, account};
@@ -165,15 +167,7 @@ pub async fn node_drain(ctx: &Context, node: Option<&str>) -> NodeDrain {
     let Some(node) = node else {
         return NodeDrain::No;
     };
-    let api = Api::<k8s_openapi::api::core::v1::Node>::all(ctx.client.clone());
-    match api.get_opt(node).await {
-        Ok(Some(node)) => drain_of(&node),
-        Ok(None) => NodeDrain::No,
-        Err(error) => {
-            tracing::warn!(%node, error = %graceful_drain_core::error::chain(&error), "read node; counting it as not drained");
-            NodeDrain::No
-        }
-    }
+    ctx.nodes.drain(&ctx.client, node).await
 }
 
 /// [`NodeDrain`] of `node` as read.

@@ -89,6 +89,7 @@ fn context(client: kube::Client) -> Context {
         restore_after: RESTORE_AFTER,
         gates: Default::default(),
         owners: Default::default(),
+        nodes: Default::default(),
     }
 }
 
@@ -531,6 +532,7 @@ impl SimBudget {
             restore_after: RESTORE_AFTER,
             gates: Default::default(),
             owners: Default::default(),
+            nodes: Default::default(),
         }
     }
 
@@ -642,4 +644,35 @@ fn a_node_is_draining_by_a_drainers_mark_not_by_a_cordon() {
     ));
     agent["status"]["conditions"][0]["status"] = "False".into();
     assert_eq!(drain_of(&node(agent)), NodeDrain::Cordoned);
+}
+
+/// Reviews of one node's pods arriving together (a `kubectl drain`, or a forger's flood)
+/// read the node once: the others wait for that read and take its answer.
+#[tokio::test]
+async fn concurrent_reviews_of_one_nodes_pods_read_it_once() {
+    let (client, mut api) = mock::client();
+    let ctx = context(client);
+    let node = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"},
+        "spec": {"taints": [{"key": DRAIN_TAINTS[0], "effect": "NoSchedule"}]}});
+    let reviews: Vec<_> = (0..20)
+        .map(|_| {
+            let ctx = ctx.clone();
+            tokio::spawn(async move { node_drain(&ctx, Some("n1")).await })
+        })
+        .collect();
+    mock::play(&mut api, [NodeIs(node)]).await;
+    for review in reviews {
+        // A review that made a read of its own would wait for an answer nobody plays.
+        let drain = tokio::time::timeout(std::time::Duration::from_secs(10), review)
+            .await
+            .expect("a review read the node again")
+            .unwrap();
+        assert!(matches!(drain, NodeDrain::Draining(_)), "{drain:?}");
+    }
+    // Another node is read on its own.
+    let other = tokio::spawn(async move { node_drain(&ctx, Some("n2")).await });
+    let n2 = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n2"},
+        "spec": {"unschedulable": true}});
+    mock::play(&mut api, [NodeIs(n2)]).await;
+    assert_eq!(other.await.unwrap(), NodeDrain::Cordoned);
 }

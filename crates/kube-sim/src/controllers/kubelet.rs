@@ -57,6 +57,9 @@ const DRAIN_POLL: Duration = Duration::from_millis(50);
 pub const RUN_FOR_ANNOTATION: &str = "sim.graceful-drain.io/run-for";
 /// The exit code of a container that ends per [`RUN_FOR_ANNOTATION`] (default 0).
 pub const EXIT_CODE_ANNOTATION: &str = "sim.graceful-drain.io/exit-code";
+/// A pod with this annotation never starts serving and never turns Ready (an image that
+/// never pulls, a readiness probe that never passes): a rollout to it stalls.
+pub const NEVER_READY_ANNOTATION: &str = "sim.graceful-drain.io/never-ready";
 /// Exit code of a process that ended on SIGTERM (128 + 15).
 const SIGTERM_EXIT_CODE: i32 = 143;
 /// Exit code of a process killed when the grace period ran out (128 + 9).
@@ -125,7 +128,7 @@ impl Local {
         pod: &Pod,
         now: Instant,
     ) -> (Option<Call>, Option<Instant>) {
-        if self.terminal_reported {
+        if self.terminal_reported || pod.annotations().contains_key(NEVER_READY_ANNOTATION) {
             return (None, None);
         }
         let serve_at = self.seen + env.cfg.start_delay;
