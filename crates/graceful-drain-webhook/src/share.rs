@@ -46,6 +46,13 @@ pub fn lease_name(deleter_lease: &str) -> String {
 /// review whose caller hung up, a replica that died mid-way) no longer counts.
 const LANDING: SignedDuration = SignedDuration::from_secs(35);
 
+/// How long a landed isolation's entry still counts whatever a replica's cache shows: the
+/// other replicas' watches see our relabel within moments, and until they do their caches
+/// show the pod not isolated. Ending the count at once would let such a replica drop the
+/// entry from the table (and isolate one more); keeping it the whole landing time would
+/// hold the place of a pod its caller deleted at its delete time.
+const LANDED: SignedDuration = SignedDuration::from_secs(5);
+
 /// Entries the table holds at most, over every Service: with names at Kubernetes' limits
 /// they stay well under the 256 KiB the API server allows for an object's annotations.
 /// Past it every further unconfirmed isolation is refused until entries lapse (a drain or
@@ -188,8 +195,8 @@ impl Table {
     }
 
     /// Keeps pod `namespace/pod`'s entries in `services` until `until`, its isolation
-    /// having landed with that restore time: from now on they count only while the pod
-    /// is seen isolated, so a pod deleted or put back early frees its place at once.
+    /// having landed with that restore time: [`LANDED`] from now on they count only while
+    /// the pod is seen isolated, so a pod deleted or put back early frees its place.
     fn record<'a>(
         &mut self,
         namespace: &str,
@@ -198,17 +205,18 @@ impl Table {
         until: Timestamp,
         now: Timestamp,
     ) {
+        let landing_by = now.checked_add(LANDED).unwrap_or(Timestamp::MAX);
         for service in services {
             let entry = self.by_service.entry(key(namespace, service)).or_default();
             match entry.held.iter_mut().find(|h| h.pod == pod) {
                 Some(h) => {
                     h.until = until;
-                    h.landing_by = now;
+                    h.landing_by = h.landing_by.min(landing_by);
                 }
                 None => entry.held.push(Held {
                     pod: pod.to_string(),
                     until,
-                    landing_by: now,
+                    landing_by,
                 }),
             }
         }
@@ -550,8 +558,8 @@ mod tests {
     }
 
     /// A landed isolation whose pod is then deleted (its caller came back at its delete
-    /// time) frees its place at once, not at the end of its landing time: a DaemonSet's
-    /// rollout, one pod after another, each deleted before the next.
+    /// time) frees its place within seconds, not at the end of its landing time (35 s) nor
+    /// its restore time: callers removing pods one after another are not held back.
     #[test]
     fn a_landed_isolation_counts_only_while_its_pod_is_isolated() {
         let mut table = Table::default();
@@ -563,12 +571,15 @@ mod tests {
         // Both landed and isolated: a third of three is past half.
         table.record("web", ["web"], "web-1", at(UNTIL), now);
         assert!(table.reserve(three("web-2"), now, out).is_some());
-        // Both deleted by their callers: the third goes, at the same moment.
+        // Both deleted by their callers: a replica whose cache has not seen the relabels
+        // yet still counts them for a few seconds; then the third goes.
         let deleted = |_: &str| Seen {
             isolated: false,
             listed_ready: false,
         };
-        assert_eq!(table.reserve(three("web-2"), now, deleted), None);
+        assert!(table.reserve(three("web-2"), now, deleted).is_some());
+        let later = now.checked_add(LANDED).unwrap();
+        assert_eq!(table.reserve(three("web-2"), later, deleted), None);
     }
 
     /// Replacements turning ready while isolations are held do not widen the share: the
