@@ -7,13 +7,12 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::{DaemonSet, ReplicaSet};
-use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::ListParams;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse};
 use tokio::time::Instant;
 
+use super::controlled::controlled_pods;
 use crate::decide::{
     self, CONTROLLER_MANAGER, DAEMONSET_CONTROLLER, OwnerKind, Pass, PodFacts,
     STATEFULSET_CONTROLLER, is_replicaset_controller, of_replicaset,
@@ -211,34 +210,15 @@ async fn replicaset_has_surplus(
         return Ok(Some(format!("ReplicaSet {name} does not exist")));
     };
     let wanted = rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-    let uid = rs.metadata.uid.clone().unwrap_or_default();
-    let labels = rs
-        .spec
-        .as_ref()
-        .and_then(|s| s.selector.match_labels.as_ref())
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join(",")
-        })
-        .unwrap_or_default();
-    // Its labels only narrow the list (a selector of expressions alone lists the
-    // namespace): what counts is the controller reference and our isolation label.
-    let pods = Api::<Pod>::namespaced(state.ctx.client.clone(), &pod.namespace)
-        .list(&ListParams::default().labels(&labels))
-        .await?;
+    let selector = rs.spec.as_ref().map(|s| &s.selector);
+    let uid = rs.metadata.uid.as_deref().unwrap_or_default();
+    let pods = controlled_pods(&state.ctx.client, &pod.namespace, selector, uid).await?;
+    // What counts is the controller reference and our isolation label.
     let active =
-        pods.items
-            .iter()
+        pods.iter()
             .filter(|p| {
-                let controlled = p.metadata.owner_references.as_ref().is_some_and(|refs| {
-                    refs.iter()
-                        .any(|r| r.controller == Some(true) && r.uid == uid)
-                });
                 let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
-                controlled
-                    && p.metadata.deletion_timestamp.is_none()
+                p.metadata.deletion_timestamp.is_none()
                     && !matches!(phase, Some("Succeeded" | "Failed"))
                     && !p.metadata.labels.as_ref().is_some_and(|l| {
                         l.contains_key(graceful_drain_core::labels::DRAINING_LABEL)

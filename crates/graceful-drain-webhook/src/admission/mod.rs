@@ -8,6 +8,7 @@
 //! connections, TLS and their bounds are [`crate::transport`]'s, which knows nothing of
 //! admission.
 
+mod controlled;
 mod delete;
 mod evict;
 mod stateful;

@@ -15,11 +15,10 @@
 //! DELETEs claiming the controller gets one member at most.
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Api;
-use kube::api::ListParams;
 
+use super::controlled::controlled_pods;
 use crate::decide::PodFacts;
 use crate::state::AppState;
 use graceful_drain_core::labels::DRAINING_LABEL;
@@ -28,44 +27,101 @@ use graceful_drain_core::labels::DRAINING_LABEL;
 /// `ControllerRevisionHashLabelKey`).
 pub(super) const REVISION_LABEL: &str = "controller-revision-hash";
 
+/// What a StatefulSet's spec and status say of the members its controller deletes.
+struct Rollout<'a> {
+    set: &'a str,
+    /// `spec.ordinals.start`.
+    start: i64,
+    replicas: i64,
+    /// The rolling update's partition, as an offset from `start`.
+    partition: i64,
+    on_delete: bool,
+    /// `status.updateRevision`.
+    update: Option<&'a str>,
+    /// `maxUnavailable` (`getStatefulSetMaxUnavailable`: a percentage of the replicas
+    /// rounded up, at least one).
+    max_unavailable: i64,
+}
+
+impl<'a> Rollout<'a> {
+    fn of(sts: &'a StatefulSet) -> Rollout<'a> {
+        let spec = sts.spec.as_ref();
+        let replicas = i64::from(spec.and_then(|s| s.replicas).unwrap_or(1));
+        let strategy = spec.and_then(|s| s.update_strategy.as_ref());
+        let rolling = strategy.and_then(|u| u.rolling_update.as_ref());
+        let max_unavailable = match rolling.and_then(|r| r.max_unavailable.as_ref()) {
+            None => 1,
+            Some(IntOrString::Int(n)) => i64::from(*n),
+            Some(IntOrString::String(s)) => s
+                .strip_suffix('%')
+                .and_then(|p| p.parse::<i64>().ok())
+                .map_or(1, |p| (p * replicas + 99) / 100),
+        };
+        Rollout {
+            set: sts.metadata.name.as_deref().unwrap_or_default(),
+            start: spec
+                .and_then(|s| s.ordinals.as_ref())
+                .and_then(|o| o.start)
+                .map_or(0, i64::from),
+            replicas,
+            partition: rolling.and_then(|r| r.partition).map_or(0, i64::from),
+            on_delete: strategy.and_then(|u| u.type_.as_deref()) == Some("OnDelete"),
+            update: sts
+                .status
+                .as_ref()
+                .and_then(|s| s.update_revision.as_deref()),
+            max_unavailable: max_unavailable.max(1),
+        }
+    }
+
+    /// The ordinal of pod `pod`, or why it has none.
+    fn ordinal(&self, pod: &str) -> Result<i64, String> {
+        ordinal(self.set, pod)
+            .ok_or_else(|| format!("pod {pod} has no ordinal of StatefulSet {}", self.set))
+    }
+
+    fn in_range(&self, ordinal: i64) -> bool {
+        ordinal >= self.start && ordinal < self.start + self.replicas
+    }
+
+    /// In range and at or past the partition: updated by a rolling update.
+    fn rolled(&self, ordinal: i64) -> bool {
+        self.in_range(ordinal) && ordinal >= self.start + self.partition
+    }
+}
+
+/// Why the StatefulSet controller deletes a pod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Deletes {
+    /// Its ordinal is outside the replicas.
+    ScaleDown,
+    /// It is of an older revision, at or past the partition.
+    Update,
+}
+
 /// Whether the StatefulSet controller deletes `pod` now: a pod whose ordinal is outside
 /// the StatefulSet's range (a scale-down), or of another revision than `status.
 /// updateRevision` at or past the rolling update's partition (`updateStatefulSet` in
 /// pkg/controller/statefulset/stateful_set_control.go deletes exactly those; under
 /// `OnDelete` it deletes none for an update). `Err` says why not.
-pub(crate) fn statefulset_deletes(sts: &StatefulSet, pod: &PodFacts) -> Result<(), String> {
-    let name = sts.metadata.name.as_deref().unwrap_or_default();
-    let spec = sts.spec.as_ref();
-    let ordinal = ordinal(name, &pod.name)
-        .ok_or_else(|| format!("pod {} has no ordinal of StatefulSet {name}", pod.name))?;
-    let start = spec
-        .and_then(|s| s.ordinals.as_ref())
-        .and_then(|o| o.start)
-        .map_or(0, i64::from);
-    let replicas = i64::from(spec.and_then(|s| s.replicas).unwrap_or(1));
-    if ordinal < start || ordinal >= start + replicas {
-        return Ok(());
+pub(crate) fn statefulset_deletes(sts: &StatefulSet, pod: &PodFacts) -> Result<Deletes, String> {
+    let rollout = Rollout::of(sts);
+    let name = rollout.set;
+    let ordinal = rollout.ordinal(&pod.name)?;
+    if !rollout.in_range(ordinal) {
+        return Ok(Deletes::ScaleDown);
     }
-    let strategy = spec.and_then(|s| s.update_strategy.as_ref());
-    if strategy.and_then(|u| u.type_.as_deref()) == Some("OnDelete") {
+    if rollout.on_delete {
         return Err(format!(
             "StatefulSet {name} updates OnDelete and keeps ordinal {ordinal}"
         ));
     }
-    let partition = strategy
-        .and_then(|u| u.rolling_update.as_ref())
-        .and_then(|r| r.partition)
-        .map_or(0, i64::from);
-    let update = sts
-        .status
-        .as_ref()
-        .and_then(|s| s.update_revision.as_deref());
     let revision = pod.labels.get(REVISION_LABEL).map(String::as_str);
-    match update {
-        Some(update) if revision != Some(update) && ordinal >= start + partition => Ok(()),
+    match rollout.update {
+        Some(update) if revision != Some(update) && rollout.rolled(ordinal) => Ok(Deletes::Update),
         _ => Err(format!(
-            "StatefulSet {name} keeps pod {} (ordinal {ordinal} of {replicas}, its revision current)",
-            pod.name
+            "StatefulSet {name} keeps pod {} (ordinal {ordinal} of {}, its revision current)",
+            pod.name, rollout.replicas
         )),
     }
 }
@@ -89,54 +145,19 @@ pub(super) fn ordinal(set: &str, pod: &str) -> Option<i64> {
     pod.strip_prefix(set)?.strip_prefix('-')?.parse().ok()
 }
 
-/// How many members the controller takes down at once (`getStatefulSetMaxUnavailable`:
-/// a percentage of the replicas rounded up, at least one).
-fn max_unavailable(sts: &StatefulSet) -> i64 {
-    let spec = sts.spec.as_ref();
-    let replicas = i64::from(spec.and_then(|s| s.replicas).unwrap_or(1));
-    let given = spec
-        .and_then(|s| s.update_strategy.as_ref())
-        .and_then(|u| u.rolling_update.as_ref())
-        .and_then(|r| r.max_unavailable.as_ref());
-    let value = match given {
-        None => 1,
-        Some(IntOrString::Int(n)) => i64::from(*n),
-        Some(IntOrString::String(s)) => s
-            .strip_suffix('%')
-            .and_then(|p| p.parse::<i64>().ok())
-            .map_or(1, |p| (p * replicas + 99) / 100),
-    };
-    value.max(1)
-}
-
 /// `Ok` when the controller of `sts` takes down member `pod` now, judged on its live
 /// `members` (this pod among them or not); else why not.
 pub(crate) fn is_the_step(sts: &StatefulSet, pod: &str, members: &[Member]) -> Result<(), String> {
-    let set = sts.metadata.name.as_deref().unwrap_or_default();
-    let own = ordinal(set, pod)
-        .ok_or_else(|| format!("pod {pod} has no ordinal of StatefulSet {set}"))?;
-    let spec = sts.spec.as_ref();
-    let start = spec
-        .and_then(|s| s.ordinals.as_ref())
-        .and_then(|o| o.start)
-        .map_or(0, i64::from);
-    let replicas = i64::from(spec.and_then(|s| s.replicas).unwrap_or(1));
-    let partition = spec
-        .and_then(|s| s.update_strategy.as_ref())
-        .and_then(|u| u.rolling_update.as_ref())
-        .and_then(|r| r.partition)
-        .map_or(0, i64::from);
-    let update = sts
-        .status
-        .as_ref()
-        .and_then(|s| s.update_revision.as_deref());
+    let rollout = Rollout::of(sts);
+    let set = rollout.set;
+    let own = rollout.ordinal(pod)?;
     let others = members.iter().filter(|m| m.name != pod);
     let taken: Vec<&str> = others
         .clone()
         .filter(|m| !m.available || m.terminating || m.isolated)
         .map(|m| m.name.as_str())
         .collect();
-    let most = max_unavailable(sts);
+    let most = rollout.max_unavailable;
     if i64::try_from(taken.len()).unwrap_or(i64::MAX) >= most {
         return Err(format!(
             "StatefulSet {set} already has {} of its members unavailable, terminating or being isolated ({}); its controller takes down at most {most} at once",
@@ -145,10 +166,8 @@ pub(crate) fn is_the_step(sts: &StatefulSet, pod: &str, members: &[Member]) -> R
         ));
     }
     let first = others
-        .filter(|m| {
-            m.ordinal > own && m.ordinal < start + replicas && m.ordinal >= start + partition
-        })
-        .filter(|m| m.revision.as_deref() != update && !m.terminating)
+        .filter(|m| m.ordinal > own && rollout.rolled(m.ordinal))
+        .filter(|m| m.revision.as_deref() != rollout.update && !m.terminating)
         .max_by_key(|m| m.ordinal);
     if let Some(first) = first {
         return Err(format!(
@@ -166,30 +185,11 @@ async fn members(
     sts: &StatefulSet,
 ) -> Result<Vec<Member>, kube::Error> {
     let set = sts.metadata.name.as_deref().unwrap_or_default();
-    let uid = sts.metadata.uid.clone().unwrap_or_default();
-    let labels = sts
-        .spec
-        .as_ref()
-        .and_then(|s| s.selector.match_labels.as_ref())
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join(",")
-        })
-        .unwrap_or_default();
-    let pods = Api::<Pod>::namespaced(state.ctx.client.clone(), namespace)
-        .list(&ListParams::default().labels(&labels))
-        .await?;
+    let selector = sts.spec.as_ref().map(|s| &s.selector);
+    let uid = sts.metadata.uid.as_deref().unwrap_or_default();
+    let pods = controlled_pods(&state.ctx.client, namespace, selector, uid).await?;
     Ok(pods
-        .items
         .iter()
-        .filter(|p| {
-            p.metadata.owner_references.as_ref().is_some_and(|refs| {
-                refs.iter()
-                    .any(|r| r.controller == Some(true) && r.uid == uid)
-            })
-        })
         .filter_map(|p| {
             let name = p.metadata.name.clone()?;
             let labels = p.metadata.labels.as_ref();
@@ -227,9 +227,8 @@ pub(super) async fn backs(state: &AppState, pod: &PodFacts, name: &str) -> bool 
     };
     let step = match statefulset_deletes(&sts, pod) {
         Err(why) => Err(why),
-        // Out of its range: a scale-down, which the controller takes from the top.
-        Ok(()) if scaled_away(&sts, pod) => Ok(()),
-        Ok(()) => match members(state, &pod.namespace, &sts).await {
+        Ok(Deletes::ScaleDown) => Ok(()),
+        Ok(Deletes::Update) => match members(state, &pod.namespace, &sts).await {
             Ok(members) => is_the_step(&sts, &pod.name, &members),
             Err(error) => Err(format!("could not list its members: {error}")),
         },
@@ -241,16 +240,4 @@ pub(super) async fn backs(state: &AppState, pod: &PodFacts, name: &str) -> bool 
             false
         }
     }
-}
-
-/// Whether `pod`'s ordinal is outside `sts`'s range.
-fn scaled_away(sts: &StatefulSet, pod: &PodFacts) -> bool {
-    let set = sts.metadata.name.as_deref().unwrap_or_default();
-    let spec = sts.spec.as_ref();
-    let start = spec
-        .and_then(|s| s.ordinals.as_ref())
-        .and_then(|o| o.start)
-        .map_or(0, i64::from);
-    let replicas = i64::from(spec.and_then(|s| s.replicas).unwrap_or(1));
-    ordinal(set, &pod.name).is_some_and(|o| o < start || o >= start + replicas)
 }
