@@ -297,6 +297,7 @@ async fn async_main() {
         watch_drained_nodes: false,
         unconfirmed: Default::default(),
         scale_downs: Default::default(),
+        controllers: Default::default(),
         throttles: Default::default(),
         reviews_authenticated: false,
     });

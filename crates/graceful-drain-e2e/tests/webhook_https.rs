@@ -89,6 +89,7 @@ async fn start_with_body_limit(
         watch_drained_nodes: false,
         unconfirmed: Default::default(),
         scale_downs: Default::default(),
+        controllers: Default::default(),
         throttles: Default::default(),
         reviews_authenticated: client_ca.is_some(),
     });

@@ -20,6 +20,7 @@ pub mod lease;
 pub mod metrics;
 pub mod nodepods;
 pub mod probe;
+pub mod recent;
 pub mod restore;
 pub mod review;
 pub mod server;
@@ -531,6 +532,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         watch_drained_nodes: true,
         unconfirmed,
         scale_downs: Default::default(),
+        controllers: Default::default(),
         throttles: Default::default(),
         reviews_authenticated,
     });

@@ -17,6 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::PostParams;
 use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
 
 /// Percentage of a Service's pods (rounded up, at least one) that isolations nothing
 /// authenticated confirmed may hold at once; never its last ready endpoint.
@@ -291,9 +292,18 @@ struct SharedLease {
     namespace: String,
     name: String,
     /// One change at a time from this replica: its own concurrent reviews queue here
-    /// instead of losing rounds to each other.
-    turn: tokio::sync::Mutex<()>,
+    /// instead of losing rounds to each other. It keeps the Lease as last read or written
+    /// here (`None` inside: it did not exist) and when.
+    turn: tokio::sync::Mutex<Option<(Instant, Option<Lease>)>>,
 }
+
+/// How long the Lease as last read or written answers for the changes after it. A change
+/// that leaves the table as it was (a refusal: the Service's share is taken) needs no
+/// fresher table, since a stale one only counts isolations since released; a change that
+/// writes is checked by the write's resourceVersion and read afresh on a conflict. So a
+/// flood of reviews the share refuses reads the Lease at most once per this time and
+/// replica.
+const TABLE_READ_TTL: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Default for Unconfirmed {
     /// A table in this process only.
@@ -381,7 +391,7 @@ impl Unconfirmed {
             }
             Store::Shared(lease) => &**lease,
         };
-        let _turn = turn.lock().await;
+        let mut last = turn.lock().await;
         let fail = |action: &'static str| {
             move |source| Error::Api {
                 action,
@@ -391,11 +401,18 @@ impl Unconfirmed {
             }
         };
         for _ in 0..ATTEMPTS {
-            let current = api.get_opt(name).await.map_err(fail("read"))?;
+            let (read_at, current) = match last.take() {
+                Some((at, lease)) if at.elapsed() < TABLE_READ_TTL => (at, lease),
+                _ => (
+                    Instant::now(),
+                    api.get_opt(name).await.map_err(fail("read"))?,
+                ),
+            };
             let mut table = current.as_ref().map(table_of).unwrap_or_default();
             let before = table.clone();
             let result = change(&mut table);
             if table == before {
+                *last = Some((read_at, current));
                 return Ok(result);
             }
             let json = serde_json::to_string(&table).unwrap_or_default();
@@ -422,7 +439,10 @@ impl Unconfirmed {
                 }
             };
             match written {
-                Ok(_) => return Ok(result),
+                Ok(lease) => {
+                    *last = Some((Instant::now(), Some(lease)));
+                    return Ok(result);
+                }
                 // Another replica wrote first (or created it): read again.
                 Err(kube::Error::Api(status)) if status.code == 409 => continue,
                 Err(error) => return Err(fail("write")(error)),
@@ -682,12 +702,16 @@ mod tests {
             }
         }
         assert_eq!(passed, ["web-0", "web-1", "web-2"]);
-        // Both sides of a race: each replica reserves the same next pod at once; the
-        // Lease's resourceVersion lets exactly one table win each round.
+        // Both sides of a race: two replicas that have not read the table yet each
+        // reserve the next pod at once; the Lease's resourceVersion lets exactly one
+        // table win each round.
         replicas[0].release("web", "web-2").await;
+        let racing = [0, 1].map(|_| {
+            Unconfirmed::shared(server.client("admin"), "graceful-drain", "gd-unconfirmed")
+        });
         let both = futures::future::join(
-            replicas[0].reserve(ask("web-3"), now, pending),
-            replicas[1].reserve(ask("web-4"), now, pending),
+            racing[0].reserve(ask("web-3"), now, pending),
+            racing[1].reserve(ask("web-4"), now, pending),
         )
         .await;
         assert_eq!(
@@ -701,6 +725,52 @@ mod tests {
         let leases: Api<Lease> = Api::namespaced(server.client("admin"), "graceful-drain");
         let table = table_of(&leases.get("gd-unconfirmed").await.unwrap());
         assert_eq!(table.by_service["web/web"].held.len(), 3, "{table:?}");
+        shutdown.cancel();
+    }
+
+    /// A flood of reviews the share refuses (their Service's share is taken) costs one
+    /// read of the Lease per second and replica, not one per review; the next isolation
+    /// that fits is still counted against the table as it is now.
+    #[tokio::test]
+    async fn refused_isolations_share_one_read_of_the_table() {
+        use kube_sim::apiserver::{ApiServer, Config};
+        let shutdown = graceful_drain_core::runtime::Shutdown::new();
+        let mut config = Config::default();
+        config.namespaces.push("graceful-drain".into());
+        let server = ApiServer::start(config, shutdown.clone()).await.unwrap();
+        let share = Unconfirmed::shared(server.client("admin"), "graceful-drain", "gd-unconfirmed");
+        let now = Timestamp::now();
+        let until = now.checked_add(SignedDuration::from_mins(2)).unwrap();
+        // Two pods of four: the share (half) is then taken.
+        for pod in ["web-0", "web-1"] {
+            let ask = Ask {
+                until,
+                ..ask(pod, 3)
+            };
+            assert_eq!(share.reserve(ask, now, pending).await, None);
+        }
+        let before = server.stats();
+        for n in 0..200 {
+            let pod = format!("forged-{n}");
+            let ask = Ask {
+                until,
+                ..ask(&pod, 3)
+            };
+            assert!(share.reserve(ask, now, pending).await.is_some());
+        }
+        let reads = server.stats().since(&before).count("get", "leases");
+        assert!(reads <= 1, "200 refusals read the Lease {reads} times");
+        // Another Service's first isolation is written against the live table.
+        let other = Ask {
+            service: "api",
+            until,
+            ..ask("api-0", 3)
+        };
+        assert_eq!(share.reserve(other, now, pending).await, None);
+        let leases: Api<Lease> = Api::namespaced(server.client("admin"), "graceful-drain");
+        let table = table_of(&leases.get("gd-unconfirmed").await.unwrap());
+        assert_eq!(table.by_service["web/web"].held.len(), 2, "{table:?}");
+        assert_eq!(table.by_service["web/api"].held.len(), 1, "{table:?}");
         shutdown.cancel();
     }
 }

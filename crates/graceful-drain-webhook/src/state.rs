@@ -41,6 +41,8 @@ pub struct AppState {
     pub throttles: super::throttle::Throttles,
     /// One ReplicaSet scale-down DELETE at a time per ReplicaSet.
     pub scale_downs: ScaleDowns,
+    /// Live reads of pods' controllers, shared by the reviews that claim them.
+    pub controllers: super::admission::ControllerReads,
 }
 
 /// Turns for the ReplicaSet controller's DELETEs: a DELETE counts the ReplicaSet's pods

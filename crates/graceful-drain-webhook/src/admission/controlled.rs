@@ -1,6 +1,9 @@
-//! The pods a controller controls, read live, as the controllers count them: listed by
-//! the selector's `matchLabels`, which only narrow the list (a selector of expressions
-//! alone lists the namespace), and kept by the UID of their controller reference.
+//! Pods' controllers read live, and the pods a controller controls as the controllers
+//! count them: listed by the selector's `matchLabels`, which only narrow the list (a
+//! selector of expressions alone lists the namespace), and kept by the UID of their
+//! controller reference. Reviews share these reads through `reads::ControllerReads`.
+
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -34,4 +37,22 @@ pub(super) async fn controlled_pods(
         })
     });
     Ok(pods)
+}
+
+/// Reads the namespaced object `namespace/name` of kind `K`, `None` when it does not
+/// exist.
+pub(super) async fn read<K>(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<Arc<K>>, kube::Error>
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let api = Api::<K>::namespaced(client.clone(), namespace);
+    Ok(api.get_opt(name).await?.map(Arc::new))
 }

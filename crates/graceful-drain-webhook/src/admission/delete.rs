@@ -12,7 +12,7 @@ use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse};
 use tokio::time::Instant;
 
-use super::controlled::controlled_pods;
+use super::controlled::{controlled_pods, read};
 use crate::decide::{
     self, CONTROLLER_MANAGER, DAEMONSET_CONTROLLER, OwnerKind, Pass, PodFacts,
     STATEFULSET_CONTROLLER, is_replicaset_controller, of_replicaset,
@@ -81,15 +81,14 @@ pub(super) async fn respond(
         // pods isolated before this one. Otherwise the answer is a refusal that isolates
         // nothing; the controller counts the failed DELETE, requeues the ReplicaSet and
         // decides again from what it then sees.
-        let rs = pod
-            .owner_refs
-            .iter()
-            .find(|r| r.get("kind").and_then(serde_json::Value::as_str) == Some("ReplicaSet"))
-            .and_then(|r| r.get("name").and_then(serde_json::Value::as_str))
-            .unwrap_or_default()
-            .to_string();
+        let rs = match &pod.owner {
+            Some((OwnerKind::ReplicaSet, rs)) => rs.clone(),
+            _ => String::new(),
+        };
         _turn = Some(state.scale_downs.turn(&pod.namespace, &rs).await);
-        match replicaset_has_surplus(state, &pod, &rs).await {
+        let key = format!("{}/{rs}", pod.namespace);
+        let surplus = || replicaset_has_surplus(state, &pod, &rs);
+        match state.controllers.surplus.get(&key, surplus).await {
             Ok(None) => {}
             Ok(Some(why)) => {
                 tracing::info!(%why, "ReplicaSet DELETE not backed by the live ReplicaSet; refused without isolating");
@@ -118,7 +117,7 @@ pub(super) async fn respond(
             super::stateful::backs(state, &pod, owner).await
         }
         Some((OwnerKind::DaemonSet, owner)) if is_controller(&req.user, DAEMONSET_CONTROLLER) => {
-            owner_backs(state, &pod, owner, daemonset_deletes).await
+            daemonset_backs(state, &pod, owner).await
         }
         _ => false,
     };
@@ -144,6 +143,9 @@ pub(super) async fn respond(
         .await
         .unwrap_or(Settled::Deadline);
     let outcome = settled.outcome();
+    if let (Settled::Isolated(_), Some((_, owner))) = (&settled, &pod.owner) {
+        state.controllers.isolated_one_of(&pod.namespace, owner);
+    }
     let delete_at = match settled {
         Settled::Isolated(t) | Settled::Pending(t) => t,
         _ => return (review::allow(request), outcome),
@@ -237,34 +239,23 @@ fn is_controller(user: &str, own: &str) -> bool {
     user == own || user == CONTROLLER_MANAGER
 }
 
-/// Reads the pod's controlling owner `name` live and asks `deletes` whether its
-/// controller would delete the pod now; a failed read or a missing owner backs nothing.
-async fn owner_backs<K>(
-    state: &AppState,
-    pod: &PodFacts,
-    name: &str,
-    deletes: fn(&K, &PodFacts) -> Result<(), String>,
-) -> bool
-where
-    K: kube::Resource<Scope = kube::core::NamespaceResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-    K::DynamicType: Default,
-{
-    let api = Api::<K>::namespaced(state.ctx.client.clone(), &pod.namespace);
-    let kind = K::kind(&K::DynamicType::default()).to_string();
-    match api.get_opt(name).await {
-        Ok(Some(owner)) => match deletes(&owner, pod) {
+/// Whether the pod's DaemonSet `name`, read live (shared with the reviews around it),
+/// deletes the pod now ([`daemonset_deletes`]); a failed read or a missing DaemonSet backs
+/// nothing.
+async fn daemonset_backs(state: &AppState, pod: &PodFacts, name: &str) -> bool {
+    let key = format!("{}/{name}", pod.namespace);
+    let read = || read::<DaemonSet>(&state.ctx.client, &pod.namespace, name);
+    match state.controllers.daemonsets.get(&key, read).await {
+        Ok(Some(ds)) => match daemonset_deletes(&ds, pod) {
             Ok(()) => true,
             Err(why) => {
-                tracing::info!(%why, "{kind} DELETE not backed by the live {kind}; unconfirmed");
+                tracing::info!(%why, "DaemonSet DELETE not backed by the live DaemonSet; unconfirmed");
                 false
             }
         },
         Ok(None) => false,
         Err(error) => {
-            tracing::warn!(%error, "could not read {kind} {}/{name}; the DELETE counts as unconfirmed", pod.namespace);
+            tracing::warn!(%error, "could not read DaemonSet {key}; the DELETE counts as unconfirmed");
             false
         }
     }

@@ -273,7 +273,9 @@ async fn removed_from_cordoned_node(
 
 /// The ReplicaSet owning `pod` (`namespace/name`) when, read live, it has observed its
 /// latest spec and every replica it wants is ready — the isolated pod, no longer its
-/// controller's, is not among them; `None` otherwise.
+/// controller's, is not among them; `None` otherwise. The read is shared with the
+/// reviews around it ([`super::ControllerReads`]): a forger's evictions of a due pod
+/// cannot multiply it.
 async fn replaced_by(state: &AppState, pod: &Pod) -> Option<String> {
     use k8s_openapi::api::apps::v1::ReplicaSet;
     let namespace = pod.metadata.namespace.as_deref()?;
@@ -283,8 +285,9 @@ async fn replaced_by(state: &AppState, pod: &Pod) -> Option<String> {
         .iter()
         .flatten()
         .find(|r| r.kind == "ReplicaSet" && r.api_version == "apps/v1")?;
-    let api = Api::<ReplicaSet>::namespaced(state.ctx.client.clone(), namespace);
-    let rs = match api.get_opt(&owner.name).await {
+    let key = format!("{namespace}/{}", owner.name);
+    let read = || super::controlled::read::<ReplicaSet>(&state.ctx.client, namespace, &owner.name);
+    let rs = match state.controllers.replicasets.get(&key, read).await {
         Ok(rs) => rs?,
         Err(error) => {
             tracing::warn!(error = %graceful_drain_core::error::chain(&error), "read the isolated pod's ReplicaSet");

@@ -11,6 +11,7 @@
 mod controlled;
 mod delete;
 mod evict;
+mod reads;
 mod stateful;
 #[cfg(test)]
 mod tests;
@@ -31,6 +32,7 @@ use crate::decide::Path;
 use crate::review::{self, Parsed};
 pub use crate::state::{AppState, Holds, MAX_HELD_DELETES};
 use crate::transport::Received;
+pub use reads::{CONTROLLER_READ_TTL, ControllerReads};
 
 /// How long before the API server's deadline a held DELETE is answered. Covers the
 /// response's trip back and clock granularity; capped at half the budget for tiny timeouts.

@@ -14,11 +14,12 @@
 //! During a stalled rollout (a new member never turns ready) nothing is backed; a burst of
 //! DELETEs claiming the controller gets one member at most.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::Api;
 
-use super::controlled::controlled_pods;
+use super::controlled::{controlled_pods, read};
 use crate::decide::PodFacts;
 use crate::state::AppState;
 use graceful_drain_core::labels::DRAINING_LABEL;
@@ -180,14 +181,14 @@ pub(crate) fn is_the_step(sts: &StatefulSet, pod: &str, members: &[Member]) -> R
 
 /// The live members of `sts` (pods it controls, by UID).
 async fn members(
-    state: &AppState,
+    client: &kube::Client,
     namespace: &str,
     sts: &StatefulSet,
 ) -> Result<Vec<Member>, kube::Error> {
     let set = sts.metadata.name.as_deref().unwrap_or_default();
     let selector = sts.spec.as_ref().map(|s| &s.selector);
     let uid = sts.metadata.uid.as_deref().unwrap_or_default();
-    let pods = controlled_pods(&state.ctx.client, namespace, selector, uid).await?;
+    let pods = controlled_pods(client, namespace, selector, uid).await?;
     Ok(pods
         .iter()
         .filter_map(|p| {
@@ -214,24 +215,32 @@ async fn members(
 /// Whether StatefulSet `name`, read live with its members, backs a DELETE of `pod` by its
 /// controller: its controller deletes the pod for a scale-down or an update
 /// ([`statefulset_deletes`]), and for an update this is its step now ([`is_the_step`]).
-/// A failed read or a missing StatefulSet backs nothing.
+/// A failed read or a missing StatefulSet backs nothing. The reads are shared with the
+/// reviews around it ([`super::ControllerReads`]).
 pub(super) async fn backs(state: &AppState, pod: &PodFacts, name: &str) -> bool {
-    let api = Api::<StatefulSet>::namespaced(state.ctx.client.clone(), &pod.namespace);
-    let sts = match api.get_opt(name).await {
+    let client = &state.ctx.client;
+    let namespace = pod.namespace.as_str();
+    let key = format!("{namespace}/{name}");
+    let reads = &state.controllers;
+    let read = || read::<StatefulSet>(client, namespace, name);
+    let sts = match reads.statefulsets.get(&key, read).await {
         Ok(Some(sts)) => sts,
         Ok(None) => return false,
         Err(error) => {
-            tracing::warn!(%error, "could not read StatefulSet {}/{name}; the DELETE counts as unconfirmed", pod.namespace);
+            tracing::warn!(%error, "could not read StatefulSet {key}; the DELETE counts as unconfirmed");
             return false;
         }
     };
     let step = match statefulset_deletes(&sts, pod) {
         Err(why) => Err(why),
         Ok(Deletes::ScaleDown) => Ok(()),
-        Ok(Deletes::Update) => match members(state, &pod.namespace, &sts).await {
-            Ok(members) => is_the_step(&sts, &pod.name, &members),
-            Err(error) => Err(format!("could not list its members: {error}")),
-        },
+        Ok(Deletes::Update) => {
+            let read = || async { members(client, namespace, &sts).await.map(Arc::new) };
+            match reads.members.get(&key, read).await {
+                Ok(members) => is_the_step(&sts, &pod.name, &members),
+                Err(error) => Err(format!("could not list its members: {error}")),
+            }
+        }
     };
     match step {
         Ok(()) => true,

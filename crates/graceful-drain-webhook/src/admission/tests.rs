@@ -83,6 +83,7 @@ mod basics {
             watch_drained_nodes: false,
             unconfirmed: Default::default(),
             scale_downs: Default::default(),
+            controllers: Default::default(),
             throttles: Default::default(),
             reviews_authenticated: false,
         })
@@ -910,6 +911,49 @@ mod answers {
         let next = api.next_request().await.map(|(r, _)| r.method().clone());
         assert_eq!(next, None, "the pod was touched");
         assert_eq!(metrics.pods_isolated.get(), 0);
+    }
+
+    /// DELETEs claiming the ReplicaSet controller, one after another, read the ReplicaSet
+    /// and its pods once per second between them, whoever sends them: each review still
+    /// reads its own pod, and the second is refused on the first's reading.
+    #[tokio::test]
+    async fn repeated_replicaset_deletes_read_the_replicaset_once() {
+        let (client, mut api) = mock::client();
+        let st = state(client);
+        let mut sibling = replicaset_pod();
+        sibling["metadata"]["name"] = json!("web-2");
+        let first = tokio::spawn(call(
+            st.clone(),
+            "/validate/delete?timeout=10s",
+            scale_down_deletion(),
+        ));
+        mock::play(
+            &mut api,
+            [
+                PodIs(replicaset_pod()),
+                ReplicaSetIs(replicaset(2, 2)),
+                PodsListed(vec![replicaset_pod(), sibling]),
+            ],
+        )
+        .await;
+        assert_eq!(first.await.unwrap().1["response"]["allowed"], false);
+        let second = tokio::spawn(call(
+            st.clone(),
+            "/validate/delete?timeout=10s",
+            scale_down_deletion(),
+        ));
+        mock::play(&mut api, [PodIs(replicaset_pod())]).await;
+        // A review that read the ReplicaSet again would wait for an answer nobody plays.
+        let (_, review) = tokio::time::timeout(Duration::from_secs(5), second)
+            .await
+            .expect("the second DELETE read the ReplicaSet again")
+            .unwrap();
+        assert_eq!(review["response"]["allowed"], false);
+        let message = review["response"]["status"]["message"].as_str().unwrap();
+        assert!(message.contains("none to spare"), "{message}");
+        drop(st);
+        let next = api.next_request().await.map(|(r, _)| r.uri().clone());
+        assert_eq!(next, None, "the ReplicaSet was read again");
     }
 
     /// A ReplicaSet scale-down the live ReplicaSet backs (one pod more than it wants) is

@@ -1,16 +1,16 @@
 //! What this replica remembers of nodes' drains: each node is read at most once per
 //! [`NODE_READ_TTL`], however many reviews of its pods arrive (a `kubectl drain` sends
 //! every eviction of a node at once; a forger can send thousands), and concurrent reviews
-//! of one node's pods wait for one read instead of each making its own.
+//! of one node's pods wait for one read instead of each making its own
+//! ([`crate::recent::Recent`]).
 
-use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 
 use super::NodeDrain;
+use crate::recent::Recent;
 
 /// How long one read of a node answers for the reviews after it. A drain that starts is
 /// seen at most this late (its evictions meanwhile count as unconfirmed and are bounded,
@@ -22,13 +22,14 @@ pub const NODE_READ_TTL: Duration = Duration::from_secs(1);
 /// own nodes fill it.
 const MAX_NODES: usize = 16_384;
 
-/// The last read of a node and when it was made.
-type Slot = Arc<tokio::sync::Mutex<Option<(Instant, NodeDrain)>>>;
-
 /// Recent reads of nodes, by name (see the module's documentation).
-#[derive(Debug, Default)]
-pub struct NodeReads {
-    nodes: std::sync::Mutex<HashMap<String, Slot>>,
+#[derive(Debug)]
+pub struct NodeReads(Recent<NodeDrain>);
+
+impl Default for NodeReads {
+    fn default() -> NodeReads {
+        NodeReads(Recent::new(NODE_READ_TTL, MAX_NODES))
+    }
 }
 
 impl NodeReads {
@@ -36,29 +37,13 @@ impl NodeReads {
     /// [`NODE_READ_TTL`]. A missing node is not draining; a failed read counts it as not
     /// drained (logged) and is not remembered.
     pub async fn drain(&self, client: &kube::Client, name: &str) -> NodeDrain {
-        let slot = {
-            let mut nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
-            if nodes.len() >= MAX_NODES && !nodes.contains_key(name) {
-                nodes.retain(|_, slot| Arc::strong_count(slot) > 1);
-            }
-            nodes.entry(name.to_string()).or_default().clone()
+        let read = || async {
+            let node = Api::<Node>::all(client.clone()).get_opt(name).await?;
+            Ok::<_, kube::Error>(node.as_ref().map_or(NodeDrain::No, super::drain_of))
         };
-        let mut last = slot.lock().await;
-        if let Some((at, drain)) = last.as_ref()
-            && at.elapsed() < NODE_READ_TTL
-        {
-            return drain.clone();
-        }
-        match Api::<Node>::all(client.clone()).get_opt(name).await {
-            Ok(node) => {
-                let drain = node.as_ref().map_or(NodeDrain::No, super::drain_of);
-                *last = Some((Instant::now(), drain.clone()));
-                drain
-            }
-            Err(error) => {
-                tracing::warn!(node = %name, error = %graceful_drain_core::error::chain(&error), "read node; counting it as not drained");
-                NodeDrain::No
-            }
-        }
+        self.0.get(name, read).await.unwrap_or_else(|error| {
+            tracing::warn!(node = %name, error = %graceful_drain_core::error::chain(&error), "read node; counting it as not drained");
+            NodeDrain::No
+        })
     }
 }
