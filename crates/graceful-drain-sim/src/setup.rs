@@ -13,7 +13,16 @@ use graceful_drain_core::lifecycle::crds;
 use graceful_drain_core::runtime::Shutdown;
 use kube_sim::cluster::{Cluster, ClusterConfig, RealCluster};
 
-use crate::scenario::Error;
+/// Why a cluster could not be started or attached.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// graceful-drain's CRDs could not be built for the cluster.
+    #[error(transparent)]
+    Crds(#[from] crds::Error),
+    /// The cluster did not start, or the API server could not be attached to.
+    #[error(transparent)]
+    Cluster(#[from] kube_sim::cluster::Error),
+}
 
 /// `cfg` with graceful-drain's CRDs and its draining label as the isolation label.
 pub fn configure(cfg: ClusterConfig) -> Result<ClusterConfig, crds::Error> {

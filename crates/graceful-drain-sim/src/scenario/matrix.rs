@@ -355,7 +355,7 @@ async fn run_on_plane(
     let cluster =
         match crate::setup::attach(cfg.cluster.clone(), kubeconfig, shutdown.clone()).await {
             Ok(cluster) => cluster,
-            Err(e) => return (Err(e), Vec::new()),
+            Err(e) => return (Err(e.into()), Vec::new()),
         };
     if protection == Protection::GracefulDrain
         && let Err(e) = super::real::apply_chart_rbac(&cluster).await
@@ -521,7 +521,7 @@ async fn run_disruption(
 ) -> (Result<Outcome, Error>, Vec<Event>) {
     let cluster = match crate::setup::start(cfg.cluster.clone(), shutdown.clone()).await {
         Ok(cluster) => cluster,
-        Err(e) => return (Err(e), Vec::new()),
+        Err(e) => return (Err(e.into()), Vec::new()),
     };
     disrupt_timed(&cluster, cfg, scenario, protection).await
 }

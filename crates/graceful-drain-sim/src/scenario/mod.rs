@@ -80,6 +80,15 @@ pub enum Error {
     },
 }
 
+impl From<crate::setup::Error> for Error {
+    fn from(error: crate::setup::Error) -> Error {
+        match error {
+            crate::setup::Error::Crds(error) => Error::Crds(error),
+            crate::setup::Error::Cluster(error) => Error::Cluster(error),
+        }
+    }
+}
+
 /// Whether graceful-drain protects the workload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Protection {

@@ -61,7 +61,7 @@ pub use routing::{Route, RouteFrom};
 /// Taint kube-apiserver's TaintNodesByCondition admission (and this API server's) puts on
 /// every new Node, which the node lifecycle controller lifts once the kubelet reports Ready.
 /// The real tier runs kube-controller-manager without that controller (no kubelet
-/// heartbeats) and the simulator has none, so node registration in [`crate::cluster`]
+/// heartbeats) and the simulator has none, so node registration in the `cluster` module
 /// lifts it.
 pub const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
 

@@ -642,7 +642,7 @@ pub struct Context {
     pub timeline: Timeline,
     /// The label whose arrival on a pod is recorded as its isolation; `None` records none.
     pub isolation_label: Option<String>,
-    /// KWOK runs the node (`crate::kwok`): it reports the Node and the pods' status and
+    /// KWOK runs the node (the `kwok` module): it reports the Node and the pods' status and
     /// deletes them, and this kubelet makes no API call — it only plays the apps inside the
     /// pods on the same timings.
     pub kwok: bool,

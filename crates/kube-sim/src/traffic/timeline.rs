@@ -12,7 +12,7 @@ pub enum EventKind {
     /// The app of a pod started serving and the pod became Ready.
     Ready,
     /// The pod gained the cluster's isolation label
-    /// ([`crate::cluster::ClusterConfig::isolation_label`]).
+    /// (the cluster configuration's `isolation_label`).
     Isolated,
     /// The pod got a deletionTimestamp (its app receives SIGTERM).
     Terminating,
