@@ -371,10 +371,41 @@ type Shares = Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, u
 /// from it, and given back when the request is done. It is charged by what arrives, never
 /// by what a request declares: a client that declares 3 MiB and sends one byte holds one
 /// byte.
+///
+/// When the budget is taken, a request that needs more stops the bodies still arriving
+/// from the address that holds the most, if that address holds more than the request's
+/// own would: those requests get 503 and their bytes go back. Addresses enough to take the
+/// whole budget (four sending full-size bodies) therefore cannot keep out one that holds
+/// less than each of them, as an API server's reviews do.
 #[derive(Clone, Debug)]
 pub struct Budget {
     all: Arc<tokio::sync::Semaphore>,
     shares: Shares,
+    readers: Arc<std::sync::Mutex<Readers>>,
+}
+
+/// How often a request waiting for the budget looks again for bodies to stop.
+const STOP_EVERY: Duration = Duration::from_millis(100);
+
+/// Bodies being read, each with its address and the signal that stops it.
+#[derive(Debug, Default)]
+struct Readers {
+    next: u64,
+    live: std::collections::HashMap<u64, (Option<std::net::IpAddr>, Arc<tokio::sync::Notify>)>,
+}
+
+/// One body being read, known to its [`Budget`] until dropped.
+struct Reading {
+    readers: Arc<std::sync::Mutex<Readers>>,
+    id: u64,
+    stop: Arc<tokio::sync::Notify>,
+}
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        let mut readers = self.readers.lock().unwrap_or_else(|e| e.into_inner());
+        readers.live.remove(&self.id);
+    }
 }
 
 /// Bytes taken from a [`Budget`] for one address; given back when dropped.
@@ -426,6 +457,15 @@ pub enum Exhausted {
         /// What the request asked for.
         wanted: usize,
     },
+    /// The budget was taken, this request's address held the most of it, and a request
+    /// from an address holding less needed room: the body was not read on.
+    #[error(
+        "the requests from {peer} held the most of the request budget ({BODY_BUDGET} bytes) when another needed it: body not read"
+    )]
+    Stopped {
+        /// The address.
+        peer: std::net::IpAddr,
+    },
 }
 
 impl Budget {
@@ -434,7 +474,49 @@ impl Budget {
         Budget {
             all: Arc::new(tokio::sync::Semaphore::new(bytes)),
             shares: Shares::default(),
+            readers: Arc::default(),
         }
+    }
+
+    /// Registers a body from `peer` being read, so a request from an address holding less
+    /// can stop it ([`Budget::stop_the_largest`]).
+    fn reading(&self, peer: Option<std::net::IpAddr>) -> Reading {
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let mut readers = self.readers.lock().unwrap_or_else(|e| e.into_inner());
+        let id = readers.next;
+        readers.next += 1;
+        readers.live.insert(id, (peer, stop.clone()));
+        Reading {
+            readers: self.readers.clone(),
+            id,
+            stop,
+        }
+    }
+
+    /// Stops every body still arriving from the address that holds the most of the
+    /// budget, if it holds more than `me` would with `bytes` more.
+    fn stop_the_largest(&self, me: Option<std::net::IpAddr>, bytes: usize) {
+        let shares = self.shares.lock().unwrap_or_else(|e| e.into_inner());
+        let held = |peer: std::net::IpAddr| shares.get(&peer).copied().unwrap_or(0);
+        let mine = me.map_or(0, held).saturating_add(bytes);
+        let mut readers = self.readers.lock().unwrap_or_else(|e| e.into_inner());
+        let largest = readers
+            .live
+            .values()
+            .filter_map(|(peer, _)| *peer)
+            .filter(|peer| Some(*peer) != me)
+            .max_by_key(|peer| held(*peer));
+        let Some(largest) = largest.filter(|peer| held(*peer) > mine) else {
+            return;
+        };
+        tracing::debug!(peer = %largest, held = held(largest), "the request budget is taken: stopping the bodies of the address that holds the most");
+        readers.live.retain(|_, (peer, stop)| {
+            let stopped = *peer == Some(largest);
+            if stopped {
+                stop.notify_one();
+            }
+            !stopped
+        });
     }
 
     /// An empty charge for a request from `peer` (`None`: unknown, bounded by the whole
@@ -470,11 +552,26 @@ impl Budget {
         let Ok(n) = u32::try_from(bytes) else {
             return Err(exhausted);
         };
-        let permit =
-            match tokio::time::timeout(BUDGET_WAIT, self.all.clone().acquire_many_owned(n)).await {
-                Ok(Ok(permit)) => permit,
-                _ => return Err(exhausted),
-            };
+        let me = charge.share.as_ref().map(|s| s.peer);
+        let permit = match self.all.clone().try_acquire_many_owned(n) {
+            Ok(permit) => permit,
+            Err(tokio::sync::TryAcquireError::Closed) => return Err(exhausted),
+            Err(tokio::sync::TryAcquireError::NoPermits) => {
+                // Waits in line, making room from the largest holder now and then.
+                let acquire = self.all.clone().acquire_many_owned(n);
+                tokio::pin!(acquire);
+                let give_up = tokio::time::sleep(BUDGET_WAIT);
+                tokio::pin!(give_up);
+                loop {
+                    self.stop_the_largest(me, bytes);
+                    tokio::select! {
+                        permit = &mut acquire => break permit.map_err(|_| exhausted)?,
+                        () = &mut give_up => return Err(exhausted),
+                        () = tokio::time::sleep(STOP_EVERY) => {}
+                    }
+                }
+            }
+        };
         // Counted against the address only once the bytes are there: a request waiting
         // for the budget holds none of its share. Checked again, as others from the same
         // address may have taken theirs meanwhile.
@@ -545,6 +642,8 @@ pub async fn read_body(
         return Err(BodyError::TooLarge(max));
     }
     let factor = if exact.is_some() { 1 } else { 2 };
+    let peer = charge.share.as_ref().map(|s| s.peer);
+    let reading = budget.reading(peer);
     let mut buf = bytes::BytesMut::with_capacity(exact.unwrap_or(0));
     let read = async {
         let mut body = body;
@@ -560,7 +659,16 @@ pub async fn read_body(
         }
         Ok(())
     };
-    match tokio::time::timeout(BODY_TIMEOUT, read).await {
+    let read = tokio::time::timeout(BODY_TIMEOUT, read);
+    let stopped = reading.stop.notified();
+    let read = tokio::select! {
+        read = read => read,
+        () = stopped => {
+            let peer = peer.unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+            return Err(BodyError::Budget(Exhausted::Stopped { peer }));
+        }
+    };
+    match read {
         Ok(Ok(())) => Ok((buf.freeze(), charge)),
         Ok(Err(error)) => Err(error),
         Err(_) => Err(BodyError::TooSlow),
@@ -671,3 +779,6 @@ async fn limit(
                 .into_response()
         })
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,8 +1,10 @@
 //! The real tier's forged-transport row: `kubectl drain` of the busiest node while clients
 //! that anyone on the pod network could run hold the webhook's port — requests that
-//! declare the largest body and send one byte of it, connections that finish TLS and say
-//! nothing, and bare TCP connections in every slot the replica serves, each kind from
-//! addresses of its own in 127.0.0.0/8 as attackers' pods would have. The API server's
+//! declare the largest body and send one byte of it, requests that send all but the last
+//! byte of the largest body from addresses enough to take the replica's whole body budget,
+//! connections that finish TLS and say nothing, and bare TCP connections in every slot the
+//! replica serves, each kind from addresses of its own in 127.0.0.0/8 as attackers' pods
+//! would have. The API server's
 //! reviews must still be answered: had they failed, kube-apiserver would have let the
 //! evictions through unprotected (the chart's `failurePolicy: Ignore`) and the drain would
 //! have shown 5xx.
@@ -16,7 +18,9 @@ use tokio::net::TcpStream;
 
 use super::components::Components;
 use super::{Error, Measured, ScenarioConfig, actions, drainers, measure};
-use graceful_drain_webhook::transport::{BODY_BUDGET, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_PEER};
+use graceful_drain_webhook::transport::{
+    BODY_BUDGET, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_PEER, PEER_SHARE,
+};
 use kube_sim::cluster::RealCluster;
 
 /// Requests that declare the largest body allowed and send one byte of it: twice the
@@ -24,21 +28,38 @@ use kube_sim::cluster::RealCluster;
 const STALLED: usize = 2 * BODY_BUDGET / graceful_drain_webhook::DEFAULT_MAX_BODY;
 /// Connections that finish TLS and send nothing, from one address.
 const SILENT: usize = 64;
+/// Addresses sending all but the last byte of the largest bodies, each as many as its
+/// share of the budget holds: together more than the whole budget.
+const FULL_ADDRESSES: usize = BODY_BUDGET / PEER_SHARE + 1;
+/// Full-size bodies from each of [`FULL_ADDRESSES`].
+const FULL_PER_ADDRESS: usize = PEER_SHARE / graceful_drain_webhook::DEFAULT_MAX_BODY;
 
 /// The hostile clients, connected; dropping it closes them.
 struct Mix {
     stalled: Vec<tokio_rustls::client::TlsStream<TcpStream>>,
+    /// Each sends its body on a task of its own (the server stops reading a body it has
+    /// no budget for, and the write waits).
+    full: Vec<tokio::task::JoinHandle<()>>,
     silent: Vec<tokio_rustls::client::TlsStream<TcpStream>>,
     idle: Vec<TcpStream>,
+}
+
+impl Drop for Mix {
+    fn drop(&mut self) {
+        for sender in &self.full {
+            sender.abort();
+        }
+    }
 }
 
 impl std::fmt::Display for Mix {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} requests declaring {} bytes with one byte sent, {} silent TLS connections, {} bare TCP connections",
+            "{} requests declaring {} bytes with one byte sent, {} sending all but the last byte from {FULL_ADDRESSES} addresses, {} silent TLS connections, {} bare TCP connections",
             self.stalled.len(),
             graceful_drain_webhook::DEFAULT_MAX_BODY,
+            self.full.len(),
             self.silent.len(),
             self.idle.len()
         )
@@ -79,6 +100,7 @@ impl Mix {
         let connect = |what: &'static str| move |e: std::io::Error| failed(format!("{what}: {e}"));
         let mut mix = Mix {
             stalled: Vec::new(),
+            full: Vec::new(),
             silent: Vec::new(),
             idle: Vec::new(),
         };
@@ -95,6 +117,26 @@ impl Mix {
                 .map_err(connect("a stalled request"))?;
             stream.flush().await.map_err(connect("a stalled request"))?;
             mix.stalled.push(stream);
+        }
+        let body = vec![b' '; graceful_drain_webhook::DEFAULT_MAX_BODY - 2];
+        for i in 0..FULL_ADDRESSES * FULL_PER_ADDRESS {
+            let from = Ipv4Addr::new(
+                127,
+                0,
+                5,
+                u8::try_from(1 + i / FULL_PER_ADDRESS).unwrap_or(u8::MAX),
+            );
+            let mut stream = tls(from).await.map_err(connect("a full-size request"))?;
+            let (head, body) = (head.clone(), body.clone());
+            mix.full.push(tokio::spawn(async move {
+                // Held until the row drops the mix; the server answers it 503 or 408.
+                if stream.write_all(head.as_bytes()).await.is_ok()
+                    && stream.write_all(&body).await.is_ok()
+                {
+                    let _ = stream.flush().await;
+                    std::future::pending::<()>().await;
+                }
+            }));
         }
         for _ in 0..SILENT {
             let stream = tls(Ipv4Addr::new(127, 0, 8, 1))
