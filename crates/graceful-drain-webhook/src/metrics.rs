@@ -13,7 +13,8 @@ use prometheus_client::registry::Registry;
 pub struct ReviewLabels {
     /// `evict` or `delete`.
     pub operation: &'static str,
-    /// `isolated`, `pending`, `refused`, `error`, `not_ours` or a pass-through reason.
+    /// `isolated`, `pending`, `refused`, `error`, `not_ours`, a pass-through reason, or why
+    /// the request was refused before it was read (`transport::BodyError::outcome`).
     pub outcome: &'static str,
 }
 

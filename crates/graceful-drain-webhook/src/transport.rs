@@ -468,6 +468,17 @@ pub enum Exhausted {
     },
 }
 
+impl Exhausted {
+    /// The outcome it is counted as (the `outcome` label of the webhook's review counter).
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Exhausted::Budget { .. } => "over_budget",
+            Exhausted::Share { .. } => "over_share",
+            Exhausted::Stopped { .. } => "stopped_for_others",
+        }
+    }
+}
+
 impl Budget {
     /// A budget of `bytes`.
     pub fn new(bytes: usize) -> Budget {
@@ -613,6 +624,16 @@ pub enum BodyError {
 }
 
 impl BodyError {
+    /// The outcome it is counted as (the `outcome` label of the webhook's review counter).
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            BodyError::TooLarge(_) => "body_too_large",
+            BodyError::TooSlow => "body_too_slow",
+            BodyError::Read(_) => "body_unreadable",
+            BodyError::Budget(exhausted) => exhausted.outcome(),
+        }
+    }
+
     /// The HTTP status a client gets for it.
     pub fn status(&self) -> http::StatusCode {
         match self {
@@ -717,17 +738,47 @@ impl Received {
     }
 }
 
-impl<S: Send + Sync> axum::extract::FromRequest<S> for Received {
-    type Rejection = axum::response::Response;
+/// Why a request's body was refused before its handler ran (a handler that takes
+/// `Result<Received, Refused>` counts it, then answers with it).
+#[derive(Debug)]
+pub enum Refused {
+    /// The route is not behind [`bounded`]: a wiring mistake, 500.
+    Unbounded,
+    /// The body was too large, too slow, unreadable or over budget.
+    Body(BodyError),
+}
 
-    async fn from_request(request: axum::extract::Request, _: &S) -> Result<Self, Self::Rejection> {
-        use axum::response::IntoResponse;
-        let Some(bounds) = request.extensions().get::<Bounds>().cloned() else {
-            return Err((
+impl Refused {
+    /// The outcome it is counted as.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Refused::Unbounded => "unbounded_route",
+            Refused::Body(error) => error.outcome(),
+        }
+    }
+}
+
+impl axum::response::IntoResponse for Refused {
+    fn into_response(self) -> axum::response::Response {
+        match self {
+            Refused::Unbounded => (
                 http::StatusCode::INTERNAL_SERVER_ERROR,
                 "graceful-drain: the route is not behind transport::bounded\n",
             )
-                .into_response());
+                .into_response(),
+            Refused::Body(error) => {
+                (error.status(), format!("graceful-drain: {error}\n")).into_response()
+            }
+        }
+    }
+}
+
+impl<S: Send + Sync> axum::extract::FromRequest<S> for Received {
+    type Rejection = Refused;
+
+    async fn from_request(request: axum::extract::Request, _: &S) -> Result<Self, Self::Rejection> {
+        let Some(bounds) = request.extensions().get::<Bounds>().cloned() else {
+            return Err(Refused::Unbounded);
         };
         let charge = bounds.budget.charge(bounds.peer);
         match read_body(request.into_body(), &bounds.budget, charge, bounds.max_body).await {
@@ -739,7 +790,7 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for Received {
             }),
             Err(error) => {
                 tracing::debug!(error = %graceful_drain_core::error::chain(&error), "request body refused");
-                Err((error.status(), format!("graceful-drain: {error}\n")).into_response())
+                Err(Refused::Body(error))
             }
         }
     }

@@ -31,7 +31,7 @@ use crate::configurations;
 use crate::decide::Path;
 use crate::review::{self, Parsed};
 pub use crate::state::{AppState, Holds, MAX_HELD_DELETES};
-use crate::transport::Received;
+use crate::transport::{Received, Refused};
 pub use reads::{CONTROLLER_READ_TTL, ControllerReads};
 
 /// How long before the API server's deadline a held DELETE is answered. Covers the
@@ -55,7 +55,7 @@ struct TimeoutQuery {
 async fn evict(
     State(state): State<Arc<AppState>>,
     Query(q): Query<TimeoutQuery>,
-    body: Received,
+    body: Result<Received, Refused>,
 ) -> Response {
     handle(state, Path::Evict, q.timeout, body).await
 }
@@ -63,7 +63,7 @@ async fn evict(
 async fn delete(
     State(state): State<Arc<AppState>>,
     Query(q): Query<TimeoutQuery>,
-    body: Received,
+    body: Result<Received, Refused>,
 ) -> Response {
     handle(state, Path::Delete, q.timeout, body).await
 }
@@ -92,9 +92,21 @@ async fn handle(
     state: Arc<AppState>,
     path: Path,
     timeout: Option<String>,
-    body: Received,
+    body: Result<Received, Refused>,
 ) -> Response {
     let started = Instant::now();
+    // A body refused on arrival is counted like any answer, so a flood of them shows.
+    let body = match body {
+        Ok(body) => body,
+        Err(refused) => {
+            state.metrics.review(
+                path.as_str(),
+                refused.outcome(),
+                started.elapsed().as_secs_f64(),
+            );
+            return refused.into_response();
+        }
+    };
     // What the parsed review costs is taken from the replica's budget before it is built
     // and held until the answer is sent: a held DELETE keeps its pod.
     let mut parsed_cost = body.more();
@@ -104,7 +116,7 @@ async fn handle(
             Err(exhausted) => {
                 state.metrics.review(
                     path.as_str(),
-                    "over-budget",
+                    exhausted.outcome(),
                     started.elapsed().as_secs_f64(),
                 );
                 return (

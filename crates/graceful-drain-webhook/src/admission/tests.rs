@@ -913,6 +913,25 @@ mod answers {
         assert_eq!(metrics.pods_isolated.get(), 0);
     }
 
+    /// A body refused before it is read is counted by why, as every answer is: a flood of
+    /// oversized bodies shows in the review counter.
+    #[tokio::test]
+    async fn a_refused_body_is_counted() {
+        let (client, _api) = mock::client();
+        let st = state(client);
+        let metrics = st.metrics.clone();
+        let (status, _) = call(st, "/validate/delete?timeout=10s", vec![b' '; 2 << 20]).await;
+        assert_eq!(status, 413);
+        let refused = metrics
+            .reviews
+            .get_or_create(&crate::metrics::ReviewLabels {
+                operation: "delete",
+                outcome: "body_too_large",
+            })
+            .get();
+        assert_eq!(refused, 1);
+    }
+
     /// DELETEs claiming the ReplicaSet controller, one after another, read the ReplicaSet
     /// and its pods once per second between them, whoever sends them: each review still
     /// reads its own pod, and the second is refused on the first's reading.
