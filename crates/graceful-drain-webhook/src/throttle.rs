@@ -38,6 +38,14 @@ pub const MALFORMED_LOGS: Limits = Limits {
     window: Duration::from_secs(10),
 };
 
+/// Log lines about connections closed for want of a slot (anyone's to open): 10 every
+/// 10 s, then one line with the count.
+pub const REFUSED_CONNECTION_LOGS: Limits = Limits {
+    per_key: Duration::ZERO,
+    burst: 10,
+    window: Duration::from_secs(10),
+};
+
 /// What [`Throttle::admit`] decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Admit {

@@ -218,6 +218,15 @@ pub async fn serve(
     let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let peers = Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));
     let table = Table::new();
+    // Anyone can open connections as fast as they like: a few lines, then a count.
+    let refusals = crate::throttle::Throttle::new(crate::throttle::REFUSED_CONNECTION_LOGS);
+    let refused = |peer: SocketAddr, max: usize, why: &str| {
+        if let crate::throttle::Admit::Yes { dropped } =
+            refusals.admit("", tokio::time::Instant::now())
+        {
+            tracing::warn!(%peer, max, dropped, "{why}; closing this one (dropped: not logged since the last)");
+        }
+    };
     loop {
         let (stream, peer) = tokio::select! {
             () = shutdown.cancelled() => break,
@@ -233,7 +242,11 @@ pub async fn serve(
             },
         };
         let Some(peer_slot) = PeerSlot::take(&peers, peer.ip()) else {
-            tracing::warn!(%peer, max = MAX_CONNECTIONS_PER_PEER, "too many connections from this address; closing this one");
+            refused(
+                peer,
+                MAX_CONNECTIONS_PER_PEER,
+                "too many connections from this address",
+            );
             drop(stream);
             continue;
         };
@@ -243,13 +256,17 @@ pub async fn serve(
                 match tokio::time::timeout(SLOT_WAIT, connections.clone().acquire_owned()).await {
                     Ok(Ok(permit)) => permit,
                     _ => {
-                        tracing::warn!(%peer, max = MAX_CONNECTIONS, "too many connections; closing this one");
+                        refused(peer, MAX_CONNECTIONS, "too many connections");
                         continue;
                     }
                 }
             }
             Err(_) => {
-                tracing::warn!(%peer, max = MAX_CONNECTIONS, "too many connections, each with a request in flight; closing this one");
+                refused(
+                    peer,
+                    MAX_CONNECTIONS,
+                    "too many connections, each with a request in flight",
+                );
                 continue;
             }
         };
