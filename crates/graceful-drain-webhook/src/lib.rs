@@ -24,7 +24,6 @@ pub mod recent;
 pub mod restore;
 pub mod review;
 pub mod server;
-pub mod settle;
 pub mod share;
 pub mod state;
 pub mod throttle;

@@ -105,6 +105,8 @@ pub struct Eviction {
 pub struct Deletion {
     /// The request as the decision sees it.
     pub request: Request,
+    /// The pod's namespace (`request.namespace`).
+    pub namespace: String,
     /// The pod being deleted (`request.oldObject`), checked to be a `v1` Pod of the
     /// request's name.
     pub object: Box<DynamicObject>,
@@ -349,6 +351,7 @@ fn classify_deletion(req: &mut AdmissionRequest<DynamicObject>) -> Parsed {
     match req.old_object.take() {
         Some(object) => Parsed::Delete(Deletion {
             request,
+            namespace: req.namespace.clone().unwrap_or_default(),
             object: Box::new(object),
         }),
         None => Parsed::NotOurs("delete without oldObject"),

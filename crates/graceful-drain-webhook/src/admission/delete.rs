@@ -8,29 +8,28 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::{DaemonSet, ReplicaSet};
 use kube::Api;
-use kube::core::DynamicObject;
-use kube::core::admission::{AdmissionRequest, AdmissionResponse};
 use tokio::time::Instant;
 
+use super::answer::{Answer, Outcome};
 use super::controlled::{controlled_pods, read};
+use super::settle::{Settled, fetch_pod, settle, settle_until};
 use crate::decide::{
     self, CONTROLLER_MANAGER, DAEMONSET_CONTROLLER, OwnerKind, Pass, PodFacts,
     STATEFULSET_CONTROLLER, is_replicaset_controller, of_replicaset,
 };
 use crate::review;
-use crate::settle::{Settled, fetch_pod, settle, settle_until};
 use crate::state::AppState;
 
-pub(super) async fn respond(
+/// The answer to DELETE `del`, by `deadline`.
+pub(super) async fn answer_deletion(
     state: &AppState,
-    request: &AdmissionRequest<DynamicObject>,
     del: review::Deletion,
     deadline: Instant,
-) -> (AdmissionResponse, &'static str) {
-    let namespace = request.namespace.clone().unwrap_or_default();
+) -> Answer {
+    let namespace = del.namespace.clone();
     let name = del.request.name.clone();
     if let Some(pass) = decide::pass_for_request(&del.request, &state.settings) {
-        return (review::allow(request), pass.as_str());
+        return Answer::Allow(Outcome::Pass(pass));
     }
     // Fast path: neither isolated (its own labels say so) nor listed as a ready endpoint,
     // nor selected by a Service whose slice may list it any moment.
@@ -42,11 +41,11 @@ pub(super) async fn respond(
         && !cache.has_ready_endpoint(&namespace, &name)
         && !labels.is_some_and(|l| cache.service_selects(&namespace, l))
     {
-        return (review::allow(request), Pass::NotExposed.as_str());
+        return Answer::Allow(Outcome::Pass(Pass::NotExposed));
     }
     let mut req = del.request.clone();
     let Some(claimed) = del.pod() else {
-        return (review::allow(request), "not_ours");
+        return Answer::Allow(Outcome::NotOurs);
     };
     // Nothing past the fast path is taken on the review's word (anyone reaching the port
     // can post one, docs/security.md): the pod is read live, and a review of a pod that
@@ -55,12 +54,12 @@ pub(super) async fn respond(
     let live = tokio::time::timeout_at(deadline, live_pod(state, &claimed, deadline)).await;
     let pod = match live {
         Ok(Ok(Some(pod))) => pod,
-        Ok(Ok(None)) => return (review::allow(request), "not_live"),
+        Ok(Ok(None)) => return Answer::Allow(Outcome::NotLive),
         Ok(Err(why)) => {
             tracing::warn!(%why, "could not read the pod of a DELETE; letting it through");
-            return (review::allow(request), "error");
+            return Answer::Allow(Outcome::Error);
         }
-        Err(_) => return (review::allow(request), Settled::Deadline.outcome()),
+        Err(_) => return Answer::Allow(Settled::Deadline.outcome()),
     };
     let draining = pod
         .labels
@@ -96,14 +95,14 @@ pub(super) async fn respond(
                     "graceful-drain: not isolating pod {}/{}: {why}; retry once the ReplicaSet's status is current",
                     pod.namespace, pod.name
                 );
-                return (review::allow(request).deny(message), "unverified");
+                return Answer::Deny(Outcome::Unverified, message);
             }
             Err(error) => {
                 let message = format!(
                     "graceful-drain: could not read the ReplicaSet of pod {}/{} ({error}); retry",
                     pod.namespace, pod.name
                 );
-                return (review::allow(request).deny(message), "error");
+                return Answer::Deny(Outcome::Error, message);
             }
         }
     }
@@ -133,7 +132,7 @@ pub(super) async fn respond(
                 max = state.holds.max,
                 "every hold slot is taken; letting the DELETE through unprotected"
             );
-            return (review::allow(request), "hold_limit");
+            return Answer::Allow(Outcome::HoldLimit);
         }
     };
     // A DELETE is never denied for want of time: past the deadline it is allowed (the
@@ -148,7 +147,7 @@ pub(super) async fn respond(
     }
     let delete_at = match settled {
         Settled::Isolated(t) | Settled::Pending(t) => t,
-        _ => return (review::allow(request), outcome),
+        _ => return Answer::Allow(outcome),
     };
     // The ReplicaSet controller counts a deletion it asked for only when it sees a pod it
     // still controls go away, and the isolated pod is no longer its own: holding and then
@@ -162,11 +161,11 @@ pub(super) async fn respond(
             "graceful-drain: pod {}/{} is isolated (out of its ReplicaSet and Services) and will be deleted at {delete_at}",
             pod.namespace, pod.name
         );
-        return (review::allow(request).deny(message), "refused");
+        return Answer::Deny(Outcome::Refused, message);
     }
     let deadline = state.holds.deadline_for(&pod.uid, deadline);
     hold(state, delete_at, deadline).await;
-    (review::allow(request), outcome)
+    Answer::Allow(outcome)
 }
 
 /// First pause before reading a DELETE's pod again after a failed read.

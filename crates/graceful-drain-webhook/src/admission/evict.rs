@@ -9,18 +9,17 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::core::DynamicObject;
-use kube::core::admission::{AdmissionRequest, AdmissionResponse};
 use kube::runtime::conditions;
 use kube::runtime::wait::await_condition;
 use tokio::time::Instant;
 
+use super::answer::{Answer, Outcome};
+use super::settle::{Settled, fetch_pod, settle, settle_until};
 use crate::decide::{self, Pass, PodFacts};
 use crate::deleter;
 use crate::isolate::{self, Budget};
 use crate::nodepods::{self, Lookup};
 use crate::review;
-use crate::settle::{Settled, fetch_pod, settle, settle_until};
 use crate::state::AppState;
 use crate::throttle::Admit;
 use graceful_drain_core::labels::{DESCHEDULER_EVICT_IN_BACKGROUND_ANNOTATION, webhook_reason};
@@ -32,13 +31,12 @@ pub(super) const RETRY_AFTER_SECONDS: u32 = 5;
 /// own value for the same answer).
 const UNOBSERVED_RETRY_SECONDS: u32 = 10;
 
-pub(super) async fn respond(
+/// The answer to eviction `ev`, by `deadline`.
+pub(super) async fn answer_eviction(
     state: &AppState,
-    request: &AdmissionRequest<DynamicObject>,
     ev: review::Eviction,
     deadline: Instant,
-) -> (AdmissionResponse, &'static str) {
-    let allow = review::allow(request);
+) -> Answer {
     let settled = settle_until(deadline, || settle_eviction(state, &ev));
     let settled = tokio::time::timeout_at(deadline, settled)
         .await
@@ -47,7 +45,7 @@ pub(super) async fn respond(
     let pod = format!("{}/{}", ev.namespace, ev.pod);
     let mut delete_at = match settled {
         Settled::Isolated(t) | Settled::Pending(t) => t,
-        Settled::Pass(_) | Settled::Permanent(_) => return (allow, outcome),
+        Settled::Pass(_) | Settled::Permanent(_) => return Answer::Allow(outcome),
         Settled::Refused(budget) => {
             let (pdb, retry) = match &budget {
                 Budget::NotObserved { pdb } => (pdb.clone(), UNOBSERVED_RETRY_SECONDS),
@@ -57,17 +55,14 @@ pub(super) async fn respond(
             let message = format!(
                 "Cannot evict pod {pod} as it would violate the pod's disruption budget {pdb}"
             );
-            return (review::too_many_requests(request, message, retry), outcome);
+            return Answer::TooManyRequests(outcome, message, retry);
         }
         Settled::Unconfirmed(why) => {
             // Like a PDB that allows no disruption now: the caller retries, and goes through
             // once fewer of the Service's pods are held (or once a drain confirms it).
             let message =
                 format!("graceful-drain: not isolating pod {pod} now: {why}; retry the eviction");
-            return (
-                review::too_many_requests(request, message, RETRY_AFTER_SECONDS),
-                outcome,
-            );
+            return Answer::TooManyRequests(outcome, message, RETRY_AFTER_SECONDS);
         }
         Settled::Failed(why) => {
             // Letting the eviction through would delete a pod that still serves traffic;
@@ -77,24 +72,18 @@ pub(super) async fn respond(
                 "graceful-drain could not isolate pod {pod} yet ({why}); retry the eviction"
             );
             deferred(state, &ev, &message).await;
-            return (
-                review::too_many_requests(request, message, RETRY_AFTER_SECONDS),
-                outcome,
-            );
+            return Answer::TooManyRequests(outcome, message, RETRY_AFTER_SECONDS);
         }
         Settled::Deadline => {
             let message = format!(
                 "graceful-drain could not isolate pod {pod} within the admission deadline; retry the eviction"
             );
             deferred(state, &ev, &message).await;
-            return (
-                review::too_many_requests(request, message, RETRY_AFTER_SECONDS),
-                outcome,
-            );
+            return Answer::TooManyRequests(outcome, message, RETRY_AFTER_SECONDS);
         }
     };
-    if let Some(answer) = in_background(state, request, &ev, delete_at).await {
-        return (answer, "evicting_in_background");
+    if let Some(answer) = in_background(state, &ev, delete_at).await {
+        return answer;
     }
     // A pod due within moments is not sent away for another whole second: the call is held
     // until the pod is due and then allowed, so the caller's eviction lands when the
@@ -116,17 +105,17 @@ pub(super) async fn respond(
             let message = format!(
                 "pod {pod} is gone: graceful-drain deleted it at {delete_at}, once it had left its load balancers"
             );
-            return (review::gone(request, message), "held_until_gone");
+            return Answer::Gone(Outcome::HeldUntilGone, message);
         }
         if let Some(why) = removed_from_cordoned_node(state, &ev, &live, deadline).await {
             let message = format!(
                 "pod {pod} is gone: graceful-drain removed it at {delete_at}, once it had left its load balancers and {why}"
             );
-            return (review::gone(request, message), "held_until_gone");
+            return Answer::Gone(Outcome::HeldUntilGone, message);
         }
         let again = tokio::time::timeout_at(deadline, settle_eviction(state, &ev)).await;
         match again {
-            Ok(Settled::Pass(_)) => return (allow, "held_until_due"),
+            Ok(Settled::Pass(_)) => return Answer::Allow(Outcome::HeldUntilDue),
             Ok(Settled::Isolated(t) | Settled::Pending(t)) => delete_at = t,
             _ => {}
         }
@@ -139,7 +128,7 @@ pub(super) async fn respond(
     let message = format!(
         "graceful-drain: pod {pod} is leaving its load balancers; evict it again at {delete_at} (in {retry} s)"
     );
-    (review::deregistering(request, message, retry), outcome)
+    Answer::Deregistering(outcome, message, retry)
 }
 
 /// What the descheduler writes in its Evictions' `requested-by` annotation.
@@ -160,10 +149,9 @@ const EVACUATION_TRIGGERED: &str = "Eviction triggered evacuation";
 /// not come. Any other eviction, or a descheduler without the gate, gets the usual 429.
 async fn in_background(
     state: &AppState,
-    request: &AdmissionRequest<DynamicObject>,
     ev: &review::Eviction,
     delete_at: Timestamp,
-) -> Option<AdmissionResponse> {
+) -> Option<Answer> {
     if ev.requested_by.as_deref() != Some(DESCHEDULER) {
         return None;
     }
@@ -178,7 +166,7 @@ async fn in_background(
             "{EVACUATION_TRIGGERED}: graceful-drain takes pod {}/{} out of its load balancers and deletes it at {delete_at}",
             ev.namespace, ev.pod
         );
-        review::too_many_requests(request, message, 0)
+        Answer::TooManyRequests(Outcome::EvictingInBackground, message, 0)
     })
 }
 

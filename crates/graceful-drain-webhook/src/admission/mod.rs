@@ -1,17 +1,20 @@
-//! The admission endpoints: each review runs parse → decide → act → respond inside one
+//! The admission endpoints: each review runs parse → decide → act → answer inside one
 //! `review` span (uid, operation, namespace, pod, outcome). Business outcomes are HTTP 200
 //! AdmissionReviews; only a body that is not an AdmissionReview gets a 400.
 //!
 //! One module per operation, each owning its fast path and its answers: `evict` for
 //! `CREATE pods/eviction` (mutating), `delete` for `DELETE pods` (validating). The act
-//! phase they share is [`crate::settle`]; the state they share is [`crate::state`]. The
+//! phase they share is `settle`, the answer and its outcome `answer`; the state they share is
+//! [`crate::state`]. The
 //! connections, TLS and their bounds are [`crate::transport`]'s, which knows nothing of
 //! admission.
 
+mod answer;
 mod controlled;
 mod delete;
 mod evict;
 mod reads;
+mod settle;
 mod stateful;
 #[cfg(test)]
 mod tests;
@@ -23,7 +26,6 @@ use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use kube::core::admission::AdmissionResponse;
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -32,6 +34,7 @@ use crate::decide::Path;
 use crate::review::{self, Parsed};
 pub use crate::state::{AppState, Holds, MAX_HELD_DELETES};
 use crate::transport::{Received, Refused};
+use answer::{Answer, Outcome};
 pub use reads::{CONTROLLER_READ_TTL, ControllerReads};
 
 /// How long before the API server's deadline a held DELETE is answered. Covers the
@@ -154,10 +157,13 @@ async fn handle(
         outcome = tracing::field::Empty,
     );
     let deadline = hold_deadline(started, budget);
-    let (response, outcome) = respond(&state, review, deadline)
+    let request = review.request.clone();
+    let answer = answer_review(&state, review, deadline)
         .instrument(span.clone())
         .await;
     drop(parsed_cost);
+    let outcome = answer.outcome().as_str();
+    let response = answer.response(&request);
     span.record("outcome", outcome);
     state
         .metrics
@@ -172,29 +178,25 @@ async fn handle(
     }
 }
 
-async fn respond(
-    state: &AppState,
-    review: review::Review,
-    deadline: Instant,
-) -> (AdmissionResponse, &'static str) {
+/// The review's answer: the protection probe's, or its operation's.
+async fn answer_review(state: &AppState, review: review::Review, deadline: Instant) -> Answer {
     let request = review.request;
     // The protection probe (crate::probe): its arrival is its answer, handed back to the
     // prober by the API server as a warning.
     if crate::probe::is_probe(&request.name, request.dry_run) {
-        let mut allow = review::allow(&request);
-        allow.warnings = Some(vec![format!(
+        let seen = format!(
             "{} (replica {})",
             crate::probe::SEEN_WARNING,
             state.ctx.identity
-        )]);
-        return (allow, "probe");
+        );
+        return Answer::AllowWarning(Outcome::Probe, vec![seen]);
     }
     match review.parsed {
         Parsed::NotOurs(reason) => {
             tracing::debug!(reason, "not ours; allowing unchanged");
-            (review::allow(&request), "not_ours")
+            Answer::Allow(Outcome::NotOurs)
         }
-        Parsed::Evict(ev) => evict::respond(state, &request, ev, deadline).await,
-        Parsed::Delete(del) => delete::respond(state, &request, del, deadline).await,
+        Parsed::Evict(ev) => evict::answer_eviction(state, ev, deadline).await,
+        Parsed::Delete(del) => delete::answer_deletion(state, del, deadline).await,
     }
 }

@@ -9,13 +9,14 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use tokio::time::Instant;
 
-use super::decide::{
+use super::answer::Outcome;
+use crate::decide::{
     self, Charge, Decision, Pass, Path, PodFacts, Request, is_replicaset_controller, of_replicaset,
 };
-use super::isolate::{self, Budget, Outcome};
-use super::review;
-use super::share::{Ask, Seen};
-use super::state::AppState;
+use crate::isolate::{self, Budget};
+use crate::review;
+use crate::share::{Ask, Seen};
+use crate::state::AppState;
 use graceful_drain_core::backoff::Backoff;
 use graceful_drain_core::labels::webhook_reason;
 
@@ -44,17 +45,17 @@ pub(crate) enum Settled {
 }
 
 impl Settled {
-    pub(crate) fn outcome(&self) -> &'static str {
+    pub(crate) fn outcome(&self) -> Outcome {
         match self {
-            Settled::Pass(p) => p.as_str(),
-            Settled::Isolated(_) => "isolated",
-            Settled::Pending(_) => "pending",
-            Settled::Refused(Budget::NotObserved { .. }) => "pdb_not_observed",
-            Settled::Refused(_) => "pdb_exhausted",
-            Settled::Failed(_) => "error",
-            Settled::Permanent(_) => "failed_permanently",
-            Settled::Deadline => "deadline",
-            Settled::Unconfirmed(_) => "unconfirmed_limit",
+            Settled::Pass(p) => Outcome::Pass(*p),
+            Settled::Isolated(_) => Outcome::Isolated,
+            Settled::Pending(_) => Outcome::Pending,
+            Settled::Refused(Budget::NotObserved { .. }) => Outcome::PdbNotObserved,
+            Settled::Refused(_) => Outcome::PdbExhausted,
+            Settled::Failed(_) => Outcome::Error,
+            Settled::Permanent(_) => Outcome::FailedPermanently,
+            Settled::Deadline => Outcome::Deadline,
+            Settled::Unconfirmed(_) => Outcome::UnconfirmedLimit,
         }
     }
 }
@@ -198,11 +199,11 @@ pub(crate) async fn settle(
             }
         };
         let result = isolate::isolate(&state.ctx, &pod, &snap, plan, now).await;
-        if !plan.confirmed && !matches!(result, Ok(Outcome::Isolated { .. })) {
+        if !plan.confirmed && !matches!(result, Ok(isolate::Outcome::Isolated { .. })) {
             state.unconfirmed.release(&pod.namespace, &pod.name).await;
         }
         let error = match result {
-            Ok(Outcome::Isolated {
+            Ok(isolate::Outcome::Isolated {
                 removed,
                 uncharged,
                 delete_at,
@@ -221,7 +222,7 @@ pub(crate) async fn settle(
             }
             // The node's watch can still show the pod as it was before our own isolation
             // of it (which took it out of its PDB): refuse on a read, never on that view.
-            Ok(Outcome::Refused(budget)) if !fresh => {
+            Ok(isolate::Outcome::Refused(budget)) if !fresh => {
                 tracing::debug!(
                     ?budget,
                     "confirming a watched pod's PDB refusal with a read"
@@ -235,7 +236,7 @@ pub(crate) async fn settle(
                     Err(settled) => return settled,
                 }
             }
-            Ok(Outcome::Refused(budget)) => {
+            Ok(isolate::Outcome::Refused(budget)) => {
                 tracing::info!(?budget, "PDB refuses the eviction");
                 return Settled::Refused(budget);
             }
