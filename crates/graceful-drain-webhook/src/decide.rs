@@ -16,19 +16,19 @@ use graceful_drain_core::labels::{
 
 /// Which admission path a request came through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Path {
+pub enum Operation {
     /// CREATE pods/eviction (mutating webhook).
     Evict,
     /// DELETE pods (validating webhook).
     Delete,
 }
 
-impl Path {
+impl Operation {
     /// Bounded metric label.
     pub fn as_str(self) -> &'static str {
         match self {
-            Path::Evict => "evict",
-            Path::Delete => "delete",
+            Operation::Evict => "evict",
+            Operation::Delete => "delete",
         }
     }
 }
@@ -81,9 +81,9 @@ pub struct Preconditions {
 
 /// What the request asks for, independent of the wire format.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Request {
+pub struct Removal {
     /// Whether this is an eviction or a DELETE.
-    pub path: Path,
+    pub operation: Operation,
     /// The request's pod name (`request.name`), never a name taken from the body.
     pub name: String,
     /// The caller's preconditions: a request about another incarnation of the pod (a
@@ -393,7 +393,7 @@ pub enum Decision {
 
 /// Decides what to do with `req` about `pod`. Pure; see the module docs for the order.
 pub fn decide(
-    req: &Request,
+    req: &Removal,
     pod: &PodFacts,
     snap: &Snapshot,
     settings: &Settings,
@@ -437,10 +437,10 @@ pub fn decide(
     // PDBs never block a DELETE. An eviction of a pod selected by several PDBs is an
     // error the API server answers itself (500); whether a single budget allows the
     // eviction is decided on the live PDB when charging it, never on the cache.
-    let charge = match req.path {
-        Path::Evict if snap.pdbs.len() > 1 => return Decision::Pass(Pass::MultiplePdbs),
-        Path::Evict => Charge::Required,
-        Path::Delete => Charge::IfPossible,
+    let charge = match req.operation {
+        Operation::Evict if snap.pdbs.len() > 1 => return Decision::Pass(Pass::MultiplePdbs),
+        Operation::Evict => Charge::Required,
+        Operation::Delete => Charge::IfPossible,
     };
     let asked = delay_for(pod, &snap.namespace, settings.default_delay);
     let delay = asked.min(settings.max_delay);
@@ -507,7 +507,7 @@ pub fn preconditions_hold(pre: &Preconditions, pod: &PodFacts) -> bool {
 /// The passes a request earns whatever its pod: a dry run, our own request, the garbage
 /// collector, a force delete. The review's fast paths ask this before reading the pod;
 /// [`decide`] asks it first too.
-pub fn pass_for_request(req: &Request, settings: &Settings) -> Option<Pass> {
+pub fn pass_for_request(req: &Removal, settings: &Settings) -> Option<Pass> {
     if req.dry_run {
         return Some(Pass::DryRun);
     }
@@ -518,7 +518,7 @@ pub fn pass_for_request(req: &Request, settings: &Settings) -> Option<Pass> {
         return Some(Pass::GarbageCollector);
     }
     // An explicit zero grace period is a force delete: the caller wants the pod gone now.
-    if req.path == Path::Delete && req.grace_period == Some(0) {
+    if req.operation == Operation::Delete && req.grace_period == Some(0) {
         return Some(Pass::ForceDelete);
     }
     None

@@ -8,12 +8,13 @@
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::admission::{
-    AdmissionRequest, AdmissionResponse, AdmissionReview, META_API_VERSION_V1, META_KIND, Operation,
+    AdmissionRequest, AdmissionResponse, AdmissionReview, META_API_VERSION_V1, META_KIND,
+    Operation as AdmissionOperation,
 };
 use kube::core::{DynamicObject, TypeMeta};
 use serde_json::Value;
 
-use super::decide::{OwnerKind, Path, PodFacts, Preconditions, Request};
+use super::decide::{Operation, OwnerKind, PodFacts, Preconditions, Removal};
 use graceful_drain_core::labels::DEREGISTERING_CAUSE;
 
 /// Why a body could not be read as an AdmissionReview.
@@ -87,7 +88,7 @@ fn check_names(req: &AdmissionRequest<DynamicObject>) -> Result<(), Error> {
 #[derive(Clone, Debug)]
 pub struct Eviction {
     /// The request as the decision sees it.
-    pub request: Request,
+    pub request: Removal,
     /// The pod's namespace (`request.namespace`, never empty).
     pub namespace: String,
     /// The pod's name (`request.name`, never empty); the body is not trusted for it.
@@ -104,7 +105,7 @@ pub struct Eviction {
 #[derive(Clone, Debug)]
 pub struct Deletion {
     /// The request as the decision sees it.
-    pub request: Request,
+    pub request: Removal,
     /// The pod's namespace (`request.namespace`).
     pub namespace: String,
     /// The pod being deleted (`request.oldObject`), checked to be a `v1` Pod of the
@@ -141,7 +142,7 @@ pub struct Review {
 }
 
 /// Parses `body` received on `path`.
-pub fn parse(body: &[u8], path: Path) -> Result<Review, Error> {
+pub fn parse(body: &[u8], operation: Operation) -> Result<Review, Error> {
     let review: AdmissionReview<DynamicObject> =
         serde_json::from_slice(body).map_err(Error::Json)?;
     let types_ok =
@@ -153,7 +154,7 @@ pub fn parse(body: &[u8], path: Path) -> Result<Review, Error> {
         check_names(&request)?;
     }
     let parsed = if types_ok {
-        classify(&mut request, path)
+        classify(&mut request, operation)
     } else {
         Parsed::NotOurs("not an admission.k8s.io/v1 AdmissionReview")
     };
@@ -253,14 +254,14 @@ fn is_pods(req: &AdmissionRequest<DynamicObject>) -> bool {
     req.resource.group.is_empty() && req.resource.version == "v1" && req.resource.resource == "pods"
 }
 
-fn classify(req: &mut AdmissionRequest<DynamicObject>, path: Path) -> Parsed {
+fn classify(req: &mut AdmissionRequest<DynamicObject>, operation: Operation) -> Parsed {
     if !is_pods(req) {
         return Parsed::NotOurs("resource is not v1 pods");
     }
     let sub = req.sub_resource.as_deref().unwrap_or("");
-    match path {
-        Path::Evict => {
-            if req.operation != Operation::Create || sub != "eviction" {
+    match operation {
+        Operation::Evict => {
+            if req.operation != AdmissionOperation::Create || sub != "eviction" {
                 return Parsed::NotOurs("not a CREATE of pods/eviction");
             }
             if req.kind.kind != "Eviction" {
@@ -268,8 +269,8 @@ fn classify(req: &mut AdmissionRequest<DynamicObject>, path: Path) -> Parsed {
             }
             classify_eviction(req)
         }
-        Path::Delete => {
-            if req.operation != Operation::Delete || !sub.is_empty() {
+        Operation::Delete => {
+            if req.operation != AdmissionOperation::Delete || !sub.is_empty() {
                 return Parsed::NotOurs("not a DELETE of pods");
             }
             classify_deletion(req)
@@ -294,8 +295,8 @@ fn classify_eviction(req: &AdmissionRequest<DynamicObject>) -> Parsed {
         Some(v @ Value::Object(_)) => v.clone(),
         _ => Value::Null,
     };
-    let request = Request {
-        path: Path::Evict,
+    let request = Removal {
+        operation: Operation::Evict,
         name: pod.clone(),
         preconditions: preconditions(&delete_options),
         dry_run: req.dry_run || options_dry_run(&delete_options),
@@ -339,8 +340,8 @@ fn classify_deletion(req: &mut AdmissionRequest<DynamicObject>) -> Parsed {
     if old.metadata.name.as_deref() != Some(req.name.as_str()) {
         return Parsed::NotOurs("oldObject is not the request's pod");
     }
-    let request = Request {
-        path: Path::Delete,
+    let request = Removal {
+        operation: Operation::Delete,
         name: req.name.clone(),
         preconditions: preconditions(&options),
         dry_run: req.dry_run || options_dry_run(&options),

@@ -47,6 +47,8 @@ pub(crate) enum Outcome {
     NotOurs,
     /// The protection probe.
     Probe,
+    /// The body is not an AdmissionReview (answered 400).
+    Malformed,
     /// Let through unchanged for this reason.
     Pass(Pass),
 }
@@ -72,6 +74,7 @@ impl Outcome {
             Outcome::HoldLimit => "hold_limit",
             Outcome::NotOurs => "not_ours",
             Outcome::Probe => "probe",
+            Outcome::Malformed => "malformed",
             Outcome::Pass(pass) => pass.as_str(),
         }
     }

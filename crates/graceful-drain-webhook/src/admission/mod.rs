@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::configurations;
-use crate::decide::Path;
+use crate::decide::Operation;
 use crate::review::{self, Parsed};
 pub use crate::state::{AppState, Holds, MAX_HELD_DELETES};
 use crate::transport::{Received, Refused};
@@ -60,7 +60,7 @@ async fn evict(
     Query(q): Query<TimeoutQuery>,
     body: Result<Received, Refused>,
 ) -> Response {
-    handle(state, Path::Evict, q.timeout, body).await
+    handle(state, Operation::Evict, q.timeout, body).await
 }
 
 async fn delete(
@@ -68,7 +68,7 @@ async fn delete(
     Query(q): Query<TimeoutQuery>,
     body: Result<Received, Refused>,
 ) -> Response {
-    handle(state, Path::Delete, q.timeout, body).await
+    handle(state, Operation::Delete, q.timeout, body).await
 }
 
 /// The longest webhook timeout kube-apiserver accepts (`timeoutSeconds` is validated to
@@ -93,7 +93,7 @@ fn hold_deadline(started: Instant, budget: Duration) -> Instant {
 
 async fn handle(
     state: Arc<AppState>,
-    path: Path,
+    operation: Operation,
     timeout: Option<String>,
     body: Result<Received, Refused>,
 ) -> Response {
@@ -103,7 +103,7 @@ async fn handle(
         Ok(body) => body,
         Err(refused) => {
             state.metrics.review(
-                path.as_str(),
+                operation.as_str(),
                 refused.outcome(),
                 started.elapsed().as_secs_f64(),
             );
@@ -115,10 +115,10 @@ async fn handle(
     let mut parsed_cost = body.more();
     let parsed = match review::parse_cost(&body.bytes) {
         Ok(cost) => match body.budget.take(&mut parsed_cost, cost).await {
-            Ok(()) => review::parse(&body.bytes, path),
+            Ok(()) => review::parse(&body.bytes, operation),
             Err(exhausted) => {
                 state.metrics.review(
-                    path.as_str(),
+                    operation.as_str(),
                     exhausted.outcome(),
                     started.elapsed().as_secs_f64(),
                 );
@@ -135,14 +135,16 @@ async fn handle(
     let review = match parsed {
         Ok(review) => review,
         Err(error) => {
-            state
-                .metrics
-                .review(path.as_str(), "malformed", started.elapsed().as_secs_f64());
+            state.metrics.review(
+                operation.as_str(),
+                Outcome::Malformed.as_str(),
+                started.elapsed().as_secs_f64(),
+            );
             // Anyone who reaches the port can send these: a few lines, then a count.
             if let crate::throttle::Admit::Yes { dropped } =
                 state.throttles.malformed_logs.admit("", started)
             {
-                tracing::warn!(operation = path.as_str(), error = %graceful_drain_core::error::chain(&error), dropped, "malformed admission review (dropped: not logged since the last)");
+                tracing::warn!(operation = operation.as_str(), error = %graceful_drain_core::error::chain(&error), dropped, "malformed admission review (dropped: not logged since the last)");
             }
             return (StatusCode::BAD_REQUEST, format!("{error}\n")).into_response();
         }
@@ -151,7 +153,7 @@ async fn handle(
     let span = tracing::info_span!(
         "review",
         uid = %review.request.uid,
-        operation = path.as_str(),
+        operation = operation.as_str(),
         namespace = review.request.namespace.as_deref().unwrap_or_default(),
         pod = %review.request.name,
         outcome = tracing::field::Empty,
@@ -167,7 +169,7 @@ async fn handle(
     span.record("outcome", outcome);
     state
         .metrics
-        .review(path.as_str(), outcome, started.elapsed().as_secs_f64());
+        .review(operation.as_str(), outcome, started.elapsed().as_secs_f64());
     match review::to_body(response) {
         Ok(json) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
         Err(error) => (

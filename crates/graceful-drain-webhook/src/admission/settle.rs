@@ -11,7 +11,8 @@ use tokio::time::Instant;
 
 use super::answer::Outcome;
 use crate::decide::{
-    self, Charge, Decision, Pass, Path, PodFacts, Request, is_replicaset_controller, of_replicaset,
+    self, Charge, Decision, Operation, Pass, PodFacts, Removal, is_replicaset_controller,
+    of_replicaset,
 };
 use crate::isolate::{self, Budget};
 use crate::review;
@@ -118,7 +119,7 @@ async fn reread(state: &AppState, pod: &PodFacts) -> Result<PodFacts, Settled> {
 /// goes through unprotected.
 pub(crate) async fn settle(
     state: &AppState,
-    req: &Request,
+    req: &Removal,
     mut pod: PodFacts,
     mut fresh: bool,
 ) -> Settled {
@@ -150,7 +151,7 @@ pub(crate) async fn settle(
                 // A merely cordoned node confirms nothing (isolate::NodeDrain::Cordoned).
                 let confirmed = on_due == isolate::OnDue::Deleter
                     || req.owner_backed
-                    || (req.path == Path::Evict
+                    || (req.operation == Operation::Evict
                         && (state.reviews_authenticated
                             || matches!(
                                 isolate::node_drain(&state.ctx, pod.node_name.as_deref()).await,
@@ -164,7 +165,7 @@ pub(crate) async fn settle(
                 // forged by anyone who reaches the port) is bound by the pod's budget as an
                 // eviction is. Past a spent budget it is not isolated and the DELETE goes
                 // through as it would without us (docs/security.md).
-                let charge = if !confirmed && req.path == Path::Delete {
+                let charge = if !confirmed && req.operation == Operation::Delete {
                     if snap.pdbs.len() > 1 {
                         return Settled::Unconfirmed(format!(
                             "pod {}/{} is selected by several PodDisruptionBudgets and nothing confirms its deletion",
@@ -314,8 +315,10 @@ async fn unconfirmed_refusal(
 /// Who removes the pod once it is due: the deferred deleter only for a ReplicaSet
 /// controller's DELETE of its own pod (refused after isolation, and checked on the live
 /// ReplicaSet by [`replicaset_has_surplus`] first); every other caller comes back itself.
-fn on_due(req: &Request, pod: &PodFacts) -> isolate::OnDue {
-    if req.path == decide::Path::Delete && is_replicaset_controller(&req.user) && of_replicaset(pod)
+fn on_due(req: &Removal, pod: &PodFacts) -> isolate::OnDue {
+    if req.operation == decide::Operation::Delete
+        && is_replicaset_controller(&req.user)
+        && of_replicaset(pod)
     {
         isolate::OnDue::Deleter
     } else {
@@ -344,7 +347,7 @@ async fn delay_capped(state: &AppState, pod: &PodFacts) {
 /// Event; the request goes through unchanged.
 async fn permanent(
     state: &AppState,
-    req: &Request,
+    req: &Removal,
     pod: &PodFacts,
     error: &isolate::Error,
 ) -> Settled {
@@ -352,13 +355,15 @@ async fn permanent(
         isolate::Error::Conflict { .. } => "invalid",
         other => other.reason(),
     };
-    state.metrics.isolation_failure(req.path.as_str(), reason);
+    state
+        .metrics
+        .isolation_failure(req.operation.as_str(), reason);
     tracing::warn!(%error, reason, "isolation refused permanently; letting the request through");
     let message = format!(
         "Could not isolate the pod before its {}; it went through unprotected: {error}",
-        match req.path {
-            Path::Evict => "eviction",
-            Path::Delete => "deletion",
+        match req.operation {
+            Operation::Evict => "eviction",
+            Operation::Delete => "deletion",
         }
     );
     isolate::record_event(

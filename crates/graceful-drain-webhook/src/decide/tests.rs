@@ -15,9 +15,9 @@ fn settings() -> Settings {
     }
 }
 
-fn req(path: Path) -> Request {
-    Request {
-        path,
+fn req(operation: Operation) -> Removal {
+    Removal {
+        operation,
         name: "web-1".into(),
         preconditions: Preconditions::default(),
         dry_run: false,
@@ -87,12 +87,12 @@ fn isolate_delete_at(secs: i64) -> Decision {
 
 #[test]
 fn decision_table() {
-    type Case = (&'static str, Request, PodFacts, Snapshot, Decision);
-    let mut dry = req(Path::Evict);
+    type Case = (&'static str, Removal, PodFacts, Snapshot, Decision);
+    let mut dry = req(Operation::Evict);
     dry.dry_run = true;
-    let mut own = req(Path::Delete);
+    let mut own = req(Operation::Delete);
     own.user = "system:serviceaccount:gd:webhook".into();
-    let mut force = req(Path::Delete);
+    let mut force = req(Operation::Delete);
     force.grace_period = Some(0);
     let mut opted = pod();
     opted.labels.insert(OPT_OUT_LABEL.into(), "true".into());
@@ -141,18 +141,18 @@ fn decision_table() {
     bad_delay
         .annotations
         .insert(DELAY_ANNOTATION.into(), "soon".into());
-    let mut graceful = req(Path::Evict);
+    let mut graceful = req(Operation::Evict);
     graceful.grace_period = Some(20);
-    let mut uid_pre = req(Path::Evict);
+    let mut uid_pre = req(Operation::Evict);
     uid_pre.preconditions.uid = Some("uid-of-the-previous-web-1".into());
-    let mut rv_pre = req(Path::Evict);
+    let mut rv_pre = req(Operation::Evict);
     rv_pre.preconditions.resource_version = Some("6".into());
-    let mut ok_pre = req(Path::Evict);
+    let mut ok_pre = req(Operation::Evict);
     ok_pre.preconditions = Preconditions {
         uid: Some("uid-1".into()),
         resource_version: Some("7".into()),
     };
-    let mut gc = req(Path::Delete);
+    let mut gc = req(Operation::Delete);
     gc.user = GARBAGE_COLLECTOR.into();
     let mut no_deleter = exposed();
     no_deleter.no_deleter = true;
@@ -162,14 +162,14 @@ fn decision_table() {
     let cases: Vec<Case> = vec![
         (
             "isolates an exposed ready pod",
-            req(Path::Evict),
+            req(Operation::Evict),
             pod(),
             exposed(),
             isolate_at(60),
         ),
         (
             "delete isolates too",
-            req(Path::Delete),
+            req(Operation::Delete),
             pod(),
             exposed(),
             isolate_delete_at(60),
@@ -197,28 +197,28 @@ fn decision_table() {
         ),
         (
             "pod opt-out",
-            req(Path::Evict),
+            req(Operation::Evict),
             opted,
             exposed(),
             Decision::Pass(Pass::OptedOut),
         ),
         (
             "namespace opt-out",
-            req(Path::Evict),
+            req(Operation::Evict),
             pod(),
             ns_opted,
             Decision::Pass(Pass::OptedOut),
         ),
         (
             "terminating",
-            req(Path::Delete),
+            req(Operation::Delete),
             terminating,
             exposed(),
             Decision::Pass(Pass::Terminating),
         ),
         (
             "already isolated waits",
-            req(Path::Evict),
+            req(Operation::Evict),
             pending.clone(),
             exposed(),
             Decision::Pending {
@@ -227,91 +227,91 @@ fn decision_table() {
         ),
         (
             "already isolated and due",
-            req(Path::Delete),
+            req(Operation::Delete),
             due.clone(),
             Snapshot::default(),
             Decision::Pass(Pass::AlreadyDue),
         ),
         (
             "due but still in an EndpointSlice: waits, asked again from now",
-            req(Path::Evict),
+            req(Operation::Evict),
             due,
             exposed(),
             Decision::Pending { delete_at: now() },
         ),
         (
             "not running",
-            req(Path::Evict),
+            req(Operation::Evict),
             pending_phase,
             exposed(),
             Decision::Pass(Pass::NotRunning),
         ),
         (
             "not ready",
-            req(Path::Evict),
+            req(Operation::Evict),
             unready,
             exposed(),
             Decision::Pass(Pass::NotReady),
         ),
         (
             "no slice",
-            req(Path::Evict),
+            req(Operation::Evict),
             pod(),
             Snapshot::default(),
             Decision::Pass(Pass::NotExposed),
         ),
         (
             "unready endpoint",
-            req(Path::Evict),
+            req(Operation::Evict),
             pod(),
             not_ready_ep,
             Decision::Pass(Pass::NotExposed),
         ),
         (
             "endpoint of a previous pod",
-            req(Path::Evict),
+            req(Operation::Evict),
             pod(),
             other_uid,
             Decision::Pass(Pass::NotExposed),
         ),
         (
             "pdb with budget",
-            req(Path::Evict),
+            req(Operation::Evict),
             pod(),
             with_pdb(pdb(1)),
             isolate_at(60),
         ),
         (
             "eviction behind an exhausted cached pdb: the live PDB decides",
-            req(Path::Evict),
+            req(Operation::Evict),
             pod(),
             with_pdb(pdb(0)),
             isolate_at(60),
         ),
         (
             "eviction behind an unobserved cached pdb: the live PDB decides",
-            req(Path::Evict),
+            req(Operation::Evict),
             pod(),
             with_pdb(unobserved.clone()),
             isolate_at(60),
         ),
         (
             "a PDB never blocks a delete: exhausted",
-            req(Path::Delete),
+            req(Operation::Delete),
             pod(),
             with_pdb(pdb(0)),
             isolate_delete_at(60),
         ),
         (
             "a PDB never blocks a delete: unobserved",
-            req(Path::Delete),
+            req(Operation::Delete),
             pod(),
             with_pdb(unobserved),
             isolate_delete_at(60),
         ),
         (
             "a PDB never blocks a delete: several",
-            req(Path::Delete),
+            req(Operation::Delete),
             pod(),
             two.clone(),
             isolate_delete_at(60),
@@ -339,14 +339,14 @@ fn decision_table() {
         ),
         (
             "nobody holds the deleter lease",
-            req(Path::Evict),
+            req(Operation::Evict),
             pod(),
             no_deleter,
             Decision::Pass(Pass::NoDeleter),
         ),
         (
             "an isolated pod stays protected without a deleter",
-            req(Path::Evict),
+            req(Operation::Evict),
             pending.clone(),
             {
                 let mut s = exposed();
@@ -366,42 +366,42 @@ fn decision_table() {
         ),
         (
             "terminating namespace passes",
-            req(Path::Delete),
+            req(Operation::Delete),
             pod(),
             ns_terminating,
             Decision::Pass(Pass::NamespaceTerminating),
         ),
         (
             "pdb already lists the pod",
-            req(Path::Evict),
+            req(Operation::Evict),
             pod(),
             with_pdb(listed),
             isolate_at(60),
         ),
         (
             "two pdbs",
-            req(Path::Evict),
+            req(Operation::Evict),
             pod(),
             two,
             Decision::Pass(Pass::MultiplePdbs),
         ),
         (
             "pod delay annotation",
-            req(Path::Evict),
+            req(Operation::Evict),
             pod_delay,
             exposed(),
             isolate_at(45),
         ),
         (
             "namespace delay annotation",
-            req(Path::Evict),
+            req(Operation::Evict),
             pod(),
             ns_delay,
             isolate_at(120),
         ),
         (
             "an annotated delay beyond the maximum is capped",
-            req(Path::Evict),
+            req(Operation::Evict),
             long_delay,
             exposed(),
             Decision::Isolate {
@@ -413,7 +413,7 @@ fn decision_table() {
         ),
         (
             "bad delay falls back",
-            req(Path::Evict),
+            req(Operation::Evict),
             bad_delay,
             exposed(),
             isolate_at(60),
@@ -470,7 +470,7 @@ fn a_ready_pod_its_service_selects_is_exposed_before_any_slice_lists_it() {
         }],
         ..Snapshot::default()
     };
-    let r = req(Path::Evict);
+    let r = req(Operation::Evict);
     assert!(matches!(
         decide(
             &r,

@@ -41,13 +41,13 @@ fn delete_review(uid: &str) -> Value {
     })
 }
 
-fn parse_value(v: &Value, path: Path) -> Result<Review, Error> {
+fn parse_value(v: &Value, path: Operation) -> Result<Review, Error> {
     parse(&serde_json::to_vec(v).unwrap(), path)
 }
 
 #[test]
 fn eviction_is_read_with_its_options() {
-    let review = parse_value(&eviction_review("u-1"), Path::Evict).unwrap();
+    let review = parse_value(&eviction_review("u-1"), Operation::Evict).unwrap();
     let Parsed::Evict(ev) = review.parsed else {
         panic!("not an eviction")
     };
@@ -65,7 +65,7 @@ fn eviction_is_about_the_requests_pod_with_its_preconditions() {
     v["request"]["object"]["metadata"]["name"] = json!("other-pod");
     v["request"]["object"]["deleteOptions"]["preconditions"] =
         json!({"uid": "uid-9", "resourceVersion": "12"});
-    let Parsed::Evict(ev) = parse_value(&v, Path::Evict).unwrap().parsed else {
+    let Parsed::Evict(ev) = parse_value(&v, Operation::Evict).unwrap().parsed else {
         panic!("not an eviction")
     };
     assert_eq!(ev.pod, "web-1");
@@ -79,7 +79,7 @@ fn eviction_is_about_the_requests_pod_with_its_preconditions() {
 
 #[test]
 fn deletion_is_read_with_pod_and_options() {
-    let review = parse_value(&delete_review("u-2"), Path::Delete).unwrap();
+    let review = parse_value(&delete_review("u-2"), Operation::Delete).unwrap();
     let Parsed::Delete(del) = review.parsed else {
         panic!("not a delete")
     };
@@ -94,13 +94,13 @@ fn deletion_is_read_with_pod_and_options() {
 fn dry_run_is_seen_in_request_and_options() {
     let mut v = eviction_review("u");
     v["request"]["object"]["deleteOptions"]["dryRun"] = json!(["All"]);
-    let Parsed::Evict(ev) = parse_value(&v, Path::Evict).unwrap().parsed else {
+    let Parsed::Evict(ev) = parse_value(&v, Operation::Evict).unwrap().parsed else {
         panic!()
     };
     assert!(ev.request.dry_run);
     let mut v = delete_review("u");
     v["request"]["dryRun"] = json!(true);
-    let Parsed::Delete(del) = parse_value(&v, Path::Delete).unwrap().parsed else {
+    let Parsed::Delete(del) = parse_value(&v, Operation::Delete).unwrap().parsed else {
         panic!()
     };
     assert!(del.request.dry_run);
@@ -108,7 +108,7 @@ fn dry_run_is_seen_in_request_and_options() {
 
 #[test]
 fn bad_input_table() {
-    let not_ours: Vec<(&str, Value, Path)> = vec![
+    let not_ours: Vec<(&str, Value, Operation)> = vec![
         (
             "wrong apiVersion",
             {
@@ -116,7 +116,7 @@ fn bad_input_table() {
                 v["apiVersion"] = json!("admission.k8s.io/v1beta1");
                 v
             },
-            Path::Evict,
+            Operation::Evict,
         ),
         (
             "wrong kind",
@@ -125,7 +125,7 @@ fn bad_input_table() {
                 v["kind"] = json!("Pod");
                 v
             },
-            Path::Evict,
+            Operation::Evict,
         ),
         (
             "missing object",
@@ -134,7 +134,7 @@ fn bad_input_table() {
                 v["request"]["object"] = Value::Null;
                 v
             },
-            Path::Evict,
+            Operation::Evict,
         ),
         (
             "missing oldObject",
@@ -143,7 +143,7 @@ fn bad_input_table() {
                 v["request"]["oldObject"] = Value::Null;
                 v
             },
-            Path::Delete,
+            Operation::Delete,
         ),
         (
             "oldObject not a pod",
@@ -152,17 +152,17 @@ fn bad_input_table() {
                 v["request"]["oldObject"]["kind"] = json!("Service");
                 v
             },
-            Path::Delete,
+            Operation::Delete,
         ),
         (
             "delete sent to the eviction path",
             delete_review("u"),
-            Path::Evict,
+            Operation::Evict,
         ),
         (
             "eviction sent to the delete path",
             eviction_review("u"),
-            Path::Delete,
+            Operation::Delete,
         ),
         (
             "not pods",
@@ -171,7 +171,7 @@ fn bad_input_table() {
                 v["request"]["resource"]["resource"] = json!("services");
                 v
             },
-            Path::Delete,
+            Operation::Delete,
         ),
         (
             "update",
@@ -180,7 +180,7 @@ fn bad_input_table() {
                 v["request"]["operation"] = json!("UPDATE");
                 v
             },
-            Path::Delete,
+            Operation::Delete,
         ),
     ];
     for (name, v, path) in not_ours {
@@ -206,7 +206,7 @@ fn bad_input_table() {
                 .to_vec(),
         ),
     ] {
-        assert!(parse(&body, Path::Evict).is_err(), "{name}");
+        assert!(parse(&body, Operation::Evict).is_err(), "{name}");
     }
 }
 
@@ -227,7 +227,7 @@ fn arb_json() -> impl Strategy<Value = Value> {
 }
 
 /// Replaces one field of a valid review (by a JSON pointer) with arbitrary JSON.
-fn mutated() -> impl Strategy<Value = (Value, Path)> {
+fn mutated() -> impl Strategy<Value = (Value, Operation)> {
     let pointers = prop::sample::select(vec![
         "/apiVersion",
         "/kind",
@@ -250,9 +250,9 @@ fn mutated() -> impl Strategy<Value = (Value, Path)> {
     ]);
     (any::<bool>(), pointers, arb_json()).prop_map(|(evict, ptr, value)| {
         let (mut review, path) = if evict {
-            (eviction_review("fixed-uid"), Path::Evict)
+            (eviction_review("fixed-uid"), Operation::Evict)
         } else {
-            (delete_review("fixed-uid"), Path::Delete)
+            (delete_review("fixed-uid"), Operation::Delete)
         };
         if let Some(slot) = review.pointer_mut(ptr) {
             *slot = value;
@@ -264,8 +264,8 @@ fn mutated() -> impl Strategy<Value = (Value, Path)> {
 proptest! {
     #[test]
     fn parser_never_panics_on_bytes(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
-        let _ = parse(&bytes, Path::Evict);
-        let _ = parse(&bytes, Path::Delete);
+        let _ = parse(&bytes, Operation::Evict);
+        let _ = parse(&bytes, Operation::Delete);
     }
 
     #[test]
@@ -294,7 +294,7 @@ fn names_kubernetes_would_not_allow_are_refused() {
     ] {
         let mut review = eviction_review("u-1");
         review["request"][field] = json!(value);
-        let error = parse_value(&review, Path::Evict).unwrap_err();
+        let error = parse_value(&review, Operation::Evict).unwrap_err();
         assert!(
             matches!(error, Error::Name { field: f, .. } if f == field),
             "{field}={:.20}: {error}",
@@ -306,7 +306,7 @@ fn names_kubernetes_would_not_allow_are_refused() {
     let mut review = eviction_review("u-1");
     review["request"]["name"] = json!(format!("{}.{}", "a".repeat(126), "b".repeat(126)));
     review["request"]["namespace"] = json!("n".repeat(63));
-    assert!(parse_value(&review, Path::Evict).is_ok());
+    assert!(parse_value(&review, Operation::Evict).is_ok());
 }
 
 /// Every value counts, an object's keys do not; the count needs valid JSON.
@@ -388,7 +388,7 @@ fn a_pod_of_forty_containers_fits() {
     );
     assert!(parse_cost(&body).is_ok());
     assert!(matches!(
-        parse(&body, Path::Delete).unwrap().parsed,
+        parse(&body, Operation::Delete).unwrap().parsed,
         Parsed::Delete(_)
     ));
 }
