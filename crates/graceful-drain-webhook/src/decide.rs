@@ -452,6 +452,85 @@ pub fn decide(
     }
 }
 
+/// What stands behind an isolation besides the review's word, which anyone reaching the
+/// port could forge (docs/security.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Evidence {
+    /// Every connection presents a client certificate of the API server: the review is
+    /// the caller's own word, authenticated and authorised.
+    pub reviews_authenticated: bool,
+    /// A drainer's mark is on the pod's node (`isolate::NodeDrain::Draining`); read only
+    /// when [`needs_node`] says it could matter.
+    pub node_draining: bool,
+}
+
+/// How an isolation [`decide`] asked for goes ahead, once [`confirm`]ed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Confirmation {
+    /// Something only an authenticated user can do stands behind it (a drain, the API
+    /// server's word, a controller's DELETE its live owner backs): it is not counted
+    /// against the unconfirmed share.
+    pub confirmed: bool,
+    /// The deferred deleter removes the pod when due ([`deleter_removes`]).
+    pub deleter_removes: bool,
+    /// The caller's grace period, kept only when the API server vouches for the review;
+    /// otherwise the pod's own is used.
+    pub grace_period: Option<i64>,
+    /// How the pod's PDB is charged.
+    pub charge: Charge,
+}
+
+/// Whether the deferred deleter removes the pod once it is due: only for a ReplicaSet
+/// controller's DELETE of its own pod (refused after isolation, and checked on the live
+/// ReplicaSet by the admission's surplus check first); every other caller comes back
+/// itself.
+pub fn deleter_removes(req: &Removal, pod: &PodFacts) -> bool {
+    req.operation == Operation::Delete && is_replicaset_controller(&req.user) && of_replicaset(pod)
+}
+
+/// Whether [`confirm`] needs to know if the pod's node is being drained: only for an
+/// eviction nothing else confirms.
+pub fn needs_node(req: &Removal, evidence_authenticated: bool) -> bool {
+    req.operation == Operation::Evict && !evidence_authenticated
+}
+
+/// How an isolation of `pod` for `req` goes ahead on `evidence`, with the grace period and
+/// charge [`decide`] gave it; `Err` with why when it must not. A merely cordoned node
+/// confirms nothing, and an unconfirmed DELETE is an unconfirmed disruption: bound by the
+/// pod's budget as an eviction is (PDBs never block a DELETE, but anyone may send one),
+/// and refused when several budgets select the pod.
+pub fn confirm(
+    req: &Removal,
+    pod: &PodFacts,
+    snap: &Snapshot,
+    evidence: Evidence,
+    grace_period: Option<i64>,
+    charge: Charge,
+) -> Result<Confirmation, String> {
+    let deleter_removes = deleter_removes(req, pod);
+    let confirmed = deleter_removes
+        || req.owner_backed
+        || (req.operation == Operation::Evict
+            && (evidence.reviews_authenticated || evidence.node_draining));
+    let charge = if !confirmed && req.operation == Operation::Delete {
+        if snap.pdbs.len() > 1 {
+            return Err(format!(
+                "pod {}/{} is selected by several PodDisruptionBudgets and nothing confirms its deletion",
+                pod.namespace, pod.name
+            ));
+        }
+        Charge::Required
+    } else {
+        charge
+    };
+    Ok(Confirmation {
+        confirmed,
+        deleter_removes,
+        grace_period: grace_period.filter(|_| evidence.reviews_authenticated),
+        charge,
+    })
+}
+
 /// Longest an isolated pod waits past its delete time for the last EndpointSlice to drop
 /// it: a Service selecting the draining label would otherwise keep it forever.
 pub const MAX_ENDPOINT_WAIT: Duration = Duration::from_secs(600);

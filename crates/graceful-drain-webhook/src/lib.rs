@@ -390,7 +390,9 @@ async fn own_users(client: &kube::Client, given: Vec<String>) -> BTreeSet<String
     own
 }
 
-/// Runs the webhook until `shutdown`.
+/// Runs the webhook until `shutdown`: clients, caches and the acting context, the probe,
+/// the workers (caches, deleter, restorer), the admin port, then the admission port;
+/// after it the workers finish and an uninstall releases our rights.
 pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
     let Args {
         listen,
@@ -416,42 +418,14 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
     // Event on this pod.
     let own_pod = identity.clone().map(|name| (lease_namespace.clone(), name));
     let identity = identity.unwrap_or_else(default_identity);
-    let own = own_users(&client, policy.own_users).await;
+    let own = own_users(&client, policy.own_users.clone()).await;
     tracing::info!(%identity, own_users = ?own, "starting webhook");
 
     let mut registry = Registry::default();
     let metrics = Arc::new(metrics::Metrics::new(&mut registry));
-    let readiness = Readiness::default();
-    readiness.register("certificate", "serving certificate not loaded");
-    readiness.register("caches", "caches not synced");
-    readiness.register("isolated pods", "watch of isolated pods not synced");
-    readiness.register("deleter", "no replica holds the deleter Lease");
-    readiness.ready("webhook");
-    let resolver = Arc::new(tls::ReloadingResolver::new(tls.tls_cert, tls.tls_key));
-    if let Err(error) = resolver.reload() {
-        tracing::warn!(error = %graceful_drain_core::error::chain(&error), "serving certificate not available yet; retrying");
-    }
-    let tls_config = Arc::new(tls::server_config(
-        resolver.clone(),
-        tls.client_ca.as_deref(),
-    )?);
-    let reviews_authenticated = tls.client_ca.is_some();
-    // Admission calls and the deleter queue their Events for one sender, which groups
-    // those of one controller's pods (see `events`).
-    let (events, queue) = tokio::sync::mpsc::channel(isolate::EVENT_QUEUE);
-    let sender = events::send(client.clone(), queue, shutdown.clone());
-    spawn_owned("events", shutdown.clone(), sender);
-    let ctx = isolate::Context {
-        client,
-        cache: Arc::new(cache::Cache::new(policy.exclude_namespaces)),
-        identity,
-        events: isolate::EventSink::Queue(events),
-        keep_labels: policy.keep_labels.iter().cloned().collect(),
-        restore_after: policy.restore_after,
-        gates: Default::default(),
-        owners: Default::default(),
-        nodes: Default::default(),
-    };
+    let readiness = readiness_gates();
+    let (resolver, tls_config) = serving_tls(&tls)?;
+    let ctx = acting_context(client, identity, &policy, &shutdown);
     let admission_ctx = isolate::Context {
         client: admission,
         ..ctx.clone()
@@ -467,23 +441,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
     if let Some((client, namespace, name, own)) = &uninstall {
         uninstall::adopt(client, namespace, name, own).await;
     }
-    let protection = Arc::new(probe::Shared::default());
-    let reporter = probe::Reporter {
-        ctx: ctx.clone(),
-        pod: own_pod,
-    };
-    spawn_owned(
-        "probe",
-        shutdown.clone(),
-        probe::run(
-            ctx.client.clone(),
-            *probe_args,
-            protection.clone(),
-            metrics.clone(),
-            reporter,
-            shutdown.clone(),
-        ),
-    );
+    let protection = start_probe(&ctx, *probe_args, own_pod, &metrics, &shutdown);
     // Every replica counts the unconfirmed share in one Lease beside the deleter's.
     let unconfirmed = share::Unconfirmed::shared(
         admission_ctx.client.clone(),
@@ -505,16 +463,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         deployment,
     };
     let finishing = spawn_workers(workers, &shutdown);
-    let registry = Arc::new(registry);
-    let (admin_addr, admin) = graceful_drain_core::admin::bind(
-        admin_listen,
-        readiness.clone(),
-        registry,
-        shutdown.clone(),
-    )
-    .await?;
-    tracing::info!(%admin_addr, "admin port listening");
-    spawn_owned("admin", shutdown.clone(), admin);
+    start_admin(admin_listen, readiness.clone(), registry, &shutdown).await?;
 
     let state = Arc::new(server::AppState {
         ctx: admission_ctx,
@@ -533,7 +482,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         scale_downs: Default::default(),
         controllers: Default::default(),
         throttles: Default::default(),
-        reviews_authenticated,
+        reviews_authenticated: tls.client_ca.is_some(),
     });
     let holds = state.shutdown.clone();
     let app = server::router(state, policy.max_body_bytes);
@@ -542,17 +491,116 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
     let served = serve_admission(listen, app, tls_config, holds, stage, shutdown).await;
     // Normally already cancelled; after a failed bind it stops the workers too.
     stop.cancel();
+    finish(finishing, uninstall).await;
+    served
+}
+
+/// The readiness gates, each closed until its part is ready.
+fn readiness_gates() -> Readiness {
+    let readiness = Readiness::default();
+    readiness.register("certificate", "serving certificate not loaded");
+    readiness.register("caches", "caches not synced");
+    readiness.register("isolated pods", "watch of isolated pods not synced");
+    readiness.register("deleter", "no replica holds the deleter Lease");
+    readiness.ready("webhook");
+    readiness
+}
+
+/// The serving certificate's resolver (re-read on rotation) and the TLS configuration
+/// that uses it, with `--client-ca` when given.
+fn serving_tls(
+    tls: &TlsArgs,
+) -> anyhow::Result<(Arc<tls::ReloadingResolver>, Arc<rustls::ServerConfig>)> {
+    let resolver = Arc::new(tls::ReloadingResolver::new(
+        tls.tls_cert.clone(),
+        tls.tls_key.clone(),
+    ));
+    if let Err(error) = resolver.reload() {
+        tracing::warn!(error = %graceful_drain_core::error::chain(&error), "serving certificate not available yet; retrying");
+    }
+    let config = tls::server_config(resolver.clone(), tls.client_ca.as_deref())?;
+    Ok((resolver, Arc::new(config)))
+}
+
+/// What isolating pods needs, with its Event sender started: admission calls and the
+/// deleter queue their Events for one sender, which groups those of one controller's
+/// pods (see `events`).
+fn acting_context(
+    client: kube::Client,
+    identity: String,
+    policy: &PolicyArgs,
+    shutdown: &Shutdown,
+) -> isolate::Context {
+    let (events, queue) = tokio::sync::mpsc::channel(isolate::EVENT_QUEUE);
+    let sender = events::send(client.clone(), queue, shutdown.clone());
+    spawn_owned("events", shutdown.clone(), sender);
+    isolate::Context {
+        client,
+        cache: Arc::new(cache::Cache::new(policy.exclude_namespaces.clone())),
+        identity,
+        events: isolate::EventSink::Queue(events),
+        keep_labels: policy.keep_labels.iter().cloned().collect(),
+        restore_after: policy.restore_after,
+        gates: Default::default(),
+        owners: Default::default(),
+        nodes: Default::default(),
+    }
+}
+
+/// Starts the protection probe; what it last found is in the returned share.
+fn start_probe(
+    ctx: &isolate::Context,
+    args: probe::ProbeArgs,
+    own_pod: Option<(String, String)>,
+    metrics: &Arc<metrics::Metrics>,
+    shutdown: &Shutdown,
+) -> Arc<probe::Shared> {
+    let protection = Arc::new(probe::Shared::default());
+    let reporter = probe::Reporter {
+        ctx: ctx.clone(),
+        pod: own_pod,
+    };
+    let probing = probe::run(
+        ctx.client.clone(),
+        args,
+        protection.clone(),
+        metrics.clone(),
+        reporter,
+        shutdown.clone(),
+    );
+    spawn_owned("probe", shutdown.clone(), probing);
+    protection
+}
+
+/// Binds the admin port (`/livez`, `/readyz`, `/metrics`) and serves it until shutdown.
+async fn start_admin(
+    listen: SocketAddr,
+    readiness: Readiness,
+    registry: Registry,
+    shutdown: &Shutdown,
+) -> anyhow::Result<()> {
+    let registry = Arc::new(registry);
+    let (addr, admin) =
+        graceful_drain_core::admin::bind(listen, readiness, registry, shutdown.clone()).await?;
+    tracing::info!(admin_addr = %addr, "admin port listening");
+    spawn_owned("admin", shutdown.clone(), admin);
+    Ok(())
+}
+
+/// Waits for the workers to finish, then, at an uninstall, releases our rights: only
+/// now, with the isolated pods deleted or restored, may they go.
+async fn finish(
+    finishing: Vec<tokio::task::JoinHandle<()>>,
+    uninstall: Option<(kube::Client, String, String, BTreeSet<String>)>,
+) {
     for task in finishing {
         if let Err(error) = task.await {
             tracing::warn!(%error, "worker did not finish cleanly");
         }
     }
-    // Only now, with the isolated pods deleted or restored, may an uninstall take our
-    // rights away.
     if let Some((client, namespace, name, own)) = uninstall {
         uninstall::release_bindings(&client, &namespace, &name, &own).await;
     }
-    served
 }
 
 #[cfg(test)]

@@ -10,10 +10,7 @@ use kube::Api;
 use tokio::time::Instant;
 
 use super::answer::Outcome;
-use crate::decide::{
-    self, Charge, Decision, Operation, Pass, PodFacts, Removal, is_replicaset_controller,
-    of_replicaset,
-};
+use crate::decide::{self, Charge, Decision, Evidence, Operation, Pass, PodFacts, Removal};
 use crate::isolate::{self, Budget};
 use crate::review;
 use crate::share::{Ask, Seen};
@@ -132,8 +129,7 @@ pub(crate) async fn settle(
                 tracing::debug!(pass = ?p, "confirming a watched pod's pass with a read");
                 match reread(state, &pod).await {
                     Ok(read) => {
-                        pod = read;
-                        fresh = true;
+                        (pod, fresh) = (read, true);
                         continue;
                     }
                     Err(settled) => return settled,
@@ -147,126 +143,147 @@ pub(crate) async fn settle(
                 charge,
                 capped,
             } => {
-                let on_due = on_due(req, &pod);
-                // A merely cordoned node confirms nothing (isolate::NodeDrain::Cordoned).
-                let confirmed = on_due == isolate::OnDue::Deleter
-                    || req.owner_backed
-                    || (req.operation == Operation::Evict
-                        && (state.reviews_authenticated
-                            || matches!(
-                                isolate::node_drain(&state.ctx, pod.node_name.as_deref()).await,
-                                isolate::NodeDrain::Draining(_)
-                            )));
-                // The grace period the pod is removed with is the caller's only when the
-                // API server vouches for the review; otherwise the pod's own.
-                let grace_period = grace_period.filter(|_| state.reviews_authenticated);
-                // PDBs never block a DELETE, but an isolation is a disruption: one that no
-                // drain or controller confirms (a person's `kubectl delete pod`, or a review
-                // forged by anyone who reaches the port) is bound by the pod's budget as an
-                // eviction is. Past a spent budget it is not isolated and the DELETE goes
-                // through as it would without us (docs/security.md).
-                let charge = if !confirmed && req.operation == Operation::Delete {
-                    if snap.pdbs.len() > 1 {
-                        return Settled::Unconfirmed(format!(
-                            "pod {}/{} is selected by several PodDisruptionBudgets and nothing confirms its deletion",
-                            pod.namespace, pod.name
-                        ));
+                let asked = (delete_at, grace_period, charge);
+                match plan(state, req, &pod, &snap, now, asked).await {
+                    Ok(plan) if capped => {
+                        delay_capped(state, &pod).await;
+                        plan
                     }
-                    Charge::Required
-                } else {
-                    charge
-                };
-                let refusal = if confirmed {
-                    None
-                } else {
-                    let until = isolate::restore_at(delete_at, state.ctx.restore_after);
-                    unconfirmed_refusal(state, &pod, &snap, now, until).await
-                };
-                if let Some(why) = refusal {
-                    state.unconfirmed.release(&pod.namespace, &pod.name).await;
-                    tracing::info!(%why, "isolation not confirmed by a drain or rollout; refused");
-                    return Settled::Unconfirmed(why);
-                }
-                if capped {
-                    delay_capped(state, &pod).await;
-                }
-                isolate::Plan {
-                    delete_at,
-                    grace_period,
-                    charge,
-                    on_due,
-                    confirmed,
+                    Ok(plan) => plan,
+                    Err(settled) => return settled,
                 }
             }
         };
         let result = isolate::isolate(&state.ctx, &pod, &snap, plan, now).await;
-        if !plan.confirmed && !matches!(result, Ok(isolate::Outcome::Isolated { .. })) {
-            state.unconfirmed.release(&pod.namespace, &pod.name).await;
-        }
-        let error = match result {
-            Ok(isolate::Outcome::Isolated {
-                removed,
-                uncharged,
-                delete_at,
-            }) => {
-                state.metrics.pods_isolated.inc();
-                if !plan.confirmed {
-                    let until = isolate::restore_at(delete_at, state.ctx.restore_after);
-                    state
-                        .unconfirmed
-                        .record(&pod.namespace, balancing(&snap), &pod.name, until)
-                        .await;
-                }
-                let removed: Vec<&String> = removed.keys().collect();
-                tracing::info!(%delete_at, ?removed, ?uncharged, "pod isolated");
-                return Settled::Isolated(delete_at);
-            }
-            // The node's watch can still show the pod as it was before our own isolation
-            // of it (which took it out of its PDB): refuse on a read, never on that view.
-            Ok(isolate::Outcome::Refused(budget)) if !fresh => {
-                tracing::debug!(
-                    ?budget,
-                    "confirming a watched pod's PDB refusal with a read"
-                );
-                match reread(state, &pod).await {
-                    Ok(read) => {
-                        pod = read;
-                        fresh = true;
-                        continue;
-                    }
-                    Err(settled) => return settled,
-                }
-            }
-            Ok(isolate::Outcome::Refused(budget)) => {
-                tracing::info!(?budget, "PDB refuses the eviction");
-                return Settled::Refused(budget);
-            }
-            Err(error) => error,
-        };
-        match error {
-            isolate::Error::Conflict { code, .. } => {
-                tracing::debug!(code, "pod changed while isolating; re-reading");
-                match reread(state, &pod).await {
-                    // A 422 on an unchanged pod is no failed `test`: our relabel is invalid.
-                    Ok(read) if code == 422 && read.resource_version == pod.resource_version => {
-                        return permanent(state, req, &pod, &error).await;
-                    }
-                    Ok(read) => {
-                        pod = read;
-                        fresh = true;
-                    }
-                    Err(settled) => return settled,
-                }
-            }
-            error if error.is_permanent() => return permanent(state, req, &pod, &error).await,
-            error => {
-                tracing::warn!(error = %graceful_drain_core::error::chain(&error), "isolation failed");
-                return Settled::Failed(graceful_drain_core::error::chain(&error).to_string());
-            }
+        match landed(state, req, &pod, fresh, &snap, plan, result).await {
+            Landed::Settled(settled) => return settled,
+            Landed::Again(read) => (pod, fresh) = (*read, true),
         }
     }
     tracing::warn!("pod kept changing while isolating");
     Settled::Failed("the pod kept changing while it was being isolated".to_string())
+}
+
+/// The isolation of `pod` that [`decide::decide`] asked for (`asked`: its delete time,
+/// the caller's grace period, the PDB charge), confirmed ([`decide::confirm`]) and counted
+/// against the unconfirmed share when nothing confirms it; `Err` with the answer when it
+/// must not go ahead.
+async fn plan(
+    state: &AppState,
+    req: &Removal,
+    pod: &PodFacts,
+    snap: &decide::Snapshot,
+    now: Timestamp,
+    (delete_at, grace_period, charge): (Timestamp, Option<i64>, Charge),
+) -> Result<isolate::Plan, Settled> {
+    let mut evidence = Evidence {
+        reviews_authenticated: state.reviews_authenticated,
+        node_draining: false,
+    };
+    if decide::needs_node(req, evidence.reviews_authenticated) {
+        let drain = isolate::node_drain(&state.ctx, pod.node_name.as_deref()).await;
+        evidence.node_draining = matches!(drain, isolate::NodeDrain::Draining(_));
+    }
+    let confirmation = decide::confirm(req, pod, snap, evidence, grace_period, charge)
+        .map_err(Settled::Unconfirmed)?;
+    if !confirmation.confirmed {
+        let until = isolate::restore_at(delete_at, state.ctx.restore_after);
+        if let Some(why) = unconfirmed_refusal(state, pod, snap, now, until).await {
+            state.unconfirmed.release(&pod.namespace, &pod.name).await;
+            tracing::info!(%why, "isolation not confirmed by a drain or rollout; refused");
+            return Err(Settled::Unconfirmed(why));
+        }
+    }
+    Ok(isolate::Plan {
+        delete_at,
+        grace_period: confirmation.grace_period,
+        charge: confirmation.charge,
+        on_due: if confirmation.deleter_removes {
+            isolate::OnDue::Deleter
+        } else {
+            isolate::OnDue::Caller
+        },
+        confirmed: confirmation.confirmed,
+    })
+}
+
+/// What an isolation attempt came to: the answer, or the pod read again to decide anew.
+enum Landed {
+    Settled(Settled),
+    Again(Box<PodFacts>),
+}
+
+/// Accounts for an isolation attempt's `result`: the share's entry recorded or released,
+/// the answer, or (after a conflict, or a refusal seen on a watched pod that may lag) the
+/// pod read again.
+async fn landed(
+    state: &AppState,
+    req: &Removal,
+    pod: &PodFacts,
+    fresh: bool,
+    snap: &decide::Snapshot,
+    plan: isolate::Plan,
+    result: Result<isolate::Outcome, isolate::Error>,
+) -> Landed {
+    if !plan.confirmed && !matches!(result, Ok(isolate::Outcome::Isolated { .. })) {
+        state.unconfirmed.release(&pod.namespace, &pod.name).await;
+    }
+    let error = match result {
+        Ok(isolate::Outcome::Isolated {
+            removed,
+            uncharged,
+            delete_at,
+        }) => {
+            state.metrics.pods_isolated.inc();
+            if !plan.confirmed {
+                let until = isolate::restore_at(delete_at, state.ctx.restore_after);
+                state
+                    .unconfirmed
+                    .record(&pod.namespace, balancing(snap), &pod.name, until)
+                    .await;
+            }
+            let removed: Vec<&String> = removed.keys().collect();
+            tracing::info!(%delete_at, ?removed, ?uncharged, "pod isolated");
+            return Landed::Settled(Settled::Isolated(delete_at));
+        }
+        // The node's watch can still show the pod as it was before our own isolation
+        // of it (which took it out of its PDB): refuse on a read, never on that view.
+        Ok(isolate::Outcome::Refused(budget)) if !fresh => {
+            tracing::debug!(
+                ?budget,
+                "confirming a watched pod's PDB refusal with a read"
+            );
+            return match reread(state, pod).await {
+                Ok(read) => Landed::Again(Box::new(read)),
+                Err(settled) => Landed::Settled(settled),
+            };
+        }
+        Ok(isolate::Outcome::Refused(budget)) => {
+            tracing::info!(?budget, "PDB refuses the eviction");
+            return Landed::Settled(Settled::Refused(budget));
+        }
+        Err(error) => error,
+    };
+    match error {
+        isolate::Error::Conflict { code, .. } => {
+            tracing::debug!(code, "pod changed while isolating; re-reading");
+            match reread(state, pod).await {
+                // A 422 on an unchanged pod is no failed `test`: our relabel is invalid.
+                Ok(read) if code == 422 && read.resource_version == pod.resource_version => {
+                    Landed::Settled(permanent(state, req, pod, &error).await)
+                }
+                Ok(read) => Landed::Again(Box::new(read)),
+                Err(settled) => Landed::Settled(settled),
+            }
+        }
+        error if error.is_permanent() => Landed::Settled(permanent(state, req, pod, &error).await),
+        error => {
+            tracing::warn!(error = %graceful_drain_core::error::chain(&error), "isolation failed");
+            Landed::Settled(Settled::Failed(
+                graceful_drain_core::error::chain(&error).to_string(),
+            ))
+        }
+    }
 }
 
 /// The Services of the snapshot that balance traffic (not headless): those an isolation
@@ -310,20 +327,6 @@ async fn unconfirmed_refusal(
         }
     }
     None
-}
-
-/// Who removes the pod once it is due: the deferred deleter only for a ReplicaSet
-/// controller's DELETE of its own pod (refused after isolation, and checked on the live
-/// ReplicaSet by [`replicaset_has_surplus`] first); every other caller comes back itself.
-fn on_due(req: &Removal, pod: &PodFacts) -> isolate::OnDue {
-    if req.operation == decide::Operation::Delete
-        && is_replicaset_controller(&req.user)
-        && of_replicaset(pod)
-    {
-        isolate::OnDue::Deleter
-    } else {
-        isolate::OnDue::Caller
-    }
 }
 
 /// Warns on the pod that its annotated delay exceeds `--max-deregistration-delay`.

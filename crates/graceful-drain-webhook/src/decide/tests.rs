@@ -727,3 +727,132 @@ fn an_isolated_pod_waits_for_the_slices_then_its_delay() {
         Some(t("10:10"))
     );
 }
+
+/// What confirms an isolation, and what an unconfirmed one is bound by: a drained node or
+/// the API server's word confirms an eviction (a cordon alone does not); the ReplicaSet
+/// controller's DELETE of its own pod goes to the deferred deleter; a DELETE nothing
+/// confirms is charged to the pod's budget like an eviction, and refused under several;
+/// the caller's grace period counts only when the API server vouches for the review.
+#[test]
+fn confirmation_table() {
+    let evict = || Removal {
+        grace_period: Some(0),
+        ..req(Operation::Evict)
+    };
+    let delete = || Removal {
+        grace_period: Some(0),
+        ..req(Operation::Delete)
+    };
+    let by_rs_controller = Removal {
+        user: REPLICASET_CONTROLLER.into(),
+        ..delete()
+    };
+    let backed = Removal {
+        owner_backed: true,
+        ..delete()
+    };
+    let none = Evidence::default();
+    let drained = Evidence {
+        node_draining: true,
+        ..none
+    };
+    let authenticated = Evidence {
+        reviews_authenticated: true,
+        ..none
+    };
+    let one_pdb = Snapshot {
+        pdbs: vec![pdb(1)],
+        ..exposed()
+    };
+    let two_pdbs = Snapshot {
+        pdbs: vec![pdb(1), pdb(1)],
+        ..exposed()
+    };
+    // (case, request, evidence, snapshot, charge asked, expected: confirmed, deleter
+    // removes, grace period, charge) or the refusal's words.
+    type Expected = Result<(bool, bool, Option<i64>, Charge), &'static str>;
+    let cases: Vec<(&str, Removal, Evidence, &Snapshot, Charge, Expected)> = vec![
+        (
+            "eviction on a cordon's word",
+            evict(),
+            none,
+            &one_pdb,
+            Charge::Required,
+            Ok((false, false, None, Charge::Required)),
+        ),
+        (
+            "eviction from a drained node",
+            evict(),
+            drained,
+            &one_pdb,
+            Charge::Required,
+            Ok((true, false, None, Charge::Required)),
+        ),
+        (
+            "authenticated eviction keeps its grace period",
+            evict(),
+            authenticated,
+            &one_pdb,
+            Charge::Required,
+            Ok((true, false, Some(0), Charge::Required)),
+        ),
+        (
+            "person's DELETE is charged like an eviction",
+            delete(),
+            none,
+            &one_pdb,
+            Charge::IfPossible,
+            Ok((false, false, None, Charge::Required)),
+        ),
+        (
+            "unconfirmed DELETE under two budgets",
+            delete(),
+            none,
+            &two_pdbs,
+            Charge::IfPossible,
+            Err("several PodDisruptionBudgets"),
+        ),
+        (
+            "ReplicaSet controller's DELETE",
+            by_rs_controller,
+            none,
+            &two_pdbs,
+            Charge::IfPossible,
+            Ok((true, true, None, Charge::IfPossible)),
+        ),
+        (
+            "controller DELETE its owner backs",
+            backed,
+            none,
+            &two_pdbs,
+            Charge::IfPossible,
+            Ok((true, false, None, Charge::IfPossible)),
+        ),
+        (
+            "a drained node does not confirm a DELETE",
+            delete(),
+            drained,
+            &one_pdb,
+            Charge::IfPossible,
+            Ok((false, false, None, Charge::Required)),
+        ),
+    ];
+    for (case, req, evidence, snap, charge, expected) in cases {
+        let got = confirm(&req, &pod(), snap, evidence, req.grace_period, charge)
+            .map(|c| (c.confirmed, c.deleter_removes, c.grace_period, c.charge));
+        match (got, expected) {
+            (Ok(got), Ok(expected)) => assert_eq!(got, expected, "{case}"),
+            (Err(why), Err(words)) => assert!(why.contains(words), "{case}: {why}"),
+            (got, expected) => panic!("{case}: got {got:?}, expected {expected:?}"),
+        }
+    }
+    assert!(needs_node(&evict(), false));
+    assert!(
+        !needs_node(&evict(), true),
+        "the API server's word needs no node"
+    );
+    assert!(
+        !needs_node(&delete(), false),
+        "a DELETE is never confirmed by a node"
+    );
+}
