@@ -6,6 +6,7 @@
 //! [`node`] and [`drain`]) → kube glue ([`drain::Engine`], [`node`], [`report`],
 //! [`transitions`]) → runtime ([`ops`] background operations, [`slm`] and
 //! [`registration`] gRPC over unix sockets, wired up here).
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
 
 pub mod drain;
 pub mod filters;
@@ -286,10 +287,7 @@ pub async fn start(args: Args, client: kube::Client, shutdown: Shutdown) -> Resu
         kube: _,
     } = args;
     let config = Arc::new(drain.config()?);
-    let mut registry = Registry::default();
-    let metrics = report::Metrics::register(&mut registry);
-    let reconciler_metrics = reconciler::metrics::Metrics::register(&mut registry);
-    let registry = Arc::new(registry);
+    let (registry, metrics, reconciler_metrics) = registered_metrics();
     let readiness = Readiness::default();
     readiness.register(TRANSITIONS_CHECK, "publishing LifecycleTransitions");
     let service_socket = registration::service_socket(&plugins_dir, &driver_name);
@@ -352,6 +350,14 @@ pub async fn start(args: Args, client: kube::Client, shutdown: Shutdown) -> Resu
         servers,
         shutdown,
     })
+}
+
+/// The agent's metrics and the reconciler's, registered for the admin port.
+fn registered_metrics() -> (Arc<Registry>, report::Metrics, reconciler::metrics::Metrics) {
+    let mut registry = Registry::default();
+    let metrics = report::Metrics::register(&mut registry);
+    let reconciler_metrics = reconciler::metrics::Metrics::register(&mut registry);
+    (Arc::new(registry), metrics, reconciler_metrics)
 }
 
 /// What a kubelet refusal means under `--lifecycle-reconciler=mode`.

@@ -237,21 +237,50 @@ where
     }
 }
 
-/// Runs the reconciler for `ctx.node_name` until `shutdown`, if `args.mode` (after the
-/// auto decision) says so; returns at once otherwise.
-pub async fn run(
+/// A store of what `api` lists under `config`, kept by a watch whose events come out of
+/// the returned stream (retried with the default backoff).
+fn reflected<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> (
+    reflector::Store<K>,
+    futures::stream::BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>,
+)
+where
+    K: kube::Resource
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    let (store, writer) = reflector::store();
+    let changes = watcher(api, config)
+        .default_backoff()
+        .reflect(writer)
+        .boxed();
+    (store, changes)
+}
+
+/// Whether the reconciler runs: `args.mode`, with `auto` asked of the cluster until it
+/// answers (false when shutdown comes first).
+async fn enabled(
     args: &ReconcilerArgs,
-    ctx: Context,
-    shutdown: graceful_drain_core::runtime::Shutdown,
-) -> Result<(), Error> {
+    ctx: &Context,
+    shutdown: &graceful_drain_core::runtime::Shutdown,
+) -> bool {
     let enabled = match args.mode {
         Mode::On => true,
         Mode::Off => false,
         Mode::Auto => {
             let decide = || auto_enabled(&ctx.client);
-            match retry_until_decided(decide, AUTO_RETRY_FIRST, AUTO_RETRY_MAX, &shutdown).await {
+            let decided =
+                retry_until_decided(decide, AUTO_RETRY_FIRST, AUTO_RETRY_MAX, shutdown).await;
+            match decided {
                 Some(enabled) => enabled,
-                None => return Ok(()),
+                None => return false,
             }
         }
     };
@@ -262,7 +291,17 @@ pub async fn run(
         enabled,
         "lifecycle reconciler"
     );
-    if !enabled {
+    enabled
+}
+
+/// Runs the reconciler for `ctx.node_name` until `shutdown`, if `args.mode` (after the
+/// auto decision) says so; returns at once otherwise.
+pub async fn run(
+    args: &ReconcilerArgs,
+    ctx: Context,
+    shutdown: graceful_drain_core::runtime::Shutdown,
+) -> Result<(), Error> {
+    if !enabled(args, &ctx, &shutdown).await {
         return Ok(());
     }
     // Events written in the seed group (lifecycle.k8s.io) where that group is free.
@@ -293,18 +332,10 @@ pub async fn run(
     if let Some(selector) = reconciler.field_selector() {
         config = config.fields(&selector);
     }
-    let (events, events_writer) = reflector::store();
-    let mut event_changes = watcher(events_api, config)
-        .default_backoff()
-        .reflect(events_writer)
-        .boxed();
+    let (events, mut event_changes) = reflected(events_api, config);
     let nodes: Api<Node> = Api::all(reconciler.client().clone());
-    let (node_store, node_writer) = reflector::store();
     let node_config = watcher::Config::default().fields(&format!("metadata.name={node}"));
-    let mut node_changes = watcher(nodes, node_config)
-        .default_backoff()
-        .reflect(node_writer)
-        .boxed();
+    let (node_store, mut node_changes) = reflected(nodes, node_config);
     let mut tick = tokio::time::interval(args.tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut retry = Retry::new(args.tick);

@@ -6,6 +6,7 @@
 //!
 //! Nothing here knows about the webhook, the node agent or the simulated cluster; they all
 //! build on it.
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
 
 pub mod admin;
 pub mod backoff;

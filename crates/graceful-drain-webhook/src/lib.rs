@@ -7,6 +7,7 @@
 //! ([`deleter`]) deletes them (a refused ReplicaSet scale-down) or puts back those no
 //! authenticated eviction or DELETE removed ([`restore`]) while this replica holds the
 //! Lease ([`lease`]).
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
 
 pub mod admission;
 pub mod cache;
@@ -394,30 +395,15 @@ async fn own_users(client: &kube::Client, given: Vec<String>) -> BTreeSet<String
 /// the workers (caches, deleter, restorer), the admin port, then the admission port;
 /// after it the workers finish and an uninstall releases our rights.
 pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
-    let Args {
-        listen,
-        admin_listen,
-        tls,
-        timeout_seconds,
-        max_held_deletes,
-        deregistration_delay,
-        max_deregistration_delay,
-        lease_namespace,
-        lease_name,
-        deployment,
-        identity,
-        policy,
-        probe: probe_args,
-        kube,
-    } = args;
-    let (tls, policy) = (*tls, *policy);
-    let config = kube.config().await?;
-    let client = kube::Client::try_from(config.clone()).context("build client")?;
-    let admission = admission_client(config)?;
+    let (tls, policy) = (*args.tls, *args.policy);
+    let (client, admission) = clients(&args.kube).await?;
     // With the pod's own name (the chart's downward API), a lost protection is a Warning
     // Event on this pod.
-    let own_pod = identity.clone().map(|name| (lease_namespace.clone(), name));
-    let identity = identity.unwrap_or_else(default_identity);
+    let own_pod = args
+        .identity
+        .clone()
+        .map(|name| (args.lease_namespace.clone(), name));
+    let identity = args.identity.unwrap_or_else(default_identity);
     let own = own_users(&client, policy.own_users.clone()).await;
     tracing::info!(%identity, own_users = ?own, "starting webhook");
 
@@ -430,10 +416,10 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         client: admission,
         ..ctx.clone()
     };
-    let uninstall = deployment.clone().map(|name| {
+    let uninstall = args.deployment.clone().map(|name| {
         (
             ctx.client.clone(),
-            lease_namespace.clone(),
+            args.lease_namespace.clone(),
             name,
             own.clone(),
         )
@@ -441,38 +427,68 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
     if let Some((client, namespace, name, own)) = &uninstall {
         uninstall::adopt(client, namespace, name, own).await;
     }
-    let protection = start_probe(&ctx, *probe_args, own_pod, &metrics, &shutdown);
+    let protection = start_probe(&ctx, *args.probe, own_pod, &metrics, &shutdown);
     // Every replica counts the unconfirmed share in one Lease beside the deleter's.
     let unconfirmed = share::Unconfirmed::shared(
         admission_ctx.client.clone(),
-        &lease_namespace,
-        &share::lease_name(&lease_name),
+        &args.lease_namespace,
+        &share::lease_name(&args.lease_name),
     );
-    let workers = Workers {
-        ctx,
-        protection,
-        deleter_client: admission_ctx.client.clone(),
-        resolver,
-        readiness: readiness.clone(),
-        metrics: metrics.clone(),
-        lease_namespace,
-        lease_name,
-        wait_for_endpoints: policy.wait_for_endpoints,
-        delays: (deregistration_delay, max_deregistration_delay),
-        disruption_renew_after: policy.disruption_renew_after,
-        deployment,
-    };
-    let finishing = spawn_workers(workers, &shutdown);
-    start_admin(admin_listen, readiness.clone(), registry, &shutdown).await?;
-
-    let state = Arc::new(server::AppState {
-        ctx: admission_ctx,
-        settings: decide::Settings {
-            default_delay: deregistration_delay,
-            max_delay: max_deregistration_delay,
-            exposure: policy.exposure,
-            own_users: own,
+    let finishing = spawn_workers(
+        Workers {
+            ctx,
+            protection,
+            deleter_client: admission_ctx.client.clone(),
+            resolver,
+            readiness: readiness.clone(),
+            metrics: metrics.clone(),
+            lease_namespace: args.lease_namespace,
+            lease_name: args.lease_name,
+            wait_for_endpoints: policy.wait_for_endpoints,
+            delays: (args.deregistration_delay, args.max_deregistration_delay),
+            disruption_renew_after: policy.disruption_renew_after,
+            deployment: args.deployment,
         },
+        &shutdown,
+    );
+    start_admin(args.admin_listen, readiness.clone(), registry, &shutdown).await?;
+
+    let settings = decide::Settings {
+        default_delay: args.deregistration_delay,
+        max_delay: args.max_deregistration_delay,
+        exposure: policy.exposure,
+        own_users: own,
+    };
+    let limits = (
+        args.timeout_seconds,
+        args.max_held_deletes,
+        tls.client_ca.is_some(),
+    );
+    let state = admission_state(admission_ctx, settings, metrics, limits, unconfirmed);
+    let holds = state.shutdown.clone();
+    let app = server::router(Arc::new(state), policy.max_body_bytes);
+    let stage = (readiness, policy.shutdown_delay);
+    let stop = shutdown.clone();
+    let served = serve_admission(args.listen, app, tls_config, holds, stage, shutdown).await;
+    // Normally already cancelled; after a failed bind it stops the workers too.
+    stop.cancel();
+    finish(finishing, uninstall).await;
+    served
+}
+
+/// What the admission handlers share: `limits` are `--timeout-seconds`,
+/// `--max-held-deletes` and whether every connection presents a client certificate of
+/// `--client-ca`.
+fn admission_state(
+    ctx: isolate::Context,
+    settings: decide::Settings,
+    metrics: Arc<metrics::Metrics>,
+    (timeout_seconds, max_held_deletes, reviews_authenticated): (u32, usize, bool),
+    unconfirmed: share::Unconfirmed,
+) -> server::AppState {
+    server::AppState {
+        ctx,
+        settings,
         metrics,
         default_timeout: Duration::from_secs(u64::from(timeout_seconds)),
         shutdown: Shutdown::new(),
@@ -482,17 +498,17 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
         scale_downs: Default::default(),
         controllers: Default::default(),
         throttles: Default::default(),
-        reviews_authenticated: tls.client_ca.is_some(),
-    });
-    let holds = state.shutdown.clone();
-    let app = server::router(state, policy.max_body_bytes);
-    let stage = (readiness, policy.shutdown_delay);
-    let stop = shutdown.clone();
-    let served = serve_admission(listen, app, tls_config, holds, stage, shutdown).await;
-    // Normally already cancelled; after a failed bind it stops the workers too.
-    stop.cancel();
-    finish(finishing, uninstall).await;
-    served
+        reviews_authenticated,
+    }
+}
+
+/// The webhook's client, and the admission handlers' (which makes no hidden retries).
+async fn clients(
+    kube: &graceful_drain_core::kubeclient::KubeArgs,
+) -> anyhow::Result<(kube::Client, kube::Client)> {
+    let config = kube.config().await?;
+    let client = kube::Client::try_from(config.clone()).context("build client")?;
+    Ok((client, admission_client(config)?))
 }
 
 /// The readiness gates, each closed until its part is ready.

@@ -105,72 +105,82 @@ impl Metrics {
             protection_verified: Gauge::default(),
         };
         let reg = registry.sub_registry_with_prefix("graceful_drain_webhook");
+        metrics.register_reviews(reg);
+        metrics.register_pods(reg);
+        metrics
+    }
+
+    /// Registers what counts the reviews and the protection.
+    fn register_reviews(&self, reg: &mut Registry) {
         reg.register(
             "reviews",
             "Admission reviews by operation and outcome",
-            metrics.reviews.clone(),
+            self.reviews.clone(),
         );
         reg.register(
             "isolation_failures",
             "Requests let through unprotected because isolation failed permanently",
-            metrics.isolation_failures.clone(),
+            self.isolation_failures.clone(),
         );
         reg.register(
             "review_duration_seconds",
             "Time to answer an admission review, holds included",
-            metrics.latency.clone(),
-        );
-        reg.register(
-            "pods_isolated",
-            "Pods isolated from their Services and controller",
-            metrics.pods_isolated.clone(),
-        );
-        reg.register(
-            "pods_deleted",
-            "Isolated pods deleted by the deferred deleter",
-            metrics.pods_deleted.clone(),
-        );
-        reg.register(
-            "pods_restored",
-            "Isolated pods put back into their Services because no eviction or DELETE removed them",
-            metrics.pods_restored.clone(),
-        );
-        reg.register(
-            "pending_deletions",
-            "Isolated pods waiting for deletion",
-            metrics.pending_deletions.clone(),
+            self.latency.clone(),
         );
         reg.register(
             "holds_in_flight",
             "DELETE reviews currently held",
-            metrics.holds_in_flight.clone(),
-        );
-        reg.register(
-            "leader",
-            "1 while this replica holds the deleter Lease",
-            metrics.leader.clone(),
-        );
-        reg.register(
-            "endpoint_removal_seconds",
-            "Time from a pod seen isolated to its leaving the last EndpointSlice that listed it",
-            metrics.endpoint_removal.clone(),
-        );
-        reg.register(
-            "disruptions_renewed",
-            "PDB disruptedPods entries of held pods rewritten so the disruption controller keeps counting them as disrupted",
-            metrics.disruptions_renewed.clone(),
+            self.holds_in_flight.clone(),
         );
         reg.register(
             "protection_active",
             "1 while this replica's last probe (a dry-run eviction) reached the webhook through the API server, 0 once one did not",
-            metrics.protection_active.clone(),
+            self.protection_active.clone(),
         );
         reg.register(
             "protection_verified_timestamp_seconds",
             "When a probe last reached the webhook through the API server (Unix time)",
-            metrics.protection_verified.clone(),
+            self.protection_verified.clone(),
         );
-        metrics
+    }
+
+    /// Registers what counts the pods isolated, deleted and put back.
+    fn register_pods(&self, reg: &mut Registry) {
+        reg.register(
+            "pods_isolated",
+            "Pods isolated from their Services and controller",
+            self.pods_isolated.clone(),
+        );
+        reg.register(
+            "pods_deleted",
+            "Isolated pods deleted by the deferred deleter",
+            self.pods_deleted.clone(),
+        );
+        reg.register(
+            "pods_restored",
+            "Isolated pods put back into their Services because no eviction or DELETE removed them",
+            self.pods_restored.clone(),
+        );
+        reg.register(
+            "pending_deletions",
+            "Isolated pods waiting for deletion",
+            self.pending_deletions.clone(),
+        );
+        reg.register(
+            "leader",
+            "1 while this replica holds the deleter Lease",
+            self.leader.clone(),
+        );
+        reg.register(
+            "endpoint_removal_seconds",
+            "Time from a pod seen isolated to its leaving the last EndpointSlice that listed it",
+            self.endpoint_removal.clone(),
+        );
+        reg.register(
+            "disruptions_renewed",
+            "PDB disruptedPods entries of held pods rewritten so the disruption controller keeps counting them as disrupted",
+            self.disruptions_renewed.clone(),
+        );
     }
 
     /// Counts one request let through because its pod could not be isolated.

@@ -204,28 +204,12 @@ pub async fn serve(
         .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_TIMEOUT);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(H2_KEEPALIVE_INTERVAL)
-        .keep_alive_timeout(H2_KEEPALIVE_TIMEOUT)
-        .max_concurrent_streams(H2_MAX_STREAMS);
-    let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    let peers = Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));
-    let table = Table::new();
-    // Anyone can open connections as fast as they like: a few lines, then a count.
-    let refusals = crate::throttle::Throttle::new(crate::throttle::REFUSED_CONNECTION_LOGS);
-    let refused = |peer: SocketAddr, max: usize, why: &str| {
-        if let crate::throttle::Admit::Yes { dropped } =
-            refusals.admit("", tokio::time::Instant::now())
-        {
-            tracing::warn!(%peer, max, dropped, "{why}; closing this one (dropped: not logged since the last)");
-        }
+    let builder = http_builder();
+    let slots = Slots {
+        connections: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
+        peers: Arc::default(),
+        table: Table::new(),
+        refusals: crate::throttle::Throttle::new(crate::throttle::REFUSED_CONNECTION_LOGS),
     };
     loop {
         let (stream, peer) = tokio::select! {
@@ -241,111 +225,207 @@ pub async fn serve(
                 Err(source) => return Err(Error::Accept { addr, source }),
             },
         };
-        let Some(peer_slot) = PeerSlot::take(&peers, peer.ip()) else {
-            refused(
+        let Some(held) = slots.take(peer).await else {
+            continue;
+        };
+        let connection = Connection {
+            stream,
+            peer,
+            acceptor: acceptor.clone(),
+            builder: builder.clone(),
+            app: app.clone(),
+            watcher: graceful.watcher(),
+        };
+        tokio::spawn(connection.serve(held));
+    }
+    graceful.shutdown().await;
+    Ok(())
+}
+
+/// HTTP/1.1 and h2 with their timers and bounds.
+fn http_builder() -> hyper_util::server::conn::auto::Builder<TokioExecutor> {
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(H2_KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(H2_KEEPALIVE_TIMEOUT)
+        .max_concurrent_streams(H2_MAX_STREAMS);
+    builder
+}
+
+/// The connection slots of the replica and of each address.
+struct Slots {
+    connections: Arc<tokio::sync::Semaphore>,
+    peers: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+    table: Arc<Table>,
+    /// Anyone can open connections as fast as they like: a few lines, then a count.
+    refusals: crate::throttle::Throttle,
+}
+
+/// What a served connection holds until it ends.
+struct Held {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    _peer: PeerSlot,
+    entry: Entry,
+}
+
+impl Slots {
+    /// A slot for a connection from `peer`: its address's, and one of the replica's (the
+    /// idlest connection closed to make room when all are taken); `None`, logged, when
+    /// there is none.
+    async fn take(&self, peer: SocketAddr) -> Option<Held> {
+        let Some(peer_slot) = PeerSlot::take(&self.peers, peer.ip()) else {
+            self.refused(
                 peer,
                 MAX_CONNECTIONS_PER_PEER,
                 "too many connections from this address",
             );
-            drop(stream);
-            continue;
+            return None;
         };
-        let permit = match connections.clone().try_acquire_owned() {
+        let permit = match self.connections.clone().try_acquire_owned() {
             Ok(permit) => permit,
-            Err(_) if table.close_idlest() => {
-                match tokio::time::timeout(SLOT_WAIT, connections.clone().acquire_owned()).await {
+            Err(_) if self.table.close_idlest() => {
+                let freed = self.connections.clone().acquire_owned();
+                match tokio::time::timeout(SLOT_WAIT, freed).await {
                     Ok(Ok(permit)) => permit,
                     _ => {
-                        refused(peer, MAX_CONNECTIONS, "too many connections");
-                        continue;
+                        self.refused(peer, MAX_CONNECTIONS, "too many connections");
+                        return None;
                     }
                 }
             }
             Err(_) => {
-                refused(
+                self.refused(
                     peer,
                     MAX_CONNECTIONS,
                     "too many connections, each with a request in flight",
                 );
-                continue;
+                return None;
             }
         };
-        let entry = table.enter();
-        let acceptor = acceptor.clone();
+        Some(Held {
+            _permit: permit,
+            _peer: peer_slot,
+            entry: self.table.enter(),
+        })
+    }
+
+    fn refused(&self, peer: SocketAddr, max: usize, why: &str) {
+        if let crate::throttle::Admit::Yes { dropped } =
+            self.refusals.admit("", tokio::time::Instant::now())
+        {
+            tracing::warn!(%peer, max, dropped, "{why}; closing this one (dropped: not logged since the last)");
+        }
+    }
+}
+
+/// One accepted connection, to be served.
+struct Connection {
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    acceptor: tokio_rustls::TlsAcceptor,
+    builder: hyper_util::server::conn::auto::Builder<TokioExecutor>,
+    app: axum::Router,
+    watcher: hyper_util::server::graceful::Watcher,
+}
+
+impl Connection {
+    /// Serves the connection: TLS within [`HANDSHAKE_TIMEOUT`], a first request within
+    /// [`HEADER_TIMEOUT`], then requests until it ends, shutdown drains it, or it is closed
+    /// as the idlest for a new one.
+    async fn serve(self, held: Held) {
+        let Connection {
+            stream,
+            peer,
+            acceptor,
+            builder,
+            app,
+            watcher,
+        } = self;
+        let activity = held.entry.activity.clone();
         // Set when the connection's first request reaches the app: until then the
         // connection lives at most HEADER_TIMEOUT past its handshake.
         let served = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let service = {
-            use std::sync::atomic::Ordering::{Relaxed, Release};
-            let (served, started, answered) = (
-                served.clone(),
-                entry.activity.clone(),
-                entry.activity.clone(),
-            );
-            let (table, table2) = (entry.table.clone(), entry.table.clone());
-            let app = tower::ServiceExt::<http::Request<hyper::body::Incoming>>::map_response(
-                app.clone(),
-                move |response: axum::response::Response| {
-                    answered.in_flight.fetch_sub(1, Relaxed);
-                    answered.last.store(table2.now(), Relaxed);
-                    response
-                },
-            );
-            TowerToHyperService::new(tower::ServiceExt::map_request(
-                app,
-                move |mut request: http::Request<hyper::body::Incoming>| {
-                    request.extensions_mut().insert(Peer(peer.ip()));
-                    served.store(true, Release);
-                    started.in_flight.fetch_add(1, Relaxed);
-                    started.last.store(table.now(), Relaxed);
-                    request
-                },
-            ))
-        };
-        let builder = builder.clone();
-        let watcher = graceful.watcher();
-        tokio::spawn(async move {
-            let _slots = (permit, peer_slot);
-            let activity = entry.activity.clone();
-            let _entry = entry;
-            let serving = async move {
-                let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream))
-                    .await
-                {
-                    Ok(Ok(tls)) => tls,
-                    Ok(Err(error)) => {
-                        tracing::debug!(%peer, error = %graceful_drain_core::error::chain(&error), "TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => {
-                        tracing::debug!(%peer, "TLS handshake timed out");
-                        return;
-                    }
-                };
-                let conn = builder
-                    .serve_connection(TokioIo::new(tls), service)
-                    .into_owned();
-                let silent = async {
-                    tokio::time::sleep(HEADER_TIMEOUT).await;
-                    if served.load(std::sync::atomic::Ordering::Acquire) {
-                        std::future::pending::<()>().await;
-                    }
-                };
-                tokio::select! {
-                    ended = watcher.watch(conn) => if let Err(error) = ended {
-                        tracing::debug!(%peer, error = %graceful_drain_core::error::chain(&*error), "connection ended with an error");
-                    },
-                    () = silent => tracing::debug!(%peer, "no request within {}s of the handshake; closing", HEADER_TIMEOUT.as_secs()),
+        let service = counted(app, peer, &held.entry, served.clone());
+        let serving = async move {
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(error)) => {
+                    tracing::debug!(%peer, error = %graceful_drain_core::error::chain(&error), "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            };
+            let conn = builder
+                .serve_connection(TokioIo::new(tls), service)
+                .into_owned();
+            let silent = async {
+                tokio::time::sleep(HEADER_TIMEOUT).await;
+                if served.load(std::sync::atomic::Ordering::Acquire) {
+                    std::future::pending::<()>().await;
                 }
             };
             tokio::select! {
-                () = serving => {}
-                () = activity.close.notified() => tracing::debug!(%peer, "idle longest while every slot was taken; closed for a new connection"),
+                ended = watcher.watch(conn) => if let Err(error) = ended {
+                    tracing::debug!(%peer, error = %graceful_drain_core::error::chain(&*error), "connection ended with an error");
+                },
+                () = silent => tracing::debug!(%peer, "no request within {}s of the handshake; closing", HEADER_TIMEOUT.as_secs()),
             }
-        });
+        };
+        tokio::select! {
+            () = serving => {}
+            () = activity.close.notified() => tracing::debug!(%peer, "idle longest while every slot was taken; closed for a new connection"),
+        }
+        drop(held);
     }
-    graceful.shutdown().await;
-    Ok(())
+}
+
+/// `app` for one connection from `peer`: each request carries the [`Peer`], marks the
+/// connection `served`, and counts as in flight in its `entry` until answered.
+fn counted(
+    app: axum::Router,
+    peer: SocketAddr,
+    entry: &Entry,
+    served: Arc<std::sync::atomic::AtomicBool>,
+) -> TowerToHyperService<
+    impl tower::Service<
+        http::Request<hyper::body::Incoming>,
+        Response = axum::response::Response,
+        Error = std::convert::Infallible,
+        Future = impl Send,
+    > + Clone
+    + Send
+    + 'static,
+> {
+    use std::sync::atomic::Ordering::{Relaxed, Release};
+    let (started, answered) = (entry.activity.clone(), entry.activity.clone());
+    let (table, table2) = (entry.table.clone(), entry.table.clone());
+    let app = tower::ServiceExt::<http::Request<hyper::body::Incoming>>::map_response(
+        app,
+        move |response: axum::response::Response| {
+            answered.in_flight.fetch_sub(1, Relaxed);
+            answered.last.store(table2.now(), Relaxed);
+            response
+        },
+    );
+    TowerToHyperService::new(tower::ServiceExt::map_request(
+        app,
+        move |mut request: http::Request<hyper::body::Incoming>| {
+            request.extensions_mut().insert(Peer(peer.ip()));
+            served.store(true, Release);
+            started.in_flight.fetch_add(1, Relaxed);
+            started.last.store(table.now(), Relaxed);
+            request
+        },
+    ))
 }
 
 fn is_transient(error: &std::io::Error) -> bool {

@@ -11,6 +11,7 @@
 //! * `kube-sim` and `graceful-drain-sim` — the simulated cluster and the scenarios that run
 //!   our components against it, pulled in only by the `sim` feature, so the shipped build
 //!   carries no API server.
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
 
 pub mod cli;
 pub mod ctl;

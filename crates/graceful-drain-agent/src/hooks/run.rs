@@ -63,29 +63,15 @@ impl Hook {
         format!("hook {} ({})", self.spec.name, self.spec.at)
     }
 
-    /// Runs this hook to its end (see the documentation of [`crate::hooks`]).
-    async fn run(
-        &self,
-        ctx: &HookContext<'_>,
-        on_step: &(dyn Fn(Option<HookStep>) + Sync),
-    ) -> Result<(), HookError> {
-        let name = &self.spec.name;
-        let at = self.spec.at;
-        let step = |message: &str| {
-            on_step(Some(HookStep {
-                name: name.clone(),
-                at,
-                message: message.to_string(),
-            }))
-        };
-        let prior = self.prior_record(ctx).await;
-        let resumed = prior
-            .as_ref()
-            .is_some_and(|r| matches!(r.state, RecordState::Starting | RecordState::InProgress));
-        let mut record = match prior {
+    /// The run's record: the one an earlier agent left in progress (`true`: it is polled,
+    /// never started again), or a new one, announced by an Event; `None` when this
+    /// transition already ran the hook to its end.
+    async fn record_for_run(&self, ctx: &HookContext<'_>) -> Option<(HookRecord, bool)> {
+        let (name, at) = (&self.spec.name, self.spec.at);
+        match self.prior_record(ctx).await {
             Some(record) if record.state == RecordState::Done => {
                 tracing::info!(hook = %name, %at, "hook already done for this transition; not run again");
-                return Ok(());
+                None
             }
             Some(record)
                 if matches!(
@@ -94,7 +80,7 @@ impl Hook {
                 ) =>
             {
                 tracing::info!(hook = %name, %at, id = %record.id, "hook in progress before a restart; polling it");
-                record
+                Some((record, true))
             }
             _ => {
                 let record = HookRecord {
@@ -111,8 +97,49 @@ impl Hook {
                 ctx.events
                     .post(EventType::Normal, agent_reason::HOOK_STARTED, "", message)
                     .await;
-                record
+                Some((record, false))
             }
+        }
+    }
+
+    /// Says that a call to the hook failed (logged, and a Warning Event); the error's words.
+    async fn unreachable(
+        &self,
+        ctx: &HookContext<'_>,
+        error: &(dyn std::error::Error + Send + Sync + 'static),
+    ) -> String {
+        let (name, at) = (&self.spec.name, self.spec.at);
+        let error = graceful_drain_core::error::chain(error).to_string();
+        tracing::warn!(hook = %name, %at, %error, "call hook (retrying)");
+        let message = format!("{} (retrying): {error}", self.label());
+        ctx.events
+            .post(
+                EventType::Warning,
+                agent_reason::HOOK_UNREACHABLE,
+                name,
+                message,
+            )
+            .await;
+        error
+    }
+
+    /// Runs this hook to its end (see the documentation of [`crate::hooks`]).
+    async fn run(
+        &self,
+        ctx: &HookContext<'_>,
+        on_step: &(dyn Fn(Option<HookStep>) + Sync),
+    ) -> Result<(), HookError> {
+        let name = &self.spec.name;
+        let at = self.spec.at;
+        let step = |message: &str| {
+            on_step(Some(HookStep {
+                name: name.clone(),
+                at,
+                message: message.to_string(),
+            }))
+        };
+        let Some((mut record, resumed)) = self.record_for_run(ctx).await else {
+            return Ok(());
         };
         step(if record.message.is_empty() {
             "starting"
@@ -172,19 +199,7 @@ impl Hook {
                         continue;
                     }
                 }
-                Ok(Err(error)) => {
-                    last_error = graceful_drain_core::error::chain(&error).to_string();
-                    tracing::warn!(hook = %name, %at, error = %last_error, "call hook (retrying)");
-                    let message = format!("{} (retrying): {last_error}", self.label());
-                    ctx.events
-                        .post(
-                            EventType::Warning,
-                            agent_reason::HOOK_UNREACHABLE,
-                            name,
-                            message,
-                        )
-                        .await;
-                }
+                Ok(Err(error)) => last_error = self.unreachable(ctx, &error).await,
                 Err(_) => {
                     last_error = format!("no answer within {:?}", left.min(CALL_TIMEOUT));
                     tracing::warn!(hook = %name, %at, error = %last_error, "call hook (retrying)");

@@ -26,100 +26,32 @@ pub(super) async fn answer_deletion(
     del: review::Deletion,
     deadline: Instant,
 ) -> Answer {
-    let namespace = del.namespace.clone();
-    let name = del.request.name.clone();
-    if let Some(pass) = decide::pass_for_request(&del.request, &state.settings) {
-        return Answer::Allow(Outcome::Pass(pass));
-    }
-    // Fast path: neither isolated (its own labels say so) nor listed as a ready endpoint,
-    // nor selected by a Service whose slice may list it any moment.
-    let labels = del.object.metadata.labels.as_ref();
-    let draining =
-        labels.is_some_and(|l| l.contains_key(graceful_drain_core::labels::DRAINING_LABEL));
-    let cache = &state.ctx.cache;
-    if !draining
-        && !cache.has_ready_endpoint(&namespace, &name)
-        && !labels.is_some_and(|l| cache.service_selects(&namespace, l))
-    {
-        return Answer::Allow(Outcome::Pass(Pass::NotExposed));
+    if let Some(answer) = fast_path(state, &del) {
+        return answer;
     }
     let mut req = del.request.clone();
-    let Some(claimed) = del.pod() else {
-        return Answer::Allow(Outcome::NotOurs);
+    let pod = match live(state, del, deadline).await {
+        Ok(pod) => pod,
+        Err(answer) => return answer,
     };
-    // Nothing past the fast path is taken on the review's word (anyone reaching the port
-    // can post one, docs/security.md): the pod is read live, and a review of a pod that
-    // does not exist, or of an earlier incarnation, changes and writes nothing.
-    let claimed = review::pod_facts(&claimed);
-    let live = tokio::time::timeout_at(deadline, live_pod(state, &claimed, deadline)).await;
-    let pod = match live {
-        Ok(Ok(Some(pod))) => pod,
-        Ok(Ok(None)) => return Answer::Allow(Outcome::NotLive),
-        Ok(Err(why)) => {
-            tracing::warn!(%why, "could not read the pod of a DELETE; letting it through");
-            return Answer::Allow(Outcome::Error);
-        }
-        Err(_) => return Answer::Allow(Settled::Deadline.outcome()),
-    };
-    let draining = pod
-        .labels
-        .contains_key(graceful_drain_core::labels::DRAINING_LABEL);
     // The DELETE is about this incarnation of the pod: if a re-read after a conflict finds
     // a same-name replacement, it is left alone.
     req.preconditions.uid.get_or_insert_with(|| pod.uid.clone());
-    let owned_by_rs = of_replicaset(&pod);
-    let scale_down = owned_by_rs && is_replicaset_controller(&req.user);
+    let scale_down = of_replicaset(&pod) && is_replicaset_controller(&req.user);
+    let draining = pod
+        .labels
+        .contains_key(graceful_drain_core::labels::DRAINING_LABEL);
     // The ReplicaSet's turn, held until the pod is isolated: the next DELETE of one of its
     // pods counts this isolation.
-    let mut _turn = None;
-    if scale_down && !draining {
-        // The webhook deletes this pod itself once it is due, so the review's word must not
-        // be all there is: the ReplicaSet, read live with its pods, must really control
-        // more active pods than it wants (the ReplicaSet controller deletes only then:
-        // `manageReplicas` in pkg/controller/replicaset/replica_set.go), counting the
-        // pods isolated before this one. Otherwise the answer is a refusal that isolates
-        // nothing; the controller counts the failed DELETE, requeues the ReplicaSet and
-        // decides again from what it then sees.
-        let rs = match &pod.owner {
-            Some((OwnerKind::ReplicaSet, rs)) => rs.clone(),
-            _ => String::new(),
-        };
-        _turn = Some(state.scale_downs.turn(&pod.namespace, &rs).await);
-        let key = format!("{}/{rs}", pod.namespace);
-        let surplus = || replicaset_has_surplus(state, &pod, &rs);
-        match state.controllers.surplus.get(&key, surplus).await {
-            Ok(None) => {}
-            Ok(Some(why)) => {
-                tracing::info!(%why, "ReplicaSet DELETE not backed by the live ReplicaSet; refused without isolating");
-                let message = format!(
-                    "graceful-drain: not isolating pod {}/{}: {why}; retry once the ReplicaSet's status is current",
-                    pod.namespace, pod.name
-                );
-                return Answer::Deny(Outcome::Unverified, message);
-            }
-            Err(error) => {
-                let message = format!(
-                    "graceful-drain: could not read the ReplicaSet of pod {}/{} ({error}); retry",
-                    pod.namespace, pod.name
-                );
-                return Answer::Deny(Outcome::Error, message);
-            }
+    let _turn = if scale_down && !draining {
+        match surplus_turn(state, &pod).await {
+            Ok(turn) => Some(turn),
+            Err(answer) => return answer,
         }
-    }
-    // A StatefulSet's or DaemonSet's DELETE is confirmed only where its live owner backs
-    // it; anything else the review claims counts as unconfirmed (bound by the pod's budget
-    // and the unconfirmed share).
-    req.owner_backed = match &pod.owner {
-        Some((OwnerKind::StatefulSet, owner))
-            if is_controller(&req.user, STATEFULSET_CONTROLLER) =>
-        {
-            super::stateful::backs(state, &pod, owner).await
-        }
-        Some((OwnerKind::DaemonSet, owner)) if is_controller(&req.user, DAEMONSET_CONTROLLER) => {
-            daemonset_backs(state, &pod, owner).await
-        }
-        _ => false,
+    } else {
+        None
     };
+    req.owner_backed = owner_backs(state, &req, &pod).await;
     // Every DELETE this replica would hold takes a slot first, a repeated call for one
     // DELETE too (the first call's slot was freed when it was answered); with every slot
     // taken it goes through at once, unprotected, rather than tie up one more of the API
@@ -141,10 +73,124 @@ pub(super) async fn answer_deletion(
     let settled = tokio::time::timeout_at(deadline, settled)
         .await
         .unwrap_or(Settled::Deadline);
-    let outcome = settled.outcome();
     if let (Settled::Isolated(_), Some((_, owner))) = (&settled, &pod.owner) {
         state.controllers.isolated_one_of(&pod.namespace, owner);
     }
+    settled_answer(state, &pod, settled, scale_down, deadline).await
+}
+
+/// The answer without reading anything: the request's own pass (a dry run, our own
+/// request, the garbage collector, a forced delete…), or a pod neither isolated (its own
+/// labels say so) nor listed as a ready endpoint, nor selected by a Service whose slice
+/// may list it any moment.
+fn fast_path(state: &AppState, del: &review::Deletion) -> Option<Answer> {
+    if let Some(pass) = decide::pass_for_request(&del.request, &state.settings) {
+        return Some(Answer::Allow(Outcome::Pass(pass)));
+    }
+    let (namespace, name) = (&del.namespace, &del.request.name);
+    let labels = del.object.metadata.labels.as_ref();
+    let draining =
+        labels.is_some_and(|l| l.contains_key(graceful_drain_core::labels::DRAINING_LABEL));
+    let cache = &state.ctx.cache;
+    let exposed = draining
+        || cache.has_ready_endpoint(namespace, name)
+        || labels.is_some_and(|l| cache.service_selects(namespace, l));
+    (!exposed).then_some(Answer::Allow(Outcome::Pass(Pass::NotExposed)))
+}
+
+/// The DELETE's pod, read live: nothing past the fast path is taken on the review's word
+/// (anyone reaching the port can post one, docs/security.md), and a review of a pod that
+/// does not exist, or of an earlier incarnation, changes and writes nothing (`Err`: the
+/// answer then).
+async fn live(
+    state: &AppState,
+    del: review::Deletion,
+    deadline: Instant,
+) -> Result<PodFacts, Answer> {
+    let Some(claimed) = del.pod() else {
+        return Err(Answer::Allow(Outcome::NotOurs));
+    };
+    let claimed = review::pod_facts(&claimed);
+    let live = tokio::time::timeout_at(deadline, live_pod(state, &claimed, deadline)).await;
+    match live {
+        Ok(Ok(Some(pod))) => Ok(pod),
+        Ok(Ok(None)) => Err(Answer::Allow(Outcome::NotLive)),
+        Ok(Err(why)) => {
+            tracing::warn!(%why, "could not read the pod of a DELETE; letting it through");
+            Err(Answer::Allow(Outcome::Error))
+        }
+        Err(_) => Err(Answer::Allow(Settled::Deadline.outcome())),
+    }
+}
+
+/// The ReplicaSet's turn for a DELETE claiming its controller, once the live ReplicaSet
+/// backs it; `Err` with the refusal otherwise.
+///
+/// The webhook deletes this pod itself once it is due, so the review's word must not
+/// be all there is: the ReplicaSet, read live with its pods, must really control
+/// more active pods than it wants (the ReplicaSet controller deletes only then:
+/// `manageReplicas` in pkg/controller/replicaset/replica_set.go), counting the
+/// pods isolated before this one. Otherwise the answer is a refusal that isolates
+/// nothing; the controller counts the failed DELETE, requeues the ReplicaSet and
+/// decides again from what it then sees.
+async fn surplus_turn<'a>(
+    state: &'a AppState,
+    pod: &PodFacts,
+) -> Result<tokio::sync::MutexGuard<'a, ()>, Answer> {
+    let rs = match &pod.owner {
+        Some((OwnerKind::ReplicaSet, rs)) => rs.clone(),
+        _ => String::new(),
+    };
+    let turn = state.scale_downs.turn(&pod.namespace, &rs).await;
+    let key = format!("{}/{rs}", pod.namespace);
+    let surplus = || replicaset_has_surplus(state, pod, &rs);
+    match state.controllers.surplus.get(&key, surplus).await {
+        Ok(None) => Ok(turn),
+        Ok(Some(why)) => {
+            tracing::info!(%why, "ReplicaSet DELETE not backed by the live ReplicaSet; refused without isolating");
+            let message = format!(
+                "graceful-drain: not isolating pod {}/{}: {why}; retry once the ReplicaSet's status is current",
+                pod.namespace, pod.name
+            );
+            Err(Answer::Deny(Outcome::Unverified, message))
+        }
+        Err(error) => {
+            let message = format!(
+                "graceful-drain: could not read the ReplicaSet of pod {}/{} ({error}); retry",
+                pod.namespace, pod.name
+            );
+            Err(Answer::Deny(Outcome::Error, message))
+        }
+    }
+}
+
+/// Whether the pod's live owner backs a DELETE claiming its controller: a StatefulSet's
+/// or DaemonSet's DELETE is confirmed only then; anything else the review claims counts
+/// as unconfirmed (bound by the pod's budget and the unconfirmed share).
+async fn owner_backs(state: &AppState, req: &decide::Removal, pod: &PodFacts) -> bool {
+    match &pod.owner {
+        Some((OwnerKind::StatefulSet, owner))
+            if is_controller(&req.user, STATEFULSET_CONTROLLER) =>
+        {
+            super::stateful::backs(state, pod, owner).await
+        }
+        Some((OwnerKind::DaemonSet, owner)) if is_controller(&req.user, DAEMONSET_CONTROLLER) => {
+            daemonset_backs(state, pod, owner).await
+        }
+        _ => false,
+    }
+}
+
+/// The answer once the DELETE is settled: a pod isolated (or already) is held until its
+/// delete time, or — a ReplicaSet's scale-down — refused, for the deferred deleter.
+async fn settled_answer(
+    state: &AppState,
+    pod: &PodFacts,
+    settled: Settled,
+    scale_down: bool,
+    deadline: Instant,
+) -> Answer {
+    let outcome = settled.outcome();
     let delete_at = match settled {
         Settled::Isolated(t) | Settled::Pending(t) => t,
         _ => return Answer::Allow(outcome),

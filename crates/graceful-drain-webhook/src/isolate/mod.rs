@@ -213,29 +213,7 @@ pub async fn isolate(
     now: Timestamp,
 ) -> Result<Outcome, Error> {
     let started = std::time::Instant::now();
-    let (mut policy, controller, recreate) = owner_policy(ctx, pod).await?;
-    if let Some(deployment) = recreate {
-        return Err(Error::Recreate {
-            pod: pod_ref(pod),
-            deployment,
-        });
-    }
-    if let Some(service) = service_left_only_by_pinned(&pod.labels, &snap.services, &policy.pinned)
-    {
-        let owner = pod
-            .owner
-            .as_ref()
-            .map(|(kind, name)| format!("{} {name}", kind.name()))
-            .unwrap_or_default();
-        return Err(Error::ControllerSelector {
-            pod: pod_ref(pod),
-            owner,
-            service: service.name.clone(),
-        });
-    }
-    policy.keep.extend(ctx.keep_labels.iter().cloned());
-    let leave = leave_selectors(snap, policy.leave);
-    let removed = labels_to_remove(&pod.labels, &leave, &policy.keep, &policy.pinned);
+    let (removed, controller) = what_leaves(ctx, pod, snap).await?;
     let (charged, uncharged) = match account(ctx, pod, snap, plan.charge, now).await? {
         Accounting::Refused(budget) => return Ok(Outcome::Refused(budget)),
         Accounting::Charged(pdb) => (Some(pdb), None),
@@ -243,63 +221,19 @@ pub async fn isolate(
         Accounting::Uncharged(pdb) => (None, Some(pdb)),
     };
     let plan = plan.counted_from_now(started.elapsed());
-    // An evicted pod whose node is being drained (cordoned, or a drainer's taint: only an
-    // authenticated user can start that) goes to the deleter, which removes it at its
-    // delete time; the caller's retry, held until then, then finds it gone (404) and is
-    // done at once instead of evicting it itself and polling for its deletion (kubectl
-    // drain polls every second, docs/design.md §4). A pod its PDB still selects after
-    // isolation (a StatefulSet's pod behind a budget on the StatefulSet's own labels)
-    // could not be evicted by its caller anyway: its own disruption spent the budget, and
-    // the API server charges every eviction again (`checkAndDecrement` in
-    // pkg/registry/core/pod/storage/eviction.go exempts no pod already in
-    // `disruptedPods`).
-    //
-    // The deleter acts on the webhook's own authority, so a review's word alone never
-    // sends a pod there (anyone reaching the port can post one, docs/security.md): off a
-    // drained node the caller comes back itself, and a pod nobody removes is restored.
-    let in_pdb = snap
-        .pdbs
-        .iter()
-        .any(|pdb| !removed.keys().any(|k| pdb.selector_keys.contains(k)));
-    let on_due = match plan.on_due {
-        OnDue::Caller if plan.charge == Charge::Required && plan.confirmed => OnDue::Deleter,
-        OnDue::Caller if in_pdb && plan.charge == Charge::Required => {
-            tracing::info!(
-                "pod stays in its PDB once isolated but its node is not being drained: the caller must remove it"
-            );
-            OnDue::Caller
-        }
-        on_due => on_due,
-    };
+    let on_due = who_removes(&plan, snap, &removed);
     let restore = (on_due == OnDue::Caller).then(|| restore_at(plan.delete_at, ctx.restore_after));
     let mut patch = isolation_patch(pod, &removed, plan.delete_at, plan.grace_period, restore);
     if let Some(controller) = controller {
         patch.0.extend(controller_handover(pod, controller));
     }
-    let api = Api::<Pod>::namespaced(ctx.client.clone(), &pod.namespace);
-    let params = PatchParams {
-        field_manager: Some(FIELD_MANAGER.to_string()),
-        ..PatchParams::default()
-    };
-    let patched = api
-        .patch(&pod.name, &params, &kube::api::Patch::Json::<()>(patch))
-        .await;
-    if let Err(source) = patched {
+    if let Err(error) = relabel(ctx, pod, patch).await {
         // The pod was not isolated: give the disruption back, or the budget stays spent
         // (and real evictions refused) until the disruption controller drops the entry.
         if let Some(pdb) = &charged {
             refund_disruption(ctx, &pod.namespace, pdb, &pod.name).await;
         }
-        return Err(match source {
-            // 409: resourceVersion moved; 422: a `test` op failed (how the API server
-            // reports it) — or a real validation error, told apart by re-reading the pod;
-            // 404: the pod (read from a node's watch) is gone, which the re-read tells.
-            kube::Error::Api(status) if matches!(status.code, 404 | 409 | 422) => Error::Conflict {
-                pod: pod_ref(pod),
-                code: status.code,
-            },
-            source => api_err(pod, "patch pod", source),
-        });
+        return Err(error);
     }
     ctx.cache
         .set_isolated(&pod.namespace, &pod.name, Some(plan.delete_at));
@@ -326,6 +260,96 @@ pub async fn isolate(
         removed,
         uncharged,
         delete_at: plan.delete_at,
+    })
+}
+
+/// The labels the isolation removes (taking the pod out of its Services and, for a
+/// ReplicaSet, its controller's selector) and the controller reference it hands the pod
+/// to; an error when the pod cannot leave a Service without leaving its controller's
+/// selector, or its Deployment rolls out with `Recreate`.
+async fn what_leaves(
+    ctx: &Context,
+    pod: &PodFacts,
+    snap: &Snapshot,
+) -> Result<(BTreeMap<String, String>, Option<serde_json::Value>), Error> {
+    let (mut policy, controller, recreate) = owner_policy(ctx, pod).await?;
+    if let Some(deployment) = recreate {
+        return Err(Error::Recreate {
+            pod: pod_ref(pod),
+            deployment,
+        });
+    }
+    if let Some(service) = service_left_only_by_pinned(&pod.labels, &snap.services, &policy.pinned)
+    {
+        let owner = pod
+            .owner
+            .as_ref()
+            .map(|(kind, name)| format!("{} {name}", kind.name()))
+            .unwrap_or_default();
+        return Err(Error::ControllerSelector {
+            pod: pod_ref(pod),
+            owner,
+            service: service.name.clone(),
+        });
+    }
+    policy.keep.extend(ctx.keep_labels.iter().cloned());
+    let leave = leave_selectors(snap, policy.leave);
+    let removed = labels_to_remove(&pod.labels, &leave, &policy.keep, &policy.pinned);
+    Ok((removed, controller))
+}
+
+/// Who removes the pod once it is due.
+///
+/// An evicted pod whose node is being drained (cordoned, or a drainer's taint: only an
+/// authenticated user can start that) goes to the deleter, which removes it at its
+/// delete time; the caller's retry, held until then, then finds it gone (404) and is
+/// done at once instead of evicting it itself and polling for its deletion (kubectl
+/// drain polls every second, docs/design.md §4). A pod its PDB still selects after
+/// isolation (a StatefulSet's pod behind a budget on the StatefulSet's own labels)
+/// could not be evicted by its caller anyway: its own disruption spent the budget, and
+/// the API server charges every eviction again (`checkAndDecrement` in
+/// pkg/registry/core/pod/storage/eviction.go exempts no pod already in
+/// `disruptedPods`).
+///
+/// The deleter acts on the webhook's own authority, so a review's word alone never
+/// sends a pod there (anyone reaching the port can post one, docs/security.md): off a
+/// drained node the caller comes back itself, and a pod nobody removes is restored.
+fn who_removes(plan: &Plan, snap: &Snapshot, removed: &BTreeMap<String, String>) -> OnDue {
+    let in_pdb = snap
+        .pdbs
+        .iter()
+        .any(|pdb| !removed.keys().any(|k| pdb.selector_keys.contains(k)));
+    match plan.on_due {
+        OnDue::Caller if plan.charge == Charge::Required && plan.confirmed => OnDue::Deleter,
+        OnDue::Caller if in_pdb && plan.charge == Charge::Required => {
+            tracing::info!(
+                "pod stays in its PDB once isolated but its node is not being drained: the caller must remove it"
+            );
+            OnDue::Caller
+        }
+        on_due => on_due,
+    }
+}
+
+/// Sends the isolation `patch` of `pod`.
+async fn relabel(ctx: &Context, pod: &PodFacts, patch: json_patch::Patch) -> Result<(), Error> {
+    let api = Api::<Pod>::namespaced(ctx.client.clone(), &pod.namespace);
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    };
+    let patched = api
+        .patch(&pod.name, &params, &kube::api::Patch::Json::<()>(patch))
+        .await;
+    patched.map(|_| ()).map_err(|source| match source {
+        // 409: resourceVersion moved; 422: a `test` op failed (how the API server
+        // reports it) — or a real validation error, told apart by re-reading the pod;
+        // 404: the pod (read from a node's watch) is gone, which the re-read tells.
+        kube::Error::Api(status) if matches!(status.code, 404 | 409 | 422) => Error::Conflict {
+            pod: pod_ref(pod),
+            code: status.code,
+        },
+        source => api_err(pod, "patch pod", source),
     })
 }
 

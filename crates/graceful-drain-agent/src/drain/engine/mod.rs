@@ -209,12 +209,10 @@ impl Engine {
         (ctx, updates)
     }
 
-    /// Runs the drain until nothing remains; publishes progress on `progress`. Dropping the
-    /// future stops it (and every eviction task).
-    pub async fn run(&self, progress: &watch::Sender<Progress>) -> Result<Progress, Error> {
-        let started = tokio::time::Instant::now();
-        let mut stream = self.watch();
-        let initial = self.initial_list(&mut stream).await?;
+    /// The drain's starting state from the node's `initial` pods: those the drain selects,
+    /// planned into tiers (the plan posted as an Event); with the pods already isolated,
+    /// which are awaited like the evicted ones.
+    async fn planned(&self, initial: BTreeMap<PodKey, Pod>) -> Result<(State, Vec<Pod>), Error> {
         let selected = self.selected(None).await?;
         let candidates: BTreeMap<PodKey, Pod> = initial
             .iter()
@@ -222,7 +220,6 @@ impl Engine {
             .map(|(key, pod)| (key.clone(), pod.clone()))
             .collect();
         let plan = self.plan(&candidates).await?;
-        let (ctx, mut updates) = self.task_ctx();
         let mut state = State {
             pods: initial,
             skipped: plan.skipped.len(),
@@ -235,12 +232,23 @@ impl Engine {
         state.waiting = self.config.tiers.split(plan.evict).into();
         state.record_plan();
         self.post_plan(&state.plan).await;
+        Ok((state, plan.awaited))
+    }
+
+    /// Runs the drain until nothing remains; publishes progress on `progress`. Dropping the
+    /// future stops it (and every eviction task).
+    pub async fn run(&self, progress: &watch::Sender<Progress>) -> Result<Progress, Error> {
+        let started = tokio::time::Instant::now();
+        let mut stream = self.watch();
+        let initial = self.initial_list(&mut stream).await?;
+        let (mut state, awaited) = self.planned(initial).await?;
+        let (ctx, mut updates) = self.task_ctx();
         let mut tasks = JoinSet::new();
         self.start_tier(&mut state, &mut tasks, &ctx).await;
         // Pods our webhook already isolated (a restarted agent, another drain): evicted
         // like the others; the webhook refuses with 429 until each is due, then lets the
         // eviction through (it deletes nothing on its own).
-        for pod in plan.awaited {
+        for pod in awaited {
             track(&mut state, &mut tasks, &ctx, pod);
         }
         let deadline = self.config.timeout.map(|t| started + t);
