@@ -23,10 +23,9 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::Api;
-use kube::api::PostParams;
 
-use super::isolate::{self, Context};
+use super::isolate::{Change, Context, Retries, StatusError, update_status};
+use graceful_drain_core::backoff::Backoff;
 
 /// Default age after which a held pod's `disruptedPods` entry is rewritten: half the
 /// disruption controller's two-minute `DeletionTimeout`.
@@ -109,35 +108,28 @@ pub async fn renew(
     held: &[String],
     renew_after: Duration,
 ) -> Result<Renewed, kube::Error> {
-    let api = Api::<PodDisruptionBudget>::namespaced(ctx.client.clone(), namespace);
     let gate = ctx.gates.gate(namespace, name);
     let _serialised = gate.turn.lock().await;
     let held: Vec<&str> = held.iter().map(String::as_str).collect();
-    let mut conflict = None;
-    for _ in 0..ATTEMPTS {
-        let live = api.get(name).await?;
+    let retries = Retries {
+        attempts: ATTEMPTS,
+        backoff: Backoff::new(std::time::Duration::ZERO, std::time::Duration::ZERO),
+        transient: false,
+    };
+    let renew = |live: &PodDisruptionBudget, _: bool| {
         let now = Timestamp::now();
         let stale_before = now - jiff::SignedDuration::try_from(renew_after).unwrap_or_default();
-        let (next, counts) = renewed(&live, &held, now, stale_before);
-        let Some(next) = next else {
-            ctx.cache.apply_pdb(&live);
-            return Ok(counts);
-        };
-        match api
-            .replace_status(name, &PostParams::default(), &next)
-            .await
-        {
-            Ok(written) => {
-                ctx.cache.apply_pdb(&written);
-                return Ok(counts);
-            }
-            Err(e) if isolate::is_status(&e, &[409]) => conflict = Some(e),
-            Err(e) => return Err(e),
+        match renewed(live, &held, now, stale_before) {
+            (Some(next), counts) => Change::Write(Box::new(next), counts),
+            (None, counts) => Change::Keep(counts),
         }
+    };
+    match update_status(ctx, namespace, name, None, retries, renew).await {
+        Ok(counts) => Ok(counts),
+        Err(
+            StatusError::Read(error) | StatusError::Write(error) | StatusError::Contended(error),
+        ) => Err(error),
     }
-    Err(conflict.unwrap_or_else(|| {
-        kube::Error::Service(format!("PDB {namespace}/{name} kept conflicting").into())
-    }))
 }
 
 #[cfg(test)]

@@ -40,12 +40,12 @@ use graceful_drain_core::labels::{FIELD_MANAGER, webhook_reason};
 pub use budget::{Budget, PdbGate, PdbGates, charge, charge_all};
 pub use context::{Context, EVENT_QUEUE, EventSink};
 pub use error::Error;
-pub(crate) use error::is_status;
 use error::{api_err, pod_ref};
 pub use node_reads::{NODE_READ_TTL, NodeReads};
 pub use owner_reads::{OwnerFacts, OwnerReads};
 use owners::owner_policy;
 use pdb::{Accounting, account};
+pub(crate) use pdb::{Change, Retries, StatusError, update_status};
 pub use pdb::{consume_disruption, refund_disruption};
 pub use record::{Severity, record_event};
 pub use relabel::{

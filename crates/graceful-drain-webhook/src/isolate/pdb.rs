@@ -78,6 +78,101 @@ pub(super) async fn account(
     }
 }
 
+/// What a status change makes of the PDB it is shown (see [`update_status`]).
+pub(crate) enum Change<R> {
+    /// Write this PDB (its resourceVersion guards the write), then answer `R`.
+    Write(Box<PodDisruptionBudget>, R),
+    /// Nothing to write: answer `R`.
+    Keep(R),
+    /// The PDB shown is the cache's and does not settle the change: read it live and ask
+    /// again.
+    ReadLive,
+}
+
+/// How [`update_status`] retries.
+pub(crate) struct Retries {
+    /// Attempts at most (a conflicting or, with `transient`, failed call spends one).
+    pub attempts: usize,
+    /// The pause before reading the PDB again.
+    pub backoff: Backoff,
+    /// A throttled or failed call is retried too, not only a conflict.
+    pub transient: bool,
+}
+
+/// Why [`update_status`] gave up.
+#[derive(Debug)]
+pub(crate) enum StatusError {
+    /// The PDB could not be read.
+    Read(kube::Error),
+    /// The update was refused otherwise than by a conflict.
+    Write(kube::Error),
+    /// Every attempt met a conflict (or, with `transient`, a failure); the last error.
+    Contended(kube::Error),
+}
+
+/// Changes the status of PDB `namespace/name` with `change`, shown `start` (the cache's
+/// copy) or the live object and told which: one resourceVersion-guarded update, and after
+/// a conflict a pause, a live read and `change` asked again, up to `retries.attempts`. The
+/// written PDB, or the live one when nothing is written, goes into the cache. Every
+/// status update of a PDB here goes through it: the charge, the refund and the renewal.
+pub(crate) async fn update_status<R>(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+    start: Option<PodDisruptionBudget>,
+    mut retries: Retries,
+    mut change: impl FnMut(&PodDisruptionBudget, bool) -> Change<R>,
+) -> Result<R, StatusError> {
+    let api = Api::<PodDisruptionBudget>::namespaced(ctx.client.clone(), namespace);
+    let retried = |error: &kube::Error, transient: bool| {
+        is_status(error, &[409]) || (transient && is_transient(error))
+    };
+    let mut current = start;
+    let mut last = None;
+    for _ in 0..retries.attempts {
+        let (pdb, live) = match current.take() {
+            Some(pdb) => (pdb, false),
+            None => match api.get(name).await {
+                Ok(pdb) => (pdb, true),
+                Err(error) if retries.transient && is_transient(&error) => {
+                    last = Some(error);
+                    retries.backoff.wait().await;
+                    continue;
+                }
+                Err(error) => return Err(StatusError::Read(error)),
+            },
+        };
+        let (next, answer) = match change(&pdb, live) {
+            Change::Write(next, answer) => (next, answer),
+            Change::Keep(answer) => {
+                if live {
+                    ctx.cache.apply_pdb(&pdb);
+                }
+                return Ok(answer);
+            }
+            // The next attempt reads it live.
+            Change::ReadLive => continue,
+        };
+        match api
+            .replace_status(name, &PostParams::default(), &next)
+            .await
+        {
+            Ok(written) => {
+                ctx.cache.apply_pdb(&written);
+                return Ok(answer);
+            }
+            Err(error) if retried(&error, retries.transient) => {
+                last = Some(error);
+                retries.backoff.wait().await;
+            }
+            Err(error) => return Err(StatusError::Write(error)),
+        }
+    }
+    Err(StatusError::Contended(last.unwrap_or_else(|| {
+        kube::Error::Service(format!("PDB {namespace}/{name} kept changing").into())
+    })))
+}
+
 /// Gives back the disruption this call recorded for `pod` in PDB `namespace/name`: the pod
 /// leaves `status.disruptedPods` and `disruptionsAllowed` goes up by one, in one
 /// resourceVersion-guarded update (retried on 409, and after a short pause on a throttled
@@ -86,24 +181,21 @@ pub(super) async fn account(
 /// retrying at once would find the budget spent). Failures are logged; the disruption
 /// controller drops the entry after about two minutes anyway.
 pub async fn refund_disruption(ctx: &Context, namespace: &str, name: &str, pod: &str) {
-    let api = Api::<PodDisruptionBudget>::namespaced(ctx.client.clone(), namespace);
     let gate = ctx.gates.gate(namespace, name);
     let _serialised = gate.turn.lock().await;
-    let mut backoff = Backoff::new(REFUND_PAUSE, REFUND_PAUSE_MAX);
-    for _ in 0..PDB_ATTEMPTS {
-        let mut pdb = match api.get(name).await {
-            Ok(pdb) => pdb,
-            Err(error) if is_transient(&error) => {
-                backoff.wait().await;
-                continue;
-            }
-            Err(error) => {
-                tracing::warn!(%error, pdb = %format!("{namespace}/{name}"), "refund PDB: read");
-                return;
-            }
-        };
-        let Some(status) = pdb.status.as_mut() else {
-            return;
+    let retries = Retries {
+        attempts: PDB_ATTEMPTS,
+        backoff: Backoff::new(REFUND_PAUSE, REFUND_PAUSE_MAX),
+        transient: true,
+    };
+    // Always on the live PDB: the refund must not undo a disruption another call recorded.
+    let refund = |current: &PodDisruptionBudget, live: bool| {
+        if !live {
+            return Change::ReadLive;
+        }
+        let mut next = current.clone();
+        let Some(status) = next.status.as_mut() else {
+            return Change::Keep(());
         };
         if status
             .disrupted_pods
@@ -111,23 +203,13 @@ pub async fn refund_disruption(ctx: &Context, namespace: &str, name: &str, pod: 
             .and_then(|d| d.remove(pod))
             .is_none()
         {
-            return;
+            return Change::Keep(());
         }
         status.disruptions_allowed += 1;
-        match api.replace_status(name, &PostParams::default(), &pdb).await {
-            Ok(updated) => {
-                ctx.cache.apply_pdb(&updated);
-                return;
-            }
-            Err(e) if is_status(&e, &[409]) => continue,
-            Err(error) if is_transient(&error) => {
-                backoff.wait().await;
-            }
-            Err(error) => {
-                tracing::warn!(%error, pdb = %format!("{namespace}/{name}"), "refund PDB: update");
-                return;
-            }
-        }
+        Change::Write(Box::new(next), ())
+    };
+    if let Err(error) = update_status(ctx, namespace, name, None, retries, refund).await {
+        tracing::warn!(?error, pdb = %format!("{namespace}/{name}"), "refund PDB");
     }
 }
 
@@ -213,51 +295,34 @@ async fn charge_group(
     pod: &str,
     now: Timestamp,
 ) -> Result<Vec<Budget>, Error> {
-    let api = Api::<PodDisruptionBudget>::namespaced(ctx.client.clone(), namespace);
+    let retries = Retries {
+        attempts: PDB_ATTEMPTS,
+        backoff: Backoff::jittered(PDB_RETRY_MAX_PAUSE, PDB_RETRY_MAX_PAUSE),
+        transient: false,
+    };
+    let cached = ctx.cache.pdb(namespace, name).map(|pdb| (*pdb).clone());
+    let charge = |current: &PodDisruptionBudget, live: bool| {
+        let (next, budgets) = charge_all(current, pods, now);
+        match next {
+            _ if !live && budgets.iter().any(|b| !b.allows()) => Change::ReadLive,
+            Some(next) => Change::Write(Box::new(next), budgets),
+            None => Change::Keep(budgets),
+        }
+    };
     let pod_name = format!("{namespace}/{pod}");
     let err = |action: &str, source| Error::Api {
         pod: pod_name.clone(),
         action: format!("{action} PDB {namespace}/{name}"),
         source,
     };
-    let (mut current, mut live) = match ctx.cache.pdb(namespace, name) {
-        Some(pdb) => ((*pdb).clone(), false),
-        None => (api.get(name).await.map_err(|e| err("get", e))?, true),
-    };
-    let mut conflicts = 0;
-    let mut backoff = Backoff::jittered(PDB_RETRY_MAX_PAUSE, PDB_RETRY_MAX_PAUSE);
-    loop {
-        let (next, budgets) = charge_all(&current, pods, now);
-        if !live && budgets.iter().any(|b| !b.allows()) {
-            current = api.get(name).await.map_err(|e| err("get", e))?;
-            live = true;
-            continue;
-        }
-        let Some(next) = next else {
-            return Ok(budgets);
-        };
-        match api
-            .replace_status(name, &PostParams::default(), &next)
-            .await
-        {
-            Ok(updated) => {
-                ctx.cache.apply_pdb(&updated);
-                return Ok(budgets);
-            }
-            Err(e) if is_status(&e, &[409]) => {
-                conflicts += 1;
-                if conflicts >= PDB_ATTEMPTS {
-                    return Err(Error::PdbContention {
-                        pod: pod_name,
-                        pdb: format!("{namespace}/{name}"),
-                        attempts: PDB_ATTEMPTS,
-                    });
-                }
-                backoff.wait().await;
-                current = api.get(name).await.map_err(|e| err("get", e))?;
-                live = true;
-            }
-            Err(e) => return Err(err("update status of", e)),
-        }
+    match update_status(ctx, namespace, name, cached, retries, charge).await {
+        Ok(budgets) => Ok(budgets),
+        Err(StatusError::Read(source)) => Err(err("get", source)),
+        Err(StatusError::Write(source)) => Err(err("update status of", source)),
+        Err(StatusError::Contended(_)) => Err(Error::PdbContention {
+            pod: pod_name.clone(),
+            pdb: format!("{namespace}/{name}"),
+            attempts: PDB_ATTEMPTS,
+        }),
     }
 }
