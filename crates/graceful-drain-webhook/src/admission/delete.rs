@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::answer::{Answer, Outcome};
 use super::controlled::{controlled_pods, read};
-use super::settle::{Settled, fetch_pod, settle, settle_until};
+use super::settle::{Settled, fetch_pod, retry_until, settle, settle_until};
 use crate::decide::{
     self, CONTROLLER_MANAGER, DAEMONSET_CONTROLLER, OwnerKind, Pass, PodFacts,
     STATEFULSET_CONTROLLER, is_replicaset_controller, of_replicaset,
@@ -214,29 +214,20 @@ async fn settled_answer(
     Answer::Allow(outcome)
 }
 
-/// First pause before reading a DELETE's pod again after a failed read.
-const READ_PAUSE: Duration = Duration::from_millis(250);
-
 /// The live pod the DELETE review `claimed` names: `None` when it is gone or is another
-/// incarnation (another UID). A failed read is retried until `deadline`.
+/// incarnation (another UID). A failed read is retried until `deadline` ([`retry_until`]).
 async fn live_pod(
     state: &AppState,
     claimed: &PodFacts,
     deadline: Instant,
 ) -> Result<Option<PodFacts>, String> {
-    let mut backoff = graceful_drain_core::backoff::Backoff::new(READ_PAUSE, READ_PAUSE * 8);
-    loop {
-        match fetch_pod(state, &claimed.namespace, &claimed.name).await {
-            Ok(live) => return Ok(live.filter(|live| live.uid == claimed.uid)),
-            Err(error) => {
-                let pause = backoff.next_pause();
-                if Instant::now() + pause >= deadline {
-                    return Err(graceful_drain_core::error::chain(&error).to_string());
-                }
-                tokio::time::sleep(pause).await;
-            }
-        }
-    }
+    let read = || async {
+        fetch_pod(state, &claimed.namespace, &claimed.name)
+            .await
+            .map_err(|error| graceful_drain_core::error::chain(&error).to_string())
+    };
+    let live = retry_until(deadline, read).await?;
+    Ok(live.filter(|live| live.uid == claimed.uid))
 }
 
 /// Reads ReplicaSet `name` and its pods live: `None` when it controls more active pods

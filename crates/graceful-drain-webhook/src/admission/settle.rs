@@ -64,29 +64,51 @@ const TRANSIENT_PAUSE: Duration = Duration::from_millis(250);
 /// Longest pause between two attempts at settling one request.
 const TRANSIENT_PAUSE_MAX: Duration = Duration::from_secs(2);
 
-/// Settles a request again after a transient failure (a throttled or failed API call, a
-/// pod that kept changing) while the deadline leaves room for a pause: one 429 from
-/// Priority and Fairness must not cost an eviction the caller's whole retry pause (5 s for
-/// kubectl), nor let a DELETE through unprotected. The last failure is returned when time
-/// runs out.
+/// The one retry policy of a review: `attempt` again after a transient failure (a
+/// throttled or failed API call, a pod that kept changing) while the deadline leaves room
+/// for a pause, which doubles from [`TRANSIENT_PAUSE`] to [`TRANSIENT_PAUSE_MAX`]: one 429
+/// from Priority and Fairness must not cost an eviction the caller's whole retry pause (5 s
+/// for kubectl), nor let a DELETE through unprotected. The last failure is returned when
+/// time runs out.
+pub(crate) async fn retry_until<T, E, F, Fut>(deadline: Instant, mut attempt: F) -> Result<T, E>
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let mut backoff = Backoff::new(TRANSIENT_PAUSE, TRANSIENT_PAUSE_MAX);
+    loop {
+        let error = match attempt().await {
+            Ok(done) => return Ok(done),
+            Err(error) => error,
+        };
+        let pause = backoff.next_pause();
+        if Instant::now() + pause >= deadline {
+            return Err(error);
+        }
+        tracing::info!(%error, retry_in = ?pause, "transient failure; trying again");
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// [`retry_until`] for settling a request: a [`Settled::Failed`] is tried again.
 pub(crate) async fn settle_until<F, Fut>(deadline: Instant, mut attempt: F) -> Settled
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Settled>,
 {
-    let mut backoff = Backoff::new(TRANSIENT_PAUSE, TRANSIENT_PAUSE_MAX);
-    loop {
-        let settled = attempt().await;
-        let Settled::Failed(why) = &settled else {
-            return settled;
-        };
-        let pause = backoff.next_pause();
-        if Instant::now() + pause >= deadline {
-            return settled;
+    let attempt = || {
+        let settling = attempt();
+        async move {
+            match settling.await {
+                Settled::Failed(why) => Err(why),
+                settled => Ok(settled),
+            }
         }
-        tracing::info!(%why, retry_in = ?pause, "transient failure; settling again");
-        tokio::time::sleep(pause).await;
-    }
+    };
+    retry_until(deadline, attempt)
+        .await
+        .unwrap_or_else(Settled::Failed)
 }
 
 pub(crate) async fn fetch_pod(
