@@ -490,8 +490,8 @@ pub fn deleter_removes(req: &Removal, pod: &PodFacts) -> bool {
 
 /// Whether [`confirm`] needs to know if the pod's node is being drained: only for an
 /// eviction nothing else confirms.
-pub fn needs_node(req: &Removal, evidence_authenticated: bool) -> bool {
-    req.operation == Operation::Evict && !evidence_authenticated
+pub fn needs_node(req: &Removal, reviews_authenticated: bool) -> bool {
+    req.operation == Operation::Evict && !reviews_authenticated
 }
 
 /// How an isolation of `pod` for `req` goes ahead on `evidence`, with the grace period and

@@ -671,19 +671,32 @@ mod tests {
         assert!(size < 256 * 1024, "{size} bytes");
     }
 
+    /// A simulated API server with the release namespace, where the shared table lives.
+    async fn lease_server() -> (
+        kube_sim::apiserver::ApiServer,
+        graceful_drain_core::runtime::Shutdown,
+    ) {
+        let shutdown = graceful_drain_core::runtime::Shutdown::new();
+        let mut config = kube_sim::apiserver::Config::default();
+        config.namespaces.push("graceful-drain".into());
+        let server = kube_sim::apiserver::ApiServer::start(config, shutdown.clone())
+            .await
+            .unwrap();
+        (server, shutdown)
+    }
+
+    /// A replica's table in `server`'s Lease `graceful-drain/gd-unconfirmed`.
+    fn shared(server: &kube_sim::apiserver::ApiServer) -> Unconfirmed {
+        Unconfirmed::shared(server.client("admin"), "graceful-drain", "gd-unconfirmed")
+    }
+
     /// Two replicas, one table: a flood of unconfirmed isolations split between them
     /// takes no more than half the Service, and the table survives its Lease's
     /// round-trip through the API server.
     #[tokio::test]
     async fn two_replicas_count_one_share() {
-        use kube_sim::apiserver::{ApiServer, Config};
-        let shutdown = graceful_drain_core::runtime::Shutdown::new();
-        let mut config = Config::default();
-        config.namespaces.push("graceful-drain".into());
-        let server = ApiServer::start(config, shutdown.clone()).await.unwrap();
-        let replicas = [0, 1].map(|_| {
-            Unconfirmed::shared(server.client("admin"), "graceful-drain", "gd-unconfirmed")
-        });
+        let (server, shutdown) = lease_server().await;
+        let replicas = [0, 1].map(|_| shared(&server));
         let now = Timestamp::now();
         let until = now.checked_add(SignedDuration::from_mins(2)).unwrap();
         let ask = |pod| Ask {
@@ -706,9 +719,7 @@ mod tests {
         // reserve the next pod at once; the Lease's resourceVersion lets exactly one
         // table win each round.
         replicas[0].release("web", "web-2").await;
-        let racing = [0, 1].map(|_| {
-            Unconfirmed::shared(server.client("admin"), "graceful-drain", "gd-unconfirmed")
-        });
+        let racing = [0, 1].map(|_| shared(&server));
         let both = futures::future::join(
             racing[0].reserve(ask("web-3"), now, pending),
             racing[1].reserve(ask("web-4"), now, pending),
@@ -733,12 +744,8 @@ mod tests {
     /// that fits is still counted against the table as it is now.
     #[tokio::test]
     async fn refused_isolations_share_one_read_of_the_table() {
-        use kube_sim::apiserver::{ApiServer, Config};
-        let shutdown = graceful_drain_core::runtime::Shutdown::new();
-        let mut config = Config::default();
-        config.namespaces.push("graceful-drain".into());
-        let server = ApiServer::start(config, shutdown.clone()).await.unwrap();
-        let share = Unconfirmed::shared(server.client("admin"), "graceful-drain", "gd-unconfirmed");
+        let (server, shutdown) = lease_server().await;
+        let share = shared(&server);
         let now = Timestamp::now();
         let until = now.checked_add(SignedDuration::from_mins(2)).unwrap();
         // Two pods of four: the share (half) is then taken.

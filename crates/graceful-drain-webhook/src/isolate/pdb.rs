@@ -188,11 +188,9 @@ pub async fn refund_disruption(ctx: &Context, namespace: &str, name: &str, pod: 
         backoff: Backoff::new(REFUND_PAUSE, REFUND_PAUSE_MAX),
         transient: true,
     };
-    // Always on the live PDB: the refund must not undo a disruption another call recorded.
-    let refund = |current: &PodDisruptionBudget, live: bool| {
-        if !live {
-            return Change::ReadLive;
-        }
+    // Started without the cache's copy, so always shown the live PDB: the refund must not
+    // undo a disruption another call recorded.
+    let refund = |current: &PodDisruptionBudget, _live: bool| {
         let mut next = current.clone();
         let Some(status) = next.status.as_mut() else {
             return Change::Keep(());
