@@ -488,6 +488,17 @@ pub fn deleter_removes(req: &Removal, pod: &PodFacts) -> bool {
     req.operation == Operation::Delete && is_replicaset_controller(&req.user) && of_replicaset(pod)
 }
 
+/// Why ReplicaSet `name`, which wants `wanted` replicas and controls `active` active pods
+/// (as its controller counts them), has none to spare; `None` when it has: its controller
+/// deletes pods only then (`manageReplicas` in pkg/controller/replicaset/replica_set.go),
+/// so only then does a DELETE claiming it have its backing.
+pub fn replicaset_spares(name: &str, wanted: i32, active: usize) -> Option<String> {
+    let active = i32::try_from(active).unwrap_or(i32::MAX);
+    (active <= wanted).then(|| {
+        format!("ReplicaSet {name} controls {active} active pods and wants {wanted}: none to spare")
+    })
+}
+
 /// Whether [`confirm`] needs to know if the pod's node is being drained: only for an
 /// eviction nothing else confirms.
 pub fn needs_node(req: &Removal, reviews_authenticated: bool) -> bool {
@@ -601,6 +612,37 @@ pub fn pass_for_request(req: &Removal, settings: &Settings) -> Option<Pass> {
         return Some(Pass::ForceDelete);
     }
     None
+}
+
+/// What the watch caches say of a review's pod before anything is read live: all its fast
+/// path looks at.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Glance {
+    /// Its namespace opted out (a label, or excluded by configuration).
+    pub opted_out: bool,
+    /// It is isolated already (our label on the object, or the cache's record of it).
+    pub isolated: bool,
+    /// A slice lists it as a ready endpoint.
+    pub listed_ready: bool,
+    /// A Service may select it before its slice lists it (for a DELETE: a Service whose
+    /// selector matches the object's labels; for an eviction, which carries no labels: any
+    /// Service of the namespace that may expose pods).
+    pub may_be_selected: bool,
+}
+
+/// The fast path of a review: passed unchanged without reading anything live — the
+/// request's own pass ([`pass_for_request`]), an opted-out namespace, or a pod neither
+/// isolated nor listed nor selectable, which no load balancer can route to, whatever else
+/// is true. `None`: the review needs its live reads.
+pub fn fast_pass(req: &Removal, glance: &Glance, settings: &Settings) -> Option<Pass> {
+    if let Some(pass) = pass_for_request(req, settings) {
+        return Some(pass);
+    }
+    if glance.opted_out {
+        return Some(Pass::OptedOut);
+    }
+    let exposed = glance.isolated || glance.listed_ready || glance.may_be_selected;
+    (!exposed).then_some(Pass::NotExposed)
 }
 
 fn pass_for_pod(pod: &PodFacts, snap: &Snapshot, settings: &Settings) -> Option<Pass> {

@@ -6,16 +6,15 @@
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::api::apps::v1::{DaemonSet, ReplicaSet};
-use kube::Api;
+use k8s_openapi::api::apps::v1::DaemonSet;
 use tokio::time::Instant;
 
 use super::answer::{Answer, Outcome};
-use super::controlled::{controlled_pods, read};
-use super::settle::{Settled, fetch_pod, retry_until, settle, settle_until};
+use super::gather;
+use super::settle::{Settled, settle, settle_until};
 use crate::decide::{
-    self, CONTROLLER_MANAGER, DAEMONSET_CONTROLLER, OwnerKind, Pass, PodFacts,
-    STATEFULSET_CONTROLLER, is_replicaset_controller, of_replicaset,
+    self, CONTROLLER_MANAGER, DAEMONSET_CONTROLLER, OwnerKind, PodFacts, STATEFULSET_CONTROLLER,
+    is_replicaset_controller, of_replicaset,
 };
 use crate::review;
 use crate::state::AppState;
@@ -26,8 +25,9 @@ pub(super) async fn answer_deletion(
     del: review::Deletion,
     deadline: Instant,
 ) -> Answer {
-    if let Some(answer) = fast_path(state, &del) {
-        return answer;
+    let glance = gather::deletion_glance(state, &del);
+    if let Some(pass) = decide::fast_pass(&del.request, &glance, &state.settings) {
+        return Answer::Allow(Outcome::Pass(pass));
     }
     let mut req = del.request.clone();
     let pod = match live(state, del, deadline).await {
@@ -79,25 +79,6 @@ pub(super) async fn answer_deletion(
     settled_answer(state, &pod, settled, scale_down, deadline).await
 }
 
-/// The answer without reading anything: the request's own pass (a dry run, our own
-/// request, the garbage collector, a forced delete…), or a pod neither isolated (its own
-/// labels say so) nor listed as a ready endpoint, nor selected by a Service whose slice
-/// may list it any moment.
-fn fast_path(state: &AppState, del: &review::Deletion) -> Option<Answer> {
-    if let Some(pass) = decide::pass_for_request(&del.request, &state.settings) {
-        return Some(Answer::Allow(Outcome::Pass(pass)));
-    }
-    let (namespace, name) = (&del.namespace, &del.request.name);
-    let labels = del.object.metadata.labels.as_ref();
-    let draining =
-        labels.is_some_and(|l| l.contains_key(graceful_drain_core::labels::DRAINING_LABEL));
-    let cache = &state.ctx.cache;
-    let exposed = draining
-        || cache.has_ready_endpoint(namespace, name)
-        || labels.is_some_and(|l| cache.service_selects(namespace, l));
-    (!exposed).then_some(Answer::Allow(Outcome::Pass(Pass::NotExposed)))
-}
-
 /// The DELETE's pod, read live: nothing past the fast path is taken on the review's word
 /// (anyone reaching the port can post one, docs/security.md), and a review of a pod that
 /// does not exist, or of an earlier incarnation, changes and writes nothing (`Err`: the
@@ -111,7 +92,8 @@ async fn live(
         return Err(Answer::Allow(Outcome::NotOurs));
     };
     let claimed = review::pod_facts(&claimed);
-    let live = tokio::time::timeout_at(deadline, live_pod(state, &claimed, deadline)).await;
+    let live =
+        tokio::time::timeout_at(deadline, gather::claimed_pod(state, &claimed, deadline)).await;
     match live {
         Ok(Ok(Some(pod))) => Ok(pod),
         Ok(Ok(None)) => Err(Answer::Allow(Outcome::NotLive)),
@@ -142,9 +124,7 @@ async fn surplus_turn<'a>(
         _ => String::new(),
     };
     let turn = state.scale_downs.turn(&pod.namespace, &rs).await;
-    let key = format!("{}/{rs}", pod.namespace);
-    let surplus = || replicaset_has_surplus(state, pod, &rs);
-    match state.controllers.surplus.get(&key, surplus).await {
+    match gather::replicaset_surplus(state, &pod.namespace, &rs).await {
         Ok(None) => Ok(turn),
         Ok(Some(why)) => {
             tracing::info!(%why, "ReplicaSet DELETE not backed by the live ReplicaSet; refused without isolating");
@@ -214,61 +194,6 @@ async fn settled_answer(
     Answer::Allow(outcome)
 }
 
-/// The live pod the DELETE review `claimed` names: `None` when it is gone or is another
-/// incarnation (another UID). A failed read is retried until `deadline` ([`retry_until`]).
-async fn live_pod(
-    state: &AppState,
-    claimed: &PodFacts,
-    deadline: Instant,
-) -> Result<Option<PodFacts>, String> {
-    let read = || async {
-        fetch_pod(state, &claimed.namespace, &claimed.name)
-            .await
-            .map_err(|error| graceful_drain_core::error::chain(&error).to_string())
-    };
-    let live = retry_until(deadline, read).await?;
-    Ok(live.filter(|live| live.uid == claimed.uid))
-}
-
-/// Reads ReplicaSet `name` and its pods live: `None` when it controls more active pods
-/// than it wants, else why not. Active as the controller counts them
-/// (`FilterActivePods`, pkg/controller/controller_utils.go): not terminating, neither
-/// succeeded nor failed; controlled by this ReplicaSet (its UID) and not isolated (an
-/// isolated pod keeps the reference until the controller lets it go).
-async fn replicaset_has_surplus(
-    state: &AppState,
-    pod: &PodFacts,
-    name: &str,
-) -> Result<Option<String>, kube::Error> {
-    if name.is_empty() {
-        return Ok(Some("it names no ReplicaSet".to_string()));
-    }
-    let api = Api::<ReplicaSet>::namespaced(state.ctx.client.clone(), &pod.namespace);
-    let Some(rs) = api.get_opt(name).await? else {
-        return Ok(Some(format!("ReplicaSet {name} does not exist")));
-    };
-    let wanted = rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-    let selector = rs.spec.as_ref().map(|s| &s.selector);
-    let uid = rs.metadata.uid.as_deref().unwrap_or_default();
-    let pods = controlled_pods(&state.ctx.client, &pod.namespace, selector, uid).await?;
-    // What counts is the controller reference and our isolation label.
-    let active =
-        pods.iter()
-            .filter(|p| {
-                let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
-                p.metadata.deletion_timestamp.is_none()
-                    && !matches!(phase, Some("Succeeded" | "Failed"))
-                    && !p.metadata.labels.as_ref().is_some_and(|l| {
-                        l.contains_key(graceful_drain_core::labels::DRAINING_LABEL)
-                    })
-            })
-            .count();
-    let active = i32::try_from(active).unwrap_or(i32::MAX);
-    Ok((active <= wanted).then(|| {
-        format!("ReplicaSet {name} controls {active} active pods and wants {wanted}: none to spare")
-    }))
-}
-
 /// Whether `user` is the controller `own` (or kube-controller-manager's own identity,
 /// which every controller uses without `--use-service-account-credentials`).
 fn is_controller(user: &str, own: &str) -> bool {
@@ -279,9 +204,7 @@ fn is_controller(user: &str, own: &str) -> bool {
 /// deletes the pod now ([`daemonset_deletes`]); a failed read or a missing DaemonSet backs
 /// nothing.
 async fn daemonset_backs(state: &AppState, pod: &PodFacts, name: &str) -> bool {
-    let key = format!("{}/{name}", pod.namespace);
-    let read = || read::<DaemonSet>(&state.ctx.client, &pod.namespace, name);
-    match state.controllers.daemonsets.get(&key, read).await {
+    match gather::daemonset(state, &pod.namespace, name).await {
         Ok(Some(ds)) => match daemonset_deletes(&ds, pod) {
             Ok(()) => true,
             Err(why) => {
@@ -291,7 +214,7 @@ async fn daemonset_backs(state: &AppState, pod: &PodFacts, name: &str) -> bool {
         },
         Ok(None) => false,
         Err(error) => {
-            tracing::warn!(%error, "could not read DaemonSet {key}; the DELETE counts as unconfirmed");
+            tracing::warn!(%error, "could not read DaemonSet {}/{name}; the DELETE counts as unconfirmed", pod.namespace);
             false
         }
     }

@@ -8,17 +8,14 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
-use kube::Api;
-use kube::runtime::conditions;
-use kube::runtime::wait::await_condition;
 use tokio::time::Instant;
 
 use super::answer::{Answer, Outcome};
-use super::settle::{Settled, fetch_pod, settle, settle_until};
+use super::gather;
+use super::settle::{Settled, settle, settle_until};
 use crate::decide::{self, Pass, PodFacts};
 use crate::deleter;
 use crate::isolate::{self, Budget};
-use crate::nodepods::{self, Lookup};
 use crate::review;
 use crate::state::AppState;
 use crate::throttle::Admit;
@@ -100,7 +97,7 @@ pub(super) async fn answer_eviction(
             () = tokio::time::sleep(left + DUE_MARGIN) => {}
             () = state.shutdown.cancelled() => {}
         }
-        let live = live_pod(state, &ev).await;
+        let live = gather::pod_object(state, &ev.namespace, &ev.pod).await;
         if gone_by_deleter(state, &ev, &live, deadline).await {
             let message = format!(
                 "pod {pod} is gone: graceful-drain deleted it at {delete_at}, once it had left its load balancers"
@@ -155,7 +152,9 @@ async fn in_background(
     if ev.requested_by.as_deref() != Some(DESCHEDULER) {
         return None;
     }
-    let pod = live_pod(state, ev).await.ok()??;
+    let pod = gather::pod_object(state, &ev.namespace, &ev.pod)
+        .await
+        .ok()??;
     let annotated = pod
         .metadata
         .annotations
@@ -192,17 +191,7 @@ async fn gone_by_deleter(
     let Some(uid) = pod.metadata.uid.as_deref().filter(|_| ours) else {
         return false;
     };
-    until_gone(state, ev, uid, deadline).await
-}
-
-/// Whether pod `uid` of the eviction is gone within the call's `deadline`.
-async fn until_gone(state: &AppState, ev: &review::Eviction, uid: &str, deadline: Instant) -> bool {
-    let api = Api::<Pod>::namespaced(state.ctx.client.clone(), &ev.namespace);
-    let removed = await_condition(api, &ev.pod, conditions::is_deleted(uid));
-    tokio::select! {
-        gone = tokio::time::timeout_at(deadline, removed) => matches!(gone, Ok(Ok(_))),
-        () = state.shutdown.cancelled() => false,
-    }
+    gather::until_gone(state, &ev.namespace, &ev.pod, uid, deadline).await
 }
 
 /// A due pod of a merely cordoned node (`isolate::NodeDrain::Cordoned`), isolated for an
@@ -254,7 +243,7 @@ async fn removed_from_cordoned_node(
         return None;
     }
     tracing::info!(%why, "removed the due pod of a cordoned node");
-    until_gone(state, ev, &pending.uid, deadline)
+    gather::until_gone(state, &ev.namespace, &ev.pod, &pending.uid, deadline)
         .await
         .then_some(why)
 }
@@ -262,10 +251,9 @@ async fn removed_from_cordoned_node(
 /// The ReplicaSet owning `pod` (`namespace/name`) when, read live, it has observed its
 /// latest spec and every replica it wants is ready — the isolated pod, no longer its
 /// controller's, is not among them; `None` otherwise. The read is shared with the
-/// reviews around it ([`super::ControllerReads`]): a forger's evictions of a due pod
+/// reviews around it ([`super::gather::ControllerReads`]): a forger's evictions of a due pod
 /// cannot multiply it.
 async fn replaced_by(state: &AppState, pod: &Pod) -> Option<String> {
-    use k8s_openapi::api::apps::v1::ReplicaSet;
     let namespace = pod.metadata.namespace.as_deref()?;
     let owner = pod
         .metadata
@@ -273,9 +261,7 @@ async fn replaced_by(state: &AppState, pod: &Pod) -> Option<String> {
         .iter()
         .flatten()
         .find(|r| r.kind == "ReplicaSet" && r.api_version == "apps/v1")?;
-    let key = format!("{namespace}/{}", owner.name);
-    let read = || super::controlled::read::<ReplicaSet>(&state.ctx.client, namespace, &owner.name);
-    let rs = match state.controllers.replicasets.get(&key, read).await {
+    let rs = match gather::replicaset(state, namespace, &owner.name).await {
         Ok(rs) => rs?,
         Err(error) => {
             tracing::warn!(error = %graceful_drain_core::error::chain(&error), "read the isolated pod's ReplicaSet");
@@ -289,15 +275,6 @@ async fn replaced_by(state: &AppState, pod: &Pod) -> Option<String> {
         && observed
         && status.ready_replicas.unwrap_or(0) >= wanted)
         .then(|| format!("{namespace}/{}", owner.name))
-}
-
-/// The eviction's pod as the API server has it now (`None`: gone); a failed read is
-/// logged and answered `Err`, which both callers take as "not the deleter's".
-async fn live_pod(state: &AppState, ev: &review::Eviction) -> Result<Option<Pod>, ()> {
-    let api = Api::<Pod>::namespaced(state.ctx.client.clone(), &ev.namespace);
-    api.get_opt(&ev.pod).await.map_err(|error| {
-        tracing::warn!(error = %graceful_drain_core::error::chain(&error), "read the evicted pod");
-    })
 }
 
 /// Records on the pod that its eviction was refused for now because isolation could not
@@ -361,23 +338,13 @@ pub(super) fn retry_after_until(delete_at: Timestamp, now: Timestamp) -> u32 {
 
 /// The eviction's act phase: its fast path, then the pod read and [`settle`].
 async fn settle_eviction(state: &AppState, ev: &review::Eviction) -> Settled {
-    if let Some(pass) = decide::pass_for_request(&ev.request, &state.settings) {
+    let glance = gather::eviction_glance(state, ev);
+    if let Some(pass) = decide::fast_pass(&ev.request, &glance, &state.settings) {
         return Settled::Pass(pass);
     }
-    let cache = &state.ctx.cache;
-    if cache.namespace(&ev.namespace).opted_out {
-        return Settled::Pass(Pass::OptedOut);
-    }
-    // Fast path: a pod no slice lists as ready, in a namespace with no Service that could
-    // select it before its slice lists it, is not exposed, whatever else is true.
-    let exposed = cache.has_ready_endpoint(&ev.namespace, &ev.pod)
-        || cache.has_selecting_service(&ev.namespace);
-    if !exposed && cache.isolated(&ev.namespace, &ev.pod).is_none() {
-        return Settled::Pass(Pass::NotExposed);
-    }
-    let (read, fresh) = match watched_pod(state, &ev.namespace, &ev.pod).await {
+    let (read, fresh) = match gather::watched_pod(state, &ev.namespace, &ev.pod).await {
         Some(pod) => (Ok(Some(pod)), false),
-        None => (fetch_pod(state, &ev.namespace, &ev.pod).await, true),
+        None => (gather::pod(state, &ev.namespace, &ev.pod).await, true),
     };
     match read {
         Ok(Some(pod)) => settle(state, &ev.request, pod, fresh).await,
@@ -386,34 +353,5 @@ async fn settle_eviction(state: &AppState, ev: &review::Eviction) -> Settled {
             tracing::warn!(error = %graceful_drain_core::error::chain(&error), "read pod for eviction");
             Settled::Failed(format!("read pod: {error}"))
         }
-    }
-}
-
-/// Pod `namespace/name` from the watch of its node (the node its endpoints name), which
-/// the first eviction there starts; an eviction arriving while that watch lists waits
-/// for it up to [`nodepods::SYNC_WAIT`]. `None` when the pod must be read from the API.
-async fn watched_pod(state: &AppState, namespace: &str, name: &str) -> Option<PodFacts> {
-    if !state.watch_drained_nodes {
-        return None;
-    }
-    let cache = &state.ctx.cache;
-    let node = cache.node_of(namespace, name)?;
-    let pods = &cache.node_pods;
-    match pods.lookup(&node, namespace, name) {
-        Lookup::Found(pod) => return Some(*pod),
-        Lookup::Unknown => {}
-        Lookup::NotWatched => nodepods::watch(
-            pods.clone(),
-            state.ctx.client.clone(),
-            &node,
-            state.shutdown.clone(),
-        ),
-    }
-    if !pods.wait_synced(&node, nodepods::SYNC_WAIT).await {
-        return None;
-    }
-    match pods.lookup(&node, namespace, name) {
-        Lookup::Found(pod) => Some(*pod),
-        Lookup::Unknown | Lookup::NotWatched => None,
     }
 }

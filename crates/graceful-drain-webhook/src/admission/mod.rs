@@ -1,19 +1,18 @@
-//! The admission endpoints: each review runs parse → decide → act → answer inside one
-//! `review` span (uid, operation, namespace, pod, outcome). Business outcomes are HTTP 200
-//! AdmissionReviews; only a body that is not an AdmissionReview gets a 400.
+//! The admission endpoints: each review runs parse → gather → decide → act → answer
+//! inside one `review` span (uid, operation, namespace, pod, outcome). Business outcomes
+//! are HTTP 200 AdmissionReviews; only a body that is not an AdmissionReview gets a 400.
 //!
-//! One module per operation, each owning its fast path and its answers: `evict` for
-//! `CREATE pods/eviction` (mutating), `delete` for `DELETE pods` (validating). The act
-//! phase they share is `settle`, the answer and its outcome `answer`; the state they share is
-//! [`crate::state`]. The
-//! connections, TLS and their bounds are [`crate::transport`]'s, which knows nothing of
-//! admission.
+//! One module per operation, each the pipeline's call for it: `evict` for
+//! `CREATE pods/eviction` (mutating), `delete` for `DELETE pods` (validating). Every live
+//! read and the retry policy are `gather`'s; the decisions `crate::decide`'s (and the
+//! StatefulSet rule, `stateful`); the act phase they share is `settle`, the answer and its
+//! outcome `answer`; the state they share is [`crate::state`]. The connections, TLS and
+//! their bounds are [`crate::transport`]'s, which knows nothing of admission.
 
 mod answer;
-mod controlled;
 mod delete;
 mod evict;
-mod reads;
+mod gather;
 mod settle;
 mod stateful;
 #[cfg(test)]
@@ -35,7 +34,7 @@ use crate::review::{self, Parsed};
 pub use crate::state::{AppState, Holds, MAX_HELD_DELETES};
 use crate::transport::{Received, Refused};
 use answer::{Answer, Outcome};
-pub use reads::{CONTROLLER_READ_TTL, ControllerReads};
+pub use gather::{CONTROLLER_READ_TTL, ControllerReads};
 
 /// How long before the API server's deadline a held DELETE is answered. Covers the
 /// response's trip back and clock granularity; capped at half the budget for tiny timeouts.

@@ -2,20 +2,15 @@
 //! decision on it, and the isolation, settled again after a conflict or a transient
 //! failure until the review's deadline; permanent failures are recorded on the pod.
 
-use std::time::Duration;
-
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
-use kube::Api;
 use tokio::time::Instant;
 
 use super::answer::Outcome;
+use super::gather;
 use crate::decide::{self, Charge, Decision, Evidence, Operation, Pass, PodFacts, Removal};
 use crate::isolate::{self, Budget};
-use crate::review;
 use crate::share::{Ask, Seen};
 use crate::state::AppState;
-use graceful_drain_core::backoff::Backoff;
 use graceful_drain_core::labels::webhook_reason;
 
 /// How often a review retries after the pod changed under it (re-read, decide again).
@@ -58,40 +53,7 @@ impl Settled {
     }
 }
 
-/// First pause before settling a request again after a transient failure; it doubles up
-/// to [`TRANSIENT_PAUSE_MAX`].
-const TRANSIENT_PAUSE: Duration = Duration::from_millis(250);
-/// Longest pause between two attempts at settling one request.
-const TRANSIENT_PAUSE_MAX: Duration = Duration::from_secs(2);
-
-/// The one retry policy of a review: `attempt` again after a transient failure (a
-/// throttled or failed API call, a pod that kept changing) while the deadline leaves room
-/// for a pause, which doubles from [`TRANSIENT_PAUSE`] to [`TRANSIENT_PAUSE_MAX`]: one 429
-/// from Priority and Fairness must not cost an eviction the caller's whole retry pause (5 s
-/// for kubectl), nor let a DELETE through unprotected. The last failure is returned when
-/// time runs out.
-pub(crate) async fn retry_until<T, E, F, Fut>(deadline: Instant, mut attempt: F) -> Result<T, E>
-where
-    E: std::fmt::Display,
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, E>>,
-{
-    let mut backoff = Backoff::new(TRANSIENT_PAUSE, TRANSIENT_PAUSE_MAX);
-    loop {
-        let error = match attempt().await {
-            Ok(done) => return Ok(done),
-            Err(error) => error,
-        };
-        let pause = backoff.next_pause();
-        if Instant::now() + pause >= deadline {
-            return Err(error);
-        }
-        tracing::info!(%error, retry_in = ?pause, "transient failure; trying again");
-        tokio::time::sleep(pause).await;
-    }
-}
-
-/// [`retry_until`] for settling a request: a [`Settled::Failed`] is tried again.
+/// [`gather::retry_until`] for settling a request: a [`Settled::Failed`] is tried again.
 pub(crate) async fn settle_until<F, Fut>(deadline: Instant, mut attempt: F) -> Settled
 where
     F: FnMut() -> Fut,
@@ -106,24 +68,15 @@ where
             }
         }
     };
-    retry_until(deadline, attempt)
+    gather::retry_until(deadline, attempt)
         .await
         .unwrap_or_else(Settled::Failed)
-}
-
-pub(crate) async fn fetch_pod(
-    state: &AppState,
-    namespace: &str,
-    name: &str,
-) -> Result<Option<PodFacts>, kube::Error> {
-    let api = Api::<Pod>::namespaced(state.ctx.client.clone(), namespace);
-    Ok(api.get_opt(name).await?.map(|p| review::pod_facts(&p)))
 }
 
 /// Reads `pod` again; `Err` is the answer when it is gone (nothing left to protect) or
 /// cannot be read.
 async fn reread(state: &AppState, pod: &PodFacts) -> Result<PodFacts, Settled> {
-    match fetch_pod(state, &pod.namespace, &pod.name).await {
+    match gather::pod(state, &pod.namespace, &pod.name).await {
         Ok(Some(read)) => Ok(read),
         Ok(None) => Err(Settled::Pass(Pass::NotRunning)),
         Err(error) => {

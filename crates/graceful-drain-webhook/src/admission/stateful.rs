@@ -14,19 +14,12 @@
 //! During a stalled rollout (a new member never turns ready) nothing is backed; a burst of
 //! DELETEs claiming the controller gets one member at most.
 
-use std::sync::Arc;
-
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::controlled::{controlled_pods, read};
+use super::gather::{self, Member, REVISION_LABEL, ordinal};
 use crate::decide::PodFacts;
 use crate::state::AppState;
-use graceful_drain_core::labels::DRAINING_LABEL;
-
-/// The label the StatefulSet controller puts its revision in (`apps/v1`
-/// `ControllerRevisionHashLabelKey`).
-pub(super) const REVISION_LABEL: &str = "controller-revision-hash";
 
 /// What a StatefulSet's spec and status say of the members its controller deletes.
 struct Rollout<'a> {
@@ -127,25 +120,6 @@ pub(crate) fn statefulset_deletes(sts: &StatefulSet, pod: &PodFacts) -> Result<D
     }
 }
 
-/// What the step rule needs of one member.
-#[derive(Clone, Debug)]
-pub(crate) struct Member {
-    pub name: String,
-    pub ordinal: i64,
-    /// Its `controller-revision-hash`.
-    pub revision: Option<String>,
-    /// `Ready` is `True` and it is not terminating.
-    pub available: bool,
-    pub terminating: bool,
-    /// It carries our isolation.
-    pub isolated: bool,
-}
-
-/// The ordinal of pod `pod` of StatefulSet `set` (`<set>-<ordinal>`).
-pub(super) fn ordinal(set: &str, pod: &str) -> Option<i64> {
-    pod.strip_prefix(set)?.strip_prefix('-')?.parse().ok()
-}
-
 /// `Ok` when the controller of `sts` takes down member `pod` now, judged on its live
 /// `members` (this pod among them or not); else why not.
 pub(crate) fn is_the_step(sts: &StatefulSet, pod: &str, members: &[Member]) -> Result<(), String> {
@@ -179,68 +153,28 @@ pub(crate) fn is_the_step(sts: &StatefulSet, pod: &str, members: &[Member]) -> R
     Ok(())
 }
 
-/// The live members of `sts` (pods it controls, by UID).
-async fn members(
-    client: &kube::Client,
-    namespace: &str,
-    sts: &StatefulSet,
-) -> Result<Vec<Member>, kube::Error> {
-    let set = sts.metadata.name.as_deref().unwrap_or_default();
-    let selector = sts.spec.as_ref().map(|s| &s.selector);
-    let uid = sts.metadata.uid.as_deref().unwrap_or_default();
-    let pods = controlled_pods(client, namespace, selector, uid).await?;
-    Ok(pods
-        .iter()
-        .filter_map(|p| {
-            let name = p.metadata.name.clone()?;
-            let labels = p.metadata.labels.as_ref();
-            let ready = p
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-            let terminating = p.metadata.deletion_timestamp.is_some();
-            Some(Member {
-                ordinal: ordinal(set, &name)?,
-                revision: labels.and_then(|l| l.get(REVISION_LABEL)).cloned(),
-                available: ready && !terminating,
-                terminating,
-                isolated: labels.is_some_and(|l| l.contains_key(DRAINING_LABEL)),
-                name,
-            })
-        })
-        .collect())
-}
-
 /// Whether StatefulSet `name`, read live with its members, backs a DELETE of `pod` by its
 /// controller: its controller deletes the pod for a scale-down or an update
 /// ([`statefulset_deletes`]), and for an update this is its step now ([`is_the_step`]).
 /// A failed read or a missing StatefulSet backs nothing. The reads are shared with the
-/// reviews around it ([`super::ControllerReads`]).
+/// reviews around it ([`super::gather::ControllerReads`]).
 pub(super) async fn backs(state: &AppState, pod: &PodFacts, name: &str) -> bool {
-    let client = &state.ctx.client;
     let namespace = pod.namespace.as_str();
-    let key = format!("{namespace}/{name}");
-    let reads = &state.controllers;
-    let read = || read::<StatefulSet>(client, namespace, name);
-    let sts = match reads.statefulsets.get(&key, read).await {
+    let sts = match gather::statefulset(state, namespace, name).await {
         Ok(Some(sts)) => sts,
         Ok(None) => return false,
         Err(error) => {
-            tracing::warn!(%error, "could not read StatefulSet {key}; the DELETE counts as unconfirmed");
+            tracing::warn!(%error, "could not read StatefulSet {namespace}/{name}; the DELETE counts as unconfirmed");
             return false;
         }
     };
     let step = match statefulset_deletes(&sts, pod) {
         Err(why) => Err(why),
         Ok(Deletes::ScaleDown) => Ok(()),
-        Ok(Deletes::Update) => {
-            let read = || async { members(client, namespace, &sts).await.map(Arc::new) };
-            match reads.members.get(&key, read).await {
-                Ok(members) => is_the_step(&sts, &pod.name, &members),
-                Err(error) => Err(format!("could not list its members: {error}")),
-            }
-        }
+        Ok(Deletes::Update) => match gather::members(state, namespace, &sts).await {
+            Ok(members) => is_the_step(&sts, &pod.name, &members),
+            Err(error) => Err(format!("could not list its members: {error}")),
+        },
     };
     match step {
         Ok(()) => true,

@@ -736,7 +736,8 @@ mod answers {
     /// member while one is isolated, or a lower ordinal before a higher one, is not backed.
     #[test]
     fn a_statefulset_delete_is_backed_only_as_its_controllers_next_step() {
-        use super::super::stateful::{Member, is_the_step};
+        use super::super::gather::Member;
+        use super::super::stateful::is_the_step;
         use k8s_openapi::api::apps::v1::StatefulSet;
         let sts = |v: Value| -> StatefulSet { serde_json::from_value(v).unwrap() };
         let m = |ordinal: i64, revision: &str, available: bool, isolated: bool| Member {

@@ -856,3 +856,112 @@ fn confirmation_table() {
         "a DELETE is never confirmed by a node"
     );
 }
+
+/// The fast path passes a review on the caches' word only when nothing can route to the
+/// pod; anything isolated, listed or selectable goes on to the live reads.
+#[test]
+fn fast_pass_table() {
+    let hidden = Glance::default();
+    let rows: [(&str, Removal, Glance, Option<Pass>); 9] = [
+        (
+            "hidden pod, eviction",
+            req(Operation::Evict),
+            hidden,
+            Some(Pass::NotExposed),
+        ),
+        (
+            "hidden pod, DELETE",
+            req(Operation::Delete),
+            hidden,
+            Some(Pass::NotExposed),
+        ),
+        (
+            "listed ready",
+            req(Operation::Evict),
+            Glance {
+                listed_ready: true,
+                ..hidden
+            },
+            None,
+        ),
+        (
+            "selectable before its slice lists it",
+            req(Operation::Delete),
+            Glance {
+                may_be_selected: true,
+                ..hidden
+            },
+            None,
+        ),
+        (
+            "isolated already (its delete time is kept)",
+            req(Operation::Evict),
+            Glance {
+                isolated: true,
+                ..hidden
+            },
+            None,
+        ),
+        (
+            "opted-out namespace, even when listed",
+            req(Operation::Delete),
+            Glance {
+                opted_out: true,
+                listed_ready: true,
+                ..hidden
+            },
+            Some(Pass::OptedOut),
+        ),
+        (
+            "dry run, even when listed",
+            Removal {
+                dry_run: true,
+                ..req(Operation::Evict)
+            },
+            Glance {
+                listed_ready: true,
+                ..hidden
+            },
+            Some(Pass::DryRun),
+        ),
+        (
+            "forced DELETE",
+            Removal {
+                grace_period: Some(0),
+                ..req(Operation::Delete)
+            },
+            Glance {
+                listed_ready: true,
+                ..hidden
+            },
+            Some(Pass::ForceDelete),
+        ),
+        (
+            "a zero grace period does not force an eviction",
+            Removal {
+                grace_period: Some(0),
+                ..req(Operation::Evict)
+            },
+            Glance {
+                listed_ready: true,
+                ..hidden
+            },
+            None,
+        ),
+    ];
+    for (what, req, glance, want) in rows {
+        assert_eq!(fast_pass(&req, &glance, &settings()), want, "{what}");
+    }
+}
+
+/// A ReplicaSet spares a pod only when it controls more active pods than it wants.
+#[test]
+fn replicaset_spares_only_a_surplus() {
+    assert_eq!(replicaset_spares("web-abc", 3, 4), None);
+    let none = replicaset_spares("web-abc", 3, 3).unwrap();
+    assert!(
+        none.contains("controls 3 active pods and wants 3"),
+        "{none}"
+    );
+    assert!(replicaset_spares("web-abc", 0, 0).is_some());
+}

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, ReplicaSet, StatefulSet};
 
-use super::stateful::Member;
+use super::Member;
 use crate::recent::Recent;
 
 /// How long one live read of a controller (and of its pods) answers for the DELETE
@@ -49,7 +49,7 @@ impl Default for ControllerReads {
 impl ControllerReads {
     /// Forgets what was read of controller `namespace/name` and its pods: one of them was
     /// just isolated here, and the next review must count it.
-    pub(super) fn isolated_one_of(&self, namespace: &str, name: &str) {
+    pub(in crate::admission) fn isolated_one_of(&self, namespace: &str, name: &str) {
         let key = format!("{namespace}/{name}");
         self.surplus.forget(&key);
         self.members.forget(&key);

@@ -1,7 +1,7 @@
 //! Pods' controllers read live, and the pods a controller controls as the controllers
 //! count them: listed by the selector's `matchLabels`, which only narrow the list (a
 //! selector of expressions alone lists the namespace), and kept by the UID of their
-//! controller reference. Reviews share these reads through `reads::ControllerReads`.
+//! controller reference. Reviews share these reads through `super::ControllerReads`.
 
 use std::sync::Arc;
 
