@@ -39,6 +39,12 @@ pub const EXCLUDE_FROM_LB_LABEL: &str = "node.kubernetes.io/exclude-from-externa
 pub const ORIGINAL_LABELS_ANNOTATION: &str = "graceful-drain.io/original-labels";
 /// Annotation holding the RFC3339 time after which the deferred deleter may delete the pod.
 pub const DELETE_AT_ANNOTATION: &str = "graceful-drain.io/delete-at";
+/// Annotation holding the RFC3339 time at which the configured load balancer was seen no
+/// longer routing to an isolated pod that had left its EndpointSlices (the webhook's
+/// `--balancer-config`): from then on the pod is due, however much of its delay is left.
+/// Removed by every isolation and restore, so only a release seen during this isolation
+/// counts.
+pub const RELEASED_AT_ANNOTATION: &str = "graceful-drain.io/released-at";
 /// Annotation holding the RFC3339 time at which the webhook puts an isolated pod back into
 /// its Services and controller if no authenticated eviction or DELETE has removed it by
 /// then. Its presence also says who deletes the pod: the caller, retrying its eviction or

@@ -1125,3 +1125,106 @@ async fn real_tier_a_helm_release_reports_whether_the_api_server_calls_it() {
         "the chart's alerts misjudge this run's series: {tests}"
     );
 }
+
+#[derive(clap::Parser)]
+#[command(name = "graceful-drain")]
+struct WebhookCli {
+    #[command(subcommand)]
+    command: WebhookCommand,
+}
+
+#[derive(clap::Subcommand)]
+enum WebhookCommand {
+    Webhook(Box<graceful_drain_webhook::Args>),
+}
+
+/// The chart's confirmed-release values, rendered by Helm, give the webhook a command line
+/// it accepts and a balancer configuration it reads: the file the ConfigMap holds, at the
+/// path the Deployment mounts and names, with the Secret mounted beside it.
+#[test]
+fn chart_balancer_values_render_a_configuration_the_webhook_reads() {
+    use clap::Parser;
+    let Some(helm_bin) = helm_binary() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/graceful-drain");
+    let config = json!({
+        "source": {"haproxy": {"url": "http://haproxy.ingress.svc:8404/stats", "backend": "be_web"}},
+        "timeout": "3s",
+        "tokenFile": "/balancer-secret/token",
+    });
+    let out = std::process::Command::new(&helm_bin)
+        .args(["template", "graceful-drain"])
+        .arg(&chart)
+        .args(["--namespace", NAMESPACE])
+        .args(["--set", "certificates.mode=self-signed"])
+        .args(["--set-json", &format!("webhook.balancer.config={config}")])
+        .args(["--set", "webhook.balancer.pollInterval=2s"])
+        .args(["--set", "webhook.balancer.secretName=haproxy-token"])
+        .env("HELM_CACHE_HOME", dir.path().join("cache"))
+        .env("HELM_CONFIG_HOME", dir.path().join("config"))
+        .env("HELM_DATA_HOME", dir.path().join("data"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "helm template: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&stdout).unwrap();
+    let docs: Vec<Value> = docs.into_iter().filter(|d| !d.is_null()).collect();
+    let map = docs
+        .iter()
+        .find(|d| kind(d) == "ConfigMap" && d["metadata"]["name"] == format!("{NAME}-balancer"))
+        .expect("the balancer ConfigMap");
+    let file = dir.path().join("balancer.yaml");
+    std::fs::write(&file, map["data"]["balancer.yaml"].as_str().unwrap()).unwrap();
+    graceful_drain_webhook::balancer_lister(&file).expect("the webhook reads the rendered file");
+
+    let deployment = docs
+        .iter()
+        .find(|d| kind(d) == "Deployment" && d["metadata"]["name"] == NAME)
+        .unwrap();
+    let pod = &deployment["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let mut argv = vec!["graceful-drain".to_string()];
+    argv.extend(
+        container["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string()),
+    );
+    let WebhookCommand::Webhook(args) = WebhookCli::try_parse_from(&argv).unwrap().command;
+    let named = args
+        .policy
+        .balancer_config
+        .clone()
+        .expect("--balancer-config");
+    assert_eq!(args.policy.balancer_poll_interval, Duration::from_secs(2));
+    let mount = |volume: &str| {
+        let mounts = container["volumeMounts"].as_array().unwrap();
+        let mount = mounts.iter().find(|m| m["name"] == volume).unwrap();
+        mount["mountPath"].as_str().unwrap().to_string()
+    };
+    assert_eq!(named, Path::new(&mount("balancer")).join("balancer.yaml"));
+    assert_eq!(mount("balancer-secret"), "/balancer-secret");
+    let volumes = pod["volumes"].as_array().unwrap();
+    let volume = |name: &str| volumes.iter().find(|v| v["name"] == name).unwrap().clone();
+    assert_eq!(
+        volume("balancer")["configMap"]["name"],
+        format!("{NAME}-balancer")
+    );
+    assert_eq!(
+        volume("balancer-secret")["secret"]["secretName"],
+        "haproxy-token"
+    );
+    // A changed configuration rolls the replicas.
+    let annotations = &deployment["spec"]["template"]["metadata"]["annotations"];
+    assert!(
+        annotations["checksum/balancer"].is_string(),
+        "{annotations}"
+    );
+}

@@ -11,7 +11,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 
 use graceful_drain_core::labels::{
-    DELAY_ANNOTATION, DELETE_AT_ANNOTATION, DRAINING_LABEL, OPT_OUT_LABEL,
+    DELAY_ANNOTATION, DELETE_AT_ANNOTATION, DRAINING_LABEL, OPT_OUT_LABEL, RELEASED_AT_ANNOTATION,
 };
 
 /// Which admission path a request came through.
@@ -419,7 +419,14 @@ pub fn decide(
             return Decision::Pass(Pass::AlreadyDue);
         };
         let delay = delay_for(pod, &snap.namespace, settings.default_delay).min(settings.max_delay);
-        return match due_at(delete_at, listed(snap), snap.left_slices_at, delay, now) {
+        let released = released_at_of(pod);
+        return match due_at(
+            delete_at,
+            listed(snap),
+            snap.left_slices_at,
+            released,
+            (delay, now),
+        ) {
             Some(due) if due > now => Decision::Pending { delete_at: due },
             Some(_) => Decision::Pass(Pass::AlreadyDue),
             // Still routed to: not before its recorded time, and asked again from then on.
@@ -564,15 +571,17 @@ pub fn listed(snap: &Snapshot) -> bool {
 /// When an isolated pod recorded as due at `delete_at` (its isolation time plus `delay`)
 /// may go: never while an EndpointSlice still lists it (load balancers follow the slices),
 /// and not before `delay` has passed since it left the last one (`left_at`, when this
-/// replica saw it) — the delay counts from the removal, not from the isolation. Bounded:
-/// [`MAX_ENDPOINT_WAIT`] past `delete_at` it goes whatever the slices say. `None` while it
-/// is still listed (ask again soon).
+/// replica saw it) — the delay counts from the removal, not from the isolation — unless
+/// the configured load balancer was seen letting it go first (`released_at`, recorded
+/// only after it left its slices): then from that moment, the delay being an upper
+/// bound. Bounded: [`MAX_ENDPOINT_WAIT`] past `delete_at` it goes whatever the slices say.
+/// `None` while it is still listed (ask again soon).
 pub fn due_at(
     delete_at: Timestamp,
     listed: bool,
     left_at: Option<Timestamp>,
-    delay: Duration,
-    now: Timestamp,
+    released_at: Option<Timestamp>,
+    (delay, now): (Duration, Timestamp),
 ) -> Option<Timestamp> {
     let limit = add(delete_at, MAX_ENDPOINT_WAIT);
     if now >= limit {
@@ -582,7 +591,16 @@ pub fn due_at(
         return None;
     }
     let after_removal = left_at.map_or(delete_at, |left| add(left, delay));
-    Some(delete_at.max(after_removal).min(limit))
+    let full = delete_at.max(after_removal).min(limit);
+    Some(released_at.map_or(full, |released| released.min(full)))
+}
+
+/// When the configured load balancer was seen letting go of an isolated pod
+/// ([`RELEASED_AT_ANNOTATION`]).
+pub fn released_at_of(pod: &PodFacts) -> Option<Timestamp> {
+    pod.annotations
+        .get(RELEASED_AT_ANNOTATION)
+        .and_then(|v| v.parse::<Timestamp>().ok())
 }
 
 /// Whether the caller's UID and resourceVersion preconditions match `pod`.

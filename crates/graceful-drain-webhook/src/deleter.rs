@@ -38,7 +38,7 @@ use super::metrics::Metrics;
 use graceful_drain_core::backoff::Backoff;
 use graceful_drain_core::labels::{
     DELAY_ANNOTATION, DELETE_AT_ANNOTATION, DRAINING_LABEL, GRACE_PERIOD_ANNOTATION,
-    ORIGINAL_LABELS_ANNOTATION, RESTORE_AT_ANNOTATION, webhook_reason,
+    ORIGINAL_LABELS_ANNOTATION, RELEASED_AT_ANNOTATION, RESTORE_AT_ANNOTATION, webhook_reason,
 };
 use graceful_drain_core::runtime::Shutdown;
 
@@ -113,6 +113,9 @@ pub struct Pending {
     pub labels: std::collections::BTreeMap<String, String>,
     /// The pod's `graceful-drain.io/deregistration-delay` annotation, if it has one.
     pub delay: Option<String>,
+    /// When the configured load balancer was seen letting go of it
+    /// (`graceful-drain.io/released-at`, [`super::release`]).
+    pub released_at: Option<Timestamp>,
 }
 
 impl Pending {
@@ -156,6 +159,9 @@ pub fn pending_from(meta: &ObjectMeta) -> Option<Pending> {
             .and_then(|a| a.parse().ok()),
         labels: meta.labels.clone().unwrap_or_default(),
         delay: annotations.get(DELAY_ANNOTATION).cloned(),
+        released_at: annotations
+            .get(RELEASED_AT_ANNOTATION)
+            .and_then(|a| a.parse().ok()),
     })
 }
 
@@ -173,8 +179,15 @@ pub fn is_due(
     if pod.terminating || pod.restore_at.is_some() {
         return false;
     }
-    super::decide::due_at(pod.delete_at, listed, left_slices_at, margin, now)
-        .is_some_and(|due| now >= due)
+    let released = pod.released_at;
+    super::decide::due_at(
+        pod.delete_at,
+        listed,
+        left_slices_at,
+        released,
+        (margin, now),
+    )
+    .is_some_and(|due| now >= due)
 }
 
 /// Evicts `pod` ([`evict_pod`]); deletes it when the eviction cannot pass although its
@@ -314,6 +327,8 @@ pub struct Deleter {
     renew_after: Duration,
     /// When each PDB (namespace, name) was last renewed without success.
     renew_failed: HashMap<(String, String), tokio::time::Instant>,
+    /// Where the pending pods are published for confirmed release ([`super::release`]).
+    board: Option<super::release::Board>,
 }
 
 impl Deleter {
@@ -332,7 +347,15 @@ impl Deleter {
             release: None,
             renew_after: super::disruption::RENEW_AFTER,
             renew_failed: HashMap::new(),
+            board: None,
         }
+    }
+
+    /// Publishes the pending pods on `board`, for confirmed release
+    /// ([`super::release::Release`]).
+    pub fn publishing_to(mut self, board: super::release::Board) -> Deleter {
+        self.board = Some(board);
+        self
     }
 
     /// Counts each pod's deregistration delay (its annotation, its namespace's, else
@@ -432,6 +455,15 @@ impl Deleter {
                 if !self.pending.contains_key(&uid) && !p.terminating {
                     self.isolated_seen.insert(uid.clone(), Timestamp::now());
                 }
+                if let Some(board) = &self.board {
+                    let entry = super::release::Entry {
+                        namespace: p.namespace.clone(),
+                        name: p.name.clone(),
+                        released: p.released_at.is_some(),
+                        terminating: p.terminating,
+                    };
+                    board.put(&uid, entry);
+                }
                 self.pending.insert(uid, p);
             }
             None => self.forget(&uid),
@@ -439,6 +471,9 @@ impl Deleter {
     }
 
     fn forget(&mut self, uid: &str) {
+        if let Some(board) = &self.board {
+            board.remove(uid);
+        }
         if let Some(p) = self.pending.remove(uid) {
             self.cache().set_isolated(&p.namespace, &p.name, None);
         }

@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod nodepods;
 pub mod probe;
 pub mod recent;
+pub mod release;
 pub mod restore;
 pub mod review;
 pub mod server;
@@ -202,6 +203,27 @@ pub struct PolicyArgs {
     /// minutes). Hidden: the default is the product's behaviour; tests shorten it.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration, hide = true)]
     pub disruption_renew_after: Duration,
+    /// Confirmed release: a YAML file naming one load balancer (HAProxy's statistics, or a
+    /// JSON admin API such as Envoy's or Traefik's) that is asked whether it still routes
+    /// to an isolated pod; the pod's delay ends once it no longer does and no
+    /// EndpointSlice lists it. The delay stays the upper bound, and runs whole whenever
+    /// the balancer cannot be asked (docs/install.md, "Confirmed release").
+    #[arg(long, value_name = "FILE", env = "GRACEFUL_DRAIN_BALANCER_CONFIG")]
+    pub balancer_config: Option<PathBuf>,
+    /// How often the load balancer of `--balancer-config` is asked (one GET each time,
+    /// whatever the number of pods waiting).
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub balancer_poll_interval: Duration,
+}
+
+/// The load balancer of `--balancer-config`, read and checked: an error names the file.
+pub fn balancer_lister(path: &std::path::Path) -> anyhow::Result<balancer_routes::Lister> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("read the balancer configuration {}", path.display()))?;
+    let config: balancer_routes::BalancerConfig = serde_saphyr::from_str(&text)
+        .with_context(|| format!("parse the balancer configuration {}", path.display()))?;
+    balancer_routes::Lister::new(&config)
+        .with_context(|| format!("the balancer configuration {}", path.display()))
 }
 
 fn default_identity() -> String {
@@ -285,6 +307,8 @@ struct Workers {
     delays: (Duration, Duration),
     disruption_renew_after: Duration,
     deployment: Option<String>,
+    /// Confirmed release: the balancer to ask and how often (`release`).
+    release: Option<(balancer_routes::Lister, Duration)>,
 }
 
 /// Spawns the caches, readiness watcher, lease elector and deferred deleter as owned
@@ -304,6 +328,7 @@ fn spawn_workers(w: Workers, shutdown: &Shutdown) -> Vec<tokio::task::JoinHandle
         delays,
         disruption_renew_after,
         deployment,
+        release,
     } = w;
     let cache = ctx.cache.clone();
     let watches = cache::run(cache.clone(), ctx.client.clone());
@@ -332,13 +357,21 @@ fn spawn_workers(w: Workers, shutdown: &Shutdown) -> Vec<tokio::task::JoinHandle
         shutdown.clone(),
         elector.run(leader_tx, shutdown.clone()),
     );
+    let release_ctx = ctx.clone();
     let deleter_ctx = isolate::Context {
         client: deleter_client,
         ..ctx
     };
-    let mut deleter = deleter::Deleter::new(deleter_ctx, metrics, wait_for_endpoints)
+    let mut deleter = deleter::Deleter::new(deleter_ctx, metrics.clone(), wait_for_endpoints)
         .counting_delays(delays.0, delays.1)
         .renewing_disruptions_after(disruption_renew_after);
+    if let Some((lister, every)) = release {
+        let board = release::Board::default();
+        deleter = deleter.publishing_to(board.clone());
+        let release = release::Release::new(release_ctx, lister, every, board, metrics);
+        let running = release.run(leader_rx.clone(), shutdown.clone());
+        spawn_owned("release", shutdown.clone(), running);
+    }
     if let Some(name) = &deployment {
         deleter = deleter.finishing_on_uninstall(&lease_namespace, name);
     }
@@ -396,6 +429,11 @@ async fn own_users(client: &kube::Client, given: Vec<String>) -> BTreeSet<String
 /// after it the workers finish and an uninstall releases our rights.
 pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
     let (tls, policy) = (*args.tls, *args.policy);
+    // A configuration that cannot be used stops the start, naming its file.
+    let release = match &policy.balancer_config {
+        Some(path) => Some((balancer_lister(path)?, policy.balancer_poll_interval)),
+        None => None,
+    };
     let (client, admission) = clients(&args.kube).await?;
     // With the pod's own name (the chart's downward API), a lost protection is a Warning
     // Event on this pod.
@@ -448,6 +486,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> anyhow::Result<()> {
             delays: (args.deregistration_delay, args.max_deregistration_delay),
             disruption_renew_after: policy.disruption_renew_after,
             deployment: args.deployment,
+            release,
         },
         &shutdown,
     );

@@ -35,6 +35,15 @@ pub struct OperationLabels {
     pub operation: &'static str,
 }
 
+/// Labels of the balancer-wait histogram.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WaitLabels {
+    /// Why the wait ended: `let_go` (the balancer no longer routes to the pod), or the
+    /// delay kept whole because the balancer `still_routes` to it, `never_routed` to it,
+    /// could not be asked (`unreachable`) or the pod's `address_unknown`.
+    pub ended: &'static str,
+}
+
 /// Every webhook metric.
 #[derive(Debug)]
 pub struct Metrics {
@@ -59,6 +68,9 @@ pub struct Metrics {
     pub leader: Gauge,
     /// From the pod seen isolated to its leaving the last EndpointSlice.
     pub endpoint_removal: Histogram,
+    /// `balancer_wait_seconds`: with `--balancer-config`, from a pod seen isolated to the
+    /// end of its wait for the balancer, by why it ended (the release module).
+    pub balancer_wait: Family<WaitLabels, Histogram, fn() -> Histogram>,
     /// `disruptedPods` entries of held pods rewritten before the disruption controller
     /// would drop them (or recorded again after it did).
     pub disruptions_renewed: Counter,
@@ -100,6 +112,7 @@ impl Metrics {
             holds_in_flight: Gauge::default(),
             leader: Gauge::default(),
             endpoint_removal: removal_histogram(),
+            balancer_wait: Family::new_with_constructor(removal_histogram),
             disruptions_renewed: Counter::default(),
             protection_active: Gauge::default(),
             protection_verified: Gauge::default(),
@@ -177,10 +190,22 @@ impl Metrics {
             self.endpoint_removal.clone(),
         );
         reg.register(
+            "balancer_wait_seconds",
+            "Time from a pod seen isolated to the end of its wait for the configured load balancer, by why it ended",
+            self.balancer_wait.clone(),
+        );
+        reg.register(
             "disruptions_renewed",
             "PDB disruptedPods entries of held pods rewritten so the disruption controller keeps counting them as disrupted",
             self.disruptions_renewed.clone(),
         );
+    }
+
+    /// Records how long one pod waited for the configured balancer and why it stopped.
+    pub fn balancer_wait(&self, ended: &'static str, seconds: f64) {
+        self.balancer_wait
+            .get_or_create(&WaitLabels { ended })
+            .observe(seconds);
     }
 
     /// Counts one request let through because its pod could not be isolated.

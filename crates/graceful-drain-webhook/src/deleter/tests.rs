@@ -53,6 +53,7 @@ fn pending(delete_at: &str) -> Pending {
         restore_at: None,
         labels: Default::default(),
         delay: None,
+        released_at: None,
     }
 }
 

@@ -13,7 +13,8 @@ use serde_json::Value;
 use crate::decide::{PodFacts, ServiceType, Snapshot};
 use graceful_drain_core::labels::{
     DELETE_AT_ANNOTATION, DO_NOT_DISRUPT_OWNED_ANNOTATION, DRAINING_LABEL, GRACE_PERIOD_ANNOTATION,
-    KARPENTER_DO_NOT_DISRUPT_ANNOTATION, ORIGINAL_LABELS_ANNOTATION, RESTORE_AT_ANNOTATION,
+    KARPENTER_DO_NOT_DISRUPT_ANNOTATION, ORIGINAL_LABELS_ANNOTATION, RELEASED_AT_ANNOTATION,
+    RESTORE_AT_ANNOTATION,
 };
 
 /// JSON-patch ops handing the controller role of an isolated ReplicaSet pod to the
@@ -143,6 +144,13 @@ pub fn isolation_patch(
     {
         annotations.insert(KARPENTER_DO_NOT_DISRUPT_ANNOTATION, "true".into());
         annotations.insert(DO_NOT_DISRUPT_OWNED_ANNOTATION, "true".into());
+    }
+    // A release recorded before this isolation (by an earlier one, or written by anyone
+    // who may annotate the pod) must not end this one's delay.
+    if pod.annotations.contains_key(RELEASED_AT_ANNOTATION) {
+        ops.push(PatchOperation::Remove(RemoveOperation {
+            path: ptr(&["metadata", "annotations", RELEASED_AT_ANNOTATION]),
+        }));
     }
     if pod.annotations.is_empty() {
         let value = serde_json::to_value(&annotations).unwrap_or(Value::Null);
