@@ -23,23 +23,27 @@
 //!
 //! Not modelled: node affinity, `minReadySeconds`, the failed-pod backoff and
 //! ControllerRevision objects (the revision is the template hash).
+//!
+//! This file holds the DaemonSet's rules (per-node placement, plan, rolling update,
+//! status, the sync of a plan); the pass around them, which reads the nodes once per pass
+//! for every DaemonSet, the expectations and the shared API calls are the workload
+//! skeleton's (`workload.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Instant;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, Taint, Toleration};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::api::{Patch, PatchParams, PostParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::ResourceExt;
+use kube::api::PostParams;
 use kube::runtime::reflector::Store;
-use kube::{Api, ResourceExt};
 
 use super::deployment::template_hash;
-use super::statefulset::{Expectations, REVISION_LABEL, delete_pod, set_owner};
+use super::statefulset::REVISION_LABEL;
+use super::workload::{self, Kind, Work, owner_ref, status_differs};
 use super::{
-    Reconciler, Result, Watches, Workers, api_err, by_namespace, controller_of, key, labels_of,
-    ns_name, pod_finished, pod_ready, ready, run_passes, scaled, selector_matches,
+    Result, controller_of, key, labels_of, pod_finished, pod_ready, ready, scaled, selector_matches,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -534,33 +538,6 @@ pub fn status_counts(ds: &DaemonSet, nodes: &[Arc<Node>], pods: &[Arc<Pod>]) -> 
     })
 }
 
-fn status_differs(ds: &DaemonSet, want: &serde_json::Value) -> bool {
-    let have = ds.status.as_ref().map(|s| {
-        serde_json::json!({
-            "desiredNumberScheduled": s.desired_number_scheduled,
-            "currentNumberScheduled": s.current_number_scheduled,
-            "numberMisscheduled": s.number_misscheduled,
-            "numberReady": s.number_ready,
-            "numberAvailable": s.number_available.unwrap_or(0),
-            "numberUnavailable": s.number_unavailable.unwrap_or(0),
-            "updatedNumberScheduled": s.updated_number_scheduled.unwrap_or(0),
-            "observedGeneration": s.observed_generation.unwrap_or(0),
-        })
-    });
-    have.as_ref() != Some(want)
-}
-
-fn owner_ref(ds: &DaemonSet) -> OwnerReference {
-    OwnerReference {
-        api_version: "apps/v1".into(),
-        kind: "DaemonSet".into(),
-        name: ds.name_any(),
-        uid: ds.uid().unwrap_or_default(),
-        controller: Some(true),
-        block_owner_deletion: Some(true),
-    }
-}
-
 /// The label with the template generation of a DaemonSet's pod
 /// (`DaemonSetTemplateGenerationKey`, pkg/apis/apps/types.go, v1.37.2).
 const TEMPLATE_GENERATION_LABEL: &str = "pod-template-generation";
@@ -599,127 +576,77 @@ pub fn pod_for(ds: &DaemonSet, node: &str) -> Pod {
     }
 }
 
-/// One DaemonSet's sync, run as owned work.
-struct Sync {
-    client: kube::Client,
-    ds: Arc<DaemonSet>,
-    expectations: Expectations,
+/// The DaemonSet's rules, handed to the workload skeleton; it also follows the nodes.
+struct DaemonSets {
+    nodes: Store<Node>,
 }
 
-impl Sync {
-    async fn run(self, plan: Plan, status: Option<serde_json::Value>) -> Result<()> {
-        let (ns, name) = ns_name(&*self.ds);
-        let uid = self.ds.uid().unwrap_or_default();
-        let owner = key(&*self.ds);
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
-        for pod in &plan.adopt {
-            set_owner(&api, pod, &uid, Some(owner_ref(&self.ds))).await?;
-        }
-        for pod in &plan.release {
-            set_owner(&api, pod, &uid, None).await?;
-        }
+impl Kind for DaemonSets {
+    type Owner = DaemonSet;
+    type Plan = Plan;
+    type Snapshot = Vec<Arc<Node>>;
+
+    async fn ready(&self, shutdown: &CancellationToken) -> bool {
+        ready(&self.nodes, shutdown).await
+    }
+
+    fn snapshot(&self) -> Vec<Arc<Node>> {
+        self.nodes.state()
+    }
+
+    fn plan(&self, ds: &DaemonSet, nodes: &Vec<Arc<Node>>, pods: &[Arc<Pod>]) -> Option<Plan> {
+        plan(ds, nodes, pods)
+            .inspect_err(|error| {
+                tracing::info!(daemonset = %key(ds), %error, "invalid update strategy");
+            })
+            .ok()
+    }
+
+    fn status(
+        &self,
+        ds: &DaemonSet,
+        nodes: &Vec<Arc<Node>>,
+        pods: &[Arc<Pod>],
+    ) -> Option<serde_json::Value> {
+        let want = status_counts(ds, nodes, pods);
+        status_differs(ds.status.as_ref(), &want).then_some(want)
+    }
+
+    async fn sync(
+        work: Work<DaemonSet>,
+        plan: Plan,
+        status: Option<serde_json::Value>,
+    ) -> Result<()> {
+        let api = work.pods();
+        work.claim(&api, &plan.adopt, &plan.release).await?;
         let mut created = Vec::new();
         for node in &plan.create {
             match api
-                .create(&PostParams::default(), &pod_for(&self.ds, node))
+                .create(&PostParams::default(), &pod_for(&work.owner, node))
                 .await
             {
                 Ok(pod) => created.push(key(&pod)),
                 Err(error) => {
-                    tracing::info!(daemonset = %owner, %node, %error, "create pod failed")
+                    tracing::info!(daemonset = %work.key(), %node, %error, "create pod failed")
                 }
             }
         }
-        let mut deleted = Vec::new();
-        for (pod, pod_uid) in &plan.delete {
-            deleted.extend(delete_pod(&api, &owner, pod, pod_uid).await);
-        }
-        self.expectations.expect(uid, created, deleted);
+        let deleted = work.delete(&api, &plan.delete).await;
+        work.expect(created, deleted);
         if let Some(status) = status {
-            let sets: Api<DaemonSet> = Api::namespaced(self.client.clone(), &ns);
-            let patch = Patch::Merge(serde_json::json!({ "status": status }));
-            sets.patch_status(&name, &PatchParams::default(), &patch)
-                .await
-                .map_err(api_err("update status of", format!("daemonset {owner}")))?;
+            work.patch_status(serde_json::json!({ "status": status }))
+                .await?;
         }
         Ok(())
     }
 }
 
-struct Controller {
-    client: kube::Client,
-    sets: Store<DaemonSet>,
-    nodes: Store<Node>,
-    pods: Store<Pod>,
-    workers: Workers,
-    expectations: Expectations,
-}
-
-impl Reconciler for Controller {
-    async fn pass(&mut self) -> Option<Instant> {
-        let now = Instant::now();
-        let all = self.pods.state();
-        let nodes = self.nodes.state();
-        let by_ns = by_namespace(&all);
-        let mut next: Option<Instant> = None;
-        for ds in self.sets.state() {
-            let uid = ds.uid().unwrap_or_default();
-            if self.workers.busy(&uid) {
-                continue;
-            }
-            if let Err(until) = self.expectations.check(&uid, &all, now) {
-                next = Some(next.map_or(until, |n| n.min(until)));
-                continue;
-            }
-            let pods = by_ns
-                .get(&ds.namespace().unwrap_or_default())
-                .map_or(&[][..], Vec::as_slice);
-            let plan = match plan(&ds, &nodes, pods) {
-                Ok(plan) => plan,
-                Err(error) => {
-                    tracing::info!(daemonset = %key(&*ds), %error, "invalid update strategy");
-                    continue;
-                }
-            };
-            let status = status_counts(&ds, &nodes, pods);
-            let needs_status = status_differs(&ds, &status);
-            if plan == Plan::default() && !needs_status {
-                continue;
-            }
-            let sync = Sync {
-                client: self.client.clone(),
-                ds: ds.clone(),
-                expectations: self.expectations.clone(),
-            };
-            self.workers
-                .spawn(uid, sync.run(plan, needs_status.then_some(status)));
-        }
-        next
-    }
-}
-
 /// Runs the DaemonSet controller until `shutdown`.
 pub async fn run(client: kube::Client, shutdown: CancellationToken) -> Result<()> {
-    let watches = Watches::new(client.clone(), shutdown.clone());
-    let wake = watches.wake();
-    let sets = watches.all::<DaemonSet>();
-    let nodes = watches.all::<Node>();
-    let pods = watches.all::<Pod>();
-    if !(ready(&sets, &shutdown).await
-        && ready(&nodes, &shutdown).await
-        && ready(&pods, &shutdown).await)
-    {
-        return Ok(());
-    }
-    let ctl = Controller {
-        client,
-        sets,
-        nodes,
-        pods,
-        workers: Workers::new(wake.clone()),
-        expectations: Expectations::default(),
-    };
-    run_passes(ctl, &wake, &shutdown).await
+    workload::run(client, shutdown, |watches| DaemonSets {
+        nodes: watches.all(),
+    })
+    .await
 }
 
 #[cfg(test)]

@@ -39,27 +39,27 @@
 //! the template. Not modelled: `Indexed` completion mode (such Jobs are skipped),
 //! `suspend`, `activeDeadlineSeconds`, `successPolicy`, `backoffLimitPerIndex`, the
 //! exponential delay before a failed pod is replaced, and adoption of orphans.
+//!
+//! This file holds the Job's rules (counting, failure, parallelism, completion, the sync
+//! of a plan, the orphans' finalizers); the pass around them, the expectations and the
+//! shared API calls are the workload skeleton's (`workload.rs`).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Instant;
 
 use k8s_openapi::api::batch::v1::{
     Job, JobCondition, JobStatus, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement,
     UncountedTerminatedPods,
 };
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
-    LabelSelector, ObjectMeta, OwnerReference, Time,
-};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, Time};
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::runtime::reflector::Store;
 use kube::{Api, ResourceExt};
 
-use super::statefulset::{Expectations, delete_pod, set_owner};
+use super::workload::{self, Kind, Work, owner_ref};
 use super::{
-    Reconciler, Result, Watches, Workers, api_err, by_namespace, controller_of, key, labels_of,
-    ns_name, pod_active, pod_ready, ready, run_passes, selector_matches, status_code,
+    Result, Workers, api_err, controller_of, key, labels_of, ns_name, pod_active, pod_ready,
+    selector_matches, status_code,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -735,14 +735,7 @@ pub fn pod_for(job: &Job) -> Pod {
             labels: Some(labels),
             annotations: meta.annotations,
             finalizers: Some(finalizers),
-            owner_references: Some(vec![OwnerReference {
-                api_version: "batch/v1".into(),
-                kind: "Job".into(),
-                name,
-                uid,
-                controller: Some(true),
-                block_owner_deletion: Some(true),
-            }]),
+            owner_references: Some(vec![owner_ref(job)]),
             ..ObjectMeta::default()
         },
         spec: template.spec,
@@ -767,51 +760,64 @@ async fn remove_finalizer(api: &Api<Pod>, name: &str) -> Result<()> {
     }
 }
 
-/// One Job's sync, run as owned work.
-struct Sync {
-    client: kube::Client,
-    job: Arc<Job>,
-    expectations: Expectations,
-}
+/// The Job's rules, handed to the workload skeleton. Its status is part of its plan
+/// (written resourceVersion-guarded, between the deletions and the finalizer removals),
+/// so it writes none through the skeleton.
+struct Jobs;
 
-impl Sync {
-    async fn run(self, plan: Plan) -> Result<()> {
-        let (ns, name) = ns_name(&*self.job);
-        let uid = self.job.uid().unwrap_or_default();
-        let owner = key(&*self.job);
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
-        for pod in &plan.release {
-            set_owner(&api, pod, &uid, None).await?;
-        }
-        let mut deleted = Vec::new();
-        for (pod, pod_uid) in &plan.delete {
-            deleted.extend(delete_pod(&api, &owner, pod, pod_uid).await);
-        }
+impl Kind for Jobs {
+    type Owner = Job;
+    type Plan = Plan;
+    type Snapshot = ();
+
+    fn snapshot(&self) {}
+
+    fn sweep(
+        &self,
+        client: &kube::Client,
+        jobs: &[Arc<Job>],
+        pods: &[Arc<Pod>],
+        workers: &mut Workers,
+    ) {
+        release_orphans(client, workers, jobs, pods);
+    }
+
+    /// `Indexed` Jobs are not modelled.
+    fn handles(&self, job: &Job) -> bool {
+        let mode = job.spec.as_ref().and_then(|s| s.completion_mode.as_deref());
+        matches!(mode, None | Some("NonIndexed"))
+    }
+
+    fn plan(&self, job: &Job, _: &(), pods: &[Arc<Pod>]) -> Option<Plan> {
+        Some(plan(job, pods, jiff::Timestamp::now()))
+    }
+
+    async fn sync(work: Work<Job>, plan: Plan, _: Option<serde_json::Value>) -> Result<()> {
+        let api = work.pods();
+        work.claim(&api, &[], &plan.release).await?;
+        let deleted = work.delete(&api, &plan.delete).await;
         let mut created = Vec::new();
         for _ in 0..plan.create {
             match api
-                .create(&PostParams::default(), &pod_for(&self.job))
+                .create(&PostParams::default(), &pod_for(&work.owner))
                 .await
             {
                 Ok(pod) => created.push(key(&pod)),
-                Err(error) => tracing::info!(job = %owner, %error, "create pod failed"),
+                Err(error) => tracing::info!(job = %work.key(), %error, "create pod failed"),
             }
         }
         let all_deleted = deleted.len() == plan.delete.len();
-        self.expectations.expect(uid, created, deleted);
+        work.expect(created, deleted);
         if plan.delete_before_status && !all_deleted {
             // Upstream: the Job cannot be declared finished while pods may remain.
             return Ok(());
         }
         if let Some(status) = &plan.status {
-            let jobs: Api<Job> = Api::namespaced(self.client.clone(), &ns);
-            let patch = serde_json::json!({
-                "metadata": {"resourceVersion": self.job.resource_version()},
+            work.patch_status(serde_json::json!({
+                "metadata": {"resourceVersion": work.owner.resource_version()},
                 "status": status,
-            });
-            jobs.patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
-                .await
-                .map_err(api_err("update status of", format!("job {owner}")))?;
+            }))
+            .await?;
         }
         // Only now that the uncounted pods are recorded may their finalizers go.
         for pod in &plan.remove_finalizer {
@@ -821,93 +827,36 @@ impl Sync {
     }
 }
 
-struct Controller {
-    client: kube::Client,
-    jobs: Store<Job>,
-    pods: Store<Pod>,
-    workers: Workers,
-    expectations: Expectations,
-}
-
-impl Reconciler for Controller {
-    async fn pass(&mut self) -> Option<Instant> {
-        let now = Instant::now();
-        let all = self.pods.state();
-        let jobs = self.jobs.state();
-        self.release_orphans(&jobs, &all);
-        let by_ns = by_namespace(&all);
-        let mut next: Option<Instant> = None;
-        for job in jobs {
-            let uid = job.uid().unwrap_or_default();
-            let mode = job.spec.as_ref().and_then(|s| s.completion_mode.as_deref());
-            if !matches!(mode, None | Some("NonIndexed")) || self.workers.busy(&uid) {
-                continue;
-            }
-            if let Err(until) = self.expectations.check(&uid, &all, now) {
-                next = Some(next.map_or(until, |n| n.min(until)));
-                continue;
-            }
-            let pods = by_ns
-                .get(&job.namespace().unwrap_or_default())
-                .map_or(&[][..], Vec::as_slice);
-            let plan = plan(&job, pods, jiff::Timestamp::now());
-            if plan == Plan::default() {
-                continue;
-            }
-            let sync = Sync {
-                client: self.client.clone(),
-                job: job.clone(),
-                expectations: self.expectations.clone(),
-            };
-            self.workers.spawn(uid, sync.run(plan));
+/// Upstream `syncOrphanPod`: a pod holding the tracking finalizer whose controller is
+/// not a live, unfinished Job (deleted, finished, or the pod was released) loses it.
+fn release_orphans(
+    client: &kube::Client,
+    workers: &mut Workers,
+    jobs: &[Arc<Job>],
+    pods: &[Arc<Pod>],
+) {
+    let live: HashMap<String, bool> = jobs
+        .iter()
+        .map(|j| (j.uid().unwrap_or_default(), job_finished(j)))
+        .collect();
+    for pod in pods.iter().filter(|p| has_finalizer(p)) {
+        let owned = controller_of(&**pod)
+            .filter(|o| o.kind == "Job")
+            .and_then(|o| live.get(&o.uid))
+            .is_some_and(|finished| !finished);
+        let work_key = format!("finalizer/{}", uid_of(pod));
+        if owned || workers.busy(&work_key) {
+            continue;
         }
-        next
-    }
-}
-
-impl Controller {
-    /// Upstream `syncOrphanPod`: a pod holding the tracking finalizer whose controller is
-    /// not a live, unfinished Job (deleted, finished, or the pod was released) loses it.
-    fn release_orphans(&mut self, jobs: &[Arc<Job>], pods: &[Arc<Pod>]) {
-        let live: HashMap<String, bool> = jobs
-            .iter()
-            .map(|j| (j.uid().unwrap_or_default(), job_finished(j)))
-            .collect();
-        for pod in pods.iter().filter(|p| has_finalizer(p)) {
-            let owned = controller_of(&**pod)
-                .filter(|o| o.kind == "Job")
-                .and_then(|o| live.get(&o.uid))
-                .is_some_and(|finished| !finished);
-            let work_key = format!("finalizer/{}", uid_of(pod));
-            if owned || self.workers.busy(&work_key) {
-                continue;
-            }
-            let api: Api<Pod> =
-                Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
-            let name = pod.name_any();
-            self.workers
-                .spawn(work_key, async move { remove_finalizer(&api, &name).await });
-        }
+        let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+        let name = pod.name_any();
+        workers.spawn(work_key, async move { remove_finalizer(&api, &name).await });
     }
 }
 
 /// Runs the Job controller until `shutdown`.
 pub async fn run(client: kube::Client, shutdown: CancellationToken) -> Result<()> {
-    let watches = Watches::new(client.clone(), shutdown.clone());
-    let wake = watches.wake();
-    let jobs = watches.all::<Job>();
-    let pods = watches.all::<Pod>();
-    if !(ready(&jobs, &shutdown).await && ready(&pods, &shutdown).await) {
-        return Ok(());
-    }
-    let ctl = Controller {
-        client,
-        jobs,
-        pods,
-        workers: Workers::new(wake.clone()),
-        expectations: Expectations::default(),
-    };
-    run_passes(ctl, &wake, &shutdown).await
+    workload::run(client, shutdown, |_| Jobs).await
 }
 
 #[cfg(test)]

@@ -8,6 +8,10 @@
 //! missed; `run_passes` is that loop, shared by all of them. Writes that depend on a
 //! cached object carry its resourceVersion, so a stale cache causes a conflict and a
 //! retry, never a wrong write.
+//!
+//! The StatefulSet, DaemonSet and Job controllers share more: one generic controller in
+//! `workload` (the pass over the owners, the expectations, the claim, delete and status
+//! calls), so their files hold only each kind's rules.
 
 pub mod daemonset;
 pub mod deployment;
@@ -19,6 +23,7 @@ pub mod kubelet;
 pub mod replicaset;
 pub mod scheduler;
 pub mod statefulset;
+mod workload;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Debug;

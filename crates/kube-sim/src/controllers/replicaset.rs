@@ -25,14 +25,15 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::reflector::Store;
 use kube::{Api, ResourceExt};
 
+use super::workload::{owner_ref, set_owner, status_differs};
 use super::{
     Reconciler, Result, Watches, Workers, api_err, by_namespace, controller_of, key, labels_of,
-    ns_name, pod_active, pod_ready, ready, run_passes, selector_matches, status_code,
+    ns_name, pod_active, pod_ready, ready, run_passes, selector_matches,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -163,19 +164,6 @@ pub fn status_counts(rs: &ReplicaSet, pods: &[Arc<Pod>]) -> serde_json::Value {
     })
 }
 
-fn status_differs(rs: &ReplicaSet, want: &serde_json::Value) -> bool {
-    let have = rs.status.as_ref().map(|s| {
-        serde_json::json!({
-            "replicas": s.replicas,
-            "fullyLabeledReplicas": s.fully_labeled_replicas.unwrap_or(0),
-            "readyReplicas": s.ready_replicas.unwrap_or(0),
-            "availableReplicas": s.available_replicas.unwrap_or(0),
-            "observedGeneration": s.observed_generation.unwrap_or(0),
-        })
-    });
-    have.as_ref() != Some(want)
-}
-
 /// Creations and deletions not yet seen in the cache.
 #[derive(Debug)]
 struct Expectation {
@@ -297,7 +285,7 @@ impl Reconciler for Controller {
             }
             let plan = plan(&rs, &pods);
             let status = status_counts(&rs, &pods);
-            let needs_status = status_differs(&rs, &status);
+            let needs_status = status_differs(rs.status.as_ref(), &status);
             if plan == Plan::default() && !needs_status {
                 continue;
             }
@@ -324,13 +312,13 @@ impl Sync {
     async fn run(self, plan: Plan, status: Option<serde_json::Value>) -> Result<()> {
         let (ns, rs_name) = ns_name(&*self.rs);
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+        let uid = self.rs.uid().unwrap_or_default();
         for name in &plan.adopt {
-            self.set_owner(&api, name, true).await?;
+            set_owner(&api, name, &uid, Some(owner_ref(&*self.rs))).await?;
         }
         for name in &plan.release {
-            self.set_owner(&api, name, false).await?;
+            set_owner(&api, name, &uid, None).await?;
         }
-        let uid = self.rs.uid().unwrap_or_default();
         let until = Instant::now() + EXPECTATION_TIMEOUT;
         // Deletions are expected before they are asked for (upstream `ExpectDeletions`),
         // so a pod that is gone by the next pass still counts; a DELETE that fails is
@@ -376,59 +364,6 @@ impl Sync {
         }
     }
 
-    fn owner_ref(&self) -> OwnerReference {
-        OwnerReference {
-            api_version: "apps/v1".into(),
-            kind: "ReplicaSet".into(),
-            name: self.rs.name_any(),
-            uid: self.rs.uid().unwrap_or_default(),
-            controller: Some(true),
-            block_owner_deletion: Some(true),
-        }
-    }
-
-    /// Adopts (`own`) or releases a pod. The patch names the pod's UID as the API server
-    /// expects of adoption patches; a pod replaced meanwhile fails the call.
-    async fn set_owner(&self, api: &Api<Pod>, name: &str, own: bool) -> Result<()> {
-        let object = format!("pod {}/{name}", self.rs.namespace().unwrap_or_default());
-        let pod = match api
-            .get_opt(name)
-            .await
-            .map_err(api_err("get", object.clone()))?
-        {
-            Some(pod) => pod,
-            None => return Ok(()),
-        };
-        let rs_uid = self.rs.uid().unwrap_or_default();
-        let mut refs: Vec<OwnerReference> = pod
-            .metadata
-            .owner_references
-            .clone()
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|r| r.uid != rs_uid)
-            .collect();
-        if own {
-            if controller_of(&pod).is_some() {
-                return Ok(());
-            }
-            refs.push(self.owner_ref());
-        }
-        let patch = serde_json::json!({"metadata": {
-            "uid": pod.uid(),
-            "resourceVersion": pod.resource_version(),
-            "ownerReferences": if refs.is_empty() { serde_json::Value::Null } else { serde_json::to_value(&refs).unwrap_or_default() },
-        }});
-        let action = if own { "adopt" } else { "release" };
-        match api
-            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
-            .await
-        {
-            Err(e) if status_code(&e) != Some(404) => Err(api_err(action, object)(e)),
-            _ => Ok(()),
-        }
-    }
-
     fn pod_from_template(&self) -> Pod {
         let template = self
             .rs
@@ -443,7 +378,7 @@ impl Sync {
                 namespace: self.rs.namespace(),
                 labels: meta.labels,
                 annotations: meta.annotations,
-                owner_references: Some(vec![self.owner_ref()]),
+                owner_references: Some(vec![owner_ref(&*self.rs)]),
                 ..ObjectMeta::default()
             },
             spec: template.spec,

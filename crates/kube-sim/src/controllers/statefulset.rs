@@ -20,22 +20,24 @@
 //! `<set>-<template hash>`, and `status.currentRevision` remembers the old one), so a pod
 //! recreated below the partition gets the current template rather than the old revision's;
 //! `minReadySeconds`, PVCs and `maxUnavailable` (alpha upstream) are not modelled.
+//!
+//! This file holds the StatefulSet's rules (claim, plan, status, the sync of a plan); the
+//! pass around them, the expectations and the shared API calls are the workload
+//! skeleton's (`workload.rs`).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::reflector::Store;
-use kube::{Api, Resource, ResourceExt};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::ResourceExt;
+use kube::api::PostParams;
 
 use super::deployment::template_hash;
+use super::workload::{self, Kind, Work, owner_ref, status_differs};
 use super::{
-    Reconciler, Result, Watches, Workers, api_err, by_namespace, controller_of, key, labels_of,
-    ns_name, pod_finished, pod_ready, ready, run_passes, selector_matches, status_code,
+    Result, controller_of, key, labels_of, pod_finished, pod_ready, selector_matches, status_code,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -47,9 +49,6 @@ pub const POD_INDEX_LABEL: &str = "apps.kubernetes.io/pod-index";
 /// Label naming the revision a pod was created from (upstream
 /// `apps.ControllerRevisionHashLabelKey`).
 pub const REVISION_LABEL: &str = "controller-revision-hash";
-/// How long an unobserved creation or deletion holds a set back (the ReplicaSet
-/// controller's reasoning: watches deliver in milliseconds, so a few seconds suffice).
-const EXPECTATION_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The ordinal of `pod_name` if it is `<set>-<ordinal>` (upstream `getParentNameAndOrdinal`,
 /// whose pattern is `(.*)-([0-9]+)$`).
@@ -319,22 +318,6 @@ pub fn status_counts(set: &StatefulSet, pods: &[Arc<Pod>]) -> serde_json::Value 
     })
 }
 
-fn status_differs(set: &StatefulSet, want: &serde_json::Value) -> bool {
-    let have = set.status.as_ref().map(|s| {
-        serde_json::json!({
-            "replicas": s.replicas,
-            "readyReplicas": s.ready_replicas.unwrap_or(0),
-            "availableReplicas": s.available_replicas.unwrap_or(0),
-            "currentReplicas": s.current_replicas.unwrap_or(0),
-            "updatedReplicas": s.updated_replicas.unwrap_or(0),
-            "currentRevision": s.current_revision.clone().unwrap_or_default(),
-            "updateRevision": s.update_revision.clone().unwrap_or_default(),
-            "observedGeneration": s.observed_generation.unwrap_or(0),
-        })
-    });
-    have.as_ref() != Some(want)
-}
-
 /// The pod of `set` with `ordinal` (upstream `newStatefulSetPod`): the template, the
 /// identity labels and a controller reference; hostname and subdomain give it its DNS name.
 pub fn pod_for(set: &StatefulSet, ordinal: i32) -> Pod {
@@ -362,261 +345,59 @@ pub fn pod_for(set: &StatefulSet, ordinal: i32) -> Pod {
     }
 }
 
-fn owner_ref<K: Resource<DynamicType = ()>>(owner: &K) -> OwnerReference {
-    OwnerReference {
-        api_version: K::api_version(&()).into_owned(),
-        kind: K::kind(&()).into_owned(),
-        name: owner.name_any(),
-        uid: owner.uid().unwrap_or_default(),
-        controller: Some(true),
-        block_owner_deletion: Some(true),
-    }
-}
+/// The StatefulSet's rules, handed to the workload skeleton.
+struct StatefulSets;
 
-/// Creations (pod names) and deletions (UIDs) a controller made but its cache does not
-/// show yet, per owner UID: until they show (or [`EXPECTATION_TIMEOUT`] passes) the owner
-/// waits, so a stale cache never causes a second creation or a second DELETE. Shared with
-/// the DaemonSet controller.
-#[derive(Clone, Default)]
-pub(super) struct Expectations(Arc<Mutex<HashMap<String, Expected>>>);
+impl Kind for StatefulSets {
+    type Owner = StatefulSet;
+    type Plan = Plan;
+    type Snapshot = ();
 
-#[derive(Debug)]
-struct Expected {
-    created: HashSet<String>,
-    deleted: HashSet<String>,
-    until: Instant,
-}
+    fn snapshot(&self) {}
 
-impl Expectations {
-    /// Records what work for `owner` did.
-    pub(super) fn expect(&self, owner: String, created: Vec<String>, deleted: Vec<String>) {
-        if created.is_empty() && deleted.is_empty() {
-            return;
-        }
-        let exp = Expected {
-            created: created.into_iter().collect(),
-            deleted: deleted.into_iter().collect(),
-            until: Instant::now() + EXPECTATION_TIMEOUT,
-        };
-        self.lock().insert(owner, exp);
+    fn plan(&self, set: &StatefulSet, _: &(), pods: &[Arc<Pod>]) -> Option<Plan> {
+        Some(plan(set, pods))
     }
 
-    /// `Ok` when `owner` may sync against a cache holding `pods`; otherwise the time its
-    /// expectation runs out.
-    pub(super) fn check(
-        &self,
-        owner: &str,
-        pods: &[Arc<Pod>],
-        now: Instant,
-    ) -> Result<(), Instant> {
-        let mut exps = self.lock();
-        let Some(exp) = exps.get(owner) else {
-            return Ok(());
-        };
-        let created = exp
-            .created
-            .iter()
-            .all(|name| pods.iter().any(|p| &key(&**p) == name));
-        let deleted = exp.deleted.iter().all(|uid| {
-            !pods
-                .iter()
-                .any(|p| p.uid().as_ref() == Some(uid) && !terminating(p))
-        });
-        if now < exp.until && !(created && deleted) {
-            return Err(exp.until);
-        }
-        exps.remove(owner);
-        Ok(())
+    fn status(&self, set: &StatefulSet, _: &(), pods: &[Arc<Pod>]) -> Option<serde_json::Value> {
+        let want = status_counts(set, pods);
+        status_differs(set.status.as_ref(), &want).then_some(want)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Expected>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-/// Adopts (`owner` is `Some`) or releases (`None`, dropping `owner_uid`) pod `ns/name`.
-/// The patch names the pod's UID and resourceVersion, so a pod replaced or changed
-/// meanwhile fails the call instead of being claimed by mistake. Shared with the
-/// DaemonSet controller.
-pub(super) async fn set_owner(
-    api: &Api<Pod>,
-    name: &str,
-    owner_uid: &str,
-    owner: Option<OwnerReference>,
-) -> Result<()> {
-    let object = format!("pod {}/{name}", api.namespace().unwrap_or_default());
-    let Some(pod) = api
-        .get_opt(name)
-        .await
-        .map_err(api_err("get", object.clone()))?
-    else {
-        return Ok(());
-    };
-    let mut refs: Vec<OwnerReference> = pod
-        .metadata
-        .owner_references
-        .clone()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|r| r.uid != owner_uid)
-        .collect();
-    let action = if owner.is_some() { "adopt" } else { "release" };
-    if let Some(owner) = owner {
-        if controller_of(&pod).is_some() {
-            return Ok(());
-        }
-        refs.push(owner);
-    }
-    let refs = match refs.is_empty() {
-        true => serde_json::Value::Null,
-        false => serde_json::to_value(&refs).unwrap_or_default(),
-    };
-    let patch = serde_json::json!({"metadata": {
-        "uid": pod.uid(),
-        "resourceVersion": pod.resource_version(),
-        "ownerReferences": refs,
-    }});
-    match api
-        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
-        .await
-    {
-        Err(e) if status_code(&e) != Some(404) => Err(api_err(action, object)(e)),
-        _ => Ok(()),
-    }
-}
-
-/// Deletes pod `name` if it still has `uid`; `Some(uid)` when it is gone or going.
-pub(super) async fn delete_pod(
-    api: &Api<Pod>,
-    owner: &str,
-    name: &str,
-    uid: &str,
-) -> Option<String> {
-    let dp = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: Some(uid.to_string()),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
-    match api.delete(name, &dp).await {
-        Ok(_) => Some(uid.to_string()),
-        Err(e) if status_code(&e) == Some(404) => Some(uid.to_string()),
-        Err(error) => {
-            tracing::info!(%owner, pod = %name, %error, "delete pod failed");
-            None
-        }
-    }
-}
-
-/// One StatefulSet's sync, run as owned work.
-struct Sync {
-    client: kube::Client,
-    set: Arc<StatefulSet>,
-    expectations: Expectations,
-}
-
-impl Sync {
-    async fn run(self, plan: Plan, status: Option<serde_json::Value>) -> Result<()> {
-        let (ns, name) = ns_name(&*self.set);
-        let uid = self.set.uid().unwrap_or_default();
-        let owner = key(&*self.set);
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
-        for pod in &plan.adopt {
-            set_owner(&api, pod, &uid, Some(owner_ref(&*self.set))).await?;
-        }
-        for pod in &plan.release {
-            set_owner(&api, pod, &uid, None).await?;
-        }
+    async fn sync(
+        work: Work<StatefulSet>,
+        plan: Plan,
+        status: Option<serde_json::Value>,
+    ) -> Result<()> {
+        let api = work.pods();
+        work.claim(&api, &plan.adopt, &plan.release).await?;
         let mut created = Vec::new();
         for ord in &plan.create {
             match api
-                .create(&PostParams::default(), &pod_for(&self.set, *ord))
+                .create(&PostParams::default(), &pod_for(&work.owner, *ord))
                 .await
             {
                 Ok(pod) => created.push(key(&pod)),
                 // The name is still taken: the next pass sees the pod that holds it.
                 Err(e) if status_code(&e) == Some(409) => {}
-                Err(error) => tracing::info!(statefulset = %owner, %error, "create pod failed"),
+                Err(error) => {
+                    tracing::info!(statefulset = %work.key(), %error, "create pod failed")
+                }
             }
         }
-        let mut deleted = Vec::new();
-        for (pod, pod_uid) in &plan.delete {
-            deleted.extend(delete_pod(&api, &owner, pod, pod_uid).await);
-        }
-        self.expectations.expect(uid, created, deleted);
+        let deleted = work.delete(&api, &plan.delete).await;
+        work.expect(created, deleted);
         if let Some(status) = status {
-            let sets: Api<StatefulSet> = Api::namespaced(self.client.clone(), &ns);
-            let patch = Patch::Merge(serde_json::json!({ "status": status }));
-            sets.patch_status(&name, &PatchParams::default(), &patch)
-                .await
-                .map_err(api_err("update status of", format!("statefulset {owner}")))?;
+            work.patch_status(serde_json::json!({ "status": status }))
+                .await?;
         }
         Ok(())
     }
 }
 
-struct Controller {
-    client: kube::Client,
-    sets: Store<StatefulSet>,
-    pods: Store<Pod>,
-    workers: Workers,
-    expectations: Expectations,
-}
-
-impl Reconciler for Controller {
-    async fn pass(&mut self) -> Option<Instant> {
-        let now = Instant::now();
-        let all = self.pods.state();
-        let by_ns = by_namespace(&all);
-        let mut next: Option<Instant> = None;
-        for set in self.sets.state() {
-            let uid = set.uid().unwrap_or_default();
-            if self.workers.busy(&uid) {
-                continue;
-            }
-            if let Err(until) = self.expectations.check(&uid, &all, now) {
-                next = Some(next.map_or(until, |n| n.min(until)));
-                continue;
-            }
-            let pods = by_ns
-                .get(&set.namespace().unwrap_or_default())
-                .map_or(&[][..], Vec::as_slice);
-            let plan = plan(&set, pods);
-            let status = status_counts(&set, pods);
-            let needs_status = status_differs(&set, &status);
-            if plan == Plan::default() && !needs_status {
-                continue;
-            }
-            let sync = Sync {
-                client: self.client.clone(),
-                set: set.clone(),
-                expectations: self.expectations.clone(),
-            };
-            self.workers
-                .spawn(uid, sync.run(plan, needs_status.then_some(status)));
-        }
-        next
-    }
-}
-
 /// Runs the StatefulSet controller until `shutdown`.
 pub async fn run(client: kube::Client, shutdown: CancellationToken) -> Result<()> {
-    let watches = Watches::new(client.clone(), shutdown.clone());
-    let wake = watches.wake();
-    let sets = watches.all::<StatefulSet>();
-    let pods = watches.all::<Pod>();
-    if !(ready(&sets, &shutdown).await && ready(&pods, &shutdown).await) {
-        return Ok(());
-    }
-    let ctl = Controller {
-        client,
-        sets,
-        pods,
-        workers: Workers::new(wake.clone()),
-        expectations: Expectations::default(),
-    };
-    run_passes(ctl, &wake, &shutdown).await
+    workload::run(client, shutdown, |_| StatefulSets).await
 }
 
 #[cfg(test)]
