@@ -116,6 +116,7 @@ async fn cluster_with_web(
                 deregistration_delay: delay,
                 timeout_seconds: 10,
                 agent_program: None,
+                confirmed_release: false,
             };
             Some(Components::start(&cluster, &config).await.unwrap())
         }

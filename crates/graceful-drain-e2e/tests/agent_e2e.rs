@@ -549,6 +549,7 @@ async fn isolated_pods_count_as_remaining(tier: Tier) {
         deregistration_delay: delay,
         timeout_seconds: 10,
         agent_program: None,
+        confirmed_release: false,
     };
     let mut components = Components::start(&cluster, &cfg).await.unwrap();
     let web = WebSpec {

@@ -61,6 +61,7 @@ fn components(delay: Duration) -> ComponentsConfig {
         deregistration_delay: delay,
         timeout_seconds: 10,
         agent_program: None,
+        confirmed_release: false,
     }
 }
 

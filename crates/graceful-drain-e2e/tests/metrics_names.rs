@@ -163,6 +163,7 @@ async fn alerts_dashboard_and_troubleshooting_query_only_exported_metrics() {
         deregistration_delay: Duration::from_secs(1),
         timeout_seconds: 10,
         agent_program: None,
+        confirmed_release: false,
     };
     let components = Components::start_with(&cluster, &cfg, FAST_AGENT)
         .await

@@ -42,6 +42,7 @@ fn components_config() -> ComponentsConfig {
         deregistration_delay: Duration::from_secs(3),
         timeout_seconds: 10,
         agent_program: None,
+        confirmed_release: false,
     }
 }
 

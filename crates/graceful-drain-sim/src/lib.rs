@@ -328,6 +328,7 @@ impl Args {
             deregistration_delay: self.deregistration_delay,
             timeout_seconds: self.webhook_timeout_seconds,
             agent_program: None,
+            confirmed_release: false,
         };
         ScenarioConfig {
             cluster,

@@ -111,6 +111,8 @@ impl Default for LbModel {
 #[derive(Debug)]
 struct Target {
     pod: String,
+    /// The endpoint's address, as the slice gave it.
+    address: Option<String>,
     seen_ready: Instant,
     removed: Option<Instant>,
 }
@@ -218,6 +220,7 @@ impl Balancer {
                 Some(false) | None => {
                     let target = Target {
                         pod: ep.pod.clone(),
+                        address: ep.address.clone(),
                         seen_ready: now,
                         removed: None,
                     };
@@ -261,6 +264,8 @@ pub struct ReadyEndpoint {
     pub uid: String,
     /// The pod as `ns/name`, for the timeline and error reports.
     pub pod: String,
+    /// The endpoint's first address (the pod's IP), which the admin API reports.
+    pub address: Option<String>,
 }
 
 impl LoadBalancers {
@@ -353,6 +358,26 @@ impl LoadBalancers {
         .unwrap_or_default()
     }
 
+    /// The addresses `service` routes new requests to at `now` through at least one of
+    /// its nodes (those of [`LoadBalancers::routable`] that have one): what its admin API
+    /// reports ([`serve_admin`]).
+    pub fn routable_addresses(&self, service: &str, now: Instant) -> Vec<String> {
+        let reg = self.cfg.registration_lag;
+        self.with_balancer(service, now, |lb| {
+            lb.targets
+                .values()
+                .filter(|t| lb.routable_anywhere(t, reg, now))
+                .filter_map(|t| t.address.clone())
+                .collect()
+        })
+        .unwrap_or_default()
+    }
+
+    /// Every load balancer's key (`ns/name` of its Service).
+    pub fn services(&self) -> Vec<String> {
+        self.lock().keys().cloned().collect()
+    }
+
     /// Pod UIDs registered in `service` at `now` and still in its slices (routable and
     /// not being deregistered).
     pub fn registered(&self, service: &str, now: Instant) -> Vec<String> {
@@ -410,6 +435,7 @@ pub fn ready_endpoints<'a>(slices: impl Iterator<Item = &'a EndpointSlice>) -> V
             out.push(ReadyEndpoint {
                 uid: uid.clone(),
                 pod: format!("{ns}/{name}"),
+                address: ep.addresses.first().cloned(),
             });
         }
     }
@@ -458,6 +484,42 @@ async fn publish_ingress(client: &kube::Client, svc: &Service) -> bool {
             false
         }
     }
+}
+
+/// The admin API of the simulated load balancers, as a real balancer's (HAProxy's
+/// statistics, Envoy's `/clusters`) tells which servers it routes to:
+/// `GET /load-balancers` answers a JSON list with one entry per load balancer,
+/// `{"service": "ns/name", "servers": [{"address": "10.100.0.5"}, …]}`, the servers being
+/// the addresses it routes new requests to now. Serves on `listener` (loopback) until
+/// `shutdown`.
+pub async fn serve_admin(
+    lbs: LoadBalancers,
+    listener: tokio::net::TcpListener,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let answer = move || {
+        let lbs = lbs.clone();
+        async move {
+            let now = Instant::now();
+            let list: Vec<serde_json::Value> = lbs
+                .services()
+                .into_iter()
+                .map(|service| {
+                    let servers: Vec<serde_json::Value> = lbs
+                        .routable_addresses(&service, now)
+                        .into_iter()
+                        .map(|address| serde_json::json!({ "address": address }))
+                        .collect();
+                    serde_json::json!({ "service": service, "servers": servers })
+                })
+                .collect();
+            axum::Json(list)
+        }
+    };
+    let app = axum::Router::new().route("/load-balancers", axum::routing::get(answer));
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
 }
 
 /// Feeds `lbs` from watches on Services and EndpointSlices (as the cloud controller
@@ -523,6 +585,7 @@ mod tests {
         ReadyEndpoint {
             uid: uid.into(),
             pod: format!("ns/{uid}"),
+            address: None,
         }
     }
 
@@ -545,6 +608,48 @@ mod tests {
             Some(("b".into(), "ns/b".into()))
         );
         assert_eq!(lbs.route("ns/other", s(14)), None);
+    }
+
+    /// The admin API reports the addresses a balancer routes to, for as long as it still
+    /// routes to them (a target that left its slice stays until its lag is over).
+    #[tokio::test]
+    async fn the_admin_api_reports_routed_addresses() {
+        let lbs = LoadBalancers::new(cfg(), Timeline::new());
+        let t0 = Instant::now() - Duration::from_secs(20);
+        let with_address = |uid: &str, ip: &str| ReadyEndpoint {
+            address: Some(ip.into()),
+            ..ep(uid)
+        };
+        let a = with_address("a", "10.100.0.1");
+        let b = with_address("b", "10.100.0.2");
+        lbs.sync("ns/web", &[a, b.clone()], t0);
+        lbs.sync("ns/web", &[b], t0 + Duration::from_secs(3));
+        // 5 s after `a` left: still within its 10 s deregistration lag.
+        let at = |n| t0 + Duration::from_secs(n);
+        assert_eq!(
+            lbs.routable_addresses("ns/web", at(8)),
+            vec!["10.100.0.1", "10.100.0.2"]
+        );
+        assert_eq!(lbs.routable_addresses("ns/web", at(14)), vec!["10.100.0.2"]);
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let serving = tokio::spawn(serve_admin(lbs.clone(), listener, stop.clone()));
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let request = "GET /load-balancers HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await.unwrap();
+        let body = answer.split("\r\n\r\n").nth(1).unwrap();
+        let list: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(
+            list,
+            serde_json::json!([{"service": "ns/web", "servers": [{"address": "10.100.0.2"}]}])
+        );
+        stop.cancel();
+        serving.await.unwrap().unwrap();
     }
 
     #[test]

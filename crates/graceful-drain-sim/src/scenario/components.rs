@@ -46,6 +46,10 @@ pub struct ComponentsConfig {
     /// own, as on a node (the real tier: `simulate`'s own binary); `None` runs them inside
     /// this process (tests, whose binary is not ours).
     pub agent_program: Option<std::path::PathBuf>,
+    /// Confirmed release: the webhook asks the data plane's load balancers, through
+    /// their admin API on loopback (`kube_sim::lb::serve_admin`), whether they still route
+    /// to an isolated pod (`--balancer-config`); off, every pod keeps its whole delay.
+    pub confirmed_release: bool,
 }
 
 #[derive(Parser)]
@@ -346,6 +350,25 @@ impl Components {
         Some((self.webhook_listen?, ca.clone()))
     }
 
+    /// The value of `sample` (a metric name with its labels, as the exposition writes it)
+    /// on the webhook replica started last; `None` when it is not exposed or cannot be read.
+    pub async fn webhook_metric(&self, sample: &str) -> Option<f64> {
+        let mut stream = tokio::net::TcpStream::connect(self.webhook_admin?)
+            .await
+            .ok()?;
+        let request = "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
+            .await
+            .ok()?
+            .ok()?;
+        let text = String::from_utf8_lossy(&answer);
+        text.lines()
+            .find_map(|line| line.strip_prefix(sample)?.strip_prefix(' '))
+            .and_then(|value| value.trim().parse().ok())
+    }
+
     /// The admin port (`/livez`, `/readyz`, `/metrics`) of the in-process webhook replica
     /// started last.
     pub fn webhook_admin(&self) -> Option<SocketAddr> {
@@ -459,6 +482,30 @@ impl Components {
         Ok(replica.listen)
     }
 
+    /// The webhook's `--balancer-config` asking the data plane's load balancers (every
+    /// one's servers), whose admin API is served on loopback under the components' stop
+    /// from the first call on.
+    async fn balancer_config(&mut self, cluster: &impl Access) -> Result<PathBuf, Error> {
+        let path = self.dir().join("balancer.yaml");
+        if path.exists() {
+            return Ok(path);
+        }
+        let failed = |e: std::io::Error| component_err("load balancers' admin API")(e.to_string());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(failed)?;
+        let addr = listener.local_addr().map_err(failed)?;
+        let serving = kube_sim::lb::serve_admin(cluster.lbs().clone(), listener, self.stop.clone());
+        self.spawn("load balancers' admin API".into(), async move {
+            serving.await.map_err(anyhow::Error::from)
+        });
+        let yaml = format!(
+            "source:\n  generic:\n    url: http://{addr}/load-balancers\n    pointer: /*/servers\n    addressField: address\n"
+        );
+        std::fs::write(&path, yaml).map_err(failed)?;
+        Ok(path)
+    }
+
     /// The command line of the next webhook replica, with its own identity, ports and
     /// kubeconfig.
     async fn next_webhook(
@@ -488,6 +535,12 @@ impl Components {
             command
                 .extra
                 .extend(["--deployment".to_string(), deployment.clone()]);
+        }
+        if cfg.confirmed_release {
+            let path = self.balancer_config(cluster).await?;
+            command
+                .extra
+                .push(format!("--balancer-config={}", path.display()));
         }
         command.extra.extend(self.webhook_flags.iter().cloned());
         let argv = command.argv();

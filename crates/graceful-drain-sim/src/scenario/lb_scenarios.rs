@@ -57,6 +57,13 @@ pub fn scenarios() -> Vec<Scenario> {
             alb_jittered,
         ),
         s(
+            "alb-confirmed-drain",
+            "drain behind the jittered ALB (lags up to 4.25 s) with a 30 s delay and confirmed release: each pod goes once every LB node has let go of it (the webhook asks the load balancers' admin API), not after the whole delay",
+            Disruption::Drain,
+            Budget::Default,
+            alb_confirmed,
+        ),
+        s(
             "long-requests-drain",
             "drain behind an NLB with keep-alive clients, a fifth of requests lasting 2–6 s; graceful app finishes them before exiting",
             Disruption::Drain,
@@ -104,6 +111,13 @@ fn alb_jittered(cfg: &mut ScenarioConfig) {
     // The slowest node lets go at most 3 s × 1.25 + 0.5 s = 4.25 s after the slice change.
     cfg.cluster.lb.deregistration_lag = Duration::from_secs(3);
     cfg.components.deregistration_delay = Duration::from_secs(5);
+}
+
+/// The jittered ALB, a delay padded far beyond it, and confirmed release.
+fn alb_confirmed(cfg: &mut ScenarioConfig) {
+    alb_jittered(cfg);
+    cfg.components.deregistration_delay = Duration::from_secs(30);
+    cfg.components.confirmed_release = true;
 }
 
 /// An NLB, keep-alive clients with long requests, graceful apps.

@@ -480,6 +480,15 @@ pub fn lower_bound(
     };
     let delay = match protection {
         Protection::None => Duration::ZERO,
+        // Released once the fastest a load balancer can let go (its nodes' shortest lag
+        // after the controller's latency), the delay staying the bound.
+        Protection::GracefulDrain if cfg.components.confirmed_release => {
+            let (lb, model) = (&cfg.cluster.lb, &cfg.cluster.lb_model);
+            let fastest = lb
+                .deregistration_lag
+                .mul_f64(1.0 - model.alb_lag_jitter.clamp(0.0, 1.0));
+            (fastest + model.alb_controller_latency).min(cfg.components.deregistration_delay)
+        }
         Protection::GracefulDrain => cfg.components.deregistration_delay,
     };
     let work = match disruption {
@@ -619,7 +628,7 @@ pub(super) async fn disrupt(
     let events = cluster
         .timeline()
         .between(cluster.timeline().start(), Instant::now());
-    let checked = tiers
+    let mut checked = tiers
         .filter(|_| protection == Protection::GracefulDrain)
         .map(|tiers| match tiered::check_order(&tiers, &events) {
             Ok(()) => Ok(format!(
@@ -628,12 +637,40 @@ pub(super) async fn disrupt(
             )),
             Err(e) => Err(graceful_drain_core::error::chain(&e).to_string()),
         });
+    if let Some(c) = components
+        .as_ref()
+        .filter(|_| cfg.components.confirmed_release)
+    {
+        checked = Some(released(c).await);
+    }
     let window = started.saturating_duration_since(cluster.timeline().start());
     Ok(Outcome {
         measured,
         unprotected: unprotected_deletions(&events, window),
         checked,
     })
+}
+
+/// Whether confirmed release ended the delay of every pod the webhook isolated: each was
+/// released when the load balancers let go of it, none kept its whole delay.
+async fn released(components: &Components) -> Result<String, String> {
+    let isolated = components
+        .webhook_metric("graceful_drain_webhook_pods_isolated_total")
+        .await
+        .unwrap_or(0.0);
+    let let_go = components
+        .webhook_metric(r#"graceful_drain_webhook_balancer_wait_seconds_count{ended="let_go"}"#)
+        .await
+        .unwrap_or(0.0);
+    if isolated > 0.0 && let_go >= isolated {
+        Ok(format!(
+            "{let_go} of {isolated} isolated pods released when the load balancers let go"
+        ))
+    } else {
+        Err(format!(
+            "{let_go} of {isolated} isolated pods released when the load balancers let go; the others kept their whole delay"
+        ))
+    }
 }
 
 /// The `count` nodes running most pods of the workload, busiest first.

@@ -241,6 +241,7 @@ mod tests {
             .map(|uid| ReadyEndpoint {
                 uid: (*uid).into(),
                 pod: format!("ns/{uid}"),
+                address: None,
             })
             .collect();
         target.lbs.sync(&target.service, &ready, Instant::now());

@@ -322,6 +322,7 @@ mod tests {
             &[ReadyEndpoint {
                 uid: "u1".into(),
                 pod: "ns/a".into(),
+                address: None,
             }],
             Instant::now(),
         );
