@@ -1,5 +1,8 @@
 //! `kubectl` against a test cluster's kubeconfig, the way a user types it. The binary is
-//! the one on `PATH` (`/usr/bin/kubectl` on the development machine and in CI).
+//! `$GRACEFUL_DRAIN_KUBECTL`, else the one on `PATH` (`/usr/bin/kubectl` on the
+//! development machine and in CI), else the one built with the real control plane
+//! ([`kube_control_plane::kubectl`]). A test that needs one asks [`available`] first: on a
+//! machine with none it is skipped, saying why (in CI it fails).
 
 use std::path::Path;
 use std::process::Output;
@@ -36,8 +39,28 @@ impl Ran {
     }
 }
 
+/// Whether a kubectl can be run; when not, says that `test` is skipped and why. In CI
+/// (`CI` set) a missing kubectl fails the test instead.
+pub fn available(test: &str) -> bool {
+    if kube_control_plane::kubectl().is_some() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{test}: CI must provide kubectl: none found ({})",
+        kube_control_plane::KUBECTL_WHERE
+    );
+    eprintln!(
+        "skipped {test}: no kubectl ({})",
+        kube_control_plane::KUBECTL_WHERE
+    );
+    false
+}
+
 fn command(kubeconfig: &Path, args: &[&str]) -> std::process::Command {
-    let mut command = std::process::Command::new("kubectl");
+    let kubectl = kube_control_plane::kubectl()
+        .unwrap_or_else(|| panic!("no kubectl ({})", kube_control_plane::KUBECTL_WHERE));
+    let mut command = std::process::Command::new(kubectl);
     command.arg("--kubeconfig").arg(kubeconfig).args(args);
     command
 }

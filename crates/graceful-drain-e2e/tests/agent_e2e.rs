@@ -233,6 +233,9 @@ fn condition_message(node: &Node, type_: &str) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drains_each_kind_of_pod_like_kubectl_and_waits_out_a_blocking_pdb() {
+    if !kubectl::available("drains_each_kind_of_pod_like_kubectl_and_waits_out_a_blocking_pdb") {
+        return;
+    }
     let cluster = cluster().await;
     let web = WebSpec {
         replicas: 4,

@@ -672,6 +672,9 @@ async fn real_tier_a_second_kubectl_drain_works_while_isolated_pods_wait() {
 }
 
 async fn second_kubectl_drain(tier: Tier) {
+    if !kubectl::available("second_kubectl_drain") {
+        return;
+    }
     let spec = WebSpec {
         replicas: 4,
         min_available: 1,

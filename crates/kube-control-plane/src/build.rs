@@ -1,5 +1,7 @@
-//! Building etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK from the
-//! Go module proxy into a cache folder keyed by version.
+//! Building etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and KWOK
+//! from the Go module proxy into a cache folder keyed by version. kubectl comes with them
+//! (the same module, the same build) so that a machine with Go but no kubectl of its own
+//! has one ([`crate::kubectl`]).
 //!
 //! Kubernetes is built through a wrapper module that requires `k8s.io/kubernetes` and
 //! replaces each of its staging modules (the `=> ./staging/src/…` lines of its go.mod,
@@ -16,11 +18,12 @@ use std::process::Command;
 
 use crate::{Error, Result, Versions};
 
-/// The Kubernetes binaries the control plane runs.
-pub const KUBE_BINARIES: [&str; 3] = [
+/// The Kubernetes binaries the control plane runs, and the kubectl its users run.
+pub const KUBE_BINARIES: [&str; 4] = [
     "kube-apiserver",
     "kube-controller-manager",
     "kube-scheduler",
+    "kubectl",
 ];
 
 /// The KWOK release that plays the real tier's kubelets.
@@ -65,7 +68,7 @@ pub fn build(versions: &Versions, say: &mut dyn FnMut(&str)) -> Result<PathBuf> 
     fs::create_dir_all(&bin).map_err(|e| Error::io(&bin, e))?;
     if !KUBE_BINARIES.iter().all(|b| bin.join(b).is_file()) {
         say(&format!(
-            "building kube-apiserver, kube-controller-manager and kube-scheduler {} (about 8 minutes cold on 2 cores)",
+            "building kube-apiserver, kube-controller-manager, kube-scheduler and kubectl {} (about 9 minutes cold on 2 cores)",
             versions.kubernetes
         ));
         build_kubernetes(versions, &work.join("kubernetes"), &bin)?;
@@ -144,7 +147,7 @@ fn build_kubernetes(versions: &Versions, work: &Path, bin: &Path) -> Result<()> 
     write(
         work,
         "tools.go",
-        "//go:build tools\n\npackage tools\n\nimport (\n\t_ \"k8s.io/kubernetes/cmd/kube-apiserver\"\n\t_ \"k8s.io/kubernetes/cmd/kube-controller-manager\"\n\t_ \"k8s.io/kubernetes/cmd/kube-scheduler\"\n)\n",
+        "//go:build tools\n\npackage tools\n\nimport (\n\t_ \"k8s.io/kubernetes/cmd/kube-apiserver\"\n\t_ \"k8s.io/kubernetes/cmd/kube-controller-manager\"\n\t_ \"k8s.io/kubernetes/cmd/kube-scheduler\"\n\t_ \"k8s.io/kubernetes/cmd/kubectl\"\n)\n",
     )?;
     go(work, &["mod", "tidy"])?;
     let minor = k8s.split('.').nth(1).unwrap_or_default();

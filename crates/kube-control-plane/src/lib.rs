@@ -86,8 +86,11 @@ pub enum Error {
         "the control plane is built from the Go module proxy, but `go` is not on PATH: install Go 1.26 or newer"
     )]
     GoMissing,
-    /// `kubectl` is not on PATH.
-    #[error("`kubectl` is not on PATH: it is used to wait for kube-apiserver")]
+    /// No kubectl was found ([`kubectl`]).
+    #[error(
+        "no kubectl (it is used to wait for kube-apiserver): {}",
+        KUBECTL_WHERE
+    )]
     KubectlMissing,
     /// A `go` command failed.
     #[error("{0}")]
@@ -152,6 +155,27 @@ impl From<rcgen::Error> for Error {
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Where [`kubectl`] looks, for messages that say why none was found.
+pub const KUBECTL_WHERE: &str = "looked at $GRACEFUL_DRAIN_KUBECTL, on PATH and in the control plane's build (`cargo xtask control-plane build` builds one)";
+
+/// The kubectl to run: `$GRACEFUL_DRAIN_KUBECTL`, else the first `kubectl` on `PATH`,
+/// else the one built with the control plane ([`build::bin_dir`]); `None` when there is
+/// none ([`KUBECTL_WHERE`]).
+pub fn kubectl() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("GRACEFUL_DRAIN_KUBECTL") {
+        return Some(PathBuf::from(path)).filter(|p| p.is_file());
+    }
+    let on_path = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join("kubectl"))
+            .find(|p| p.is_file())
+    });
+    on_path.or_else(|| {
+        let built = build::bin_dir(&Versions::default()).join("kubectl");
+        built.is_file().then_some(built)
+    })
+}
 
 /// graceful-drain's cache folder: `$GRACEFUL_DRAIN_CACHE`, else `$XDG_CACHE_HOME/graceful-drain`,
 /// else `~/.cache/graceful-drain`. It lives outside any clone, so a fresh clone on the same

@@ -355,7 +355,8 @@ fn wait_ready(cp: &ControlPlane) -> Result<()> {
     let deadline = Instant::now() + READY_TIMEOUT;
     let kubeconfig = cp.admin_kubeconfig();
     loop {
-        let ok = Command::new("kubectl")
+        let kubectl = crate::kubectl().ok_or(Error::KubectlMissing)?;
+        let ok = Command::new(kubectl)
             .arg("--kubeconfig")
             .arg(&kubeconfig)
             .args(["get", "--raw", "/readyz"])

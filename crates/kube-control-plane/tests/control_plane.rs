@@ -31,7 +31,8 @@ fn options(eviction_request_api: bool) -> Option<Options> {
 }
 
 fn kubectl(kubeconfig: &Path, args: &[&str]) -> (bool, String) {
-    let out = Command::new("kubectl")
+    let kubectl = kube_control_plane::kubectl().expect(kube_control_plane::KUBECTL_WHERE);
+    let out = Command::new(kubectl)
         .arg("--kubeconfig")
         .arg(kubeconfig)
         .args(args)

@@ -200,7 +200,13 @@ pub async fn kubectl_drain(
         node: node.into(),
         reason,
     };
-    let out = tokio::process::Command::new("kubectl")
+    let kubectl = kube_control_plane::kubectl().ok_or_else(|| {
+        failed(format!(
+            "no kubectl ({})",
+            kube_control_plane::KUBECTL_WHERE
+        ))
+    })?;
+    let out = tokio::process::Command::new(kubectl)
         .arg("--kubeconfig")
         .arg(kubeconfig)
         .args([
@@ -246,7 +252,9 @@ pub(super) async fn kubectl_apply(
     manifest: &str,
 ) -> Result<(), String> {
     use tokio::io::AsyncWriteExt;
-    let mut child = tokio::process::Command::new("kubectl")
+    let kubectl = kube_control_plane::kubectl()
+        .ok_or_else(|| format!("no kubectl ({})", kube_control_plane::KUBECTL_WHERE))?;
+    let mut child = tokio::process::Command::new(kubectl)
         .arg("--kubeconfig")
         .arg(kubeconfig)
         .args(["apply", "-f", "-"])
@@ -255,7 +263,7 @@ pub(super) async fn kubectl_apply(
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| format!("run kubectl (needed on PATH for this row): {e}"))?;
+        .map_err(|e| format!("run kubectl: {e}"))?;
     let mut stdin = child.stdin.take().ok_or("kubectl: no stdin")?;
     stdin
         .write_all(manifest.as_bytes())
