@@ -49,9 +49,11 @@ fi
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 
-# The rules file promtool reads is the PrometheusRule's spec.
+# The rules file promtool reads is the PrometheusRule's spec (the chart renders the rule only
+# with the ServiceMonitors that scrape what it reads).
 helm template graceful-drain "$CHART" --namespace graceful-drain \
-  --set metrics.prometheusRule.enabled=true --show-only templates/prometheus-rule.yaml \
+  --set metrics.serviceMonitor.enabled=true --set metrics.prometheusRule.enabled=true \
+  --show-only templates/prometheus-rule.yaml \
   >"$WORK/prometheus-rule.yaml" || die "helm template with metrics.prometheusRule.enabled"
 python3 - "$WORK/prometheus-rule.yaml" "$WORK/rules.yaml" <<'PY'
 import sys, yaml
@@ -74,7 +76,8 @@ def walk(panels):
     for p in panels:
         walk(p.get("panels", []))
         for t in p.get("targets", []):
-            expr = (t["expr"].replace("$__rate_interval", "2m").replace("$namespace", "graceful-drain"))
+            expr = (t["expr"].replace("$__rate_interval", "2m").replace("$namespace", "graceful-drain")
+                    .replace("$cluster", ".*"))
             rules.append({"record": f"dashboard:panel{p['id']}:{t['refId']}", "expr": expr})
 walk(dash["panels"])
 assert rules, "the dashboard has no query"

@@ -24,6 +24,13 @@ die() { printf 'chart: FAIL %s\n' "$*" >&2; exit 1; }
 # Locally a check that needs the built binary may be skipped; in CI (which builds it
 # first) a skip is a failure.
 skip() { [ -z "${CI:-}" ] || die "$* (CI must run this check)"; say "skipped: $*"; }
+# One assert.py check: its output, and its failure stops the script (a `say "$(...)"`
+# would print the FAIL lines and go on).
+assert_py() {
+  local out
+  out="$($PY "$CHECKS/assert.py" "$@")" || { printf '%s\n' "$out" >&2; die "assert.py $1"; }
+  say "$out"
+}
 
 # A CA bundle for the user-provided-Secret mode (any PEM will do for rendering).
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj "/CN=test CA" \
@@ -111,7 +118,10 @@ render everything cert-manager --set metrics.serviceMonitor.enabled=true \
   --set-json 'agent.drain.tiers=[{"name":"databases","match":[{"namespaces":["db"]},{"priorityClassNames":["critical-db"]}]}]' \
   --set-json "agent.hooks=[{\"name\":\"evacuate-vms\",\"at\":\"before-eviction\",\"timeout\":\"30m\",\"https\":{\"url\":\"https://vm-evacuator.ops.svc/evacuate\",\"caBundle\":\"$CA_BUNDLE\"}},{\"name\":\"report\",\"at\":\"after-last-pod\",\"optional\":true,\"job\":{\"namespace\":\"ops\",\"template\":{\"spec\":{\"template\":{\"spec\":{\"containers\":[{\"name\":\"report\",\"image\":\"busybox\"}]}}}}}}]"
 render minimal self-signed --set agent.enabled=false --set lifecycleCrds.install=false \
-  --set metrics.prometheusRule.enabled=true
+  --set metrics.prometheusRule.enabled=true --set metrics.prometheusRule.scrapedElsewhere=true
+render hostnet self-signed --set webhook.hostNetwork=true --set webhook.port=10443 \
+  --set webhook.adminPort=10490 --set webhook.replicas=1 --set webhook.zoneSpread=hard \
+  --set priorityClassQuota.enabled=true --set agent.drain.deleteEmptydirData=true
 grep -q 'alert: GracefulDrainWebhookDown' "$WORK/everything.yaml" || die "everything: no PrometheusRule"
 grep -q 'alert: GracefulDrainDrainStuck' "$WORK/everything.yaml" || die "everything: no agent alerts"
 grep -q 'grafana_dashboard: "1"' "$WORK/everything.yaml" || die "everything: no dashboard ConfigMap"
@@ -124,7 +134,21 @@ for plain in cert-manager self-signed secret; do
   fi
 done
 say "alerts and dashboard: rendered when on, agent alerts only with the agent, off by default"
-say "$($PY "$CHECKS/assert.py" users "$WORK/everything.yaml" "$NS")"
+# A PrometheusRule whose metrics nothing scrapes is refused, saying why and how to go on.
+if helm template graceful-drain "$CHART" --namespace "$NS" --set metrics.prometheusRule.enabled=true \
+  >/dev/null 2>"$WORK/rule-refused.log"; then
+  die "metrics.prometheusRule.enabled rendered without metrics.serviceMonitor.enabled"
+fi
+for hint in "nothing scrapes" "metrics.serviceMonitor.enabled=true" "metrics.prometheusRule.scrapedElsewhere=true"; do
+  grep -qF "$hint" "$WORK/rule-refused.log" || die "PrometheusRule refusal lacks '$hint': $(cat "$WORK/rule-refused.log")"
+done
+say "PrometheusRule without ServiceMonitor: refused, naming serviceMonitor.enabled and scrapedElsewhere"
+assert_py users "$WORK/everything.yaml" "$NS"
+assert_py monitoring "$WORK/everything.yaml" docs/troubleshooting.md
+assert_py variants "$WORK/hostnet.yaml"
+if grep -q '^kind: ResourceQuota' "$WORK/cert-manager.yaml"; then
+  die "cert-manager: a ResourceQuota rendered by default (priorityClassQuota.enabled is off)"
+fi
 if grep -q '^kind: Namespace' "$WORK/cert-manager.yaml"; then
   die "cert-manager: a Namespace rendered by default (it conflicts with helm --create-namespace)"
 fi
@@ -137,7 +161,13 @@ grep -q "refuse the node agent" "$WORK/psa-refused.log" || die "baseline refusal
 helm template graceful-drain "$CHART" --namespace "$NS" --set namespace.create=true \
   --set namespace.podSecurity=restricted --set agent.enabled=false | grep -q 'pod-security.kubernetes.io/enforce: restricted' \
   || die "namespace.podSecurity=restricted without the agent"
-say "namespace: off by default, baseline refused with the agent, restricted for the webhook alone"
+if helm template graceful-drain "$CHART" --namespace "$NS" --set namespace.create=true \
+  --set namespace.podSecurity=restricted --set agent.enabled=false --set webhook.hostNetwork=true \
+  >/dev/null 2>"$WORK/psa-hostnet.log"; then
+  die "namespace.podSecurity=restricted rendered with webhook.hostNetwork"
+fi
+grep -q "host network" "$WORK/psa-hostnet.log" || die "hostNetwork refusal does not say why: $(cat "$WORK/psa-hostnet.log")"
+say "namespace: off by default, baseline refused with the agent, restricted for the webhook alone (not on the host network)"
 render seed self-signed --set lifecycleCrds.seedGroup=true
 grep -q 'name: lifecycleevents.lifecycle.k8s.io' "$WORK/seed.yaml" || die "seedGroup: no seed-group LifecycleEvent CRD"
 # Where Kubernetes serves lifecycle.k8s.io itself, seed-group CRDs would never be served.
@@ -149,7 +179,7 @@ fi
 grep -q "never served" "$WORK/seed-refused.log" || die "seedGroup refusal does not say why: $(cat "$WORK/seed-refused.log")"
 say "seed: refused where Kubernetes serves lifecycle.k8s.io"
 
-for name in cert-manager self-signed secret everything minimal seed; do
+for name in cert-manager self-signed secret everything minimal hostnet seed; do
   for v in $KUBE_VERSIONS; do
     kubernetes-validate --strict --quiet --no-warn -k "$v" "$WORK/$name/core.yaml" >"$WORK/kv.log" 2>&1 \
       || { cat "$WORK/kv.log"; die "kubernetes-validate $name against $v"; }
@@ -189,7 +219,7 @@ say "webhook, agent, RBAC and certificates in each mode: ok"
 
 echo "chart: values schema rejects bad values"
 bad_values=(
-  "webhook.replicas=1"                      # below the minimum
+  "webhook.replicas=0"                      # below the minimum (1, with a warning)
   "webhook.replicas=two"                    # wrong type
   "webhook.timeoutSeconds=31"               # above the API server's maximum
   "webhook.failurePolicy=Maybe"             # bad enum
@@ -211,6 +241,12 @@ bad_values=(
   "agent.podSecurityContext.runAsUser=-1"   # below the minimum
   "webhook.namespaceSelector.matchExpressions[0].key=env" # no operator
   "webhook.namespaceSelector.matchLabel.a=b" # unknown (misspelt) key
+  "webhook.zoneSpread=everywhere"           # bad enum
+  "webhook.hostNetwork=yes"                 # wrong type
+  "priorityClassQuota.bogus=1"              # unknown key
+  "priorityClassQuota.pods=lots"            # not a quantity
+  "metrics.prometheusRule.runbookBaseUrl=https://x/t.md#a" # an anchor of its own
+  "networkPolicy.serviceMonitorFrom=all"    # wrong type
 )
 for bad in "${bad_values[@]}"; do
   if helm template graceful-drain "$CHART" --set "$bad" >/dev/null 2>"$WORK/err.log"; then
@@ -309,8 +345,8 @@ else
 fi
 
 echo "chart: docs/install.md and the chart's README document every value"
-say "$($PY "$CHECKS/assert.py" docs "$CHART/values.yaml" docs/install.md)"
-say "$($PY "$CHECKS/assert.py" docs "$CHART/values.yaml" "$CHART/README.md")"
+assert_py docs "$CHART/values.yaml" docs/install.md
+assert_py docs "$CHART/values.yaml" "$CHART/README.md"
 render_readme >"$WORK/README.md"
 diff -u "$CHART/README.md" "$WORK/README.md" >"$WORK/readme.diff" \
   || { head -40 "$WORK/readme.diff"; die "$CHART/README.md's values table is stale: run bash .ci/checks/chart.sh --update"; }
@@ -320,7 +356,7 @@ echo "chart: Dockerfile"
 hadolint Dockerfile || die "hadolint Dockerfile"
 grep -q '^ENTRYPOINT \["/usr/local/bin/graceful-drain"\]' Dockerfile || die "Dockerfile ENTRYPOINT"
 say "hadolint: ok"
-say "$($PY "$CHECKS/assert.py" docker-context)"
+assert_py docker-context
 
 echo "chart: deploy/ is up to date"
 render_deploy >"$WORK/deploy.yaml"

@@ -10,6 +10,8 @@ Usage: assert.py split RENDERED OUTDIR      -> OUTDIR/core.yaml, OUTDIR/cert-man
        assert.py same-ca RENDERED_A RENDERED_B   -> both renders carry one CA and caBundle
        assert.py docker-context                  -> .dockerignore keeps what cargo build needs
        assert.py users RENDERED NAMESPACE        -> namespace, namespaceSelector, log level, securityContext values
+       assert.py monitoring RENDERED TROUBLESHOOTING_MD -> scraper admitted, alerts' runbooks and aggregations
+       assert.py variants RENDERED               -> host network, one replica, hard zone spread, quota, old key
        assert.py readme DOC_MD README_MD         -> README_MD with DOC_MD's values table (stdout)
 MODE is cert-manager, self-signed or secret. Exits non-zero with one line per failure.
 """
@@ -85,6 +87,17 @@ def env_of(c):
     return {e["name"]: e for e in c.get("env", [])}
 
 
+LINUX = {"kubernetes.io/os": "linux"}
+ZONE = "topology.kubernetes.io/zone"
+UNINSTALL_FINALIZER = "graceful-drain.io/uninstall"
+
+
+def zone_spread(dep):
+    """The webhook's topology spread constraints over zones."""
+    pod = dep["spec"]["template"]["spec"]
+    return [t for t in pod.get("topologySpreadConstraints", []) if t.get("topologyKey") == ZONE]
+
+
 def check_webhook_deployment(ck):
     dep = ck.one("Deployment")
     if not dep:
@@ -94,6 +107,17 @@ def check_webhook_deployment(ck):
     env = env_of(c)
     ck.expect(dep["spec"]["replicas"] >= 2, "webhook: fewer than 2 replicas")
     ck.expect("podAntiAffinity" in pod.get("affinity", {}), "webhook: no pod anti-affinity")
+    # A preempted webhook fails open: it runs at the add-ons' priority by default.
+    ck.expect(pod.get("priorityClassName") == "system-cluster-critical",
+              f"webhook: priorityClassName {pod.get('priorityClassName')!r}, not system-cluster-critical")
+    ck.expect(pod.get("nodeSelector") == LINUX, f"webhook: nodeSelector {pod.get('nodeSelector')} is not {LINUX}")
+    spread = zone_spread(dep)
+    selector = dep["spec"]["selector"]["matchLabels"]
+    ck.expect(len(spread) == 1 and spread[0].get("whenUnsatisfiable") == "ScheduleAnyway"
+              and spread[0].get("maxSkew") == 1
+              and spread[0].get("labelSelector", {}).get("matchLabels") == selector,
+              f"webhook: no soft zone spread over its own pods: {spread}")
+    ck.expect(not pod.get("hostNetwork"), "webhook: on the host network by default")
     ck.expect(pod["securityContext"].get("runAsNonRoot") is True, "webhook: not runAsNonRoot")
     sc = c["securityContext"]
     ck.expect(sc.get("readOnlyRootFilesystem") is True, "webhook: root filesystem writable")
@@ -183,6 +207,7 @@ def check_agent(ck):
               "agent: GRACEFUL_DRAIN_NODE_NAME not from spec.nodeName")
     ck.expect({"operator": "Exists"} in pod.get("tolerations", []), "agent: does not tolerate every taint")
     ck.expect(pod.get("priorityClassName") == "system-node-critical", "agent: priorityClassName")
+    ck.expect(pod.get("nodeSelector") == LINUX, f"agent: nodeSelector {pod.get('nodeSelector')} is not {LINUX}")
     ck.expect(flag.get("--lifecycle-reconciler") in ("auto", "on", "off"), "agent: reconciler switch")
     ck.expect(c["securityContext"].get("readOnlyRootFilesystem") is True, "agent: root fs writable")
     ck.expect(c["securityContext"].get("privileged") is not True, "agent: privileged")
@@ -254,6 +279,17 @@ def check_network_policy(ck, dep):
              if any(p.get("port") == port for p in r.get("ports", []))]
     ck.expect(len(rules) == 1 and rules[0].get("from"),
               f"webhook port {port} admits only listed sources: {rules}")
+    # Without ServiceMonitors and metricsFrom (the defaults) no peer reaches the admin ports.
+    for policy in (d for d in ck.docs if d["kind"] == "NetworkPolicy"):
+        ck.expect(not admin_peers(policy), f"NetworkPolicy {policy['metadata']['name']}: admin port "
+                  f"open by default to {admin_peers(policy)}")
+
+
+def admin_peers(policy):
+    """The peers a NetworkPolicy admits to the admin port."""
+    return [peer for r in policy["spec"].get("ingress", [])
+            if any(p.get("port") == "admin" for p in r.get("ports", []))
+            for peer in r.get("from", [])]
 
 
 def check(mode, rendered, ca_bundle=None):
@@ -415,7 +451,8 @@ def docker_context():
 # Values documented as one row although they are maps (their keys are free-form).
 WHOLE_VALUES = {"webhook.resources", "agent.resources", "agent.updateStrategy",
                 "webhook.podSecurityContext", "webhook.securityContext",
-                "agent.podSecurityContext", "agent.securityContext"}
+                "agent.podSecurityContext", "agent.securityContext",
+                "webhook.nodeSelector", "agent.nodeSelector"}
 
 
 def leaf_values(values, prefix=""):
@@ -482,6 +519,94 @@ def users(rendered, namespace):
     return "namespace labels, namespaceSelector, RUST_LOG and securityContext values: ok"
 
 
+def github_anchor(heading):
+    """The anchor GitHub gives a Markdown heading."""
+    import re
+    slug = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return slug.replace(" ", "-")
+
+
+def monitoring(rendered, troubleshooting_md):
+    """As chart.sh's "everything" render sets them (ServiceMonitors, PrometheusRule,
+    NetworkPolicies, a metricsFrom peer): both policies admit the ServiceMonitors' scraper
+    and the metricsFrom peer to the admin port; every alert has a runbook_url whose anchor
+    is a heading of troubleshooting.md; every aggregation keeps namespace and cluster."""
+    import re
+    ck = Checker(load(rendered))
+    anchors, fenced = set(), False
+    with open(troubleshooting_md, encoding="utf-8") as f:
+        for line in f:
+            fenced ^= line.startswith("```")
+            if line.startswith("#") and not fenced:
+                anchors.add(github_anchor(line.lstrip("#")))
+    prometheus = {"namespaceSelector": {}, "podSelector": {
+        "matchLabels": {"app.kubernetes.io/managed-by": "prometheus-operator"},
+        "matchExpressions": [{"key": "app.kubernetes.io/name", "operator": "In",
+                              "values": ["prometheus", "prometheus-agent"]}]}}
+    monitoring_ns = {"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}
+    policies = [d for d in ck.docs if d["kind"] == "NetworkPolicy"]
+    ck.expect(len(policies) == 2, f"expected the webhook's and the agent's NetworkPolicy, found {len(policies)}")
+    for policy in policies:
+        peers = admin_peers(policy)
+        ck.expect(prometheus in peers and monitoring_ns in peers,
+                  f"NetworkPolicy {policy['metadata']['name']}: admin port does not admit the "
+                  f"ServiceMonitors' Prometheus and metricsFrom: {peers}")
+    rule = ck.one("PrometheusRule")
+    alerts = [r for g in rule.get("spec", {}).get("groups", []) for r in g["rules"] if "alert" in r]
+    ck.expect(len(alerts) >= 12, f"expected the 12 alerts, found {len(alerts)}")
+    aggregation = re.compile(r"\b(sum|max|min|avg|count)\s*(?:by\s*\(([^)]*)\))?\s*\(")
+    for a in alerts:
+        url = a.get("annotations", {}).get("runbook_url", "")
+        doc, _, anchor = url.partition("#")
+        ck.expect(doc.endswith("troubleshooting.md") and anchor == a["alert"].lower(),
+                  f"{a['alert']}: runbook_url {url!r} is not troubleshooting.md#{a['alert'].lower()}")
+        ck.expect(anchor in anchors, f"{a['alert']}: troubleshooting.md has no section #{anchor}")
+        for m in aggregation.finditer(a["expr"]):
+            kept = {k.strip() for k in (m.group(2) or "").split(",")}
+            ck.expect({"namespace", "cluster"} <= kept,
+                      f"{a['alert']}: {m.group(0)}…) drops namespace or cluster")
+    for msg in ck.failures:
+        print(f"FAIL {rendered} monitoring: {msg}")
+    if ck.failures:
+        sys.exit(1)
+    return (f"NetworkPolicies admit the ServiceMonitors' Prometheus; {len(alerts)} alerts with a "
+            "runbook section each, aggregations by namespace and cluster: ok")
+
+
+def variants(rendered):
+    """chart.sh's "hostnet" render: webhook.hostNetwork with its own ports, one replica, a
+    hard zone spread, the priority-class quota, and the old deleteEmptydirData key."""
+    ck = Checker(load(rendered))
+    dep = ck.one("Deployment")
+    pod = dep.get("spec", {}).get("template", {}).get("spec", {})
+    ck.expect(pod.get("hostNetwork") is True and pod.get("dnsPolicy") == "ClusterFirstWithHostNet",
+              "webhook.hostNetwork: not on the host network with ClusterFirstWithHostNet")
+    ports = {p["name"]: p["containerPort"] for p in container(dep)["ports"]}
+    env = env_of(container(dep))
+    ck.expect(ports == {"https": 10443, "admin": 10490}, f"webhook ports {ports}")
+    ck.expect(env.get("GRACEFUL_DRAIN_LISTEN", {}).get("value") == "0.0.0.0:10443"
+              and env.get("GRACEFUL_DRAIN_ADMIN_LISTEN", {}).get("value") == "0.0.0.0:10490",
+              "webhook: listens elsewhere than its declared ports")
+    ck.expect(dep["spec"]["replicas"] == 1, "webhook.replicas=1 not rendered")
+    spread = zone_spread(dep)
+    ck.expect([t.get("whenUnsatisfiable") for t in spread] == ["DoNotSchedule"],
+              f"webhook.zoneSpread=hard: {spread}")
+    quota = ck.one("ResourceQuota")
+    scopes = quota.get("spec", {}).get("scopeSelector", {}).get("matchExpressions", [])
+    ck.expect(scopes == [{"scopeName": "PriorityClass", "operator": "In",
+                          "values": ["system-cluster-critical", "system-node-critical"]}],
+              f"priorityClassQuota: scopes {scopes}")
+    ck.expect(quota.get("metadata", {}).get("namespace") == dep["metadata"]["namespace"],
+              "priorityClassQuota: not in the release namespace")
+    ck.expect("--delete-emptydir-data" in container(ck.one("DaemonSet"))["args"],
+              "agent.drain.deleteEmptydirData (deprecated spelling) no longer honoured")
+    for msg in ck.failures:
+        print(f"FAIL {rendered} variants: {msg}")
+    if ck.failures:
+        sys.exit(1)
+    return "host network with its own ports, one replica, hard zone spread, quota, old key: ok"
+
+
 BEGIN, END = "<!-- values-table:begin -->", "<!-- values-table:end -->"
 
 
@@ -507,6 +632,10 @@ def readme(doc_md, readme_md):
 if __name__ == "__main__":
     if sys.argv[1] == "users":
         print(users(sys.argv[2], sys.argv[3]))
+    elif sys.argv[1] == "monitoring":
+        print(monitoring(sys.argv[2], sys.argv[3]))
+    elif sys.argv[1] == "variants":
+        print(variants(sys.argv[2]))
     elif sys.argv[1] == "readme":
         readme(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "docker-context":

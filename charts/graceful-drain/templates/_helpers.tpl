@@ -119,12 +119,15 @@ true
 
 {{/*
 Variables of the policies on the webhook's own RBAC objects: its metadata may change only
-by owner references and by finalizers going (never added), labels and annotations kept.
+by owner references and finalizers, labels and annotations kept; finalizersAdded lists the
+finalizers the request adds (each policy says which, if any, it allows).
 */}}
 {{- define "graceful-drain.ownRbacVariables" -}}
 - name: metadataKept
   expression: >-
     (has(object.metadata.labels) ? object.metadata.labels : {}) == (has(oldObject.metadata.labels) ? oldObject.metadata.labels : {}) &&
-    (has(object.metadata.annotations) ? object.metadata.annotations : {}) == (has(oldObject.metadata.annotations) ? oldObject.metadata.annotations : {}) &&
-    (has(object.metadata.finalizers) ? object.metadata.finalizers : []).all(f, f in (has(oldObject.metadata.finalizers) ? oldObject.metadata.finalizers : []))
+    (has(object.metadata.annotations) ? object.metadata.annotations : {}) == (has(oldObject.metadata.annotations) ? oldObject.metadata.annotations : {})
+- name: finalizersAdded
+  expression: >-
+    (has(object.metadata.finalizers) ? object.metadata.finalizers : []).filter(f, !(f in (has(oldObject.metadata.finalizers) ? oldObject.metadata.finalizers : [])))
 {{- end }}

@@ -859,6 +859,7 @@ fn alert_rules(helm_bin: &Path, dir: &Path) -> Value {
     let out = std::process::Command::new(helm_bin)
         .args(["template", NAMESPACE, CHART, "--namespace", NAMESPACE])
         .args(["--set", "metrics.prometheusRule.enabled=true"])
+        .args(["--set", "metrics.serviceMonitor.enabled=true"])
         .args(["--show-only", "templates/prometheus-rule.yaml"])
         .env("HELM_CACHE_HOME", dir.join("helm/cache"))
         .env("HELM_CONFIG_HOME", dir.join("helm/config"))
@@ -1089,6 +1090,9 @@ async fn real_tier_a_helm_release_reports_whether_the_api_server_calls_it() {
         .expect("the chart has the GracefulDrainProtectionLost alert");
     let at = |probes: usize| format!("{}s", (probes - 1) * 30);
     let values: Vec<String> = series.iter().map(|v| v.to_string()).collect();
+    // The alert keeps the namespace (and cluster, which this series has not) it fired for.
+    let mut labels = alert["labels"].clone();
+    labels["namespace"] = json!(NAMESPACE);
     let tests = json!({
         "rule_files": ["rules.yaml"],
         "evaluation_interval": "30s",
@@ -1104,7 +1108,7 @@ async fn real_tier_a_helm_release_reports_whether_the_api_server_calls_it() {
             "alert_rule_test": [
                 {"eval_time": at(active_until), "alertname": "GracefulDrainProtectionLost", "exp_alerts": []},
                 {"eval_time": at(lost_until), "alertname": "GracefulDrainProtectionLost",
-                 "exp_alerts": [{"exp_labels": alert["labels"], "exp_annotations": alert["annotations"]}]},
+                 "exp_alerts": [{"exp_labels": labels, "exp_annotations": alert["annotations"]}]},
                 {"eval_time": at(series.len()), "alertname": "GracefulDrainProtectionLost", "exp_alerts": []},
             ],
         }],
