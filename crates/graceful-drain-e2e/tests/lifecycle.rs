@@ -876,6 +876,153 @@ async fn status_lists_events_and_node_conditions() {
 }
 
 #[tokio::test]
+async fn status_and_drain_go_on_beside_a_malformed_event() {
+    let h = Harness::new().await;
+    let good = h.create_event("graceful-drain").await;
+    // Without bindingNode, as an older CRD schema or one without `required` lets in (the
+    // simulated API server does not enforce `required`, so it stands for either).
+    h.api
+        .put(
+            "lifecycleevents",
+            json!({"apiVersion": "lifecycle.graceful-drain.io/v1alpha1", "kind": "LifecycleEvent",
+                "metadata": {"name": "by-hand"}, "spec": {"transitionName": "graceful-drain"}}),
+        )
+        .await;
+    let client = h.api.client();
+    let text = ctl::status::render(&client, None, Timestamp::now())
+        .await
+        .unwrap();
+    assert!(text.lines().any(|l| l.starts_with(&good)), "{text}");
+    assert!(
+        text.contains("warning: skipping LifecycleEvent by-hand: missing field `bindingNode`"),
+        "{text}"
+    );
+
+    let mut r = request("drain", "graceful-drain", Duration::from_secs(1));
+    r.wait = false;
+    let joined = ctl::execute(&client, &r, &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        joined, good,
+        "the running drain of the node is found and joined"
+    );
+}
+
+/// The chart's webhook Deployment and agent DaemonSet (deploy/graceful-drain.yaml), and the
+/// same renamed as `helm install ops -n ops-system` renders them.
+fn chart_workloads() -> Vec<Value> {
+    let objects = graceful_drain_sim::scenario::shipped::objects().unwrap();
+    let workloads: Vec<Value> = objects
+        .into_iter()
+        .filter(|o| o["kind"] == "Deployment" || o["kind"] == "DaemonSet")
+        .collect();
+    let ops: Vec<Value> = workloads
+        .iter()
+        .map(|o| {
+            let text = o
+                .to_string()
+                .replace(
+                    r#""namespace":"graceful-drain""#,
+                    r#""namespace":"ops-system""#,
+                )
+                .replace(
+                    r#""app.kubernetes.io/instance":"graceful-drain""#,
+                    r#""app.kubernetes.io/instance":"ops""#,
+                )
+                .replace("graceful-drain-webhook", "ops-graceful-drain-webhook")
+                .replace("graceful-drain-agent", "ops-graceful-drain-agent");
+            serde_json::from_str(&text).unwrap()
+        })
+        .collect();
+    workloads.into_iter().chain(ops).collect()
+}
+
+#[tokio::test]
+async fn status_finds_every_release_by_its_labels() {
+    use graceful_drain::ctl::status::{Scope, fetch};
+    use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+    use k8s_openapi::api::core::v1::Namespace;
+
+    let h = Harness::new().await;
+    let client = h.api.client();
+    for ns in ["graceful-drain", "ops-system", "tools"] {
+        let namespace: Namespace =
+            serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &namespace)
+            .await
+            .unwrap();
+    }
+    // Another product's webhook: the component label alone does not make a release.
+    let mut unrelated = chart_workloads()
+        .into_iter()
+        .find(|o| o["kind"] == "Deployment")
+        .unwrap();
+    unrelated["metadata"]["namespace"] = json!("tools");
+    unrelated["metadata"]["labels"]["app.kubernetes.io/name"] = json!("other");
+    for object in chart_workloads().into_iter().chain([unrelated]) {
+        let ns = object["metadata"]["namespace"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        if object["kind"] == "Deployment" {
+            let d: Deployment = serde_json::from_value(object).unwrap();
+            Api::namespaced(client.clone(), &ns)
+                .create(&PostParams::default(), &d)
+                .await
+                .unwrap();
+        } else {
+            let ds: DaemonSet = serde_json::from_value(object).unwrap();
+            Api::namespaced(client.clone(), &ns)
+                .create(&PostParams::default(), &ds)
+                .await
+                .unwrap();
+        }
+    }
+
+    let everywhere = fetch(&client, &Scope::default(), None).await.unwrap();
+    let found: Vec<String> = std::iter::once(&everywhere.release)
+        .chain(&everywhere.other_releases)
+        .map(|r| r.release.describe())
+        .collect();
+    assert_eq!(
+        found,
+        [
+            "graceful-drain in namespace graceful-drain",
+            "ops in namespace ops-system"
+        ]
+    );
+    assert_eq!(
+        everywhere.other_releases[0].release.lease,
+        Some(("ops-system".into(), "ops-graceful-drain-webhook".into()))
+    );
+    let text = ctl::status::render(&client, None, Timestamp::now())
+        .await
+        .unwrap();
+    assert!(text.starts_with("2 graceful-drain releases: "), "{text}");
+
+    for scope in [
+        Scope {
+            namespace: Some("ops-system".into()),
+            release: None,
+        },
+        Scope {
+            namespace: None,
+            release: Some("ops".into()),
+        },
+    ] {
+        let one = fetch(&client, &scope, None).await.unwrap();
+        assert_eq!(
+            one.release.release.name.as_deref(),
+            Some("ops"),
+            "{scope:?}"
+        );
+        assert!(one.other_releases.is_empty(), "{scope:?}");
+    }
+}
+
+#[tokio::test]
 async fn unreachable_driver_is_retried_not_failed() {
     let h = Harness::new().await;
     let driver = h.driver();

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 use graceful_drain_core::runtime::{self, LogFormat};
 
+pub mod completion;
 pub mod docs;
 
 /// Zero-5xx node drains and rollouts for Kubernetes.
@@ -37,7 +38,7 @@ pub enum Command {
     Drain(crate::ctl::DrainArgs),
     /// Return a drained node to service (the maintenance-complete transition).
     Uncordon(crate::ctl::UncordonArgs),
-    /// Show LifecycleEvents and node transition conditions.
+    /// Show each release's protection and agents, isolated pods, LifecycleEvents, nodes.
     Status(crate::ctl::StatusArgs),
     #[cfg(feature = "sim")]
     /// Run the simulated cluster: the default scenario, or `--serve` to keep it up.
@@ -46,6 +47,8 @@ pub enum Command {
     Crds(graceful_drain_core::lifecycle::crds::Args),
     /// Generate a local CA and webhook serving certificate.
     Certs(graceful_drain_core::certs::Args),
+    /// Print the shell completion script (bash, zsh, fish, powershell, elvish).
+    Completion(completion::Args),
     /// Print the command-line reference (docs/cli.md) as Markdown.
     #[command(hide = true)]
     CliDocs(docs::Args),
@@ -108,6 +111,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Simulate(args) => graceful_drain_sim::run(args, shutdown).await,
         Command::Crds(args) => graceful_drain_core::lifecycle::crds::run(args, shutdown).await,
         Command::Certs(args) => graceful_drain_core::certs::run(args, shutdown).await,
+        Command::Completion(args) => completion::run(args, shutdown).await,
         Command::CliDocs(args) => docs::run(args, shutdown).await,
     }
 }

@@ -2,7 +2,11 @@
 //! from the clap definitions, so the reference cannot drift from the binary.
 //!
 //! The walk reads each [`clap::Command`] after `build()` (which fills in usages and
-//! propagates global options) and prints one section per visible subcommand. Environment
+//! propagates global options) and prints one section per visible subcommand: its
+//! arguments, then its options under their help heading (the connection flags of `drain`,
+//! `uncordon` and `status` under "Connection options"). A global option is listed once,
+//! under the command that defines it: at the top for the binary's own, in a subcommand's
+//! section for one a subcommand defines (`--kubeconfig` of `webhook`). Environment
 //! variables are listed by name only, never with the value of the machine that generated
 //! the file, so the output is the same everywhere. `.ci/checks/docs.sh` fails when the
 //! committed file differs from what this prints.
@@ -37,9 +41,14 @@ pub fn markdown() -> String {
          `simulate` exists only in builds\nwith the `sim` feature; the shipped image \
          is built without it.\n",
     );
-    command_section(&mut out, &cli, 2, true);
+    let inherited: Vec<String> = cli
+        .get_arguments()
+        .filter(|arg| arg.is_global_set())
+        .map(|arg| arg.get_id().to_string())
+        .collect();
+    command_section(&mut out, &cli, 2, None);
     for sub in visible_subcommands(&cli) {
-        command_section(&mut out, sub, 2, false);
+        command_section(&mut out, sub, 2, Some(&inherited));
     }
     out
 }
@@ -49,8 +58,16 @@ fn visible_subcommands(cmd: &clap::Command) -> impl Iterator<Item = &clap::Comma
         .filter(|sub| !sub.is_hide_set() && sub.get_name() != "help")
 }
 
-/// One command's section; `top` marks the binary itself, which lists the global options.
-fn command_section(out: &mut String, cmd: &clap::Command, level: usize, top: bool) {
+/// One command's section, without the global options it `inherited` from the commands
+/// above it; the binary's own section (`None`) lists its global options as such.
+fn command_section(
+    out: &mut String,
+    cmd: &clap::Command,
+    level: usize,
+    inherited: Option<&[String]>,
+) {
+    let top = inherited.is_none();
+    let inherited = inherited.unwrap_or_default();
     let title = cmd.get_bin_name().unwrap_or_else(|| cmd.get_name());
     let _ = writeln!(out, "\n{} `{title}`\n", "#".repeat(level));
     if let Some(about) = cmd.get_long_about().or_else(|| cmd.get_about()) {
@@ -69,22 +86,38 @@ fn command_section(out: &mut String, cmd: &clap::Command, level: usize, top: boo
     let args: Vec<&Arg> = cmd
         .get_arguments()
         .filter(|arg| !arg.is_hide_set() && !matches!(arg.get_id().as_str(), "help" | "version"))
-        .filter(|arg| top || !arg.is_global_set())
+        .filter(|arg| !inherited.iter().any(|id| id == arg.get_id().as_str()))
         .collect();
     let (positionals, options): (Vec<&Arg>, Vec<&Arg>) =
         args.into_iter().partition(|arg| arg.is_positional());
     arg_list(out, "Arguments", &positionals);
-    arg_list(
-        out,
-        if top { "Global options" } else { "Options" },
-        &options,
-    );
+    let plain = if top { "Global options" } else { "Options" };
+    let mut headings: Vec<Option<&str>> = Vec::new();
+    for arg in &options {
+        if !headings.contains(&arg.get_help_heading()) {
+            headings.push(arg.get_help_heading());
+        }
+    }
+    for heading in headings {
+        let under: Vec<&Arg> = options
+            .iter()
+            .copied()
+            .filter(|arg| arg.get_help_heading() == heading)
+            .collect();
+        arg_list(out, heading.unwrap_or(plain), &under);
+    }
     if level > 2 {
         return;
     }
     for sub in subs.iter().filter(|sub| sub.has_subcommands()) {
+        let mut deeper = inherited.to_vec();
+        deeper.extend(
+            sub.get_arguments()
+                .filter(|arg| arg.is_global_set())
+                .map(|arg| arg.get_id().to_string()),
+        );
         for nested in visible_subcommands(sub) {
-            command_section(out, nested, level + 1, false);
+            command_section(out, nested, level + 1, Some(&deeper));
         }
     }
 }
@@ -196,6 +229,39 @@ mod tests {
             !doc.contains("## `graceful-drain cli-docs`"),
             "the hidden generator is documented"
         );
+    }
+
+    #[test]
+    fn the_commands_that_talk_to_a_cluster_list_their_connection_flags() {
+        let doc = markdown();
+        for name in ["drain", "uncordon", "status"] {
+            let start = doc
+                .find(&format!("## `graceful-drain {name}`"))
+                .unwrap_or_else(|| panic!("no section for {name}"));
+            let section = &doc[start..];
+            let section = &section[..section[3..].find("\n## ").map_or(section.len(), |e| e + 3)];
+            let connection = section
+                .find("Connection options:")
+                .unwrap_or_else(|| panic!("{name}: {section}"));
+            for flag in [
+                "--kubeconfig <FILE>",
+                "--context <NAME>",
+                "--cluster <NAME>",
+                "--user <NAME>",
+            ] {
+                let at = section
+                    .find(flag)
+                    .unwrap_or_else(|| panic!("{name} lacks {flag}"));
+                assert!(
+                    at > connection,
+                    "{name}: {flag} not under Connection options"
+                );
+            }
+        }
+        // A subcommand's own global flags are listed in its section.
+        let webhook = doc.find("## `graceful-drain webhook`").unwrap();
+        let node_agent = doc.find("## `graceful-drain node-agent`").unwrap();
+        assert!(doc[webhook..node_agent].contains("`--kubeconfig <FILE>`"));
     }
 
     #[test]

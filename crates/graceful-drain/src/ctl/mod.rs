@@ -5,9 +5,13 @@
 //! [`follow`] it live until it ends: Succeeded exits 0; Failed, SlaExpired or the
 //! `--timeout` exit non-zero naming what blocked the drain. `status` reports the
 //! webhook's protection, isolated pods, node agents, events and the nodes' transition
-//! conditions as text, JSON or YAML ([`mod@status`]).
+//! conditions as text, JSON or YAML ([`mod@status`]). All three find the cluster as
+//! kubectl does ([`connect`]) and list LifecycleEvents so that one malformed object is
+//! named and skipped, not fatal for the others ([`events`]).
 
+pub mod connect;
 pub mod display;
+pub mod events;
 pub mod follow;
 pub mod status;
 
@@ -43,9 +47,22 @@ pub mod exit {
 /// Errors of the CLI.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// No cluster credentials.
+    /// No cluster credentials, or unusable ones.
     #[error(transparent)]
-    Client(#[from] graceful_drain_core::kubeclient::Error),
+    Connect(#[from] connect::Error),
+    /// `--release` names no release `status` can find.
+    #[error(
+        "no graceful-drain release {release} {place} (no Deployment or DaemonSet labelled \
+         {selector}); `helm list -A` lists the releases"
+    )]
+    ReleaseNotFound {
+        /// The `--release` asked for.
+        release: String,
+        /// `in namespace NS` or `in any namespace`.
+        place: String,
+        /// The label selector searched with.
+        selector: String,
+    },
     /// The node does not exist.
     #[error("node {node} not found")]
     NodeNotFound {
@@ -149,9 +166,6 @@ impl Error {
 /// Arguments of `graceful-drain drain`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct DrainArgs {
-    /// Which cluster to talk to.
-    #[command(flatten)]
-    pub kube: graceful_drain_core::kubeclient::KubeArgs,
     /// Node to drain.
     pub node: String,
     /// Follow the drain until it ends (the default); `--wait=false` only creates the event.
@@ -166,6 +180,9 @@ pub struct DrainArgs {
     /// The drain LifecycleTransition (the node agent's `--drain-transition`).
     #[arg(long, default_value = DRAIN_TRANSITION, env = "GRACEFUL_DRAIN_DRAIN_TRANSITION")]
     pub transition: String,
+    /// Which cluster to talk to.
+    #[command(flatten)]
+    pub connect: connect::ConnectArgs,
 }
 
 /// How long a new event may stay unclaimed.
@@ -186,9 +203,6 @@ impl ClaimArgs {
 /// Arguments of `graceful-drain uncordon`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct UncordonArgs {
-    /// Which cluster to talk to.
-    #[command(flatten)]
-    pub kube: graceful_drain_core::kubeclient::KubeArgs,
     /// Node to return to service.
     pub node: String,
     /// Follow until the node is back in service (the default); `--wait=false` only creates the event.
@@ -204,22 +218,30 @@ pub struct UncordonArgs {
     /// `--maintenance-transition`).
     #[arg(long, default_value = MAINTENANCE_TRANSITION, env = "GRACEFUL_DRAIN_MAINTENANCE_TRANSITION")]
     pub transition: String,
+    /// Which cluster to talk to.
+    #[command(flatten)]
+    pub connect: connect::ConnectArgs,
 }
 
 /// Arguments of `graceful-drain status`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct StatusArgs {
-    /// Which cluster to talk to.
-    #[command(flatten)]
-    pub kube: graceful_drain_core::kubeclient::KubeArgs,
     /// Only this node.
     pub node: Option<String>,
     /// How to print the report.
     #[arg(short, long, value_enum, default_value_t = status::Output::Text)]
     pub output: status::Output,
-    /// The namespace graceful-drain is installed in (the webhook's Lease, the node agents).
-    #[arg(short, long, default_value = status::DEFAULT_NAMESPACE, env = "GRACEFUL_DRAIN_NAMESPACE")]
-    pub namespace: String,
+    /// Look for the install only in this namespace (default: every namespace; where no
+    /// release carries the chart's labels, the webhook's Lease and the node agents are
+    /// looked for in `graceful-drain`).
+    #[arg(short, long, env = "GRACEFUL_DRAIN_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Only the Helm release of this name (its `app.kubernetes.io/instance` label).
+    #[arg(long, value_name = "NAME", env = "GRACEFUL_DRAIN_RELEASE")]
+    pub release: Option<String>,
+    /// Which cluster to talk to.
+    #[command(flatten)]
+    pub connect: connect::ConnectArgs,
 }
 
 /// One `drain` or `uncordon` request.
@@ -246,7 +268,7 @@ pub async fn drain(
     args: DrainArgs,
     shutdown: graceful_drain_core::runtime::Shutdown,
 ) -> anyhow::Result<()> {
-    let client = args.kube.client().await?;
+    let client = args.connect.client().await.map_err(Error::Connect)?;
     let request = Request {
         verb: "drain",
         node: args.node,
@@ -265,7 +287,7 @@ pub async fn uncordon(
     args: UncordonArgs,
     shutdown: graceful_drain_core::runtime::Shutdown,
 ) -> anyhow::Result<()> {
-    let client = args.kube.client().await?;
+    let client = args.connect.client().await.map_err(Error::Connect)?;
     let request = Request {
         verb: "uncordon",
         node: args.node,
@@ -285,13 +307,15 @@ pub async fn status(
     _shutdown: graceful_drain_core::runtime::Shutdown,
 ) -> anyhow::Result<()> {
     let StatusArgs {
-        kube,
         node,
         output,
         namespace,
+        release,
+        connect,
     } = args;
-    let client = kube.client().await?;
-    let fetched = status::fetch(&client, &namespace, node.as_deref()).await?;
+    let client = connect.client().await.map_err(Error::Connect)?;
+    let scope = status::Scope { namespace, release };
+    let fetched = status::fetch(&client, &scope, node.as_deref()).await?;
     let report = status::report::report(&fetched, jiff::Timestamp::now());
     print!("{}", status::format(&report, output)?);
     Ok(())
@@ -354,15 +378,18 @@ async fn preflight(client: &kube::Client, request: &Request) -> Result<Lifecycle
 }
 
 /// An unfinished event for the same node and transition, if one exists: following it
-/// beats queueing a duplicate behind it.
+/// beats queueing a duplicate behind it. An event that does not parse is skipped with one
+/// warning line naming it.
 async fn running_event(client: &kube::Client, request: &Request) -> Result<Option<LifecycleEvent>> {
-    let events: Api<LifecycleEvent> = Api::all(client.clone());
-    let list = match events.list(&ListParams::default()).await {
-        Ok(list) => list,
+    let listed = match events::list(client).await {
+        Ok(listed) => listed,
         Err(kube::Error::Api(s)) if s.code == 404 => return Err(Error::CrdsMissing),
         Err(e) => return Err(Error::kube("list lifecycleevents", e)),
     };
-    Ok(list.items.into_iter().find(|e| {
+    for skipped in &listed.skipped {
+        tracing::warn!("{skipped}");
+    }
+    Ok(listed.events.into_iter().find(|e| {
         let claim = e.status.as_ref().and_then(|s| s.claim_status);
         e.spec.binding_node == request.node
             && e.spec.transition_name == request.transition

@@ -1,14 +1,19 @@
 //! `graceful-drain status [NODE] [-o text|json|yaml]`: an operator's view of the install,
-//! top first — whether evictions reach the webhook (its protection probe, recorded on its
-//! deleter Lease), who holds that Lease, the isolated pods and who removes each, the node
-//! agents per node, which lifecycle APIs the cluster serves, the LifecycleEvents, the
-//! nodes' lifecycle conditions and the maintenance hooks' last runs.
+//! top first — which release it reports on, whether evictions reach that release's webhook
+//! (its protection probe, recorded on its deleter Lease), who holds that Lease, the node
+//! agents per node, the isolated pods and who removes each, which lifecycle APIs the
+//! cluster serves, the LifecycleEvents, the nodes' lifecycle conditions and the
+//! maintenance hooks' last runs.
 //!
-//! [`fetch`] reads the objects (one list or get per part; a part the user may not read is
-//! shown as unavailable with the reason, any other failure names its object and fails);
-//! [`report::report`] turns them into one serializable [`Report`] without I/O; [`format()`]
-//! prints it as text ([`text`]), JSON or YAML.
+//! [`fetch`] first finds the releases by the chart's labels ([`release`]; `--namespace`
+//! and `--release` narrow the search, and several releases are each reported), then reads
+//! the objects (one list or get per part; a part the user may not read is shown as
+//! unavailable with the reason, a LifecycleEvent that does not parse is named and left
+//! out, any other failure names its object and fails); [`report::report`] turns them into
+//! one serializable [`Report`] without I/O; [`format()`] prints it as text ([`text`]),
+//! JSON or YAML.
 
+pub mod release;
 pub mod report;
 pub mod text;
 
@@ -16,24 +21,21 @@ pub mod text;
 mod tests;
 
 use jiff::Timestamp;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::ListParams;
 
+use super::events::{self, Listed};
 use super::{Error, Result};
 use graceful_drain_core::labels::DRAINING_LABEL;
-use graceful_drain_core::lifecycle::LifecycleEvent;
-use graceful_drain_webhook::lease::DEFAULT_NAME as LEASE_NAME;
+pub use release::{AGENT_SELECTOR, Release, WEBHOOK_SELECTOR};
 pub use report::Report;
 
-/// The namespace the chart is installed in unless `--namespace` says otherwise.
+/// Where the webhook's Lease and the node agents are looked for when no release carries
+/// the chart's labels and `--namespace` names none.
 pub const DEFAULT_NAMESPACE: &str = "graceful-drain";
-/// The labels of the node agents' DaemonSet pods (charts/graceful-drain/templates/
-/// _helpers.tpl `graceful-drain.selectorLabels` with component `agent`; the release name
-/// is left out so any release matches, and a `nameOverride` is not followed).
-pub const AGENT_SELECTOR: &str =
-    "app.kubernetes.io/name=graceful-drain,app.kubernetes.io/component=agent";
 
 /// Our lifecycle API.
 pub const OURS: &str = "lifecycle.graceful-drain.io/v1alpha1";
@@ -52,26 +54,66 @@ pub enum Output {
     Yaml,
 }
 
+/// Where `status` looks for the install.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Scope {
+    /// Only this namespace (`--namespace`); every namespace when `None`.
+    pub namespace: Option<String>,
+    /// Only the release of this name (`--release`).
+    pub release: Option<String>,
+}
+
+impl Scope {
+    fn place(&self) -> String {
+        match &self.namespace {
+            Some(ns) => format!("in namespace {ns}"),
+            None => "in any namespace".into(),
+        }
+    }
+
+    fn api<K>(&self, client: &kube::Client) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        match &self.namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        }
+    }
+}
+
 /// A part read from the cluster, or why the user may not read it.
 pub type Fetch<T> = std::result::Result<T, String>;
+
+/// One release's parts as read.
+#[derive(Clone, Debug)]
+pub struct FetchedRelease {
+    /// The release and where its parts are.
+    pub release: Release,
+    /// Its webhook's deleter Lease (`None`: it does not exist).
+    pub lease: Fetch<Option<Lease>>,
+    /// Its node agents' pods.
+    pub agents: Fetch<Vec<Pod>>,
+}
 
 /// Everything the report is built from.
 #[derive(Clone, Debug)]
 pub struct Fetched {
-    /// The install namespace (where the Lease and the agents live).
-    pub namespace: String,
     /// Only this node.
     pub node: Option<String>,
-    /// The webhook's deleter Lease (`None`: it does not exist).
-    pub lease: Fetch<Option<Lease>>,
+    /// The release reported on first: the only one found, the first by namespace and
+    /// name of several, or the install namespace's defaults when none carries the labels.
+    pub release: FetchedRelease,
+    /// The other releases found.
+    pub other_releases: Vec<FetchedRelease>,
     /// Pods with the draining label, in every namespace.
     pub isolated: Fetch<Vec<Pod>>,
-    /// The node agents' pods.
-    pub agents: Fetch<Vec<Pod>>,
     /// The nodes (just `node`, when given).
     pub nodes: Fetch<Vec<Node>>,
-    /// The LifecycleEvents (`None`: the CRDs are not installed).
-    pub events: Fetch<Option<Vec<LifecycleEvent>>>,
+    /// The LifecycleEvents and the ones that do not parse (`None`: the CRDs are not
+    /// installed).
+    pub events: Fetch<Option<Listed>>,
     /// Each lifecycle API group version with its resources (`None`: not served).
     pub served: Vec<(&'static str, Option<Vec<String>>)>,
 }
@@ -88,15 +130,15 @@ async fn forbidden<T>(
     }
 }
 
-/// Reads every part of the report for `node` (or every node) from the install in
-/// `namespace`.
-pub async fn fetch(client: &kube::Client, namespace: &str, node: Option<&str>) -> Result<Fetched> {
-    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
-    let lease = forbidden(
-        format!("read Lease {namespace}/{LEASE_NAME}"),
-        leases.get_opt(LEASE_NAME),
-    )
-    .await?;
+/// Reads every part of the report for `node` (or every node) from the releases in
+/// `scope`.
+pub async fn fetch(client: &kube::Client, scope: &Scope, node: Option<&str>) -> Result<Fetched> {
+    let (first, others) = find_releases(client, scope).await?;
+    let release = fetch_release(client, first).await?;
+    let mut other_releases = Vec::new();
+    for other in others {
+        other_releases.push(fetch_release(client, other).await?);
+    }
     let draining = ListParams::default().labels(DRAINING_LABEL);
     let isolated = forbidden(
         format!("list pods -l {DRAINING_LABEL} in all namespaces"),
@@ -104,31 +146,101 @@ pub async fn fetch(client: &kube::Client, namespace: &str, node: Option<&str>) -
     )
     .await?
     .map(|l| l.items);
-    let agents = forbidden(
-        format!("list pods -l {AGENT_SELECTOR} in namespace {namespace}"),
-        Api::<Pod>::namespaced(client.clone(), namespace)
-            .list(&ListParams::default().labels(AGENT_SELECTOR)),
-    )
-    .await?
-    .map(|l| l.items);
-    let events = match Api::<LifecycleEvent>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-    {
+    let events = match events::list(client).await {
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
         result => forbidden("list lifecycleevents".into(), async { result })
             .await?
-            .map(|l| Some(l.items)),
+            .map(Some),
     };
     Ok(Fetched {
-        namespace: namespace.to_string(),
         node: node.map(str::to_string),
-        lease,
+        release,
+        other_releases,
         isolated,
-        agents,
         nodes: fetch_nodes(client, node).await?,
         events,
         served: served(client).await,
+    })
+}
+
+/// The releases in `scope` by their labels, first by namespace and name; where none
+/// carries them (or the user may not list workloads), the defaults of the install
+/// namespace. A `--release` that is not found is an error.
+async fn find_releases(client: &kube::Client, scope: &Scope) -> Result<(Release, Vec<Release>)> {
+    let place = scope.place();
+    let only = scope.release.as_deref();
+    let webhooks = release::selector(WEBHOOK_SELECTOR, only);
+    let deployments = forbidden(
+        format!("list deployments -l {webhooks} {place}"),
+        scope
+            .api::<Deployment>(client)
+            .list(&ListParams::default().labels(&webhooks)),
+    )
+    .await?;
+    let agents = release::selector(AGENT_SELECTOR, only);
+    let daemonsets = forbidden(
+        format!("list daemonsets -l {agents} {place}"),
+        scope
+            .api::<DaemonSet>(client)
+            .list(&ListParams::default().labels(&agents)),
+    )
+    .await?;
+    let note = match (deployments, daemonsets) {
+        (Ok(deployments), Ok(daemonsets)) => {
+            let mut found = release::discover(&deployments.items, &daemonsets.items).into_iter();
+            if let Some(first) = found.next() {
+                return Ok((first, found.collect()));
+            }
+            if let Some(name) = only {
+                return Err(Error::ReleaseNotFound {
+                    release: name.to_string(),
+                    place,
+                    selector: release::selector(release::NAME_LABEL, only),
+                });
+            }
+            format!(
+                "no Deployment or DaemonSet labelled {} {place}",
+                release::NAME_LABEL
+            )
+        }
+        (Err(reason), _) | (_, Err(reason)) => reason,
+    };
+    let namespace = scope.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE);
+    Ok((release::fallback(namespace, note), Vec::new()))
+}
+
+/// Reads a release's Lease and node agents.
+async fn fetch_release(client: &kube::Client, release: Release) -> Result<FetchedRelease> {
+    let lease = match &release.lease {
+        Some((ns, name)) => {
+            forbidden(
+                format!("read Lease {ns}/{name}"),
+                Api::<Lease>::namespaced(client.clone(), ns).get_opt(name),
+            )
+            .await?
+        }
+        None => Err(format!(
+            "release {} has no webhook Deployment ({WEBHOOK_SELECTOR})",
+            release.describe()
+        )),
+    };
+    let agents = match &release.agent_selector {
+        Some(selector) => forbidden(
+            format!("list pods -l {selector} in namespace {}", release.namespace),
+            Api::<Pod>::namespaced(client.clone(), &release.namespace)
+                .list(&ListParams::default().labels(selector)),
+        )
+        .await?
+        .map(|l| l.items),
+        None => Err(format!(
+            "release {} has no node-agent DaemonSet ({AGENT_SELECTOR})",
+            release.describe()
+        )),
+    };
+    Ok(FetchedRelease {
+        release,
+        lease,
+        agents,
     })
 }
 
@@ -183,9 +295,9 @@ pub fn format(report: &Report, output: Output) -> Result<String, FormatError> {
     }
 }
 
-/// The text report for `node` (or every node) of the install in [`DEFAULT_NAMESPACE`], as
+/// The text report for `node` (or every node) of the releases found in any namespace, as
 /// of `now`.
 pub async fn render(client: &kube::Client, node: Option<&str>, now: Timestamp) -> Result<String> {
-    let fetched = fetch(client, DEFAULT_NAMESPACE, node).await?;
+    let fetched = fetch(client, &Scope::default(), node).await?;
     Ok(text::text(&report::report(&fetched, now)))
 }

@@ -17,30 +17,51 @@ use graceful_drain_core::labels::{
     protection,
 };
 use graceful_drain_core::lifecycle::{LifecycleEvent, TRANSITION_CONDITION};
-use graceful_drain_webhook::lease::DEFAULT_NAME as LEASE_NAME;
 
-use super::{Fetched, OURS};
+use super::release::Release;
+use super::{Fetched, FetchedRelease, OURS};
+use crate::ctl::events::Skipped;
 
 /// Everything `graceful-drain status` shows, top first.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Report {
-    /// Whether evictions reach the webhook (its probe's verdict on its Lease).
-    pub protection: Section<Protection>,
-    /// The webhook replica running the deferred deleter.
-    pub deleter_lease: Section<DeleterLease>,
+    /// The release reported on (the first of several), with its protection, deleter Lease
+    /// and node agents; flattened, so a single install reads as before releases were found
+    /// by their labels.
+    #[serde(flatten)]
+    pub release: ReleaseReport,
+    /// The other releases found, each reported the same way.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub other_releases: Vec<ReleaseReport>,
     /// Pods the webhook has isolated, waiting for their delete time.
     pub isolated_pods: Section<Vec<IsolatedPod>>,
-    /// The node agents, one row per node (and per agent pod).
-    pub agents: Section<Vec<NodeAgent>>,
     /// Which lifecycle APIs the API server serves.
     pub lifecycle_apis: Vec<LifecycleApi>,
     /// The LifecycleEvents, oldest first.
     pub lifecycle_events: Section<Vec<EventRow>>,
+    /// The LifecycleEvents left out because they do not parse, each with why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub skipped_lifecycle_events: Vec<Skipped>,
     /// The nodes' lifecycle conditions.
     pub nodes: Section<Vec<NodeRow>>,
     /// The last run of each maintenance hook on the nodes.
     pub hooks: Vec<HookRow>,
+}
+
+/// One release: where it is, whether evictions reach its webhook, its deleter Lease and
+/// its node agents.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReleaseReport {
+    /// The release and its workloads.
+    pub release: Release,
+    /// Whether evictions reach the webhook (its probe's verdict on its Lease).
+    pub protection: Section<Protection>,
+    /// The webhook replica running the deferred deleter.
+    pub deleter_lease: Section<DeleterLease>,
+    /// The node agents, one row per node (and per agent pod).
+    pub agents: Section<Vec<NodeAgent>>,
 }
 
 /// A part of the report, or why it could not be read (a missing permission, the CRDs not
@@ -262,53 +283,78 @@ pub struct HookRow {
 /// Builds the report from what [`super::fetch`] read.
 pub fn report(fetched: &Fetched, now: Timestamp) -> Report {
     let node = fetched.node.as_deref();
-    let namespace = &fetched.namespace;
+    let nodes = fetched.nodes.as_deref().ok();
+    let release = |r: &FetchedRelease| release_report(r, nodes, node, now);
+    let listed = fetched.events.as_ref().ok().and_then(Option::as_ref);
     Report {
-        protection: Section::from_fetch(&fetched.lease, |lease| {
-            Section::Available(protection(namespace, lease.as_ref(), now))
-        }),
-        deleter_lease: Section::from_fetch(&fetched.lease, |lease| match lease {
-            Some(lease) => Section::Available(deleter(namespace, lease, now)),
-            None => Section::Unavailable {
-                unavailable: no_lease(namespace),
-            },
-        }),
+        release: release(&fetched.release),
+        other_releases: fetched.other_releases.iter().map(release).collect(),
         isolated_pods: Section::from_fetch(&fetched.isolated, |pods| {
             Section::Available(isolated(pods, node, now))
-        }),
-        agents: Section::from_fetch(&fetched.agents, |pods| {
-            Section::Available(agents(fetched.nodes.as_deref().ok(), pods, node))
         }),
         lifecycle_apis: fetched
             .served
             .iter()
             .map(|(gv, resources)| api(gv, resources.as_deref()))
             .collect(),
-        lifecycle_events: Section::from_fetch(&fetched.events, |events| {
-            match events {
-            Some(events) => Section::Available(events_rows(events, node, now)),
+        lifecycle_events: Section::from_fetch(&fetched.events, |listed| {
+            match listed {
+            Some(listed) => Section::Available(events_rows(&listed.events, node, now)),
             None => Section::Unavailable {
                 unavailable: "lifecycle.graceful-drain.io CRDs not installed; run: graceful-drain crds | kubectl apply -f -".into(),
             },
         }
         }),
+        skipped_lifecycle_events: listed.map(|l| l.skipped.clone()).unwrap_or_default(),
         nodes: Section::from_fetch(&fetched.nodes, |nodes| {
             Section::Available(nodes.iter().map(node_row).collect())
         }),
-        hooks: fetched
-            .nodes
-            .as_deref()
-            .map(|nodes| hooks(nodes, now))
-            .unwrap_or_default(),
+        hooks: nodes.map(|nodes| hooks(nodes, now)).unwrap_or_default(),
     }
 }
 
-fn no_lease(namespace: &str) -> String {
-    format!("no webhook Lease in namespace {namespace}: is graceful-drain installed there?")
+/// One release's protection, deleter Lease and node agents (on `node`, if given).
+pub fn release_report(
+    fetched: &FetchedRelease,
+    nodes: Option<&[Node]>,
+    node: Option<&str>,
+    now: Timestamp,
+) -> ReleaseReport {
+    let release = &fetched.release;
+    ReleaseReport {
+        release: release.clone(),
+        protection: Section::from_fetch(&fetched.lease, |lease| {
+            Section::Available(protection(release, lease.as_ref(), now))
+        }),
+        deleter_lease: Section::from_fetch(&fetched.lease, |lease| match lease {
+            Some(lease) => Section::Available(deleter(lease, now)),
+            None => Section::Unavailable {
+                unavailable: no_lease(release),
+            },
+        }),
+        agents: Section::from_fetch(&fetched.agents, |pods| {
+            Section::Available(agents(nodes, pods, node))
+        }),
+    }
+}
+
+/// Why a release's Lease is missing: the webhook never started its deleter, or (where no
+/// release was found by its labels) graceful-drain is not installed in that namespace.
+fn no_lease(release: &Release) -> String {
+    let (ns, name) = release.lease.clone().unwrap_or_default();
+    match &release.webhook {
+        Some(webhook) => format!(
+            "no webhook Lease {ns}/{name}: has a replica of deployment {}/{webhook} started?",
+            release.namespace
+        ),
+        None => {
+            format!("no webhook Lease {ns}/{name}: is graceful-drain installed in namespace {ns}?")
+        }
+    }
 }
 
 /// The protection state the webhook's probe recorded on its Lease.
-pub fn protection(namespace: &str, lease: Option<&Lease>, now: Timestamp) -> Protection {
+pub fn protection(release: &Release, lease: Option<&Lease>, now: Timestamp) -> Protection {
     let unknown = |reason: String| Protection {
         state: protection::UNKNOWN.into(),
         reason: Some(reason),
@@ -319,7 +365,7 @@ pub fn protection(namespace: &str, lease: Option<&Lease>, now: Timestamp) -> Pro
         message: None,
     };
     let Some(lease) = lease else {
-        return unknown(no_lease(namespace));
+        return unknown(no_lease(release));
     };
     let annotations = lease.annotations();
     let Some(state) = annotations.get(PROTECTION_ANNOTATION) else {
@@ -360,7 +406,7 @@ pub fn protection(namespace: &str, lease: Option<&Lease>, now: Timestamp) -> Pro
 }
 
 /// The deleter Lease's holder and whether it expired.
-pub fn deleter(namespace: &str, lease: &Lease, now: Timestamp) -> DeleterLease {
+pub fn deleter(lease: &Lease, now: Timestamp) -> DeleterLease {
     let spec = lease.spec.clone().unwrap_or_default();
     let holder = spec.holder_identity.filter(|h| !h.is_empty());
     let renew_time = spec.renew_time.map(|t| t.0);
@@ -370,8 +416,9 @@ pub fn deleter(namespace: &str, lease: &Lease, now: Timestamp) -> DeleterLease {
     });
     DeleterLease {
         lease: format!(
-            "{namespace}/{}",
-            lease.metadata.name.as_deref().unwrap_or(LEASE_NAME)
+            "{}/{}",
+            lease.namespace().unwrap_or_default(),
+            lease.name_any()
         ),
         expired: holder.is_none() || expires_at.is_none_or(|t| t < now),
         holder,

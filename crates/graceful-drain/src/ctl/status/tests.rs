@@ -1,4 +1,6 @@
-//! Unit tests of the status report: objects in, report fields and text out.
+//! Unit tests of the status report: objects in, report fields and text out; the releases
+//! found from the chart's own rendered workloads (deploy/graceful-drain.yaml); and one
+//! whole `fetch` against the scripted mock API.
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, Pod};
@@ -6,6 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::ObjectMeta;
 use serde_json::json;
 
+use super::release::{self, Release};
 use super::report::{self, RemovedBy, Section};
 use super::text;
 use super::*;
@@ -13,7 +16,13 @@ use graceful_drain_core::labels::{
     DELETE_AT_ANNOTATION, PROTECTION_ANNOTATION, PROTECTION_CHECKED_AT_ANNOTATION,
     PROTECTION_MESSAGE_ANNOTATION, PROTECTION_VERIFIED_AT_ANNOTATION, RESTORE_AT_ANNOTATION,
 };
-use graceful_drain_core::lifecycle::{ClaimStatus, LifecycleEventSpec, LifecycleEventStatus};
+use graceful_drain_core::lifecycle::{
+    ClaimStatus, LifecycleEvent, LifecycleEventSpec, LifecycleEventStatus,
+};
+use graceful_drain_testing::fixtures::mock::{self, Scenario, Step};
+use graceful_drain_testing::fixtures::to_json;
+use graceful_drain_webhook::lease::DEFAULT_NAME as LEASE_NAME;
+use http::Method;
 
 fn ts(s: i64) -> Timestamp {
     Timestamp::from_second(1_800_000_000 + s).unwrap()
@@ -47,15 +56,26 @@ fn node(name: &str, transition: Option<&str>) -> Node {
     .unwrap()
 }
 
+/// The install namespace `gd`, found by no labels.
+fn gd() -> Release {
+    release::fallback(
+        "gd",
+        "no Deployment or DaemonSet labelled … in any namespace".into(),
+    )
+}
+
 fn fetched() -> Fetched {
     Fetched {
-        namespace: "gd".into(),
         node: None,
-        lease: Ok(None),
+        release: FetchedRelease {
+            release: gd(),
+            lease: Ok(None),
+            agents: Ok(vec![]),
+        },
+        other_releases: vec![],
         isolated: Ok(vec![]),
-        agents: Ok(vec![]),
         nodes: Ok(vec![]),
-        events: Ok(Some(vec![])),
+        events: Ok(Some(Listed::default())),
         served: vec![
             (OURS, Some(vec!["lifecycleevents".into()])),
             (UPSTREAM, None),
@@ -74,7 +94,7 @@ fn protection_reads_the_probe_annotations_on_the_lease() {
         "webhook-0",
         ts(99),
     );
-    let p = report::protection("gd", Some(&l), now);
+    let p = report::protection(&gd(), Some(&l), now);
     assert_eq!(p.state, "lost");
     assert_eq!(p.reason, None);
     assert_eq!(p.checked_at, Some(ts(95)));
@@ -92,20 +112,22 @@ fn protection_reads_the_probe_annotations_on_the_lease() {
 
 #[test]
 fn protection_is_unknown_with_a_reason_without_lease_or_annotations() {
-    let none = report::protection("gd", None, ts(0));
+    let none = report::protection(&gd(), None, ts(0));
     assert_eq!(none.state, "unknown");
     assert_eq!(
         none.reason.as_deref(),
-        Some("no webhook Lease in namespace gd: is graceful-drain installed there?")
+        Some(&*format!(
+            "no webhook Lease gd/{LEASE_NAME}: is graceful-drain installed in namespace gd?"
+        ))
     );
-    let old = report::protection("gd", Some(&lease(json!({}), "w", ts(0))), ts(0));
+    let old = report::protection(&gd(), Some(&lease(json!({}), "w", ts(0))), ts(0));
     assert_eq!(old.state, "unknown");
     assert_eq!(
         old.reason.as_deref(),
         Some("this webhook version does not probe")
     );
     let odd = lease(json!({PROTECTION_ANNOTATION: "maybe"}), "w", ts(0));
-    let odd = report::protection("gd", Some(&odd), ts(0));
+    let odd = report::protection(&gd(), Some(&odd), ts(0));
     assert_eq!(odd.state, "unknown");
     assert!(odd.reason.unwrap().contains("\"maybe\""));
 }
@@ -113,17 +135,14 @@ fn protection_is_unknown_with_a_reason_without_lease_or_annotations() {
 #[test]
 fn the_deleter_lease_shows_its_holder_and_whether_it_expired() {
     let l = lease(json!({}), "webhook-0", ts(0));
-    let live = report::deleter("gd", &l, ts(10));
+    let live = report::deleter(&l, ts(10));
     assert_eq!(live.lease, format!("gd/{LEASE_NAME}"));
     assert_eq!(live.holder.as_deref(), Some("webhook-0"));
     assert_eq!(live.renewed_age.as_deref(), Some("10s"));
     assert_eq!(live.expires_at, Some(ts(15)));
     assert!(!live.expired);
-    assert!(
-        report::deleter("gd", &l, ts(16)).expired,
-        "renewTime + 15s < now"
-    );
-    let released = report::deleter("gd", &lease(json!({}), "", ts(0)), ts(1));
+    assert!(report::deleter(&l, ts(16)).expired, "renewTime + 15s < now");
+    let released = report::deleter(&lease(json!({}), "", ts(0)), ts(1));
     assert_eq!(released.holder, None);
     assert!(released.expired, "nobody holds it");
     assert!(text::deleter_line(&released).contains("not held"));
@@ -206,7 +225,7 @@ fn agents_are_listed_per_node_with_the_lifecycle_transition() {
 #[test]
 fn the_text_report_starts_with_protection_and_shows_unreadable_parts() {
     let mut f = fetched();
-    f.lease = Ok(Some(lease(
+    f.release.lease = Ok(Some(lease(
         json!({PROTECTION_ANNOTATION: "active",
                PROTECTION_CHECKED_AT_ANNOTATION: ts(-3).to_string(),
                PROTECTION_VERIFIED_AT_ANNOTATION: ts(-3).to_string()}),
@@ -219,10 +238,15 @@ fn the_text_report_starts_with_protection_and_shows_unreadable_parts() {
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(
         lines[0],
-        "Protection: active (checked 3s ago, verified 3s ago)"
+        "Release: none found (no Deployment or DaemonSet labelled … in any namespace); \
+         showing namespace gd"
     );
     assert_eq!(
         lines[1],
+        "Protection: active (checked 3s ago, verified 3s ago)"
+    );
+    assert_eq!(
+        lines[2],
         format!("Deleter Lease gd/{LEASE_NAME}: held by webhook-0 (renewed 1s ago, live)")
     );
     assert!(
@@ -234,6 +258,8 @@ fn the_text_report_starts_with_protection_and_shows_unreadable_parts() {
     // The same report as JSON: the unreadable part says why, the rest is there.
     let value: serde_json::Value =
         serde_json::from_str(&format(&r, Output::Json).unwrap()).unwrap();
+    assert_eq!(value["release"]["namespace"], "gd");
+    assert!(value.get("otherReleases").is_none(), "{value:#}");
     assert_eq!(value["protection"]["state"], "active");
     assert_eq!(value["deleterLease"]["holder"], "webhook-0");
     assert_eq!(value["deleterLease"]["expired"], false);
@@ -255,20 +281,22 @@ fn without_a_lease_or_crds_the_report_says_what_is_missing() {
     let mut f = fetched();
     f.events = Ok(None);
     let r = report::report(&f, ts(0));
-    let missing = "no webhook Lease in namespace gd: is graceful-drain installed there?";
-    let Section::Available(p) = &r.protection else {
+    let missing =
+        format!("no webhook Lease gd/{LEASE_NAME}: is graceful-drain installed in namespace gd?");
+    let Section::Available(p) = &r.release.protection else {
         panic!("{r:?}")
     };
-    assert_eq!(p.reason.as_deref(), Some(missing));
+    assert_eq!(p.reason.as_deref(), Some(&*missing));
     assert_eq!(
-        r.deleter_lease,
+        r.release.deleter_lease,
         Section::Unavailable {
-            unavailable: missing.into()
+            unavailable: missing.clone()
         }
     );
     let out = text::text(&r);
-    assert!(
-        out.starts_with(&format!("Protection: unknown ({missing})\n")),
+    assert_eq!(
+        out.lines().nth(1),
+        Some(&*format!("Protection: unknown ({missing})")),
         "{out}"
     );
     assert!(out.contains("graceful-drain crds | kubectl apply"), "{out}");
@@ -428,12 +456,388 @@ fn output_and_namespace_flags() {
     let parse = |args: &[&str]| Cli::try_parse_from(args).unwrap().status;
     let plain = parse(&["x"]);
     assert_eq!(plain.output, Output::Text);
-    assert_eq!(plain.namespace, DEFAULT_NAMESPACE);
-    let yaml = parse(&["x", "-o", "yaml", "--namespace", "ops", "w1"]);
+    assert_eq!((plain.namespace, plain.release), (None, None));
+    let yaml = parse(&[
+        "x",
+        "-o",
+        "yaml",
+        "--namespace",
+        "ops",
+        "w1",
+        "--release=gd",
+    ]);
     assert_eq!(
-        (yaml.output, yaml.namespace.as_str(), yaml.node.as_deref()),
-        (Output::Yaml, "ops", Some("w1"))
+        (yaml.output, yaml.namespace.as_deref(), yaml.node.as_deref()),
+        (Output::Yaml, Some("ops"), Some("w1"))
     );
+    assert_eq!(yaml.release.as_deref(), Some("gd"));
     assert_eq!(parse(&["x", "--output=json"]).output, Output::Json);
     assert!(Cli::try_parse_from(["x", "-o", "wide"]).is_err());
+}
+
+// ---- Releases, found by the chart's labels ----
+
+/// The chart's default render: release `graceful-drain` in namespace `graceful-drain`.
+const CHART: &str = include_str!("../../../../../deploy/graceful-drain.yaml");
+
+fn chart_object(kind: &str) -> serde_json::Value {
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(CHART).unwrap();
+    docs.into_iter().find(|d| d["kind"] == kind).unwrap()
+}
+
+/// `object` as `helm install ops -n ops-system` renders it (the chart's fullname is
+/// `ops-graceful-drain` for a release name without the chart's).
+fn as_release_ops(object: &serde_json::Value) -> serde_json::Value {
+    let text = serde_json::to_string(object)
+        .unwrap()
+        .replace(
+            r#""namespace":"graceful-drain""#,
+            r#""namespace":"ops-system""#,
+        )
+        .replace(
+            r#""app.kubernetes.io/instance":"graceful-drain""#,
+            r#""app.kubernetes.io/instance":"ops""#,
+        )
+        .replace("graceful-drain-webhook", "ops-graceful-drain-webhook")
+        .replace("graceful-drain-agent", "ops-graceful-drain-agent");
+    serde_json::from_str(&text).unwrap()
+}
+
+fn typed<K: serde::de::DeserializeOwned>(value: &serde_json::Value) -> K {
+    serde_json::from_value(value.clone()).unwrap()
+}
+
+#[test]
+fn the_charts_workloads_make_one_release_with_the_lease_its_webhook_is_told_to_use() {
+    let deployment: Deployment = typed(&chart_object("Deployment"));
+    let daemonset: DaemonSet = typed(&chart_object("DaemonSet"));
+    let found = release::discover(&[deployment], &[daemonset]);
+    assert_eq!(found.len(), 1, "{found:?}");
+    let r = &found[0];
+    assert_eq!(
+        (r.namespace.as_str(), r.name.as_deref()),
+        ("graceful-drain", Some("graceful-drain"))
+    );
+    assert_eq!(r.webhook.as_deref(), Some("graceful-drain-webhook"));
+    assert_eq!(r.agent.as_deref(), Some("graceful-drain-agent"));
+    assert_eq!(
+        r.lease,
+        Some(("graceful-drain".into(), "graceful-drain-webhook".into())),
+        "--lease-name and GRACEFUL_DRAIN_NAMESPACE (the pod's namespace) of the chart"
+    );
+    assert_eq!(
+        r.agent_selector.as_deref(),
+        Some(
+            "app.kubernetes.io/component=agent,app.kubernetes.io/instance=graceful-drain,\
+             app.kubernetes.io/name=graceful-drain"
+        )
+    );
+    assert_eq!(
+        text::release_line(r),
+        "Release graceful-drain in namespace graceful-drain: webhook \
+         deployment/graceful-drain-webhook, node agents daemonset/graceful-drain-agent\n"
+    );
+}
+
+#[test]
+fn a_release_of_another_name_is_found_by_its_labels_not_its_name() {
+    let deployments: Vec<Deployment> = vec![
+        typed(&as_release_ops(&chart_object("Deployment"))),
+        typed(&chart_object("Deployment")),
+    ];
+    let daemonsets: Vec<DaemonSet> = vec![typed(&as_release_ops(&chart_object("DaemonSet")))];
+    let found = release::discover(&deployments, &daemonsets);
+    let names: Vec<String> = found.iter().map(Release::describe).collect();
+    assert_eq!(
+        names,
+        [
+            "graceful-drain in namespace graceful-drain",
+            "ops in namespace ops-system"
+        ],
+        "by namespace and name"
+    );
+    let ops = &found[1];
+    assert_eq!(
+        ops.lease,
+        Some(("ops-system".into(), "ops-graceful-drain-webhook".into()))
+    );
+    assert_eq!(ops.agent.as_deref(), Some("ops-graceful-drain-agent"));
+    assert!(
+        ops.agent_selector
+            .as_deref()
+            .unwrap()
+            .contains("app.kubernetes.io/instance=ops"),
+        "its own agents, not the other release's"
+    );
+    assert_eq!(
+        found[0].agent, None,
+        "the default release has no DaemonSet here"
+    );
+}
+
+#[test]
+fn the_lease_follows_the_webhooks_command_line() {
+    let webhook = |args: serde_json::Value, env: serde_json::Value| -> Deployment {
+        typed(&json!({
+            "metadata": {"name": "gd-webhook", "namespace": "tools"},
+            "spec": {"selector": {}, "template": {"spec": {"containers": [
+                {"name": "sidecar", "image": "proxy"},
+                {"name": "webhook", "image": "gd", "args": args, "env": env},
+            ]}}},
+        }))
+    };
+    let from_field = json!([{"name": "GRACEFUL_DRAIN_NAMESPACE",
+        "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]);
+    let cases = [
+        (
+            webhook(json!(["webhook", "--lease-name=held"]), from_field.clone()),
+            ("tools", "held"),
+        ),
+        (
+            webhook(
+                json!([
+                    "webhook",
+                    "--lease-name",
+                    "a",
+                    "--lease-namespace",
+                    "elsewhere"
+                ]),
+                from_field,
+            ),
+            ("elsewhere", "a"),
+        ),
+        (
+            webhook(
+                json!(["webhook"]),
+                json!([{"name": "GRACEFUL_DRAIN_NAMESPACE", "value": "fixed"}]),
+            ),
+            ("fixed", LEASE_NAME),
+        ),
+        (
+            webhook(json!(["webhook"]), json!([])),
+            ("graceful-drain", LEASE_NAME),
+        ),
+    ];
+    for (deployment, (ns, name)) in cases {
+        assert_eq!(
+            release::lease_of(&deployment),
+            (ns.to_string(), name.to_string())
+        );
+    }
+}
+
+// ---- One whole `fetch` on the scripted mock ----
+
+/// What the API server holds, in the order `status` reads it.
+enum Cluster {
+    /// The webhook Deployments and agent DaemonSets (in every namespace).
+    ReleasesAre(Vec<serde_json::Value>, Vec<serde_json::Value>),
+    /// The Lease `ns/name` (as JSON), or none.
+    LeaseIs(&'static str, &'static str, Option<serde_json::Value>),
+    /// The agent pods in `ns`.
+    AgentsIn(&'static str, Vec<Pod>),
+    /// No pod carries the draining label.
+    NoIsolatedPods,
+    /// The LifecycleEvents.
+    EventsAre(Vec<serde_json::Value>),
+    /// The nodes.
+    NodesAre(Vec<Node>),
+    /// Discovery lists our lifecycle API, not the upstream one.
+    ServesOurs,
+}
+
+fn list_of(kind: &str, items: Vec<serde_json::Value>) -> serde_json::Value {
+    json!({"apiVersion": "v1", "kind": kind, "metadata": {"resourceVersion": "1"}, "items": items})
+}
+
+impl Scenario for Cluster {
+    fn steps(self) -> Vec<Step> {
+        let get = |path: String, reply| Step::new(Method::GET, path, 200, reply);
+        let json_of = |items: Vec<Pod>| items.iter().map(to_json).collect();
+        match self {
+            Cluster::ReleasesAre(deployments, daemonsets) => vec![
+                get(
+                    "/apis/apps/v1/deployments".into(),
+                    list_of("DeploymentList", deployments),
+                ),
+                get(
+                    "/apis/apps/v1/daemonsets".into(),
+                    list_of("DaemonSetList", daemonsets),
+                ),
+            ],
+            Cluster::LeaseIs(ns, name, lease) => {
+                let path = format!("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}");
+                match lease {
+                    Some(lease) => vec![get(path, lease)],
+                    None => vec![Step::refused(Method::GET, path, 404, "NotFound")],
+                }
+            }
+            Cluster::AgentsIn(ns, pods) => vec![get(
+                format!("/api/v1/namespaces/{ns}/pods"),
+                list_of("PodList", json_of(pods)),
+            )],
+            Cluster::NoIsolatedPods => vec![get("/api/v1/pods".into(), list_of("PodList", vec![]))],
+            Cluster::EventsAre(items) => vec![get(
+                "/apis/lifecycle.graceful-drain.io/v1alpha1/lifecycleevents".into(),
+                list_of("LifecycleEventList", items),
+            )],
+            Cluster::NodesAre(nodes) => vec![get(
+                "/api/v1/nodes".into(),
+                list_of("NodeList", nodes.iter().map(to_json).collect()),
+            )],
+            Cluster::ServesOurs => vec![
+                get(
+                    format!("/apis/{OURS}"),
+                    json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": OURS,
+                        "resources": [{"name": "lifecycleevents", "singularName": "lifecycleevent",
+                            "namespaced": false, "kind": "LifecycleEvent", "verbs": ["list"]}]}),
+                ),
+                Step::refused(Method::GET, format!("/apis/{UPSTREAM}"), 404, "NotFound"),
+            ],
+        }
+    }
+}
+
+#[tokio::test]
+async fn status_reports_each_release_and_names_a_malformed_event_it_skips() {
+    let (client, mut api) = mock::client();
+    let task = tokio::spawn(async move {
+        let fetched = fetch(&client, &Scope::default(), None).await.unwrap();
+        report::report(&fetched, ts(0))
+    });
+    let mut held = lease(json!({}), "webhook-7d9", ts(-2));
+    held.metadata.namespace = Some("graceful-drain".into());
+    held.metadata.name = Some("graceful-drain-webhook".into());
+    let agent: Pod = typed(&json!({
+        "metadata": {"name": "graceful-drain-agent-x1", "namespace": "graceful-drain"},
+        "spec": {"nodeName": "w1", "containers": []},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }));
+    let event = |name: &str, spec: serde_json::Value| {
+        json!({"apiVersion": OURS, "kind": "LifecycleEvent",
+            "metadata": {"name": name, "creationTimestamp": "2027-01-15T08:00:00Z"}, "spec": spec})
+    };
+    let (deployment, daemonset) = (chart_object("Deployment"), chart_object("DaemonSet"));
+    mock::play(
+        &mut api,
+        [
+            Cluster::ReleasesAre(
+                vec![deployment.clone(), as_release_ops(&deployment)],
+                vec![daemonset.clone(), as_release_ops(&daemonset)],
+            ),
+            Cluster::LeaseIs(
+                "graceful-drain",
+                "graceful-drain-webhook",
+                Some(to_json(&held)),
+            ),
+            Cluster::AgentsIn("graceful-drain", vec![agent]),
+            Cluster::LeaseIs("ops-system", "ops-graceful-drain-webhook", None),
+            Cluster::AgentsIn("ops-system", vec![]),
+            Cluster::NoIsolatedPods,
+            Cluster::EventsAre(vec![
+                event(
+                    "w1-drain-a",
+                    json!({"transitionName": "graceful-drain", "bindingNode": "w1"}),
+                ),
+                event("by-hand", json!({"transitionName": "graceful-drain"})),
+            ]),
+            Cluster::NodesAre(vec![node("w1", None)]),
+            Cluster::ServesOurs,
+        ],
+    )
+    .await;
+    let report = task.await.unwrap();
+
+    let out = text::text(&report);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[0],
+        "2 graceful-drain releases: graceful-drain in namespace graceful-drain, ops in \
+         namespace ops-system; each is shown below (pick one with --release NAME or \
+         --namespace NS)",
+        "{out}"
+    );
+    assert!(
+        lines[2].starts_with("Release graceful-drain in namespace graceful-drain: "),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "Deleter Lease graceful-drain/graceful-drain-webhook: held by webhook-7d9 (renewed 2s ago, live)"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "Deleter Lease: unavailable (no webhook Lease ops-system/ops-graceful-drain-webhook: \
+             has a replica of deployment ops-system/ops-graceful-drain-webhook started?)"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("graceful-drain-agent-x1   w1     yes"),
+        "{out}"
+    );
+    assert!(out.contains("w1-drain-a"), "{out}");
+    assert!(
+        out.contains("warning: skipping LifecycleEvent by-hand: missing field `bindingNode`\n"),
+        "{out}"
+    );
+
+    // The same as JSON: the first release where a single one would be, the others beside.
+    let value: serde_json::Value =
+        serde_json::from_str(&format(&report, Output::Json).unwrap()).unwrap();
+    assert_eq!(value["release"]["name"], "graceful-drain");
+    assert_eq!(value["deleterLease"]["holder"], "webhook-7d9");
+    assert_eq!(
+        value["otherReleases"][0]["release"]["namespace"],
+        "ops-system"
+    );
+    assert_eq!(
+        value["otherReleases"][0]["release"]["webhook"],
+        "ops-graceful-drain-webhook"
+    );
+    assert_eq!(value["otherReleases"][0]["protection"]["state"], "unknown");
+    assert_eq!(
+        value["skippedLifecycleEvents"],
+        json!([{"name": "by-hand", "reason": "missing field `bindingNode`"}])
+    );
+    assert_eq!(value["lifecycleEvents"][0]["name"], "w1-drain-a");
+}
+
+#[tokio::test]
+async fn a_release_asked_for_by_name_that_is_not_there_is_an_error() {
+    let (client, mut api) = mock::client();
+    let task = tokio::spawn(async move {
+        let scope = Scope {
+            namespace: Some("tools".into()),
+            release: Some("gd".into()),
+        };
+        fetch(&client, &scope, None).await.map(|_| ())
+    });
+    let deployments = "/apis/apps/v1/namespaces/tools/deployments";
+    let daemonsets = "/apis/apps/v1/namespaces/tools/daemonsets";
+    mock::expect(
+        &mut api,
+        Method::GET,
+        deployments,
+        200,
+        list_of("DeploymentList", vec![]),
+    )
+    .await;
+    mock::expect(
+        &mut api,
+        Method::GET,
+        daemonsets,
+        200,
+        list_of("DaemonSetList", vec![]),
+    )
+    .await;
+    let error = task.await.unwrap().unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "no graceful-drain release gd in namespace tools (no Deployment or DaemonSet labelled \
+         app.kubernetes.io/name=graceful-drain,app.kubernetes.io/instance=gd); `helm list -A` \
+         lists the releases"
+    );
 }

@@ -1,30 +1,77 @@
 //! `-o text`: the [`Report`] as lines and kubectl-style tables, in the report's order —
-//! protection first, since it says whether any of the rest is protected at all.
+//! each release first, its protection at its top, since that says whether any of the rest
+//! is protected at all; with several releases, a line saying so above them.
 
+use super::release::Release;
 use super::report::{
     Condition, DeleterLease, EventRow, HookRow, IsolatedPod, LifecycleApi, NodeAgent, NodeRow,
-    Protection, RemovedBy, Report, Section,
+    Protection, ReleaseReport, RemovedBy, Report, Section,
 };
 
 /// The whole report as text.
 pub fn text(report: &Report) -> String {
-    let mut parts = vec![
-        section("Protection", &report.protection, protection_line)
-            + &section("Deleter Lease", &report.deleter_lease, deleter_line),
-        section("Isolated pods", &report.isolated_pods, |p| {
-            isolated_table(p)
-        }),
-        section("Node agents", &report.agents, |a| agents_table(a)),
-        section("LifecycleEvents", &report.lifecycle_events, |e| {
-            events_table(e)
-        }),
-        section("Nodes", &report.nodes, |n| nodes_table(n)),
-    ];
+    let releases: Vec<&ReleaseReport> = std::iter::once(&report.release)
+        .chain(&report.other_releases)
+        .collect();
+    let mut parts = Vec::new();
+    if releases.len() > 1 {
+        parts.push(several_line(&releases));
+    }
+    for r in releases {
+        parts.push(
+            release_line(&r.release)
+                + &section("Protection", &r.protection, protection_line)
+                + &section("Deleter Lease", &r.deleter_lease, deleter_line),
+        );
+        parts.push(section("Node agents", &r.agents, |a| agents_table(a)));
+    }
+    parts.push(section("Isolated pods", &report.isolated_pods, |p| {
+        isolated_table(p)
+    }));
+    let mut events = section("LifecycleEvents", &report.lifecycle_events, |e| {
+        events_table(e)
+    });
+    for skipped in &report.skipped_lifecycle_events {
+        events.push_str(&format!("warning: {skipped}\n"));
+    }
+    parts.push(events);
+    parts.push(section("Nodes", &report.nodes, |n| nodes_table(n)));
     if !report.hooks.is_empty() {
         parts.push(hooks_table(&report.hooks));
     }
     parts.push(apis_table(&report.lifecycle_apis));
     parts.join("\n")
+}
+
+/// `2 graceful-drain releases: a in namespace x, b in namespace y; …`.
+pub fn several_line(releases: &[&ReleaseReport]) -> String {
+    let names: Vec<String> = releases.iter().map(|r| r.release.describe()).collect();
+    format!(
+        "{} graceful-drain releases: {}; each is shown below (pick one with --release NAME \
+         or --namespace NS)\n",
+        releases.len(),
+        names.join(", ")
+    )
+}
+
+/// `Release x in namespace y: webhook deployment/…, node agents daemonset/…`, or where
+/// nothing carries the chart's labels, what is shown instead.
+pub fn release_line(r: &Release) -> String {
+    if let Some(note) = &r.note {
+        return format!(
+            "Release: none found ({note}); showing namespace {}\n",
+            r.namespace
+        );
+    }
+    let webhook = match &r.webhook {
+        Some(d) => format!("webhook deployment/{d}"),
+        None => "no webhook Deployment".into(),
+    };
+    let agent = match &r.agent {
+        Some(ds) => format!("node agents daemonset/{ds}"),
+        None => "no node-agent DaemonSet".into(),
+    };
+    format!("Release {}: {webhook}, {agent}\n", r.describe())
 }
 
 fn section<T>(title: &str, section: &Section<T>, show: impl Fn(&T) -> String) -> String {
