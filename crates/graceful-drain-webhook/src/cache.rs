@@ -535,6 +535,15 @@ impl Cache {
         self.excluded_namespaces.contains(namespace)
     }
 
+    /// Whether `namespace` opted out ([`NamespaceFacts::opted_out`]), without copying its
+    /// facts: every review's fast path asks.
+    pub fn opted_out(&self, namespace: &str) -> bool {
+        self.excluded_namespaces.contains(namespace)
+            || read(&self.namespaces)
+                .get(namespace)
+                .is_some_and(|facts| facts.opted_out)
+    }
+
     /// Namespace settings (flag exclusion, opt-out label, delay annotation).
     pub fn namespace(&self, namespace: &str) -> NamespaceFacts {
         let mut facts = read(&self.namespaces)

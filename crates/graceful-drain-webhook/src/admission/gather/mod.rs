@@ -79,7 +79,7 @@ where
 pub(super) fn eviction_glance(state: &AppState, ev: &review::Eviction) -> Glance {
     let cache = &state.ctx.cache;
     Glance {
-        opted_out: cache.namespace(&ev.namespace).opted_out,
+        opted_out: cache.opted_out(&ev.namespace),
         isolated: cache.isolated(&ev.namespace, &ev.pod).is_some(),
         listed_ready: cache.has_ready_endpoint(&ev.namespace, &ev.pod),
         may_be_selected: cache.has_selecting_service(&ev.namespace),
@@ -92,7 +92,7 @@ pub(super) fn deletion_glance(state: &AppState, del: &review::Deletion) -> Glanc
     let (namespace, name) = (&del.namespace, &del.request.name);
     let labels = del.object.metadata.labels.as_ref();
     Glance {
-        opted_out: cache.namespace(namespace).opted_out,
+        opted_out: cache.opted_out(namespace),
         isolated: labels.is_some_and(|l| l.contains_key(DRAINING_LABEL)),
         listed_ready: cache.has_ready_endpoint(namespace, name),
         may_be_selected: labels.is_some_and(|l| cache.service_selects(namespace, l)),
