@@ -879,8 +879,20 @@ async fn status_lists_events_and_node_conditions() {
 async fn status_and_drain_go_on_beside_a_malformed_event() {
     let h = Harness::new().await;
     let good = h.create_event("graceful-drain").await;
-    // Without bindingNode, as an older CRD schema or one without `required` lets in (the
-    // simulated API server does not enforce `required`, so it stands for either).
+    // Without bindingNode, as a schema without `required` (an older CRD) lets in: the CRD
+    // loses it for this event, as kube-apiserver would otherwise refuse the event.
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(h.api.client());
+    let name = "lifecycleevents.lifecycle.graceful-drain.io";
+    let mut crd = serde_json::to_value(crds.get(name).await.unwrap()).unwrap();
+    for version in crd["spec"]["versions"].as_array_mut().unwrap() {
+        let spec = &mut version["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        spec.as_object_mut().unwrap().remove("required");
+    }
+    let older = serde_json::from_value(crd).unwrap();
+    crds.replace(name, &Default::default(), &older)
+        .await
+        .unwrap();
     h.api
         .put(
             "lifecycleevents",

@@ -22,7 +22,7 @@ use tracing::Instrument;
 use super::matchcond::{self, Match};
 use super::request::{Target, UserInfo};
 use super::selector::selector_object_matches;
-use super::status::{ApiError, ApiResult};
+use super::status::{ApiError, ApiResult, Cause};
 use super::{ClientCert, Ctx, routing};
 
 /// Webhook timeout when a configuration sets none (admissionregistration/v1 default).
@@ -572,7 +572,11 @@ fn denial(name: &str, result: Option<&Value>) -> ApiError {
                 .unwrap_or("")
                 .to_string()
         };
-        error.causes.push((field("reason"), field("message")));
+        error.causes.push(Cause {
+            reason: field("reason"),
+            message: field("message"),
+            field: field("field"),
+        });
     }
     error
 }
@@ -791,10 +795,7 @@ mod tests {
             ),
         );
         assert_eq!((e.code, e.retry_after), (429, Some(5)));
-        assert_eq!(
-            e.causes,
-            [("DisruptionBudget".to_string(), "pdb web".to_string())]
-        );
+        assert_eq!(e.causes, [Cause::new("DisruptionBudget", "pdb web")]);
         let plain = denial("x", Some(&json!({"code": 403, "message": "no"})));
         assert_eq!((plain.retry_after, plain.causes.len()), (None, 0));
     }

@@ -24,7 +24,8 @@ use super::meta::meta_str;
 use super::patch::{self, PatchKind};
 use super::request::{Req, Target, get};
 use super::resources::ResourceDef;
-use super::status::{ApiError, ApiResult};
+use super::schema;
+use super::status::{ApiError, ApiResult, Cause};
 use super::write::{self, CommitError, Fields};
 
 /// The parsed apply request.
@@ -68,11 +69,45 @@ fn parse(def: &ResourceDef, req: &Req) -> ApiResult<Applied> {
             sent("kind")
         )));
     }
+    declared_only(def, &config)?;
     Ok(Applied {
         manager,
         force: req.flag("force"),
         config,
     })
+}
+
+/// An apply configuration of a custom resource may only hold fields its schema declares,
+/// whatever `fieldValidation` says: structured-merge-diff cannot type the others, and
+/// kube-apiserver answers 500 (`failed to create typed patch object` in
+/// apimachinery pkg/util/managedfields/internal/structuredmerge.go, with
+/// structured-merge-diff's `field not declared in schema` for each; upstream names at
+/// most one per object, this lists all).
+fn declared_only(def: &ResourceDef, config: &Value) -> ApiResult<()> {
+    let Some(schema_def) = def.schema.as_deref().filter(|_| def.custom) else {
+        return Ok(());
+    };
+    let unknown = schema::prune(schema_def, &mut config.clone());
+    let errors: Vec<String> = unknown
+        .iter()
+        .map(|path| format!(".{path}: field not declared in schema"))
+        .collect();
+    let listed = match errors.as_slice() {
+        [] => return Ok(()),
+        [one] => one.clone(),
+        many => format!("errors:\n  {}", many.join("\n  ")),
+    };
+    Err(ApiError::new(
+        500,
+        "",
+        format!(
+            "failed to create typed patch object ({}/{}; {}, Kind={}): {listed}",
+            meta_str(config, "namespace"),
+            meta_str(config, "name"),
+            def.api_version(),
+            def.kind
+        ),
+    ))
 }
 
 /// PATCH with an apply configuration.
@@ -202,7 +237,8 @@ fn ownership(
     Ok(entries)
 }
 
-/// 409 in upstream's words (`managedfields/internal/conflict.go`, NewConflictError).
+/// 409 in upstream's words (`managedfields/internal/conflict.go`, NewConflictError), one
+/// `FieldManagerConflict` cause per contested field.
 fn conflict_error(
     def: &ResourceDef,
     name: &str,
@@ -234,11 +270,10 @@ fn conflict_error(
         ApiError::new(409, "Conflict", message).with_details(&def.group, &def.plural, name);
     error.causes = conflicts
         .iter()
-        .map(|(manager, path)| {
-            (
-                "FieldManagerConflict".to_string(),
-                format!("conflict with {manager}: {}", display(path)),
-            )
+        .map(|(manager, path)| Cause {
+            reason: "FieldManagerConflict".into(),
+            message: format!("conflict with {manager}"),
+            field: display(path),
         })
         .collect();
     error

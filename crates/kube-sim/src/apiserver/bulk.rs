@@ -77,7 +77,7 @@ impl ApiServer {
                 sub: None,
             };
             let mut obj =
-                prepare_body(&def, object, Fields::Drop).map_err(|e| refused(e.to_string()))?;
+                prepare_body(&def, object, Fields::Ignore).map_err(|e| refused(e.to_string()))?;
             let status = obj.get("status").filter(|s| !s.is_null()).cloned();
             init_metadata(&self.ctx, &target, &mut obj).map_err(|e| refused(e.to_string()))?;
             prepare_for_create(&def, &mut obj);

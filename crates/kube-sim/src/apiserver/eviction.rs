@@ -37,7 +37,7 @@ use super::delete::Deleter;
 use super::meta::now;
 use super::request::{Req, Target, check_deadline, get};
 use super::selector::selector_object_matches;
-use super::status::{ApiError, ApiResult};
+use super::status::{ApiError, ApiResult, Cause};
 use super::store::{StoreError, rv_of};
 use super::write::{DeleteOpts, delete_options, success_status};
 
@@ -368,7 +368,7 @@ fn budget_error(retry: u64, cause: String) -> ApiError {
         "Cannot evict pod as it would violate the pod's disruption budget.",
     )
     .with_retry(retry);
-    error.causes.push(("DisruptionBudget".into(), cause));
+    error.causes.push(Cause::new("DisruptionBudget", cause));
     error
 }
 

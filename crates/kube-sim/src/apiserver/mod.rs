@@ -3,8 +3,10 @@
 //!
 //! Data flow: `handler` parses each request into a verb on a resource of the
 //! `resources` registry; reads come from the `store`; writes are prepared
-//! (defaults, dropped unknown fields), sent through `admission` webhooks, their field
-//! owners recorded by `managed`, then stored with resourceVersion compare-and-swap;
+//! (defaults, dropped unknown fields), sent through `admission` webhooks — custom
+//! resources checked against their CRD's `schema` between mutation and validation —,
+//! their field owners recorded by `managed`, then stored with resourceVersion
+//! compare-and-swap;
 //! `watch` streams the store's change feed.
 //! `eviction` implements `pods/eviction` with the upstream PodDisruptionBudget rules.
 //! Every request is counted in [`Stats`], runs under a deadline (60 s or `?timeout=`)
@@ -29,6 +31,7 @@ mod request;
 mod resources;
 mod routing;
 mod scale;
+mod schema;
 mod selector;
 mod selfsubject;
 mod status;

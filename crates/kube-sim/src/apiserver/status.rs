@@ -16,8 +16,46 @@ pub(crate) struct ApiError {
     pub details: Option<Box<(String, String, String)>>,
     /// Seconds for the `Retry-After` header and `details.retryAfterSeconds`.
     pub retry_after: Option<u64>,
-    /// (reason, message) pairs for `details.causes`.
-    pub causes: Vec<(String, String)>,
+    /// The entries of `details.causes`.
+    pub causes: Vec<Cause>,
+}
+
+/// One entry of a Status's `details.causes` (`metav1.StatusCause`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Cause {
+    /// Machine-readable reason, such as `FieldValueRequired` (omitted when empty).
+    pub reason: String,
+    /// Human-readable description (omitted when empty).
+    pub message: String,
+    /// The field the cause is about, such as `spec.bindingNode` (omitted when empty).
+    pub field: String,
+}
+
+impl Cause {
+    /// A cause with a reason and message but no field.
+    pub(crate) fn new(reason: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            reason: reason.into(),
+            message: message.into(),
+            field: String::new(),
+        }
+    }
+
+    /// The cause as `details.causes` carries it, empty members omitted like upstream's
+    /// `omitempty` fields.
+    fn to_json(&self) -> Value {
+        let mut cause = serde_json::Map::new();
+        for (key, value) in [
+            ("reason", &self.reason),
+            ("message", &self.message),
+            ("field", &self.field),
+        ] {
+            if !value.is_empty() {
+                cause.insert(key.into(), json!(value));
+            }
+        }
+        Value::Object(cause)
+    }
 }
 
 /// Result type of request handling.
@@ -130,11 +168,7 @@ impl ApiError {
                 details.insert("retryAfterSeconds".into(), json!(secs));
             }
             if !self.causes.is_empty() {
-                let causes: Vec<Value> = self
-                    .causes
-                    .iter()
-                    .map(|(reason, message)| json!({"reason": reason, "message": message}))
-                    .collect();
+                let causes: Vec<Value> = self.causes.iter().map(Cause::to_json).collect();
                 details.insert("causes".into(), Value::Array(causes));
             }
             status["details"] = Value::Object(details);

@@ -17,9 +17,10 @@ use super::defaults;
 use super::managed::{self, APPLY_YAML};
 use super::meta::{meta_mut, meta_str, no_metadata, now};
 use super::patch::{self, PatchKind};
-use super::request::{Req, Target, UserInfo, check_deadline, get};
+use super::request::{Req, Target, UserInfo, add_warning, check_deadline, get};
 use super::resources::ResourceDef;
-use super::status::{ApiError, ApiResult};
+use super::schema;
+use super::status::{ApiError, ApiResult, Cause};
 use super::store::{StoreError, rv_of};
 use super::{Ctx, NOT_READY_TAINT};
 
@@ -39,12 +40,16 @@ impl From<ApiError> for CommitError {
     }
 }
 
-/// How the request wants unknown fields treated (`fieldValidation`).
+/// How the request wants unknown fields treated: its `fieldValidation` directive
+/// (`fieldValidation` in staging/src/k8s.io/apiserver/pkg/endpoints/handlers/rest.go).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Fields {
-    /// Drop them silently (kube-rs's default, and mutated objects).
-    Drop,
-    /// Reject the write naming them (`fieldValidation=Strict`, kubectl's default).
+    /// Drop them silently (`Ignore`, and objects mutated by webhooks).
+    Ignore,
+    /// Drop them with a `Warning` header each (`Warn`, the default; kube-rs sends no
+    /// directive). Built-in kinds drop them silently here.
+    Warn,
+    /// Reject the write naming them (`Strict`, kubectl's default).
     Strict,
 }
 
@@ -52,9 +57,21 @@ impl Fields {
     pub(crate) fn of(req: &Req) -> Self {
         match req.param("fieldValidation") {
             Some("Strict") => Self::Strict,
-            _ => Self::Drop,
+            Some("Ignore") => Self::Ignore,
+            _ => Self::Warn,
         }
     }
+}
+
+/// What a write decoded, which decides how a strict decoding failure is worded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Decoded {
+    /// The body of a create or update: 400 `<Kind> in version "<v>" cannot be handled
+    /// as a <Kind>: strict decoding error: …` (`transformDecodeError` in handlers/rest.go).
+    Object,
+    /// The object a JSON or merge patch produced: 422 on the field `patch`
+    /// (`jsonPatcher.applyPatchToCurrentObject` in handlers/patch.go).
+    Patch,
 }
 
 /// Paths present (non-null) in `input` but gone from `output`.
@@ -83,9 +100,22 @@ fn dropped_fields(input: &Value, output: &Value, path: &str, out: &mut Vec<Strin
     }
 }
 
-/// Sets apiVersion/kind, drops unknown fields of built-in kinds (or rejects them in
-/// strict mode) and applies server-side defaults.
+/// Sets apiVersion/kind, drops unknown fields (reporting them as `fields` asks) and
+/// applies server-side defaults: the decoding of a create or update body.
 pub(crate) fn prepare_body(def: &ResourceDef, body: Value, fields: Fields) -> ApiResult<Value> {
+    prepare(def, body, fields, Decoded::Object)
+}
+
+/// [`prepare_body`] for the object a JSON or merge patch produced.
+pub(crate) fn prepare_patched(
+    def: &ResourceDef,
+    patched: Value,
+    fields: Fields,
+) -> ApiResult<Value> {
+    prepare(def, patched, fields, Decoded::Patch)
+}
+
+fn prepare(def: &ResourceDef, body: Value, fields: Fields, decoded: Decoded) -> ApiResult<Value> {
     let Value::Object(mut map) = body else {
         return Err(ApiError::bad_request(
             "the request body must be a JSON object",
@@ -94,24 +124,10 @@ pub(crate) fn prepare_body(def: &ResourceDef, body: Value, fields: Fields) -> Ap
     map.insert("apiVersion".into(), json!(def.api_version()));
     map.insert("kind".into(), json!(def.kind));
     let mut obj = Value::Object(map);
-    if let Some(normalize) = def.normalize {
-        let input = (fields == Fields::Strict).then(|| obj.clone());
-        obj = normalize(obj)
-            .map_err(|e| ApiError::bad_request(format!("decode {} body: {e}", def.kind)))?;
-        let mut unknown = Vec::new();
-        if let Some(input) = input {
-            dropped_fields(&input, &obj, "", &mut unknown);
-        }
-        if !unknown.is_empty() {
-            let list: Vec<String> = unknown
-                .iter()
-                .map(|f| format!("unknown field \"{f}\""))
-                .collect();
-            return Err(ApiError::bad_request(format!(
-                "strict decoding error: {}",
-                list.join(", ")
-            )));
-        }
+    let input = (fields == Fields::Strict).then(|| obj.clone());
+    let unknown = decode(def, &mut obj, input.as_ref())?;
+    report_unknown(def, fields, decoded, input.as_ref(), &unknown)?;
+    if def.normalize.is_some() {
         defaults::apply(def, &mut obj);
     } else if let Some(schema) = &def.schema {
         defaults::from_schema(schema, &mut obj);
@@ -121,6 +137,81 @@ pub(crate) fn prepare_body(def: &ResourceDef, body: Value, fields: Fields) -> Ap
         .ok_or_else(no_metadata)?
         .remove("managedFields");
     Ok(obj)
+}
+
+/// Drops the fields the kind does not know and returns their paths: built-in kinds
+/// round-trip through their types (paths found only when `input`, the strict request's
+/// body, is given), custom resources are pruned by their schema.
+fn decode(def: &ResourceDef, obj: &mut Value, input: Option<&Value>) -> ApiResult<Vec<String>> {
+    let mut unknown = Vec::new();
+    if let Some(normalize) = def.normalize {
+        *obj = normalize(std::mem::take(obj))
+            .map_err(|e| ApiError::bad_request(format!("decode {} body: {e}", def.kind)))?;
+        if let Some(input) = input {
+            dropped_fields(input, obj, "", &mut unknown);
+        }
+    } else if let Some(schema) = &def.schema {
+        unknown = schema::prune(schema, obj);
+        schema::drop_nulls(Some(schema), obj);
+    }
+    Ok(unknown)
+}
+
+/// Refuses (`Strict`), warns about (`Warn`, custom resources) or ignores the unknown
+/// fields of a write (`addStrictDecodingWarnings` in handlers/rest.go).
+fn report_unknown(
+    def: &ResourceDef,
+    fields: Fields,
+    decoded: Decoded,
+    input: Option<&Value>,
+    unknown: &[String],
+) -> ApiResult<()> {
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    let each = unknown.iter().map(|f| format!("unknown field \"{f}\""));
+    match fields {
+        Fields::Ignore => Ok(()),
+        Fields::Warn => {
+            each.for_each(|w| add_warning(&w));
+            Ok(())
+        }
+        Fields::Strict => {
+            let text = format!(
+                "strict decoding error: {}",
+                each.collect::<Vec<_>>().join(", ")
+            );
+            Err(strict_error(def, decoded, input, text))
+        }
+    }
+}
+
+/// The refusal of a strict write with unknown fields.
+fn strict_error(
+    def: &ResourceDef,
+    decoded: Decoded,
+    input: Option<&Value>,
+    text: String,
+) -> ApiError {
+    let kind = &def.kind;
+    match decoded {
+        Decoded::Object => ApiError::bad_request(format!(
+            "{kind} in version \"{}\" cannot be handled as a {kind}: {text}",
+            def.version
+        )),
+        Decoded::Patch => {
+            let patched = input.map(Value::to_string).unwrap_or_default();
+            let body = format!("Invalid value: {}: {text}", schema::quote(&patched));
+            let mut error =
+                ApiError::new(422, "Invalid", format!(" \"\" is invalid: patch: {body}"));
+            error.causes.push(Cause {
+                reason: "FieldValueInvalid".into(),
+                message: body,
+                field: "patch".into(),
+            });
+            error
+        }
+    }
 }
 
 fn random_suffix() -> String {
@@ -372,7 +463,7 @@ pub(crate) fn bootstrap_namespace(ctx: &Ctx, name: &str) -> ApiResult<()> {
         name: None,
         sub: None,
     };
-    let mut obj = prepare_body(&def, json!({"metadata": {"name": name}}), Fields::Drop)?;
+    let mut obj = prepare_body(&def, json!({"metadata": {"name": name}}), Fields::Ignore)?;
     init_metadata(ctx, &target, &mut obj)?;
     prepare_for_create(&def, &mut obj);
     match ctx.store.create(&def.table(), name, obj) {
@@ -427,21 +518,7 @@ pub(crate) async fn create_object(
     init_metadata(ctx, target, &mut obj)?;
     prepare_for_create(def, &mut obj);
     let name = meta_str(&obj, "name").to_string();
-    let options = json!({"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"});
-    let attrs = admission_attrs(
-        target,
-        req,
-        Operation::Create,
-        &name,
-        Some(obj.clone()),
-        None,
-        options,
-    );
-    let admitted = admission::admit(ctx, attrs).await?;
-    if let Some(mutated) = admitted.object {
-        obj = fix_immutable(&obj, prepare_body(def, mutated, Fields::Drop)?);
-        label_namespace(def, &mut obj);
-    }
+    let mut obj = admit_create(ctx, target, req, obj).await?;
     if managed_fields.is_empty() {
         managed::record_update(target, req, None, &mut obj);
     } else if let Some(meta) = meta_mut(&mut obj) {
@@ -459,6 +536,37 @@ pub(crate) async fn create_object(
         .map_err(|_| ApiError::already_exists(&def.group, &def.plural, &name))?;
     after_store(ctx, def, &stored);
     Ok((StatusCode::CREATED, stored))
+}
+
+/// Admission of a new object in kube-apiserver's order: mutating webhooks, the registry
+/// strategy's validation (a custom resource's schema), validating webhooks. Returns the
+/// object to store.
+async fn admit_create(
+    ctx: &Arc<Ctx>,
+    target: &Target,
+    req: &Req,
+    mut obj: Value,
+) -> ApiResult<Value> {
+    let def = &target.def;
+    let name = meta_str(&obj, "name").to_string();
+    let options = json!({"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"});
+    let mut attrs = admission_attrs(
+        target,
+        req,
+        Operation::Create,
+        &name,
+        Some(obj.clone()),
+        None,
+        options,
+    );
+    let admitted = admission::mutate(ctx, &mut attrs).await?;
+    if let Some(mutated) = admitted.object {
+        obj = fix_immutable(&obj, prepare_body(def, mutated, Fields::Ignore)?);
+        label_namespace(def, &mut obj);
+    }
+    schema::check(def, &obj, None)?;
+    admission::validate(ctx, &attrs).await?;
+    Ok(obj)
 }
 
 /// Metadata fields clients and webhooks cannot change.
@@ -597,6 +705,38 @@ fn check_new_finalizers(def: &ResourceDef, old: &Value, new: &Value) -> ApiResul
     ))
 }
 
+/// Admission of an update in kube-apiserver's order: mutating webhooks, the registry
+/// strategy's validation (a custom resource's schema, ratcheted against `old`),
+/// validating webhooks. Returns the object to store.
+async fn admit_update(
+    ctx: &Arc<Ctx>,
+    target: &Target,
+    req: &Req,
+    old: &Value,
+    mut new: Value,
+) -> ApiResult<Value> {
+    let def = &target.def;
+    let name = meta_str(old, "name").to_string();
+    let options = json!({"kind": "UpdateOptions", "apiVersion": "meta.k8s.io/v1"});
+    let mut attrs = admission_attrs(
+        target,
+        req,
+        Operation::Update,
+        &name,
+        Some(new.clone()),
+        Some(old.clone()),
+        options,
+    );
+    let admitted = admission::mutate(ctx, &mut attrs).await?;
+    if let Some(mutated) = admitted.object {
+        let mutated = prepare_body(def, mutated, Fields::Ignore)?;
+        new = merge_for_update(def, target.sub.as_deref(), old, mutated);
+    }
+    schema::check(def, &new, Some(old))?;
+    admission::validate(ctx, &attrs).await?;
+    Ok(new)
+}
+
 /// Admits and stores an updated object (compare-and-swap on the old resourceVersion).
 pub(crate) async fn commit_update(
     ctx: &Arc<Ctx>,
@@ -607,23 +747,8 @@ pub(crate) async fn commit_update(
 ) -> Result<Value, CommitError> {
     let def = &target.def;
     let name = meta_str(old, "name").to_string();
-    let options = json!({"kind": "UpdateOptions", "apiVersion": "meta.k8s.io/v1"});
-    let attrs = admission_attrs(
-        target,
-        req,
-        Operation::Update,
-        &name,
-        Some(new.clone()),
-        Some(old.clone()),
-        options,
-    );
-    let admitted = admission::admit(ctx, attrs).await?;
-    let mut new = new;
     let applied_fields = new.pointer("/metadata/managedFields").cloned();
-    if let Some(mutated) = admitted.object {
-        let mutated = prepare_body(def, mutated, Fields::Drop)?;
-        new = merge_for_update(def, target.sub.as_deref(), old, mutated);
-    }
+    let mut new = admit_update(ctx, target, req, old, new).await?;
     if req.content_type.starts_with(APPLY_YAML) {
         if let (Some(fields), Some(meta)) = (applied_fields, meta_mut(&mut new)) {
             meta.insert("managedFields".into(), fields);
@@ -723,7 +848,7 @@ pub(crate) async fn patch(
         if !patched_rv.is_empty() && patched_rv != meta_str(&old, "resourceVersion") {
             return Err(ApiError::stale(&def.group, &def.plural, &name));
         }
-        let patched = prepare_body(def, patched, Fields::of(req))?;
+        let patched = prepare_patched(def, patched, Fields::of(req))?;
         let new = merge_for_update(def, target.sub.as_deref(), &old, patched);
         match commit_update(ctx, target, req, &old, new).await {
             Ok(v) => return Ok((StatusCode::OK, v)),
