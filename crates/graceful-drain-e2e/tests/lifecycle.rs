@@ -931,21 +931,7 @@ fn chart_workloads() -> Vec<Value> {
         .collect();
     let ops: Vec<Value> = workloads
         .iter()
-        .map(|o| {
-            let text = o
-                .to_string()
-                .replace(
-                    r#""namespace":"graceful-drain""#,
-                    r#""namespace":"ops-system""#,
-                )
-                .replace(
-                    r#""app.kubernetes.io/instance":"graceful-drain""#,
-                    r#""app.kubernetes.io/instance":"ops""#,
-                )
-                .replace("graceful-drain-webhook", "ops-graceful-drain-webhook")
-                .replace("graceful-drain-agent", "ops-graceful-drain-agent");
-            serde_json::from_str(&text).unwrap()
-        })
+        .map(graceful_drain_testing::fixtures::as_release_ops)
         .collect();
     workloads.into_iter().chain(ops).collect()
 }

@@ -550,7 +550,7 @@ impl Cache {
             .get(namespace)
             .cloned()
             .unwrap_or_default();
-        facts.opted_out |= self.excluded_namespaces.contains(namespace);
+        facts.opted_out = self.opted_out(namespace);
         facts
     }
 

@@ -425,7 +425,8 @@ pub fn decide(
             listed(snap),
             snap.left_slices_at,
             released,
-            (delay, now),
+            delay,
+            now,
         ) {
             Some(due) if due > now => Decision::Pending { delete_at: due },
             Some(_) => Decision::Pass(Pass::AlreadyDue),
@@ -581,7 +582,8 @@ pub fn due_at(
     listed: bool,
     left_at: Option<Timestamp>,
     released_at: Option<Timestamp>,
-    (delay, now): (Duration, Timestamp),
+    delay: Duration,
+    now: Timestamp,
 ) -> Option<Timestamp> {
     let limit = add(delete_at, MAX_ENDPOINT_WAIT);
     if now >= limit {

@@ -180,14 +180,8 @@ pub fn is_due(
         return false;
     }
     let released = pod.released_at;
-    super::decide::due_at(
-        pod.delete_at,
-        listed,
-        left_slices_at,
-        released,
-        (margin, now),
-    )
-    .is_some_and(|due| now >= due)
+    super::decide::due_at(pod.delete_at, listed, left_slices_at, released, margin, now)
+        .is_some_and(|due| now >= due)
 }
 
 /// Evicts `pod` ([`evict_pod`]); deletes it when the eviction cannot pass although its

@@ -156,17 +156,23 @@ fn free_port() -> Result<SocketAddr, Error> {
     })
 }
 
-async fn ready_http(addr: SocketAddr) -> bool {
-    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
-        return false;
-    };
-    let request = "GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
-    if stream.write_all(request.as_bytes()).await.is_err() {
-        return false;
-    }
+/// `GET path` on the plain-HTTP admin port `addr`: what arrived within `within`, and
+/// whether the whole answer did (the server closed the connection); `None` when the
+/// request could not be sent.
+async fn admin_get(addr: SocketAddr, path: &str, within: Duration) -> Option<(Vec<u8>, bool)> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
     let mut answer = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(1), stream.read_to_end(&mut answer)).await;
-    answer.starts_with(b"HTTP/1.1 200")
+    let read = tokio::time::timeout(within, stream.read_to_end(&mut answer)).await;
+    let whole = matches!(read, Ok(Ok(_)));
+    Some((answer, whole))
+}
+
+async fn ready_http(addr: SocketAddr) -> bool {
+    admin_get(addr, "/readyz", Duration::from_secs(1))
+        .await
+        .is_some_and(|(answer, _)| answer.starts_with(b"HTTP/1.1 200"))
 }
 
 impl Components {
@@ -353,16 +359,10 @@ impl Components {
     /// The value of `sample` (a metric name with its labels, as the exposition writes it)
     /// on the webhook replica started last; `None` when it is not exposed or cannot be read.
     pub async fn webhook_metric(&self, sample: &str) -> Option<f64> {
-        let mut stream = tokio::net::TcpStream::connect(self.webhook_admin?)
-            .await
-            .ok()?;
-        let request = "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
-        stream.write_all(request.as_bytes()).await.ok()?;
-        let mut answer = Vec::new();
-        tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
-            .await
-            .ok()?
-            .ok()?;
+        let admin = self.webhook_admin?;
+        let (answer, whole) = admin_get(admin, "/metrics", Duration::from_secs(5)).await?;
+        // A cut answer could hold a cut number.
+        whole.then_some(())?;
         let text = String::from_utf8_lossy(&answer);
         text.lines()
             .find_map(|line| line.strip_prefix(sample)?.strip_prefix(' '))

@@ -702,49 +702,28 @@ fn an_isolated_pod_waits_for_the_slices_then_its_delay() {
     let delete_at = t("00:10");
     // Left its slices at once: due at its recorded time.
     assert_eq!(
-        due_at(
-            delete_at,
-            false,
-            Some(t("00:00")),
-            None,
-            (delay, t("00:05"))
-        ),
+        due_at(delete_at, false, Some(t("00:00")), None, delay, t("00:05")),
         Some(delete_at)
     );
     // A busy EndpointSlice controller dropped it 8 s late: the delay counts from then.
     assert_eq!(
-        due_at(
-            delete_at,
-            false,
-            Some(t("00:08")),
-            None,
-            (delay, t("00:12"))
-        ),
+        due_at(delete_at, false, Some(t("00:08")), None, delay, t("00:12")),
         Some(t("00:18"))
     );
     // Still listed: not due, whatever the time.
-    assert_eq!(
-        due_at(delete_at, true, None, None, (delay, t("00:30"))),
-        None
-    );
+    assert_eq!(due_at(delete_at, true, None, None, delay, t("00:30")), None);
     // Never seen listed (a restarted replica): its recorded time.
     assert_eq!(
-        due_at(delete_at, false, None, None, (delay, t("00:05"))),
+        due_at(delete_at, false, None, None, delay, t("00:05")),
         Some(delete_at)
     );
     // Bounded: ten minutes past its delete time.
     assert_eq!(
-        due_at(delete_at, true, None, None, (delay, t("10:10"))),
+        due_at(delete_at, true, None, None, delay, t("10:10")),
         Some(t("10:10"))
     );
     assert_eq!(
-        due_at(
-            delete_at,
-            false,
-            Some(t("10:09")),
-            None,
-            (delay, t("10:10"))
-        ),
+        due_at(delete_at, false, Some(t("10:09")), None, delay, t("10:10")),
         Some(t("10:10"))
     );
 }
@@ -996,27 +975,15 @@ fn a_confirmed_release_ends_the_delay_early() {
     let delete_at = t("00:30");
     let left = Some(t("00:01"));
     assert_eq!(
-        due_at(
-            delete_at,
-            false,
-            left,
-            Some(t("00:03")),
-            (delay, t("00:04"))
-        ),
+        due_at(delete_at, false, left, Some(t("00:03")), delay, t("00:04")),
         Some(t("00:03"))
     );
     assert_eq!(
-        due_at(delete_at, true, left, Some(t("00:03")), (delay, t("00:04"))),
+        due_at(delete_at, true, left, Some(t("00:03")), delay, t("00:04")),
         None
     );
     assert_eq!(
-        due_at(
-            delete_at,
-            false,
-            left,
-            Some(t("00:45")),
-            (delay, t("00:04"))
-        ),
+        due_at(delete_at, false, left, Some(t("00:45")), delay, t("00:04")),
         Some(t("00:31"))
     );
     // The decision reads it from the pod's annotation.

@@ -34,6 +34,7 @@ use tokio::time::Instant;
 
 use crate::decide::{self, Glance, PodFacts};
 use crate::nodepods::{self, Lookup};
+use crate::recent::Recent;
 use crate::review;
 use crate::state::AppState;
 use controlled::{controlled_pods, read};
@@ -194,15 +195,38 @@ pub(super) async fn until_gone(
     }
 }
 
+/// Object `namespace/name` of kind `K` read live through `reads`, which shares one read
+/// among the reviews around it.
+async fn shared<K>(
+    reads: &Recent<Option<Arc<K>>>,
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<Arc<K>>, kube::Error>
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let key = format!("{namespace}/{name}");
+    reads.get(&key, || read::<K>(client, namespace, name)).await
+}
+
 /// ReplicaSet `namespace/name`, shared with the reviews around it.
 pub(super) async fn replicaset(
     state: &AppState,
     namespace: &str,
     name: &str,
 ) -> Result<Option<Arc<ReplicaSet>>, kube::Error> {
-    let key = format!("{namespace}/{name}");
-    let read = || read::<ReplicaSet>(&state.ctx.client, namespace, name);
-    state.controllers.replicasets.get(&key, read).await
+    shared(
+        &state.controllers.replicasets,
+        &state.ctx.client,
+        namespace,
+        name,
+    )
+    .await
 }
 
 /// Why ReplicaSet `namespace/name` has no pod to spare (`None`: it has one), from the
@@ -254,9 +278,13 @@ pub(super) async fn daemonset(
     namespace: &str,
     name: &str,
 ) -> Result<Option<Arc<DaemonSet>>, kube::Error> {
-    let key = format!("{namespace}/{name}");
-    let read = || read::<DaemonSet>(&state.ctx.client, namespace, name);
-    state.controllers.daemonsets.get(&key, read).await
+    shared(
+        &state.controllers.daemonsets,
+        &state.ctx.client,
+        namespace,
+        name,
+    )
+    .await
 }
 
 /// StatefulSet `namespace/name`, shared with the reviews around it.
@@ -265,9 +293,13 @@ pub(super) async fn statefulset(
     namespace: &str,
     name: &str,
 ) -> Result<Option<Arc<StatefulSet>>, kube::Error> {
-    let key = format!("{namespace}/{name}");
-    let read = || read::<StatefulSet>(&state.ctx.client, namespace, name);
-    state.controllers.statefulsets.get(&key, read).await
+    shared(
+        &state.controllers.statefulsets,
+        &state.ctx.client,
+        namespace,
+        name,
+    )
+    .await
 }
 
 /// The label the StatefulSet controller puts its revision in (`apps/v1`

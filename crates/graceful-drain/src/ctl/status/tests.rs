@@ -19,6 +19,7 @@ use graceful_drain_core::labels::{
 use graceful_drain_core::lifecycle::{
     ClaimStatus, LifecycleEvent, LifecycleEventSpec, LifecycleEventStatus,
 };
+use graceful_drain_testing::fixtures::as_release_ops;
 use graceful_drain_testing::fixtures::mock::{self, Scenario, Step};
 use graceful_drain_testing::fixtures::to_json;
 use graceful_drain_webhook::lease::DEFAULT_NAME as LEASE_NAME;
@@ -483,24 +484,6 @@ const CHART: &str = include_str!("../../../../../deploy/graceful-drain.yaml");
 fn chart_object(kind: &str) -> serde_json::Value {
     let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(CHART).unwrap();
     docs.into_iter().find(|d| d["kind"] == kind).unwrap()
-}
-
-/// `object` as `helm install ops -n ops-system` renders it (the chart's fullname is
-/// `ops-graceful-drain` for a release name without the chart's).
-fn as_release_ops(object: &serde_json::Value) -> serde_json::Value {
-    let text = serde_json::to_string(object)
-        .unwrap()
-        .replace(
-            r#""namespace":"graceful-drain""#,
-            r#""namespace":"ops-system""#,
-        )
-        .replace(
-            r#""app.kubernetes.io/instance":"graceful-drain""#,
-            r#""app.kubernetes.io/instance":"ops""#,
-        )
-        .replace("graceful-drain-webhook", "ops-graceful-drain-webhook")
-        .replace("graceful-drain-agent", "ops-graceful-drain-agent");
-    serde_json::from_str(&text).unwrap()
 }
 
 fn typed<K: serde::de::DeserializeOwned>(value: &serde_json::Value) -> K {
