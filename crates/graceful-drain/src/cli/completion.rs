@@ -49,9 +49,15 @@ mod tests {
         for shell in Shell::value_variants() {
             let script = String::from_utf8(script(*shell)).unwrap();
             assert!(script.contains("graceful-drain"), "{shell}: {script}");
-            for word in ["drain", "uncordon", "status", "--kubeconfig"] {
+            for word in ["drain", "uncordon", "status"] {
                 assert!(script.contains(word), "{shell} lacks {word}");
             }
+            // fish names a long option `-l kubeconfig`; the other shells spell it out.
+            let flag = match shell {
+                Shell::Fish => "-l kubeconfig",
+                _ => "--kubeconfig",
+            };
+            assert!(script.contains(flag), "{shell} lacks {flag}");
         }
     }
 

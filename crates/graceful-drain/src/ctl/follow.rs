@@ -272,7 +272,12 @@ impl Follower<'_> {
                         status_line(&self.name, &self.seen, &self.node, self.news.as_deref());
                     display.status(&line, started.elapsed());
                 }
-                Verdict::Succeeded => return Ok(()),
+                Verdict::Succeeded => {
+                    // The Events posted since the last poll (the drain's last tier, its
+                    // end) are printed before the verdict.
+                    self.refresh_node(display).await;
+                    return Ok(());
+                }
                 Verdict::Ended { status, reason } => {
                     let reason = self.with_pods_left(reason).await;
                     return Err(Error::Ended {
@@ -372,7 +377,13 @@ impl Follower<'_> {
     /// expiry), so a failure can still say what blocked it — but not once the drain
     /// finished, when that message is stale.
     async fn reload_node(&mut self) {
-        if let Some(node) = self.read_node().await {
+        let node = self.read_node().await;
+        self.keep_node(node);
+    }
+
+    /// Takes a fresh read of the node (see [`carry_progress`]); none keeps the last one.
+    fn keep_node(&mut self, node: Option<NodeState>) {
+        if let Some(node) = node {
             let previous = std::mem::take(&mut self.node);
             self.node = carry_progress(previous, node);
         }
@@ -426,15 +437,24 @@ impl Follower<'_> {
         )
     }
 
+    /// Re-reads the node, then its Events, and prints the new Events. The node is read
+    /// first and kept only when the Events could be listed too: the agent posts an Event
+    /// (the drain plan) before the progress it leads to, so the status line printed next
+    /// never runs ahead of the Events printed above it.
     async fn refresh_node(&mut self, display: &mut Display) {
-        self.reload_node().await;
+        let node = self.read_node().await;
         let params = ListParams::default().fields(&format!(
             "involvedObject.kind=Node,involvedObject.name={}",
             self.request.node
         ));
-        let Ok(list) = self.node_events.list(&params).await else {
-            return;
+        let list = match self.node_events.list(&params).await {
+            Ok(list) => list,
+            Err(error) => {
+                tracing::debug!(error = %graceful_drain_core::error::chain(&error), "list the node's events; next poll");
+                return;
+            }
         };
+        self.keep_node(node);
         let mut fresh: Vec<&Event> = list
             .items
             .iter()
