@@ -647,6 +647,7 @@ async fn run_drains(api: &ApiServer, layout: Layout, webhook: &Webhook) -> Drain
             timeline: kube_sim::traffic::timeline::Timeline::new(),
             isolation_label: Some(graceful_drain_core::labels::DRAINING_LABEL.to_string()),
             kwok: false,
+            pod_net: None,
         };
         tokio::spawn(sim_kubelet::run(ctx, shutdown.clone()));
     }

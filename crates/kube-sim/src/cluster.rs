@@ -34,6 +34,7 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use super::apiserver::{self, ApiServer, NOT_READY_TAINT};
 use super::controllers::{self, kubelet, users};
 use super::lb::{self, LbConfig, LbModel, LoadBalancers};
+use super::podnet::PodNet;
 use super::task::spawn_owned;
 use super::traffic::apps::{Apps, Behaviour};
 use super::traffic::clients::Clients;
@@ -78,6 +79,9 @@ pub enum Error {
     /// KWOK could not run the nodes.
     #[error("kwok: {0}")]
     Kwok(String),
+    /// The pods' real listeners could not be set up.
+    #[error("pod network")]
+    PodNet(#[source] crate::podnet::Error),
     /// A component's credentials could not be made.
     #[error("credentials for {user}: {reason}")]
     Credentials {
@@ -134,6 +138,14 @@ pub struct ClusterConfig {
     /// ([`crate::kwok`]) instead of writing their status itself. The simulated cluster
     /// ignores it. `None` (the default) keeps the simulated kubelets' own API calls.
     pub kwok: Option<std::path::PathBuf>,
+    /// Pods as real HTTP servers ([`crate::podnet`]): with a port, every pod listens on
+    /// the loopback twin of its IP at that port while its app accepts (pod `10.64.1.2`
+    /// on `127.64.1.2:port`; see [`crate::podnet::loopback_twin`]), so a real load
+    /// balancer can route to it. `Some(0)` picks a port free at start
+    /// ([`DataPlane::pod_net`] tells it), which clusters running side by side need: every
+    /// KWOK hands out the same addresses. `None` (the default): apps are reached
+    /// in-process only.
+    pub pod_port: Option<u16>,
 }
 
 /// The kubelet's default `--max-pods`.
@@ -161,6 +173,7 @@ impl Default for ClusterConfig {
             crds: Vec::new(),
             isolation_label: None,
             kwok: None,
+            pod_port: None,
         }
     }
 }
@@ -319,6 +332,7 @@ impl WebSpec {
 pub struct DataPlane {
     client: kube::Client,
     apps: Apps,
+    pod_net: Option<PodNet>,
     lbs: LoadBalancers,
     timeline: Timeline,
     nodes: Vec<String>,
@@ -373,7 +387,7 @@ impl Cluster {
             None,
             lb_client,
             shutdown,
-        );
+        )?;
         spawn_controllers(&api, &cfg, &plane.shutdown);
         let cluster = Cluster { plane, api };
         cluster.install_crds(&cfg.crds).await?;
@@ -389,7 +403,8 @@ impl Cluster {
 impl DataPlane {
     /// Starts a kubelet for each registered node with its client (`kubelets`: node, client)
     /// and the load balancers with `lb_client`; with `kwok_hosts` (a client that may watch
-    /// every pod), an app-playing kubelet for each node KWOK manages, now and later.
+    /// every pod), an app-playing kubelet for each node KWOK manages, now and later. With
+    /// [`ClusterConfig::pod_port`], the kubelets open the pods' real listeners.
     fn start(
         cfg: &ClusterConfig,
         client: kube::Client,
@@ -397,9 +412,14 @@ impl DataPlane {
         kwok_hosts: Option<kube::Client>,
         lb_client: kube::Client,
         shutdown: CancellationToken,
-    ) -> DataPlane {
+    ) -> Result<DataPlane> {
         let timeline = Timeline::new();
         let apps = Apps::default();
+        let pod_net = cfg
+            .pod_port
+            .map(|port| PodNet::new(apps.clone(), port, shutdown.clone()))
+            .transpose()
+            .map_err(Error::PodNet)?;
         let lbs = LoadBalancers::with_model(cfg.lb, cfg.lb_model, timeline.clone());
         let mut nodes = Vec::with_capacity(kubelets.len());
         for (index, (node, kubelet_client)) in kubelets.into_iter().enumerate() {
@@ -414,6 +434,7 @@ impl DataPlane {
                 timeline: timeline.clone(),
                 isolation_label: cfg.isolation_label.clone(),
                 kwok: false,
+                pod_net: pod_net.clone(),
             };
             spawn_owned(
                 "kubelet",
@@ -434,6 +455,7 @@ impl DataPlane {
                 apps: apps.clone(),
                 timeline: timeline.clone(),
                 isolation_label: cfg.isolation_label.clone(),
+                pod_net: pod_net.clone(),
             };
             spawn_owned(
                 "kwok-app-hosts",
@@ -441,14 +463,15 @@ impl DataPlane {
                 crate::kwok::run_app_hosts(host, shutdown.clone()),
             );
         }
-        DataPlane {
+        Ok(DataPlane {
             client,
             apps,
+            pod_net,
             lbs,
             timeline,
             nodes,
             shutdown,
-        }
+        })
     }
 
     /// A client with the cluster administrator's rights. It retries nothing (no 429, no
@@ -479,6 +502,12 @@ impl DataPlane {
     /// The app registry.
     pub fn apps(&self) -> &Apps {
         &self.apps
+    }
+
+    /// The pods' real listeners, with [`ClusterConfig::pod_port`]; [`PodNet::port`] is the
+    /// port every pod listens on.
+    pub fn pod_net(&self) -> Option<&PodNet> {
+        self.pod_net.as_ref()
     }
 
     /// The load balancers.
@@ -779,7 +808,7 @@ impl RealCluster {
                     Some(admin.clone()),
                     admin,
                     shutdown,
-                );
+                )?;
                 plane.nodes = nodes;
                 (plane, Some(kwok))
             }
@@ -793,7 +822,7 @@ impl RealCluster {
                     let client = client_for(&config, Some(user), kubeconfig)?;
                     kubelets.push((node, client));
                 }
-                let plane = DataPlane::start(&cfg, plain, kubelets, None, admin, shutdown);
+                let plane = DataPlane::start(&cfg, plain, kubelets, None, admin, shutdown)?;
                 (plane, None)
             }
         };

@@ -13,7 +13,9 @@
 //! What no control plane has stays ours: the apps inside the pods (their traffic, SIGTERM
 //! and exit) are played by kubelets that make no API call ([`kubelet::Context::kwok`]), one
 //! for each node KWOK manages — the ones registered at attach and any a node autoscaler
-//! (Karpenter's KWOK provider) creates later, which carry the same annotation.
+//! (Karpenter's KWOK provider) creates later, which carry the same annotation. When the
+//! cluster has a pod port, those kubelets open each pod's real listener on the loopback
+//! twin of the IP KWOK gave it ([`POD_CIDR`], [`crate::podnet`]).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -30,6 +32,7 @@ use crate::controllers::kubelet::{self, KubeletConfig};
 use crate::controllers::kubelet::{
     EXIT_CODE_ANNOTATION, NEVER_READY_ANNOTATION, RUN_FOR_ANNOTATION,
 };
+use crate::podnet::PodNet;
 use crate::task::spawn_owned;
 use crate::traffic::apps::{Apps, Behaviour};
 use crate::traffic::timeline::Timeline;
@@ -39,8 +42,25 @@ use crate::traffic::timeline::Timeline;
 pub const NODE_ANNOTATION: &str = "kwok.x-k8s.io/node";
 /// Its value.
 pub const NODE_ANNOTATION_VALUE: &str = "fake";
-/// Pod IPs KWOK hands out: never routed, never dialled (the traffic is in-process).
-const POD_CIDR: &str = "10.64.0.0/12";
+/// Pod IPs KWOK hands out. Never routed and never dialled: a pod's real listener binds
+/// the address's loopback twin (`10.64.1.2` → `127.64.1.2`, [`podnet::loopback_twin`]).
+/// They cannot be loopback addresses themselves, for kube-apiserver refuses loopback
+/// EndpointSlice addresses (k8s.io/kubernetes `pkg/apis/discovery/validation/validation.go:122`
+/// calls `ValidateEndpointIP`, `pkg/apis/core/validation/validation.go:8756-8758`), so the
+/// EndpointSlice controller could not publish such pods. KWOK's pod controller takes a
+/// pod's IP from its node's `spec.podCIDRs`/`spec.podCIDR` and only without one from
+/// `--cidr` (sigs.k8s.io/kwok `pkg/kwok/controllers/pod_controller.go:745-776`,
+/// `funcPodIPWith`); nothing sets a podCIDR on our nodes — we register them without,
+/// kube-controller-manager allocates none without `--allocate-node-cidrs` (off by
+/// default: k8s.io/cloud-provider `options/kubecloudshared.go:60`; k8s.io/kubernetes
+/// `cmd/kube-controller-manager/app/core.go:89` then skips the node IPAM controller) and
+/// Karpenter's KWOK provider sets none — so every pod IP is from here and every twin is in
+/// `127.64.0.0/12`. The pool's first address is the CIDR's address plus one
+/// (`pkg/kwok/controllers/utils.go:56-68`; `pkg/utils/net/ip.go:77-84` keeps the address
+/// as written): `10.64.0.1`.
+///
+/// [`podnet::loopback_twin`]: crate::podnet::loopback_twin
+pub const POD_CIDR: &str = "10.64.0.0/12";
 /// How long a node's Lease lasts; KWOK renews it at a quarter of that, well inside the node
 /// lifecycle controller's grace period (50 s).
 const LEASE_SECONDS: u32 = 40;
@@ -371,6 +391,7 @@ pub(crate) struct AppHost {
     pub apps: Apps,
     pub timeline: Timeline,
     pub isolation_label: Option<String>,
+    pub pod_net: Option<PodNet>,
 }
 
 /// Whether KWOK manages `node`.
@@ -403,6 +424,7 @@ pub(crate) async fn run_app_hosts(
             timeline: host.timeline.clone(),
             isolation_label: host.isolation_label.clone(),
             kwok: true,
+            pod_net: host.pod_net.clone(),
         };
         index += 1;
         spawn_owned("kubelet", stop.clone(), kubelet::run(ctx, stop.clone()));
@@ -439,6 +461,23 @@ pub(crate) async fn run_app_hosts(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pod_ips_are_valid_endpoints_with_loopback_twins() {
+        let (ip, prefix) = POD_CIDR.split_once('/').unwrap();
+        let first: std::net::Ipv4Addr = ip.parse().unwrap();
+        let prefix: u32 = prefix.parse().unwrap();
+        let last = std::net::Ipv4Addr::from(u32::from(first) | (u32::MAX >> prefix));
+        for ip in [first, last] {
+            assert!(
+                !ip.is_loopback(),
+                "{ip}: kube-apiserver refuses it in an EndpointSlice"
+            );
+            let twin = crate::podnet::loopback_twin(ip.into()).unwrap();
+            assert!(twin.is_loopback(), "{twin}");
+        }
+        assert!(prefix >= 8, "the twins keep the addresses apart");
+    }
 
     #[test]
     fn stages_carry_the_kubelet_timings() {

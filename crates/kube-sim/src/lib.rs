@@ -2,8 +2,9 @@
 //!
 //! [`apiserver`] speaks the Kubernetes REST API; [`controllers`] are the scheduler,
 //! kubelets and controllers talking to it over HTTP; [`lb`] models cloud load balancers
-//! and [`traffic`] sends requests through them, counting 5xx; [`cluster`] wires these
-//! together; [`selector`] matches label selectors for all of them.
+//! and [`traffic`] sends requests through them, counting 5xx; [`podnet`] makes the pods
+//! real HTTP servers on loopback addresses, for a real load balancer to route to;
+//! [`cluster`] wires these together; [`selector`] matches label selectors for all of them.
 //!
 //! It depends on no crate of graceful-drain's and knows nothing of its components: what a
 //! product needs of the cluster — CustomResourceDefinitions installed at start, a label
@@ -16,6 +17,7 @@ pub mod controllers;
 pub mod fixtures;
 pub mod kwok;
 pub mod lb;
+pub mod podnet;
 pub mod selector;
 mod task;
 pub mod traffic;

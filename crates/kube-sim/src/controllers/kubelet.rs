@@ -27,6 +27,11 @@
 //! Container restarts are not modelled, so OnFailure behaves like Never. Pods with
 //! `restartPolicy: Always` (every Deployment, StatefulSet and DaemonSet pod) ignore the
 //! annotations and behave as before.
+//!
+//! With a [`PodNet`] the apps are real HTTP servers too: a pod's listener opens on the
+//! loopback twin of its IP once its app accepts and the pod has an IP (KWOK's, or the one
+//! this kubelet reports), and closes, closes its idle connections and is killed at the
+//! moments the registry's app does ([`crate::podnet`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -40,6 +45,7 @@ use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 
 use super::{Reconciler, Result, Watches, api_err, key, ns_name, ready, run_passes, status_code};
+use crate::podnet::{self, PodNet};
 use crate::traffic::apps::{APP_BEHAVIOUR_ANNOTATION, Apps, Behaviour};
 use crate::traffic::timeline::{EventKind, Timeline};
 use tokio_util::sync::CancellationToken;
@@ -64,6 +70,10 @@ pub const NEVER_READY_ANNOTATION: &str = "sim.graceful-drain.io/never-ready";
 const SIGTERM_EXIT_CODE: i32 = 143;
 /// Exit code of a process killed when the grace period ran out (128 + 9).
 const SIGKILL_EXIT_CODE: i32 = 137;
+/// How soon a pod's listener is tried again after its address could not be bound (held
+/// by a pod of the same IP that is not killed yet, which takes one of this kubelet's
+/// passes): quick next to a start delay, slow enough not to spin.
+const OPEN_RETRY: Duration = Duration::from_millis(200);
 
 /// Timings of the simulated containers.
 #[derive(Clone, Copy, Debug)]
@@ -93,6 +103,22 @@ struct Local {
     /// A batch pod's terminal phase has been reported.
     terminal_reported: bool,
     deleted: bool,
+    /// Its real listener, with a [`PodNet`].
+    listener: Listener,
+}
+
+/// Where a pod's real listener is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Listener {
+    /// Not opened yet.
+    #[default]
+    Unopened,
+    /// Binding failed `failures` times; tried again at `at`.
+    Retrying { at: Instant, failures: u32 },
+    /// Opened (and possibly closed since: the [`PodNet`] knows).
+    Opened,
+    /// Never to be opened: its IP has no loopback twin to bind.
+    Refused,
 }
 
 /// What a pod's step may touch besides its own state.
@@ -100,6 +126,38 @@ struct Env<'a> {
     cfg: KubeletConfig,
     apps: &'a Apps,
     timeline: &'a Timeline,
+    /// The pods' real listeners, if they have any.
+    net: Option<&'a PodNet>,
+    /// KWOK assigns the pods' IPs (see [`Context::kwok`]).
+    kwok: bool,
+}
+
+impl Env<'_> {
+    /// The app closes its listener.
+    fn stop_accepting(&self, uid: &str) {
+        self.apps.stop_accepting(uid);
+        if let Some(net) = self.net {
+            net.close_listener(uid);
+        }
+    }
+
+    /// The app closes its idle connections; returns how many the registry closed.
+    fn close_idle(&self, uid: &str) -> usize {
+        let closed = self.apps.close_idle(uid);
+        if let Some(net) = self.net {
+            net.close_idle(uid);
+        }
+        closed
+    }
+
+    /// The app's process ends; returns how many requests were cut.
+    fn exit(&self, uid: &str) -> u32 {
+        let cut = self.apps.exit(uid);
+        if let Some(net) = self.net {
+            net.kill(uid);
+        }
+        cut
+    }
 }
 
 impl Local {
@@ -117,6 +175,7 @@ impl Local {
             exited: false,
             terminal_reported: false,
             deleted: false,
+            listener: Listener::default(),
         }
     }
 
@@ -155,7 +214,7 @@ impl Local {
         }
         if !self.exited {
             self.exited = true;
-            env.apps.exit(uid);
+            env.exit(uid);
         }
         let call = Call::Terminal {
             ns,
@@ -244,13 +303,9 @@ impl Local {
         let never_served = !self.ready_reported;
         if !self.stopped_accepting && (now >= stop_at || never_served) {
             self.stopped_accepting = true;
-            env.apps.stop_accepting(uid);
+            env.stop_accepting(uid);
             env.timeline.record(EventKind::StoppedAccepting, &self.pod);
-            let closed = if graceful {
-                env.apps.close_idle(uid)
-            } else {
-                0
-            };
+            let closed = if graceful { env.close_idle(uid) } else { 0 };
             if closed > 0 {
                 let what = format!("{} ({closed} idle)", self.pod);
                 env.timeline.record(EventKind::ClosedConnections, what);
@@ -259,7 +314,7 @@ impl Local {
         let drained = !graceful || env.apps.in_flight(uid) == 0;
         if !self.exited && (never_served || now >= kill_at || (now >= exit_at && drained)) {
             self.exited = true;
-            env.apps.exit(uid);
+            env.exit(uid);
         }
         if self.exited {
             None
@@ -270,6 +325,67 @@ impl Local {
         } else {
             Some((now + DRAIN_POLL).min(kill_at))
         }
+    }
+}
+
+impl Local {
+    /// Opens the pod's real listener, on the loopback twin of its IP, once its app accepts
+    /// and the pod has an IP (with a [`PodNet`]). Returns when to try again after a failed
+    /// bind; a pod still waiting for KWOK's IP needs no timer, the status update that
+    /// brings it wakes the kubelet.
+    fn listen(&mut self, env: &Env<'_>, uid: &str, pod: &Pod, now: Instant) -> Option<Instant> {
+        let net = env.net?;
+        let failures = match self.listener {
+            Listener::Opened | Listener::Refused => return None,
+            Listener::Retrying { at, .. } if now < at => return Some(at),
+            Listener::Retrying { failures, .. } => failures,
+            Listener::Unopened => 0,
+        };
+        if !env.apps.accepting(uid) {
+            return None;
+        }
+        let status_ip = pod.status.as_ref().and_then(|s| s.pod_ip.as_deref());
+        let own_ip = (!env.kwok).then_some(self.ip.as_str());
+        let ip = status_ip.filter(|ip| !ip.is_empty()).or(own_ip)?;
+        let Some(twin) = ip.parse().ok().and_then(podnet::loopback_twin) else {
+            tracing::warn!(pod = %self.pod, %ip, "pod IP has no loopback twin; no listener");
+            self.listener = Listener::Refused;
+            return None;
+        };
+        match net.open(uid, twin, net.port()) {
+            Ok(addr) => {
+                tracing::debug!(pod = %self.pod, %addr, "listening");
+                self.listener = Listener::Opened;
+                None
+            }
+            Err(error @ podnet::Error::NotLoopback { .. }) => {
+                tracing::warn!(%error, "no listener");
+                self.listener = Listener::Refused;
+                None
+            }
+            Err(error) => {
+                let source = std::error::Error::source(&error).map(ToString::to_string);
+                if failures == 0 {
+                    tracing::warn!(%error, ?source, "listener not opened; retrying");
+                } else {
+                    tracing::debug!(%error, ?source, failures, "listener not opened; retrying");
+                }
+                let at = now + OPEN_RETRY;
+                self.listener = Listener::Retrying {
+                    at,
+                    failures: failures + 1,
+                };
+                Some(at)
+            }
+        }
+    }
+}
+
+/// The earlier of two optional times.
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 
@@ -321,6 +437,8 @@ struct Kubelet {
     isolation_label: Option<String>,
     /// See [`Context::kwok`]: every call counts as made, none is.
     kwok: bool,
+    /// See [`Context::pod_net`].
+    pod_net: Option<PodNet>,
     pods: Store<Pod>,
     local: HashMap<String, Local>,
     next_ip: u32,
@@ -351,6 +469,8 @@ impl Kubelet {
             cfg: self.cfg,
             apps: &self.apps,
             timeline: &self.timeline,
+            net: self.pod_net.as_ref(),
+            kwok: self.kwok,
         };
         let Some(st) = self.local.get_mut(&uid) else {
             return (None, None);
@@ -360,10 +480,12 @@ impl Kubelet {
             st.isolated = true;
             env.timeline.record(EventKind::Isolated, &st.pod);
         }
-        match pod.metadata.deletion_timestamp {
+        let (call, next) = match pod.metadata.deletion_timestamp {
             None => st.running(&env, &uid, pod, now),
             Some(_) => st.terminating(&env, &uid, pod, now),
-        }
+        };
+        let retry = st.listen(&env, &uid, pod, now);
+        (call, earliest(next, retry))
     }
 }
 
@@ -376,10 +498,7 @@ impl Reconciler for Kubelet {
         for pod in &pods {
             let (call, at) = self.step(pod, now);
             calls.extend(call.map(|c| (pod.uid().unwrap_or_default(), c)));
-            next = match (next, at) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            next = earliest(next, at);
         }
         self.forget_gone(&pods);
         let (client, node, kwok) = (&self.client, &self.node, self.kwok);
@@ -422,13 +541,16 @@ impl Kubelet {
     /// Pods gone from the cache: their apps go too.
     fn forget_gone(&mut self, pods: &[Arc<Pod>]) {
         let live: std::collections::HashSet<String> = pods.iter().filter_map(|p| p.uid()).collect();
-        let (apps, timeline) = (&self.apps, &self.timeline);
+        let (apps, timeline, net) = (&self.apps, &self.timeline, &self.pod_net);
         self.local.retain(|uid, st| {
             if live.contains(uid) {
                 return true;
             }
             if apps.exit(uid) > 0 {
                 tracing::debug!(pod = %st.pod, "requests in flight cut by deletion");
+            }
+            if let Some(net) = net {
+                net.kill(uid);
             }
             apps.remove(uid);
             timeline.record(EventKind::Deleted, &st.pod);
@@ -628,7 +750,8 @@ pub struct Context {
     /// reported at start), and only pods bound to it are played.
     pub node: String,
     /// Distinguishes the pod IP ranges of nodes: pods get `10.(100 + index % 150).x.y`, so
-    /// indexes should differ modulo 150 among one cluster's nodes.
+    /// indexes should differ modulo 150 among one cluster's nodes. KWOK's pods get KWOK's
+    /// IPs instead.
     pub node_index: usize,
     /// The container timings.
     pub config: KubeletConfig,
@@ -646,6 +769,10 @@ pub struct Context {
     /// deletes them, and this kubelet makes no API call — it only plays the apps inside the
     /// pods on the same timings.
     pub kwok: bool,
+    /// Real listeners for the pods' apps ([`crate::podnet`]): each pod listens on the
+    /// loopback twin of its IP (KWOK's, or the one this kubelet reports) at the net's port
+    /// while its app accepts. `None`: the apps are reached in-process only.
+    pub pod_net: Option<PodNet>,
 }
 
 /// Runs the kubelet of `ctx.node` until `shutdown`.
@@ -670,6 +797,7 @@ pub async fn run(ctx: Context, shutdown: CancellationToken) -> Result<()> {
         timeline: ctx.timeline,
         isolation_label: ctx.isolation_label,
         kwok: ctx.kwok,
+        pod_net: ctx.pod_net,
         pods,
         local: HashMap::new(),
         next_ip: 0,
@@ -679,6 +807,8 @@ pub async fn run(ctx: Context, shutdown: CancellationToken) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::net::IpAddr;
+
     use super::*;
     use crate::fixtures::{self, PodFixture};
     use crate::traffic::apps::Ticket;
@@ -706,6 +836,8 @@ mod tests {
             cfg: cfg(),
             apps: &apps,
             timeline: &timeline,
+            net: None,
+            kwok: false,
         };
         let t0 = Instant::now();
         let s = |n: u64| t0 + Duration::from_secs(n);
@@ -734,6 +866,61 @@ mod tests {
         assert_eq!(apps.phase("u"), Some(crate::traffic::apps::Phase::Exited));
     }
 
+    #[tokio::test]
+    async fn a_kwok_pod_listens_on_the_twin_of_kwoks_ip_once_it_has_one_and_while_it_accepts() {
+        let (apps, timeline) = (Apps::default(), Timeline::new());
+        let net = PodNet::new(apps.clone(), 0, CancellationToken::new()).unwrap();
+        let env = Env {
+            cfg: cfg(),
+            apps: &apps,
+            timeline: &timeline,
+            net: Some(&net),
+            kwok: true,
+        };
+        let t0 = Instant::now();
+        let s = |n: u64| t0 + Duration::from_secs(n);
+        let mut local = Local::new("ns/p".into(), "10.100.0.2".into(), t0);
+        apps.start("u", "ns/p");
+        local.running(&env, "u", &pod(None), s(1));
+        assert!(apps.accepting("u"));
+        // KWOK has not given it an IP yet (and the kubelet's own is not the pod's).
+        assert_eq!(local.listen(&env, "u", &pod(None), s(1)), None);
+        assert_eq!(net.listening("u"), None);
+        let with_ip = pod(None).ip("10.64.0.9");
+        assert_eq!(local.listen(&env, "u", &with_ip, s(1)), None);
+        let twin = "127.64.0.9".parse::<IpAddr>().unwrap();
+        assert_eq!(net.listening("u").map(|a| a.ip()), Some(twin));
+        // Terminating: the listener closes with the registry's, the kill ends the server.
+        local.ready_reported = true;
+        local.not_ready_reported = true;
+        local.terminating(&env, "u", &pod(Some(30)), s(2));
+        local.terminating(&env, "u", &pod(Some(30)), s(4));
+        assert_eq!(
+            net.listening("u"),
+            None,
+            "closed when the app stopped accepting"
+        );
+        assert!(net.close_idle("u"), "not killed before it exits");
+        local.terminating(&env, "u", &pod(Some(30)), s(7));
+        assert!(!net.close_idle("u"), "killed at exit");
+
+        // A second pod of the same IP (the first not killed yet) retries its bind.
+        apps.start("v", "ns/q");
+        apps.serve("v");
+        net.open("u2", twin, net.port()).unwrap();
+        let mut other = Local::new("ns/q".into(), String::new(), t0);
+        let retry = other.listen(&env, "v", &with_ip, s(8));
+        assert_eq!(retry, Some(s(8) + OPEN_RETRY));
+        assert_eq!(
+            other.listen(&env, "v", &with_ip, s(8)),
+            retry,
+            "not before then"
+        );
+        net.kill("u2");
+        assert_eq!(other.listen(&env, "v", &with_ip, s(9)), None);
+        assert_eq!(net.listening("v").map(|a| a.ip()), Some(twin));
+    }
+
     /// `pod(deleting)` with `restartPolicy` and the run-for and exit-code annotations.
     fn batch(deleting: Option<i64>, restart: &str, exit_code: &str) -> Pod {
         let mut pod = pod(deleting)
@@ -751,6 +938,8 @@ mod tests {
             cfg: cfg(),
             apps: &apps,
             timeline: &timeline,
+            net: None,
+            kwok: false,
         };
         let t0 = Instant::now();
         let s = |n: u64| t0 + Duration::from_secs(n);
@@ -789,6 +978,8 @@ mod tests {
             cfg: cfg(),
             apps: &apps,
             timeline: &timeline,
+            net: None,
+            kwok: false,
         };
         let t0 = Instant::now();
         let s = |n: u64| t0 + Duration::from_secs(n);
@@ -832,6 +1023,8 @@ mod tests {
             cfg: cfg(),
             apps: &apps,
             timeline: &timeline,
+            net: None,
+            kwok: false,
         };
         let t0 = Instant::now();
         let mut local = Local::new("ns/p".into(), "10.0.0.1".into(), t0);
@@ -866,6 +1059,8 @@ mod tests {
             cfg: cfg(),
             apps: &apps,
             timeline: &timeline,
+            net: None,
+            kwok: false,
         };
         let t0 = Instant::now();
         let s = |n: u64| t0 + Duration::from_secs(n);
@@ -907,6 +1102,8 @@ mod tests {
             cfg: cfg(),
             apps: &apps,
             timeline: &timeline,
+            net: None,
+            kwok: false,
         };
         let t0 = Instant::now();
         let (mut local, in_flight) = serving(Behaviour::Graceful, &apps, t0);
@@ -933,6 +1130,8 @@ mod tests {
             cfg: cfg(),
             apps: &apps,
             timeline: &timeline,
+            net: None,
+            kwok: false,
         };
         let t0 = Instant::now();
         let s = |n: u64| t0 + Duration::from_secs(n);
