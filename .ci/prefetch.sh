@@ -6,7 +6,8 @@
 # check that needs each:
 #   chart     the chart tools (helm, kubernetes-validate, hadolint, cert-manager schemas)
 #   plane     the real control plane and KWOK (`cargo xtask control-plane build`)
-#   drainers  the drainers (descheduler, Karpenter) and promtool
+#   drainers  the drainers (descheduler, Karpenter), the real load balancer (HAProxy from
+#             Debian, CoreDNS) and promtool
 #   bash .ci/prefetch.sh [chart|plane|drainers]   (no argument: all three, in that order)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +28,8 @@ fi
 if [ "$part" = drainers ] || [ "$part" = all ]; then
   step "drainers"
   bash .ci/drainers.sh
+  step "load balancer (HAProxy, CoreDNS)"
+  bash .ci/balancers.sh
   step "promtool"
   bash .ci/checks/alerts.sh --build-only
 fi

@@ -14,7 +14,8 @@ import sys
 # What ships, and what only tests and develops it.
 PRODUCT = {"graceful-drain", "graceful-drain-core", "graceful-drain-webhook", "graceful-drain-agent"}
 UNIT_TEST_SUPPORT = {"graceful-drain-testing", "kube-sim"}
-TEST_ONLY = {"kube-sim", "graceful-drain-sim", "graceful-drain-testing", "graceful-drain-e2e", "kube-control-plane"}
+TEST_ONLY = {"kube-sim", "graceful-drain-sim", "graceful-drain-testing", "graceful-drain-e2e", "kube-control-plane",
+             "real-lb"}
 
 
 def main() -> int:

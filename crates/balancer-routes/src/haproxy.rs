@@ -8,7 +8,8 @@
 //! name, never by position. [`parse_stats`] reads `pxname` (the backend), `svname` (the
 //! server), `status`, `addr` and, when present, `type` (2 is a server; 0, 1 and 3 are
 //! frontends, backends and listeners). Without `type`, the `FRONTEND` and `BACKEND` rows
-//! are told apart by their `svname`.
+//! are told apart by their `svname`. [`stat_rows`] gives every row by column name, for
+//! readers of the other columns (the error and retry counters).
 //!
 //! ## Which statuses route
 //!
@@ -124,6 +125,40 @@ pub fn parse_stats(csv: &str, backend: Option<&str>) -> Result<Routes, CsvError>
     }
 }
 
+/// Every row of `csv` after its header, as column name → field: for readers of columns
+/// other than those [`parse_stats`] reads, such as the counters `hrsp_5xx` or `wretr`.
+/// A row shorter than the header lacks the columns it does not reach; the nameless
+/// column after HAProxy's trailing comma is left out.
+pub fn stat_rows(csv: &str) -> Result<Vec<HashMap<String, String>>, CsvError> {
+    let mut records = records(csv).into_iter();
+    let header = match records.next() {
+        Some((_, Ok(fields))) => fields,
+        Some((row, Err(reason))) => return Err(CsvError::Malformed { row, reason }),
+        None => return Err(CsvError::NoHeader),
+    };
+    let names = column_names(&header)?;
+    records
+        .map(|(row, fields)| {
+            let fields = fields.map_err(|reason| CsvError::Malformed { row, reason })?;
+            Ok(names
+                .iter()
+                .zip(fields)
+                .filter(|(name, _)| !name.is_empty())
+                .map(|(name, field)| ((*name).to_string(), field))
+                .collect())
+        })
+        .collect()
+}
+
+/// The column names of the header line, its leading `# ` taken off the first.
+fn column_names(header: &[String]) -> Result<Vec<&str>, CsvError> {
+    let first = header.first().ok_or(CsvError::NoHeader)?;
+    let first = first.strip_prefix('#').ok_or(CsvError::NoHeader)?.trim();
+    Ok(std::iter::once(first)
+        .chain(header.iter().skip(1).map(String::as_str))
+        .collect())
+}
+
 /// Whether HAProxy may send a server in this `status` a request (the table of the
 /// module's head).
 pub fn status_routes(status: &str) -> bool {
@@ -158,10 +193,8 @@ struct Server<'a> {
 
 impl Columns {
     fn of(header: &[String]) -> Result<Self, CsvError> {
-        let first = header.first().ok_or(CsvError::NoHeader)?;
-        let first = first.strip_prefix('#').ok_or(CsvError::NoHeader)?.trim();
-        let index: HashMap<&str, usize> = std::iter::once(first)
-            .chain(header.iter().skip(1).map(String::as_str))
+        let index: HashMap<&str, usize> = column_names(header)?
+            .into_iter()
             .enumerate()
             .map(|(at, name)| (name, at))
             .collect();

@@ -4,7 +4,7 @@
 //! With a [`PodNet`] the kubelet opens a listener for a pod once its app accepts and the
 //! pod has an IP, on the cluster's pod port and on the IP's [loopback twin] — the pod IP
 //! with its first octet made 127 (`10.64.1.2` → `127.64.1.2`). Pod IPs themselves stay
-//! out of loopback (KWOK's `10.64.0.0/12`, [`crate::kwok::POD_CIDR`]; the simulated
+//! out of loopback (KWOK's `10.64.0.0/12`, the `POD_CIDR` of the kwok module; the simulated
 //! kubelets' `10.(100 + n).x.y`) because kube-apiserver refuses loopback addresses in
 //! EndpointSlices; whatever routes to a pod (the real tier's load balancer) dials the
 //! twin, and nothing but a loopback address is ever bound ([`Error::NotLoopback`]). The

@@ -214,3 +214,17 @@ fn answers_that_are_not_the_statistics_csv_are_errors() {
         Err(CsvError::Malformed { row: 2, .. })
     ));
 }
+
+#[test]
+fn every_row_reads_by_column_name_with_its_counters() {
+    let rows = stat_rows(STATS).unwrap();
+    let backend = rows
+        .iter()
+        .find(|row| row["pxname"] == "be_web" && row["svname"] == "BACKEND")
+        .unwrap();
+    for counter in ["hrsp_5xx", "eresp", "econ", "wretr", "wredis"] {
+        assert!(backend[counter].parse::<u64>().is_ok(), "{counter}");
+    }
+    assert!(rows.iter().all(|row| !row.contains_key("")));
+    assert_eq!(stat_rows("<html></html>\n"), Err(CsvError::NoHeader));
+}

@@ -3,7 +3,7 @@
 //! generator reads (does this pod accept a new connection now, did the request on a
 //! keep-alive connection reach a live app, did the request in flight survive). Shared
 //! in-process: the simulated traffic never goes to a pod IP; with a
-//! [`PodNet`](crate::podnet::PodNet) the real TCP connections to a pod's IP are
+//! `PodNet` (the podnet module) the real TCP connections to a pod's IP are
 //! connections of this registry too.
 //!
 //! Connections are kept here too, by id, so that their fate outlives the app: an app
