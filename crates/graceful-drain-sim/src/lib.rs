@@ -94,9 +94,13 @@ pub struct Args {
     pub deregistration_lag: Duration,
     /// Kind of the load balancer of a Service without the
     /// `sim.graceful-drain.io/load-balancer` annotation: `alb` (per request) or `nlb`
-    /// (per connection, as kube-proxy).
-    #[arg(long, default_value = "alb", value_name = "KIND")]
-    pub load_balancer: LbKind,
+    /// (per connection, as kube-proxy). With --real or --kubeconfig, `haproxy` also puts
+    /// a real load balancer in front of every row's workload — HAProxy finding the pods
+    /// through CoreDNS (`bash .ci/balancers.sh` provides both) — with traffic of its own:
+    /// the table gains the 5xx HAProxy answered (`5xx-haproxy`), and the row
+    /// `drain-haproxy-retries` runs.
+    #[arg(long, value_enum, default_value = "alb", value_name = "KIND")]
+    pub load_balancer: LoadBalancer,
     /// LB nodes of an ALB, each with its own deregistration lag.
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub alb_nodes: usize,
@@ -225,6 +229,28 @@ pub struct Args {
     pub log_file: Option<PathBuf>,
 }
 
+/// The load balancer in front of the workload (`--load-balancer`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LoadBalancer {
+    /// The simulated ALB: per request, through several LB nodes.
+    Alb,
+    /// The simulated NLB: per connection, as kube-proxy.
+    Nlb,
+    /// HAProxy 2.6 with DNS service discovery through CoreDNS, beside the simulated ALB
+    /// (the real tier only).
+    Haproxy,
+}
+
+impl LoadBalancer {
+    /// The simulated load balancers' kind.
+    fn simulated(self) -> LbKind {
+        match self {
+            LoadBalancer::Nlb => LbKind::Nlb,
+            LoadBalancer::Alb | LoadBalancer::Haproxy => LbKind::Alb,
+        }
+    }
+}
+
 /// Accepts the name of a matrix scenario.
 fn parse_scenario(text: &str) -> Result<String, String> {
     match scenario::matrix::find(text) {
@@ -285,7 +311,7 @@ impl Args {
                 deregistration_lag: self.deregistration_lag,
             },
             lb_model: LbModel {
-                default_kind: self.load_balancer,
+                default_kind: self.load_balancer.simulated(),
                 alb_nodes: self.alb_nodes,
                 alb_lag_jitter: self.alb_lag_jitter,
                 alb_controller_latency: self.alb_controller_latency,
@@ -337,6 +363,7 @@ impl Args {
             clients,
             components,
             phase_timeout: self.phase_timeout,
+            balancer: None,
         }
     }
 }
@@ -367,6 +394,10 @@ async fn dispatch(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> {
     if args.real || args.kubeconfig.is_some() {
         return run_real(args, shutdown).await;
     }
+    anyhow::ensure!(
+        args.load_balancer != LoadBalancer::Haproxy,
+        "--load-balancer haproxy runs on the real tier only (with --real or --kubeconfig)"
+    );
     if args.matrix || !args.scenarios.is_empty() {
         return run_matrix(args, shutdown).await;
     }
@@ -511,10 +542,14 @@ async fn run_real_matrix(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> 
 /// The real tier: a control plane of our own (`--real`) or the user's (`--kubeconfig`).
 async fn run_real(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> {
     if args.matrix || !args.scenarios.is_empty() {
+        anyhow::ensure!(
+            args.load_balancer != LoadBalancer::Haproxy,
+            "--load-balancer haproxy runs the real tier's rows, not the matrix"
+        );
         return run_real_matrix(args, shutdown).await;
     }
     let cfg = real_scenario(args)?;
-    let known: std::collections::BTreeSet<String> = scenario::real::scenarios(false, true)
+    let known: std::collections::BTreeSet<String> = scenario::real::scenarios(false, true, true)
         .iter()
         .map(|s| s.disruption.to_string())
         .collect();
@@ -575,31 +610,33 @@ async fn run_real(args: &Args, shutdown: Shutdown) -> anyhow::Result<()> {
             });
         restart
     });
-    let outcome = scenario::real::run(
-        &kubeconfig,
-        &cfg,
-        &args.rows,
-        args.shuffle_rows,
+    let options = scenario::real::RunOptions {
+        only: args.rows.clone(),
+        shuffle: args.shuffle_rows,
         restart,
-        &shutdown,
-        &mut |row| {
-            let outcome = match &row.result {
-                Ok(m) => format!(
-                    "{} requests, {} 5xx, {:.1}s",
-                    m.requests,
-                    m.errors_5xx,
-                    m.duration.as_secs_f64()
-                ),
-                Err(e) => format!("error: {e}"),
-            };
-            eprintln!(
-                "[{:>5.0}s] {} / {}: {outcome}",
-                started.elapsed().as_secs_f64(),
-                row.scenario.disruption,
-                row.scenario.protection
-            );
-        },
-    )
+        haproxy: args.load_balancer == LoadBalancer::Haproxy,
+    };
+    let outcome = scenario::real::run(&kubeconfig, &cfg, options, &shutdown, &mut |row| {
+        let outcome = match &row.result {
+            Ok(m) => format!(
+                "{} requests, {} 5xx{}, {:.1}s",
+                m.requests,
+                m.errors_5xx,
+                m.haproxy.as_ref().map_or_else(String::new, |h| format!(
+                    " ({} requests through HAProxy: {} 5xx, {} retried, {} redispatched)",
+                    h.requests, h.five_xx, h.wretr, h.wredis
+                )),
+                m.duration.as_secs_f64()
+            ),
+            Err(e) => format!("error: {e}"),
+        };
+        eprintln!(
+            "[{:>5.0}s] {} / {}: {outcome}",
+            started.elapsed().as_secs_f64(),
+            row.scenario.disruption,
+            row.scenario.protection
+        );
+    })
     .await;
     if let Some((cp, _dir)) = shared {
         let failed = outcome.is_err();

@@ -22,7 +22,9 @@ use crate::process::Child;
 pub const ZONE: &str = "cluster.local";
 /// The TTL of CoreDNS's answers, written out in the Corefile: the `kubernetes` plugin's
 /// default (its README: "The default is 5 seconds"). HAProxy does not cache by TTL (it asks
-/// again every `timeout resolve`); the value matters to resolvers that do.
+/// again every `timeout resolve`), but CoreDNS's own `cache` does: an endpoint that left
+/// is answered for up to a TTL more, so HAProxy lets go of a pod up to
+/// `TTL + timeout resolve` after it left its EndpointSlices.
 pub const TTL: Duration = Duration::from_secs(5);
 /// The name asked until CoreDNS answers it: every API server serves the `kubernetes`
 /// Service in `default`.
@@ -182,6 +184,9 @@ pub fn corefile(addr: SocketAddr, kubeconfig: &Path) -> String {
          \x20       # The plugin's default TTL (5 s, its README), written out.\n\
          \x20       ttl {ttl}\n\
          \x20   }}\n\
+         \x20   # Answers cached as every cluster's Corefile caches them (kubeadm's: cache 30),\n\
+         \x20   # each for its TTL: a pod that left is still answered for up to {ttl} s.\n\
+         \x20   cache {ttl}\n\
          }}\n"
     )
 }

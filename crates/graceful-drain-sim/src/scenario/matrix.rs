@@ -801,6 +801,7 @@ mod tests {
                 errors_5xx: errors,
                 duration: Duration::from_secs(1),
                 timeline: Vec::new(),
+                haproxy: None,
             })
         };
         let scenario = find("deployment-drain").unwrap();

@@ -5,6 +5,7 @@
 //! LifecycleEvent) — and measure requests, 5xx and how long each disruption took.
 
 pub mod actions;
+pub mod balancer;
 pub mod components;
 pub mod drainers;
 pub mod forged;
@@ -132,6 +133,9 @@ pub struct ScenarioConfig {
     pub components: ComponentsConfig,
     /// Bound of each phase (deploy, drain, rollout).
     pub phase_timeout: Duration,
+    /// A real load balancer (HAProxy through CoreDNS) in front of the workload too, with
+    /// traffic and a 5xx count of its own (the real tier's `--load-balancer haproxy`).
+    pub balancer: Option<balancer::RealBalancer>,
 }
 
 /// What one phase measured.
@@ -147,6 +151,8 @@ pub struct Measured {
     pub duration: Duration,
     /// The cluster's significant events during the phase, with the 5xx bursts.
     pub timeline: Vec<Event>,
+    /// What the real load balancer counted, when one ran ([`ScenarioConfig::balancer`]).
+    pub haproxy: Option<balancer::HaProxyCount>,
 }
 
 /// One line of the result table.
@@ -217,6 +223,19 @@ pub(crate) async fn measure<F>(
 where
     F: std::future::Future<Output = Result<(), Error>>,
 {
+    let front = match &cfg.balancer {
+        Some(real) => {
+            let front = real.balancer.front(
+                cluster,
+                &cfg.web,
+                &cfg.traffic,
+                cfg.phase_timeout,
+                real.retries,
+            );
+            Some(front.await?)
+        }
+        None => None,
+    };
     let traffic = cluster.traffic_with(&cfg.web, cfg.traffic, cfg.clients);
     let start = Instant::now();
     let outcome = action.await;
@@ -230,14 +249,31 @@ where
             && cluster.apps().stranded_connections() == 0
     })
     .await;
+    // HAProxy lets go of a pod on its own clock (DNS, health checks): its traffic runs
+    // until it routes to ready pods only.
+    let haproxy = match front {
+        Some(front) => Some(front.finish(cluster, &cfg.web, settle_bound(cfg)).await),
+        None => None,
+    };
     let report = traffic.stop().await;
     outcome?;
     settled?;
+    let haproxy = haproxy.transpose()?;
+    if let Some(count) = haproxy.as_ref().filter(|c| !c.agrees()) {
+        return Err(Error::Component {
+            name: "haproxy".into(),
+            reason: format!(
+                "its count and the load generator's disagree: HAProxy answered {} 5xx, the load generator saw {} and {} requests unanswered",
+                count.five_xx, count.five_xx_seen, count.unanswered
+            ),
+        });
+    }
     Ok(Measured {
         requests: report.requests,
         errors_5xx: report.errors_5xx,
         duration,
         timeline: report.timeline,
+        haproxy,
     })
 }
 
@@ -464,6 +500,7 @@ mod tests {
             errors_5xx,
             duration: Duration::from_secs(2),
             timeline: vec![],
+            haproxy: None,
         })
     }
 
@@ -526,6 +563,7 @@ mod tests {
                     errors_5xx: 96,
                     duration: Duration::from_millis(1234),
                     timeline: vec![],
+                    haproxy: None,
                 }),
             },
             Row {

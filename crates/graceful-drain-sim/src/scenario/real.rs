@@ -70,6 +70,10 @@ pub enum Disruption {
     /// `kubectl rollout restart` of a Deployment with the Recreate strategy: old and new
     /// pods must never run together (a 5xx gap is what Recreate means).
     RecreateRollout,
+    /// The drain row with HAProxy retrying a failed request on another server (`retry-on
+    /// all-retryable-errors`, `option redispatch`); the other rows run with HAProxy's
+    /// defaults. Only behind HAProxy (`--load-balancer haproxy`).
+    DrainHaProxyRetries,
     /// Drain of a node running pods of a StatefulSet behind its governing headless Service
     /// (whose selector is the StatefulSet's own) and a LoadBalancer Service.
     StatefulSetDrain,
@@ -121,6 +125,7 @@ impl fmt::Display for Disruption {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Disruption::Drain => "drain",
+            Disruption::DrainHaProxyRetries => "drain-haproxy-retries",
             Disruption::KubectlDrain => "kubectl-drain",
             Disruption::Descheduler { background: false } => "descheduler",
             Disruption::Descheduler { background: true } => "descheduler-in-background",
@@ -165,13 +170,21 @@ pub struct RealScenario {
 
 /// Every row, unprotected ones first; the seed-group and long-delay rows only where
 /// `upstream` (Kubernetes' own lifecycle.k8s.io API) is off; the fault rows only with
-/// `faults` (a control plane the tier started, whose components it can restart). No row is a known failure today; a row that fails on
-/// the real controllers before its fix lands is marked [`Expect::KnownFailure`] with the
-/// issue that removes it.
-pub fn scenarios(upstream: bool, faults: bool) -> Vec<RealScenario> {
+/// `faults` (a control plane the tier started, whose components it can restart); the
+/// drain with HAProxy's retries only `behind_haproxy`. No row is a known failure today; a
+/// row that fails on the real controllers before its fix lands is marked
+/// [`Expect::KnownFailure`] with the issue that removes it.
+pub fn scenarios(upstream: bool, faults: bool, behind_haproxy: bool) -> Vec<RealScenario> {
     use Disruption::*;
     let mut all = Vec::new();
     for protection in [Protection::None, Protection::GracefulDrain] {
+        if behind_haproxy {
+            all.push(RealScenario {
+                disruption: DrainHaProxyRetries,
+                protection,
+                expect: Expect::Pass,
+            });
+        }
         for disruption in [
             Drain,
             KubectlDrain,
@@ -332,7 +345,7 @@ impl RealRow {
                 self.scenario.protection == Protection::None
                     || self.scenario.disruption == Disruption::RecreateRollout
                     || self.scenario.disruption == Disruption::UninstallMidDrain
-                    || m.errors_5xx == 0
+                    || (m.errors_5xx == 0 && m.haproxy.as_ref().is_none_or(|h| h.five_xx == 0))
             }
         }
     }
@@ -342,20 +355,67 @@ impl RealRow {
 /// returns once it is back; blocking.
 pub type Restart = std::sync::Arc<dyn Fn(&'static str) -> Result<(), String> + Send + Sync>;
 
-/// Attaches the data plane to the API server of `kubeconfig` and runs every row of
-/// [`scenarios`], printing each as it finishes through `progress`. With `only` not empty,
-/// just the rows whose disruption it names; with `shuffle`, in an order shuffled by that
-/// seed ([`shuffled`]); the fault rows only with `restart`.
+/// Which rows of the real tier run, and how.
+#[derive(Clone, Default)]
+pub struct RunOptions {
+    /// Just the rows whose disruption it names, when not empty.
+    pub only: Vec<String>,
+    /// The rows in an order shuffled by this seed ([`shuffled`]).
+    pub shuffle: Option<u64>,
+    /// Restarts the control plane's components: the fault rows run only with it.
+    pub restart: Option<Restart>,
+    /// Every row behind HAProxy too ([`super::balancer`]): the pods listen on loopback,
+    /// and each row counts the 5xx HAProxy answered.
+    pub haproxy: bool,
+}
+
+/// Attaches the data plane to the API server of `kubeconfig` and runs the rows of
+/// [`scenarios`] that `options` selects, printing each as it finishes through `progress`.
 pub async fn run(
     kubeconfig: &Path,
     cfg: &ScenarioConfig,
-    only: &[String],
-    shuffle: Option<u64>,
-    restart: Option<Restart>,
+    options: RunOptions,
     shutdown: &Shutdown,
     progress: &mut dyn FnMut(&RealRow),
 ) -> Result<Vec<RealRow>, Error> {
+    let RunOptions {
+        only,
+        shuffle,
+        restart,
+        haproxy,
+    } = options;
+    let mut cfg = cfg.clone();
+    if haproxy {
+        // A port picked at start: every KWOK hands out the same pod addresses.
+        cfg.cluster.pod_port = Some(0);
+    }
     let cluster = crate::setup::attach(cfg.cluster.clone(), kubeconfig, shutdown.clone()).await?;
+    // Kept until the rows are done: HAProxy's and CoreDNS's files and logs.
+    let mut balancer_dir = None;
+    if haproxy {
+        let port = cluster
+            .pod_net()
+            .map(|p| p.port())
+            .ok_or(Error::Component {
+                name: "load balancer".into(),
+                reason: "the data plane has no pod network".into(),
+            })?;
+        let dir = super::components::TempDir::new("gd-haproxy").map_err(|e| Error::Component {
+            name: "load balancer".into(),
+            reason: format!("temporary directory: {e}"),
+        })?;
+        let balancer = super::balancer::Balancer::start(kubeconfig, dir.path(), port).await?;
+        eprintln!(
+            "every row behind HAProxy too (its files and logs in {})",
+            dir.path().display()
+        );
+        cfg.balancer = Some(super::balancer::RealBalancer {
+            balancer: std::sync::Arc::new(balancer),
+            retries: false,
+        });
+        balancer_dir = Some(dir);
+    }
+    let cfg = &cfg;
     let upstream = serves_eviction_requests(&cluster.client()).await;
     progress_note(upstream);
     let mut rows = Vec::new();
@@ -382,7 +442,7 @@ pub async fn run(
         eprintln!("seed-group-drain: not run, Kubernetes serves lifecycle.k8s.io itself");
         eprintln!("statefulset-long-delay: not run, it runs once, with the API off");
     }
-    let selected: Vec<RealScenario> = scenarios(upstream, restart.is_some())
+    let selected: Vec<RealScenario> = scenarios(upstream, restart.is_some(), haproxy)
         .into_iter()
         .filter(|s| only.is_empty() || only.contains(&s.disruption.to_string()))
         .filter(|s| {
@@ -482,6 +542,7 @@ pub async fn run(
         c.remove_configurations(&cluster).await?;
         c.check().await?;
     }
+    drop(balancer_dir);
     Ok(rows)
 }
 
@@ -496,6 +557,11 @@ async fn run_row(
     }
     let mut cfg = cfg.clone();
     cfg.web.namespace = format!("{}-{}", s.disruption, s.protection);
+    if s.disruption == Disruption::DrainHaProxyRetries
+        && let Some(real) = cfg.balancer.as_mut()
+    {
+        real.retries = true;
+    }
     if s.disruption == Disruption::KubectlDrain {
         // A budget the drained node's pods fit in at once: the row measures the drainer
         // against the delay, not kubectl's 5 s pause after a budget's refusal.
@@ -517,7 +583,7 @@ async fn run_row(
     let client = cluster.client();
     let timeout = cfg.phase_timeout;
     let outcome = match s.disruption {
-        Disruption::Drain | Disruption::StatefulSetDrain => {
+        Disruption::Drain | Disruption::DrainHaProxyRetries | Disruption::StatefulSetDrain => {
             let node = busiest_node(cluster, &cfg.web).await?;
             let drain = async {
                 cluster.step(format!("drain node {node}"));
@@ -1253,11 +1319,28 @@ fn api(action: &'static str, object: String) -> impl FnOnce(kube::Error) -> Erro
     }
 }
 
-/// Renders the real tier's table: the same columns as the matrix's, plus what is expected.
+/// Renders the real tier's table: the same columns as the matrix's, plus what is expected;
+/// behind HAProxy, the 5xx HAProxy answered beside ours (`5xx-haproxy`).
 pub fn table(rows: &[RealRow]) -> String {
+    let haproxy = rows
+        .iter()
+        .any(|r| r.result.as_ref().is_ok_and(|m| m.haproxy.is_some()));
+    let column = |text: &str| {
+        if haproxy {
+            format!(" {text:>11}")
+        } else {
+            String::new()
+        }
+    };
     let mut out = format!(
-        "{:<34} {:<15} {:>9} {:>6} {:>10}  {}\n",
-        "scenario", "protection", "requests", "5xx", "duration", "expected"
+        "{:<34} {:<15} {:>9} {:>6}{} {:>10}  {}\n",
+        "scenario",
+        "protection",
+        "requests",
+        "5xx",
+        column("5xx-haproxy"),
+        "duration",
+        "expected"
     );
     for r in rows {
         let expected = match r.scenario.expect {
@@ -1266,14 +1349,21 @@ pub fn table(rows: &[RealRow]) -> String {
         };
         let mark = if r.as_expected() { "" } else { "  UNEXPECTED" };
         match &r.result {
-            Ok(m) => out.push_str(&format!(
-                "{:<34} {:<15} {:>9} {:>6} {:>9.1}s  {expected}{mark}\n",
-                r.scenario.disruption.to_string(),
-                r.scenario.protection.to_string(),
-                m.requests,
-                m.errors_5xx,
-                m.duration.as_secs_f64()
-            )),
+            Ok(m) => {
+                let counted = m
+                    .haproxy
+                    .as_ref()
+                    .map_or_else(|| "-".to_string(), |h| h.five_xx.to_string());
+                out.push_str(&format!(
+                    "{:<34} {:<15} {:>9} {:>6}{} {:>9.1}s  {expected}{mark}\n",
+                    r.scenario.disruption.to_string(),
+                    r.scenario.protection.to_string(),
+                    m.requests,
+                    m.errors_5xx,
+                    column(&counted),
+                    m.duration.as_secs_f64()
+                ))
+            }
             Err(e) => out.push_str(&format!(
                 "{:<34} {:<15} error: {e}  [{expected}{mark}]\n",
                 r.scenario.disruption.to_string(),
@@ -1296,7 +1386,7 @@ mod tests {
 
     #[test]
     fn a_shuffle_keeps_the_phases_and_every_row() {
-        let rows = scenarios(false, true);
+        let rows = scenarios(false, true, true);
         let mut orders = std::collections::BTreeSet::new();
         for seed in 0..8 {
             let order = shuffled(rows.clone(), seed);
