@@ -117,6 +117,7 @@ async fn cluster_with_web(
                 timeout_seconds: 10,
                 agent_program: None,
                 confirmed_release: false,
+                balancer_stats: None,
             };
             Some(Components::start(&cluster, &config).await.unwrap())
         }

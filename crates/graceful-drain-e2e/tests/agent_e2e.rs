@@ -553,6 +553,7 @@ async fn isolated_pods_count_as_remaining(tier: Tier) {
         timeout_seconds: 10,
         agent_program: None,
         confirmed_release: false,
+        balancer_stats: None,
     };
     let mut components = Components::start(&cluster, &cfg).await.unwrap();
     let web = WebSpec {

@@ -62,6 +62,7 @@ fn components(delay: Duration) -> ComponentsConfig {
         timeout_seconds: 10,
         agent_program: None,
         confirmed_release: false,
+        balancer_stats: None,
     }
 }
 

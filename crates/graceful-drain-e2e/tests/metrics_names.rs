@@ -164,6 +164,7 @@ async fn alerts_dashboard_and_troubleshooting_query_only_exported_metrics() {
         timeout_seconds: 10,
         agent_program: None,
         confirmed_release: false,
+        balancer_stats: None,
     };
     let components = Components::start_with(&cluster, &cfg, FAST_AGENT)
         .await

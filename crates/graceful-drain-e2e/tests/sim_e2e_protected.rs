@@ -43,6 +43,7 @@ fn components_config() -> ComponentsConfig {
         timeout_seconds: 10,
         agent_program: None,
         confirmed_release: false,
+        balancer_stats: None,
     }
 }
 

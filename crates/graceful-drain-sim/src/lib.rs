@@ -355,6 +355,7 @@ impl Args {
             timeout_seconds: self.webhook_timeout_seconds,
             agent_program: None,
             confirmed_release: false,
+            balancer_stats: None,
         };
         ScenarioConfig {
             cluster,

@@ -340,6 +340,11 @@ pub struct Cache {
     pdbs: RwLock<HashMap<String, HashMap<String, Arc<PodDisruptionBudget>>>>,
     /// Isolated pods and their delete time, fed by the deleter's watch.
     isolated: RwLock<HashMap<Key, jiff::Timestamp>>,
+    /// Isolated pods the load balancer let go of (`graceful-drain.io/released-at`, set by
+    /// confirmed release), fed by the deleter's watch.
+    released: RwLock<BTreeSet<Key>>,
+    /// Told each time an isolated pod is released, for the DELETEs held on it.
+    releases: tokio::sync::watch::Sender<()>,
     excluded_namespaces: BTreeSet<String>,
     synced: [AtomicBool; 4],
     /// Until when some replica holds the deleter Lease (reported by the elector).
@@ -516,6 +521,27 @@ impl Cache {
         read(&self.isolated)
             .get(&(namespace.to_string(), pod.to_string()))
             .copied()
+    }
+
+    /// Records whether isolated pod `namespace/pod` was released; a new release wakes the
+    /// DELETEs held on it ([`Cache::releases`]).
+    pub fn set_released(&self, namespace: &str, pod: &str, released: bool) {
+        let key = (namespace.to_string(), pod.to_string());
+        if !released {
+            write(&self.released).remove(&key);
+        } else if write(&self.released).insert(key) {
+            self.releases.send_replace(());
+        }
+    }
+
+    /// Whether isolated pod `namespace/pod` was released by confirmed release.
+    pub fn released(&self, namespace: &str, pod: &str) -> bool {
+        read(&self.released).contains(&(namespace.to_string(), pod.to_string()))
+    }
+
+    /// Changes each time an isolated pod is released (see [`Cache::set_released`]).
+    pub fn releases(&self) -> tokio::sync::watch::Receiver<()> {
+        self.releases.subscribe()
     }
 
     /// Records (or with `None` forgets) an isolated pod.

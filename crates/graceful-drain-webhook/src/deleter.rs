@@ -441,6 +441,8 @@ impl Deleter {
             Some(p) => {
                 self.cache()
                     .set_isolated(&p.namespace, &p.name, Some(p.delete_at));
+                self.cache()
+                    .set_released(&p.namespace, &p.name, p.released_at.is_some());
                 if p.restore_at.is_some() {
                     self.metas.insert(uid.clone(), meta.clone());
                 } else {
@@ -470,6 +472,7 @@ impl Deleter {
         }
         if let Some(p) = self.pending.remove(uid) {
             self.cache().set_isolated(&p.namespace, &p.name, None);
+            self.cache().set_released(&p.namespace, &p.name, false);
         }
         self.metas.remove(uid);
         self.isolated_seen.remove(uid);

@@ -171,24 +171,7 @@ impl HaProxy {
 
     /// The stats socket's answer to `show stat`: every proxy's statistics in CSV.
     pub async fn show_stat(&self) -> Result<String> {
-        let path = &self.listen.socket;
-        let read = async {
-            let mut socket = UnixStream::connect(path).await?;
-            socket.write_all(b"show stat\n").await?;
-            let mut csv = String::new();
-            socket
-                .take(MAX_STATS_BYTES)
-                .read_to_string(&mut csv)
-                .await?;
-            Ok(csv)
-        };
-        tokio::time::timeout(STATS_TIMEOUT, read)
-            .await
-            .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
-            .map_err(|source| Error::StatsSocket {
-                path: path.clone(),
-                source,
-            })
+        show_stat(&self.listen.socket).await
     }
 
     async fn wait_ready(&mut self) -> Result<()> {
@@ -213,6 +196,28 @@ impl HaProxy {
             log: self.child.log_tail(),
         })
     }
+}
+
+/// The answer of the stats socket at `path` to `show stat`: every proxy's statistics in
+/// CSV, read within a bounded time and size.
+pub async fn show_stat(path: &Path) -> Result<String> {
+    let read = async {
+        let mut socket = UnixStream::connect(path).await?;
+        socket.write_all(b"show stat\n").await?;
+        let mut csv = String::new();
+        socket
+            .take(MAX_STATS_BYTES)
+            .read_to_string(&mut csv)
+            .await?;
+        Ok(csv)
+    };
+    tokio::time::timeout(STATS_TIMEOUT, read)
+        .await
+        .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
+        .map_err(|source| Error::StatsSocket {
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
 /// Has `binary` check `config_file` (`haproxy -c -dW -f`, warnings counting as errors).

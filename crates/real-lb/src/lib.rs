@@ -13,6 +13,8 @@
 //!   reachable on loopback (the API server refuses loopback endpoints; see its module).
 //! * [`HaProxy`]: HAProxy from a [`HaProxyConfig`] whose defaults are HAProxy's own,
 //!   written out; its statistics ([`BackendStats`]) come from the stats socket.
+//! * [`StatsRelay`]: HAProxy's statistics with pod addresses, for the webhook's confirmed
+//!   release.
 //! * [`Load`]: HTTP/1.1 GETs at a steady rate over a few keep-alive connections, bounded
 //!   in count and time, counted into a [`LoadReport`].
 //!
@@ -42,6 +44,7 @@ pub mod haproxy;
 pub mod load;
 pub mod pod_network;
 mod process;
+pub mod stats_relay;
 
 pub use coredns::CoreDns;
 pub use haproxy::HaProxy;
@@ -49,3 +52,4 @@ pub use haproxy::config::{HaProxyConfig, HealthCheck, Resolvers, Timeouts};
 pub use haproxy::stats::{BackendStats, ServerStats};
 pub use load::{Load, LoadReport};
 pub use pod_network::PodNetwork;
+pub use stats_relay::StatsRelay;

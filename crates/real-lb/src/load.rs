@@ -25,9 +25,11 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-/// Requests in flight at once, and so keep-alive connections: a few, as a handful of
-/// clients of a service would hold.
-pub const CONNECTIONS: usize = 4;
+/// Requests in flight at once, and so keep-alive connections: enough that the rate holds
+/// while some requests wait on HAProxy's retries (a second or more each), so that the
+/// moments a pod leaves are sampled as densely as the rest; at 100 requests/s, 32 slots
+/// cover requests of up to 320 ms before a tick is skipped.
+pub const CONNECTIONS: usize = 32;
 /// How long one request may take, answer body included: above HAProxy's slowest retry
 /// path here (three retries with a one-second pause before each).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);

@@ -21,7 +21,9 @@ use tokio_util::sync::CancellationToken;
 
 use kube_sim::cluster::{DataPlane, WebSpec};
 use kube_sim::podnet::loopback_twin;
-use real_lb::{BackendStats, CoreDns, HaProxy, HaProxyConfig, Load, LoadReport, PodNetwork};
+use real_lb::{
+    BackendStats, CoreDns, HaProxy, HaProxyConfig, Load, LoadReport, PodNetwork, StatsRelay,
+};
 
 use super::Error;
 
@@ -51,6 +53,8 @@ pub struct HaProxyCount {
     pub wretr: u64,
     /// See [`HaProxyCount::econ`].
     pub wredis: u64,
+    /// Why the first unanswered requests failed, as the load generator saw it.
+    pub failures: Vec<String>,
 }
 
 impl HaProxyCount {
@@ -59,11 +63,12 @@ impl HaProxyCount {
             requests: report.sent,
             five_xx: stats.hrsp_5xx,
             five_xx_seen: report.five_xx(),
-            unanswered: report.failed().saturating_sub(report.five_xx()),
+            unanswered: report.failed(),
             econ: stats.econ,
             eresp: stats.eresp,
             wretr: stats.wretr,
             wredis: stats.wredis,
+            failures: report.errors.clone(),
         }
     }
 
@@ -81,6 +86,10 @@ pub struct RealBalancer {
     pub balancer: std::sync::Arc<Balancer>,
     /// `retry-on all-retryable-errors` and `option redispatch` on.
     pub retries: bool,
+    /// The webhook's confirmed release asks this phase's HAProxy (through the
+    /// [`Balancer::stats_url`] relay); otherwise the relay answers 503 and every pod keeps
+    /// its whole delay.
+    pub confirm: bool,
 }
 
 /// CoreDNS reading the cluster and the relay that gives HAProxy the pods' loopback twins;
@@ -89,8 +98,11 @@ pub struct Balancer {
     haproxy: PathBuf,
     dir: PathBuf,
     relay: PodNetwork,
+    stats: StatsRelay,
     _coredns: CoreDns,
     pod_port: u16,
+    /// Fronts started so far, naming each one's directory (a unix socket's path is short).
+    fronts: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for Balancer {
@@ -120,26 +132,38 @@ impl Balancer {
         let relay = PodNetwork::start(coredns.addr())
             .await
             .map_err(|e| err(format!("start the pod network's DNS relay: {e}")))?;
+        let stats = StatsRelay::start()
+            .await
+            .map_err(|e| err(format!("start the statistics relay: {e}")))?;
         Ok(Balancer {
             haproxy,
             dir: dir.to_path_buf(),
             relay,
+            stats,
             _coredns: coredns,
             pod_port,
+            fronts: std::sync::atomic::AtomicUsize::new(0),
         })
+    }
+
+    /// The statistics page the webhook's `--balancer-config` names: the HAProxy of the
+    /// phase that confirms releases, with pod addresses ([`StatsRelay`]).
+    pub fn stats_url(&self) -> String {
+        self.stats.url()
     }
 
     /// Puts HAProxy in front of `spec`'s pods: the headless Service it resolves, HAProxy,
     /// then once it routes to every ready pod, traffic at `traffic`'s rate and within its
-    /// bounds; with `retries`, HAProxy retries a failed request on another server.
+    /// bounds; with `real.retries`, HAProxy retries a failed request on another server;
+    /// with `real.confirm`, the webhook's confirmed release asks it.
     pub async fn front(
-        &self,
+        real: &RealBalancer,
         cluster: &DataPlane,
         spec: &WebSpec,
         traffic: &kube_sim::traffic::TrafficConfig,
         timeout: Duration,
-        retries: bool,
     ) -> Result<Front, Error> {
+        let this = &real.balancer;
         let name = format!("{}{HEADLESS_SUFFIX}", spec.name);
         let err = |reason: String| Error::Component {
             name: format!("haproxy in front of service {}/{name}", spec.namespace),
@@ -147,26 +171,32 @@ impl Balancer {
         };
         ensure_headless(cluster, spec, &name).await?;
         let fqdn = format!("{name}.{}.svc.{}", spec.namespace, real_lb::coredns::ZONE);
-        let mut config = HaProxyConfig::new(self.relay.addr(), fqdn, self.pod_port);
-        config.retries = retries;
+        let mut config = HaProxyConfig::new(this.relay.addr(), fqdn, this.pod_port);
+        config.retries = real.retries;
         config.slots = usize::try_from(spec.replicas)
             .unwrap_or(8)
             .saturating_mul(2)
             + 2;
-        let dir = self.dir.join(format!("haproxy-{}", spec.namespace));
+        // Numbered, not named after the namespace: HAProxy's stats socket path must stay
+        // under 98 bytes. The configuration names the Service, hence the namespace.
+        let index = this
+            .fronts
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = this.dir.join(format!("haproxy-{index}"));
         std::fs::create_dir_all(&dir).map_err(|e| err(format!("{}: {e}", dir.display())))?;
-        let haproxy = HaProxy::start(&self.haproxy, &config, &dir)
+        let haproxy = HaProxy::start(&this.haproxy, &config, &dir)
             .await
             .map_err(|e| err(graceful_drain_core::error::chain(&e).to_string()))?;
         let mut front = Front {
             haproxy,
             load: None,
             stop: CancellationToken::new(),
-            pod_port: self.pod_port,
+            pod_port: this.pod_port,
+            confirming: real.confirm.then(|| this.clone()),
         };
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            let ready = ready_twins(cluster, spec, self.pod_port).await?;
+            let ready = ready_twins(cluster, spec, this.pod_port).await?;
             let routed = front.up().await?;
             if !ready.is_empty() && ready.is_subset(&routed) {
                 break;
@@ -191,6 +221,10 @@ impl Balancer {
         )
         .map_err(|e| err(e.to_string()))?;
         front.load = Some(load);
+        if let Some(balancer) = &front.confirming {
+            let socket = front.haproxy.stats_socket().to_path_buf();
+            balancer.stats.point_at(Some(socket));
+        }
         Ok(front)
     }
 }
@@ -201,11 +235,16 @@ pub struct Front {
     load: Option<Load>,
     stop: CancellationToken,
     pod_port: u16,
+    /// The balancer whose statistics relay points at this HAProxy, until dropped.
+    confirming: Option<std::sync::Arc<Balancer>>,
 }
 
 impl Drop for Front {
     fn drop(&mut self) {
         self.stop.cancel();
+        if let Some(balancer) = &self.confirming {
+            balancer.stats.point_at(None);
+        }
     }
 }
 
@@ -308,10 +347,22 @@ fn is_ready(pod: &Pod) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-/// Creates the headless Service `name` selecting `spec`'s pods (what an HAProxy with DNS
-/// service discovery resolves), unless it exists.
+/// Creates the headless Service `name` (what an HAProxy with DNS service discovery
+/// resolves) with the selector of the workload's own Service, unless it exists: the pods
+/// the traffic Service selects, and that isolation takes out of it (a StatefulSet's pods
+/// keep their StatefulSet's labels; its traffic Service selects one more).
 async fn ensure_headless(cluster: &DataPlane, spec: &WebSpec, name: &str) -> Result<(), Error> {
     let services: Api<Service> = Api::namespaced(cluster.client(), &spec.namespace);
+    let selector = services
+        .get_opt(&spec.name)
+        .await
+        .map_err(|source| Error::Api {
+            action: "read service",
+            object: spec.service_key(),
+            source,
+        })?
+        .and_then(|s| s.spec?.selector)
+        .unwrap_or_else(|| [("app".to_string(), spec.name.clone())].into());
     let service = Service {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
@@ -320,7 +371,7 @@ async fn ensure_headless(cluster: &DataPlane, spec: &WebSpec, name: &str) -> Res
         },
         spec: Some(ServiceSpec {
             cluster_ip: Some("None".into()),
-            selector: Some([("app".to_string(), spec.name.clone())].into()),
+            selector: Some(selector),
             ports: Some(vec![ServicePort {
                 name: Some("http".into()),
                 port: 8080,

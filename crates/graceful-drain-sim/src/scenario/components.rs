@@ -50,6 +50,10 @@ pub struct ComponentsConfig {
     /// their admin API on loopback (`kube_sim::lb::serve_admin`), whether they still route
     /// to an isolated pod (`--balancer-config`); off, every pod keeps its whole delay.
     pub confirmed_release: bool,
+    /// With [`ComponentsConfig::confirmed_release`]: the HAProxy statistics page the
+    /// webhook asks instead of the simulated load balancers (the real tier behind HAProxy:
+    /// the `real_lb::StatsRelay`'s URL).
+    pub balancer_stats: Option<String>,
 }
 
 #[derive(Parser)]
@@ -83,6 +87,13 @@ impl TempDir {
     /// Its path.
     pub fn path(&self) -> &Path {
         &self.0
+    }
+
+    /// Keeps the folder (its logs, for a failure) instead of removing it; its path.
+    pub fn keep(self) -> PathBuf {
+        let path = self.0.clone();
+        std::mem::forget(self);
+        path
     }
 }
 
@@ -482,15 +493,27 @@ impl Components {
         Ok(replica.listen)
     }
 
-    /// The webhook's `--balancer-config` asking the data plane's load balancers (every
-    /// one's servers), whose admin API is served on loopback under the components' stop
-    /// from the first call on.
-    async fn balancer_config(&mut self, cluster: &impl Access) -> Result<PathBuf, Error> {
+    /// The webhook's `--balancer-config`: the HAProxy statistics page `haproxy_stats`, or
+    /// else the data plane's load balancers (every one's servers), whose admin API is
+    /// served on loopback under the components' stop from the first call on.
+    async fn balancer_config(
+        &mut self,
+        cluster: &impl Access,
+        haproxy_stats: Option<&str>,
+    ) -> Result<PathBuf, Error> {
         let path = self.dir().join("balancer.yaml");
         if path.exists() {
             return Ok(path);
         }
         let failed = |e: std::io::Error| component_err("load balancers' admin API")(e.to_string());
+        if let Some(url) = haproxy_stats {
+            let yaml = format!(
+                "source:\n  haproxy:\n    url: {url}\n    backend: {}\n",
+                real_lb::haproxy::config::BACKEND
+            );
+            std::fs::write(&path, yaml).map_err(failed)?;
+            return Ok(path);
+        }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .map_err(failed)?;
@@ -537,7 +560,9 @@ impl Components {
                 .extend(["--deployment".to_string(), deployment.clone()]);
         }
         if cfg.confirmed_release {
-            let path = self.balancer_config(cluster).await?;
+            let path = self
+                .balancer_config(cluster, cfg.balancer_stats.as_deref())
+                .await?;
             command
                 .extra
                 .push(format!("--balancer-config={}", path.display()));

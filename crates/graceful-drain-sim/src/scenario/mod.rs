@@ -225,13 +225,8 @@ where
 {
     let front = match &cfg.balancer {
         Some(real) => {
-            let front = real.balancer.front(
-                cluster,
-                &cfg.web,
-                &cfg.traffic,
-                cfg.phase_timeout,
-                real.retries,
-            );
+            let front =
+                balancer::Balancer::front(real, cluster, &cfg.web, &cfg.traffic, cfg.phase_timeout);
             Some(front.await?)
         }
         None => None,
@@ -263,8 +258,11 @@ where
         return Err(Error::Component {
             name: "haproxy".into(),
             reason: format!(
-                "its count and the load generator's disagree: HAProxy answered {} 5xx, the load generator saw {} and {} requests unanswered",
-                count.five_xx, count.five_xx_seen, count.unanswered
+                "its count and the load generator's disagree: HAProxy answered {} 5xx, the load generator saw {} and {} requests unanswered ({})",
+                count.five_xx,
+                count.five_xx_seen,
+                count.unanswered,
+                count.failures.join("; ")
             ),
         });
     }

@@ -74,6 +74,15 @@ pub enum Disruption {
     /// all-retryable-errors`, `option redispatch`); the other rows run with HAProxy's
     /// defaults. Only behind HAProxy (`--load-balancer haproxy`).
     DrainHaProxyRetries,
+    /// A LifecycleEvent drain of the busiest node with confirmed release: the webhook asks
+    /// the row's HAProxy (`--balancer-config`, its statistics) whether it still routes to
+    /// each isolated pod, and ends the pod's delay once it no longer does. Every isolated
+    /// pod must be let go so, before its delay, with no 5xx. Protected only, behind HAProxy
+    /// only.
+    LbConfirmedDrain,
+    /// `kubectl rollout restart` with confirmed release, as [`Disruption::LbConfirmedDrain`]:
+    /// the DELETEs the webhook holds go through once HAProxy let go of their pods.
+    LbConfirmedRollout,
     /// Drain of a node running pods of a StatefulSet behind its governing headless Service
     /// (whose selector is the StatefulSet's own) and a LoadBalancer Service.
     StatefulSetDrain,
@@ -126,6 +135,8 @@ impl fmt::Display for Disruption {
         f.write_str(match self {
             Disruption::Drain => "drain",
             Disruption::DrainHaProxyRetries => "drain-haproxy-retries",
+            Disruption::LbConfirmedDrain => "lb-confirmed-drain",
+            Disruption::LbConfirmedRollout => "lb-confirmed-rollout",
             Disruption::KubectlDrain => "kubectl-drain",
             Disruption::Descheduler { background: false } => "descheduler",
             Disruption::Descheduler { background: true } => "descheduler-in-background",
@@ -219,6 +230,15 @@ pub fn scenarios(upstream: bool, faults: bool, behind_haproxy: bool) -> Vec<Real
                     expect: Expect::Pass,
                 });
             }
+        }
+    }
+    if behind_haproxy {
+        for disruption in [LbConfirmedDrain, LbConfirmedRollout] {
+            all.push(RealScenario {
+                disruption,
+                protection: Protection::GracefulDrain,
+                expect: Expect::Pass,
+            });
         }
     }
     for target in [
@@ -342,10 +362,17 @@ impl RealRow {
             (Expect::Pass, Ok(m)) => {
                 // Recreate means a gap; after an uninstall the drain's evictions go
                 // through unprotected.
+                let haproxy_clean = m.haproxy.as_ref().is_none_or(|h| h.five_xx == 0);
+                // Confirmed release asks HAProxy alone: the simulated ALB in front of the
+                // same pods, never asked, shows what a second balancer would see.
+                let confirmed = matches!(
+                    self.scenario.disruption,
+                    Disruption::LbConfirmedDrain | Disruption::LbConfirmedRollout
+                );
                 self.scenario.protection == Protection::None
                     || self.scenario.disruption == Disruption::RecreateRollout
                     || self.scenario.disruption == Disruption::UninstallMidDrain
-                    || (m.errors_5xx == 0 && m.haproxy.as_ref().is_none_or(|h| h.five_xx == 0))
+                    || (haproxy_clean && (confirmed || m.errors_5xx == 0))
             }
         }
     }
@@ -409,9 +436,14 @@ pub async fn run(
             "every row behind HAProxy too (its files and logs in {})",
             dir.path().display()
         );
+        // Confirmed release on, asking the statistics relay: it answers 503 (every pod
+        // keeps its whole delay) except during lb-confirmed-drain.
+        cfg.components.confirmed_release = true;
+        cfg.components.balancer_stats = Some(balancer.stats_url());
         cfg.balancer = Some(super::balancer::RealBalancer {
             balancer: std::sync::Arc::new(balancer),
             retries: false,
+            confirm: false,
         });
         balancer_dir = Some(dir);
     }
@@ -510,6 +542,12 @@ pub async fn run(
                     .map_err(|e| graceful_drain_core::error::chain(&e).to_string()),
                 None => Err("no control plane of our own to restart".to_string()),
             },
+            (
+                Some(Ok(c)),
+                confirmed @ (Disruption::LbConfirmedDrain | Disruption::LbConfirmedRollout),
+            ) => lb_confirmed(&cluster, cfg, c, confirmed)
+                .await
+                .map_err(|e| graceful_drain_core::error::chain(&e).to_string()),
             (Some(Ok(c)), Disruption::WebhookKillDrain) => webhook_kill_drain(&cluster, cfg, c)
                 .await
                 .map_err(|e| graceful_drain_core::error::chain(&e).to_string()),
@@ -542,7 +580,14 @@ pub async fn run(
         c.remove_configurations(&cluster).await?;
         c.check().await?;
     }
-    drop(balancer_dir);
+    if let Some(dir) = balancer_dir
+        && !rows.iter().all(RealRow::as_expected)
+    {
+        eprintln!(
+            "HAProxy's and CoreDNS's files and logs kept in {}",
+            dir.keep().display()
+        );
+    }
     Ok(rows)
 }
 
@@ -665,6 +710,8 @@ async fn run_row(
         // Need the running components (`forged::row`, `statefulset_long_delay`,
         // `uninstall_mid_drain`).
         Disruption::Forged(_)
+        | Disruption::LbConfirmedDrain
+        | Disruption::LbConfirmedRollout
         | Disruption::ForgedTransport
         | Disruption::StatefulSetLongDelay
         | Disruption::ApiServerRestartDrain
@@ -688,6 +735,78 @@ async fn run_row(
     // The next row starts from a quiet cluster whatever this one left behind.
     workloads::delete_namespace(cluster, &cfg.web.namespace).await;
     outcome
+}
+
+/// The `lb-confirmed-drain` and `lb-confirmed-rollout` rows: a LifecycleEvent drain of
+/// the busiest node, or a rollout restart, with the webhook's confirmed release asking the
+/// row's HAProxy. Every pod the webhook isolated must have been let go when HAProxy no
+/// longer routed to it (the webhook's `balancer_wait_seconds{ended="let_go"}`), none
+/// keeping its whole delay.
+async fn lb_confirmed(
+    cluster: &RealCluster,
+    cfg: &ScenarioConfig,
+    components: &mut Components,
+    row: Disruption,
+) -> Result<Measured, Error> {
+    let mut cfg = cfg.clone();
+    let Some(real) = cfg.balancer.as_mut() else {
+        return Err(Error::Component {
+            name: row.to_string(),
+            reason: "runs behind HAProxy only (--load-balancer haproxy)".into(),
+        });
+    };
+    real.confirm = true;
+    cfg.web.namespace = format!("{row}-{}", Protection::GracefulDrain);
+    cluster.ensure_namespace(&cfg.web.namespace).await?;
+    cluster.deploy_web(&cfg.web, cfg.phase_timeout).await?;
+    let client = cluster.client();
+    let node = match row {
+        Disruption::LbConfirmedDrain => Some(busiest_node(cluster, &cfg.web).await?),
+        _ => None,
+    };
+    let counts = async || {
+        let isolated = components
+            .webhook_metric("graceful_drain_webhook_pods_isolated_total")
+            .await
+            .unwrap_or(0.0);
+        let let_go = components
+            .webhook_metric(r#"graceful_drain_webhook_balancer_wait_seconds_count{ended="let_go"}"#)
+            .await
+            .unwrap_or(0.0);
+        (isolated, let_go)
+    };
+    let before = counts().await;
+    let disruption = async {
+        match &node {
+            Some(node) => {
+                cluster.step(format!("drain node {node}, releases confirmed by HAProxy"));
+                actions::lifecycle_drain(&client, node, cfg.phase_timeout).await
+            }
+            None => {
+                cluster.step("rollout restart, releases confirmed by HAProxy");
+                actions::rollout(&client, &cfg.web, cfg.phase_timeout).await
+            }
+        }
+    };
+    let measured = measure(cluster, &cfg, disruption).await;
+    let after = counts().await;
+    if let Some(node) = &node {
+        uncordon(cluster, node, Protection::GracefulDrain, cfg.phase_timeout).await?;
+    }
+    workloads::delete_namespace(cluster, &cfg.web.namespace).await;
+    let measured = measured?;
+    let (isolated, let_go) = (after.0 - before.0, after.1 - before.1);
+    let summary = format!(
+        "{let_go} of {isolated} isolated pods let go when HAProxy no longer routed to them"
+    );
+    cluster.step(summary.clone());
+    if isolated < 1.0 || let_go < isolated {
+        return Err(Error::Component {
+            name: row.to_string(),
+            reason: format!("{summary}; the others kept their whole delay"),
+        });
+    }
+    Ok(measured)
 }
 
 /// The `statefulset-long-delay` row's deregistration delay: past the disruption

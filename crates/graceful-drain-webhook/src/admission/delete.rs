@@ -190,7 +190,7 @@ async fn settled_answer(
         return Answer::Deny(Outcome::Refused, message);
     }
     let deadline = state.holds.deadline_for(&pod.uid, deadline);
-    hold(state, delete_at, deadline).await;
+    hold(state, pod, delete_at, deadline).await;
     Answer::Allow(outcome)
 }
 
@@ -248,8 +248,9 @@ const DAEMONSET_TEMPLATE_GENERATION: &str = "deprecated.daemonset.template.gener
 /// (`DaemonSetTemplateGenerationKey` in pkg/apis/apps/types.go).
 const POD_TEMPLATE_GENERATION: &str = "pod-template-generation";
 
-/// Holds until `delete_at` or `deadline`, whichever is first, or until shutdown.
-async fn hold(state: &AppState, delete_at: Timestamp, deadline: Instant) {
+/// Holds until `delete_at` or `deadline`, whichever is first, until the load balancer let
+/// go of the pod (confirmed release), or until shutdown.
+async fn hold(state: &AppState, pod: &PodFacts, delete_at: Timestamp, deadline: Instant) {
     let until_delete = Timestamp::now()
         .duration_until(delete_at)
         .try_into()
@@ -257,8 +258,20 @@ async fn hold(state: &AppState, delete_at: Timestamp, deadline: Instant) {
     let until = deadline.min(Instant::now() + until_delete);
     // Counted through a guard: a caller that hangs up drops this future mid-hold.
     let _counted = HoldCounted::new(&state.metrics.holds_in_flight);
+    let cache = &state.ctx.cache;
+    // Subscribed before the first look, so a release between the two still wakes it.
+    let mut releases = cache.releases();
+    let released = async {
+        while !cache.released(&pod.namespace, &pod.name) {
+            if releases.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+        tracing::info!("the load balancer let go of the pod; its DELETE goes through now");
+    };
     tokio::select! {
         () = tokio::time::sleep_until(until) => {}
+        () = released => {}
         () = state.shutdown.cancelled() => {}
     }
 }

@@ -1222,6 +1222,45 @@ mod answers {
         drop(live.await.unwrap());
     }
 
+    /// Confirmed release: a DELETE held on an isolated pod goes through as soon as the
+    /// deleter's watch sees the pod released (the load balancer let go of it), not at its
+    /// delete time or the call's deadline.
+    #[tokio::test(start_paused = true)]
+    async fn a_held_delete_goes_through_once_the_load_balancer_lets_go() {
+        let (client, mut api) = mock::client();
+        let st = state(client);
+        let mut pod = pod_json("uid-1");
+        pod["metadata"]["labels"] = json!({DRAINING_LABEL: "true"});
+        pod["metadata"]["annotations"] = json!({
+            DELETE_AT_ANNOTATION: "2999-01-01T00:00:00Z",
+            ORIGINAL_LABELS_ANNOTATION: "{\"app\":\"web\"}"});
+        let body = deletion_of(pod.clone());
+        let live = tokio::spawn(async move {
+            mock::play(&mut api, [PodIs(pod)]).await;
+            api
+        });
+        let started = tokio::time::Instant::now();
+        let answer = tokio::spawn(call(st.clone(), "/validate/delete?timeout=30s", body));
+        // Busy, so the paused clock stands still until the DELETE is held.
+        while st.metrics.holds_in_flight.get() == 0 {
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            !answer.is_finished(),
+            "held while the balancer routes to it"
+        );
+        st.ctx.cache.set_released("web", "web-1", true);
+        let (_, review) = answer.await.unwrap();
+        assert_eq!(review["response"]["allowed"], true, "{review}");
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "answered at the release, not at the deadline: {:?}",
+            started.elapsed()
+        );
+        assert_eq!(st.metrics.holds_in_flight.get(), 0);
+        drop(live.await.unwrap());
+    }
+
     /// With every hold slot taken, a DELETE of an exposed pod is answered at once and
     /// isolates nothing (outcome `hold_limit`); once a slot is free, the next is held.
     #[tokio::test]
