@@ -44,6 +44,13 @@ pub struct WaitLabels {
     pub ended: &'static str,
 }
 
+/// Labels of the balancer-ask counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AskLabels {
+    /// `answered`, or `failed` (timeout, error, an answer that could not be read).
+    pub result: &'static str,
+}
+
 /// Every webhook metric.
 #[derive(Debug)]
 pub struct Metrics {
@@ -71,6 +78,9 @@ pub struct Metrics {
     /// `balancer_wait_seconds`: with `--balancer-config`, from a pod seen isolated to the
     /// end of its wait for the balancer, by why it ended (the release module).
     pub balancer_wait: Family<WaitLabels, Histogram, fn() -> Histogram>,
+    /// `balancer_asks`: with `--balancer-config`, the questions put to the balancer, by
+    /// whether it answered; while it fails, every isolated pod keeps its whole delay.
+    pub balancer_asks: Family<AskLabels, Counter>,
     /// `disruptedPods` entries of held pods rewritten before the disruption controller
     /// would drop them (or recorded again after it did).
     pub disruptions_renewed: Counter,
@@ -113,6 +123,7 @@ impl Metrics {
             leader: Gauge::default(),
             endpoint_removal: removal_histogram(),
             balancer_wait: Family::new_with_constructor(removal_histogram),
+            balancer_asks: Family::default(),
             disruptions_renewed: Counter::default(),
             protection_active: Gauge::default(),
             protection_verified: Gauge::default(),
@@ -193,6 +204,11 @@ impl Metrics {
             "balancer_wait_seconds",
             "Time from a pod seen isolated to the end of its wait for the configured load balancer, by why it ended",
             self.balancer_wait.clone(),
+        );
+        reg.register(
+            "balancer_asks",
+            "Questions put to the configured load balancer, by whether it answered",
+            self.balancer_asks.clone(),
         );
         reg.register(
             "disruptions_renewed",

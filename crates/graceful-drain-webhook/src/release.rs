@@ -156,6 +156,10 @@ pub struct Release {
     tracked: HashMap<String, Tracked>,
     /// Pods released here whose annotation the board has not shown yet.
     released: HashSet<String>,
+    /// Whether the balancer answered the last question (none asked yet: `None`), so that
+    /// a failing balancer is reported once when it starts failing and once when it
+    /// answers again, not every round.
+    answered: Option<bool>,
 }
 
 impl Release {
@@ -175,6 +179,7 @@ impl Release {
             metrics,
             tracked: HashMap::new(),
             released: HashSet::new(),
+            answered: None,
         }
     }
 
@@ -209,10 +214,25 @@ impl Release {
         let routes = match self.lister.routes().await {
             Ok(routes) => Some(routes),
             Err(error) => {
-                tracing::warn!(error = %graceful_drain_core::error::chain(&error), "could not ask the load balancer; isolated pods keep their whole delay");
+                let error = graceful_drain_core::error::chain(&error).to_string();
+                if self.answered == Some(false) {
+                    tracing::debug!(%error, "the load balancer still does not answer");
+                } else {
+                    tracing::warn!(%error, "could not ask the load balancer; isolated pods keep their whole delay until it answers");
+                }
                 None
             }
         };
+        let answered = routes.is_some();
+        if answered && self.answered == Some(false) {
+            tracing::info!(balancer = %self.lister.url(), "the load balancer answers again");
+        }
+        self.answered = Some(answered);
+        let result = if answered { "answered" } else { "failed" };
+        self.metrics
+            .balancer_asks
+            .get_or_create(&crate::metrics::AskLabels { result })
+            .inc();
         let mut releases = Vec::new();
         for (uid, pod) in &mut self.tracked {
             let listed = self.ctx.cache.routed(&pod.namespace, &pod.name, uid);
