@@ -7,7 +7,8 @@
 //! to ([`balancer_routes::Lister`]: one bounded GET, whatever the number of pods), reads
 //! each newly isolated pod's address once, and judges every pod ([`verdict`]). A pod is
 //! released only when all three hold: the balancer was seen routing to it since its
-//! isolation (so the question is about a balancer that knew it), no EndpointSlice lists it
+//! isolation, or in its recent answer of the round before ([`credit_earlier`]) (so the
+//! question is about a balancer that knew it), no EndpointSlice lists it
 //! any more (`Cache::routed`), and the balancer's latest answer no longer has its address.
 //! Its release is the annotation `graceful-drain.io/released-at` (written with a UID test),
 //! which every replica's decisions and the deleter read (`decide::due_at`): the pod is due
@@ -107,6 +108,20 @@ pub struct Watched {
     pub unreachable: bool,
 }
 
+/// Counts the balancer as having routed to the pod when its previous, recent answer
+/// (`before`) did: the first round after a pod's isolation may come after the balancer
+/// already let go of it (a DNS cache that expired just then), and a pod the balancer
+/// routed to a round earlier was known to it as surely as one it routes to now. An
+/// address some earlier pod had is no risk: a balancer that never learned the new pod
+/// sends it nothing.
+pub fn credit_earlier(watched: &mut Watched, before: Option<&Routes>) {
+    if let (Some(Some(ip)), Some(before)) = (watched.address, before)
+        && before.routes_to(ip, None)
+    {
+        watched.seen_routed = true;
+    }
+}
+
 /// Judges one pod on the balancer's latest answer (`routes`: `None` when it could not be
 /// asked) and on the slices (`listed`), updating what is known of it. Released only once
 /// the balancer, seen routing to it before, no longer does and no slice lists it; every
@@ -160,6 +175,8 @@ pub struct Release {
     /// a failing balancer is reported once when it starts failing and once when it
     /// answers again, not every round.
     answered: Option<bool>,
+    /// The balancer's previous answer and when it came (see [`credit_earlier`]).
+    previous: Option<(Instant, Routes)>,
 }
 
 impl Release {
@@ -180,6 +197,7 @@ impl Release {
             tracked: HashMap::new(),
             released: HashSet::new(),
             answered: None,
+            previous: None,
         }
     }
 
@@ -233,12 +251,23 @@ impl Release {
             .balancer_asks
             .get_or_create(&crate::metrics::AskLabels { result })
             .inc();
+        // The previous answer counts while recent: a pod the balancer dropped within a
+        // round of its isolation was known to it all the same.
+        let previous = self
+            .previous
+            .as_ref()
+            .filter(|(at, _)| at.elapsed() <= self.every * 3)
+            .map(|(_, routes)| routes);
         let mut releases = Vec::new();
         for (uid, pod) in &mut self.tracked {
+            credit_earlier(&mut pod.watched, previous);
             let listed = self.ctx.cache.routed(&pod.namespace, &pod.name, uid);
             if verdict(&mut pod.watched, listed, routes.as_ref()) == Verdict::Release {
                 releases.push(uid.clone());
             }
+        }
+        if let Some(routes) = routes {
+            self.previous = Some((Instant::now(), routes));
         }
         for uid in releases {
             self.release(&uid).await;

@@ -33,6 +33,10 @@ pub const CONNECTIONS: usize = 32;
 /// How long one request may take, answer body included: above HAProxy's slowest retry
 /// path here (three retries with a one-second pause before each).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a kept-alive connection may sit idle before the client closes it: shorter than
+/// HAProxy's `timeout client` (50 s here), as a client's idle timeout must be, or a request
+/// can go out on a connection HAProxy is closing at that moment and fail with no answer.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(20);
 /// Failure messages kept in a report, the first ones.
 const KEPT_ERRORS: usize = 8;
 
@@ -180,6 +184,8 @@ impl Run {
     async fn send(self) {
         let client = Client::builder(TokioExecutor::new())
             .pool_max_idle_per_host(CONNECTIONS)
+            .pool_idle_timeout(IDLE_TIMEOUT)
+            .pool_timer(hyper_util::rt::TokioTimer::new())
             .build(HttpConnector::new());
         let slots = Arc::new(Semaphore::new(CONNECTIONS));
         let mut in_flight = JoinSet::new();
@@ -221,7 +227,13 @@ enum Outcome {
 async fn get(client: &Client<HttpConnector, Empty<Bytes>>, uri: Uri) -> Outcome {
     let started = Instant::now();
     let exchange = async {
-        let response = client.get(uri).await?;
+        // A kept-alive connection the balancer closes as the request goes out brings no
+        // answer and no error from the balancer, which never read the request: sent once
+        // more on a fresh connection, as RFC 9112 §9.3.1 lets a client do with a GET.
+        let response = match client.get(uri.clone()).await {
+            Err(e) if closed_before_answer(&e) => client.get(uri).await?,
+            answer => answer?,
+        };
         let status = response.status().as_u16();
         response.into_body().collect().await?;
         Ok::<_, Box<dyn std::error::Error + Send + Sync>>(status)
@@ -250,6 +262,13 @@ fn record(report: &Mutex<LoadReport>, outcome: Outcome) {
             report.fail(format!("no answer within {REQUEST_TIMEOUT:?}"));
         }
     }
+}
+
+/// Whether `e` is a connection that closed before any of the answer arrived.
+fn closed_before_answer(e: &hyper_util::client::legacy::Error) -> bool {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<hyper::Error>())
+        .is_some_and(hyper::Error::is_incomplete_message)
 }
 
 /// An error with its sources, `a: b: c`.

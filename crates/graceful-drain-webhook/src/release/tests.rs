@@ -14,6 +14,30 @@ fn known(ip: &str) -> Watched {
     }
 }
 
+/// A pod the balancer dropped between its previous answer and the first round that
+/// judges the pod is released on that round: the previous answer shows it knew the pod.
+/// Without that answer (or from an answer without the pod) it keeps the whole delay.
+#[test]
+fn a_pod_dropped_before_its_first_round_counts_as_known_from_the_previous_answer() {
+    let with = routes(&["127.0.0.11:8080", "127.0.0.12:8080"]);
+    let without = routes(&["127.0.0.12:8080"]);
+
+    let mut pod = known("127.0.0.11");
+    credit_earlier(&mut pod, Some(&with));
+    assert_eq!(verdict(&mut pod, false, Some(&without)), Verdict::Release);
+
+    let mut unseen = known("127.0.0.11");
+    credit_earlier(&mut unseen, Some(&without));
+    credit_earlier(&mut unseen, None);
+    assert_eq!(verdict(&mut unseen, false, Some(&without)), Verdict::Wait);
+    assert_eq!(ended_without_release(&unseen), "never_routed");
+
+    // An address not read yet is credited nothing.
+    let mut unread = Watched::default();
+    credit_earlier(&mut unread, Some(&with));
+    assert!(!unread.seen_routed);
+}
+
 /// A pod is released only once a balancer that routed to it no longer does and no slice
 /// lists it; every other case keeps the whole delay.
 #[test]
