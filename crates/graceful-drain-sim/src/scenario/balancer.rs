@@ -14,8 +14,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Pod, Service, ServicePort, ServiceSpec};
-use kube::api::{ListParams, ObjectMeta, PostParams};
+use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
@@ -321,30 +321,14 @@ async fn ready_twins(
     spec: &WebSpec,
     pod_port: u16,
 ) -> Result<BTreeSet<SocketAddr>, Error> {
-    let pods: Api<Pod> = Api::namespaced(cluster.client(), &spec.namespace);
-    let list = pods
-        .list(&ListParams::default().labels(&format!("app={}", spec.name)))
-        .await
-        .map_err(|source| Error::Api {
-            action: "list pods of",
-            object: spec.service_key(),
-            source,
-        })?;
-    Ok(list
-        .items
+    Ok(super::pods_of(cluster, spec)
+        .await?
         .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none() && is_ready(p))
+        .filter(|p| p.metadata.deletion_timestamp.is_none() && kube_sim::controllers::pod_ready(p))
         .filter_map(|p| p.status.as_ref()?.pod_ip.as_deref()?.parse::<IpAddr>().ok())
         .filter_map(loopback_twin)
         .map(|ip| SocketAddr::new(ip, pod_port))
         .collect())
-}
-
-fn is_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// Creates the headless Service `name` (what an HAProxy with DNS service discovery

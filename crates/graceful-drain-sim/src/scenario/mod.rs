@@ -186,8 +186,8 @@ pub enum Progress<'a> {
 /// Receives [`Progress`] as the phases of both clusters start and end.
 pub type ProgressFn<'r> = &'r (dyn Fn(Progress<'_>) + Sync);
 
-/// The node running most pods of `spec` (ties by name).
-pub(crate) async fn busiest_node(cluster: &DataPlane, spec: &WebSpec) -> Result<String, Error> {
+/// The pods of `spec` (label `app=<name>`), whatever their state.
+pub(crate) async fn pods_of(cluster: &DataPlane, spec: &WebSpec) -> Result<Vec<Pod>, Error> {
     let pods: Api<Pod> = Api::namespaced(cluster.client(), &spec.namespace);
     let list = pods
         .list(&ListParams::default().labels(&format!("app={}", spec.name)))
@@ -197,8 +197,13 @@ pub(crate) async fn busiest_node(cluster: &DataPlane, spec: &WebSpec) -> Result<
             object: spec.service_key(),
             source,
         })?;
+    Ok(list.items)
+}
+
+/// The node running most pods of `spec` (ties by name).
+pub(crate) async fn busiest_node(cluster: &DataPlane, spec: &WebSpec) -> Result<String, Error> {
     let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
-    for pod in &list.items {
+    for pod in &pods_of(cluster, spec).await? {
         if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
             *per_node.entry(node).or_default() += 1;
         }

@@ -1185,6 +1185,16 @@ mod answers {
         }
     }
 
+    /// `web/web-1` isolated already, due long after any test ends: a DELETE of it is held.
+    fn held_pod_json() -> Value {
+        let mut pod = pod_json("uid-1");
+        pod["metadata"]["labels"] = json!({DRAINING_LABEL: "true"});
+        pod["metadata"]["annotations"] = json!({
+            DELETE_AT_ANNOTATION: "2999-01-01T00:00:00Z",
+            ORIGINAL_LABELS_ANNOTATION: "{\"app\":\"web\"}"});
+        pod
+    }
+
     /// The API server calls again within the same DELETE (the pod changed during the
     /// call): the second call continues the first hold and is answered at once, so the
     /// caller waits one webhook timeout, not two.
@@ -1192,11 +1202,7 @@ mod answers {
     async fn a_repeated_call_for_one_delete_continues_the_first_hold() {
         let (client, mut api) = mock::client();
         let st = state(client);
-        let mut pod = pod_json("uid-1");
-        pod["metadata"]["labels"] = json!({DRAINING_LABEL: "true"});
-        pod["metadata"]["annotations"] = json!({
-            DELETE_AT_ANNOTATION: "2999-01-01T00:00:00Z",
-            ORIGINAL_LABELS_ANNOTATION: "{\"app\":\"web\"}"});
+        let pod = held_pod_json();
         let body = deletion_of(pod.clone());
         // Each call reads the pod live: it is isolated there too.
         let live = tokio::spawn(async move {
@@ -1229,11 +1235,7 @@ mod answers {
     async fn a_held_delete_goes_through_once_the_load_balancer_lets_go() {
         let (client, mut api) = mock::client();
         let st = state(client);
-        let mut pod = pod_json("uid-1");
-        pod["metadata"]["labels"] = json!({DRAINING_LABEL: "true"});
-        pod["metadata"]["annotations"] = json!({
-            DELETE_AT_ANNOTATION: "2999-01-01T00:00:00Z",
-            ORIGINAL_LABELS_ANNOTATION: "{\"app\":\"web\"}"});
+        let pod = held_pod_json();
         let body = deletion_of(pod.clone());
         let live = tokio::spawn(async move {
             mock::play(&mut api, [PodIs(pod)]).await;

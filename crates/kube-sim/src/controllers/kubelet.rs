@@ -160,14 +160,6 @@ impl Env<'_> {
     }
 }
 
-/// Whether the pod's status has condition Ready True.
-fn reports_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
 impl Local {
     fn new(pod: String, ip: String, now: Instant) -> Local {
         Local {
@@ -202,7 +194,7 @@ impl Local {
         // KWOK times the pod's readiness itself, from when it saw the pod: once it reported
         // it Ready, the app serves, whatever this kubelet's own clock says, so that a load
         // balancer never finds a Ready pod that does not listen yet.
-        let reported_ready = env.kwok && reports_ready(pod);
+        let reported_ready = env.kwok && super::pod_ready(pod);
         if now < serve_at && !reported_ready {
             return (None, Some(serve_at));
         }
